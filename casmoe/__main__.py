@@ -1,0 +1,3 @@
+from casmoe.cli import main
+
+main()

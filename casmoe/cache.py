@@ -1,0 +1,432 @@
+"""`ExpertCache`: the one interface every cache policy implements, for every runtime.
+
+The cache decides *what* is resident; the runtime (replay, simulator, torch backend) decides
+*when* bytes move. The base class owns the mechanics once: slots, in-flight loads, protection
+of the running layer's experts, eviction bookkeeping, miss modes and accounting. A policy only
+chooses, through a few hooks:
+
+- `prefetch_request(request)` / `prefetch_layer(step, layer)`: experts to load ahead of need;
+- `victim(layer, candidates)`: which resident to evict (candidates are set-like);
+- `on_access`, `on_insert`, `on_evict`: bookkeeping for the policy's own order.
+
+Runtimes call the events in this order per request: `begin_request`, then per step and layer
+`before_layer`, `route`, and `arrived` whenever a load completes; finally `end_request`.
+Every event returns the `Load`s to perform. Decisions never depend on *when* loads arrive
+(an in-flight expert can be a victim; its load is then cancelled), so every runtime makes the
+same decisions as the count-only replay; timing only turns hits into late hits.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, NamedTuple, Sequence
+
+from casmoe.errors import CasmoeError
+from casmoe.geometry import ExpertId, Geometry
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from casmoe.trace import Future, Request
+
+
+class MissMode(enum.Enum):
+    """What a layer does when a routed expert is not resident."""
+
+    LOAD = "load"  # stall until it arrives: lossless
+    SUBSTITUTE = "substitute"  # run the best resident expert of that layer instead: lossy
+    CPU = "cpu"  # compute it where it lives (Fiddler-style); counted, never loaded
+
+
+class LoadReason(enum.Enum):
+    DEMAND = "demand"
+    PREFETCH = "prefetch"
+
+
+class Load(NamedTuple):
+    """Copy `expert` into `slot`, evicting `victim` (-1 for a free slot)."""
+
+    expert: ExpertId
+    slot: int
+    victim: ExpertId
+    reason: LoadReason
+
+
+class Access(NamedTuple):
+    """What `route` found: counts for hits, the experts still in flight (late hits), misses,
+    the demand loads issued for them, and (missed, used-instead) pairs in substitute mode."""
+
+    hits: int
+    late: tuple[ExpertId, ...]
+    misses: tuple[ExpertId, ...]
+    loads: tuple[Load, ...]
+    substitutes: tuple[tuple[ExpertId, ExpertId], ...] = ()
+    cpu: tuple[ExpertId, ...] = ()
+
+
+class CacheConfigError(CasmoeError, ValueError):
+    """A cache that cannot work at all (capacity below the routed experts, ...)."""
+
+
+class PolicyError(CasmoeError, RuntimeError):
+    """A policy broke the contract (evicted a protected or absent expert, ...)."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Slots per MoE layer (`per_layer`) or one pool shared by all layers."""
+
+    slots: int
+    per_layer: bool = True
+
+    def total(self, geometry: Geometry) -> int:
+        return self.slots * geometry.layers if self.per_layer else self.slots
+
+    def describe(self) -> str:
+        return f"{self.slots}/layer" if self.per_layer else f"{self.slots} global"
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of one run. `hit_rate` = (hits + late hits) / routed accesses."""
+
+    accesses: int
+    hits: int
+    late_hits: int
+    misses: int
+    substitutions: int
+    cpu_computed: int
+    demand_loads: int
+    prefetch_loads: int
+    prefetch_used: int
+    prefetch_wasted: int
+    evictions: int
+    bytes_loaded: int
+
+    @property
+    def loads(self) -> int:
+        return self.demand_loads + self.prefetch_loads
+
+    @property
+    def hit_rate(self) -> float:
+        return (self.hits + self.late_hits) / self.accesses if self.accesses else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["loads"] = self.loads
+        d["hit_rate"] = self.hit_rate
+        return d
+
+
+class _Candidates:
+    """Set-like view of the evictable experts of one pool: resident and not protected."""
+
+    __slots__ = ("_members", "_protected")
+
+    def __init__(self, members: set[ExpertId], protected: dict[ExpertId, None]) -> None:
+        self._members = members
+        self._protected = protected
+
+    def __contains__(self, expert: object) -> bool:
+        return expert in self._members and expert not in self._protected
+
+    def __iter__(self) -> Iterator[ExpertId]:
+        protected = self._protected
+        return (e for e in self._members if e not in protected)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __bool__(self) -> bool:
+        return any(True for _ in self)
+
+
+class ExpertCache:
+    """Base of every policy; see the module docstring for the event protocol."""
+
+    name: ClassVar[str] = ""
+    needs_future: ClassVar[bool] = False
+    keeps_experts: ClassVar[bool] = True
+    """False: a layer's experts are released when the next layer starts (on-demand loading)."""
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        capacity: int | Capacity,
+        *,
+        miss_mode: MissMode = MissMode.LOAD,
+        expert_bytes: Sequence[int] | None = None,
+    ) -> None:
+        cap = capacity if isinstance(capacity, Capacity) else Capacity(int(capacity))
+        if cap.slots < geometry.top_k:
+            flag = "--capacity" if cap.per_layer else "--global-capacity"
+            raise CacheConfigError(
+                f"capacity of {cap.describe()} slots is below the {geometry.top_k} experts a token routes "
+                f"to per layer; use {flag} >= {geometry.top_k}"
+            )
+        self.geometry = geometry
+        self.capacity = cap
+        self.miss_mode = miss_mode
+        self._E = geometry.experts
+        self._layer_bytes = list(expert_bytes) if expert_bytes is not None else geometry.bytes_per_layer()
+        pools = geometry.layers if cap.per_layer else 1
+        self._pool_members: list[set[ExpertId]] = [set() for _ in range(pools)]
+        self._free: list[list[int]] = [
+            list(range((p + 1) * cap.slots - 1, p * cap.slots - 1, -1)) for p in range(pools)
+        ]
+        self._slot_of: dict[ExpertId, int] = {}
+        self._by_layer: list[set[ExpertId]] = [set() for _ in range(geometry.layers)]
+        self._inflight: set[ExpertId] = set()
+        self._protected: dict[ExpertId, None] = {}
+        self._unused_prefetch: set[ExpertId] = set()
+        self._future: Future | None = None
+        self._step = 0
+        self._layer = 0
+        self._n = dict.fromkeys(CacheStats.__dataclass_fields__, 0)
+
+    @classmethod
+    def create(
+        cls,
+        geometry: Geometry,
+        capacity: int | Capacity,
+        *,
+        miss_mode: MissMode = MissMode.LOAD,
+        expert_bytes: Sequence[int] | None = None,
+        trace: Any = None,
+        **options: Any,
+    ) -> ExpertCache:
+        """Build from what a runtime knows (its `trace`, CLI `options`); policies that need
+        more than the constructor's arguments (a profile, a predictor) override this."""
+        return cls(geometry, capacity, miss_mode=miss_mode, expert_bytes=expert_bytes, **options)
+
+    # ---- policy hooks (override these) ----------------------------------------------------
+
+    def prefetch_request(self, request: Request) -> Sequence[ExpertId]:
+        """Experts to load when a request starts, most wanted first."""
+        return ()
+
+    def prefetch_layer(self, step: int, layer: int) -> Sequence[ExpertId]:
+        """Experts to load as `layer` of `step` is about to run (overlapping its compute)."""
+        return ()
+
+    def victim(self, layer: int, candidates: _Candidates) -> ExpertId:
+        """Which of `candidates` (unprotected residents of the pool that needs a slot) to evict."""
+        raise NotImplementedError(f"{type(self).__name__} must choose a victim")
+
+    def on_access(self, expert: ExpertId) -> None:
+        """A routed use of a resident expert (hit, late hit, or just loaded on demand)."""
+
+    def on_insert(self, expert: ExpertId) -> None:
+        """`expert` got a slot (demand or prefetch load issued)."""
+
+    def on_evict(self, expert: ExpertId) -> None:
+        """`expert` lost its slot."""
+
+    def on_request_end(self) -> None:
+        """The current request finished."""
+
+    # ---- oracle support ------------------------------------------------------------------
+
+    def attach_future(self, future: Future) -> None:
+        """Runtimes call this before the first event, only for `needs_future` policies."""
+        if not self.needs_future:
+            raise PolicyError(f"{type(self).__name__} did not declare needs_future")
+        self._future = future
+
+    @property
+    def future(self) -> Future:
+        if self._future is None:
+            raise PolicyError(
+                f"{type(self).__name__} reads the future without declaring needs_future = True"
+                if not self.needs_future
+                else f"{type(self).__name__} needs the future: the runtime must call attach_future()"
+            )
+        return self._future
+
+    @property
+    def visit(self) -> int:
+        """Index of the running (step, layer) in the runtime's order: step * L + layer."""
+        return self._step * self.geometry.layers + self._layer
+
+    # ---- runtime events ------------------------------------------------------------------
+
+    def begin_request(self, request: Request) -> list[Load]:
+        return self._prefetch(self.prefetch_request(request))
+
+    def before_layer(self, step: int, layer: int) -> list[Load]:
+        self._release()
+        self._step = step
+        self._layer = layer
+        return self._prefetch(self.prefetch_layer(step, layer))
+
+    def route(self, step: int, layer: int, experts: Sequence[ExpertId], scores: np.ndarray | None = None) -> Access:
+        """Account `layer`'s routed experts and return the demand loads its misses need.
+
+        Every routed expert becomes protected until the next `before_layer`. `scores` ([E]
+        router scores of this layer) choose the substitute in substitute mode.
+        """
+        self._step = step
+        self._layer = layer
+        n = self._n
+        slot_of = self._slot_of
+        inflight = self._inflight
+        protected = self._protected
+        unused = self._unused_prefetch
+        hits = 0
+        late: list[ExpertId] = []
+        misses: list[ExpertId] = []
+        loads: list[Load] = []
+        subs: list[tuple[ExpertId, ExpertId]] = []
+        cpu: list[ExpertId] = []
+        for e in experts:
+            if e in slot_of:
+                if e in inflight:
+                    late.append(e)
+                else:
+                    hits += 1
+                if e in unused:
+                    unused.discard(e)
+                    n["prefetch_used"] += 1
+                protected[e] = None
+                self.on_access(e)
+                continue
+            if self.miss_mode is not MissMode.LOAD:
+                if self.miss_mode is MissMode.CPU:
+                    cpu.append(e)
+                    continue
+                sub = self._substitute(layer, scores)
+                if sub is not None:
+                    subs.append((e, sub))
+                    protected[sub] = None
+                    self.on_access(sub)
+                    continue
+            misses.append(e)
+            loads.append(self._admit(e, LoadReason.DEMAND))
+            protected[e] = None
+            self.on_access(e)
+        n["accesses"] += len(experts)
+        n["hits"] += hits
+        n["late_hits"] += len(late)
+        n["misses"] += len(misses) + len(subs) + len(cpu)
+        n["substitutions"] += len(subs)
+        n["cpu_computed"] += len(cpu)
+        return Access(hits, tuple(late), tuple(misses), tuple(loads), tuple(subs), tuple(cpu))
+
+    def arrived(self, expert: ExpertId) -> None:
+        """A load finished; a cancelled load's arrival is ignored."""
+        self._inflight.discard(expert)
+
+    def end_request(self) -> None:
+        self._release()
+        self.on_request_end()
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def is_resident(self, expert: ExpertId) -> bool:
+        """Resident or in flight."""
+        return expert in self._slot_of
+
+    def in_flight(self, expert: ExpertId) -> bool:
+        return expert in self._inflight
+
+    def slot(self, expert: ExpertId) -> int | None:
+        return self._slot_of.get(expert)
+
+    @property
+    def resident(self) -> frozenset[ExpertId]:
+        return frozenset(self._slot_of)
+
+    @property
+    def protected(self) -> frozenset[ExpertId]:
+        return frozenset(self._protected)
+
+    def resident_in_layer(self, layer: int) -> frozenset[ExpertId]:
+        return frozenset(self._by_layer[layer])
+
+    def stats(self) -> CacheStats:
+        return CacheStats(**self._n)
+
+    # ---- mechanics -----------------------------------------------------------------------
+
+    def _pool(self, layer: int) -> int:
+        return layer if self.capacity.per_layer else 0
+
+    def _release(self) -> None:
+        """The running layer is done: its experts lose protection (and their slots, for
+        policies that keep nothing)."""
+        if not self.keeps_experts:
+            for e in self._protected:
+                if e in self._slot_of:
+                    pool = self._pool(e // self._E)
+                    self._free[pool].append(self._evict(e, pool, force=True))
+        self._protected.clear()
+
+    def _prefetch(self, experts: Sequence[ExpertId]) -> list[Load]:
+        loads = []
+        for e in experts:
+            if e in self._slot_of:
+                continue
+            layer = e // self._E
+            pool = self._pool(layer)
+            if not self._free[pool] and not _Candidates(self._pool_members[pool], self._protected):
+                continue  # every slot holds an expert the running layer uses
+            loads.append(self._admit(e, LoadReason.PREFETCH))
+        return loads
+
+    def _admit(self, expert: ExpertId, reason: LoadReason) -> Load:
+        layer = expert // self._E
+        pool = self._pool(layer)
+        free = self._free[pool]
+        if free:
+            slot, victim = free.pop(), -1
+        else:
+            candidates = _Candidates(self._pool_members[pool], self._protected)
+            if not candidates:
+                # More routed experts than slots (a long prefill): the earliest-routed ones of
+                # this pool have been computed already, so their protection lapses (streaming).
+                oldest = next(e for e in self._protected if e in self._pool_members[pool])
+                del self._protected[oldest]
+            victim = self.victim(layer, candidates)
+            slot = self._evict(victim, pool)
+        self._slot_of[expert] = slot
+        self._pool_members[pool].add(expert)
+        self._by_layer[layer].add(expert)
+        self._inflight.add(expert)
+        n = self._n
+        if reason is LoadReason.DEMAND:
+            n["demand_loads"] += 1
+        else:
+            n["prefetch_loads"] += 1
+            self._unused_prefetch.add(expert)
+        n["bytes_loaded"] += self._layer_bytes[layer]
+        self.on_insert(expert)
+        return Load(expert, slot, victim, reason)
+
+    def _evict(self, victim: ExpertId, pool: int, force: bool = False) -> int:
+        """Drop `victim`, returning its slot; `force` skips the contract check (a release)."""
+        if not force and (victim not in self._pool_members[pool] or victim in self._protected):
+            raise PolicyError(
+                f"{type(self).__name__}.victim returned {victim}, which is "
+                + ("protected (used by the running layer)" if victim in self._protected else "not an evictable resident")
+            )
+        slot = self._slot_of.pop(victim)
+        self._pool_members[pool].discard(victim)
+        self._by_layer[victim // self._E].discard(victim)
+        self._inflight.discard(victim)
+        if victim in self._unused_prefetch:
+            self._unused_prefetch.discard(victim)
+            self._n["prefetch_wasted"] += 1
+        self._n["evictions"] += 1
+        self.on_evict(victim)
+        return slot
+
+    def _substitute(self, layer: int, scores: np.ndarray | None) -> ExpertId | None:
+        """Best arrived resident of `layer` by router score (lowest id without scores)."""
+        ready = [e for e in self._by_layer[layer] if e not in self._inflight]
+        if not ready:
+            return None
+        if scores is None:
+            return min(ready)
+        base = layer * self._E
+        return max(ready, key=lambda e: (scores[e - base], -e))

@@ -1,0 +1,1 @@
+"""`casmoe` subcommands: backend (placeholder until its issue lands)."""

@@ -1,0 +1,1 @@
+"""`casmoe` subcommands: lrc (placeholder until its issue lands)."""

@@ -1,0 +1,1 @@
+"""`casmoe` subcommands: planner (placeholder until its issue lands)."""

@@ -1,0 +1,1 @@
+"""`casmoe` subcommands: simulate (placeholder until its issue lands)."""

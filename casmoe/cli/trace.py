@@ -1,0 +1,1 @@
+"""`casmoe` subcommands: trace (placeholder until its issue lands)."""

@@ -1,0 +1,115 @@
+"""The routing shape of an MoE model: how many MoE layers, experts and routed experts per token.
+
+Everything in casmoe (traces, caches, the simulator, the backend) is sized by a `Geometry`.
+Expert ids are flat ints, `layer * experts + expert`, because the hot loops hash and compare
+them millions of times per second and a tuple would cost several times more.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from casmoe.errors import CasmoeError
+
+ExpertId = int
+"""Flat expert id: `layer * geometry.experts + expert`."""
+
+
+class Quant(enum.Enum):
+    """Storage precision of expert weights; the value is bits per parameter."""
+
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+    INT4 = "int4"
+
+    @property
+    def bits(self) -> int:
+        return {"fp16": 16, "bf16": 16, "int8": 8, "int4": 4}[self.value]
+
+
+class GeometryError(CasmoeError, ValueError):
+    """A geometry that cannot describe a model (non-positive sizes, k > E, ...)."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """MoE routing shape plus the sizes needed to price one expert in bytes.
+
+    `layers` counts MoE layers only. `gated` experts (SwiGLU: gate, up, down) hold three
+    matrices, plain FFN experts two. `layer_expert_bytes` carries measured bytes per expert per
+    layer when a trace importer knows them (quantised GGUF experts differ by layer); it wins
+    over the shape-derived figure.
+    """
+
+    layers: int
+    experts: int
+    top_k: int
+    shared_experts: int = 0
+    hidden: int = 0
+    intermediate: int = 0
+    gated: bool = True
+    layer_expert_bytes: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.layers < 1 or self.experts < 1 or self.top_k < 1:
+            raise GeometryError(
+                f"layers, experts and top_k must be >= 1 (got {self.layers}, {self.experts}, {self.top_k})"
+            )
+        if self.top_k > self.experts:
+            raise GeometryError(f"top_k={self.top_k} exceeds experts={self.experts}")
+        if self.hidden < 0 or self.intermediate < 0 or self.shared_experts < 0:
+            raise GeometryError("hidden, intermediate and shared_experts must be >= 0")
+        if self.layer_expert_bytes and len(self.layer_expert_bytes) != self.layers:
+            raise GeometryError(
+                f"layer_expert_bytes has {len(self.layer_expert_bytes)} entries for {self.layers} layers"
+            )
+        object.__setattr__(self, "layer_expert_bytes", tuple(int(b) for b in self.layer_expert_bytes))
+
+    @property
+    def total_experts(self) -> int:
+        return self.layers * self.experts
+
+    @property
+    def active_experts(self) -> int:
+        """Experts one token routes to across all MoE layers (L x k)."""
+        return self.layers * self.top_k
+
+    @property
+    def expert_params(self) -> int:
+        return (3 if self.gated else 2) * self.hidden * self.intermediate
+
+    def expert_bytes(self, layer: int = 0, quant: Quant = Quant.BF16) -> int:
+        """Bytes of one expert of `layer`: measured if known, else from the shape at `quant`."""
+        if self.layer_expert_bytes:
+            return self.layer_expert_bytes[layer]
+        return self.expert_params * quant.bits // 8
+
+    def bytes_per_layer(self, quant: Quant = Quant.BF16) -> list[int]:
+        return [self.expert_bytes(layer, quant) for layer in range(self.layers)]
+
+    def flat(self, layer: int, expert: int) -> ExpertId:
+        return layer * self.experts + expert
+
+    def unflat(self, expert: ExpertId) -> tuple[int, int]:
+        return divmod(expert, self.experts)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layer_expert_bytes"] = list(self.layer_expert_bytes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Geometry:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise GeometryError(f"unknown geometry fields: {sorted(unknown)}")
+        d = dict(d)
+        d["layer_expert_bytes"] = tuple(d.get("layer_expert_bytes", ()))
+        return cls(**d)
+
+    def describe(self) -> str:
+        return f"{self.layers} MoE layers x {self.experts} experts, top-{self.top_k}"

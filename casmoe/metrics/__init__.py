@@ -1,0 +1,1 @@
+"""Local routing consistency metrics (SRP, SCH) of routing traces."""

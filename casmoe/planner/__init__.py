@@ -1,0 +1,1 @@
+"""The CasMoE planner: prompt-level prediction of every layer's experts."""

@@ -1,0 +1,35 @@
+"""The policy registry: one name per built-in policy, and `package.module:Class` for users'."""
+
+from __future__ import annotations
+
+import importlib
+
+from casmoe.cache import ExpertCache
+from casmoe.errors import CasmoeError
+from casmoe.policies.lru import LRU
+from casmoe.policies.ondemand import OnDemand
+
+POLICIES: dict[str, type[ExpertCache]] = {cls.name: cls for cls in (OnDemand, LRU)}
+
+
+class PolicyNotFound(CasmoeError, LookupError):
+    pass
+
+
+def get_policy(spec: str) -> type[ExpertCache]:
+    """A registered name (`lru`) or a user's class as `package.module:ClassName`."""
+    if spec in POLICIES:
+        return POLICIES[spec]
+    if ":" not in spec:
+        raise PolicyNotFound(
+            f"unknown policy {spec!r}; built-in: {', '.join(POLICIES)}; or give your own as package.module:ClassName"
+        )
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PolicyNotFound(f"cannot import {module_name!r} for policy {spec!r}: {exc}") from exc
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, ExpertCache)):
+        raise PolicyNotFound(f"{spec!r} is not an ExpertCache subclass")
+    return cls

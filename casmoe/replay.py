@@ -1,0 +1,70 @@
+"""The count-only runtime: walks a trace through a cache with no timing.
+
+It defines the semantics the simulator and the backend reproduce: per step, per computed layer,
+`before_layer` then `route`; every load arrives at once (so replay has no late hits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from casmoe.cache import CacheStats, ExpertCache, Load
+from casmoe.trace import Future, Step, Trace
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    policy: str
+    capacity: str
+    stats: CacheStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "capacity": self.capacity, **self.stats.to_dict()}
+
+
+def request_bounds(steps: list[Step]) -> tuple[dict[int, int], dict[int, int]]:
+    """First and last step index of every request in a step sequence."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for s, step in enumerate(steps):
+        for r in step.requests:
+            first.setdefault(r, s)
+            last[r] = s
+    return first, last
+
+
+def replay(trace: Trace, cache: ExpertCache, batch: int = 1, steps: list[Step] | None = None) -> ReplayResult:
+    steps = trace.steps(batch) if steps is None else steps
+    if cache.needs_future:
+        cache.attach_future(Future(steps, trace.geometry))
+    first, last = request_bounds(steps)
+    starts: dict[int, list[int]] = {}
+    ends: dict[int, list[int]] = {}
+    for r, s in first.items():
+        starts.setdefault(s, []).append(r)
+    for r, s in last.items():
+        ends.setdefault(s, []).append(r)
+    arrived = cache.arrived
+    before = cache.before_layer
+    route = cache.route
+
+    def land(loads: Iterable[Load]) -> None:
+        for ld in loads:
+            arrived(ld.expert)
+
+    for s, step in enumerate(steps):
+        for r in starts.get(s, ()):
+            land(cache.begin_request(trace.requests[r]))
+        for layer, experts in enumerate(step.experts):
+            if not experts:
+                continue
+            pre = before(s, layer)
+            if pre:
+                land(pre)
+            acc = route(s, layer, experts)
+            if acc.loads:
+                land(acc.loads)
+        for _ in ends.get(s, ()):
+            cache.end_request()
+    return ReplayResult(cache.name or type(cache).__name__, cache.capacity.describe(), cache.stats())

@@ -1,0 +1,434 @@
+"""Routing traces: which experts every token used at every MoE layer, and how they are stored.
+
+One trace format serves the replay runtime, the simulator, the real backend, the planner and
+the metrics. On disk it is one `.npz` (never pickled) whose arrays are the requests'
+concatenated tokens, plus JSON metadata stored as a uint8 array. A token-layer that was not
+computed (some engines skip the last layer for all prompt tokens but the last) is a row of
+`NOT_COMPUTED` ids with zero weight: the format never invents experts, and every runtime and
+metric skips such rows.
+
+Runtimes walk *steps*: a request's prefill is one step over all its prompt tokens (the union
+of their experts per layer), each decode token one step. `Future` precomputes, once, when each
+expert is next used, so oracle policies read the future as data instead of scanning a trace.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import zipfile
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from casmoe.errors import CasmoeError
+from casmoe.geometry import Geometry, GeometryError
+
+FORMAT_NAME = "casmoe-trace"
+FORMAT_VERSION = 1
+NOT_COMPUTED = -1
+"""Expert id marking a token-layer that the recording engine did not compute."""
+
+
+class TraceError(CasmoeError, ValueError):
+    """A trace that cannot be read or is inconsistent; the message names file, request and fault."""
+
+
+@dataclass(eq=False)
+class Request:
+    """One prompt and its generated tokens.
+
+    `topk[T, L, k]` holds expert ids per token and layer (`NOT_COMPUTED` rows for gaps),
+    `weights[T, L, k]` their router weights. The first `prefill` tokens are the prompt.
+    `logits[T, L, E]` (full router scores) and `spec[T, L, k]` (what layer l+1's router picks
+    from layer l's hidden state; row L-1 is `NOT_COMPUTED`) are optional.
+    """
+
+    topk: np.ndarray
+    weights: np.ndarray
+    prefill: int
+    prompt: str | None = None
+    task: str | None = None
+    logits: np.ndarray | None = None
+    spec: np.ndarray | None = None
+
+    @property
+    def tokens(self) -> int:
+        return int(self.topk.shape[0])
+
+    @property
+    def decode_tokens(self) -> int:
+        return self.tokens - self.prefill
+
+    @property
+    def computed(self) -> np.ndarray:
+        """Bool [T, L]: whether the token-layer was computed (not a gap)."""
+        return self.topk[:, :, 0] != NOT_COMPUTED
+
+    def steps(self, geometry: Geometry) -> list[Step]:
+        """Prefill as one step (if any prompt tokens), then one step per decode token."""
+        L, E = geometry.layers, geometry.experts
+        offsets = (np.arange(L, dtype=np.int64) * E)[None, :, None]
+        steps: list[Step] = []
+        if self.prefill:
+            steps.append(_prefill_step(self.topk[: self.prefill], self.weights[: self.prefill], offsets, E))
+        dec = self.topk[self.prefill :].astype(np.int64)
+        if len(dec):
+            flat = dec + offsets  # [T, L, k]
+            gaps = dec[:, :, 0] == NOT_COMPUTED  # [T, L]
+            rows = flat.tolist()
+            if gaps.any():
+                for t, layer in zip(*np.nonzero(gaps)):
+                    rows[t][layer] = []
+            steps.extend(Step(False, 1, r) for r in rows)
+        return steps
+
+
+def _prefill_step(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray, E: int) -> Step:
+    """Union of the prompt tokens' experts per layer, heaviest total router weight first."""
+    T, L, k = topk.shape
+    flat = np.where(topk >= 0, topk.astype(np.int64) + offsets, -1)  # [T, L, k]
+    experts: list[list[int]] = []
+    counts: list[list[int]] = []
+    for layer in range(L):
+        ids = flat[:, layer, :].ravel()
+        w = weights[:, layer, :].ravel().astype(np.float64)
+        keep = ids >= 0
+        ids, w = ids[keep], w[keep]
+        if ids.size == 0:
+            experts.append([])
+            counts.append([])
+            continue
+        uniq, inv = np.unique(ids, return_inverse=True)
+        wsum = np.bincount(inv, weights=w)
+        cnt = np.bincount(inv)
+        order = np.lexsort((uniq, -wsum))
+        experts.append(uniq[order].tolist())
+        counts.append(cnt[order].tolist())
+    return Step(True, T, experts, counts)
+
+
+@dataclass(slots=True)
+class Step:
+    """What one forward pass routes: per layer, the flat expert ids it needs.
+
+    `experts[layer]` is ordered by descending router weight (the order a streaming prefill
+    would load them); an empty list means the layer was not computed. `counts[layer][i]` is
+    how many tokens routed to `experts[layer][i]`; `None` means one each (a decode token).
+    """
+
+    prefill: bool
+    tokens: int
+    experts: list[list[int]]
+    counts: list[list[int]] | None = None
+    requests: tuple[int, ...] = ()
+
+
+@dataclass
+class Trace:
+    """A geometry, its requests and free-form provenance metadata."""
+
+    geometry: Geometry
+    requests: list[Request]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.requests)
+
+    @property
+    def has_prompts(self) -> bool:
+        return bool(self.requests) and all(r.prompt is not None for r in self.requests)
+
+    def steps(self, batch: int = 1) -> list[Step]:
+        """The runtime's step sequence. `batch` > 1 merges the decode tokens of `batch`
+        consecutive requests into shared steps (each request still prefills alone)."""
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        out: list[Step] = []
+        for start in range(0, len(self.requests), batch):
+            group = list(range(start, min(start + batch, len(self.requests))))
+            per_req = {i: self.requests[i].steps(self.geometry) for i in group}
+            decodes: dict[int, list[Step]] = {}
+            for i in group:
+                req_steps = per_req[i]
+                if self.requests[i].prefill:
+                    first = req_steps[0]
+                    first.requests = (i,)
+                    out.append(first)
+                    req_steps = req_steps[1:]
+                decodes[i] = req_steps
+            if batch == 1:
+                for s in decodes[group[0]]:
+                    s.requests = (group[0],)
+                    out.append(s)
+                continue
+            longest = max((len(v) for v in decodes.values()), default=0)
+            for t in range(longest):
+                parts = [(i, decodes[i][t]) for i in group if t < len(decodes[i])]
+                out.append(_merge([p for _, p in parts], tuple(i for i, _ in parts)))
+        return out
+
+    def subset(self, indices: Sequence[int]) -> Trace:
+        return Trace(self.geometry, [self.requests[i] for i in indices], dict(self.meta))
+
+    # ---- storage -------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Validate, then write atomically: an interrupted write leaves the old file intact."""
+        path = Path(path)
+        self.validate(str(path))
+        arrays = self._to_arrays()
+        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez_compressed(fh, **arrays)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def _to_arrays(self) -> dict[str, np.ndarray]:
+        reqs = self.requests
+        g = self.geometry
+        meta = dict(self.meta)
+        meta.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        meta.update(
+            format=FORMAT_NAME,
+            version=FORMAT_VERSION,
+            geometry=g.to_dict(),
+            requests=[{"prompt": r.prompt, "task": r.task} for r in reqs],
+        )
+        empty3 = np.zeros((0, g.layers, g.top_k))
+        arrays = {
+            "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+            "topk": np.concatenate([r.topk for r in reqs] or [empty3]).astype(np.int16),
+            "weights": np.concatenate([r.weights for r in reqs] or [empty3]).astype(np.float32),
+            "offsets": np.cumsum([0] + [r.tokens for r in reqs]).astype(np.int64),
+            "prefill": np.array([r.prefill for r in reqs], dtype=np.int64),
+        }
+        for name in ("logits", "spec"):
+            present = [getattr(r, name) is not None for r in reqs]
+            if reqs and all(present):
+                arr = np.concatenate([getattr(r, name) for r in reqs])
+                arrays[name] = arr.astype(np.int16 if name == "spec" else np.float32)
+            elif any(present):
+                raise TraceError(f"{name} must be given for every request or for none")
+        return arrays
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trace:
+        """Read and validate; every fault raises `TraceError` naming the file."""
+        where = str(path)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                arrays = {name: npz[name] for name in npz.files}
+        except FileNotFoundError:
+            raise TraceError(f"{where}: no such file") from None
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, RuntimeError) as exc:
+            raise TraceError(f"{where}: not a readable casmoe trace (.npz): {exc}") from exc
+        except Exception as exc:  # zlib.error and friends from corrupted members
+            raise TraceError(f"{where}: corrupted trace file: {type(exc).__name__}: {exc}") from exc
+        return cls._from_arrays(arrays, where)
+
+    @classmethod
+    def _from_arrays(cls, arrays: dict[str, np.ndarray], where: str) -> Trace:
+        for name in ("meta", "topk", "weights", "offsets", "prefill"):
+            if name not in arrays:
+                raise TraceError(f"{where}: missing array {name!r}")
+        try:
+            meta = json.loads(arrays["meta"].tobytes().decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TraceError(f"{where}: metadata is not valid JSON: {exc}") from exc
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+            raise TraceError(f"{where}: not a {FORMAT_NAME} file")
+        if meta.get("version") != FORMAT_VERSION:
+            raise TraceError(
+                f"{where}: unknown format version {meta.get('version')!r} (this casmoe reads {FORMAT_VERSION})"
+            )
+        try:
+            geometry = Geometry.from_dict(meta["geometry"])
+        except (KeyError, TypeError, GeometryError) as exc:
+            raise TraceError(f"{where}: bad geometry in metadata: {exc}") from exc
+        offsets, prefill = arrays["offsets"], arrays["prefill"]
+        topk, weights = arrays["topk"], arrays["weights"]
+        info = meta.get("requests", [])
+        n = len(prefill)
+        if offsets.ndim != 1 or prefill.ndim != 1 or len(offsets) != n + 1 or not isinstance(info, list) or len(info) != n:
+            raise TraceError(f"{where}: offsets, prefill and request metadata disagree on the request count")
+        if n and (offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != len(topk)):
+            raise TraceError(f"{where}: offsets do not partition the {len(topk)} tokens")
+        if not n and len(topk):
+            raise TraceError(f"{where}: tokens without requests")
+        optional = {name: arrays.get(name) for name in ("logits", "spec")}
+        requests = []
+        for i in range(n):
+            a, b = int(offsets[i]), int(offsets[i + 1])
+            r = info[i] if isinstance(info[i], dict) else {}
+            requests.append(
+                Request(
+                    topk=topk[a:b],
+                    weights=weights[a:b],
+                    prefill=int(prefill[i]),
+                    prompt=r.get("prompt"),
+                    task=r.get("task"),
+                    logits=None if optional["logits"] is None else optional["logits"][a:b],
+                    spec=None if optional["spec"] is None else optional["spec"][a:b],
+                )
+            )
+        for name in ("format", "version", "geometry", "requests"):
+            meta.pop(name, None)
+        trace = cls(geometry, requests, meta)
+        trace._validate_arrays(where, topk, weights, offsets, optional)
+        return trace
+
+    # ---- validation ----------------------------------------------------------------------
+
+    def validate(self, where: str = "<trace>") -> None:
+        """Raise `TraceError` for any inconsistency, naming the request and the fault."""
+        g = self.geometry
+        for i, r in enumerate(self.requests):
+            for name in ("topk", "weights", "logits", "spec"):
+                arr = getattr(r, name)
+                want = (g.layers, g.experts if name == "logits" else g.top_k)
+                if arr is not None and (arr.ndim != 3 or arr.shape[1:] != want or len(arr) != len(r.topk)):
+                    raise TraceError(
+                        f"{where}: request {i}: {name} has shape {arr.shape}, expected [{len(r.topk)}, {want[0]}, {want[1]}]"
+                    )
+        if not self.requests:
+            return
+        cat = lambda name: np.concatenate([getattr(r, name) for r in self.requests])  # noqa: E731
+        offsets = np.cumsum([0] + [r.tokens for r in self.requests])
+        optional = {
+            name: cat(name) if all(getattr(r, name) is not None for r in self.requests) else None
+            for name in ("logits", "spec")
+        }
+        self._validate_arrays(where, cat("topk"), cat("weights"), offsets, optional)
+
+    def _validate_arrays(
+        self,
+        where: str,
+        topk: np.ndarray,
+        weights: np.ndarray,
+        offsets: np.ndarray,
+        optional: dict[str, np.ndarray | None],
+    ) -> None:
+        g = self.geometry
+        N = len(topk)
+
+        def fail(token: int | None, what: str) -> None:
+            if token is None:
+                raise TraceError(f"{where}: {what}")
+            req = int(np.searchsorted(offsets, token, side="right") - 1)
+            raise TraceError(f"{where}: request {req}, token {token - int(offsets[req])}: {what}")
+
+        for name, arr, last in (("topk", topk, g.top_k), ("weights", weights, g.top_k)):
+            if arr.ndim != 3 or arr.shape != (N, g.layers, last):
+                fail(None, f"{name} has shape {arr.shape}, expected [{N}, {g.layers}, {last}]")
+        if not np.issubdtype(topk.dtype, np.integer):
+            fail(None, f"topk must hold integers, not {topk.dtype}")
+        if not np.issubdtype(weights.dtype, np.floating):
+            fail(None, f"weights must hold floats, not {weights.dtype}")
+        for i, r in enumerate(self.requests):
+            if not 0 <= r.prefill <= r.tokens:
+                raise TraceError(f"{where}: request {i}: prefill {r.prefill} outside [0, {r.tokens}] tokens")
+        if N == 0:
+            return
+        gap = topk == NOT_COMPUTED
+        row_gap = gap.all(axis=2)
+        if np.any(gap.any(axis=2) & ~row_gap):
+            t = int(np.nonzero(gap.any(axis=2) & ~row_gap)[0][0])
+            fail(t, "a token-layer mixes NOT_COMPUTED (-1) with real expert ids")
+        bad = ~gap & ((topk < 0) | (topk >= g.experts))
+        if bad.any():
+            t, layer, j = (int(x[0]) for x in np.nonzero(bad))
+            fail(t, f"layer {layer}: expert id {int(topk[t, layer, j])} outside [0, {g.experts})")
+        if g.top_k > 1:
+            srt = np.sort(topk, axis=2)
+            dup = np.any((srt[:, :, 1:] == srt[:, :, :-1]) & (srt[:, :, 1:] != NOT_COMPUTED), axis=2)
+            if dup.any():
+                t, layer = (int(x[0]) for x in np.nonzero(dup))
+                fail(t, f"layer {layer}: routes to the same expert twice {sorted(topk[t, layer].tolist())}")
+        finite = np.isfinite(weights)
+        if not finite.all():
+            t = int(np.nonzero(~finite.all(axis=(1, 2)))[0][0])
+            fail(t, "router weight is NaN or infinite")
+        if np.any(weights < 0):
+            t = int(np.nonzero((weights < 0).any(axis=(1, 2)))[0][0])
+            fail(t, "negative router weight")
+        logits, spec = optional.get("logits"), optional.get("spec")
+        if logits is not None and (logits.ndim != 3 or logits.shape != (N, g.layers, g.experts)):
+            fail(None, f"logits has shape {logits.shape}, expected [{N}, {g.layers}, {g.experts}]")
+        if logits is not None and not np.isfinite(logits).all():
+            fail(int(np.nonzero(~np.isfinite(logits).all(axis=(1, 2)))[0][0]), "router logit is NaN or infinite")
+        if spec is not None:
+            if spec.ndim != 3 or spec.shape != topk.shape:
+                fail(None, f"spec has shape {spec.shape}, expected {topk.shape}")
+            sbad = (spec != NOT_COMPUTED) & ((spec < 0) | (spec >= g.experts))
+            if sbad.any():
+                fail(int(np.nonzero(sbad)[0][0]), "spec expert id outside [0, E)")
+
+
+def _merge(parts: Iterable[Step], requests: tuple[int, ...]) -> Step:
+    """One batched decode step: per layer the union of the tokens' experts, with counts."""
+    parts = list(parts)
+    L = len(parts[0].experts)
+    experts: list[list[int]] = []
+    counts: list[list[int]] = []
+    for layer in range(L):
+        tally: dict[int, int] = {}
+        for p in parts:
+            for e in p.experts[layer]:
+                tally[e] = tally.get(e, 0) + 1
+        experts.append(list(tally))
+        counts.append(list(tally.values()))
+    return Step(False, len(parts), experts, counts, requests)
+
+
+class Future:
+    """When each expert is used next, for oracle policies (computed once per step sequence).
+
+    A *visit* is one (step, layer) pair, numbered `step * L + layer` in the runtime's order.
+    """
+
+    def __init__(self, steps: Sequence[Step], geometry: Geometry) -> None:
+        self.steps = steps
+        self.layers = geometry.layers
+        uses: dict[int, list[int]] = {}
+        L = geometry.layers
+        for s, step in enumerate(steps):
+            base = s * L
+            for layer, experts in enumerate(step.experts):
+                v = base + layer
+                for e in experts:
+                    lst = uses.get(e)
+                    if lst is None:
+                        uses[e] = [v]
+                    else:
+                        lst.append(v)
+        self.uses = uses
+
+    def next_use(self, expert: int, visit: int) -> float:
+        """First visit strictly after `visit` that routes `expert`, or infinity."""
+        lst = self.uses.get(expert)
+        if not lst:
+            return float("inf")
+        i = bisect_right(lst, visit)
+        return lst[i] if i < len(lst) else float("inf")
+
+    def count_between(self, expert: int, after_visit: int, until_visit: int) -> int:
+        """Uses of `expert` in visits (after_visit, until_visit]."""
+        lst = self.uses.get(expert)
+        if not lst:
+            return 0
+        return bisect_right(lst, until_visit) - bisect_right(lst, after_visit)
