@@ -175,6 +175,17 @@ class Trace:
                 out.append(_merge([p for _, p in parts], tuple(i for i, _ in parts)))
         return out
 
+    def popularity(self) -> np.ndarray:
+        """[L, E] int64: how many computed token-layers routed to each expert (gaps skipped)."""
+        g = self.geometry
+        counts = np.zeros(g.layers * g.experts, dtype=np.int64)
+        offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
+        for r in self.requests:
+            ids = r.topk.astype(np.int64)
+            flat = (ids + offsets)[ids >= 0]
+            counts += np.bincount(flat, minlength=counts.size)
+        return counts.reshape(g.layers, g.experts)
+
     def subset(self, indices: Sequence[int]) -> Trace:
         return Trace(self.geometry, [self.requests[i] for i in indices], dict(self.meta))
 
@@ -191,6 +202,7 @@ class Trace:
                 np.savez_compressed(fh, **arrays)
                 fh.flush()
                 os.fsync(fh.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -377,6 +389,12 @@ class Trace:
             sbad = (spec != NOT_COMPUTED) & ((spec < 0) | (spec >= g.experts))
             if sbad.any():
                 fail(int(np.nonzero(sbad)[0][0]), "spec expert id outside [0, E)")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _merge(parts: Iterable[Step], requests: tuple[int, ...]) -> Step:

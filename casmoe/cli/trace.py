@@ -1,1 +1,122 @@
-"""`casmoe` subcommands: trace (placeholder until its issue lands)."""
+"""`casmoe trace ...`: make, convert and inspect routing traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from casmoe.cli.app import app
+from casmoe.errors import CasmoeError
+from casmoe.geometry import Geometry
+from casmoe.shipped import DEFAULT_TRACE, shipped
+
+trace_app = typer.Typer(help="Make, convert and inspect routing traces (.npz).", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+
+
+def parse_range(text: str, what: str) -> tuple[int, int]:
+    """'16:64' -> (16, 64); '32' -> (32, 32)."""
+    try:
+        lo, _, hi = text.partition(":")
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise CasmoeError(f"--{what} must be LOW:HIGH or N (got {text!r})") from None
+
+
+def _geometry(model: Optional[str], layers: Optional[int], experts: Optional[int], top_k: Optional[int]) -> Geometry:
+    """A preset's geometry, with any of layers / experts / top_k overridden."""
+    from dataclasses import replace
+
+    from casmoe.presets import get_preset
+
+    base = get_preset(model or "mixtral-8x7b").geometry
+    changes = {k: v for k, v in (("layers", layers), ("experts", experts), ("top_k", top_k)) if v is not None}
+    return replace(base, **changes) if changes else base
+
+
+@trace_app.command("synth")
+def synth(
+    out: Path = typer.Argument(..., help="Output trace (.npz)."),
+    model: str = typer.Option("mixtral-8x7b", help="Model preset whose geometry (and bytes per expert) to use."),
+    layers: Optional[int] = typer.Option(None, help="Override the preset's MoE layer count."),
+    experts: Optional[int] = typer.Option(None, help="Override the preset's experts per layer."),
+    top_k: Optional[int] = typer.Option(None, help="Override the preset's routed experts per token."),
+    requests: int = typer.Option(300, min=0, help="Number of requests."),
+    tasks: int = typer.Option(6, min=1, help="Number of task clusters (code, math, cooking, ...)."),
+    zipf: float = typer.Option(1.0, min=0.0, help="Popularity skew per layer: p(rank r) ~ 1/r^zipf."),
+    stickiness: float = typer.Option(0.3, min=0.0, max=1.0, help="P(a token keeps each of the previous token's experts)."),
+    task_affinity: float = typer.Option(0.6, min=0.0, max=1.0, help="Weight of the task's preferred set vs popularity."),
+    task_experts: Optional[int] = typer.Option(None, help="Preferred experts per task and layer (default max(2k, E/4))."),
+    prefill: str = typer.Option("16:64", help="Prompt length range LOW:HIGH (tokens)."),
+    decode: str = typer.Option("32:96", help="Generated length range LOW:HIGH (tokens)."),
+    logits: bool = typer.Option(False, help="Store router logits [T, L, E]."),
+    spec: bool = typer.Option(True, help="Store speculative next-layer routing [T, L, k]."),
+    spec_accuracy: float = typer.Option(0.8, min=0.0, max=1.0, help="P(a spec slot equals the true next-layer expert)."),
+    seed: int = typer.Option(0, help="Seed of the numpy Generator."),
+) -> None:
+    """Generate a synthetic trace with task-labelled prompts (see casmoe.synthetic for the model)."""
+    from casmoe.synthetic import SynthConfig, generate
+
+    geometry = _geometry(model, layers, experts, top_k)
+    cfg = SynthConfig(
+        requests=requests,
+        tasks=tasks,
+        zipf=zipf,
+        stickiness=stickiness,
+        task_affinity=task_affinity,
+        task_experts=task_experts,
+        prefill=parse_range(prefill, "prefill"),
+        decode=parse_range(decode, "decode"),
+        logits=logits,
+        spec=spec,
+        spec_accuracy=spec_accuracy,
+        seed=seed,
+        meta={"model_preset": model},
+    )
+    tr = generate(geometry, cfg)
+    tr.save(out)
+    typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {geometry.describe()}")
+
+
+@trace_app.command("info")
+def info(
+    trace: Optional[Path] = typer.Argument(None, help="Trace (.npz); default: the shipped synthetic Mixtral trace."),
+    top: int = typer.Option(4, min=1, help="Most popular experts listed per layer."),
+) -> None:
+    """Print geometry, request and token counts, and per-layer expert popularity."""
+    from casmoe.report import print_table
+    from casmoe.trace import Trace
+
+    path = trace or shipped(DEFAULT_TRACE)
+    tr = Trace.load(path)
+    g = tr.geometry
+    prefill = sum(r.prefill for r in tr.requests)
+    tasks = sorted({r.task for r in tr.requests if r.task})
+    typer.echo(f"{path}")
+    typer.echo(f"geometry: {g.describe()}, {g.shared_experts} shared; {g.expert_bytes(0) / 2**20:.1f} MiB per expert (layer 0)")
+    typer.echo(
+        f"requests: {len(tr.requests)}; tokens: {tr.tokens} ({prefill} prefill, {tr.tokens - prefill} decode); "
+        f"prompts: {'yes' if tr.has_prompts else 'no'}; tasks: {', '.join(tasks) or '-'}"
+    )
+    optional = [n for n in ("logits", "spec") if tr.requests and getattr(tr.requests[0], n) is not None]
+    typer.echo(f"optional arrays: {', '.join(optional) or 'none'}")
+    for key in ("source_model", "recorded_by", "created"):
+        if key in tr.meta:
+            typer.echo(f"{key}: {tr.meta[key]}")
+    counts = tr.popularity()  # [L, E]
+    records = []
+    for layer, row in enumerate(counts):
+        total = int(row.sum())
+        order = row.argsort(kind="stable")[::-1][:top]
+        records.append(
+            {
+                "layer": layer,
+                "routed": total,
+                "distinct": int((row > 0).sum()),
+                f"top{top} share": float(row[order].sum() / total) if total else 0.0,
+                "hottest (expert:share)": " ".join(f"{e}:{row[e] / total:.2f}" for e in order if total and row[e]),
+            }
+        )
+    print_table(records, list(records[0]) if records else ["layer"], title="expert popularity per layer")
