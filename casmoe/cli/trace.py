@@ -95,7 +95,8 @@ def info(
     prefill = sum(r.prefill for r in tr.requests)
     tasks = sorted({r.task for r in tr.requests if r.task})
     typer.echo(f"{path}")
-    typer.echo(f"geometry: {g.describe()}, {g.shared_experts} shared; {g.expert_bytes(0) / 2**20:.1f} MiB per expert (layer 0)")
+    size = f"{g.expert_bytes(0) / 2**20:.1f} MiB per expert (layer 0)" if g.expert_bytes(0) else "expert size unknown"
+    typer.echo(f"geometry: {g.describe()}, {g.shared_experts} shared; {size}")
     typer.echo(
         f"requests: {len(tr.requests)}; tokens: {tr.tokens} ({prefill} prefill, {tr.tokens - prefill} decode); "
         f"prompts: {'yes' if tr.has_prompts else 'no'}; tasks: {', '.join(tasks) or '-'}"
@@ -120,3 +121,43 @@ def info(
             }
         )
     print_table(records, list(records[0]) if records else ["layer"], title="expert popularity per layer")
+
+
+@trace_app.command("import")
+def import_(
+    sources: list[Path] = typer.Argument(..., help="Route CSV, JSON, or per-layer array files / a directory of them."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output trace (.npz)."),
+    fmt: str = typer.Option("auto", "--format", help="auto, csv, json, arrays or npz."),
+    key: Optional[str] = typer.Option(None, help="JSON with named entries: import only this one."),
+    kind: str = typer.Option("auto", help="Arrays: topk (expert ids), logits, rank (moe-lrc int8 ranks) or auto."),
+    num_experts: Optional[int] = typer.Option(None, help="Arrays of expert ids: experts per layer."),
+    top_k: Optional[int] = typer.Option(None, help="Arrays of logits or ranks: routed experts per token."),
+    prefill: int = typer.Option(0, min=0, help="Arrays: leading tokens of each sequence that are the prompt."),
+    keep_logits: bool = typer.Option(False, help="Arrays of logits: store them in the trace."),
+) -> None:
+    """Convert an external routing trace into casmoe's .npz format."""
+    from casmoe.importers import import_trace
+
+    tr = import_trace(
+        sources, fmt, key=key, kind=kind, num_experts=num_experts, top_k=top_k, prefill=prefill, keep_logits=keep_logits
+    )
+    tr.save(out)
+    gaps = sum(int((~r.computed).sum()) for r in tr.requests)
+    typer.echo(
+        f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {tr.geometry.describe()}, "
+        f"{gaps} token-layers not computed"
+    )
+
+
+@trace_app.command("export")
+def export(
+    trace: Path = typer.Argument(..., help="Trace (.npz)."),
+    out: Path = typer.Argument(..., help="Output long routing CSV (route_trace v1)."),
+) -> None:
+    """Write a trace as the long routing CSV (one row per routed expert; imports back)."""
+    from casmoe.importers import write_route_csv
+    from casmoe.trace import Trace
+
+    tr = Trace.load(trace)
+    write_route_csv(tr, out)
+    typer.echo(f"wrote {out}: {len(tr.requests)} turns, {tr.tokens} tokens")
