@@ -11,6 +11,8 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from casmoe.errors import CasmoeError
 
 ExpertId = int
@@ -54,6 +56,19 @@ class Geometry:
     layer_expert_bytes: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        for name in ("layers", "experts", "top_k", "shared_experts", "hidden", "intermediate"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise GeometryError(f"{name} must be an integer (got {value!r})")
+            object.__setattr__(self, name, int(value))
+        if not isinstance(self.gated, (bool, np.bool_)):
+            raise GeometryError(f"gated must be true or false (got {self.gated!r})")
+        try:
+            per_layer = tuple(self.layer_expert_bytes)
+        except TypeError:
+            raise GeometryError("layer_expert_bytes must be a list of integers") from None
+        if not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 0 for b in per_layer):
+            raise GeometryError("layer_expert_bytes must be non-negative integers")
         if self.layers < 1 or self.experts < 1 or self.top_k < 1:
             raise GeometryError(
                 f"layers, experts and top_k must be >= 1 (got {self.layers}, {self.experts}, {self.top_k})"
@@ -66,7 +81,7 @@ class Geometry:
             raise GeometryError(
                 f"layer_expert_bytes has {len(self.layer_expert_bytes)} entries for {self.layers} layers"
             )
-        object.__setattr__(self, "layer_expert_bytes", tuple(int(b) for b in self.layer_expert_bytes))
+        object.__setattr__(self, "layer_expert_bytes", tuple(int(b) for b in per_layer))
 
     @property
     def total_experts(self) -> int:
@@ -103,12 +118,14 @@ class Geometry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Geometry:
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(d) - known
+        if not isinstance(d, dict):
+            raise GeometryError(f"geometry must be a mapping, not {type(d).__name__}")
+        unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise GeometryError(f"unknown geometry fields: {sorted(unknown)}")
-        d = dict(d)
-        d["layer_expert_bytes"] = tuple(d.get("layer_expert_bytes", ()))
+        missing = {"layers", "experts", "top_k"} - set(d)
+        if missing:
+            raise GeometryError(f"geometry lacks {sorted(missing)}")
         return cls(**d)
 
     def describe(self) -> str:

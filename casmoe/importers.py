@@ -175,7 +175,7 @@ def write_route_csv(trace: Trace, path: str | Path) -> None:
     ]
     lines += [f"# layer={i} expert_bytes={b}" for i, b in enumerate(g.bytes_per_layer())]
     lines.append(_CASMOE_LINE + "geometry=" + json.dumps(g.to_dict()))
-    meta = {k: v for k, v in trace.meta.items() if k not in ("source_model", "arch")}
+    meta = {k: v for k, v in trace.meta.items() if k != "arch"}
     lines.append(_CASMOE_LINE + "meta=" + json.dumps(meta))
     for i, r in enumerate(trace.requests):
         info = {"turn": i, "first_step": 0, "tokens": r.tokens, "prefill": r.prefill, "prompt": r.prompt, "task": r.task}

@@ -258,6 +258,8 @@ class Trace:
         for name in ("meta", "topk", "weights", "offsets", "prefill"):
             if name not in arrays:
                 raise TraceError(f"{where}: missing array {name!r}")
+        if arrays["meta"].dtype != np.uint8 or arrays["meta"].ndim != 1:
+            raise TraceError(f"{where}: metadata must be a 1-D uint8 array of JSON text")
         try:
             meta = json.loads(arrays["meta"].tobytes().decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -270,23 +272,40 @@ class Trace:
             )
         try:
             geometry = Geometry.from_dict(meta["geometry"])
-        except (KeyError, TypeError, GeometryError) as exc:
+        except (KeyError, TypeError, ValueError, GeometryError) as exc:
             raise TraceError(f"{where}: bad geometry in metadata: {exc}") from exc
         offsets, prefill = arrays["offsets"], arrays["prefill"]
         topk, weights = arrays["topk"], arrays["weights"]
+        optional = {name: arrays.get(name) for name in ("logits", "spec")}
+        g = geometry
+        for name, arr, last in (
+            ("topk", topk, g.top_k),
+            ("weights", weights, g.top_k),
+            ("logits", optional["logits"], g.experts),
+            ("spec", optional["spec"], g.top_k),
+        ):
+            if arr is not None and (arr.ndim != 3 or arr.shape[1:] != (g.layers, last) or len(arr) != len(topk)):
+                raise TraceError(f"{where}: {name} has shape {arr.shape}, expected [{len(topk)}, {g.layers}, {last}]")
+        for name, arr in (("topk", topk), ("spec", optional["spec"]), ("offsets", offsets), ("prefill", prefill)):
+            if arr is not None and not np.issubdtype(arr.dtype, np.integer):
+                raise TraceError(f"{where}: {name} must hold integers, not {arr.dtype}")
+        for name, arr in (("weights", weights), ("logits", optional["logits"])):
+            if arr is not None and not np.issubdtype(arr.dtype, np.floating):
+                raise TraceError(f"{where}: {name} must hold floats, not {arr.dtype}")
         info = meta.get("requests", [])
-        n = len(prefill)
+        n = len(prefill) if prefill.ndim == 1 else -1
         if offsets.ndim != 1 or prefill.ndim != 1 or len(offsets) != n + 1 or not isinstance(info, list) or len(info) != n:
             raise TraceError(f"{where}: offsets, prefill and request metadata disagree on the request count")
         if n and (offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != len(topk)):
             raise TraceError(f"{where}: offsets do not partition the {len(topk)} tokens")
         if not n and len(topk):
             raise TraceError(f"{where}: tokens without requests")
-        optional = {name: arrays.get(name) for name in ("logits", "spec")}
         requests = []
         for i in range(n):
             a, b = int(offsets[i]), int(offsets[i + 1])
-            r = info[i] if isinstance(info[i], dict) else {}
+            r = info[i]
+            if not isinstance(r, dict) or not all(isinstance(r.get(f), (str, type(None))) for f in ("prompt", "task")):
+                raise TraceError(f"{where}: request {i}: metadata must be an object whose prompt and task are strings")
             requests.append(
                 Request(
                     topk=topk[a:b],

@@ -1,0 +1,284 @@
+"""The trace format: round trips, validation of every malformed input, atomic writes, gaps."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from casmoe.geometry import Geometry
+from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def random_trace(rng: np.random.Generator, L: int, E: int, k: int, n: int, optional: bool = True) -> Trace:
+    """Valid random trace: distinct experts per token-layer, some gap rows, optional arrays."""
+    g = Geometry(layers=L, experts=E, top_k=k, hidden=8, intermediate=16)
+    reqs = []
+    for i in range(n):
+        T = int(rng.integers(0, 7))
+        topk = np.argsort(rng.random((T, L, E)), axis=2)[:, :, :k].astype(np.int16)
+        weights = rng.random((T, L, k)).astype(np.float32)
+        if T > 1:
+            topk[0, L - 1] = NOT_COMPUTED  # a gap, as engines that skip the last layer write it
+            weights[0, L - 1] = 0
+        spec = np.roll(topk, -1, axis=1)
+        spec[:, L - 1] = NOT_COMPUTED
+        reqs.append(
+            Request(
+                topk=topk,
+                weights=weights,
+                prefill=int(rng.integers(0, T + 1)),
+                prompt=f"prompt {i} \u00e9" if i % 2 else None,
+                task="code" if i % 3 else None,
+                logits=rng.standard_normal((T, L, E)).astype(np.float32) if optional else None,
+                spec=spec if optional else None,
+            )
+        )
+    return Trace(g, reqs, {"source_model": "test", "nested": {"a": [1, 2]}})
+
+
+def assert_same(a: Trace, b: Trace) -> None:
+    assert a.geometry == b.geometry
+    assert len(a.requests) == len(b.requests)
+    for x, y in zip(a.requests, b.requests):
+        assert (x.prefill, x.prompt, x.task) == (y.prefill, y.prompt, y.task)
+        for name in ("topk", "weights", "logits", "spec"):
+            u, v = getattr(x, name), getattr(y, name)
+            assert (u is None) == (v is None), name
+            if u is not None:
+                np.testing.assert_array_equal(u, v, err_msg=name)
+
+
+@FAST
+@given(
+    L=st.integers(1, 5),
+    E=st.integers(1, 12),
+    k=st.integers(1, 4),
+    n=st.integers(0, 4),
+    optional=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_round_trip_random_geometries(tmp_path, L, E, k, n, optional, seed):
+    k = min(k, E)
+    tr = random_trace(np.random.default_rng(seed), L, E, k, n, optional)
+    path = tmp_path / "t.npz"
+    tr.save(path)
+    back = Trace.load(path)
+    assert_same(tr, back)
+    assert back.meta["source_model"] == "test" and back.meta["nested"] == {"a": [1, 2]}
+    assert "created" in back.meta
+
+
+def test_saved_file_is_world_readable_like_other_files(tmp_path):
+    tr = random_trace(np.random.default_rng(0), 2, 4, 2, 2)
+    tr.save(tmp_path / "t.npz")
+    assert (tmp_path / "t.npz").stat().st_mode & 0o044  # not mkstemp's 0600
+
+
+# ---- malformed inputs -------------------------------------------------------------------------
+
+
+def _valid(tmp_path: Path) -> tuple[dict[str, np.ndarray], Trace]:
+    tr = random_trace(np.random.default_rng(1), 3, 6, 2, 3)
+    return tr._to_arrays(), tr
+
+
+def _write(tmp_path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+def _meta(arrays, **changes):
+    meta = json.loads(arrays["meta"].tobytes())
+    meta.update(changes)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+
+
+def _set(arrays, name, index, value):
+    arr = arrays[name].copy()
+    arr[index] = value
+    arrays[name] = arr
+
+
+MALFORMED = {
+    "topk shape": lambda a: a.update(topk=a["topk"][:, :, :1]),
+    "weights shape": lambda a: a.update(weights=a["weights"][:-1]),
+    "logits shape": lambda a: a.update(logits=a["logits"][:, :, :2]),
+    "spec shape": lambda a: a.update(spec=a["spec"][:, :1]),
+    "expert id too large": lambda a: _set(a, "topk", (2, 0, 0), 6),
+    "expert id negative": lambda a: _set(a, "topk", (2, 0, 0), -5),
+    "duplicate expert": lambda a: _set(a, "topk", (2, 1), 3),
+    "half gap": lambda a: _set(a, "topk", (2, 1, 0), NOT_COMPUTED),
+    "nan weight": lambda a: _set(a, "weights", (1, 0, 0), np.nan),
+    "inf weight": lambda a: _set(a, "weights", (1, 0, 1), np.inf),
+    "negative weight": lambda a: _set(a, "weights", (1, 2, 0), -0.5),
+    "nan logit": lambda a: _set(a, "logits", (1, 2, 0), np.nan),
+    "spec id out of range": lambda a: _set(a, "spec", (1, 0, 0), 99),
+    "prefill longer than request": lambda a: _set(a, "prefill", 0, 10_000),
+    "negative prefill": lambda a: _set(a, "prefill", 1, -1),
+    "unknown version": lambda a: _meta(a, version=99),
+    "not a casmoe file": lambda a: _meta(a, format="other"),
+    "bad geometry": lambda a: _meta(a, geometry={"layers": 0, "experts": 1, "top_k": 1}),
+    "unknown geometry field": lambda a: _meta(a, geometry={"layers": 3, "experts": 6, "top_k": 2, "color": 1}),
+    "geometry not a dict": lambda a: _meta(a, geometry=[3, 6, 2]),
+    "request count": lambda a: a.update(prefill=a["prefill"][:-1]),
+    "offsets not partitioning": lambda a: _set(a, "offsets", -1, 1),
+    "offsets decreasing": lambda a: _set(a, "offsets", 1, 10**6),
+    "offsets 2d": lambda a: a.update(offsets=a["offsets"][None]),
+    "missing array": lambda a: a.pop("weights"),
+    "meta not json": lambda a: a.update(meta=np.frombuffer(b"{not json", dtype=np.uint8)),
+    "meta not utf8": lambda a: a.update(meta=np.frombuffer(b"\xff\xfe", dtype=np.uint8)),
+    "meta a list": lambda a: a.update(meta=np.frombuffer(b"[1]", dtype=np.uint8)),
+    "request info not list": lambda a: _meta(a, requests={"a": 1}),
+    "prompt not a string": lambda a: _meta(a, requests=[{"prompt": 5}, {}, {}]),
+    "float expert ids": lambda a: a.update(topk=a["topk"].astype(np.float32)),
+    "int weights": lambda a: a.update(weights=a["weights"].astype(np.int32)),
+    "meta 2d": lambda a: a.update(meta=a["meta"][None]),
+    "prefill float": lambda a: a.update(prefill=a["prefill"].astype(np.float64) + 0.5),
+    "offsets float": lambda a: a.update(offsets=a["offsets"].astype(np.float64)),
+}
+
+
+@pytest.mark.parametrize("fault", list(MALFORMED))
+def test_malformed_trace_raises_trace_error(tmp_path, fault):
+    arrays, _ = _valid(tmp_path)
+    MALFORMED[fault](arrays)
+    path = _write(tmp_path, arrays)
+    with pytest.raises(TraceError) as err:
+        Trace.load(path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"not a zip file at all", b"PK\x03\x04garbage", None],
+    ids=["empty", "text", "bad zip", "truncated"],
+)
+def test_unreadable_files_raise_trace_error(tmp_path, content):
+    path = tmp_path / "t.npz"
+    if content is None:
+        _, tr = _valid(tmp_path)
+        tr.save(path)
+        content = path.read_bytes()[: path.stat().st_size // 2]
+    path.write_bytes(content)
+    with pytest.raises(TraceError, match=str(path)):
+        Trace.load(path)
+
+
+def test_missing_file_and_pickled_member_raise_trace_error(tmp_path):
+    with pytest.raises(TraceError, match="no such file"):
+        Trace.load(tmp_path / "absent.npz")
+    arrays, _ = _valid(tmp_path)
+    arrays["topk"] = np.array([{"a": 1}], dtype=object)  # needs pickle to load: refused
+    with pytest.raises(TraceError):
+        Trace.load(_write(tmp_path, arrays))
+
+
+def test_validation_error_names_the_request(tmp_path):
+    arrays, tr = _valid(tmp_path)
+    last = int(arrays["offsets"][-2])  # first token of the last request
+    _set(arrays, "topk", (last, 0, 0), 50)
+    with pytest.raises(TraceError, match=r"request 2, token 0: layer 0: expert id 50"):
+        Trace.load(_write(tmp_path, arrays))
+
+
+def test_save_refuses_invalid_traces(tmp_path):
+    tr = random_trace(np.random.default_rng(2), 2, 4, 2, 2)
+    tr.requests[0].prefill = tr.requests[0].tokens + 1
+    with pytest.raises(TraceError, match="request 0"):
+        tr.save(tmp_path / "t.npz")
+    assert not (tmp_path / "t.npz").exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary left behind
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_corrupted_bytes_raise_only_trace_error(tmp_path, data):
+    path = tmp_path / "t.npz"
+    if not path.exists():
+        random_trace(np.random.default_rng(3), 3, 5, 2, 3).save(path)
+    raw = bytearray(path.read_bytes())
+    for _ in range(data.draw(st.integers(1, 8))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw)))]
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(bytes(raw))
+    try:
+        Trace.load(bad)
+    except TraceError:
+        pass
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_corrupted_members_raise_only_trace_error(tmp_path, data):
+    """Byte flips inside the uncompressed members reach the validator, not only the zip layer."""
+    tr = random_trace(np.random.default_rng(4), 3, 5, 2, 3)
+    buf = io.BytesIO()
+    np.savez(buf, **tr._to_arrays())
+    raw = bytearray(buf.getvalue())
+    for _ in range(data.draw(st.integers(1, 6))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(bytes(raw))
+    try:
+        Trace.load(bad)
+    except TraceError:
+        pass
+
+
+# ---- atomic write -----------------------------------------------------------------------------
+
+
+def test_interrupted_write_leaves_old_file_intact(tmp_path, monkeypatch):
+    path = tmp_path / "t.npz"
+    old = random_trace(np.random.default_rng(5), 2, 4, 2, 2)
+    old.save(path)
+    before = path.read_bytes()
+
+    def explode(fh, **arrays):
+        fh.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt  # e.g. Ctrl-C mid-write
+
+    monkeypatch.setattr(np, "savez_compressed", explode)
+    with pytest.raises(KeyboardInterrupt):
+        random_trace(np.random.default_rng(6), 3, 5, 2, 3).save(path)
+    assert path.read_bytes() == before
+    assert_same(Trace.load(path), old)
+    assert [p.name for p in tmp_path.iterdir()] == ["t.npz"]
+
+
+# ---- gaps and steps ---------------------------------------------------------------------------
+
+
+def test_gap_rows_are_skipped_by_steps():
+    g = Geometry(layers=2, experts=4, top_k=2)
+    topk = np.array([[[0, 1], [-1, -1]], [[2, 3], [1, 0]], [[1, 2], [-1, -1]]], dtype=np.int16)
+    weights = np.where(topk >= 0, 0.5, 0.0).astype(np.float32)
+    req = Request(topk=topk, weights=weights, prefill=1)
+    tr = Trace(g, [req])
+    tr.validate()
+    steps = req.steps(g)
+    assert steps[0].prefill and steps[0].experts[1] == []  # prefill gap: layer 1 not computed
+    assert steps[1].experts == [[2, 3], [5, 4]]
+    assert steps[2].experts == [[1, 2], []]  # decode gap: empty list, not an invented expert
+    assert req.computed.tolist() == [[True, False], [True, True], [True, False]]
+    pop = tr.popularity()
+    assert pop.tolist() == [[1, 2, 2, 1], [1, 1, 0, 0]]
+
+
+def test_empty_trace_round_trips(tmp_path):
+    tr = Trace(Geometry(layers=2, experts=4, top_k=2), [])
+    tr.save(tmp_path / "e.npz")
+    assert Trace.load(tmp_path / "e.npz").requests == []
