@@ -1,0 +1,312 @@
+"""Importers and the CSV exporter: real traces from ../shared/data, arrays, JSON, malformed input."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from casmoe.geometry import Geometry
+from casmoe.importers import import_trace, read_json, read_lrc_arrays, read_route_csv, write_route_csv
+from casmoe.synthetic import SynthConfig, generate
+from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+REAL = DATA / "real-traces"
+needs_data = pytest.mark.skipif(not REAL.exists(), reason="../shared/data not present")
+
+# name -> (layers, experts, k, prefill tokens with a skipped last layer)
+HEADERS = {"qwen": (48, 128, 6, True), "gemma": (30, 128, 6, False), "gptoss": (36, 128, 2, True)}
+
+
+def csv_sets(path: Path) -> dict[tuple[int, int], dict[int, set[int]]]:
+    """Independent reading of the CSV: (turn, step) -> layer -> expert set."""
+    out: dict[tuple[int, int], dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+    with open(path) as fh:
+        for row in csv.DictReader(line for line in fh if not line.startswith("#")):
+            out[int(row["turn"]), int(row["step"])][int(row["layer"])].add(int(row["expert"]))
+    return out
+
+
+@needs_data
+@pytest.mark.parametrize("name", list(HEADERS))
+def test_real_csv_imports_with_header_geometry_and_exact_sets(name):
+    path = REAL / f"{name}.route.csv"
+    tr = read_route_csv(path)
+    L, E, k, skips = HEADERS[name]
+    g = tr.geometry
+    assert (g.layers, g.experts, g.top_k) == (L, E, k)
+    assert len(g.layer_expert_bytes) == L and all(b > 0 for b in g.layer_expert_bytes)
+    [req] = tr.requests
+    computed = req.computed
+    # every computed token-layer has exactly k distinct experts; gaps are whole NOT_COMPUTED rows
+    for t, layer in zip(*np.nonzero(computed)):
+        assert len(set(req.topk[t, layer].tolist())) == k
+    assert (req.topk[~computed] == NOT_COMPUTED).all() and (req.weights[~computed] == 0).all()
+    # the CSV's per-step sets, read independently, equal the trace's
+    sets = csv_sets(path)
+    first = min(step for _, step in sets)
+    assert req.tokens == max(step for _, step in sets) - first + 1
+    for t in range(req.tokens):
+        want = sets.get((0, first + t), {})
+        for layer in range(L):
+            got = set(req.topk[t, layer].tolist()) if computed[t, layer] else set()
+            assert got == want.get(layer, set()), (t, layer)
+    # the engine skipped the last layer for every prompt token but the last
+    gaps = np.argwhere(~computed)
+    if skips:
+        assert gaps.tolist() == [[t, L - 1] for t in range(req.prefill - 1)]
+    else:
+        assert len(gaps) == 0
+    assert 0 < req.prefill < req.tokens
+    steps = req.steps(g)
+    assert len(steps) == 1 + req.decode_tokens
+    if skips:
+        assert steps[0].experts[L - 1] != []  # the last prompt token computed it
+
+
+@needs_data
+def test_real_csv_prefill_and_weights_match_rows():
+    tr = read_route_csv(REAL / "gptoss.route.csv")
+    [req] = tr.requests
+    rows = [r for r in csv.DictReader(l for l in open(REAL / "gptoss.route.csv") if not l.startswith("#"))]
+    assert req.prefill == len({r["step"] for r in rows if r["phase"] == "0"})
+    r0 = rows[0]
+    assert req.topk[0, 0, int(r0["slot"])] == int(r0["expert"])
+    assert req.weights[0, 0, int(r0["slot"])] == np.float32(float(r0["weight"]))
+
+
+@needs_data
+def test_moe_lrc_case_json_imports_all_or_one_key():
+    path = DATA / "moe_lrc_case_traces.json"
+    doc = json.loads(path.read_text())
+    tr = read_json(path)
+    assert (tr.geometry.layers, tr.geometry.experts, tr.geometry.top_k) == (1, 16, 2)
+    assert len(tr.requests) == len([k for k in doc if not k.startswith("_")]) == 2
+    grin = read_json(path, key="grin")
+    [req] = grin.requests
+    assert req.topk[:, 0].tolist() == doc["grin"]["experts_per_token"]
+    assert "GRIN" in grin.meta["source_model"]
+    with pytest.raises(TraceError, match="no entry 'nope'"):
+        read_json(path, key="nope")
+
+
+def test_export_import_round_trip(tmp_path):
+    g = Geometry(layers=4, experts=8, top_k=2, hidden=16, intermediate=32)
+    tr = generate(g, SynthConfig(requests=5, prefill=(0, 5), decode=(1, 6), seed=3))
+    tr.requests[0].topk[0, 3] = NOT_COMPUTED  # a gap survives the trip as a gap
+    tr.requests[0].weights[0, 3] = 0
+    tr.requests[1].topk[:] = NOT_COMPUTED  # even a request with no computed token-layer
+    tr.requests[1].weights[:] = 0
+    path = tmp_path / "t.csv"
+    write_route_csv(tr, path)
+    back = read_route_csv(path)
+    assert back.geometry == g
+    assert back.meta["synth"] == tr.meta["synth"] and back.meta["source_model"] == tr.meta["source_model"]
+    for a, b in zip(tr.requests, back.requests, strict=True):
+        np.testing.assert_array_equal(a.topk, b.topk)
+        np.testing.assert_array_equal(a.weights, b.weights)
+        assert (a.prefill, a.prompt, a.task) == (b.prefill, b.prompt, b.task)
+
+
+@needs_data
+def test_real_csv_survives_export_and_import(tmp_path):
+    tr = read_route_csv(REAL / "qwen.route.csv")
+    write_route_csv(tr, tmp_path / "q.csv")
+    back = read_route_csv(tmp_path / "q.csv")
+    assert back.geometry == tr.geometry
+    np.testing.assert_array_equal(back.requests[0].topk, tr.requests[0].topk)
+    assert back.requests[0].prefill == tr.requests[0].prefill
+
+
+# ---- malformed CSV and JSON ---------------------------------------------------------------------
+
+HEAD = "# route_trace v1\n# model=m n_layer=2 n_expert=4 n_expert_used=2\nturn,phase,step,layer,slot,expert,weight\n"
+GOOD_ROWS = "0,0,0,0,0,1,0.6\n0,0,0,0,1,2,0.4\n0,1,1,0,0,3,0.5\n0,1,1,0,1,0,0.5\n0,1,1,1,0,0,0.5\n0,1,1,1,1,1,0.5\n"
+
+
+def test_small_csv_with_gap(tmp_path):
+    p = tmp_path / "ok.csv"
+    p.write_text(HEAD + GOOD_ROWS)
+    [req] = read_route_csv(p).requests
+    assert req.prefill == 1 and req.tokens == 2
+    assert req.topk[0, 1].tolist() == [NOT_COMPUTED, NOT_COMPUTED]
+    assert req.steps(Geometry(2, 4, 2))[0].experts == [[1, 2], []]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "# nothing\n",
+        "# route_trace v1\nturn,phase,step,layer,slot,expert,weight\n0,0,0,0,0,1,0.5\n",  # no geometry
+        HEAD.replace("n_expert_used=2", "n_expert_used=9"),  # k > E
+        HEAD.replace("turn,", "tour,") + GOOD_ROWS,  # missing column
+        HEAD + GOOD_ROWS.replace("0,0,0,0,1,2,0.4", "0,0,0,0,1,1,0.4"),  # duplicate expert
+        HEAD + GOOD_ROWS.replace("0,0,0,0,1,2,0.4", "0,0,0,0,1,7,0.4"),  # expert >= E
+        HEAD + GOOD_ROWS.replace("0,0,0,0,1,2,0.4", "0,0,0,0,1,-2,0.4"),  # negative expert
+        HEAD + GOOD_ROWS.replace("0,0,0,0,1,2,0.4", "0,0,0,0,1,2,nan"),  # NaN weight
+        HEAD + GOOD_ROWS.replace("0,0,0,0,1,2,0.4", "0,0,0,0,1,2,-0.4"),  # negative weight
+        HEAD + GOOD_ROWS.replace("0,0,0,0,1,2,0.4", "0,0,0,0,1,2,inf"),  # infinite weight
+        HEAD + GOOD_ROWS.replace("0,0,0,0,1,2,0.4", "0,0,0,0,1,2,heavy"),  # non-numeric
+        HEAD + GOOD_ROWS.replace("0,0,0,0,1,2,0.4\n", ""),  # fewer than k experts
+        HEAD + GOOD_ROWS.replace("0,0,0,0,1,2,0.4", "0,0,0,0,0,2,0.4"),  # slot twice
+        HEAD + GOOD_ROWS.replace("0,1,1,1,1,1,0.5", "0,1,1,5,1,1,0.5"),  # layer out of range
+        HEAD + GOOD_ROWS.replace("0,0,0,0,0,1,0.6\n0,0,0,0,1,2,0.4", "0,1,0,0,0,1,0.6\n0,1,0,0,1,2,0.4").replace(
+            "0,1,1,", "0,0,1,"
+        ),  # decode before prefill
+        HEAD + GOOD_ROWS + "# casmoe request={not json\n",
+        HEAD + "0,0,0,0,0,1\n",  # short row
+    ],
+)
+def test_malformed_csv_raises_trace_error(tmp_path, text):
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(TraceError):
+        read_route_csv(p)
+
+
+def test_binary_garbage_csv_raises_trace_error(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(TraceError):
+        read_route_csv(p)
+
+
+def test_plain_json_requests(tmp_path):
+    doc = {
+        "num_experts": 4,
+        "top_k": 2,
+        "requests": [
+            {"layers": [[[0, 1], [2, 3]], [[1, 2], None]], "prompt": "hi", "task": "code", "prefill": 1},
+            {"layers": [[[3, 0]], [[0, 1]]], "weights": [[[0.7, 0.3]], [[0.5, 0.5]]]},
+        ],
+    }
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    tr = read_json(p)
+    assert (tr.geometry.layers, tr.geometry.experts, tr.geometry.top_k) == (2, 4, 2)
+    a, b = tr.requests
+    assert a.topk.tolist() == [[[0, 1], [1, 2]], [[2, 3], [-1, -1]]]
+    assert (a.prefill, a.prompt, a.task) == (1, "hi", "code")
+    assert b.weights[0].tolist() == [[pytest.approx(0.7), pytest.approx(0.3)], [0.5, 0.5]]
+    # a list of requests, each with its own num_experts / top_k, imports too
+    p.write_text(json.dumps([{**r, "num_experts": 4, "top_k": 2} for r in doc["requests"]]))
+    assert len(read_json(p).requests) == 2
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        "not json {",
+        [1, 2],
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 0]]]}]},  # duplicate expert
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 9]]]}]},  # id >= E
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1, 2]]]}]},  # wrong k
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1]], []]}]},  # layers disagree on T
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1]]]}, {"layers": [[[0, 1]], [[0, 1]]]}]},
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1]]], "prefill": 5}]},
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1]]], "weights": [[[0.5, float("nan")]]]}]},
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1]]], "weights": [[[0.5, -1]]]}]},
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1]]], "weights": [[0.5]]}]},
+        {"num_experts": 4, "top_k": 5, "requests": [{"layers": [[[0, 1, 2, 3, 3]]]}]},  # k > E
+        {"num_experts": "four", "top_k": 2, "requests": [{"layers": [[[0, 1]]]}]},
+        {"requests": [{"layers": [[[0, 1]]]}]},  # no num_experts
+        {"a": {"num_experts": 4, "top_k": 2, "experts_per_token": [[0, 1]]},
+         "b": {"num_experts": 8, "top_k": 2, "experts_per_token": [[0, 1]]}},  # shapes disagree
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, "x"]]]}]},
+        {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1]]], "prompt": 3}]},
+        {"num_experts": 4, "top_k": 2, "requests": "all of them"},
+        {"_provenance": "only a note"},
+    ],
+)
+def test_malformed_json_raises_trace_error(tmp_path, doc):
+    p = tmp_path / "bad.json"
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    with pytest.raises(TraceError):
+        read_json(p)
+
+
+# ---- moe-lrc arrays -------------------------------------------------------------------------------
+
+
+def test_arrays_from_ids_logits_and_ranks(tmp_path):
+    rng = np.random.default_rng(0)
+    S, T, L, E, k = 3, 5, 4, 8, 2
+    logits = rng.standard_normal((L, S, T, E)).astype(np.float32)
+    ids = np.argsort(-logits, axis=-1)[..., :k]
+    ranks = logits.argsort(-1).argsort(-1).astype(np.int8)  # what moe-lrc's 12_rank.py stores
+    for kind, arrays in (("ids", ids.astype(np.int8)), ("logits", logits), ("rank", ranks)):
+        d = tmp_path / kind
+        d.mkdir()
+        for layer in range(L):  # names sort by their layer number, not as text
+            suffix = ".npz" if layer % 2 else ".npy"
+            path = d / f"model_{layer}{suffix}"
+            if suffix == ".npy":
+                np.save(path, arrays[layer])
+            else:
+                np.savez(path, data=arrays[layer])
+        tr = import_trace([d], num_experts=E if kind == "ids" else None, top_k=k, kind="auto" if kind != "ids" else "topk")
+        assert (tr.geometry.layers, tr.geometry.experts, tr.geometry.top_k) == (L, E, k)
+        assert len(tr.requests) == S
+        for s, req in enumerate(tr.requests):
+            np.testing.assert_array_equal(req.topk, ids[:, s].transpose(1, 0, 2))
+    tr = read_lrc_arrays([tmp_path / "logits"], top_k=k, keep_logits=True, prefill=2)
+    assert tr.requests[0].logits.shape == (T, L, E) and tr.requests[0].prefill == 2
+    w = tr.requests[0].weights
+    assert (w > 0).all() and (w.sum(axis=2) <= 1 + 1e-6).all()
+
+
+def test_arrays_from_safetensors(tmp_path):
+    from safetensors.numpy import save_file
+
+    logits = np.random.default_rng(1).standard_normal((2, 2, 6, 8)).astype(np.float32)
+    for layer in range(2):
+        save_file({"wiki": logits[layer, :1], "code": logits[layer, 1:]}, str(tmp_path / f"m_{layer:02d}.safetensors"))
+    tr = import_trace([tmp_path], top_k=2)
+    assert (tr.geometry.layers, tr.geometry.experts, len(tr.requests), tr.requests[0].tokens) == (2, 8, 2, 6)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["ids without E", "id out of range", "layers disagree", "nan logits", "float ids", "bad file", "k > E", "1d"],
+)
+def test_malformed_arrays_raise_trace_error(tmp_path, fault):
+    ids = np.zeros((2, 3, 2), dtype=np.int8)
+    ids[..., 1] = 1
+    a, b, opts = ids, ids, {"num_experts": 4, "kind": "topk"}
+    if fault == "ids without E":
+        opts = {"kind": "topk"}
+    elif fault == "id out of range":
+        b = ids + 5
+    elif fault == "layers disagree":
+        b = ids[:, :2]
+    elif fault == "nan logits":
+        a = b = np.full((2, 3, 4), np.nan, dtype=np.float32)
+        opts = {"top_k": 2}
+    elif fault == "float ids":
+        a = b = ids.astype(np.float32)
+    elif fault == "k > E":
+        opts = {"num_experts": 1, "kind": "topk"}
+    elif fault == "1d":
+        a = b = np.zeros(3, dtype=np.int8)
+    np.save(tmp_path / "l_0.npy", a)
+    np.save(tmp_path / "l_1.npy", b)
+    if fault == "bad file":
+        (tmp_path / "l_1.npy").write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(TraceError):
+        read_lrc_arrays([tmp_path], **opts)
+
+
+def test_import_npz_and_auto_dispatch(tmp_path):
+    tr = Trace(Geometry(1, 4, 2), [Request(np.array([[[0, 1]]], np.int16), np.ones((1, 1, 2), np.float32), 0)])
+    tr.save(tmp_path / "t.npz")
+    assert import_trace([tmp_path / "t.npz"]).geometry == tr.geometry
+    with pytest.raises(TraceError):
+        import_trace([])
+    with pytest.raises(TraceError, match="no such file"):
+        import_trace([tmp_path / "absent.csv"])
