@@ -43,3 +43,95 @@ def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
         w.writeheader()
         for r in records:
             w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+
+
+# ---- local routing consistency (casmoe lrc) --------------------------------------------------
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_lrc_sch(path: Path, results: Sequence[Any]) -> Path:
+    """Model-level SCH vs rho = C / active experts, one panel per m, one curve per trace
+    (with its bootstrap band), replayed baselines as dashed markers in the trace's colour."""
+    plt = _pyplot()
+    ms = list(results[0].sch)
+    fig, axes = plt.subplots(1, len(ms), figsize=(4.2 * len(ms), 3.8), squeeze=False, sharey=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "osD^v<>"
+    for ax, m in zip(axes[0], ms):
+        for i, res in enumerate(results):
+            c = colours[i % len(colours)]
+            g = res.geometry
+            rho = [(j + 1) / g.active_experts for j in range(g.total_experts)]
+            est = res.sch[m].model
+            ax.plot(rho, est.value, color=c, label=f"{res.name} SCH")
+            ax.fill_between(rho, est.lower, est.upper, color=c, alpha=0.2, linewidth=0)
+            for j, (policy, levels) in enumerate(res.baselines.items()):
+                pts = sorted(levels.get("model", {}).items())
+                if pts:
+                    ax.plot([p for p, _ in pts], [v for _, v in pts], linestyle="--", marker=markers[j % len(markers)],
+                            color=c, alpha=0.7, markersize=4, label=f"{res.name} {policy}")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"m = {m}")
+        ax.set_xlabel("rho = C / active experts")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("hit rate")
+    axes[0][-1].legend(fontsize="x-small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_lrc_srp(path: Path, results: Sequence[Any]) -> Path:
+    """Model-level SRP vs segment length m (log scale) with bootstrap intervals, one line per trace."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for res in results:
+        ms = list(res.srp)
+        v = [float(res.srp[m].model.value) for m in ms]
+        lo = [v[i] - float(res.srp[m].model.lower) for i, m in enumerate(ms)]
+        hi = [float(res.srp[m].model.upper) - v[i] for i, m in enumerate(ms)]
+        ax.errorbar(ms, v, yerr=[lo, hi], marker="o", capsize=3, label=res.name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("segment length m (tokens)")
+    ax.set_ylabel("SRP (best F1)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_lrc_layers(path: Path, results: Sequence[Any], rho: float = 2.0) -> Path:
+    """Per-layer heatmaps (layer x m): SRP, and SCH of a per-layer cache at `rho`, per trace."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, len(results), figsize=(1.6 + 2.4 * len(results), 2 + 0.12 * max(r.geometry.layers for r in results) * 2),
+                             squeeze=False)
+    for col, res in enumerate(results):
+        ms = list(res.srp)
+        srp = [[float(res.srp[m].layers.value[layer]) for m in ms] for layer in range(res.geometry.layers)]
+        sch = [[(res.sch_at(m, rho, "layer", layer) or {"value": float("nan")})["value"] for m in ms] for layer in range(res.geometry.layers)]
+        for row, (data, what) in enumerate(((srp, "SRP"), (sch, f"SCH @ rho={rho:g}"))):
+            ax = axes[row][col]
+            im = ax.imshow(data, aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
+            ax.set_xticks(range(len(ms)), [str(m) for m in ms])
+            ax.set_xlabel("m")
+            ax.set_ylabel("layer")
+            ax.set_title(f"{res.name}: {what}", fontsize="small")
+            fig.colorbar(im, ax=ax, fraction=0.05)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

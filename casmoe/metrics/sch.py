@@ -1,0 +1,205 @@
+"""SCH, segment cache best hit rate: how well a cache that sees m tokens ahead can do.
+
+The definition is moe-lrc's (arXiv 2505.16056, public code ljcleo/moe-lrc,
+`src/41_sch_calc.py` `calc_fsf`, aggregated by `src/42_sch_refine.py`), reimplemented here:
+
+- A cache of C items is kept for every C at once as one Mattson stack (the top C entries are
+  the cache of size C). An item's **priority** is `(count, last use)`: `count` is how often it
+  is routed in the current token and the next m-1 tokens, minus the uses of it already served
+  in the current token; ties go to the most recently used (a global clock that ticks once per
+  access, in routing order). A miss in a cache of size C evicts its lowest-priority item.
+- A token's accesses are a **batch**: whether each is a hit at size C is decided by its stack
+  depth at the *start* of the token (an item evicted by an earlier access of the same token
+  still counts as a hit), then the accesses update the stack one by one in routing order.
+- An item's **first use** in a sequence counts as a hit for every C larger than the number of
+  distinct items seen before it: a cache that still has a free slot fills it for free (the
+  cache starts warm). Hence SCH at C = all items is exactly 1, and for smaller C it exceeds a
+  cold cache's hit rate by at most C / requests per sequence.
+- **Per layer**: items are the E experts of one layer, a token's batch its k routed experts
+  (in the trace's slot order). **Model level**: items are all L x E experts, a token's batch
+  all its layers' experts, layer by layer (moe-lrc concatenates the per-layer top-k).
+- Every sequence (request) starts from an empty cache. The curve is hits / requests summed
+  over sequences (moe-lrc averages per-sequence rates of equal-length samples: the same
+  number), against `rho = C / active` with `active = k` per layer and `L x k` model-wide.
+- `NOT_COMPUTED` token-layers issue no accesses and add nothing to any count.
+
+Why it differs from replaying `casmoe.policies` 'sch': the runtime protects the running
+layer's experts and serves its hits before its misses (so the recency ticks of one token go
+hits-then-misses, not routing order), and model-wide it walks layers in time, so a miss at
+layer l can evict what layer l' > l of the same token needs. With one routed expert per layer
+(k = 1), per-layer caches, fresh caches per request and `warm_hit_rate`, the two agree exactly
+(tests/test_metrics_sch.py checks it).
+
+The stack update (Mattson et al. 1970, for any priority that does not depend on C): when the
+item at depth p is accessed, the running minima ("records") of depths 0..p-1 each move down to
+the next record's depth, the last one to depth p, and the accessed item goes to the top. It
+runs vectorised over *lanes* (independent stacks: sequences, or sequence x layer) in
+lockstep, one access per lane per tick, with the priority packed with the item id in one int64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from casmoe.metrics.tokens import MetricsError
+
+
+@dataclass(frozen=True)
+class StackHits:
+    """Per lane: `hits[lane, C-1]` accesses that hit a cache of C items, and `requests[lane]`."""
+
+    hits: np.ndarray
+    requests: np.ndarray
+
+
+def lookahead_hits(batches: np.ndarray, items: int, m: int, progress: Callable[[int], object] | None = None) -> StackHits:
+    """SCH hit counts for every cache size, for each lane of `batches` `[lanes, T, B]`.
+
+    `batches[lane, t]` lists the items token t accesses, in order, -1 for none (padding,
+    gaps); a lane never accesses an item twice in one token. `progress(n)` is called with the
+    number of tokens done. One lane runs a scalar loop (numpy call overhead dominates a wide
+    stack); several run in lockstep.
+    """
+    if m < 1:
+        raise MetricsError(f"lookahead m must be >= 1 token (got {m})")
+    lanes, T, B = batches.shape
+    N = items
+    item_bits = max(N.bit_length(), 1)
+    clock_bits = (T * B + 1).bit_length()
+    count_shift = item_bits + clock_bits
+    if count_shift + (m + 1).bit_length() > 62:
+        raise MetricsError(f"sequences too long for the packed SCH priority ({T} tokens x {B} accesses)")
+    pack = _Packing(count_shift, item_bits)
+    run = _one_lane if lanes == 1 else _lockstep
+    stat = run(batches, N, m, pack, progress)
+    return StackHits(np.cumsum(stat, axis=1), (batches >= 0).sum(axis=(1, 2)))
+
+
+@dataclass(frozen=True)
+class _Packing:
+    """A stack entry is `count << count_shift | clock << item_bits | item`: comparing entries
+    compares priorities (clocks are unique), and the item rides along."""
+
+    count_shift: int
+    item_bits: int
+
+    @property
+    def item_mask(self) -> int:
+        return (1 << self.item_bits) - 1
+
+
+def _initial_counts(batches: np.ndarray, N: int, m: int) -> np.ndarray:
+    lanes = batches.shape[0]
+    head = batches[:, :m]
+    flat = np.where(head >= 0, head + (np.arange(lanes) * N)[:, None, None], lanes * N)
+    return np.bincount(flat.ravel(), minlength=lanes * N + 1)[:-1].reshape(lanes, N)
+
+
+def _one_lane(batches: np.ndarray, N: int, m: int, pack: _Packing, progress) -> np.ndarray:
+    seq = batches[0]
+    T = len(seq)
+    cnt = _initial_counts(batches, N, m)[0].tolist()
+    key = np.zeros(N + 1, dtype=np.int64)  # the stack, top first
+    pos = np.full(N, -1, dtype=np.int64)  # depth of each item, -1 before its first use
+    stat = np.zeros(N + 1, dtype=np.int64)  # hits by depth at the token's start
+    size = 0
+    clock = 0
+    shift, ibits, imask = pack.count_shift, pack.item_bits, pack.item_mask
+    one_count = 1 << shift
+    minimum = np.minimum.accumulate
+    flatnonzero = np.flatnonzero
+    for t in range(T):
+        row = seq[t]
+        row = row[row >= 0]
+        if len(row):
+            depth = pos[row]
+            new = depth < 0
+            if new.any():
+                depth[new] = size + np.arange(int(new.sum()))
+            stat[depth] += 1  # items are distinct within a token
+            for x in row.tolist():
+                p = int(pos[x])
+                if p < 0:
+                    p = size
+                    size += 1
+                if p:
+                    seg = key[:p]
+                    rec = flatnonzero(seg == minimum(seg))
+                    vals = key[rec]
+                    key[rec[1:]] = vals[:-1]
+                    last = int(vals[-1])
+                    key[p] = last
+                    pos[vals[:-1] & imask] = rec[1:]
+                    pos[last & imask] = p
+                clock += 1
+                c = cnt[x] - 1
+                cnt[x] = c
+                key[0] = (c << shift) | (clock << ibits) | x
+                pos[x] = 0
+        if t + m < T:
+            nxt = seq[t + m]
+            for x in nxt[nxt >= 0].tolist():
+                cnt[x] += 1
+                d = pos[x]
+                if d >= 0:
+                    key[d] += one_count
+        if progress is not None:
+            progress(1)
+    return stat[None, :N]
+
+
+def _lockstep(batches: np.ndarray, N: int, m: int, pack: _Packing, progress) -> np.ndarray:
+    lanes, T, B = batches.shape
+    shift, ibits, imask = pack.count_shift, pack.item_bits, pack.item_mask
+    lane = np.arange(lanes)
+    valid = batches >= 0
+    cnt = _initial_counts(batches, N, m)
+    key = np.zeros((lanes, N + 1), dtype=np.int64)
+    pos = np.full((lanes, N), -1, dtype=np.int64)
+    size = np.zeros(lanes, dtype=np.int64)
+    stat = np.zeros(lanes * N + 1, dtype=np.int64)
+    cols = np.arange(N + 1)
+    for t in range(T):
+        b = batches[:, t]  # [lanes, B]
+        vb = valid[:, t]
+        if vb.any():
+            depth = np.where(vb, pos[lane[:, None], np.maximum(b, 0)], -2)
+            new = depth == -1
+            depth = np.where(new, size[:, None] + np.cumsum(new, axis=1) - 1, depth)
+            stat += np.bincount(np.where(vb, depth + (lane * N)[:, None], lanes * N).ravel(), minlength=lanes * N + 1)
+            for j in range(B):
+                act = vb[:, j]
+                if not act.any():
+                    continue
+                xs = np.maximum(b[:, j], 0)
+                p = pos[lane, xs]
+                grow = act & (p < 0)
+                p = np.where(grow, size, np.where(act, p, 0))
+                size += grow
+                P = int(p.max())
+                if P:
+                    seg = key[:, :P]
+                    r, c = np.nonzero((seg == np.minimum.accumulate(seg, axis=1)) & (cols[:P] < p[:, None]))
+                    vals = key[r, c]
+                    dst = np.empty_like(c)
+                    dst[:-1] = np.where(r[1:] == r[:-1], c[1:], p[r[:-1]])
+                    dst[-1] = p[r[-1]]
+                    key[r, dst] = vals
+                    pos[r, vals & imask] = dst
+                la, xa = lane[act], xs[act]
+                cnt[la, xa] -= 1
+                key[la, 0] = (cnt[la, xa] << shift) | ((t * B + j + 1) << ibits) | xa
+                pos[la, xa] = 0
+        if t + m < T:
+            va = valid[:, t + m]
+            la, xa = np.nonzero(va)[0], batches[:, t + m][va]
+            cnt[la, xa] += 1
+            d = pos[la, xa]
+            ok = d >= 0
+            key[la[ok], d[ok]] += 1 << shift
+        if progress is not None:
+            progress(1)
+    return stat[:-1].reshape(lanes, N)

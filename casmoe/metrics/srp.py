@@ -1,0 +1,95 @@
+"""SRP, segment routing best performance: how well one expert set per m-token segment fits.
+
+The definition is moe-lrc's (arXiv 2505.16056, public code ljcleo/moe-lrc,
+`src/30_srp_calc.py` `seg_stat` and `src/31_srp_refine.py` `refine`), reimplemented here:
+
+- Segments are all windows of m consecutive tokens of a sequence, stride 1 (T - m + 1 of
+  them; none if T < m). For each window and expert let `c` be how many of its m tokens route
+  to the expert (0..m).
+- A threshold `tau` in 0..m pre-routes the expert to every token of the window when
+  `c >= tau`: that predicts m activations, of which `c` are real.
+  `matches(tau) = sum c`, `preds(tau) = m * #(c >= tau)` over pre-routed (window, expert)
+  pairs, `acts = sum c` over all pairs.
+- F1(tau) = 2 matches / (preds + acts) (denominator clamped to >= 1), and **SRP = max over
+  tau**, taken after summing the statistics over windows, experts and sequences (per layer),
+  and also over layers (model level). The pre-routed-per-active ratio is `preds / acts` at
+  the best tau; `activation_rate = acts / preds(tau=0)` is k / E for complete routing.
+- moe-lrc builds windows by repeated doubling, so it measures only powers of two up to 256;
+  here any m >= 1 works and powers of two give the same windows.
+- A window that contains a `NOT_COMPUTED` token-layer is skipped at that layer (its counts
+  would be missing activations, not routing).
+
+All the statistics follow from per-sequence histograms `hist[c]` of window counts, which is
+also what makes the bootstrap over sequences (`casmoe.metrics.bootstrap`) a matrix product.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from casmoe.metrics.tokens import MetricsError
+
+
+@dataclass(frozen=True)
+class SegmentStats:
+    """Histograms `hist[seq, layer, c]`: (window, expert) pairs with count c, for one m."""
+
+    m: int
+    hist: np.ndarray
+
+
+def segment_stats(seqs: list[np.ndarray], experts: int, ms: Sequence[int]) -> list[SegmentStats]:
+    """Window-count histograms for each sequence `[T, L, k]` (-1 rows = gaps), layer and m."""
+    for m in ms:
+        if m < 1:
+            raise MetricsError(f"segment length m must be >= 1 token (got {m})")
+    L = seqs[0].shape[1]
+    hists = [np.zeros((len(seqs), L, m + 1), dtype=np.int64) for m in ms]
+    for s, seq in enumerate(seqs):
+        T = len(seq)
+        if T == 0:
+            continue
+        onehot = np.zeros((T + 1, L, experts + 1), dtype=np.int32)  # column E swallows the -1 of gaps
+        onehot[np.arange(1, T + 1)[:, None, None], np.arange(L)[None, :, None], seq] = 1
+        cs = np.cumsum(onehot[:, :, :experts], axis=0)  # [T + 1, L, E], cs[0] = 0
+        gaps = np.zeros((T + 1, L), dtype=np.int32)
+        gaps[1:] = np.cumsum(seq[:, :, 0] < 0, axis=0)
+        for m, hist in zip(ms, hists):
+            if T < m:
+                continue
+            window = cs[m:] - cs[:-m]  # [W, L, E]
+            clean = gaps[m:] == gaps[:-m]  # [W, L]: no gap inside the window
+            offset = np.arange(L)[None, :, None] * (m + 1)
+            codes = np.where(clean[:, :, None], window + offset, L * (m + 1))
+            hist[s] = np.bincount(codes.ravel(), minlength=L * (m + 1) + 1)[:-1].reshape(L, m + 1)
+    return [SegmentStats(m, h) for m, h in zip(ms, hists)]
+
+
+@dataclass(frozen=True)
+class SRPResult:
+    """Best F1, its threshold, the pre-routed-per-active ratio and the activation rate."""
+
+    srp: np.ndarray
+    tau: np.ndarray
+    preds_per_active: np.ndarray
+    activation_rate: np.ndarray
+
+
+def srp_from_hist(hist: np.ndarray, m: int) -> SRPResult:
+    """SRP of summed histograms `hist[..., c]` (any leading shape; sum what should pool first)."""
+    c = np.arange(m + 1)
+    rev = lambda a: np.flip(np.cumsum(np.flip(a, -1), axis=-1), -1)  # noqa: E731  sum over c >= tau
+    matches = rev(hist * c)
+    preds = rev(hist) * m
+    acts = matches[..., :1]
+    f1 = 2 * matches / np.maximum(preds + acts, 1)
+    tau = np.argmax(f1, axis=-1)
+    best = np.take_along_axis(f1, tau[..., None], -1)[..., 0]
+    p_best = np.take_along_axis(preds, tau[..., None], -1)[..., 0]
+    a = acts[..., 0]
+    ratio = np.where(a > 0, p_best / np.maximum(a, 1), 0.0)
+    rate = np.where(preds[..., 0] > 0, a / np.maximum(preds[..., 0], 1), 0.0)
+    return SRPResult(best, tau, ratio, rate)
