@@ -164,7 +164,7 @@ def _csv_request(g: Geometry, cols: dict[str, np.ndarray], weight: np.ndarray, i
     return Request(topk=topk, weights=weights, prefill=prefill, prompt=info.get("prompt"), task=info.get("task"))
 
 
-def write_route_csv(trace: Trace, path: str | Path) -> None:
+def write_route_csv(trace: Trace, path: str | Path, progress: bool = False) -> None:
     """Write the long routing CSV (gaps as absent rows); `read_route_csv` reads it back."""
     g = trace.geometry
     lines = [
@@ -181,22 +181,25 @@ def write_route_csv(trace: Trace, path: str | Path) -> None:
         info = {"turn": i, "first_step": 0, "tokens": r.tokens, "prefill": r.prefill, "prompt": r.prompt, "task": r.task}
         lines.append(_CASMOE_LINE + "request=" + json.dumps(info))
     lines.append(",".join(CSV_COLUMNS))
-    blocks = []
-    for i, r in enumerate(trace.requests):
-        t, layer, slot = np.nonzero(r.topk != NOT_COMPUTED)  # row-major: step, layer, slot
-        block = np.empty((len(t), 7), dtype=object)
-        block[:, 0] = i
-        block[:, 1] = (t >= r.prefill).astype(np.int64)
-        block[:, 2] = t
-        block[:, 3] = layer
-        block[:, 4] = slot
-        block[:, 5] = r.topk[t, layer, slot].astype(np.int64)
-        block[:, 6] = r.weights[t, layer, slot].astype(np.float32)
-        blocks.append(block)
+    import pandas as pd
+    from tqdm import tqdm
+
     with open(path, "w", encoding="utf-8", newline="\n") as fh:
         fh.write("\n".join(lines) + "\n")
-        for block in blocks:
-            np.savetxt(fh, block, fmt=["%d", "%d", "%d", "%d", "%d", "%d", "%.9g"], delimiter=",")
+        for i, r in enumerate(tqdm(trace.requests, desc="export", unit="req", disable=not progress)):
+            t, layer, slot = np.nonzero(r.topk != NOT_COMPUTED)  # row-major: step, layer, slot
+            rows = pd.DataFrame(
+                {
+                    "turn": np.full(len(t), i),
+                    "phase": (t >= r.prefill).astype(np.int64),
+                    "step": t,
+                    "layer": layer,
+                    "slot": slot,
+                    "expert": r.topk[t, layer, slot].astype(np.int64),
+                    "weight": r.weights[t, layer, slot].astype(np.float64),
+                }
+            )
+            rows.to_csv(fh, header=False, index=False, float_format="%.9g", lineterminator="\n")
 
 
 # ---- moe-lrc arrays -------------------------------------------------------------------------

@@ -159,5 +159,5 @@ def export(
     from casmoe.trace import Trace
 
     tr = Trace.load(trace)
-    write_route_csv(tr, out)
+    write_route_csv(tr, out, progress=True)
     typer.echo(f"wrote {out}: {len(tr.requests)} turns, {tr.tokens} tokens")
