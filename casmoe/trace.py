@@ -195,6 +195,8 @@ class Trace:
         """Validate, then write atomically: an interrupted write leaves the old file intact."""
         path = Path(path)
         self.validate(str(path))
+        if not path.parent.is_dir():
+            raise TraceError(f"{path}: directory {path.parent} does not exist")
         arrays = self._to_arrays()
         fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
         try:
@@ -243,10 +245,17 @@ class Trace:
         try:
             with open(path, "rb") as fh:
                 data = fh.read()
+            if data[:2] != b"PK":
+                raise TraceError(
+                    f"{where}: not an .npz file (a casmoe trace is a zip of .npy arrays); "
+                    "convert other formats with `casmoe trace import`"
+                )
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in npz.files}
         except FileNotFoundError:
             raise TraceError(f"{where}: no such file") from None
+        except TraceError:
+            raise
         except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, RuntimeError) as exc:
             raise TraceError(f"{where}: not a readable casmoe trace (.npz): {exc}") from exc
         except Exception as exc:  # zlib.error and friends from corrupted members
