@@ -53,10 +53,21 @@ def _parse_header(lines: Iterable[str], where: str) -> tuple[dict[str, str], dic
             except json.JSONDecodeError as exc:
                 raise TraceError(f"{where}: bad '# casmoe {name}=' line: {exc}") from None
             if name == "request":
-                if not isinstance(value, dict) or not isinstance(value.get("turn"), int):
-                    raise TraceError(f"{where}: '# casmoe request=' needs an object with an integer turn")
+                ints = ("turn", "tokens", "prefill", "first_step")
+                if (
+                    not isinstance(value, dict)
+                    or not isinstance(value.get("turn"), int)
+                    or not all(isinstance(value.get(n, 0), int) and value.get(n, 0) >= 0 for n in ints)
+                    or not all(isinstance(value.get(n), (str, type(None))) for n in ("prompt", "task"))
+                ):
+                    raise TraceError(
+                        f"{where}: '# casmoe request=' needs an object with non-negative integer turn, tokens, "
+                        "prefill, first_step and string prompt, task"
+                    )
                 extra["request"][value["turn"]] = value
-            else:
+            elif name in ("geometry", "meta"):
+                if not isinstance(value, dict):
+                    raise TraceError(f"{where}: '# casmoe {name}=' must hold a JSON object")
                 extra[name] = value
             continue
         pairs = dict(tok.split("=", 1) for tok in line[1:].split() if "=" in tok)
@@ -102,10 +113,16 @@ def read_route_csv(path: str | Path) -> Trace:
     if missing:
         raise TraceError(f"{where}: missing columns {missing} (have {list(df.columns)})")
     try:
-        cols = {c: df[c].to_numpy(dtype=np.int64) for c in CSV_COLUMNS if c != "weight"}
-        weight = df["weight"].to_numpy(dtype=np.float64)
+        raw = {c: df[c].to_numpy(dtype=np.float64) for c in CSV_COLUMNS}
     except (ValueError, TypeError) as exc:
         raise TraceError(f"{where}: non-numeric value in a routing column: {exc}") from None
+    for c in CSV_COLUMNS[:-1]:
+        bad = ~np.isfinite(raw[c]) | (raw[c] != np.round(raw[c])) | (np.abs(raw[c]) > 2**40)
+        if bad.any():
+            row = int(np.nonzero(bad)[0][0])
+            raise TraceError(f"{where}: data row {row + 1}: {c} {raw[c][row]!r} is not an integer")
+    cols = {c: raw[c].astype(np.int64) for c in CSV_COLUMNS[:-1]}
+    weight = raw["weight"]
     for name, lo, hi in (("layer", 0, g.layers), ("slot", 0, g.top_k), ("expert", 0, g.experts), ("phase", 0, 2)):
         bad = (cols[name] < lo) | (cols[name] >= hi)
         if bad.any():
@@ -136,6 +153,9 @@ def _csv_request(g: Geometry, cols: dict[str, np.ndarray], weight: np.ndarray, i
     first = int(info.get("first_step", steps.min() if len(steps) else 0))
     tok = steps - first
     T = int(info.get("tokens", tok.max() + 1 if len(tok) else 0))
+    seen = len(np.unique(tok))
+    if T > 4 * seen + 64:  # whole tokens without rows are rare; a wide span means a damaged step column
+        raise TraceError(f"{where}: {T} tokens but only {seen} steps have rows; the step column looks damaged")
     if len(tok) and (tok.min() < 0 or tok.max() >= T):
         raise TraceError(f"{where}: steps outside the declared {T} tokens")
     cell = (tok * L + cols["layer"]) * k + cols["slot"]  # unique per (token, layer, slot)

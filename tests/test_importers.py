@@ -9,11 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from casmoe.geometry import Geometry
 from casmoe.importers import import_trace, read_json, read_lrc_arrays, read_route_csv, write_route_csv
 from casmoe.synthetic import SynthConfig, generate
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
+from test_trace import assert_same, random_trace
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 REAL = DATA / "real-traces"
@@ -113,6 +116,18 @@ def test_export_import_round_trip(tmp_path):
         assert (a.prefill, a.prompt, a.task) == (b.prefill, b.prompt, b.task)
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    L=st.integers(1, 4), E=st.integers(1, 10), k=st.integers(1, 3), n=st.integers(0, 3), seed=st.integers(0, 2**32 - 1)
+)
+def test_csv_round_trip_random_geometries(tmp_path, L, E, k, n, seed):
+    tr = random_trace(np.random.default_rng(seed), L, E, min(k, E), n, optional=False)
+    write_route_csv(tr, tmp_path / "t.csv")
+    back = read_route_csv(tmp_path / "t.csv")
+    assert_same(tr, back)
+    assert back.meta["nested"] == tr.meta["nested"]
+
+
 @needs_data
 def test_real_csv_survives_export_and_import(tmp_path):
     tr = read_route_csv(REAL / "qwen.route.csv")
@@ -160,6 +175,13 @@ def test_small_csv_with_gap(tmp_path):
             "0,1,1,", "0,0,1,"
         ),  # decode before prefill
         HEAD + GOOD_ROWS + "# casmoe request={not json\n",
+        HEAD + '# casmoe request={"turn": 0, "tokens": "x"}\n' + GOOD_ROWS,
+        HEAD + '# casmoe request={"turn": 0, "prompt": 5}\n' + GOOD_ROWS,
+        HEAD + '# casmoe meta=[1]\n' + GOOD_ROWS,
+        HEAD + '# casmoe geometry={"layers": 2}\n' + GOOD_ROWS,
+        HEAD + GOOD_ROWS.replace("0,1,1,1,1,1,0.5", "0,1,1000000000,1,1,1,0.5"),  # damaged step column
+        HEAD + GOOD_ROWS.replace("0,1,1,1,1,1,0.5", "0,1,,1,1,1,0.5"),  # empty step
+        HEAD + GOOD_ROWS.replace("0,1,1,1,1,1,0.5", "0,1,1.5,1,1,1,0.5"),  # fractional step
         HEAD + "0,0,0,0,0,1\n",  # short row
     ],
 )
