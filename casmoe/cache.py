@@ -89,12 +89,17 @@ class Capacity:
 
 @dataclass(frozen=True)
 class CacheStats:
-    """Counters of one run. `hit_rate` = (hits + late hits) / routed accesses."""
+    """Counters of one run. `hit_rate` = (hits + late hits) / routed accesses.
+
+    `cold_misses` are the misses that filled a free slot (nothing evicted); the moe-lrc
+    convention counts those as hits (`warm_hit_rate`), so SCH curves compare with it.
+    """
 
     accesses: int
     hits: int
     late_hits: int
     misses: int
+    cold_misses: int
     substitutions: int
     cpu_computed: int
     demand_loads: int
@@ -112,11 +117,26 @@ class CacheStats:
     def hit_rate(self) -> float:
         return (self.hits + self.late_hits) / self.accesses if self.accesses else 0.0
 
+    @property
+    def warm_hit_rate(self) -> float:
+        """Hit rate when filling an empty slot is free (a cache that starts warm)."""
+        return (self.hits + self.late_hits + self.cold_misses) / self.accesses if self.accesses else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["loads"] = self.loads
         d["hit_rate"] = self.hit_rate
+        d["warm_hit_rate"] = self.warm_hit_rate
         return d
+
+
+@dataclass(frozen=True)
+class RequestStart:
+    """What a policy that does not read the future may know when a request starts."""
+
+    prompt: str | None
+    task: str | None
+    prefill: int
 
 
 class _Candidates:
@@ -171,6 +191,11 @@ class ExpertCache:
         self._E = geometry.experts
         self._layer_bytes = list(expert_bytes) if expert_bytes is not None else geometry.bytes_per_layer()
         pools = geometry.layers if cap.per_layer else 1
+        self.pools = pools
+        self.pool_of: list[int] = [
+            (e // geometry.experts if cap.per_layer else 0) for e in range(geometry.total_experts)
+        ]
+        """Pool (slot group) of every flat expert id: its layer, or 0 for a global pool."""
         self._pool_members: list[set[ExpertId]] = [set() for _ in range(pools)]
         self._free: list[list[int]] = [
             list(range((p + 1) * cap.slots - 1, p * cap.slots - 1, -1)) for p in range(pools)
@@ -181,6 +206,8 @@ class ExpertCache:
         self._protected: dict[ExpertId, None] = {}
         self._unused_prefetch: set[ExpertId] = set()
         self._future: Future | None = None
+        self.prefetches_per_layer = type(self).prefetch_layer is not ExpertCache.prefetch_layer
+        """False: `before_layer` would only return [] and runtimes may skip calling it."""
         self._step = 0
         self._layer = 0
         self._n = dict.fromkeys(CacheStats.__dataclass_fields__, 0)
@@ -202,7 +229,7 @@ class ExpertCache:
 
     # ---- policy hooks (override these) ----------------------------------------------------
 
-    def prefetch_request(self, request: Request) -> Sequence[ExpertId]:
+    def prefetch_request(self, request: Request | RequestStart) -> Sequence[ExpertId]:
         """Experts to load when a request starts, most wanted first."""
         return ()
 
@@ -252,7 +279,9 @@ class ExpertCache:
     # ---- runtime events ------------------------------------------------------------------
 
     def begin_request(self, request: Request) -> list[Load]:
-        return self._prefetch(self.prefetch_request(request))
+        """Oracles see the whole request; other policies only its prompt (`RequestStart`)."""
+        seen = request if self.needs_future else RequestStart(request.prompt, request.task, request.prefill)
+        return self._prefetch(self.prefetch_request(seen))
 
     def before_layer(self, step: int, layer: int) -> list[Load]:
         self._release()
@@ -263,22 +292,26 @@ class ExpertCache:
     def route(self, step: int, layer: int, experts: Sequence[ExpertId], scores: np.ndarray | None = None) -> Access:
         """Account `layer`'s routed experts and return the demand loads its misses need.
 
-        Every routed expert becomes protected until the next `before_layer`. `scores` ([E]
-        router scores of this layer) choose the substitute in substitute mode.
+        Two phases, so that a miss can never evict an expert this same layer is about to use:
+        first every routed resident is counted (hit, or late hit if still in flight) and
+        protected, then the misses are served in order. Everything routed stays protected
+        until the next `before_layer`. `scores` ([E] router scores of this layer) choose the
+        substitute in substitute mode.
         """
+        if self._protected:
+            self._release()  # the previous layer is done (runtimes may skip before_layer)
         self._step = step
         self._layer = layer
-        n = self._n
         slot_of = self._slot_of
         inflight = self._inflight
         protected = self._protected
         unused = self._unused_prefetch
+        on_access = self.on_access
+        n = self._n
         hits = 0
         late: list[ExpertId] = []
-        misses: list[ExpertId] = []
-        loads: list[Load] = []
-        subs: list[tuple[ExpertId, ExpertId]] = []
-        cpu: list[ExpertId] = []
+        absent: list[ExpertId] = []
+        deferred = False  # once a miss is seen, later hits report on_access in phase 2, in order
         for e in experts:
             if e in slot_of:
                 if e in inflight:
@@ -289,29 +322,45 @@ class ExpertCache:
                     unused.discard(e)
                     n["prefetch_used"] += 1
                 protected[e] = None
-                self.on_access(e)
+                if not deferred:
+                    on_access(e)
+            else:
+                absent.append(e)
+                deferred = True
+        n["accesses"] += len(experts)
+        n["hits"] += hits
+        if late:
+            n["late_hits"] += len(late)
+        if not absent:
+            return Access(hits, tuple(late), (), ())
+        n["misses"] += len(absent)
+        if self.miss_mode is MissMode.CPU:
+            n["cpu_computed"] += len(absent)
+            for e in experts[experts.index(absent[0]) :]:
+                if e in slot_of:
+                    on_access(e)
+            return Access(hits, tuple(late), (), (), (), tuple(absent))
+        misses: list[ExpertId] = []
+        loads: list[Load] = []
+        subs: list[tuple[ExpertId, ExpertId]] = []
+        missing = set(absent)
+        for e in experts[experts.index(absent[0]) :]:
+            if e not in missing:
+                on_access(e)
                 continue
-            if self.miss_mode is not MissMode.LOAD:
-                if self.miss_mode is MissMode.CPU:
-                    cpu.append(e)
-                    continue
+            if self.miss_mode is MissMode.SUBSTITUTE:
                 sub = self._substitute(layer, scores)
                 if sub is not None:
                     subs.append((e, sub))
                     protected[sub] = None
-                    self.on_access(sub)
+                    on_access(sub)
                     continue
             misses.append(e)
             loads.append(self._admit(e, LoadReason.DEMAND))
             protected[e] = None
-            self.on_access(e)
-        n["accesses"] += len(experts)
-        n["hits"] += hits
-        n["late_hits"] += len(late)
-        n["misses"] += len(misses) + len(subs) + len(cpu)
+            on_access(e)
         n["substitutions"] += len(subs)
-        n["cpu_computed"] += len(cpu)
-        return Access(hits, tuple(late), tuple(misses), tuple(loads), tuple(subs), tuple(cpu))
+        return Access(hits, tuple(late), tuple(misses), tuple(loads), tuple(subs))
 
     def arrived(self, expert: ExpertId) -> None:
         """A load finished; a cancelled load's arrival is ignored."""
@@ -369,10 +418,14 @@ class ExpertCache:
                 continue
             layer = e // self._E
             pool = self._pool(layer)
-            if not self._free[pool] and not _Candidates(self._pool_members[pool], self._protected):
+            if not self._free[pool] and self._all_protected(pool):
                 continue  # every slot holds an expert the running layer uses
             loads.append(self._admit(e, LoadReason.PREFETCH))
         return loads
+
+    def _all_protected(self, pool: int) -> bool:
+        members, protected = self._pool_members[pool], self._protected
+        return len(protected) >= len(members) and all(e in protected for e in members)
 
     def _admit(self, expert: ExpertId, reason: LoadReason) -> Load:
         layer = expert // self._E
@@ -380,9 +433,11 @@ class ExpertCache:
         free = self._free[pool]
         if free:
             slot, victim = free.pop(), -1
+            if reason is LoadReason.DEMAND:
+                self._n["cold_misses"] += 1
         else:
             candidates = _Candidates(self._pool_members[pool], self._protected)
-            if not candidates:
+            if self._all_protected(pool):
                 # More routed experts than slots (a long prefill): the earliest-routed ones of
                 # this pool have been computed already, so their protection lapses (streaming).
                 oldest = next(e for e in self._protected if e in self._pool_members[pool])

@@ -48,6 +48,7 @@ def replay(trace: Trace, cache: ExpertCache, batch: int = 1, steps: list[Step] |
     arrived = cache.arrived
     before = cache.before_layer
     route = cache.route
+    per_layer = cache.prefetches_per_layer
 
     def land(loads: Iterable[Load]) -> None:
         for ld in loads:
@@ -59,9 +60,8 @@ def replay(trace: Trace, cache: ExpertCache, batch: int = 1, steps: list[Step] |
         for layer, experts in enumerate(step.experts):
             if not experts:
                 continue
-            pre = before(s, layer)
-            if pre:
-                land(pre)
+            if per_layer:
+                land(before(s, layer))
             acc = route(s, layer, experts)
             if acc.loads:
                 land(acc.loads)

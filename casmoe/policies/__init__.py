@@ -6,10 +6,18 @@ import importlib
 
 from casmoe.cache import ExpertCache
 from casmoe.errors import CasmoeError
+from casmoe.policies.belady import Belady
+from casmoe.policies.casmoe import CasMoE
+from casmoe.policies.lfu import LFU
 from casmoe.policies.lru import LRU
 from casmoe.policies.ondemand import OnDemand
+from casmoe.policies.sch import SCH
+from casmoe.policies.semoe import SEMoE
+from casmoe.policies.static import Static
 
-POLICIES: dict[str, type[ExpertCache]] = {cls.name: cls for cls in (OnDemand, LRU)}
+POLICIES: dict[str, type[ExpertCache]] = {
+    cls.name: cls for cls in (OnDemand, LRU, LFU, SEMoE, Static, Belady, SCH, CasMoE)
+}
 
 
 class PolicyNotFound(CasmoeError, LookupError):

@@ -1,0 +1,117 @@
+"""CasMoE: prefetch every layer's predicted experts once per prompt, before decoding.
+
+A predictor maps a request's prompt to scores [L, E] (the planner of `casmoe.planner`, or a
+test predictor). At request start the policy fetches the highest-scored experts of every layer
+within the budget, in layer order so that early layers arrive first; misses load on demand;
+the lowest-scored resident is evicted (least recently used among equals).
+
+Predictors by option: `planner=DIR` (a fitted planner), `predictor="exact"` (the request's own
+decode pattern: an oracle, so the policy then declares it reads the future) or
+`predictor="noisy"` (that oracle blended with random scores: `noise` in [0, 1]).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from casmoe.cache import CacheConfigError, ExpertCache
+from casmoe.geometry import ExpertId
+from casmoe.trace import Request
+
+Predictor = Callable[[Request], np.ndarray]
+
+
+def exact_predictor(geometry) -> Predictor:
+    """The request's own decode expert pattern: the best any prompt-level planner can do."""
+    from casmoe.planner.patterns import request_pattern
+
+    return lambda request: request_pattern(request, geometry)
+
+
+def noisy_predictor(geometry, noise: float, rng: np.random.Generator) -> Predictor:
+    """Per layer, (1 - noise) x normalised exact pattern + noise x random scores."""
+    if not 0.0 <= noise <= 1.0:
+        raise CacheConfigError(f"noise must lie in [0, 1], got {noise}")
+    exact = exact_predictor(geometry)
+
+    def predict(request: Request) -> np.ndarray:
+        ep = exact(request).astype(np.float64)
+        total = ep.sum(axis=1, keepdims=True)
+        ep = np.divide(ep, total, out=np.zeros_like(ep), where=total > 0)
+        rand = rng.random(ep.shape)
+        return (1.0 - noise) * ep + noise * rand / rand.sum(axis=1, keepdims=True)
+
+    return predict
+
+
+def planner_predictor(path: str, geometry) -> Predictor:
+    from casmoe.planner import load_planner
+
+    planner = load_planner(path)
+    if planner.geometry.layers != geometry.layers or planner.geometry.experts != geometry.experts:
+        raise CacheConfigError(
+            f"planner at {path} was fitted on {planner.geometry.describe()}, the trace is {geometry.describe()}"
+        )
+    return lambda request: planner.predict(request.prompt or "")
+
+
+class CasMoE(ExpertCache):
+    name = "casmoe"
+
+    def __init__(self, *args, predictor: Predictor, oracle: bool = False, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.predictor = predictor
+        self.needs_future = oracle  # an oracle predictor reads the request's own routing
+        g = self.geometry
+        self._scores = np.zeros(g.total_experts)
+        self._last: dict[ExpertId, int] = {}
+        self._tick = 0
+
+    @classmethod
+    def create(
+        cls,
+        geometry,
+        capacity,
+        *,
+        trace: Any = None,
+        predictor: str | Predictor = "exact",
+        noise: float = 0.3,
+        planner: str | None = None,
+        seed: int = 0,
+        **kw: Any,
+    ) -> ExpertCache:
+        if planner is not None:
+            return cls(geometry, capacity, predictor=planner_predictor(planner, geometry), **kw)
+        if callable(predictor):
+            return cls(geometry, capacity, predictor=predictor, **kw)
+        if predictor == "exact":
+            return cls(geometry, capacity, predictor=exact_predictor(geometry), oracle=True, **kw)
+        if predictor == "noisy":
+            rng = np.random.default_rng(seed)
+            return cls(geometry, capacity, predictor=noisy_predictor(geometry, noise, rng), oracle=True, **kw)
+        raise CacheConfigError(f"casmoe predictor must be 'exact', 'noisy' or a planner=DIR, got {predictor!r}")
+
+    def prefetch_request(self, request) -> list[ExpertId]:
+        g, cap = self.geometry, self.capacity
+        scores = np.asarray(self.predictor(request), dtype=np.float64)
+        if scores.shape != (g.layers, g.experts):
+            raise CacheConfigError(f"predictor returned scores of shape {scores.shape}, expected ({g.layers}, {g.experts})")
+        self._scores = scores.ravel()
+        if cap.per_layer:
+            top = np.argsort(-scores, axis=1, kind="stable")[:, : cap.slots]
+            chosen = (top + (np.arange(g.layers) * g.experts)[:, None]).ravel()
+        else:
+            chosen = np.sort(np.argsort(-self._scores, kind="stable")[: cap.slots])  # flat ids sort by layer
+        return [int(e) for e in chosen if self._scores[e] > 0]
+
+    def on_access(self, expert: ExpertId) -> None:
+        self._tick += 1
+        self._last[expert] = self._tick
+
+    on_insert = on_access
+
+    def victim(self, layer: int, candidates) -> ExpertId:
+        scores, last = self._scores, self._last
+        return min(candidates, key=lambda e: (scores[e], last[e]))

@@ -1,0 +1,52 @@
+"""Static placement: pin the experts that a profile trace routes to most, LRU for the rest.
+
+This is the placement of llama.cpp and kTransformers: popular experts live on the GPU for
+good, the remaining slots (at least `top_k` per pool, so misses can load) rotate in LRU order.
+Pinned experts load on their first use (a server would preload them once at start-up; that
+one-time fill is what `CacheStats.cold_misses` counts), so static stays a demand-only policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from casmoe.cache import CacheConfigError, ExpertCache
+from casmoe.geometry import ExpertId
+from casmoe.policies.lru import LRU
+from casmoe.trace import Trace
+
+
+class Static(LRU):
+    name = "static"
+
+    def __init__(self, *args, popularity: np.ndarray, remainder: int | None = None, **kw) -> None:
+        super().__init__(*args, **kw)
+        g, cap = self.geometry, self.capacity
+        rest = g.top_k if remainder is None else remainder
+        if rest < g.top_k or rest > cap.slots:
+            raise CacheConfigError(f"static remainder must lie in [{g.top_k}, {cap.slots}] slots, got {rest}")
+        pin = cap.slots - rest
+        popularity = np.asarray(popularity)
+        if cap.per_layer:
+            per_layer = popularity.reshape(g.layers, g.experts)
+            top = np.argsort(-per_layer, axis=1, kind="stable")[:, :pin]
+            pinned = (top + (np.arange(g.layers) * g.experts)[:, None]).ravel()
+        else:
+            pinned = np.argsort(-popularity, kind="stable")[:pin]
+        self.pinned: frozenset[ExpertId] = frozenset(int(e) for e in pinned if popularity[e] > 0)
+
+    @classmethod
+    def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | None = None, **kw: Any) -> ExpertCache:
+        """Popularity from `profile`, else from the trace being run (an offline profile of the
+        same workload: an upper bound on what a static placement achieves)."""
+        source = profile if profile is not None else trace
+        if source is None:
+            raise CacheConfigError("static needs a profile trace (--profile-trace) to rank experts")
+        return cls(geometry, capacity, popularity=source.popularity().ravel(), **kw)
+
+    def victim(self, layer: int, candidates) -> ExpertId:
+        pinned = self.pinned
+        unpinned = next((e for e in self.recency(layer) if e in candidates and e not in pinned), None)
+        return unpinned if unpinned is not None else super().victim(layer, candidates)

@@ -1,0 +1,160 @@
+"""The contract every cache policy must keep, as a function a user calls on their own class.
+
+    from casmoe.testing import check_policy
+
+    def test_my_policy_keeps_the_contract():
+        check_policy(MyPolicy)
+
+`check_policy` generates small random geometries, traces and capacities with hypothesis,
+replays them through the policy wrapped in a checker, and fails with a minimal counter-example
+when an invariant breaks:
+
+- resident plus in-flight experts never exceed a pool's slots, and no slot holds two experts;
+- an expert routed in the running layer is never evicted;
+- hits + late hits + misses = routed accesses; bytes loaded = loads x expert bytes;
+- in `load` mode every routed expert is resident once `route` returns (when the layer's
+  routed set fits in its pool);
+- the same inputs give the same counts (no hidden randomness or global state);
+- a policy that does not declare `needs_future` never reads it (the base raises if it tries).
+
+The built-in policies pass exactly this suite (tests/test_policies.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from casmoe.cache import Capacity, ExpertCache, Load, MissMode
+from casmoe.geometry import Geometry
+from casmoe.replay import replay
+from casmoe.trace import Request, Trace
+
+PolicyFactory = Callable[..., ExpertCache]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generated scenario: a trace and a capacity."""
+
+    trace: Trace
+    capacity: Capacity
+
+    def __repr__(self) -> str:  # what hypothesis prints for a failing example
+        g = self.trace.geometry
+        reqs = [(r.prefill, r.topk[:, :, :].tolist()) for r in self.trace.requests]
+        return f"Case({g.describe()}, capacity={self.capacity.describe()}, requests={reqs})"
+
+
+@st.composite
+def geometries(draw: st.DrawFn, max_layers: int = 3, max_experts: int = 6) -> Geometry:
+    layers = draw(st.integers(1, max_layers))
+    experts = draw(st.integers(2, max_experts))
+    top_k = draw(st.integers(1, min(3, experts)))
+    return Geometry(layers, experts, top_k, hidden=8, intermediate=4)
+
+
+@st.composite
+def traces(draw: st.DrawFn, geometry: Geometry | None = None, max_requests: int = 3, max_tokens: int = 12) -> Trace:
+    """Random requests; prompts are distinct so prompt-keyed predictors can tell them apart."""
+    g = geometry if geometry is not None else draw(geometries())
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    hot = draw(st.integers(g.top_k, g.experts))  # a small working set makes caching matter
+    requests = []
+    for i in range(draw(st.integers(1, max_requests))):
+        tokens = draw(st.integers(1, max_tokens))
+        prefill = draw(st.integers(0, tokens))
+        topk = np.stack(
+            [[rng.choice(hot, g.top_k, replace=False) for _ in range(g.layers)] for _ in range(tokens)]
+        ).astype(np.int16)
+        weights = rng.dirichlet(np.ones(g.top_k), size=(tokens, g.layers)).astype(np.float32)
+        requests.append(Request(topk, weights, prefill, prompt=f"request {i} seed {seed}", task=f"t{i % 2}"))
+    return Trace(g, requests, {"source": "casmoe.testing"})
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    trace = draw(traces())
+    g = trace.geometry
+    if draw(st.booleans()):
+        capacity = Capacity(draw(st.integers(g.top_k, g.experts + 1)))
+    else:
+        capacity = Capacity(draw(st.integers(g.top_k, g.total_experts + 1)), per_layer=False)
+    return Case(trace, capacity)
+
+
+def _checked(policy: type[ExpertCache]) -> type[ExpertCache]:
+    """A subclass of `policy` that checks the invariants after every runtime event."""
+
+    class Checked(policy):  # type: ignore[misc, valid-type]
+        def _check_loads(self, loads: list[Load] | tuple[Load, ...], protected: frozenset[int]) -> None:
+            for ld in loads:
+                assert ld.victim not in protected, f"{policy.__name__} evicted {ld.victim}, used by the running layer"
+                assert self.slot(ld.expert) in (ld.slot, None), "load names a slot its expert does not hold"
+            self._check_capacity()
+
+        def _check_capacity(self) -> None:
+            slots = list(self._slot_of.values())
+            assert len(slots) == len(set(slots)), f"{policy.__name__}: a slot holds two experts"
+            per_pool = self.capacity.slots
+            for pool, members in enumerate(self._pool_members):
+                assert len(members) <= per_pool, f"pool {pool} holds {len(members)} experts in {per_pool} slots"
+                for e in members:
+                    assert pool * per_pool <= self._slot_of[e] < (pool + 1) * per_pool, "slot outside its pool"
+
+        def begin_request(self, request):  # type: ignore[override]
+            loads = super().begin_request(request)
+            self._check_loads(loads, frozenset())
+            return loads
+
+        def before_layer(self, step, layer):  # type: ignore[override]
+            loads = super().before_layer(step, layer)
+            self._check_loads(loads, frozenset())  # the previous layer is done: nothing protected
+            return loads
+
+        def route(self, step, layer, experts, scores=None):  # type: ignore[override]
+            acc = super().route(step, layer, experts, scores)
+            fits = len(experts) <= self.capacity.slots  # else a long prefill streams through the slots
+            self._check_loads(acc.loads, frozenset(experts) if fits else frozenset())
+            if self.miss_mode is MissMode.LOAD and fits:
+                missing = [e for e in experts if not self.is_resident(e)]
+                assert not missing, f"{policy.__name__}: routed experts {missing} not resident when layer {layer} runs"
+            assert acc.hits + len(acc.late) + len(acc.misses) + len(acc.substitutes) + len(acc.cpu) == len(experts)
+            return acc
+
+    Checked.__name__ = f"Checked{policy.__name__}"
+    return Checked
+
+
+def check_case(policy: type[ExpertCache], case: Case, options: dict[str, Any] | None = None) -> None:
+    """Replay one case through the checked policy twice and compare the counts."""
+    options = options or {}
+    g = case.trace.geometry
+    results = []
+    for _ in range(2):
+        cache = _checked(policy).create(g, case.capacity, trace=case.trace, **options)
+        results.append(replay(case.trace, cache).stats)
+    stats = results[0]
+    assert results[0] == results[1], f"{policy.__name__} is not deterministic: {results[0]} != {results[1]}"
+    assert stats.hits + stats.late_hits + stats.misses == stats.accesses
+    assert stats.misses == stats.demand_loads + stats.substitutions + stats.cpu_computed
+    bytes_per = g.bytes_per_layer()
+    if len(set(bytes_per)) == 1:
+        assert stats.bytes_loaded == stats.loads * bytes_per[0]
+    assert stats.prefetch_used + stats.prefetch_wasted <= stats.prefetch_loads
+
+
+def check_policy(policy: type[ExpertCache], *, max_examples: int = 60, options: dict[str, Any] | None = None) -> None:
+    """Run the contract on `max_examples` generated cases; raise AssertionError on a violation."""
+
+    @settings(max_examples=max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(case=cases())
+    def contract(case: Case) -> None:
+        check_case(policy, case, options)
+
+    contract()
