@@ -96,7 +96,7 @@ def test_lru_hits_never_drop_as_capacity_grows(trace, per_layer):
 
 
 def reference_lru_hits(visits: list[tuple[int, ...]], capacity: int) -> int:
-    """Textbook LRU over one pool, a whole visit protected."""
+    """Textbook LRU over one pool, uses in routing order, a whole visit protected."""
     cache: OrderedDict[int, None] = OrderedDict()
     hits = 0
     for visit in visits:
@@ -104,11 +104,9 @@ def reference_lru_hits(visits: list[tuple[int, ...]], capacity: int) -> int:
             if e in cache:
                 hits += 1
                 cache.move_to_end(e)
-        for e in visit:
-            if e not in cache:
+            else:
                 if len(cache) >= capacity:
-                    victim = next(x for x in cache if x not in visit)
-                    del cache[victim]
+                    del cache[next(x for x in cache if x not in visit)]
                 cache[e] = None
     return hits
 
