@@ -295,12 +295,9 @@ class Trace:
         ):
             if arr is not None and (arr.ndim != 3 or arr.shape[1:] != (g.layers, last) or len(arr) != len(topk)):
                 raise TraceError(f"{where}: {name} has shape {arr.shape}, expected [{len(topk)}, {g.layers}, {last}]")
-        for name, arr in (("topk", topk), ("spec", optional["spec"]), ("offsets", offsets), ("prefill", prefill)):
-            if arr is not None and not np.issubdtype(arr.dtype, np.integer):
+        for name, arr in (("offsets", offsets), ("prefill", prefill)):
+            if not np.issubdtype(arr.dtype, np.integer):
                 raise TraceError(f"{where}: {name} must hold integers, not {arr.dtype}")
-        for name, arr in (("weights", weights), ("logits", optional["logits"])):
-            if arr is not None and not np.issubdtype(arr.dtype, np.floating):
-                raise TraceError(f"{where}: {name} must hold floats, not {arr.dtype}")
         info = meta.get("requests", [])
         n = len(prefill) if prefill.ndim == 1 else -1
         if offsets.ndim != 1 or prefill.ndim != 1 or len(offsets) != n + 1 or not isinstance(info, list) or len(info) != n:
@@ -379,6 +376,11 @@ class Trace:
             fail(None, f"topk must hold integers, not {topk.dtype}")
         if not np.issubdtype(weights.dtype, np.floating):
             fail(None, f"weights must hold floats, not {weights.dtype}")
+        spec, logits = optional.get("spec"), optional.get("logits")
+        if spec is not None and not np.issubdtype(spec.dtype, np.integer):
+            fail(None, f"spec must hold integers, not {spec.dtype}")
+        if logits is not None and not np.issubdtype(logits.dtype, np.floating):
+            fail(None, f"logits must hold floats, not {logits.dtype}")
         for i, r in enumerate(self.requests):
             if not 0 <= r.prefill <= r.tokens:
                 raise TraceError(f"{where}: request {i}: prefill {r.prefill} outside [0, {r.tokens}] tokens")
@@ -407,6 +409,9 @@ class Trace:
             if dup.any():
                 t, layer = (int(x[0]) for x in np.nonzero(dup))
                 fail(t, f"layer {layer}: routes to the same expert twice {sorted(topk[t, layer].tolist())}")
+        if row_gap.any() and np.any(weights[row_gap] != 0):
+            t = int(np.nonzero((weights != 0).any(axis=2) & row_gap)[0][0])
+            fail(t, "a NOT_COMPUTED token-layer has non-zero router weights")
         finite = np.isfinite(weights)
         if not finite.all():
             t = int(np.nonzero(~finite.all(axis=(1, 2)))[0][0])
@@ -414,7 +419,6 @@ class Trace:
         if np.any(weights < 0):
             t = int(np.nonzero((weights < 0).any(axis=(1, 2)))[0][0])
             fail(t, "negative router weight")
-        logits, spec = optional.get("logits"), optional.get("spec")
         if logits is not None and (logits.ndim != 3 or logits.shape != (N, g.layers, g.experts)):
             fail(None, f"logits has shape {logits.shape}, expected [{N}, {g.layers}, {g.experts}]")
         if logits is not None and not np.isfinite(logits).all():

@@ -117,6 +117,9 @@ MALFORMED = {
     "expert id negative": lambda a: _set(a, "topk", (2, 0, 0), -5),
     "duplicate expert": lambda a: _set(a, "topk", (2, 1), 3),
     "half gap": lambda a: _set(a, "topk", (2, 1, 0), NOT_COMPUTED),
+    "weighted gap": lambda a: _set(a, "weights", (0, 2, 0), 0.5),  # token 0, layer 2 is a gap
+    "float spec": lambda a: a.update(spec=a["spec"].astype(np.float32)),
+    "int logits": lambda a: a.update(logits=a["logits"].astype(np.int32)),
     "nan weight": lambda a: _set(a, "weights", (1, 0, 0), np.nan),
     "inf weight": lambda a: _set(a, "weights", (1, 0, 1), np.inf),
     "negative weight": lambda a: _set(a, "weights", (1, 2, 0), -0.5),
