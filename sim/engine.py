@@ -1,0 +1,465 @@
+"""The simulator: one SimPy process walks a trace's steps through real `ExpertCache` objects.
+
+Event order is replay's (casmoe/replay.py): per request `begin_request`; per step and computed
+layer `before_layer`, `route`; `end_request` after a request's last step. Loads the events
+return go onto the owning device's `Link`; `arrived(expert)` is called when a load lands in
+simulated time, always before the next cache event that could observe it. Because cache
+decisions never depend on timing, the counts equal replay's in `load` mode, except that a hit
+on an expert still on the wire is a *late* hit.
+
+Time per layer: the layer may start once the previous one is done (plus an activation hand-over
+when it changes device) and every expert it runs has arrived; the wait is a stall, charged to
+`late prefetch` up to the last late-hit arrival and to `demand miss` beyond. Compute then takes
+dense part + routed experts (`compute.py`). The SimPy clock advances once per step (one
+timeout), so a Mixtral token costs one event, not dozens.
+
+Layers are split across devices in contiguous ranges, each device with its own cache (built on
+the sub-model of its layers) and its own link; with `--global-capacity` each device gets a
+share of the slots proportional to its layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import simpy
+
+from casmoe.cache import Capacity, CacheConfigError, CacheStats, ExpertCache, MissMode
+from casmoe.errors import CasmoeError
+from casmoe.geometry import Geometry, Quant
+from casmoe.presets import ModelPreset, load_presets
+from casmoe.replay import request_bounds
+from casmoe.sim.compute import ComputeModel, RooflineCompute
+from casmoe.sim.hardware import HardwareProfile
+from casmoe.sim.link import HostCap, Link
+from casmoe.sim.result import SimResult, percentiles
+from casmoe.sim.timeline import Timeline
+from casmoe.trace import Future, Request, Step, Trace
+
+
+class SimConfigError(CasmoeError, ValueError):
+    """A simulation that cannot be set up as asked (geometry mismatch, too many devices...)."""
+
+
+def check_geometry(trace: Geometry, preset: ModelPreset) -> None:
+    """The trace's routing shape must be the preset's; the error names presets that fit."""
+    g = preset.geometry
+    if (trace.layers, trace.experts, trace.top_k) == (g.layers, g.experts, g.top_k):
+        return
+    fits = [
+        name
+        for name, p in load_presets().items()
+        if (p.geometry.layers, p.geometry.experts, p.geometry.top_k) == (trace.layers, trace.experts, trace.top_k)
+    ]
+    hint = (
+        f"pass --model {' or --model '.join(fits)}"
+        if fits
+        else "add a preset with that shape to casmoe/presets/models.toml, or record a trace of this model"
+    )
+    raise SimConfigError(
+        f"trace geometry ({trace.describe()}) does not match model preset {preset.name!r} ({g.describe()}); {hint}"
+    )
+
+
+def split_layers(layers: int, devices: int) -> list[range]:
+    """Contiguous, near-equal layer ranges, earlier devices taking the remainder."""
+    if not 1 <= devices <= layers:
+        raise SimConfigError(f"--devices must be between 1 and the {layers} MoE layers (got {devices})")
+    base, extra = divmod(layers, devices)
+    out, start = [], 0
+    for d in range(devices):
+        n = base + (d < extra)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def expert_bytes_for(trace: Trace, preset: ModelPreset, quant: Quant | None) -> list[int]:
+    """Bytes per expert per layer: measured ones from the trace unless a quant is forced."""
+    if quant is None and trace.geometry.layer_expert_bytes:
+        return list(trace.geometry.layer_expert_bytes)
+    return preset.geometry.bytes_per_layer(quant or Quant.BF16)
+
+
+def max_slots(hardware: HardwareProfile, preset: ModelPreset, expert_bytes: Sequence[int], devices: int) -> int:
+    """Most slots per layer the GPUs hold next to the dense weights (capped at all experts)."""
+    g = preset.geometry
+    head = 2 * preset.vocab * g.hidden * 2  # embedding + lm head, bf16
+    best = g.experts
+    for d, layers in enumerate(split_layers(g.layers, devices)):
+        free = hardware.usable_bytes() - 2 * preset.dense_params_per_layer * len(layers)
+        free -= head if d in (0, devices - 1) else 0
+        per_slot = sum(expert_bytes[layer] for layer in layers)
+        best = min(best, max(0, int(free // per_slot)))
+    return best
+
+
+def slots_for_bytes(budget: float, expert_bytes: Sequence[int]) -> int:
+    """Slots per layer that `budget` bytes of expert cache (all devices together) hold."""
+    return int(budget // sum(expert_bytes))
+
+
+def slice_request(r: Request, layers: range) -> Request:
+    sl = slice(layers.start, layers.stop)
+    cut = lambda a: None if a is None else a[:, sl]  # noqa: E731
+    return Request(cut(r.topk), cut(r.weights), r.prefill, r.prompt, r.task, cut(r.logits), cut(r.spec))
+
+
+def slice_step(step: Step, layers: range, experts: int) -> Step:
+    off = layers.start * experts
+    return Step(
+        step.prefill,
+        step.tokens,
+        [[e - off for e in lst] for lst in step.experts[layers.start : layers.stop]],
+        None if step.counts is None else step.counts[layers.start : layers.stop],
+        step.requests,
+    )
+
+
+@dataclass
+class StepPlan:
+    """A trace cut into steps and, for several devices, into per-device sub-models.
+
+    Building it costs about as much as a short run, so every run over the same trace, batch
+    and device count shares one (`simulate(plan=...)`)."""
+
+    trace: Trace
+    batch: int
+    ranges: list[range]
+    steps: list[Step]
+    device_traces: list[Trace]
+    device_steps: list[list[Step]]
+
+    @classmethod
+    def build(cls, trace: Trace, batch: int = 1, devices: int = 1) -> StepPlan:
+        g = trace.geometry
+        ranges = split_layers(g.layers, devices)
+        steps = trace.steps(batch)
+        if devices == 1:
+            return cls(trace, batch, ranges, steps, [trace], [steps])
+        traces, dsteps = [], []
+        for layers in ranges:
+            sub_g = Geometry(
+                layers=len(layers),
+                experts=g.experts,
+                top_k=g.top_k,
+                shared_experts=g.shared_experts,
+                hidden=g.hidden,
+                intermediate=g.intermediate,
+                gated=g.gated,
+                layer_expert_bytes=g.layer_expert_bytes[layers.start : layers.stop] if g.layer_expert_bytes else (),
+            )
+            traces.append(Trace(sub_g, [slice_request(r, layers) for r in trace.requests], dict(trace.meta)))
+            dsteps.append([slice_step(s, layers, g.experts) for s in steps])
+        return cls(trace, batch, ranges, steps, traces, dsteps)
+
+
+@dataclass
+class _Device:
+    """What the driver needs per device, unpacked once."""
+
+    cache: ExpertCache
+    link: Link
+    steps: list[Step]
+    requests: list[Request]
+    first: int  # first global layer
+    expert_bytes: list[int]  # per local layer
+    expert_time: list[float]  # one routed expert, one token, per local layer
+
+
+def simulate(
+    trace: Trace,
+    policy: type[ExpertCache],
+    capacity: Capacity,
+    hardware: HardwareProfile,
+    preset: ModelPreset,
+    *,
+    options: Mapping[str, Any] | None = None,
+    label: str | None = None,
+    batch: int = 1,
+    miss_mode: MissMode = MissMode.LOAD,
+    devices: int = 1,
+    quant: Quant | None = None,
+    pinned: bool = True,
+    compute: ComputeModel | None = None,
+    timeline: Timeline | None = None,
+    trace_name: str = "",
+    plan: StepPlan | None = None,
+) -> SimResult:
+    """Run `trace` through `policy` caches on `hardware`; see the module docstring."""
+    check_geometry(trace.geometry, preset)
+    g = trace.geometry
+    nbytes = expert_bytes_for(trace, preset, quant)
+    if plan is None:
+        plan = StepPlan.build(trace, batch, devices)
+    elif plan.trace is not trace or plan.batch != batch or len(plan.ranges) != devices:
+        raise SimConfigError("the step plan was built for another trace, batch or device count")
+    if compute is None:
+        compute = RooflineCompute.build(hardware, preset, nbytes, quant or Quant.BF16, pinned)
+    host = HostCap(hardware.host_cap_gbs * 1e9) if hardware.host_cap_gbs > 0 else None
+    rate = hardware.h2d_gbs(pinned) * 1e9
+    latency = hardware.copy_latency_us * 1e-6
+    devs: list[_Device] = []
+    for d, layers in enumerate(plan.ranges):
+        sub_trace = plan.device_traces[d]
+        sub_cap = capacity
+        if devices > 1 and not capacity.per_layer:
+            share = capacity.slots * len(layers) // g.layers
+            if share < g.top_k:
+                raise CacheConfigError(
+                    f"--global-capacity {capacity.slots} split over {devices} devices leaves {share} slots on "
+                    f"device {d}, below top_k={g.top_k}; raise it or use fewer --devices"
+                )
+            sub_cap = Capacity(share, per_layer=False)
+        dev_bytes = nbytes[layers.start : layers.stop]
+        cache = policy.create(
+            sub_trace.geometry, sub_cap, miss_mode=miss_mode, expert_bytes=dev_bytes, trace=sub_trace, **dict(options or {})
+        )
+        if cache.needs_future:
+            cache.attach_future(Future(plan.device_steps[d], sub_trace.geometry))
+        devs.append(
+            _Device(
+                cache=cache,
+                link=Link(rate, latency, host, timeline, d),
+                steps=plan.device_steps[d],
+                requests=sub_trace.requests,
+                first=layers.start,
+                expert_bytes=dev_bytes,
+                expert_time=[compute.expert(layer, 1) for layer in layers],
+            )
+        )
+    run = _Run(trace, plan.steps, devs, compute, miss_mode, batch, timeline)
+    env = simpy.Environment()
+    env.process(run.drive(env))
+    env.run()
+    stats = _sum_stats([dev.cache.stats() for dev in devs])
+    name = label or policy.name or policy.__name__
+    slots = capacity.slots
+    budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
+    return run.result(
+        policy=name,
+        capacity=capacity.describe(),
+        capacity_slots=slots,
+        capacity_gb=budget / 1e9,
+        hardware=hardware.name,
+        model=preset.name,
+        trace=trace_name,
+        stats=stats,
+        devices=devices,
+        quant=(quant.value if quant else ("trace" if g.layer_expert_bytes else Quant.BF16.value)),
+        miss_mode=miss_mode.value,
+    )
+
+
+def _sum_stats(parts: list[CacheStats]) -> CacheStats:
+    if len(parts) == 1:
+        return parts[0]
+    return CacheStats(**{f: sum(getattr(p, f) for p in parts) for f in CacheStats.__dataclass_fields__})
+
+
+class _Run:
+    """The mutable state of one simulation and its SimPy driver process."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        steps: list[Step],
+        devs: list[_Device],
+        compute: ComputeModel,
+        miss_mode: MissMode,
+        batch: int,
+        timeline: Timeline | None,
+    ) -> None:
+        self.trace = trace
+        self.steps = steps
+        self.devs = devs
+        self.compute = compute
+        self.miss_mode = miss_mode
+        self.batch = batch
+        self.timeline = timeline
+        self.layers = trace.geometry.layers
+        self.compute_s = 0.0
+        self.stall_demand = 0.0
+        self.stall_late = 0.0
+        self.stall_by_layer = [0.0] * self.layers
+        self.ttft: dict[int, float] = {}
+        self.token_latency: list[float] = []
+        self.decode_time = 0.0
+        self.decode_tokens = 0
+        self.prefill_tokens = 0
+        self.end = 0.0
+
+    def drive(self, env: simpy.Environment):
+        steps = self.steps
+        first, last = request_bounds(steps)
+        starts: dict[int, list[int]] = {}
+        ends: dict[int, int] = {}
+        for r, s in first.items():
+            starts.setdefault(s, []).append(r)
+        for r, s in last.items():
+            ends[s] = ends.get(s, 0) + 1
+        batch = self.batch
+        arrival: dict[int, float] = {}  # request -> when its batch group arrived
+        pos = [0] * len(self.trace.requests)  # tokens each request has processed
+        compute = self.compute
+        timeline = self.timeline
+        stall_by_layer = self.stall_by_layer
+        load_mode = self.miss_mode is MissMode.LOAD
+        cpu_mode = self.miss_mode is MissMode.CPU
+        multi = len(self.devs) > 1
+        busy_total = stall_late = stall_demand = 0.0  # locals: the layer loop is the hot path
+        for s, step in enumerate(steps):
+            t = env.now
+            for r in starts.get(s, ()):
+                arrival.setdefault(r, arrival.get(r - r % batch, t))
+                for dev in self.devs:
+                    dev.link.land(t, dev.cache.arrived)
+                    self._issue(dev, t, dev.cache.begin_request(dev.requests[r]))
+            T = step.tokens
+            if step.prefill:
+                (r,) = step.requests
+                pairs = T * (T + 1) // 2
+                kv = T
+                pos[r] += T
+                self.prefill_tokens += T
+            else:
+                pairs = 0
+                for r in step.requests:
+                    pos[r] += 1
+                    pairs += pos[r]
+                kv = pairs
+            dense = compute.dense(T, pairs, kv)
+            step_start = t
+            for d, dev in enumerate(self.devs):
+                cache = dev.cache
+                link = dev.link
+                arrived = cache.arrived
+                heap = link.heap
+                queue = link.queue
+                before = cache.before_layer
+                route = cache.route
+                sub = dev.steps[s]
+                counts = sub.counts
+                exp_time = dev.expert_time
+                if multi and d:
+                    t += compute.handover(T)
+                for ll, experts in enumerate(sub.experts):
+                    if not experts:
+                        continue
+                    if queue or (heap and heap[0][0] <= t):
+                        link.land(t, arrived)
+                    pre = before(s, ll)
+                    if pre:
+                        self._issue(dev, t, pre)
+                    acc = route(s, ll, experts)
+                    start = t
+                    late_until = t
+                    if acc.late:
+                        for e in acc.late:
+                            a = link.need(t, e)
+                            if a > late_until:
+                                late_until = a
+                        start = late_until
+                    if acc.loads:
+                        nb = dev.expert_bytes[ll]
+                        for ld in acc.loads:
+                            if ld.victim >= 0:
+                                link.cancel(ld.victim)
+                            a = link.demand(t, ld.expert, nb)
+                            if a > start:
+                                start = a
+                    if start > t:
+                        stall_late += late_until - t
+                        stall_demand += start - late_until
+                        stall_by_layer[dev.first + ll] += start - t
+                        if timeline is not None:
+                            timeline.stall(d, t, start, dev.first + ll)
+                    if counts is None and load_mode:
+                        busy = dense + len(experts) * exp_time[ll]
+                    else:
+                        busy = dense + self._experts_time(
+                            dev, ll, experts, None if counts is None else counts[ll], acc.cpu if cpu_mode else ()
+                        )
+                    t = start + busy
+                    busy_total += busy
+                    if timeline is not None:
+                        timeline.compute(d, start, t, dev.first + ll)
+            head = compute.head(1 if step.prefill else T)
+            t += head
+            busy_total += head
+            yield env.timeout(t - env.now)
+            if step.prefill:
+                self.ttft[step.requests[0]] = t - arrival[step.requests[0]]
+            else:
+                self.token_latency.append(t - step_start)
+                self.decode_time += t - step_start
+                self.decode_tokens += T
+                for r in step.requests:
+                    self.ttft.setdefault(r, t - arrival[r])
+            for _ in range(ends.get(s, 0)):
+                for dev in self.devs:
+                    dev.link.land(t, dev.cache.arrived)
+                    dev.cache.end_request()
+        self.end = env.now
+        self.compute_s, self.stall_late, self.stall_demand = busy_total, stall_late, stall_demand
+
+    def _issue(self, dev: _Device, t: float, loads) -> None:
+        """Queue prefetch loads, cancelling the loads of the experts they evict."""
+        link = dev.link
+        nbytes = dev.expert_bytes
+        E = self.trace.geometry.experts
+        for ld in loads:
+            if ld.victim >= 0:
+                link.cancel(ld.victim)
+            link.prefetch(t, ld.expert, nbytes[ld.expert // E])
+
+    def _experts_time(self, dev: _Device, ll: int, experts, counts, cpu) -> float:
+        """Routed-expert time when tokens per expert vary or some experts run on the host
+        (which works alongside the GPU: the layer takes the longer of the two)."""
+        layer = dev.first + ll
+        expert = self.compute.expert
+        if counts is None:
+            counts = [1] * len(experts)
+        if not cpu:
+            if len(counts) == 1 or counts.count(1) == len(counts):
+                return len(counts) * dev.expert_time[ll]
+            return sum(expert(layer, c) for c in counts)
+        on_host = set(cpu)
+        gpu = host = 0.0
+        cpu_expert = self.compute.cpu_expert
+        for e, c in zip(experts, counts):
+            if e in on_host:
+                host += cpu_expert(layer, c)
+            else:
+                gpu += expert(layer, c)
+        return max(gpu, host)
+
+    def result(self, **kw: Any) -> SimResult:
+        ttft = list(self.ttft.values())
+        p50, p90, p99 = percentiles(self.token_latency, (50, 90, 99))
+        t50, t99 = percentiles(ttft, (50, 99))
+        end = self.end
+        return SimResult(
+            batch=self.batch,
+            requests=len(self.trace.requests),
+            prefill_tokens=self.prefill_tokens,
+            decode_tokens=self.decode_tokens,
+            sim_time_s=end,
+            compute_s=self.compute_s,
+            ttft_mean_s=sum(ttft) / len(ttft) if ttft else 0.0,
+            ttft_p50_s=t50,
+            ttft_p99_s=t99,
+            token_latency_mean_s=self.decode_time / len(self.token_latency) if self.token_latency else 0.0,
+            token_latency_p50_s=p50,
+            token_latency_p90_s=p90,
+            token_latency_p99_s=p99,
+            decode_tokens_per_s=self.decode_tokens / self.decode_time if self.decode_time else 0.0,
+            stall_demand_s=self.stall_demand,
+            stall_late_s=self.stall_late,
+            stall_by_layer_s=tuple(self.stall_by_layer),
+            link_bytes=sum(dev.link.bytes for dev in self.devs),
+            cancelled_loads=sum(dev.link.cancelled for dev in self.devs),
+            link_utilisation=tuple(min(1.0, dev.link.busy / end) if end else 0.0 for dev in self.devs),
+            **kw,
+        )

@@ -1,0 +1,186 @@
+"""Hardware profiles: the numbers the simulator prices time with, loaded from TOML data files.
+
+A profile is data (STYLE principle 5): a new GPU box is a TOML file, not a class. Every number
+in a profile carries a `source` (a datasheet, a measurement, or an explicit assumption) in the
+file's `[sources]` table; the loader refuses a profile with an unsourced number, so a what-if
+answer can always be traced back to where its inputs came from.
+
+Shipped profiles live in `sim/profiles/`; a user passes the path of their own file anywhere a
+profile name is accepted. `HardwareProfile.to_toml` writes one back, which is what a
+calibration run uses to record measured numbers.
+"""
+
+from __future__ import annotations
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from casmoe.errors import CasmoeError
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+
+GIB = 1024**3
+
+
+class HardwareError(CasmoeError, ValueError):
+    """An unknown profile name or a profile file that is incomplete or inconsistent."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One machine: `gpus` identical accelerators, each with its own host-to-device link.
+
+    Bandwidths are in GB/s (1e9 bytes/s), compute in TFLOPS (1e12 FLOP/s), times in
+    microseconds, memory in GiB (how vendors size GPU memory). `host_cap_gbs = 0` means the
+    host side never limits the links together.
+    """
+
+    name: str
+    description: str
+    gpu: str
+    gpus: int
+    memory_gib: float
+    reserved_gib: float
+    dense_tflops: float
+    mem_bw_gbs: float
+    matmul_efficiency: float
+    mem_efficiency: float
+    h2d_pinned_gbs: float
+    h2d_pageable_gbs: float
+    copy_latency_us: float
+    host_cap_gbs: float
+    layer_overhead_us: float
+    expert_overhead_us: float
+    handover_us: float
+    p2p_gbs: float
+    cpu: str
+    cpu_tflops: float
+    cpu_mem_bw_gbs: float
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        numbers = self.numeric_fields()
+        missing = [n for n in numbers if not self.sources.get(n)]
+        if missing:
+            raise HardwareError(f"profile {self.name!r}: no source given for {', '.join(missing)} (add them to [sources])")
+        unknown = sorted(set(self.sources) - set(numbers))
+        if unknown:
+            raise HardwareError(f"profile {self.name!r}: [sources] names unknown fields {unknown}")
+        if self.gpus < 1:
+            raise HardwareError(f"profile {self.name!r}: gpus must be >= 1")
+        positive = ("memory_gib", "dense_tflops", "mem_bw_gbs", "h2d_pinned_gbs", "h2d_pageable_gbs", "p2p_gbs")
+        for n in positive:
+            if getattr(self, n) <= 0:
+                raise HardwareError(f"profile {self.name!r}: {n} must be > 0")
+        for n in numbers:
+            if getattr(self, n) < 0:
+                raise HardwareError(f"profile {self.name!r}: {n} must be >= 0")
+        for n in ("matmul_efficiency", "mem_efficiency"):
+            if not 0 < getattr(self, n) <= 1:
+                raise HardwareError(f"profile {self.name!r}: {n} must be in (0, 1]")
+        if self.reserved_gib >= self.memory_gib:
+            raise HardwareError(f"profile {self.name!r}: reserved_gib must be below memory_gib")
+
+    @classmethod
+    def numeric_fields(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.type in ("int", "float")]
+
+    def h2d_gbs(self, pinned: bool = True) -> float:
+        return self.h2d_pinned_gbs if pinned else self.h2d_pageable_gbs
+
+    def usable_bytes(self) -> int:
+        """Memory per GPU left for model weights and the expert cache."""
+        return int((self.memory_gib - self.reserved_gib) * GIB)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_toml(self) -> str:
+        """The profile as TOML text that `from_toml` reads back unchanged."""
+        lines = []
+        for f in fields(self):
+            if f.name != "sources":
+                lines.append(f"{f.name} = {json.dumps(getattr(self, f.name))}")
+        lines.append("")
+        lines.append("[sources]")
+        for name in self.numeric_fields():
+            lines.append(f"{name} = {json.dumps(self.sources[name])}")
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_toml())
+        return path
+
+    @classmethod
+    def from_toml(cls, text: str, where: str = "<toml>") -> HardwareProfile:
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise HardwareError(f"{where}: not valid TOML: {exc}") from exc
+        return cls.from_dict(raw, where)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "<dict>") -> HardwareProfile:
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise HardwareError(f"{where}: unknown profile fields {unknown}")
+        missing = sorted(n for n, f in known.items() if n not in raw and n != "sources")
+        if missing:
+            raise HardwareError(f"{where}: missing profile fields {missing}")
+        values: dict[str, Any] = {}
+        for n, f in known.items():
+            v = raw.get(n, {})
+            want = {"int": int, "float": (int, float), "str": str}.get(str(f.type))
+            if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
+                raise HardwareError(f"{where}: field {n} must be {f.type}, got {v!r}")
+            values[n] = float(v) if f.type == "float" else v
+        if not isinstance(values["sources"], dict):
+            raise HardwareError(f"{where}: [sources] must be a table")
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> HardwareProfile:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise HardwareError(f"{path}: cannot read hardware profile: {exc.strerror}") from exc
+        return cls.from_toml(text, str(path))
+
+    def with_values(self, sources: dict[str, str] | None = None, **values: Any) -> HardwareProfile:
+        """A copy with some numbers replaced (e.g. measured ones), each with its new source."""
+        fresh = dict(self.sources)
+        fresh.update(sources or {})
+        d = self.to_dict()
+        d.update(values)
+        d["sources"] = fresh
+        return type(self)(**d)
+
+
+def profile_paths() -> dict[str, Path]:
+    """Shipped profiles by name."""
+    return {p.stem: p for p in sorted(PROFILES_DIR.glob("*.toml"))}
+
+
+def load_profile(spec: str | Path) -> HardwareProfile:
+    """A shipped profile name (`rtx4090x4`) or the path of a user's TOML file."""
+    shipped = profile_paths()
+    if str(spec) in shipped:
+        return HardwareProfile.from_file(shipped[str(spec)])
+    path = Path(spec)
+    if path.suffix == ".toml" or path.exists():
+        if not path.exists():
+            raise HardwareError(f"hardware profile file {path} not found")
+        return HardwareProfile.from_file(path)
+    raise HardwareError(
+        f"unknown hardware profile {str(spec)!r}; shipped: {', '.join(shipped)}; or pass the path of your own "
+        "TOML file (see `casmoe profiles`)"
+    )

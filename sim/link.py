@@ -1,0 +1,166 @@
+"""One host-to-device link: a FIFO of copies where demand loads jump ahead of queued prefetches.
+
+The link is a *free-at* time, not a SimPy Resource: a copy committed to the wire gets its start
+(`busy_until` or now) and end (start + copy latency + bytes / bandwidth) at once, so the
+simulator spends no events on it. Prefetches wait in a queue and are committed lazily, in FIFO
+order, as simulated time passes their start (`_advance`); a demand load commits at once, ahead
+of every prefetch that has not started, which thereby starts later. A copy already on the wire
+is never pre-empted.
+
+Loads are tagged with a token: when the cache evicts an expert whose load is still queued the
+load is cancelled (its bytes never move); when it is already on the wire it completes but its
+arrival is ignored, and a new load of the same expert queues behind it.
+
+`HostCap` models one root complex or socket feeding several links: a serial pipe every copy
+also passes through. It is an approximation (copies share it in commit order rather than
+fluidly), exact for one link and never exceeding the cap in aggregate.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from heapq import heappop, heappush
+from typing import Callable
+
+from casmoe.geometry import ExpertId
+from casmoe.sim.timeline import Timeline
+
+
+class HostCap:
+    """A host-side bandwidth cap (bytes/s) shared by the links that reference it."""
+
+    __slots__ = ("rate", "free_at")
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.free_at = 0.0
+
+
+class Link:
+    """Host-to-device copies of one device; times in seconds, sizes in bytes."""
+
+    __slots__ = (
+        "rate",
+        "latency",
+        "host",
+        "timeline",
+        "device",
+        "busy_until",
+        "busy",
+        "bytes",
+        "cancelled",
+        "queue",
+        "_pending",
+        "_arrival",
+        "_token",
+        "heap",
+        "_seq",
+    )
+
+    def __init__(
+        self,
+        rate: float,
+        latency: float,
+        host: HostCap | None = None,
+        timeline: Timeline | None = None,
+        device: int = 0,
+    ) -> None:
+        self.rate = rate
+        self.latency = latency
+        self.host = host
+        self.timeline = timeline
+        self.device = device
+        self.busy_until = 0.0
+        self.busy = 0.0  # seconds the wire was occupied
+        self.bytes = 0  # bytes actually moved (cancelled loads move none)
+        self.cancelled = 0
+        # Public for the engine's fast path: nothing to land unless a prefetch is queued or the
+        # earliest arrival is due.
+        self.queue: deque[list] = deque()  # prefetches not started: [expert, nbytes, token, enqueued, alive]
+        self._pending: dict[ExpertId, list] = {}
+        self._arrival: dict[ExpertId, float] = {}  # committed, not yet delivered
+        self._token: dict[ExpertId, int] = {}  # every load in flight (queued or committed)
+        self.heap: list[tuple[float, int, ExpertId]] = []  # (arrival, token, expert)
+        self._seq = 0
+
+    def prefetch(self, now: float, expert: ExpertId, nbytes: int) -> None:
+        """Queue a prefetch behind every earlier copy."""
+        self._seq += 1
+        entry = [expert, nbytes, self._seq, now, True]
+        self.queue.append(entry)
+        self._pending[expert] = entry
+        self._token[expert] = self._seq
+
+    def demand(self, now: float, expert: ExpertId, nbytes: int) -> float:
+        """Commit a demand load ahead of queued prefetches; returns its arrival time."""
+        self._advance(now)
+        self._seq += 1
+        self._token[expert] = self._seq
+        start = self.busy_until if self.busy_until > now else now
+        return self._commit(expert, nbytes, self._seq, start, True)
+
+    def need(self, now: float, expert: ExpertId) -> float:
+        """Arrival time of an in-flight `expert` that a layer needs now; a still-queued
+        prefetch of it is promoted to demand priority."""
+        self._advance(now)
+        entry = self._pending.pop(expert, None)
+        if entry is None:
+            return self._arrival[expert]
+        entry[4] = False
+        start = self.busy_until if self.busy_until > now else now
+        return self._commit(expert, entry[1], entry[2], start, True)
+
+    def cancel(self, expert: ExpertId) -> None:
+        """`expert` lost its slot: drop its queued load, or ignore its arrival if on the wire."""
+        if self._token.pop(expert, None) is None:
+            return
+        entry = self._pending.pop(expert, None)
+        if entry is not None:
+            entry[4] = False
+            self.cancelled += 1
+        self._arrival.pop(expert, None)
+
+    def land(self, now: float, arrived: Callable[[ExpertId], None]) -> None:
+        """Report every load that has arrived by `now`, in arrival order."""
+        if self.queue:
+            self._advance(now)
+        heap = self.heap
+        token = self._token
+        while heap and heap[0][0] <= now:
+            _, tok, expert = heappop(heap)
+            if token.get(expert) == tok:
+                del token[expert]
+                del self._arrival[expert]
+                arrived(expert)
+
+    def _advance(self, now: float) -> None:
+        """Commit, in FIFO order, the queued prefetches that started before `now`."""
+        queue = self.queue
+        while queue:
+            entry = queue[0]
+            if not entry[4]:
+                queue.popleft()
+                continue
+            start = self.busy_until if self.busy_until > entry[3] else entry[3]
+            if start >= now:
+                return
+            queue.popleft()
+            del self._pending[entry[0]]
+            self._commit(entry[0], entry[1], entry[2], start, False)
+
+    def _commit(self, expert: ExpertId, nbytes: int, token: int, start: float, demand: bool) -> float:
+        end = start + self.latency + nbytes / self.rate
+        host = self.host
+        if host is not None:
+            through = (host.free_at if host.free_at > start else start) + nbytes / host.rate
+            host.free_at = through
+            if through > end:
+                end = through
+        self.busy_until = end
+        self.busy += end - start
+        self.bytes += nbytes
+        self._arrival[expert] = end
+        heappush(self.heap, (end, token, expert))
+        if self.timeline is not None:
+            self.timeline.copy(self.device, start, end, expert, demand)
+        return end

@@ -1,0 +1,70 @@
+"""`SimResult`: what one simulated run measured, as a frozen value with `to_dict()`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Sequence
+
+import numpy as np
+
+from casmoe.cache import CacheStats
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float]:
+    """Percentiles of `values` (0.0 each for an empty sequence, so results stay numeric)."""
+    if not len(values):
+        return [0.0] * len(qs)
+    return [float(v) for v in np.percentile(np.asarray(values, dtype=np.float64), qs)]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Timing and counts of one run. Times in seconds; `capacity_gb` is the expert cache of
+    all devices together in GB (1e9 bytes); `stall_by_layer_s` indexes MoE layers."""
+
+    policy: str
+    capacity: str
+    capacity_slots: int
+    capacity_gb: float
+    hardware: str
+    model: str
+    trace: str
+    batch: int
+    miss_mode: str
+    devices: int
+    quant: str
+    requests: int
+    prefill_tokens: int
+    decode_tokens: int
+    sim_time_s: float
+    compute_s: float
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    token_latency_mean_s: float
+    token_latency_p50_s: float
+    token_latency_p90_s: float
+    token_latency_p99_s: float
+    decode_tokens_per_s: float
+    stall_demand_s: float
+    stall_late_s: float
+    stall_by_layer_s: tuple[float, ...]
+    link_bytes: int
+    cancelled_loads: int
+    link_utilisation: tuple[float, ...]
+    stats: CacheStats
+
+    @property
+    def stall_s(self) -> float:
+        return self.stall_demand_s + self.stall_late_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "stats":
+                d.update(v.to_dict())
+            else:
+                d[f.name] = list(v) if isinstance(v, tuple) else v
+        d["stall_s"] = self.stall_s
+        return d

@@ -1,0 +1,398 @@
+"""Grids of simulations: policies x capacities x hardware x models x traces.
+
+A `Point` is one fully specified run; its `key()` hashes everything that determines the result
+(including the trace file's contents), and `run_grid` stores each finished point as
+`points/<key>.json` in the output folder, so an interrupted sweep resumes where it stopped and a
+re-run with more points only computes the new ones. Points run on local processes
+(`concurrent.futures`) or, for users who outgrow one machine, on a Ray cluster.
+"""
+
+from __future__ import annotations
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+import hashlib
+import itertools
+import json
+import re
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from casmoe.cache import Capacity, MissMode
+from casmoe.errors import CasmoeError
+from casmoe.geometry import Quant
+from casmoe.policies import get_policy
+from casmoe.presets import get_preset, load_presets
+from casmoe.sim.engine import StepPlan, check_geometry, expert_bytes_for, simulate
+from casmoe.sim.hardware import load_profile
+from casmoe.sim.timeline import Timeline
+from casmoe.trace import Trace
+
+RESULT_VERSION = 1
+"""Bump when the simulator's semantics change, so stored points are recomputed."""
+
+
+class SweepError(CasmoeError, ValueError):
+    """A grid that cannot be run (bad TOML, unknown keys, malformed capacity or policy)."""
+
+
+def _value(text: str) -> Any:
+    """Option values from the command line: bool, int, float, else string."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy name (or `pkg.mod:Class`) with constructor options, e.g. `casmoe[predictor=noisy]`."""
+
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> PolicySpec:
+        m = re.fullmatch(r"\s*([^\[\]\s]+)\s*(?:\[(.*)\])?\s*", text)
+        if not m:
+            raise SweepError(f"bad policy {text!r}; write NAME or NAME[key=value,...], e.g. casmoe[predictor=noisy]")
+        options = []
+        for part in filter(None, (p.strip() for p in (m.group(2) or "").split(","))):
+            key, eq, val = part.partition("=")
+            if not eq or not key.strip():
+                raise SweepError(f"bad option {part!r} in policy {text!r}; write key=value")
+            options.append((key.strip(), _value(val.strip())))
+        return cls(m.group(1), tuple(sorted(options)))
+
+    @property
+    def label(self) -> str:
+        if not self.options:
+            return self.name
+        return f"{self.name}[{','.join(f'{k}={v}' for k, v in self.options)}]"
+
+
+@dataclass(frozen=True)
+class CapacitySpec:
+    """`4` (slots per layer), `6GB` / `6GiB` (expert cache of all devices together), with
+    `per_layer=False` for one pool shared by all layers."""
+
+    text: str
+    per_layer: bool = True
+
+    def resolve(self, expert_bytes: Sequence[int]) -> Capacity:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GB|GiB|MB|MiB)?\s*", self.text, re.IGNORECASE)
+        if not m:
+            raise SweepError(f"bad capacity {self.text!r}; give slots (4) or memory (6GB, 512MiB)")
+        number, unit = float(m.group(1)), (m.group(2) or "").lower()
+        if not unit:
+            if number != int(number):
+                raise SweepError(f"capacity in slots must be a whole number, got {self.text!r}")
+            return Capacity(int(number), self.per_layer)
+        scale = {"gb": 1e9, "gib": 2**30, "mb": 1e6, "mib": 2**20}[unit]
+        budget = number * scale
+        per_slot = sum(expert_bytes) if self.per_layer else sum(expert_bytes) / len(expert_bytes)
+        return Capacity(int(budget // per_slot), self.per_layer)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One simulation: everything that determines its result."""
+
+    trace: str
+    model: str
+    hardware: str
+    policy: PolicySpec
+    capacity: CapacitySpec
+    batch: int = 1
+    miss_mode: str = "load"
+    devices: int = 0  # 0: every GPU of the profile
+    quant: str = ""  # "": the trace's measured bytes, else bf16
+    pinned: bool = True
+    requests: int = 0  # 0: all requests of the trace, else the first N
+    trace_digest: str = ""
+
+    def key(self) -> str:
+        blob = json.dumps({"v": RESULT_VERSION, **asdict(self)}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "trace": Path(self.trace).name,
+            "model": self.model,
+            "hardware": self.hardware,
+            "policy": self.policy.label,
+            "capacity_spec": self.capacity.text + ("" if self.capacity.per_layer else " global"),
+            "key": self.key(),
+        }
+
+
+def file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=4)
+def _load_trace(path: str, digest: str, requests: int) -> Trace:
+    """One parse per trace file and process (the digest keys a changed file apart); `requests`
+    > 0 keeps the first N requests."""
+    trace = Trace.load(path)
+    if requests:
+        trace = trace.subset(range(min(requests, len(trace.requests))))
+    return trace
+
+
+@lru_cache(maxsize=4)
+def _plan(path: str, digest: str, requests: int, batch: int, devices: int) -> StepPlan:
+    return StepPlan.build(_load_trace(path, digest, requests), batch, devices)
+
+
+def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
+    """Simulate one point; returns the result's `to_dict()` plus the point's description."""
+    hardware = load_profile(point.hardware)
+    devices = point.devices or hardware.gpus
+    trace = _load_trace(point.trace, point.trace_digest, point.requests)
+    preset = get_preset(point.model)
+    check_geometry(trace.geometry, preset)
+    quant = Quant(point.quant) if point.quant else None
+    capacity = point.capacity.resolve(expert_bytes_for(trace, preset, quant))
+    try:
+        miss_mode = MissMode(point.miss_mode)
+    except ValueError:
+        raise SweepError(f"unknown miss mode {point.miss_mode!r}; one of {[m.value for m in MissMode]}") from None
+    result = simulate(
+        trace,
+        get_policy(point.policy.name),
+        capacity,
+        hardware,
+        preset,
+        options=dict(point.policy.options),
+        label=point.policy.label,
+        batch=point.batch,
+        miss_mode=miss_mode,
+        devices=devices,
+        quant=quant,
+        pinned=point.pinned,
+        timeline=timeline,
+        trace_name=Path(point.trace).name,
+        plan=_plan(point.trace, point.trace_digest, point.requests, point.batch, devices),
+    )
+    return {**point.describe(), **result.to_dict()}
+
+
+def _run_or_skip(point: Point) -> dict[str, Any]:
+    """Worker entry: a point a policy cannot build (missing options) is recorded as skipped."""
+    try:
+        return run_point(point)
+    except CasmoeError as exc:
+        return {**point.describe(), "skipped": str(exc)}
+
+
+@dataclass
+class Grid:
+    """The axes of a sweep; `points()` is their product."""
+
+    traces: list[str]
+    models: list[str]
+    hardware: list[str]
+    policies: list[PolicySpec]
+    capacities: list[CapacitySpec]
+    batch: list[int] = field(default_factory=lambda: [1])
+    miss_modes: list[str] = field(default_factory=lambda: ["load"])
+    devices: int = 0
+    quant: str = ""
+    pinned: bool = True
+    requests: int = 0
+
+    _AXES = {
+        "traces": str,
+        "models": str,
+        "hardware": str,
+        "policies": str,
+        "capacities": str,
+        "global_capacities": str,
+        "batch": int,
+        "miss_modes": str,
+    }
+    _SCALARS = {"devices": int, "quant": str, "pinned": bool, "requests": int}
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Grid:
+        """Keys: traces, models, hardware, policies, capacities (slots or "6GB"),
+        global_capacities, batch, miss_modes (lists) and devices, quant, pinned, requests."""
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise SweepError(f"{path}: cannot read sweep file: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise SweepError(f"{path}: not valid TOML: {exc}") from exc
+        unknown = sorted(set(raw) - set(cls._AXES) - set(cls._SCALARS))
+        if unknown:
+            raise SweepError(f"{path}: unknown keys {unknown}; known: {sorted({**cls._AXES, **cls._SCALARS})}")
+        axes: dict[str, list[Any]] = {}
+        for key, kind in cls._AXES.items():
+            v = raw.get(key, [])
+            v = v if isinstance(v, list) else [v]
+            if not all(isinstance(x, kind) or (kind is str and isinstance(x, int)) for x in v):
+                raise SweepError(f"{path}: {key} must be a list of {kind.__name__}")
+            axes[key] = [str(x) if kind is str else x for x in v]
+        base = Path(path).parent
+        caps = [CapacitySpec(c) for c in axes["capacities"]] + [CapacitySpec(c, False) for c in axes["global_capacities"]]
+        for key in ("traces", "models", "hardware", "policies"):
+            if not axes[key]:
+                raise SweepError(f"{path}: {key} is empty; list at least one")
+        if not caps:
+            raise SweepError(f"{path}: give capacities or global_capacities")
+        scalars = {k: raw[k] for k in cls._SCALARS if k in raw}
+        for k, kind in cls._SCALARS.items():
+            if k in scalars and type(scalars[k]) is not kind:
+                raise SweepError(f"{path}: {k} must be {kind.__name__}")
+        traces = [str(base / t) if not Path(t).is_absolute() and (base / t).exists() else t for t in axes["traces"]]
+        return cls(
+            traces=traces,
+            models=axes["models"],
+            hardware=axes["hardware"],
+            policies=[PolicySpec.parse(p) for p in axes["policies"]],
+            capacities=caps,
+            batch=axes["batch"] or [1],
+            miss_modes=axes["miss_modes"] or ["load"],
+            **scalars,
+        )
+
+    def points(self) -> list[Point]:
+        """Every combination; traces are hashed once, and each is checked to exist."""
+        digests = {}
+        for t in self.traces:
+            if not Path(t).exists():
+                raise SweepError(f"trace {t} not found")
+            digests[t] = file_digest(t)
+        for m in self.models:
+            get_preset(m)
+        for h in self.hardware:
+            load_profile(h)
+        out = []
+        for t, m, h, p, c, b, mm in itertools.product(
+            self.traces, self.models, self.hardware, self.policies, self.capacities, self.batch, self.miss_modes
+        ):
+            out.append(
+                Point(t, m, h, p, c, b, mm, self.devices, self.quant, self.pinned, self.requests, digests[t])
+            )
+        return out
+
+
+def _stored(out: Path, point: Point) -> dict[str, Any] | None:
+    path = out / "points" / f"{point.key()}.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:  # a write cut short: recompute
+        return None
+
+
+def _store(out: Path, point: Point, record: dict[str, Any]) -> None:
+    path = out / "points" / f"{point.key()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
+def run_grid(
+    points: Sequence[Point],
+    out: str | Path,
+    *,
+    jobs: int = 1,
+    ray_address: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Run the points not yet stored under `out`; returns all records (in point order) and
+    how many were computed now. `ray_address` "local" starts a local Ray."""
+    out = Path(out)
+    records: dict[str, dict[str, Any]] = {}
+    todo = []
+    for p in points:
+        rec = _stored(out, p)
+        if rec is None:
+            todo.append(p)
+        else:
+            records[p.key()] = rec
+    done = 0
+    if progress:
+        progress(0, len(todo))
+    runner = _run_ray if ray_address else _run_local
+    for p, rec in runner(todo, jobs, ray_address):
+        _store(out, p, rec)
+        records[p.key()] = rec
+        done += 1
+        if progress:
+            progress(done, len(todo))
+    return [records[p.key()] for p in points], len(todo)
+
+
+def _run_local(points: Sequence[Point], jobs: int, _: str | None) -> Iterator[tuple[Point, dict[str, Any]]]:
+    if jobs <= 1:
+        for p in points:
+            yield p, _run_or_skip(p)
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(_run_or_skip, p): p for p in points}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+
+
+def _run_ray(points: Sequence[Point], jobs: int, address: str | None) -> Iterator[tuple[Point, dict[str, Any]]]:
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        if address in (None, "local"):
+            ray.init(num_cpus=max(1, jobs), include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    try:
+        remote = ray.remote(_run_or_skip)
+        pending = {remote.remote(p): p for p in points}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                yield pending.pop(ref), ray.get(ref)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def default_policies(names: Iterable[str]) -> list[PolicySpec]:
+    """Every registered policy; `casmoe` twice, with the exact and the noisy predictor."""
+    out = []
+    for name in names:
+        if name == "casmoe":
+            out += [PolicySpec.parse("casmoe[predictor=exact]"), PolicySpec.parse("casmoe[predictor=noisy]")]
+        else:
+            out.append(PolicySpec(name))
+    return out
+
+
+def preset_for(trace: Trace, wanted: str | None) -> str:
+    """`wanted`, else the trace's recorded preset, else the only preset with its shape."""
+    if wanted:
+        return wanted
+    presets = load_presets()
+    recorded = trace.meta.get("model_preset")
+    if recorded in presets:
+        return recorded
+    g = trace.geometry
+    fits = [n for n, p in presets.items() if (p.geometry.layers, p.geometry.experts, p.geometry.top_k) == (g.layers, g.experts, g.top_k)]
+    return fits[0] if len(fits) == 1 else "mixtral-8x7b"
+

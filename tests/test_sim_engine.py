@@ -1,0 +1,259 @@
+"""The simulator against closed forms, the replay runtime, and its own invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from casmoe.cache import Capacity, CacheConfigError, MissMode
+from casmoe.geometry import Geometry
+from casmoe.policies import POLICIES, get_policy
+from casmoe.presets import ModelPreset, get_preset
+from casmoe.replay import replay
+from casmoe.sim.compute import FixedCompute, RooflineCompute
+from casmoe.sim.engine import SimConfigError, StepPlan, max_slots, simulate, split_layers
+from casmoe.sim.hardware import HardwareError, load_profile
+from casmoe.testing import cases, traces
+from casmoe.trace import Request, Trace
+
+HW = load_profile("rtx4090x4")
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# casmoe runs with each predictor the issue names; every other policy with its defaults.
+VARIANTS = [(name, {}) for name in POLICIES if name != "casmoe"] + [
+    ("casmoe", {"predictor": "exact"}),
+    ("casmoe", {"predictor": "noisy"}),
+]
+
+
+def preset_for(g: Geometry) -> ModelPreset:
+    """A preset with exactly the trace's routing shape (tiny dense part)."""
+    return ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
+
+
+def trace_of(g: Geometry, rows: list[np.ndarray], prefill: int = 0) -> Trace:
+    topk = np.asarray(rows, dtype=np.int16)  # [T, L, k]
+    weights = np.full(topk.shape, 1.0 / g.top_k, np.float32)
+    return Trace(g, [Request(topk, weights, prefill, prompt="p")])
+
+
+def run(trace, policy="lru", capacity=2, hw=HW, **kw):
+    return simulate(trace, get_policy(policy), Capacity(capacity), hw, preset_for(trace.geometry), **kw)
+
+
+def random_rows(rng, g: Geometry, tokens: int) -> list[np.ndarray]:
+    return [np.stack([rng.choice(g.experts, g.top_k, replace=False) for _ in range(g.layers)]) for _ in range(tokens)]
+
+
+# ---- closed forms --------------------------------------------------------------------------
+
+
+def test_ondemand_with_zero_compute_is_the_sum_of_copy_times():
+    g = Geometry(3, 4, 2, layer_expert_bytes=(1_000_000, 3_000_000, 7_000_000))
+    rows = random_rows(np.random.default_rng(1), g, 6)
+    res = run(trace_of(g, rows), "ondemand", 2, compute=FixedCompute())
+    rate = HW.h2d_pinned_gbs * 1e9
+    loads = res.stats.demand_loads
+    assert loads == 6 * 3 * 2  # keeps nothing: every routed expert of every token is loaded
+    expected = sum(2 * (HW.copy_latency_us * 1e-6 + b / rate) for b in g.layer_expert_bytes) * 6
+    assert res.sim_time_s == pytest.approx(expected, rel=1e-12)
+    assert res.stall_demand_s == pytest.approx(expected, rel=1e-12) and res.stall_late_s == 0
+    assert res.link_bytes == res.stats.bytes_loaded == 6 * 2 * sum(g.layer_expert_bytes)
+
+
+def test_every_expert_resident_takes_exactly_the_compute_time():
+    # Request 0 is prefill only and touches every expert; request 1 then decodes with all of
+    # them resident, so each of its tokens takes L x (layer + k x expert) and never stalls.
+    g = Geometry(4, 3, 2, hidden=8, intermediate=4)
+    warm = [np.stack([[0, 1], [1, 2], [2, 0], [0, 2]])] + [np.stack([[1, 2], [0, 1], [0, 1], [1, 0]])]
+    rng = np.random.default_rng(3)
+    decode = np.asarray(random_rows(rng, g, 7), dtype=np.int16)
+    reqs = [
+        Request(np.asarray(warm, np.int16), np.full((2, 4, 2), 0.5, np.float32), prefill=2, prompt="a"),
+        Request(decode, np.full(decode.shape, 0.5, np.float32), prefill=0, prompt="b"),
+    ]
+    compute = FixedCompute(layer_s=1e-3, expert_s=2e-4)
+    res = simulate(Trace(g, reqs), get_policy("lru"), Capacity(3), HW, preset_for(g), compute=compute)
+    per_token = g.layers * (1e-3 + g.top_k * 2e-4)
+    assert res.decode_tokens == 7
+    for q in ("p50", "p90", "p99"):
+        assert getattr(res, f"token_latency_{q}_s") == pytest.approx(per_token, rel=1e-12)
+    assert res.decode_tokens_per_s == pytest.approx(1 / per_token, rel=1e-12)
+    assert res.stats.misses == g.total_experts  # only the warm-up's cold misses
+
+
+def test_semoe_with_long_compute_hides_every_transfer_but_the_first_layers():
+    g = Geometry(5, 4, 2, hidden=8, intermediate=4, layer_expert_bytes=(8_000_000,) * 5)
+    x = HW.copy_latency_us * 1e-6 + 8_000_000 / (HW.h2d_pinned_gbs * 1e9)
+    layer_s = 1.5 * g.experts * x  # longer than loading a whole layer
+    rows = random_rows(np.random.default_rng(5), g, 1)
+    res = run(trace_of(g, rows), "semoe", g.experts, compute=FixedCompute(layer_s=layer_s))
+    assert res.stall_by_layer_s[0] == pytest.approx(g.top_k * x, rel=1e-12)
+    assert all(s == 0 for s in res.stall_by_layer_s[1:])
+    assert res.sim_time_s == pytest.approx(g.top_k * x + g.layers * layer_s, rel=1e-12)
+    assert res.stats.hits + res.stats.late_hits == (g.layers - 1) * g.top_k
+
+
+def test_prefetch_arriving_late_is_a_late_hit_and_stalls_as_late_prefetch():
+    # semoe prefetches layer 1 while layer 0 runs; with no compute it cannot arrive in time.
+    g = Geometry(2, 2, 1, hidden=8, intermediate=4, layer_expert_bytes=(4_000_000, 4_000_000))
+    res = run(trace_of(g, [np.array([[0], [1]])]), "semoe", 2, compute=FixedCompute())
+    assert res.stats.late_hits == 1
+    assert res.stall_late_s > 0
+
+
+# ---- counts equal replay's ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,options", VARIANTS, ids=[f"{n}{o.get('predictor', '')}" for n, o in VARIANTS])
+@FAST
+@given(case=cases(), instant=st.booleans())
+def test_counts_equal_replay_in_load_mode(name, options, case, instant):
+    # With zero compute nothing prefetched lands in time: late hits and evictions of experts
+    # still in flight (cancelled loads) happen often.
+    trace, cap = case.trace, case.capacity
+    cls = get_policy(name)
+    expected = replay(trace, cls.create(trace.geometry, cap, trace=trace, **options)).stats
+    compute = FixedCompute() if instant else None
+    got = simulate(trace, cls, cap, HW, preset_for(trace.geometry), options=options, compute=compute).stats
+    assert got.hits + got.late_hits == expected.hits
+    assert dataclasses.replace(got, hits=expected.hits, late_hits=0) == expected
+
+
+@pytest.mark.parametrize("name", ["lru", "belady", "ondemand"])
+@FAST
+@given(trace=traces(max_tokens=8), devices=st.integers(2, 3))
+def test_one_cache_per_device_counts_like_one_cache(name, trace, devices):
+    g = trace.geometry
+    if g.layers < devices:
+        devices = g.layers
+    cap = Capacity(g.top_k + 1)
+    one = run(trace, name, cap.slots)
+    split = run(trace, name, cap.slots, devices=devices)
+    assert split.stats == one.stats
+    assert len(split.link_utilisation) == devices
+
+
+# ---- monotone -------------------------------------------------------------------------------
+
+
+def _profile_with(rate: float):
+    return HW.with_values(h2d_pinned_gbs=rate, sources={"h2d_pinned_gbs": "test"})
+
+
+@pytest.mark.parametrize("name", ["ondemand", "lru", "belady", "lfu"])
+@FAST
+@given(trace=traces(max_tokens=8), slow=st.floats(1.0, 30.0), factor=st.floats(1.0, 10.0))
+def test_more_bandwidth_is_never_slower(name, trace, slow, factor):
+    cap = trace.geometry.top_k + 1
+    a = run(trace, name, cap, hw=_profile_with(slow))
+    b = run(trace, name, cap, hw=_profile_with(slow * factor))
+    assert b.sim_time_s <= a.sim_time_s * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name", ["lru", "belady"])
+@FAST
+@given(trace=traces(max_tokens=10), extra=st.integers(1, 3))
+def test_a_larger_cache_is_never_slower(name, trace, extra):
+    k = trace.geometry.top_k
+    small = run(trace, name, k)
+    large = run(trace, name, k + extra)
+    assert large.sim_time_s <= small.sim_time_s * (1 + 1e-12)
+    assert large.stats.misses <= small.stats.misses
+
+
+# ---- determinism, batching, miss modes ----------------------------------------------------------
+
+
+def _mixtral_trace(requests: int = 3, seed: int = 0) -> Trace:
+    g = get_preset("mixtral-8x7b").geometry
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(requests):
+        rows = np.asarray(random_rows(rng, g, 12), dtype=np.int16)
+        reqs.append(Request(rows, np.full(rows.shape, 0.5, np.float32), prefill=4, prompt=f"p{i}"))
+    return Trace(g, reqs)
+
+
+def test_same_inputs_same_result():
+    tr = _mixtral_trace()
+    p = get_preset("mixtral-8x7b")
+    a = simulate(tr, get_policy("casmoe"), Capacity(4), HW, p, options={"predictor": "noisy"}, devices=4)
+    b = simulate(tr, get_policy("casmoe"), Capacity(4), HW, p, options={"predictor": "noisy"}, devices=4)
+    assert a.to_dict() == b.to_dict()
+
+
+def test_roofline_decode_is_bound_by_weight_streaming():
+    p = get_preset("mixtral-8x7b")
+    c = RooflineCompute.build(HW, p, p.geometry.bytes_per_layer())
+    stream = p.geometry.expert_bytes() / (HW.mem_bw_gbs * 1e9 * HW.mem_efficiency)
+    assert c.expert(0, 1) == pytest.approx(stream + HW.expert_overhead_us * 1e-6)
+    assert c.expert(0, 4096) > c.expert(0, 1)  # prefill-size batches become FLOP bound
+
+
+def test_batching_merges_decode_steps_and_raises_throughput():
+    tr = _mixtral_trace(4)
+    p = get_preset("mixtral-8x7b")
+    one = simulate(tr, get_policy("lru"), Capacity(8), HW, p, batch=1)
+    four = simulate(tr, get_policy("lru"), Capacity(8), HW, p, batch=4, plan=StepPlan.build(tr, 4, 1))
+    assert one.decode_tokens == four.decode_tokens == 4 * 8
+    assert four.decode_tokens_per_s > one.decode_tokens_per_s
+
+
+def test_substitute_and_cpu_modes_never_stall_on_misses():
+    tr = _mixtral_trace()
+    p = get_preset("mixtral-8x7b")
+    load = simulate(tr, get_policy("lru"), Capacity(2), HW, p)
+    for mode in (MissMode.SUBSTITUTE, MissMode.CPU):
+        res = simulate(tr, get_policy("lru"), Capacity(2), HW, p, miss_mode=mode)
+        assert res.sim_time_s < load.sim_time_s
+        assert res.stats.demand_loads < load.stats.demand_loads
+
+
+def test_host_cap_slows_parallel_prefetch():
+    tr = _mixtral_trace(2)
+    p = get_preset("mixtral-8x7b")
+    capped = HW.with_values(host_cap_gbs=10.0, sources={"host_cap_gbs": "test"})
+    kw = dict(options={"predictor": "exact"}, devices=4)
+    free = simulate(tr, get_policy("casmoe"), Capacity(4), HW, p, **kw)
+    slow = simulate(tr, get_policy("casmoe"), Capacity(4), capped, p, **kw)
+    assert slow.sim_time_s > free.sim_time_s
+    assert slow.stats.late_hits > free.stats.late_hits  # the same prefetches, landing later
+    assert slow.stats.hits + slow.stats.late_hits == free.stats.hits + free.stats.late_hits
+
+
+# ---- invalid input ------------------------------------------------------------------------------
+
+
+def test_unknown_profile_names_the_shipped_ones():
+    with pytest.raises(HardwareError, match="rtx4090x4"):
+        load_profile("rtx9999")
+
+
+def test_capacity_below_top_k_names_the_flag():
+    tr = _mixtral_trace(1)
+    with pytest.raises(CacheConfigError, match="--capacity >= 2"):
+        simulate(tr, get_policy("lru"), Capacity(1), HW, get_preset("mixtral-8x7b"))
+
+
+def test_trace_that_does_not_match_the_preset_names_the_fix():
+    tr = _mixtral_trace(1)
+    with pytest.raises(SimConfigError, match="--model mixtral-8x7b"):
+        simulate(tr, get_policy("lru"), Capacity(4), HW, get_preset("qwen3-30b-a3b"))
+
+
+def test_devices_beyond_layers_is_an_error():
+    with pytest.raises(SimConfigError, match="--devices"):
+        split_layers(4, 5)
+    assert [len(r) for r in split_layers(32, 3)] == [11, 11, 10]
+
+
+def test_four_4090s_hold_seven_mixtral_experts_per_layer():
+    p = get_preset("mixtral-8x7b")
+    # 22 GiB per card after the reserve; 8 layers x 7 x 352 MB + dense weights fit, x 8 do not.
+    assert max_slots(HW, p, p.geometry.bytes_per_layer(), 4) == 7
+    assert max_slots(HW, p, p.geometry.bytes_per_layer(), 1) == 1
