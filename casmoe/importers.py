@@ -134,7 +134,8 @@ def read_route_csv(path: str | Path) -> Trace:
     for turn in sorted(set(turns) | set(declared)):
         sel = np.nonzero(cols["turn"] == turn)[0]
         info = declared.get(turn, {})
-        requests.append(_csv_request(g, {c: v[sel] for c, v in cols.items()}, weight[sel], info, f"{where}: turn {turn}"))
+        rows = {c: v[sel] for c, v in cols.items()}
+        requests.append(_csv_request(g, rows, weight[sel], info, f"{where}: turn {turn}"))
     meta = {
         "source_model": keys.get("model", "unknown"),
         "arch": keys.get("arch"),
@@ -146,7 +147,9 @@ def read_route_csv(path: str | Path) -> Trace:
     return trace
 
 
-def _csv_request(g: Geometry, cols: dict[str, np.ndarray], weight: np.ndarray, info: dict[str, Any], where: str) -> Request:
+def _csv_request(
+    g: Geometry, cols: dict[str, np.ndarray], weight: np.ndarray, info: dict[str, Any], where: str
+) -> Request:
     """One turn's rows -> Request: token = step - first step, slot order kept."""
     L, k = g.layers, g.top_k
     steps = cols["step"]
@@ -198,7 +201,8 @@ def write_route_csv(trace: Trace, path: str | Path, progress: bool = False) -> N
     meta = {k: v for k, v in trace.meta.items() if k != "arch"}
     lines.append(_CASMOE_LINE + "meta=" + json.dumps(meta))
     for i, r in enumerate(trace.requests):
-        info = {"turn": i, "first_step": 0, "tokens": r.tokens, "prefill": r.prefill, "prompt": r.prompt, "task": r.task}
+        info = {"turn": i, "first_step": 0, "tokens": r.tokens, "prefill": r.prefill}
+        info.update(prompt=r.prompt, task=r.task)
         lines.append(_CASMOE_LINE + "request=" + json.dumps(info))
     lines.append(",".join(CSV_COLUMNS))
     import pandas as pd
@@ -393,7 +397,8 @@ def _json_request(entry: Any, E: int, k: int, where: str) -> tuple[Request, int]
         for t, ids in enumerate(tokens):
             if ids is None or ids == []:
                 continue  # not computed
-            if not isinstance(ids, list) or len(ids) != k or not all(isinstance(e, int) and not isinstance(e, bool) for e in ids):
+            ints = isinstance(ids, list) and all(isinstance(e, int) and not isinstance(e, bool) for e in ids)
+            if not ints or len(ids) != k:
                 raise TraceError(f"{where}: layer {layer}, token {t}: expected {k} integer expert ids, got {ids!r}")
             if not all(0 <= e < E for e in ids):
                 raise TraceError(f"{where}: layer {layer}, token {t}: expert id outside [0, {E}) in {ids}")
@@ -416,7 +421,9 @@ def _json_request(entry: Any, E: int, k: int, where: str) -> tuple[Request, int]
     for name, v in (("prompt", prompt), ("task", task)):
         if v is not None and not isinstance(v, str):
             raise TraceError(f"{where}: {name} must be a string")
-    req = Request(topk=topk.astype(np.int16), weights=weights.astype(np.float32), prefill=prefill, prompt=prompt, task=task)
+    req = Request(
+        topk=topk.astype(np.int16), weights=weights.astype(np.float32), prefill=prefill, prompt=prompt, task=task
+    )
     return req, L
 
 
@@ -515,7 +522,8 @@ def import_trace(sources: Sequence[str | Path], fmt: str = "auto", **options: An
     if fmt == "npz":
         return Trace.load(sources[0])
     if fmt == "arrays":
-        opts = {n: options[n] for n in ("kind", "num_experts", "top_k", "prefill", "keep_logits") if options.get(n) is not None}
+        names = ("kind", "num_experts", "top_k", "prefill", "keep_logits")
+        opts = {n: options[n] for n in names if options.get(n) is not None}
         return read_lrc_arrays(sources, **opts)
     raise TraceError(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
 

@@ -300,7 +300,8 @@ class Trace:
                 raise TraceError(f"{where}: {name} must hold integers, not {arr.dtype}")
         info = meta.get("requests", [])
         n = len(prefill) if prefill.ndim == 1 else -1
-        if offsets.ndim != 1 or prefill.ndim != 1 or len(offsets) != n + 1 or not isinstance(info, list) or len(info) != n:
+        counts_agree = offsets.ndim == 1 and len(offsets) == n + 1 and isinstance(info, list) and len(info) == n
+        if prefill.ndim != 1 or not counts_agree:
             raise TraceError(f"{where}: offsets, prefill and request metadata disagree on the request count")
         if n and (offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != len(topk)):
             raise TraceError(f"{where}: offsets do not partition the {len(topk)} tokens")
@@ -340,7 +341,8 @@ class Trace:
                 want = (g.layers, g.experts if name == "logits" else g.top_k)
                 if arr is not None and (arr.ndim != 3 or arr.shape[1:] != want or len(arr) != len(r.topk)):
                     raise TraceError(
-                        f"{where}: request {i}: {name} has shape {arr.shape}, expected [{len(r.topk)}, {want[0]}, {want[1]}]"
+                        f"{where}: request {i}: {name} has shape {arr.shape}, "
+                        f"expected [{len(r.topk)}, {want[0]}, {want[1]}]"
                     )
         if not self.requests:
             return

@@ -272,7 +272,10 @@ def test_arrays_from_ids_logits_and_ranks(tmp_path):
                 np.save(path, arrays[layer])
             else:
                 np.savez(path, data=arrays[layer])
-        tr = import_trace([d], num_experts=E if kind == "ids" else None, top_k=k, kind="auto" if kind != "ids" else "topk")
+        if kind == "ids":
+            tr = import_trace([d], num_experts=E, kind="topk")
+        else:
+            tr = import_trace([d], top_k=k)  # auto: floats are logits, int rows of E ranks
         assert (tr.geometry.layers, tr.geometry.experts, tr.geometry.top_k) == (L, E, k)
         assert len(tr.requests) == S
         for s, req in enumerate(tr.requests):

@@ -100,10 +100,8 @@ def test_seed_reproduces_and_varies():
 
 def test_prompts_share_vocabulary_within_tasks_only():
     tr = generate(G, SynthConfig(requests=120, tasks=len(TASKS), seed=6))
-    words = [set(re.findall(r"[a-z]+", r.prompt.lower())) - {"a", "the", "to", "of", "in", "i", "do", "how", "is", "and",
-                                                             "what", "for", "my", "when", "with", "it", "on", "can",
-                                                             "should", "you", "does", "that", "if", "me", "this"}
-             for r in tr.requests]
+    stop = set("a the to of in i do how is and what for my when with it on can should you does that if me this".split())
+    words = [set(re.findall(r"[a-z]+", r.prompt.lower())) - stop for r in tr.requests]
     tasks = [r.task for r in tr.requests]
     correct = 0
     for i, w in enumerate(words):  # nearest neighbour by word overlap recovers the task
@@ -135,7 +133,8 @@ def test_cli_synth_info_import_export(tmp_path):
     runner = CliRunner()
     out = tmp_path / "s.npz"
     res = runner.invoke(
-        app, ["trace", "synth", str(out), "--layers", "4", "--experts", "8", "--requests", "6", "--logits", "--seed", "1"]
+        app,
+        ["trace", "synth", str(out), "--layers", "4", "--experts", "8", "--requests", "6", "--logits", "--seed", "1"],
     )
     assert res.exit_code == 0, res.output
     tr = Trace.load(out)

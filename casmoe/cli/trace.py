@@ -46,14 +46,20 @@ def synth(
     requests: int = typer.Option(300, min=0, help="Number of requests."),
     tasks: int = typer.Option(6, min=1, help="Number of task clusters (code, math, cooking, ...)."),
     zipf: float = typer.Option(1.0, min=0.0, help="Popularity skew per layer: p(rank r) ~ 1/r^zipf."),
-    stickiness: float = typer.Option(0.3, min=0.0, max=1.0, help="P(a token keeps each of the previous token's experts)."),
-    task_affinity: float = typer.Option(0.6, min=0.0, max=1.0, help="Weight of the task's preferred set vs popularity."),
-    task_experts: Optional[int] = typer.Option(None, help="Preferred experts per task and layer (default max(2k, E/4))."),
+    stickiness: float = typer.Option(
+        0.3, min=0.0, max=1.0, help="P(a token keeps each of the previous token's experts)."
+    ),
+    task_affinity: float = typer.Option(0.6, min=0.0, max=1.0, help="Weight of the task's preferred set."),
+    task_experts: Optional[int] = typer.Option(
+        None, help="Preferred experts per task and layer (default max(2k, E/4))."
+    ),
     prefill: str = typer.Option("16:64", help="Prompt length range LOW:HIGH (tokens)."),
     decode: str = typer.Option("32:96", help="Generated length range LOW:HIGH (tokens)."),
     logits: bool = typer.Option(False, help="Store router logits [T, L, E]."),
     spec: bool = typer.Option(True, help="Store speculative next-layer routing [T, L, k]."),
-    spec_accuracy: float = typer.Option(0.8, min=0.0, max=1.0, help="P(a spec slot equals the true next-layer expert)."),
+    spec_accuracy: float = typer.Option(
+        0.8, min=0.0, max=1.0, help="P(a spec slot equals the true next-layer expert)."
+    ),
     seed: int = typer.Option(0, help="Seed of the numpy Generator."),
 ) -> None:
     """Generate a synthetic trace with task-labelled prompts (see casmoe.synthetic for the model)."""
