@@ -90,6 +90,24 @@ def model_geometry(model: nn.Module, blocks: list[MoEBlock]) -> Geometry:
     )
 
 
+def model_preset(model: nn.Module, geometry: Geometry, name: str = "") -> Any:
+    """The `ModelPreset` the simulator prices this model with (dense shape from its config)."""
+    from casmoe.presets import ModelPreset
+
+    cfg = model.config
+    heads = int(cfg.num_attention_heads)
+    return ModelPreset(
+        name=name or getattr(cfg, "model_type", type(model).__name__),
+        source=f"measured from the loaded {type(model).__name__}",
+        geometry=geometry,
+        heads=heads,
+        kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+        vocab=int(cfg.vocab_size),
+        dense_layers=int(cfg.num_hidden_layers) - geometry.layers,
+    )
+
+
 def experts_function(experts: nn.Module) -> Callable[..., torch.Tensor]:
     """The forward transformers would run for this experts module (registered implementation,
     or the class's own eager loop)."""

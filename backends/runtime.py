@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from casmoe.cache import Capacity, CacheConfigError, CacheStats, ExpertCache, Load, LoadReason, MissMode
+from casmoe.cache import Capacity, CacheConfigError, CacheStats, ExpertCache, Load, LoadReason, MissMode, RequestStart
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
 from casmoe.trace import Future, Request, Trace, _prefill_step
@@ -177,13 +177,13 @@ class OffloadedModel:
             store.save(mmap_path)
             store = HostStore.open_mmap(mmap_path)
         self.store = store
-        self._fn = experts_function(self.blocks[0].experts)
-        self._template = self.blocks[0].experts
+        self.experts_fn = experts_function(self.blocks[0].experts)
+        self.experts_template = self.blocks[0].experts
         self.chunks = split_layers(len(self.blocks), len(self.devices))
         self._device_of: list[int] = [d for d, r in enumerate(self.chunks) for _ in r]
         self._place_dense()
         for i, b in enumerate(self.blocks):
-            b.block.experts = OffloadedExperts(i, self._fn, self)
+            b.block.experts = OffloadedExperts(i, self.experts_fn, self)
             _decoder(self.model).layers[b.decoder_index].register_forward_pre_hook(self._make_before(i))
             b.gate.register_forward_hook(self._make_scores(i))
         self._run: list[_Device] | None = None  # None: reference mode (experts from the store)
@@ -225,6 +225,8 @@ class OffloadedModel:
             if run is None:
                 return
             d = run[self._device_of[layer]]
+            if not d.cache.prefetches_per_layer:
+                return  # route() releases the previous layer itself
             self._drain(d)
             for ld in d.cache.before_layer(self._step, layer - d.layers.start):
                 self._issue(d, ld)
@@ -253,7 +255,7 @@ class OffloadedModel:
         if run is None:
             dev = top_k_index.device
             tensors = {n: t.to(dev) for n, t in self.store.layers[layer].items()}
-            return fn(SlotView(self._template, tensors), hidden, top_k_index, top_k_weights)
+            return fn(SlotView(self.experts_template, tensors), hidden, top_k_index, top_k_weights)
         d = run[self._device_of[layer]]
         local = layer - d.layers.start
         E = self.geometry.experts
@@ -467,7 +469,7 @@ class OffloadedModel:
             template = self.store.layers[d.layers.start]
             d.pool = SlotPool(template, cache.capacity.total(d.geometry), d.device)
             d.copier = CudaCopier(d.device) if d.device.type == "cuda" else ThreadCopier(self.link.bandwidth, self.link.latency)
-            d.view = SlotView(self._template, d.pool.tensors)
+            d.view = SlotView(self.experts_template, d.pool.tensors)
         self._want_scores = miss_mode is MissMode.SUBSTITUTE
         return devs
 
@@ -517,7 +519,7 @@ class OffloadedModel:
         with torch.inference_mode():
             if devs is not None:
                 for d in devs:
-                    req = d.requests[index] if d.requests is not None else _bare_request(p, d.geometry)
+                    req = d.requests[index] if d.requests is not None else RequestStart(p.text, p.task, len(p.ids))
                     for ld in d.cache.begin_request(req):
                         self._issue(d, ld)
             past = DynamicCache(config=model.config)
@@ -573,12 +575,6 @@ class OffloadedModel:
 
 def _decoder(model: Any) -> Any:
     return getattr(model, "model", model)
-
-
-def _bare_request(p: Prompt, geometry: Geometry) -> Request:
-    """What a live request is known to be at its start: its prompt, not its routing."""
-    empty = np.zeros((0, geometry.layers, geometry.top_k))
-    return Request(empty.astype(np.int16), empty.astype(np.float32), 0, prompt=p.text, task=p.task)
 
 
 def _synchronizer(devices: Sequence[torch.device]) -> Callable[[], None]:

@@ -1,0 +1,228 @@
+"""`calibrate`: measure this machine running a model, as a hardware profile the simulator reads.
+
+What is measured, on the backend's own code paths:
+
+- achieved matmul rate and memory bandwidth of the device (a square matmul, a large clone);
+- the marginal time of one routed expert for one token (transformers' experts function on the
+  store, one token vs two tokens routed to disjoint experts);
+- a whole decode step with every expert resident (the offloaded runtime, LRU at full capacity);
+  the simulator's per-layer overhead is fitted so that its decode step equals that time;
+- copies through the backend's copier (its link cap, if any): batches of k copies submitted
+  together and waited for, as a demand miss does, at two sizes; a line through the two points
+  gives the bandwidth and the per-copy cost.
+
+The roofline parts (FLOPs / rate, bytes / bandwidth) use the measured achieved rates, so the
+efficiencies are 1 by construction; what the roofline misses (Python and kernel-launch cost)
+lands in the fitted overheads.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from casmoe.backends.copier import CudaCopier, ThreadCopier, Ticket
+from casmoe.backends.experts import SlotView, model_preset
+from casmoe.backends.runtime import Link, OffloadedModel, Prompt
+from casmoe.cache import Capacity
+from casmoe.policies import get_policy
+
+
+def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured figures (seconds, bytes/s, FLOP/s) and the fitted simulator overheads."""
+
+    device: str
+    flops: float
+    mem_bw: float
+    cpu_flops: float
+    cpu_mem_bw: float
+    expert_s: float  # marginal: one routed expert, one token
+    step_s: float  # one decode step, every expert resident
+    copy_bw: float
+    copy_latency: float
+    layer_overhead: float
+    expert_overhead: float
+    link: Link
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "link"}
+        d["link_bandwidth"] = self.link.bandwidth
+        d["link_latency"] = self.link.latency
+        return d
+
+    def profile(self, name: str = "calibrated") -> Any:
+        """A `HardwareProfile` with these numbers, every one sourced."""
+        from casmoe.sim.hardware import HardwareProfile
+
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        host = f"casmoe calibrate on {platform.node() or 'this host'}, {when}"
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        cuda = self.device.startswith("cuda")
+        memory = torch.cuda.get_device_properties(self.device).total_memory / 2**30 if cuda else ram
+        cap = "" if self.link.bandwidth is None else f" through a link capped at {self.link.bandwidth / 1e9:.4g} GB/s"
+        values = dict(
+            name=name,
+            description=f"measured: {self.device} on {platform.node() or 'this host'} ({when})",
+            gpu=torch.cuda.get_device_name(self.device) if cuda else f"CPU as the compute device ({platform.processor() or platform.machine()})",
+            gpus=1,
+            memory_gib=round(memory, 2),
+            reserved_gib=round(min(1.0, memory / 4), 2),
+            dense_tflops=self.flops / 1e12,
+            mem_bw_gbs=self.mem_bw / 1e9,
+            matmul_efficiency=1.0,
+            mem_efficiency=1.0,
+            h2d_pinned_gbs=self.copy_bw / 1e9,
+            h2d_pageable_gbs=self.copy_bw / 1e9,
+            copy_latency_us=self.copy_latency * 1e6,
+            host_cap_gbs=0.0,
+            layer_overhead_us=self.layer_overhead * 1e6,
+            expert_overhead_us=self.expert_overhead * 1e6,
+            handover_us=0.0,
+            p2p_gbs=self.mem_bw / 1e9,
+            cpu=platform.processor() or platform.machine(),
+            cpu_tflops=self.cpu_flops / 1e12,
+            cpu_mem_bw_gbs=self.cpu_mem_bw / 1e9,
+        )
+        sources = dict(
+            gpus="one device measured",
+            memory_gib=f"{host}: total memory of {self.device}",
+            reserved_gib="assumption: a quarter of memory, at most 1 GiB, for activations and the allocator",
+            dense_tflops=f"{host}: achieved rate of a square matmul in the model's dtype",
+            mem_bw_gbs=f"{host}: achieved bandwidth of a 64 MiB clone (read + write)",
+            matmul_efficiency="1: dense_tflops is already the achieved rate",
+            mem_efficiency="1: mem_bw_gbs is already the achieved bandwidth",
+            h2d_pinned_gbs=f"{host}: expert copies through the backend's copier{cap} (two-size fit)",
+            h2d_pageable_gbs=f"{host}: same copier; " + ("pinned figure reused" if cuda else "the CPU has one kind of memory"),
+            copy_latency_us=f"{host}: per-copy cost of the backend's copier{cap} (two-size fit, batches of k)",
+            host_cap_gbs="none: one link",
+            layer_overhead_us=f"{host}: fitted so the simulated decode step equals the measured {self.step_s * 1e3:.3f} ms",
+            expert_overhead_us=f"{host}: measured marginal expert time {self.expert_s * 1e6:.1f} us minus its roofline",
+            handover_us="not measured: one device",
+            p2p_gbs="assumption: the device memory bandwidth (unused with one device)",
+            cpu_tflops=f"{host}: achieved rate of a square matmul on the CPU",
+            cpu_mem_bw_gbs=f"{host}: achieved bandwidth of a 64 MiB clone on the CPU",
+        )
+        return HardwareProfile(**values, sources=sources)
+
+
+def _rates(device: torch.device, dtype: torch.dtype, sync: Callable[[], None], reps: int) -> tuple[float, float]:
+    n = 512
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    flops = 2 * n**3 / _median_time(lambda: a @ b, reps, sync)
+    big = torch.empty(16 * 2**20, device=device, dtype=torch.float32)  # 64 MiB
+    bw = 2 * big.numel() * 4 / _median_time(big.clone, reps, sync)
+    return flops, bw
+
+
+def _expert_time(om: OffloadedModel, device: torch.device, sync: Callable[[], None], reps: int) -> float:
+    """Marginal time of one routed expert for one token, on transformers' experts function."""
+    g = om.geometry
+    k = g.top_k
+    tensors = {n: t.to(device) for n, t in om.store.layers[0].items()}
+    view = SlotView(om.experts_template, tensors)
+    dtype = next(iter(tensors.values())).dtype
+    h1 = torch.randn(1, g.hidden, device=device, dtype=dtype)
+    w1 = torch.full((1, k), 1.0 / k, device=device)
+    i1 = torch.arange(k, device=device)[None]
+    one = _median_time(lambda: om.experts_fn(view, h1, i1, w1), reps, sync)
+    if g.experts < 2 * k:
+        return one / k
+    h2 = torch.randn(2, g.hidden, device=device, dtype=dtype)
+    i2 = torch.arange(2 * k, device=device).view(2, k)
+    two = _median_time(lambda: om.experts_fn(view, h2, i2, torch.cat([w1, w1])), reps, sync)
+    return max(two - one, 1e-9) / k
+
+
+def _copy_cost(om: OffloadedModel, device: torch.device, link: Link, reps: int) -> tuple[float, float]:
+    """(bandwidth, per-copy cost) of the backend's copier: batches of k copies, two sizes."""
+    k = om.geometry.top_k
+    nbytes = om.store.expert_bytes(0)
+    cuda = device.type == "cuda"
+    points = []
+    for scale in (1, 4):
+        n = nbytes * scale // 4
+        src = torch.randn(k, n).pin_memory() if cuda else torch.randn(k, n)
+        dst = torch.empty(k, n, device=device)
+        copier = CudaCopier(device) if cuda else ThreadCopier(link.bandwidth, link.latency)
+        times = []
+        try:
+            for _ in range(reps + 1):
+                t = time.perf_counter()
+                tickets = [Ticket(i, i, True, {"w": src[i]}, {"w": dst[i]}, n * 4) for i in range(k)]
+                for tk in tickets:
+                    copier.submit(tk)
+                for tk in tickets:
+                    copier.wait(tk)
+                times.append((time.perf_counter() - t) / k)
+        finally:
+            copier.close()
+        points.append((n * 4, float(np.median(times[1:]))))
+    (b1, t1), (b4, t4) = points
+    bw = (b4 - b1) / max(t4 - t1, 1e-9)
+    return bw, max(t1 - b1 / bw, 0.0)
+
+
+def calibrate(
+    om: OffloadedModel,
+    prompts: Sequence[Prompt],
+    *,
+    max_new_tokens: int = 16,
+    reps: int = 20,
+) -> Calibration:
+    """Measure `om`'s device and link (its `Link` cap included); see the module docstring."""
+    from casmoe.sim.compute import RooflineCompute
+
+    device = om.devices[0]
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    dtype = next(iter(om.store.layers[0].values())).dtype
+    flops, mem_bw = _rates(device, dtype, sync, reps)
+    cpu_flops, cpu_bw = (flops, mem_bw) if not cuda else _rates(torch.device("cpu"), dtype, lambda: None, reps)
+    expert_s = _expert_time(om, device, sync, reps)
+    copy_bw, copy_latency = _copy_cost(om, device, om.link, reps)
+    probe = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, copy_bw, copy_latency,
+                        0.0, 0.0, om.link)
+    return refit(probe, om, resident_step(om, prompts, max_new_tokens), prompts, max_new_tokens)
+
+
+def resident_step(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> float:
+    """Median decode-step time of the offloaded runtime when every expert is resident."""
+    full = om.run(prompts, get_policy("lru"), Capacity(om.geometry.experts), max_new_tokens=max_new_tokens)
+    return float(np.median([x for r in full.requests for x in r.token_latency]))
+
+
+def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence[Prompt], max_new_tokens: int) -> Calibration:
+    """`cal` with the simulator's overheads fitted to a decode step of `step_s` seconds:
+    L * (dense(1) + k * expert(1)) + head(1) = step_s, with the roofline parts from `cal`."""
+    from dataclasses import replace
+
+    from casmoe.sim.compute import RooflineCompute
+
+    g = om.geometry
+    base = replace(cal, step_s=step_s, layer_overhead=0.0, expert_overhead=0.0)
+    roof = RooflineCompute.build(base.profile(), model_preset(om.model, g), g.layer_expert_bytes)
+    expert_overhead = max(cal.expert_s - roof.expert(0, 1), 0.0)
+    context = int(np.mean([len(p.ids) for p in prompts])) + max_new_tokens // 2
+    rest = step_s - g.layers * (roof.dense(1, context, context) + g.top_k * cal.expert_s) - roof.head(1)
+    return replace(base, layer_overhead=max(rest / (g.layers + 1), 0.0), expert_overhead=expert_overhead)

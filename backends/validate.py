@@ -1,0 +1,113 @@
+"""Fidelity: the simulator's per-token latency against the real backend's, same policy and trace.
+
+The backend runs on this machine with a link cap chosen so that loading one expert costs about
+as much as computing one layer (the regime where the policy matters); it records its trace.
+`calibrate` measures the same machine and link into a hardware profile; the simulator replays
+the recorded trace with that profile, the same policy and capacity. The error is the relative
+difference of the median decode-token latencies (Vidur, a published LLM-inference simulator,
+reports under 9%).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from casmoe.backends.calibrate import Calibration, calibrate, refit, resident_step
+from casmoe.backends.experts import model_preset
+from casmoe.backends.runtime import Link, OffloadedModel, Prompt
+from casmoe.cache import Capacity
+from casmoe.policies import get_policy
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """One policy's comparison; latencies in seconds."""
+
+    policy: str
+    capacity: str
+    backend_median: float
+    sim_median: float
+    backend_ttft: float
+    sim_ttft: float
+    backend_stall: float
+    sim_stall: float
+    hit_rate: float
+    sim_hit_rate: float
+    sim_median_upfront: float  # with the one calibration made before all runs
+    resident_step: float  # the all-resident decode step measured right after this run
+
+    @property
+    def median_error(self) -> float:
+        return abs(self.sim_median - self.backend_median) / self.backend_median
+
+    @property
+    def median_error_upfront(self) -> float:
+        return abs(self.sim_median_upfront - self.backend_median) / self.backend_median
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["median_error"] = self.median_error
+        d["median_error_upfront"] = self.median_error_upfront
+        return d
+
+
+def balanced_link(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> Link:
+    """A link on which one expert's copy takes as long as one layer's decode compute."""
+    g = om.geometry
+    full = om.run(prompts, get_policy("lru"), Capacity(g.experts), max_new_tokens=max_new_tokens)
+    step = float(np.median([x for r in full.requests for x in r.token_latency]))
+    return Link(bandwidth=om.store.expert_bytes(0) / (step / g.layers))
+
+
+def validate(
+    om: OffloadedModel,
+    prompts: Sequence[Prompt],
+    policies: Sequence[str],
+    capacity: Capacity,
+    *,
+    max_new_tokens: int = 32,
+    calibration: Calibration | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[Fidelity], Calibration]:
+    """Run each policy on the backend (its `om.link`), replay its trace in the simulator with the
+    calibrated profile, and compare. Calibrates `om` first unless `calibration` is given.
+
+    On a shared machine the compute speed drifts with other load, so after each policy's run
+    the all-resident decode step is measured again and the profile's overheads refitted to it
+    (`sim_median`); `sim_median_upfront` keeps the single up-front calibration for comparison."""
+    from casmoe.sim.engine import simulate
+
+    cal = calibration or calibrate(om, prompts, max_new_tokens=max_new_tokens)
+    upfront = cal.profile("validate")
+    preset = model_preset(om.model, om.geometry)
+    out = []
+    for name in policies:
+        if progress is not None:
+            progress(name)
+        cls = get_policy(name)
+        run = om.run(prompts, cls, capacity, max_new_tokens=max_new_tokens)
+        step = resident_step(om, prompts, max_new_tokens)
+        profile = refit(cal, om, step, prompts, max_new_tokens).profile("validate")
+        sim = simulate(run.trace, cls, capacity, profile, preset)
+        sim0 = simulate(run.trace, cls, capacity, upfront, preset)
+        lat = [x for r in run.requests for x in r.token_latency]
+        out.append(
+            Fidelity(
+                policy=name,
+                capacity=capacity.describe(),
+                backend_median=float(np.median(lat)),
+                sim_median=sim.token_latency_p50_s,
+                backend_ttft=float(np.mean([r.ttft for r in run.requests])),
+                sim_ttft=sim.ttft_mean_s,
+                backend_stall=run.stall,
+                sim_stall=sim.stall_s,
+                hit_rate=run.stats.hit_rate,
+                sim_hit_rate=sim.stats.hit_rate,
+                sim_median_upfront=sim0.token_latency_p50_s,
+                resident_step=step,
+            )
+        )
+    return out, cal
