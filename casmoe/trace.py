@@ -186,6 +186,41 @@ class Trace:
             counts += np.bincount(flat, minlength=counts.size)
         return counts.reshape(g.layers, g.experts)
 
+    def summary(self, top: int = 4) -> dict[str, Any]:
+        """Counts and per-layer popularity (`routed`, `distinct` experts, share of the `top`
+        hottest) as plain values, for `casmoe trace info` and scripts."""
+        g = self.geometry
+        prefill = sum(r.prefill for r in self.requests)
+        counts = self.popularity()  # [L, E]
+        layers = []
+        for layer, row in enumerate(counts):
+            total = int(row.sum())
+            order = [int(e) for e in row.argsort(kind="stable")[::-1][:top] if row[e]]
+            layers.append(
+                {
+                    "layer": layer,
+                    "routed": total,
+                    "distinct": int((row > 0).sum()),
+                    "top_share": float(row[order].sum() / total) if total else 0.0,
+                    "hottest": [[e, float(row[e] / total)] for e in order],
+                }
+            )
+        first = self.requests[0] if self.requests else None
+        return {
+            "geometry": g.to_dict(),
+            "expert_bytes": g.bytes_per_layer(),
+            "requests": len(self.requests),
+            "tokens": self.tokens,
+            "prefill_tokens": prefill,
+            "decode_tokens": self.tokens - prefill,
+            "not_computed": sum(int((~r.computed).sum()) for r in self.requests),
+            "prompts": self.has_prompts,
+            "tasks": sorted({r.task for r in self.requests if r.task}),
+            "optional": [n for n in ("logits", "spec") if first is not None and getattr(first, n) is not None],
+            "meta": self.meta,
+            "layers": layers,
+        }
+
     def subset(self, indices: Sequence[int]) -> Trace:
         return Trace(self.geometry, [self.requests[i] for i in indices], dict(self.meta))
 

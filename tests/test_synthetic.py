@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -143,6 +144,9 @@ def test_cli_synth_info_import_export(tmp_path):
     res = runner.invoke(app, ["trace", "info", str(out)])
     assert res.exit_code == 0 and "requests: 6;" in res.output
     assert "expert popularity per layer" in res.output
+    res = runner.invoke(app, ["trace", "info", str(out), "--json"])
+    summary = json.loads(res.output)
+    assert summary["requests"] == 6 and len(summary["layers"]) == 4 and "spec" in summary["optional"]
     res = runner.invoke(app, ["trace", "export", str(out), str(tmp_path / "s.csv")])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["trace", "import", str(tmp_path / "s.csv"), "-o", str(tmp_path / "b.npz")])

@@ -279,6 +279,11 @@ def test_gap_rows_are_skipped_by_steps():
     assert req.computed.tolist() == [[True, False], [True, True], [True, False]]
     pop = tr.popularity()
     assert pop.tolist() == [[1, 2, 2, 1], [1, 1, 0, 0]]
+    s = tr.summary(top=2)
+    assert (s["tokens"], s["prefill_tokens"], s["decode_tokens"], s["not_computed"]) == (3, 1, 2, 2)
+    assert [row["routed"] for row in s["layers"]] == [6, 2]
+    assert s["layers"][1]["distinct"] == 2 and s["layers"][1]["top_share"] == 1.0
+    assert s["layers"][0]["hottest"][0][1] == pytest.approx(2 / 6)
 
 
 def test_empty_trace_round_trips(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -90,42 +91,43 @@ def synth(
 def info(
     trace: Optional[Path] = typer.Argument(None, help="Trace (.npz); default: the shipped synthetic Mixtral trace."),
     top: int = typer.Option(4, min=1, help="Most popular experts listed per layer."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of text and a table."),
 ) -> None:
     """Print geometry, request and token counts, and per-layer expert popularity."""
     from casmoe.report import print_table
     from casmoe.trace import Trace
 
     path = trace or shipped(DEFAULT_TRACE)
-    tr = Trace.load(path)
-    g = tr.geometry
-    prefill = sum(r.prefill for r in tr.requests)
-    tasks = sorted({r.task for r in tr.requests if r.task})
-    typer.echo(f"{path}")
-    size = f"{g.expert_bytes(0) / 2**20:.1f} MiB per expert (layer 0)" if g.expert_bytes(0) else "expert size unknown"
-    typer.echo(f"geometry: {g.describe()}, {g.shared_experts} shared; {size}")
+    s = Trace.load(path).summary(top)
+    if as_json:
+        typer.echo(json.dumps({"path": str(path), **s}, indent=2))
+        return
+    g = s["geometry"]
+    size = s["expert_bytes"][0] / 2**20 if s["expert_bytes"] else 0
+    typer.echo(str(path))
     typer.echo(
-        f"requests: {len(tr.requests)}; tokens: {tr.tokens} ({prefill} prefill, {tr.tokens - prefill} decode); "
-        f"prompts: {'yes' if tr.has_prompts else 'no'}; tasks: {', '.join(tasks) or '-'}"
+        f"geometry: {g['layers']} MoE layers x {g['experts']} experts, top-{g['top_k']}, {g['shared_experts']} shared; "
+        + (f"{size:.1f} MiB per expert (layer 0)" if size else "expert size unknown")
     )
-    optional = [n for n in ("logits", "spec") if tr.requests and getattr(tr.requests[0], n) is not None]
-    typer.echo(f"optional arrays: {', '.join(optional) or 'none'}")
+    typer.echo(
+        f"requests: {s['requests']}; tokens: {s['tokens']} ({s['prefill_tokens']} prefill, {s['decode_tokens']} "
+        f"decode); token-layers not computed: {s['not_computed']}"
+    )
+    typer.echo(f"prompts: {'yes' if s['prompts'] else 'no'}; tasks: {', '.join(s['tasks']) or '-'}")
+    typer.echo(f"optional arrays: {', '.join(s['optional']) or 'none'}")
     for key in ("source_model", "recorded_by", "created"):
-        if key in tr.meta:
-            typer.echo(f"{key}: {tr.meta[key]}")
-    counts = tr.popularity()  # [L, E]
-    records = []
-    for layer, row in enumerate(counts):
-        total = int(row.sum())
-        order = row.argsort(kind="stable")[::-1][:top]
-        records.append(
-            {
-                "layer": layer,
-                "routed": total,
-                "distinct": int((row > 0).sum()),
-                f"top{top} share": float(row[order].sum() / total) if total else 0.0,
-                "hottest (expert:share)": " ".join(f"{e}:{row[e] / total:.2f}" for e in order if total and row[e]),
-            }
-        )
+        if key in s["meta"]:
+            typer.echo(f"{key}: {s['meta'][key]}")
+    records = [
+        {
+            "layer": row["layer"],
+            "routed": row["routed"],
+            "distinct": row["distinct"],
+            f"top{top} share": row["top_share"],
+            "hottest (expert:share)": " ".join(f"{e}:{share:.2f}" for e, share in row["hottest"]),
+        }
+        for row in s["layers"]
+    ]
     print_table(records, list(records[0]) if records else ["layer"], title="expert popularity per layer")
 
 
