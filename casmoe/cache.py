@@ -298,20 +298,23 @@ class ExpertCache:
         until the next `before_layer`. `scores` ([E] router scores of this layer) choose the
         substitute in substitute mode.
         """
-        if self._protected:
-            self._release()  # the previous layer is done (runtimes may skip before_layer)
+        protected = self._protected
+        if protected:  # the previous layer is done (runtimes may skip before_layer)
+            if self.keeps_experts:
+                protected.clear()
+            else:
+                self._release()
         self._step = step
         self._layer = layer
         slot_of = self._slot_of
         inflight = self._inflight
-        protected = self._protected
         unused = self._unused_prefetch
         on_access = self.on_access
         n = self._n
         hits = 0
         late: list[ExpertId] = []
         absent: list[ExpertId] = []
-        deferred = False  # once a miss is seen, later hits report on_access in phase 2, in order
+        tail: list[ExpertId] = []  # from the first miss on: phase 2 reports uses in routing order
         for e in experts:
             if e in slot_of:
                 if e in inflight:
@@ -322,11 +325,13 @@ class ExpertCache:
                     unused.discard(e)
                     n["prefetch_used"] += 1
                 protected[e] = None
-                if not deferred:
+                if absent:
+                    tail.append(e)
+                else:
                     on_access(e)
             else:
                 absent.append(e)
-                deferred = True
+                tail.append(e)
         n["accesses"] += len(experts)
         n["hits"] += hits
         if late:
@@ -336,7 +341,7 @@ class ExpertCache:
         n["misses"] += len(absent)
         if self.miss_mode is MissMode.CPU:
             n["cpu_computed"] += len(absent)
-            for e in experts[experts.index(absent[0]) :]:
+            for e in tail:
                 if e in slot_of:
                     on_access(e)
             return Access(hits, tuple(late), (), (), (), tuple(absent))
@@ -344,7 +349,7 @@ class ExpertCache:
         loads: list[Load] = []
         subs: list[tuple[ExpertId, ExpertId]] = []
         missing = set(absent)
-        for e in experts[experts.index(absent[0]) :]:
+        for e in tail:
             if e not in missing:
                 on_access(e)
                 continue
