@@ -1,1 +1,93 @@
-"""`casmoe` subcommands: planner (placeholder until its issue lands)."""
+"""`casmoe planner fit|eval`: build a CasMoE planner from a trace and score it on held-out prompts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from casmoe.cli.app import app
+from casmoe.planner import EAPConfig, PlannerConfig
+from casmoe.planner.patterns import Phase
+from casmoe.shipped import DEFAULT_TRACE, shipped
+from casmoe.trace import Trace
+
+planner_app = typer.Typer(
+    name="planner",
+    help="The CasMoE planner: predict every layer's experts from the prompt, before decoding.",
+    no_args_is_help=True,
+)
+app.add_typer(planner_app, name="planner")
+_D = PlannerConfig()
+
+
+@planner_app.command()
+def fit(
+    trace: Optional[Path] = typer.Option(None, help="Trace with prompts (.npz); default: the shipped synthetic Mixtral trace."),
+    out: Path = typer.Option(..., help="Folder to write the planner to (created if missing)."),
+    epsilon: float = typer.Option(_D.epsilon, help="Gate: use the matcher when its best cosine similarity exceeds this."),
+    neighbours: int = typer.Option(_D.neighbours, min=1, help="Matcher: average the patterns of this many nearest prompts."),
+    buffer: int = typer.Option(_D.buffer, min=1, help="Online buffer size C: served prompts join the index in groups of C."),
+    phase: Phase = typer.Option(Phase.DECODE, help="Tokens the expert patterns sum over."),
+    counts: bool = typer.Option(False, "--counts", help="Label with selection counts instead of router weights."),
+    holdout_every: int = typer.Option(_D.holdout_every, min=0, help="Leave out every N-th request for evaluation (0: fit on all)."),
+    alpha: float = typer.Option(_D.eap.alpha, min=0.0, help="Weight of the SimCSE contrastive loss in the predictor."),
+    epochs: int = typer.Option(_D.eap.epochs, min=1, help="Predictor training epochs."),
+    seed: int = typer.Option(_D.seed, help="Seed for the predictor's initialisation, dropout and batches."),
+) -> None:
+    """Fit matcher and predictor on a trace's prompts and write the planner folder."""
+    from casmoe.planner import fit_planner
+
+    tr = Trace.load(trace or shipped(DEFAULT_TRACE))
+    cfg = PlannerConfig(
+        epsilon=epsilon,
+        neighbours=neighbours,
+        buffer=buffer,
+        phase=phase,
+        weighted=not counts,
+        holdout_every=holdout_every,
+        seed=seed,
+        eap=EAPConfig(alpha=alpha, epochs=epochs),
+    )
+    planner = fit_planner(tr, cfg, progress=True)
+    planner.save(out)
+    sizes = planner.nbytes()
+    typer.echo(
+        f"planner for {tr.geometry.describe()} written to {out}: {len(planner.matcher)} prompts indexed, "
+        f"{sum(sizes.values()) / 2**20:.1f} MiB of state"
+    )
+
+
+@planner_app.command("eval")
+def evaluate(
+    planner: Path = typer.Option(..., help="Planner folder written by `casmoe planner fit`."),
+    trace: Optional[Path] = typer.Option(None, help="Trace with prompts; default: the shipped synthetic Mixtral trace."),
+    epsilon: Optional[float] = typer.Option(None, help="Gate threshold for `cascade` (default: the planner's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (one entry per method) instead of a table."),
+    curve: Optional[Path] = typer.Option(None, help="Write the epsilon curve (CSV) here."),
+    plot: Optional[Path] = typer.Option(None, help="Write the epsilon curve as a PNG here."),
+) -> None:
+    """Score the planner (eam, eap, cascade) and baselines on the trace's held-out requests."""
+    from casmoe.planner import load_planner
+    from casmoe.planner.evaluate import evaluate as run_eval
+
+    tr = Trace.load(trace or shipped(DEFAULT_TRACE))
+    ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json)
+    result = ev.to_dict()
+    if curve or plot:
+        points = ev.epsilon_curve([i / 20 for i in range(21)])
+        from casmoe.report import plot_epsilon_curve, write_csv
+
+        if curve:
+            write_csv(curve, points)
+        if plot:
+            plot_epsilon_curve(points, plot, baseline=result["popularity"]["recall_at_k"])
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    from casmoe.report import print_table
+
+    records = [{"name": name, **entry} for name, entry in result.items()]
+    print_table(records, ["name", "recall_at_k", "coverage_at_2k", "requests"], title=f"held-out prompts, k={ev.k}")

@@ -1,0 +1,246 @@
+"""CasMoE planner benchmarks: latency and memory, quality (ablation, epsilon curve), policies.
+
+    python bench/bench_planner.py latency  [--trace T]            # p50 timings, bytes, RSS
+    python bench/bench_planner.py quality  [--trace T ...]        # ablation table + epsilon curve
+    python bench/bench_planner.py policies [--trace T ...]        # replay (+ simulator) comparison
+
+Every section fits its planners itself (timed: that is the fit figure) on the trace's fit split
+and scores the held-out split (casmoe/planner/planner.py documents the split). Output is
+Markdown on stdout, pasted into bench/RESULTS.md; `--json PATH` also stores the raw records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from casmoe.cache import Capacity  # noqa: E402
+from casmoe.planner import EAPConfig, PlannerConfig, fit_planner  # noqa: E402
+from casmoe.planner.evaluate import METHODS, evaluate  # noqa: E402
+from casmoe.planner.planner import heldout_split  # noqa: E402
+from casmoe.policies import get_policy  # noqa: E402
+from casmoe.replay import replay  # noqa: E402
+from casmoe.shipped import data_dir  # noqa: E402
+from casmoe.trace import Trace  # noqa: E402
+
+TRACES = ("tiny-mixtral.npz", "tiny-olmoe.npz", "synthetic-mixtral.npz")
+
+
+def shipped_traces(names: list[str] | None) -> list[Path]:
+    paths = [Path(n) for n in names] if names else [data_dir() / n for n in TRACES]
+    return [p for p in paths if p.exists()]
+
+
+def p50_ms(fn: Callable[[], Any], repeat: int = 200, warmup: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
+def timed_fit(trace: Trace, cfg: PlannerConfig):
+    t = time.perf_counter()
+    planner = fit_planner(trace, cfg, progress=False)
+    return planner, time.perf_counter() - t
+
+
+# ---- latency and memory ----------------------------------------------------------------------
+
+
+def latency(paths: list[Path]) -> list[dict[str, Any]]:
+    import torch
+
+    from casmoe.planner import load_planner
+    from casmoe.planner.eam import embed, sentence_model
+    from casmoe.planner.eap import wordpiece
+
+    rss0 = rss_mib()
+    model = sentence_model()
+    wordpiece()
+    embed(["warm up"])
+    rss_model = rss_mib()
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    records = []
+    for path in paths:
+        trace = Trace.load(path)
+        planner, fit_s = timed_fit(trace, PlannerConfig())
+        with tempfile.TemporaryDirectory() as tmp:
+            planner.save(tmp)
+            before = rss_mib()
+            planner = load_planner(tmp)
+            rss_planner = rss_mib() - before
+        _, test = heldout_split(trace, planner.config.holdout_every)
+        prompts = [trace.requests[i].prompt for i in test] or [trace.requests[0].prompt]
+        cycle = iter(range(10**9))
+        pick = lambda: prompts[next(cycle) % len(prompts)]  # noqa: E731
+        emb = embed(prompts[:1])
+        sizes = planner.nbytes()
+        torch.set_num_threads(1)  # see casmoe/planner/threads.py
+        records.append(
+            {
+                "trace": path.name,
+                "geometry": trace.geometry.describe(),
+                "indexed_prompts": len(planner.matcher),
+                "fit_s": fit_s,
+                "embed_p50_ms": p50_ms(lambda: embed([pick()]), repeat=100),
+                "eam_query_p50_ms": p50_ms(lambda: planner.matcher.query(emb), repeat=2000),
+                "eap_p50_ms": p50_ms(lambda: planner.predictor.predict([pick()]), repeat=200),
+                "planner_predict_p50_ms": p50_ms(lambda: planner.predict(pick() + f" #{next(cycle)}"), repeat=100),
+                "eam_bytes": sizes["eam"],
+                "eap_bytes": sizes["eap"],
+                "planner_state_mib": sum(sizes.values()) / 2**20,
+                "planner_rss_delta_mib": rss_planner,
+                "sentence_model_param_mib": model_bytes / 2**20,
+                "sentence_model_rss_delta_mib": rss_model - rss0,
+                "loadavg_1m": os.getloadavg()[0],
+            }
+        )
+    return records
+
+
+# ---- quality: ablation and epsilon curve -----------------------------------------------------
+
+VARIANTS: dict[str, PlannerConfig] = {
+    "CasMoE (EAM + EAP, weighted EP, SimCSE)": PlannerConfig(),
+    "EAP without SimCSE (alpha = 0)": PlannerConfig(eap=EAPConfig(alpha=0.0)),
+    "count labels instead of router weights": PlannerConfig(weighted=False),
+}
+
+
+def quality(paths: list[Path]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path in paths:
+        trace = Trace.load(path)
+        rows: dict[str, dict[str, float]] = {}
+        curve: list[dict[str, float]] = []
+        fits: dict[str, float] = {}
+        for name, cfg in VARIANTS.items():
+            planner, fits[name] = timed_fit(trace, cfg)
+            ev = evaluate(planner, trace)
+            res = ev.to_dict()
+            if name.startswith("CasMoE"):
+                rows.update({m: res[m] for m in METHODS})
+                curve = ev.epsilon_curve([i / 20 for i in range(21)])
+            else:
+                rows[f"{name}: eap"] = res["eap"]
+                rows[f"{name}: cascade"] = res["cascade"]
+        out[path.name] = {"rows": rows, "curve": curve, "fit_s": fits, "geometry": trace.geometry.describe()}
+    return out
+
+
+# ---- policies --------------------------------------------------------------------------------
+
+POLICIES = ("ondemand", "lru", "semoe", "casmoe", "belady")
+
+
+def policies(paths: list[Path], simulate: bool) -> list[dict[str, Any]]:
+    records = []
+    for path in paths:
+        trace = Trace.load(path)
+        planner, _ = timed_fit(trace, PlannerConfig())
+        _, test_idx = heldout_split(trace, planner.config.holdout_every)
+        test = trace.subset(test_idx)  # serve only prompts the planner never saw
+        g = trace.geometry
+        sim = _simulator(g) if simulate else None
+        with tempfile.TemporaryDirectory() as tmp:
+            planner.save(tmp)
+            runs = [(p, {}) for p in POLICIES] + [("casmoe", {"predictor": "exact"})]
+            for slots in range(g.top_k, 2 * g.top_k + 1):
+                cap = Capacity(slots)
+                for name, opts in runs:
+                    opts = {"planner": tmp} if name == "casmoe" and not opts else opts
+                    label = "casmoe-oracle" if opts.get("predictor") == "exact" else name
+                    cache = get_policy(name).create(g, cap, trace=test, **opts)
+                    rec = {"trace": path.name, "policy": label, "slots_per_layer": slots}
+                    rec["hit_rate"] = replay(test, cache).stats.hit_rate
+                    if sim is not None:
+                        res = sim(test, get_policy(name), cap, opts)
+                        rec["decode_tokens_per_s"] = res.decode_tokens_per_s
+                        rec["sim_hit_rate"] = res.stats.hit_rate
+                    records.append(rec)
+    return records
+
+
+def _simulator(geometry) -> Callable[..., Any] | None:
+    """The simulator on the seed paper's box with the preset matching the trace, if any."""
+    try:
+        from casmoe.presets import load_presets
+        from casmoe.sim.engine import simulate
+        from casmoe.sim.hardware import load_profile
+    except ImportError:
+        return None
+    shape = (geometry.layers, geometry.experts, geometry.top_k)
+    presets = [p for p in load_presets().values() if (p.geometry.layers, p.geometry.experts, p.geometry.top_k) == shape]
+    if not presets:
+        return None
+    hw = load_profile("rtx4090x4")
+    preset = presets[0]
+    return lambda trace, policy, cap, opts: simulate(trace, policy, cap, hw, preset, options=opts)
+
+
+# ---- markdown --------------------------------------------------------------------------------
+
+
+def md_table(records: list[dict[str, Any]], columns: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in records]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("section", choices=["latency", "quality", "policies"])
+    ap.add_argument("--trace", action="append", help="trace path (repeatable); default: the shipped traces present")
+    ap.add_argument("--no-sim", action="store_true", help="policies: replay hit rates only")
+    ap.add_argument("--json", type=Path, help="also write the raw records here")
+    args = ap.parse_args()
+    paths = shipped_traces(args.trace)
+    if not paths:
+        raise SystemExit("no traces found")
+    if args.section == "latency":
+        data: Any = latency(paths)
+        print(md_table(data, list(data[0])))
+    elif args.section == "quality":
+        data = quality(paths)
+        for name, q in data.items():
+            print(f"\n### {name} ({q['geometry']}), held-out prompts\n")
+            print(md_table([{"method": m, **r} for m, r in q["rows"].items()], ["method", "recall_at_k", "coverage_at_2k", "requests"]))
+            print("\nfit seconds: " + ", ".join(f"{k}: {v:.0f}" for k, v in q["fit_s"].items()))
+            print("\nepsilon curve:\n")
+            print(md_table(q["curve"], ["epsilon", "eam_share", "recall_at_k", "coverage_at_2k"]))
+    else:
+        data = policies(paths, simulate=not args.no_sim)
+        cols = ["trace", "policy", "slots_per_layer", "hit_rate"] + (["decode_tokens_per_s"] if "decode_tokens_per_s" in data[0] else [])
+        print(md_table(data, cols))
+    if args.json:
+        args.json.write_text(json.dumps(data, indent=2))
+
+
+if __name__ == "__main__":
+    main()

