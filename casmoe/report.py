@@ -135,3 +135,27 @@ def plot_lrc_layers(path: Path, results: Sequence[Any], rho: float = 2.0) -> Pat
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_epsilon_curve(points: Sequence[dict[str, Any]], path: Path, baseline: float | None = None) -> None:
+    """The planner's gate trade-off: share answered by the matcher and cascade recall@k, per epsilon."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eps = [p["epsilon"] for p in points]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(eps, [p["recall_at_k"] for p in points], marker="o", label="cascade recall@k")
+    ax.plot(eps, [p["coverage_at_2k"] for p in points], marker=".", label="cascade coverage@2k")
+    ax.plot(eps, [p["eam_share"] for p in points], linestyle="--", label="share answered by EAM")
+    if baseline is not None:
+        ax.axhline(baseline, color="grey", linewidth=0.8, label="popularity recall@k")
+    ax.set_xlabel("epsilon (cosine similarity threshold)")
+    ax.set_ylim(0, 1.02)
+    ax.legend(loc="lower left", fontsize=8)
+    ax.set_title("CasMoE planner: matcher/predictor gate")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
