@@ -1,1 +1,254 @@
-"""`casmoe` subcommands: backend (placeholder until its issue lands)."""
+"""`casmoe bench`, `casmoe calibrate`, `casmoe validate`: the real torch backend.
+
+torch and transformers are imported inside the commands, so `casmoe --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from casmoe.cache import MissMode
+from casmoe.cli.app import app
+from casmoe.errors import CasmoeError
+
+FIDELITY_POLICIES = ("ondemand", "lru", "semoe")
+
+
+class BenchInputError(CasmoeError, ValueError):
+    """A model, prompt set or option the backend commands cannot use."""
+
+
+def _setup(model: str, devices: list[str], threads: int, link_gbps: Optional[float], link_latency_us: float,
+           mmap: Optional[Path]) -> tuple[Any, Any]:
+    """Load the model and tokenizer and wrap the model for offloading."""
+    import torch
+
+    from casmoe.backends.runtime import Link, OffloadedModel
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if link_gbps is not None and link_gbps <= 0:
+        raise BenchInputError("--link-gbps must be > 0")
+    hf_model, tokenizer = _load_model(model)
+    link = Link(None if link_gbps is None else link_gbps * 1e9, link_latency_us * 1e-6)
+    return OffloadedModel(hf_model, devices=devices or ["cpu"], link=link, mmap_path=mmap), tokenizer
+
+
+def _load_model(spec: str) -> tuple[Any, Any]:
+    """A shipped tiny model's name (traces/models/NAME) or a local model folder, in float32 on
+    the host (the backend places it)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from casmoe.shipped import data_dir
+
+    shipped = data_dir() / "models" / spec
+    path = shipped if shipped.is_dir() else Path(spec)
+    if not path.exists():
+        known = sorted(p.name for p in (data_dir() / "models").glob("*") if p.is_dir())
+        raise BenchInputError(
+            f"model {spec!r} is neither a shipped model ({', '.join(known) or 'none installed'}) nor a local folder"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise BenchInputError(f"{path}: cannot load a transformers causal LM with its tokenizer: {exc}") from exc
+    return model.eval(), tokenizer
+
+
+def _prompts(tokenizer: Any, prompts: Optional[Path], count: int, max_tokens: int, split: str = "heldout") -> list[Any]:
+    """Prompts from a file (JSONL corpus rows or one per line), else the shipped corpus's
+    held-out split, spread evenly over it; each cut to `max_tokens` tokens."""
+    from casmoe.backends.corpus import load_corpus, load_prompts
+    from casmoe.backends.runtime import Prompt
+
+    rows = load_prompts(prompts) if prompts is not None else load_corpus(split=split)
+    if not rows:
+        raise BenchInputError(f"no prompts in {prompts or 'the shipped corpus'}")
+    if count and count < len(rows):
+        step = len(rows) / count
+        rows = [rows[int(i * step)] for i in range(count)]
+    out = []
+    for r in rows:
+        ids = tokenizer(r.text)["input_ids"][:max_tokens]
+        if ids:
+            out.append(Prompt(ids, r.text, r.task))
+    if not out:
+        raise BenchInputError("every prompt tokenized to nothing")
+    return out
+
+
+def _capacity(capacity: Optional[int], global_capacity: Optional[int], default: int) -> Any:
+    from casmoe.cli.replay import parse_capacity
+
+    return parse_capacity(capacity, global_capacity, default)
+
+
+def _progress(total: int, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", leave=False)
+
+
+MODEL = typer.Option(..., "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a local model folder.")
+PROMPTS = typer.Option(None, "--prompts", help="JSONL corpus rows or one prompt per line (default: held-out corpus).")
+DEVICE = typer.Option(None, "--device", help="Device for a share of the layers (repeat to split: cpu, cuda:0, ...).")
+THREADS = typer.Option(0, help="torch CPU threads (0: torch's default).")
+
+
+@app.command()
+def bench(
+    model: str = MODEL,
+    policy: str = typer.Option("lru", help="Policy name or package.module:ClassName."),
+    capacity: Optional[int] = typer.Option(None, help="Slots per MoE layer on each device (default: 2 x top_k)."),
+    global_capacity: Optional[int] = typer.Option(None, help="One pool of slots per device, shared by its layers."),
+    miss_mode: MissMode = typer.Option(MissMode.LOAD, help="load (stall, exact) or substitute (lossy)."),
+    prompts: Optional[Path] = PROMPTS,
+    num_prompts: int = typer.Option(8, min=1, help="Prompts taken, spread over the file."),
+    max_prompt_tokens: int = typer.Option(64, min=1, help="Prompts are cut to this many tokens."),
+    max_new_tokens: int = typer.Option(32, min=1, help="Tokens generated per prompt (greedy)."),
+    link_gbps: Optional[float] = typer.Option(None, help="CPU runs: emulate a host link of this many GB/s."),
+    link_latency_us: float = typer.Option(0.0, min=0.0, help="CPU runs: fixed cost per emulated copy."),
+    device: Optional[list[str]] = DEVICE,
+    mmap: Optional[Path] = typer.Option(None, help="Keep experts in this memory-mapped safetensors file."),
+    trace: Optional[Path] = typer.Option(None, help="Profile trace for policies that rank experts (static)."),
+    ppl_texts: int = typer.Option(16, min=1, help="Held-out texts for perplexity (substitute mode)."),
+    option: Optional[list[str]] = typer.Option(None, "--option", help="Policy option KEY=VALUE (repeatable)."),
+    threads: int = THREADS,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON record."),
+) -> None:
+    """Generate with offloaded experts: tokens/s, TTFT, stall time, hit rate (and perplexity
+    against the un-offloaded model in substitute mode)."""
+    from casmoe.policies import get_policy
+    from casmoe.trace import Trace
+
+    cls = get_policy(policy)
+    om, tokenizer = _setup(model, device or [], threads, link_gbps, link_latency_us, mmap)
+    cap = _capacity(capacity, global_capacity, 2 * om.geometry.top_k)
+    reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
+    profile = Trace.load(trace) if trace is not None else None
+    options = _options(option)
+    with _progress(len(reqs), f"{policy} @ {cap.describe()}") as bar:
+        run = om.run(reqs, cls, cap, max_new_tokens=max_new_tokens, miss_mode=miss_mode, options=options,
+                     trace=profile, progress=bar.update)
+    record = {"model": model, "policy": policy, "capacity": cap.describe(), "miss_mode": miss_mode.value,
+              "link_gbps": link_gbps, **run.to_dict()}
+    if miss_mode is MissMode.SUBSTITUTE:
+        texts = _prompts(tokenizer, None, ppl_texts, 128)
+        record["perplexity"] = om.offloaded_perplexity(texts, cls, cap, miss_mode=miss_mode, options=options)
+        record["reference_perplexity"] = om.perplexity(texts)
+    if as_json:
+        typer.echo(json.dumps(record, indent=2))
+        return
+    from casmoe.report import print_table
+
+    shown = {
+        "tok/s": record["tokens_per_s"], "TTFT s": record["ttft_s"],
+        "p50 ms": record["median_token_latency_s"] * 1e3, "stall s": record["stall_s"],
+        "hit rate": record["cache_hit_rate"], "loads": record["cache_loads"],
+    }
+    if "perplexity" in record:
+        shown["ppl"] = record["perplexity"]
+        shown["ref ppl"] = record["reference_perplexity"]
+    print_table([shown], list(shown), title=f"{model}: {policy} @ {cap.describe()}, {miss_mode.value}")
+
+
+def _options(pairs: Optional[list[str]]) -> dict[str, Any]:
+    """`KEY=VALUE` policy options; values parse as JSON when they can (numbers, booleans)."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise BenchInputError(f"--option wants KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+@app.command()
+def calibrate(
+    model: str = MODEL,
+    out: Path = typer.Option(Path("calibrated.toml"), help="Hardware profile (TOML) to write."),
+    name: str = typer.Option("calibrated", help="Profile name inside the file."),
+    prompts: Optional[Path] = PROMPTS,
+    num_prompts: int = typer.Option(4, min=1, help="Prompts for the decode-step measurement."),
+    max_new_tokens: int = typer.Option(16, min=2, help="Decode steps per prompt."),
+    link_gbps: Optional[float] = typer.Option(None, help="CPU runs: emulate a host link of this many GB/s."),
+    link_latency_us: float = typer.Option(0.0, min=0.0, help="CPU runs: fixed cost per emulated copy."),
+    device: Optional[list[str]] = DEVICE,
+    threads: int = THREADS,
+    as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON."),
+) -> None:
+    """Measure this machine (compute, copy bandwidth and per-copy cost) running MODEL and write a
+    hardware profile that `casmoe simulate --hardware FILE` reads."""
+    from casmoe.backends.calibrate import calibrate as measure
+
+    om, tokenizer = _setup(model, (device or [])[:1], threads, link_gbps, link_latency_us, None)
+    reqs = _prompts(tokenizer, prompts, num_prompts, 32)
+    cal = measure(om, reqs, max_new_tokens=max_new_tokens)
+    path = cal.profile(name).write(out)
+    if as_json:
+        typer.echo(json.dumps({"profile": str(path), **cal.to_dict()}, indent=2))
+        return
+    typer.echo(
+        f"wrote {path}: decode step {cal.step_s * 1e3:.2f} ms, expert {cal.expert_s * 1e6:.1f} us, "
+        f"copies {cal.copy_bw / 1e9:.3g} GB/s + {cal.copy_latency * 1e6:.0f} us, "
+        f"layer overhead {cal.layer_overhead * 1e6:.0f} us"
+    )
+
+
+@app.command()
+def validate(
+    model: str = MODEL,
+    policy: Optional[list[str]] = typer.Option(None, help="Policies to compare (default: ondemand, lru, semoe)."),
+    capacity: Optional[int] = typer.Option(None, help="Slots per MoE layer (default: 2 x top_k)."),
+    prompts: Optional[Path] = PROMPTS,
+    num_prompts: int = typer.Option(6, min=1, help="Prompts per run."),
+    max_prompt_tokens: int = typer.Option(24, min=1, help="Prompts are cut to this many tokens."),
+    max_new_tokens: int = typer.Option(24, min=2, help="Tokens generated per prompt."),
+    link_gbps: Optional[float] = typer.Option(
+        None, help="Emulated link (default: one expert's copy costs one layer's decode compute)."
+    ),
+    profile_out: Optional[Path] = typer.Option(None, "--profile-out", help="Also write the calibrated profile here."),
+    threads: int = typer.Option(1, help="torch CPU threads (1 keeps timings steady on a shared machine)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON records (median_error is a fraction)."),
+) -> None:
+    """Fidelity: run the backend on the CPU with an emulated link, replay its own trace in the
+    simulator with a calibrated profile, same policy and capacity; report the error of the
+    median per-token latency."""
+    from casmoe.backends.calibrate import calibrate as measure
+    from casmoe.backends.validate import balanced_link, validate as compare
+    from casmoe.cache import Capacity
+
+    om, tokenizer = _setup(model, ["cpu"], threads, link_gbps, 0.0, None)
+    reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
+    if link_gbps is None:
+        om.link = balanced_link(om, reqs, max_new_tokens)
+    cal = measure(om, reqs, max_new_tokens=max_new_tokens)
+    if profile_out is not None:
+        cal.profile("validate").write(profile_out)
+    names = policy or list(FIDELITY_POLICIES)
+    cap = Capacity(capacity if capacity is not None else 2 * om.geometry.top_k)
+    with _progress(len(names), "validate") as bar:
+        results, _ = compare(om, reqs, names, cap, max_new_tokens=max_new_tokens, calibration=cal,
+                             progress=lambda _policy: bar.update())
+    records = [{"model": model, "link_gbps": om.link.bandwidth / 1e9, **r.to_dict()} for r in results]
+    if as_json:
+        typer.echo(json.dumps(records, indent=2))
+        return
+    from casmoe.report import print_table
+
+    rows = [
+        {"policy": r["policy"], "capacity": r["capacity"], "backend p50 ms": r["backend_median"] * 1e3,
+         "sim p50 ms": r["sim_median"] * 1e3, "error": r["median_error"],
+         "error (one calibration)": r["median_error_upfront"], "hit rate": r["hit_rate"]}
+        for r in records
+    ]
+    print_table(rows, list(rows[0]), title=f"simulator vs backend, {model}, link {om.link.bandwidth / 1e9:.3g} GB/s")
