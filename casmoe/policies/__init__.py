@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,8 @@ def get_policy(spec: str) -> type[ExpertCache]:
             f"unknown policy {spec!r}; built-in: {', '.join(POLICIES)}; or give your own as package.module:ClassName"
         )
     module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:  # like uvicorn's --app-dir: users' modules beside them import
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
