@@ -105,12 +105,13 @@ def _one_lane(batches: np.ndarray, N: int, m: int, pack: _Packing, progress) -> 
     key = np.zeros(N + 1, dtype=np.int64)  # the stack, top first
     pos = np.full(N, -1, dtype=np.int64)  # depth of each item, -1 before its first use
     stat = np.zeros(N + 1, dtype=np.int64)  # hits by depth at the token's start
+    run_min = np.empty(N + 1, dtype=np.int64)  # scratch, so the hot loop allocates less
+    is_rec = np.empty(N + 1, dtype=bool)
     size = 0
     clock = 0
     shift, ibits, imask = pack.count_shift, pack.item_bits, pack.item_mask
     one_count = 1 << shift
-    minimum = np.minimum.accumulate
-    flatnonzero = np.flatnonzero
+    minimum, equal, flatnonzero = np.minimum.accumulate, np.equal, np.flatnonzero
     for t in range(T):
         row = seq[t]
         row = row[row >= 0]
@@ -127,13 +128,12 @@ def _one_lane(batches: np.ndarray, N: int, m: int, pack: _Packing, progress) -> 
                     size += 1
                 if p:
                     seg = key[:p]
-                    rec = flatnonzero(seg == minimum(seg))
+                    rec = flatnonzero(equal(seg, minimum(seg, out=run_min[:p]), out=is_rec[:p]))
                     vals = key[rec]
-                    key[rec[1:]] = vals[:-1]
-                    last = int(vals[-1])
-                    key[p] = last
-                    pos[vals[:-1] & imask] = rec[1:]
-                    pos[last & imask] = p
+                    rec[:-1] = rec[1:]  # each record moves to the next record's depth,
+                    rec[-1] = p  # the last one to the accessed item's
+                    key[rec] = vals
+                    pos[vals & imask] = rec
                 clock += 1
                 c = cnt[x] - 1
                 cnt[x] = c
