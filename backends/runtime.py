@@ -178,14 +178,17 @@ class OffloadedModel:
             store = HostStore.open_mmap(mmap_path)
         self.store = store
         self.experts_fn = experts_function(self.blocks[0].experts)
-        self.experts_template = self.blocks[0].experts
+        self.experts_template = self.blocks[0].experts  # attributes only (act_fn, config, flags)
+        for n in names:
+            setattr(self.experts_template, n, None)
         self.chunks = split_layers(len(self.blocks), len(self.devices))
         self._device_of: list[int] = [d for d, r in enumerate(self.chunks) for _ in r]
-        self._place_dense()
         for i, b in enumerate(self.blocks):
-            b.block.experts = OffloadedExperts(i, self.experts_fn, self)
+            b.block.experts = OffloadedExperts(i, self.experts_fn, self)  # the model's own experts are dropped
             _decoder(self.model).layers[b.decoder_index].register_forward_pre_hook(self._make_before(i))
             b.gate.register_forward_hook(self._make_scores(i))
+        self.blocks = [MoEBlock(b.decoder_index, b.block, b.block.experts, b.gate) for b in self.blocks]
+        self._place_dense()
         self._run: list[_Device] | None = None  # None: reference mode (experts from the store)
         self._step = 0
         self._prefill = False
@@ -206,8 +209,6 @@ class OffloadedModel:
         model = self.model
         decoder = _decoder(model)
         first, last = self.devices[0], self.devices[-1]
-        for b in self.blocks:
-            b.block.experts.to("meta")  # weights live in the store now; free the device copy
         model.to(first)
         owner = {b.decoder_index: self.devices[self._device_of[i]] for i, b in enumerate(self.blocks)}
         current = first

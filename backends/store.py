@@ -47,7 +47,7 @@ class HostStore:
             row = {}
             for name, t in tensors.items():
                 t = t.detach().to("cpu")
-                row[name] = t.pin_memory() if pin else t.clone()
+                row[name] = t.pin_memory() if pin else t  # the model drops its own copy
             out.append(row)
         return cls(out)
 
