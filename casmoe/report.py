@@ -45,6 +45,60 @@ def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
             w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
 
 
+# ---- simulator plots -------------------------------------------------------------------------
+
+
+def plot_latency_vs_capacity(path: Path, records: Sequence[dict[str, Any]], metric: str = "token_latency_p50_s") -> Path:
+    """Per-token decode latency (ms) against expert-cache size (GB), one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    by_policy: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        if metric in r:
+            by_policy.setdefault(r["policy"], []).append((r["capacity_gb"], r[metric] * 1e3))
+    for policy, pts in by_policy.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
+    ax.set_xlabel("expert cache, all devices (GB)")
+    ax.set_ylabel(f"{metric.removesuffix('_s').replace('_', ' ')} (ms)")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_stall_by_layer(path: Path, records: Sequence[dict[str, Any]]) -> Path:
+    """Stall seconds per MoE layer, one line per run (policy at capacity)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in records:
+        stalls = r.get("stall_by_layer_s")
+        if stalls:
+            ax.plot(range(len(stalls)), stalls, label=f"{r['policy']} @ {r['capacity']}", linewidth=1)
+    ax.set_xlabel("MoE layer")
+    ax.set_ylabel("stall (s)")
+    ax.grid(True, alpha=0.3)
+    if len(records) <= 12:
+        ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 # ---- local routing consistency (casmoe lrc) --------------------------------------------------
 
 

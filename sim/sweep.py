@@ -281,6 +281,8 @@ class Grid:
             get_preset(m)
         for h in self.hardware:
             load_profile(h)
+        for p in self.policies:
+            get_policy(p.name)
         out = []
         for t, m, h, p, c, b, mm in itertools.product(
             self.traces, self.models, self.hardware, self.policies, self.capacities, self.batch, self.miss_modes

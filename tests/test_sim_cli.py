@@ -1,0 +1,158 @@
+"""`casmoe simulate`, `casmoe sweep` and `casmoe profiles` end to end, in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from casmoe.sim.sweep import CapacitySpec, Grid, Point, PolicySpec, SweepError, file_digest, run_grid
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "traces" / "synthetic-mixtral.npz"
+
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shipped trace not generated")
+
+
+def casmoe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CASMOE_DATA": str(REPO / "traces")}
+    return subprocess.run(
+        [sys.executable, "-m", "casmoe", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+def check_report(out: Path, timeline: Path | None = None) -> list[dict]:
+    import pandas as pd
+
+    records = json.loads((out / "results.json").read_text())
+    frame = pd.read_csv(out / "results.csv")
+    assert len(frame) == sum("skipped" not in r for r in records) > 0
+    assert {"policy", "decode_tokens_per_s", "token_latency_p99_s", "ttft_mean_s", "stall_demand_s"} <= set(frame)
+    assert (frame["decode_tokens_per_s"] > 0).all()
+    for png in ("latency_vs_capacity.png", "stall_by_layer.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if timeline is not None:
+        events = json.loads(timeline.read_text())["traceEvents"]
+        spans = [e for e in events if e["ph"] == "X"]
+        assert spans and all(e["dur"] >= 0 and {"pid", "tid", "ts", "name"} <= set(e) for e in spans)
+        assert {e["tid"] for e in spans} == {0, 1}  # compute and link tracks
+        names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+        assert {"compute", "h2d link"} <= names
+    return records
+
+
+@needs_trace
+def test_simulate_small_writes_report_and_timeline(tmp_path):
+    args = ["simulate", "--requests", "2", "--policy", "lru", "--policy", "casmoe[predictor=exact]"]
+    args += ["--capacity", "2", "--capacity", "46GB", "--timeline", "tl.json", "--out", "rep"]
+    proc = casmoe(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = check_report(tmp_path / "rep", tmp_path / "tl.json")
+    assert {r["policy"] for r in records} == {"lru", "casmoe[predictor=exact]"}
+    assert {r["capacity"] for r in records} == {"2/layer", "4/layer"}  # 46 GB holds 4 x 32 experts of 352 MB
+    assert "casmoe[predictor=exact]" in proc.stdout
+
+
+@needs_trace
+@pytest.mark.slow
+def test_simulate_with_no_arguments(tmp_path):
+    proc = casmoe("simulate", "--timeline", "tl.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = check_report(tmp_path / "casmoe-sim", tmp_path / "tl.json")
+    policies = {r["policy"] for r in records}
+    assert {"ondemand", "lru", "casmoe[predictor=exact]", "casmoe[predictor=noisy]"} <= policies
+    assert "first 12 of 300 requests" in proc.stdout
+
+
+@needs_trace
+def test_clear_errors(tmp_path):
+    cases = [
+        (["simulate", "--hardware", "nope"], "unknown hardware profile 'nope'"),
+        (["simulate", "--capacity", "1", "--policy", "lru", "--requests", "1"], "--capacity >= 2"),
+        (["simulate", "--model", "qwen3-30b-a3b", "--requests", "1"], "pass --model mixtral-8x7b"),
+        (["simulate", "--policy", "nope", "--requests", "1"], "unknown policy 'nope'"),
+        (["simulate", "--quant", "fp3", "--requests", "1"], "unknown --quant"),
+    ]
+    for args, message in cases:
+        proc = casmoe(*args, cwd=tmp_path)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert message in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+def test_profiles_lists_every_shipped_profile(tmp_path):
+    proc = casmoe("profiles", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    names = {p["name"] for p in json.loads(proc.stdout)}
+    assert {"rtx4090x4", "a100-80g", "h100-sxm", "h200-sxm", "rtx5090"} <= names
+
+
+# ---- sweep ------------------------------------------------------------------------------------
+
+
+def _points(tmp_path: Path, policies=("lru", "ondemand")) -> list[Point]:
+    cfg = tmp_path / "grid.toml"
+    cfg.write_text(
+        f'traces = ["{TRACE}"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4", "rtx5090"]\n'
+        f"policies = {json.dumps(list(policies))}\ncapacities = [2, 4]\nrequests = 1\n"
+    )
+    return Grid.from_toml(cfg).points()
+
+
+@needs_trace
+def test_sweep_resumes_and_matches_a_serial_run(tmp_path):
+    points = _points(tmp_path)
+    assert len(points) == 2 * 2 * 2
+    first, computed = run_grid(points[:3], tmp_path / "out", jobs=2)
+    assert computed == 3
+    records, computed = run_grid(points, tmp_path / "out", jobs=2)
+    assert computed == len(points) - 3  # the stored points were skipped
+    assert records[:3] == first
+    serial, _ = run_grid(points, tmp_path / "serial", jobs=1)
+    assert records == serial
+    keys = {p.key() for p in points}
+    assert len(keys) == len(points)
+    assert {p.stem for p in (tmp_path / "out" / "points").glob("*.json")} == keys
+
+
+@needs_trace
+def test_sweep_cli_from_toml(tmp_path):
+    _points(tmp_path)
+    proc = casmoe("sweep", "grid.toml", "--out", "sw", "--jobs", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    check_report(tmp_path / "sw")
+    again = casmoe("sweep", "grid.toml", "--out", "sw", "--jobs", "1", cwd=tmp_path)
+    assert "0 computed now" in again.stdout
+
+
+@needs_trace
+@pytest.mark.slow
+def test_sweep_on_local_ray(tmp_path):
+    points = _points(tmp_path, ("lru",))[:2]
+    records, computed = run_grid(points, tmp_path / "ray", jobs=2, ray_address="local")
+    assert computed == 2
+    local, _ = run_grid(points, tmp_path / "local", jobs=1)
+    assert records == local
+
+
+def test_specs_parse_and_reject():
+    spec = PolicySpec.parse("casmoe[predictor=noisy, noise=0.5]")
+    assert spec.name == "casmoe" and dict(spec.options) == {"predictor": "noisy", "noise": 0.5}
+    assert spec.label == "casmoe[noise=0.5,predictor=noisy]"
+    with pytest.raises(SweepError):
+        PolicySpec.parse("casmoe[predictor]")
+    assert CapacitySpec("6GB").resolve([1_000_000_000] * 2).slots == 3
+    assert CapacitySpec("6GB", per_layer=False).resolve([1_000_000_000] * 2).slots == 6
+    with pytest.raises(SweepError):
+        CapacitySpec("6 parsecs").resolve([1])
+
+
+def test_bad_sweep_file_names_the_key(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('traces = ["x.npz"]\npolicys = ["lru"]\n')
+    with pytest.raises(SweepError, match="policys"):
+        Grid.from_toml(cfg)
+    assert file_digest(cfg) == file_digest(cfg)

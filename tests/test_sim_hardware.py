@@ -1,0 +1,59 @@
+"""Hardware profiles: every number sourced, TOML round trip, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from casmoe.sim.hardware import HardwareError, HardwareProfile, load_profile, profile_paths
+
+
+@pytest.mark.parametrize("name", sorted(profile_paths()))
+def test_shipped_profiles_round_trip_with_a_source_per_number(name):
+    p = load_profile(name)
+    assert p.name == name
+    assert set(p.sources) == set(HardwareProfile.numeric_fields())
+    again = HardwareProfile.from_toml(p.to_toml())
+    assert again == p and again.sources == p.sources
+
+
+def test_seed_box_numbers():
+    p = load_profile("rtx4090x4")
+    assert (p.gpus, p.memory_gib, p.h2d_pinned_gbs, p.h2d_pageable_gbs) == (4, 24.0, 24.0, 13.0)
+    assert p.dense_tflops == pytest.approx(165.2) and p.mem_bw_gbs == 1008.0
+
+
+def test_user_profile_from_path_and_calibrated_values(tmp_path):
+    measured = load_profile("rtx5090").with_values(
+        name="my-box", h2d_pinned_gbs=41.5, sources={"h2d_pinned_gbs": "casmoe calibrate, 2026-11-29"}
+    )
+    path = measured.write(tmp_path / "my-box.toml")
+    loaded = load_profile(str(path))
+    assert loaded.h2d_pinned_gbs == 41.5 and loaded.sources["h2d_pinned_gbs"].startswith("casmoe calibrate")
+
+
+def test_unsourced_number_is_rejected(tmp_path):
+    text = load_profile("a100-80g").to_toml().replace('copy_latency_us = "', 'copy_latency_uz = "')
+    with pytest.raises(HardwareError, match="no source given for copy_latency_us"):
+        HardwareProfile.from_toml(text)
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (("gpus = 1", "gpus = 0"), "gpus must be >= 1"),
+        (("mem_efficiency = 0.85", "mem_efficiency = 1.5"), "mem_efficiency must be in"),
+        (("gpus = 1", 'gpus = "one"'), "gpus must be int"),
+        (("gpus = 1", "gpus = 1\nflux = 2"), "unknown profile fields"),
+    ],
+)
+def test_invalid_profiles(edit, message):
+    text = load_profile("a100-80g").to_toml().replace(*edit)
+    with pytest.raises(HardwareError, match=message):
+        HardwareProfile.from_toml(text)
+
+
+def test_unknown_name_and_missing_file():
+    with pytest.raises(HardwareError, match="shipped: "):
+        load_profile("tpu-v9")
+    with pytest.raises(HardwareError, match="not found"):
+        load_profile("/nonexistent/box.toml")
