@@ -27,38 +27,16 @@ def _setup(model: str, devices: list[str], threads: int, link_gbps: Optional[flo
     """Load the model and tokenizer and wrap the model for offloading."""
     import torch
 
+    from casmoe.backends.models import load_model
     from casmoe.backends.runtime import Link, OffloadedModel
 
     if threads > 0:
         torch.set_num_threads(threads)
     if link_gbps is not None and link_gbps <= 0:
         raise BenchInputError("--link-gbps must be > 0")
-    hf_model, tokenizer = _load_model(model)
+    hf_model, tokenizer = load_model(model)
     link = Link(None if link_gbps is None else link_gbps * 1e9, link_latency_us * 1e-6)
     return OffloadedModel(hf_model, devices=devices or ["cpu"], link=link, mmap_path=mmap), tokenizer
-
-
-def _load_model(spec: str) -> tuple[Any, Any]:
-    """A shipped tiny model's name (traces/models/NAME) or a local model folder, in float32 on
-    the host (the backend places it)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from casmoe.shipped import data_dir
-
-    shipped = data_dir() / "models" / spec
-    path = shipped if shipped.is_dir() else Path(spec)
-    if not path.exists():
-        known = sorted(p.name for p in (data_dir() / "models").glob("*") if p.is_dir())
-        raise BenchInputError(
-            f"model {spec!r} is neither a shipped model ({', '.join(known) or 'none installed'}) nor a local folder"
-        )
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as exc:
-        raise BenchInputError(f"{path}: cannot load a transformers causal LM with its tokenizer: {exc}") from exc
-    return model.eval(), tokenizer
 
 
 def _prompts(tokenizer: Any, prompts: Optional[Path], count: int, max_tokens: int, split: str = "heldout") -> list[Any]:
