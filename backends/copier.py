@@ -4,8 +4,9 @@ Two implementations of one small interface (`submit`, `done`, `wait`, `close`):
 
 - `ThreadCopier` (CPU, tests, the fidelity run): one copy thread that works like a link. A
   bandwidth cap and a per-copy latency make each copy occupy the link for
-  `latency + bytes / bandwidth` seconds, one at a time; queued demand loads jump ahead of
-  queued prefetches, as in the simulator's link model.
+  `latency + bytes / bandwidth` seconds, one at a time, from when it was asked for or the link
+  came free (a free-at time, as in the simulator's link); queued demand loads jump ahead of
+  queued prefetches.
 - `CudaCopier`: copies from pinned memory on a dedicated CUDA stream; completion is a CUDA
   event. Copies wait for the compute already queued (a slot is only overwritten once the
   kernels that might still read it have run).
@@ -36,6 +37,7 @@ class Ticket:
     dst: dict[str, torch.Tensor]
     nbytes: int
     cancelled: bool = False
+    started: bool = False
     submitted: float = 0.0
     finished: float = 0.0
     _signal: Any = field(default=None, repr=False)
@@ -68,6 +70,14 @@ class ThreadCopier:
             heapq.heappush(self._heap, (0 if t.demand else 1, next(self._seq), t))
             self._cv.notify()
 
+    def promote(self, t: Ticket) -> None:
+        """A queued prefetch that a layer needs now moves to demand priority (as in the
+        simulator's link); one already on the wire just finishes."""
+        with self._cv:
+            if not t.started and not t.demand:
+                t.demand = True
+                heapq.heappush(self._heap, (0, next(self._seq), t))
+
     def done(self, t: Ticket) -> bool:
         return t._signal.is_set()
 
@@ -90,16 +100,22 @@ class ThreadCopier:
                     if not self._heap:
                         return
                     _, _, t = heapq.heappop(self._heap)
+                    if t.started:
+                        continue  # the stale entry of a promoted prefetch
+                    t.started = True
                 if not t.cancelled:
-                    start = max(time.perf_counter(), free_at)
+                    # the emulated wire starts when the copy was asked for or the wire came free,
+                    # whichever is later: this thread's own wake-up delays are not the link's
+                    start = max(t.submitted, free_at) if self.bandwidth or self.latency else time.perf_counter()
                     _copy(t)
                     if self.bandwidth or self.latency:
                         free_at = start + self.latency + (t.nbytes / self.bandwidth if self.bandwidth else 0.0)
                         pause = free_at - time.perf_counter()
                         if pause > 0:
                             time.sleep(pause)
-                    end = time.perf_counter()
-                    self.busy += end - start
+                        else:
+                            free_at = time.perf_counter()
+                    self.busy += time.perf_counter() - start
                 t.finished = time.perf_counter()
                 t._signal.set()
 
@@ -121,8 +137,11 @@ class CudaCopier:
             t._signal = torch.cuda.Event()
             t._signal.record(self.stream)
 
+    def promote(self, t: Ticket) -> None:
+        """Copies on one stream run in order; nothing to reorder."""
+
     def done(self, t: Ticket) -> bool:
-        return t.cancelled or t._signal.query()
+        return t._signal.query()
 
     def wait(self, t: Ticket) -> None:
         torch.cuda.current_stream(self.device).wait_event(t._signal)

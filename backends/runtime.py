@@ -69,7 +69,8 @@ class RequestTiming:
     new_tokens: list[int]
     ttft: float  # seconds from request start to the first generated token
     token_latency: list[float]  # seconds per decode step
-    stall: float  # seconds spent waiting for expert copies
+    stall: float  # seconds spent waiting for expert copies, the whole request
+    token_stall: list[float] = field(default_factory=list)  # of which in each decode step
 
 
 @dataclass
@@ -269,6 +270,10 @@ class OffloadedModel:
         cache = d.cache
         self._drain(d)
         acc = cache.route(self._step, local, experts, self._scores[layer])
+        for e in acc.late:  # still-queued prefetches this layer needs go first, as in the simulator
+            t = d.tickets.get(e)
+            if t is not None:
+                d.copier.promote(t)
         routed = set(experts)
         streamed = [ld for ld in acc.loads if ld.victim in routed]
         for ld in acc.loads:
@@ -515,6 +520,7 @@ class OffloadedModel:
         rows_w: list[np.ndarray] = []
         out_logits: list[torch.Tensor] = []
         latencies: list[float] = []
+        stalls: list[float] = []
         tokens: list[int] = []
         start = time.perf_counter()
         with torch.inference_mode():
@@ -528,11 +534,13 @@ class OffloadedModel:
             for n in range(max(max_new_tokens, 1)):
                 self._prefill = n == 0
                 t = time.perf_counter()
+                stalled = self._stall
                 out = model(input_ids=ids, cache=past, use_cache=True)
                 sync()
                 now = time.perf_counter()
                 if n:
                     latencies.append(now - t)
+                    stalls.append(self._stall - stalled)
                 else:
                     ttft = now - start
                 self._step += 1
@@ -552,7 +560,7 @@ class OffloadedModel:
         topk = np.concatenate(rows_k).astype(np.int16)
         weights = np.concatenate(rows_w).astype(np.float32)
         req = Request(topk, weights, prefill=len(p.ids), prompt=p.text, task=p.task)
-        return RequestTiming(len(p.ids), tokens, ttft, latencies, self._stall), out_logits, req
+        return RequestTiming(len(p.ids), tokens, ttft, latencies, self._stall, stalls), out_logits, req
 
     # ---- checks --------------------------------------------------------------------------
 

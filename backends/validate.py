@@ -37,7 +37,8 @@ class Fidelity:
     hit_rate: float
     sim_hit_rate: float
     sim_median_upfront: float  # with the one calibration made before all runs
-    resident_step: float  # the all-resident decode step measured right after this run
+    sim_median_inrun: float  # compute fitted to this run's own stall-free step time (diagnostic)
+    resident_step: float  # the all-resident decode step, mean of just before and just after this run
 
     @property
     def median_error(self) -> float:
@@ -47,10 +48,15 @@ class Fidelity:
     def median_error_upfront(self) -> float:
         return abs(self.sim_median_upfront - self.backend_median) / self.backend_median
 
+    @property
+    def median_error_inrun(self) -> float:
+        return abs(self.sim_median_inrun - self.backend_median) / self.backend_median
+
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["median_error"] = self.median_error
         d["median_error_upfront"] = self.median_error_upfront
+        d["median_error_inrun"] = self.median_error_inrun
         return d
 
 
@@ -75,9 +81,11 @@ def validate(
     """Run each policy on the backend (its `om.link`), replay its trace in the simulator with the
     calibrated profile, and compare. Calibrates `om` first unless `calibration` is given.
 
-    On a shared machine the compute speed drifts with other load, so after each policy's run
-    the all-resident decode step is measured again and the profile's overheads refitted to it
-    (`sim_median`); `sim_median_upfront` keeps the single up-front calibration for comparison."""
+    On a shared machine the compute speed drifts with other load, so the all-resident decode
+    step is measured again just before and just after each policy's run and the profile's
+    overheads are refitted to their mean (`sim_median`); `sim_median_upfront` keeps the single
+    up-front calibration for comparison, and `sim_median_inrun` fits compute to the run's own
+    stall-free step time, which isolates the error of the link and stall model."""
     from casmoe.sim.engine import simulate
 
     cal = calibration or calibrate(om, prompts, max_new_tokens=max_new_tokens)
@@ -88,12 +96,16 @@ def validate(
         if progress is not None:
             progress(name)
         cls = get_policy(name)
+        before = resident_step(om, prompts, max_new_tokens)
         run = om.run(prompts, cls, capacity, max_new_tokens=max_new_tokens)
-        step = resident_step(om, prompts, max_new_tokens)
+        step = (before + resident_step(om, prompts, max_new_tokens)) / 2
         profile = refit(cal, om, step, prompts, max_new_tokens).profile("validate")
         sim = simulate(run.trace, cls, capacity, profile, preset)
         sim0 = simulate(run.trace, cls, capacity, upfront, preset)
         lat = [x for r in run.requests for x in r.token_latency]
+        busy = float(np.median([x - y for r in run.requests for x, y in zip(r.token_latency, r.token_stall)]))
+        inrun = refit(cal, om, busy, prompts, max_new_tokens).profile("validate")
+        sim1 = simulate(run.trace, cls, capacity, inrun, preset)
         out.append(
             Fidelity(
                 policy=name,
@@ -107,6 +119,7 @@ def validate(
                 hit_rate=run.stats.hit_rate,
                 sim_hit_rate=sim.stats.hit_rate,
                 sim_median_upfront=sim0.token_latency_p50_s,
+                sim_median_inrun=sim1.token_latency_p50_s,
                 resident_step=step,
             )
         )
