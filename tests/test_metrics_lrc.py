@@ -145,3 +145,14 @@ def test_cli_bad_input_is_one_line_error(tmp_path):
         r = subprocess.run([sys.executable, "-m", "casmoe", "lrc", "-t", str(a), *args], capture_output=True, text=True)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("casmoe: error:"), r.stderr
+
+
+def test_segments_longer_than_every_request_are_undefined_not_zero():
+    res = measure(small_trace(S=2, T=10), [4, 64], replicates=10)
+    d = res.to_dict()
+    assert d["srp"]["64"]["model"]["value"] is None
+    assert d["srp"]["4"]["model"]["value"] > 0
+    row = next(r for r in res.records() if r["m"] == 64 and r["level"] == "model")
+    assert row["srp"] is None
+    # SCH needs no window: the lookahead just reaches past the end of the request.
+    assert d["sch"]["64"]["model"]["value"][-1] == pytest.approx(1.0)

@@ -25,6 +25,8 @@ from casmoe.trace import Trace
 DEFAULT_MS = (4, 16, 64, 256)
 DEFAULT_RHOS = (1.0, 2.0, 4.0)
 DEFAULT_BASELINES = ("lru", "lfu", "belady")
+LOCKSTEP_ITEMS = 1024
+"""Model-wide stacks up to this many items (L x E) run all sequences in one lockstep pass."""
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,8 @@ class Estimate:
     lower: np.ndarray
     upper: np.ndarray
 
-    def at(self, index: Any) -> dict[str, float]:
-        return {"value": float(self.value[index]), "lower": float(self.lower[index]), "upper": float(self.upper[index])}
+    def at(self, index: Any) -> dict[str, float | None]:
+        return {"value": _num(self.value[index]), "lower": _num(self.lower[index]), "upper": _num(self.upper[index])}
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class LRCResult:
                 row: dict[str, Any] = {"trace": self.name, "m": m, "level": label}
                 row.update({f"srp{k if k != 'value' else ''}": v for k, v in _suffix(est.at(idx)).items()})
                 row["tau"] = srp.model_tau if layer is None else int(srp.layer_tau[layer])
-                row["preds_per_active"] = srp.model_preds_per_active if layer is None else float(srp.layer_preds_per_active[layer])
+                row["preds_per_active"] = _num(srp.model_preds_per_active if layer is None else srp.layer_preds_per_active[layer])
                 for rho in rhos:
                     v = self.sch_at(m, rho, "model" if layer is None else "layer", layer)
                     for k2, x in _suffix(v or {"value": None, "lower": None, "upper": None}).items():
@@ -139,11 +141,11 @@ class LRCResult:
                 str(m): {
                     "model": s.model.at(()),
                     "model_tau": s.model_tau,
-                    "model_preds_per_active": s.model_preds_per_active,
-                    "activation_rate": s.activation_rate,
+                    "model_preds_per_active": _num(s.model_preds_per_active),
+                    "activation_rate": _num(s.activation_rate),
                     "layers": _lists(s.layers),
                     "layer_tau": s.layer_tau.tolist(),
-                    "layer_preds_per_active": s.layer_preds_per_active.tolist(),
+                    "layer_preds_per_active": [_num(x) for x in s.layer_preds_per_active],
                 }
                 for m, s in self.srp.items()
             },
@@ -161,18 +163,27 @@ class LRCResult:
         }
 
 
+def _num(x: Any) -> float | None:
+    """A float for JSON and tables; None where the statistic is undefined (NaN)."""
+    x = float(x)
+    return None if np.isnan(x) else x
+
+
 def _suffix(d: dict[str, Any]) -> dict[str, Any]:
     return {("" if k == "value" else f"_{k}"): v for k, v in d.items()}
 
 
 def _lists(e: Estimate) -> dict[str, Any]:
-    return {"value": e.value.tolist(), "lower": e.lower.tolist(), "upper": e.upper.tolist()}
+    return {name: np.where(np.isnan(a), None, a).tolist() for name, a in (("value", e.value), ("lower", e.lower), ("upper", e.upper))}
 
 
 def work_units(trace: Trace, ms: Sequence[int], rhos: Sequence[float], baselines: Sequence[str], tokens: TokenSelection = TokenSelection.ALL) -> int:
     """How many progress ticks `measure` reports: tokens walked by SCH, requests replayed."""
     seqs = sequences(trace, tokens)
-    return len(ms) * (sum(len(s) for s in seqs) + max(len(s) for s in seqs)) + 2 * len(baselines) * len(rhos) * len(seqs)
+    g = trace.geometry
+    longest = max(len(s) for s in seqs)
+    model = longest if g.total_experts <= LOCKSTEP_ITEMS else sum(len(s) for s in seqs)
+    return len(ms) * (model + longest) + 2 * len(baselines) * len(rhos) * len(seqs)
 
 
 def measure(
@@ -230,12 +241,16 @@ def measure(
     for m in ms:
         model_hits = np.zeros((S, L * E), dtype=np.int64)
         model_req = np.zeros(S, dtype=np.int64)
-        for i, s in enumerate(seqs):
-            if not len(s):
-                continue
-            flat = np.where(s >= 0, s + offsets, -1).reshape(1, len(s), L * k)
-            res = lookahead_hits(flat, L * E, m, progress)
-            model_hits[i], model_req[i] = res.hits[0], res.requests[0]
+        # Small model-wide stacks run all sequences in lockstep; wide ones one at a time,
+        # where numpy call overhead per access matters less than the stack scans.
+        groups = [list(range(S))] if L * E <= LOCKSTEP_ITEMS else [[i] for i in range(S)]
+        for group in groups:
+            lanes = np.full((len(group), max(len(seqs[i]) for i in group), L * k), -1, dtype=np.int64)
+            for j, i in enumerate(group):
+                s = seqs[i]
+                lanes[j, : len(s)] = np.where(s >= 0, s + offsets, -1).reshape(len(s), L * k)
+            res = lookahead_hits(lanes, L * E, m, progress)
+            model_hits[group], model_req[group] = res.hits, res.requests
         lane = lookahead_hits(per_layer, E, m, progress)
         lh = lane.hits.reshape(S, L, E)
         lr = lane.requests.reshape(S, L)

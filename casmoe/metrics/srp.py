@@ -70,7 +70,8 @@ def segment_stats(seqs: list[np.ndarray], experts: int, ms: Sequence[int]) -> li
 
 @dataclass(frozen=True)
 class SRPResult:
-    """Best F1, its threshold, the pre-routed-per-active ratio and the activation rate."""
+    """Best F1, its threshold, the pre-routed-per-active ratio and the activation rate
+    (NaN where there is no window, or no activation for the ratio)."""
 
     srp: np.ndarray
     tau: np.ndarray
@@ -90,6 +91,8 @@ def srp_from_hist(hist: np.ndarray, m: int) -> SRPResult:
     best = np.take_along_axis(f1, tau[..., None], -1)[..., 0]
     p_best = np.take_along_axis(preds, tau[..., None], -1)[..., 0]
     a = acts[..., 0]
-    ratio = np.where(a > 0, p_best / np.maximum(a, 1), 0.0)
-    rate = np.where(preds[..., 0] > 0, a / np.maximum(preds[..., 0], 1), 0.0)
+    windows = preds[..., 0] > 0  # no window at all (every sequence shorter than m): undefined
+    best = np.where(windows, best, np.nan)
+    ratio = np.where(a > 0, p_best / np.maximum(a, 1), np.nan)
+    rate = np.where(windows, a / np.maximum(preds[..., 0], 1), np.nan)
     return SRPResult(best, tau, ratio, rate)
