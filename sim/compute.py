@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from casmoe.geometry import Quant
 from casmoe.presets import ModelPreset
 from casmoe.sim.hardware import HardwareProfile
 
@@ -50,9 +49,9 @@ class RooflineCompute:
         hw: HardwareProfile,
         preset: ModelPreset,
         expert_bytes: Sequence[int],
-        quant: Quant = Quant.BF16,
         pinned: bool = True,
     ) -> RooflineCompute:
+        """`expert_bytes` per layer carry the quantisation (weight-only: FLOPs are unchanged)."""
         g = preset.geometry
         return cls(
             flops=hw.dense_tflops * 1e12 * hw.matmul_efficiency,

@@ -196,7 +196,7 @@ def simulate(
     elif plan.trace is not trace or plan.batch != batch or len(plan.ranges) != devices:
         raise SimConfigError("the step plan was built for another trace, batch or device count")
     if compute is None:
-        compute = RooflineCompute.build(hardware, preset, nbytes, quant or Quant.BF16, pinned)
+        compute = RooflineCompute.build(hardware, preset, nbytes, pinned)
     host = HostCap(hardware.host_cap_gbs * 1e9) if hardware.host_cap_gbs > 0 else None
     rate = hardware.h2d_gbs(pinned) * 1e9
     latency = hardware.copy_latency_us * 1e-6
@@ -337,7 +337,7 @@ class _Run:
                 arrived = cache.arrived
                 heap = link.heap
                 queue = link.queue
-                before = cache.before_layer
+                before = cache.before_layer if cache.prefetches_per_layer else None
                 route = cache.route
                 sub = dev.steps[s]
                 counts = sub.counts
@@ -349,9 +349,10 @@ class _Run:
                         continue
                     if queue or (heap and heap[0][0] <= t):
                         link.land(t, arrived)
-                    pre = before(s, ll)
-                    if pre:
-                        self._issue(dev, t, pre)
+                    if before is not None:
+                        pre = before(s, ll)
+                        if pre:
+                            self._issue(dev, t, pre)
                     acc = route(s, ll, experts)
                     start = t
                     late_until = t

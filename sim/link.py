@@ -93,7 +93,8 @@ class Link:
 
     def demand(self, now: float, expert: ExpertId, nbytes: int) -> float:
         """Commit a demand load ahead of queued prefetches; returns its arrival time."""
-        self._advance(now)
+        if self.queue:
+            self._advance(now)
         self._seq += 1
         self._token[expert] = self._seq
         start = self.busy_until if self.busy_until > now else now
@@ -102,7 +103,8 @@ class Link:
     def need(self, now: float, expert: ExpertId) -> float:
         """Arrival time of an in-flight `expert` that a layer needs now; a still-queued
         prefetch of it is promoted to demand priority."""
-        self._advance(now)
+        if self.queue:
+            self._advance(now)
         entry = self._pending.pop(expert, None)
         if entry is None:
             return self._arrival[expert]

@@ -119,13 +119,17 @@ def simulate(
     nbytes = expert_bytes_for(tr, preset, q)
     fit = max_slots(hw, preset, nbytes, n_dev)
     k = tr.geometry.top_k
-    if fit < k:
-        raise CasmoeError(
-            f"{hw.name} x{n_dev} holds {fit} experts per layer beside the dense weights, below top_k={k}; "
-            "use more --devices, a smaller --quant, or bigger hardware"
-        )
     caps = [CapacitySpec(c) for c in capacity or []] + [CapacitySpec(c, False) for c in global_capacity or []]
+    for c in caps:
+        slots = c.resolve(nbytes).slots
+        if (slots if c.per_layer else slots / tr.geometry.layers) > fit and not as_json:
+            typer.echo(f"note: capacity {c.text} exceeds the {fit} experts/layer that fit in GPU memory; simulated anyway")
     if not caps:
+        if fit < k:
+            raise CasmoeError(
+                f"{hw.name} x{n_dev} holds {fit} experts per layer beside the dense weights, below top_k={k}; "
+                "use more --devices, a smaller --quant, bigger hardware, or give --capacity for a what-if"
+            )
         sizes = sorted({k, *(s for s in (2 * k, 3 * k, 4 * k) if s < fit), fit})
         caps = [CapacitySpec(str(s)) for s in sizes]
     specs = [PolicySpec.parse(p) for p in policy] if policy and policy != ["all"] else default_policies(POLICIES)
