@@ -62,7 +62,7 @@ class SCHLevel:
     m: int
     model: Estimate
     layers: Estimate
-    pooled_layers: np.ndarray  # [E]: per-layer caches of C slots each, hits pooled over layers
+    pooled_layers: Estimate  # [E]: per-layer caches of C slots each, hits pooled over layers
 
 
 @dataclass
@@ -94,8 +94,7 @@ class LRCResult:
         if level == "model":
             return s.model.at(C - 1)
         if layer is None:
-            v = float(s.pooled_layers[C - 1])
-            return {"value": v, "lower": v, "upper": v}
+            return s.pooled_layers.at(C - 1)
         return s.layers.at((layer, C - 1))
 
     def records(self, rhos: Sequence[float] = DEFAULT_RHOS) -> list[dict[str, Any]]:
@@ -155,7 +154,7 @@ class LRCResult:
                     "model": _lists(s.model),
                     "layer_rho": (np.arange(1, g.experts + 1) / g.top_k).tolist(),
                     "layers": _lists(s.layers),
-                    "pooled_layers": s.pooled_layers.tolist(),
+                    "pooled_layers": _lists(s.pooled_layers),
                 }
                 for m, s in self.sch.items()
             },
@@ -258,11 +257,13 @@ def measure(
         boot_model = (W @ model_hits) / np.maximum(W @ model_req, 1)[:, None]
         layer_rate = lh.sum(0) / np.maximum(lr.sum(0), 1)[:, None]
         boot_layers = np.einsum("bs,sle->ble", W, lh) / np.maximum(W @ lr, 1)[:, :, None]
+        pooled = lh.sum(axis=(0, 1)) / max(lr.sum(), 1)
+        boot_pooled = (W @ lh.sum(axis=1)) / np.maximum(W @ lr.sum(axis=1), 1)[:, None]
         sch[m] = SCHLevel(
             m,
             Estimate(model_rate, *basic_interval(model_rate, boot_model, confidence)),
             Estimate(layer_rate, *basic_interval(layer_rate, boot_layers, confidence)),
-            lh.sum(axis=(0, 1)) / max(lr.sum(), 1),
+            Estimate(pooled, *basic_interval(pooled, boot_pooled, confidence)),
         )
 
     result = LRCResult(name, g, S, sum(len(s) for s in seqs), tokens.value, srp, sch)

@@ -13,8 +13,8 @@ The definition is moe-lrc's (arXiv 2505.16056, public code ljcleo/moe-lrc,
   still counts as a hit), then the accesses update the stack one by one in routing order.
 - An item's **first use** in a sequence counts as a hit for every C larger than the number of
   distinct items seen before it: a cache that still has a free slot fills it for free (the
-  cache starts warm). Hence SCH at C = all items is exactly 1, and for smaller C it exceeds a
-  cold cache's hit rate by at most C / requests per sequence.
+  cache starts warm). Hence SCH at C = all items is exactly 1, and a sequence that uses D
+  distinct items gets exactly min(C, D) more hits than a cold-start count would give it.
 - **Per layer**: items are the E experts of one layer, a token's batch its k routed experts
   (in the trace's slot order). **Model level**: items are all L x E experts, a token's batch
   all its layers' experts, layer by layer (moe-lrc concatenates the per-layer top-k).
@@ -60,8 +60,8 @@ def lookahead_hits(batches: np.ndarray, items: int, m: int, progress: Callable[[
 
     `batches[lane, t]` lists the items token t accesses, in order, -1 for none (padding,
     gaps); a lane never accesses an item twice in one token. `progress(n)` is called with the
-    number of tokens done. One lane runs a scalar loop (numpy call overhead dominates a wide
-    stack); several run in lockstep.
+    number of tokens done. One lane runs a lean 1-D loop (the wide model-level stack of one
+    sequence); several run in lockstep on 2-D arrays, which pays off for narrow stacks.
     """
     if m < 1:
         raise MetricsError(f"lookahead m must be >= 1 token (got {m})")
