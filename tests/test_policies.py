@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -244,3 +245,23 @@ def test_substitute_mode_uses_the_best_resident_and_loads_nothing_when_it_can():
     acc = cache.route(3, 0, [3], scores=np.array([0.1, 0.7, 0.0, 0.2]))
     assert acc.substitutes == ((3, 1),) and acc.loads == ()
     assert cache.stats().substitutions == 2 and cache.stats().misses == 4
+
+
+REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-traces"
+
+
+@pytest.mark.skipif(not REAL.exists(), reason="../shared/data not present")
+@pytest.mark.parametrize("model", ["qwen", "gemma", "gptoss"])
+def test_every_policy_replays_the_real_traces(model):
+    from casmoe.importers import read_route_csv
+    from casmoe.policies import choose_policies
+
+    trace = read_route_csv(REAL / f"{model}.route.csv")
+    g = trace.geometry
+    results = {}
+    for choice in choose_policies("all"):
+        stats = choice.create(g, Capacity(2 * g.top_k), trace=trace)
+        stats = replay(trace, stats).stats
+        assert stats.hits + stats.late_hits + stats.misses == stats.accesses > 0
+        results[choice.label] = stats.hits
+    assert results["belady"] >= max(results[n] for n in ("lru", "lfu", "ondemand"))
