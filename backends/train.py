@@ -1,0 +1,184 @@
+"""Train the shipped tiny MoE models from random init on the shipped corpus.
+
+No checkpoint can be downloaded here, so casmoe makes its own: transformers' own Mixtral and
+OLMoE classes at the routing shapes of Mixtral-8x7B (32 layers, 8 experts, top-2) and
+OLMoE-1B-7B (16 layers, 64 experts, top-8), with narrow hidden sizes so that CPU training takes
+minutes and the weights stay small. Router load-balancing loss is on, so routing is spread over
+experts the way a real MoE's is. Everything is seeded: `casmoe train-tiny NAME` reproduces them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from casmoe.errors import CasmoeError
+from casmoe.backends.corpus import HELDOUT, TRAIN, Prompt, load_corpus
+
+VOCAB_SIZE = 4096
+EOS = "<|endoftext|>"
+
+# name -> (transformers config class name, config kwargs). Shapes: see the module docstring.
+TINY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "tiny-mixtral": ("MixtralConfig", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=32, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+        router_aux_loss_coef=0.02)),
+    "tiny-olmoe": ("OlmoeConfig", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=16, num_attention_heads=4,
+        num_key_value_heads=4, num_experts=64, num_experts_per_tok=8,
+        router_aux_loss_coef=0.01)),
+}
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How a tiny model is trained; the defaults are what the shipped models used."""
+
+    steps: int = 250
+    batch: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    warmup: int = 20
+    seed: int = 0
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training run measured (also written as `train.json` beside the weights)."""
+
+    name: str
+    params: int
+    train_tokens: int
+    steps: int
+    seconds: float
+    first_loss: float
+    final_loss: float
+    heldout_loss: float
+    heldout_perplexity: float
+    weights_bytes: int
+    settings: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
+    """Byte-level BPE on the given texts, wrapped as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS,
+                                   pad_token=EOS)
+
+
+def model_config(name: str, vocab_size: int = VOCAB_SIZE):
+    """The transformers config of a tiny model (random-init shape only)."""
+    import transformers
+
+    if name not in TINY_MODELS:
+        raise CasmoeError(f"unknown tiny model {name!r}; choose from {', '.join(TINY_MODELS)}")
+    cls_name, kwargs = TINY_MODELS[name]
+    return getattr(transformers, cls_name)(
+        vocab_size=vocab_size, max_position_embeddings=1024, tie_word_embeddings=True,
+        output_router_logits=True, bos_token_id=0, eos_token_id=0, pad_token_id=0, **kwargs)
+
+
+def pack(tokenizer, prompts: list[Prompt], seq_len: int):
+    """One token stream (each text followed by EOS) cut into rows of seq_len: [N, seq_len]."""
+    import torch
+
+    ids: list[int] = []
+    for p in prompts:
+        ids += tokenizer(p.text)["input_ids"] + [tokenizer.eos_token_id]
+    n = len(ids) // seq_len
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+def mean_loss(model, rows, batch: int = 32) -> float:
+    """Mean next-token cross-entropy (nats) over packed rows, without the router loss."""
+    import torch
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(rows), batch):
+            x = rows[i:i + batch]
+            logits = model(input_ids=x, output_router_logits=False).logits[:, :-1]
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1), reduction="sum")
+            total += float(loss)
+            count += x[:, 1:].numel()
+    return total / count
+
+
+def _lr_at(step: int, s: TrainSettings) -> float:
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    frac = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSettings(),
+               corpus: Path | str | None = None, progress: bool = True) -> TrainResult:
+    """Train tiny model `name` and save it (fp16 safetensors, config, tokenizer) to out_dir."""
+    import torch
+    import transformers
+    from tqdm import tqdm
+
+    torch.manual_seed(settings.seed)
+    torch.set_num_threads(settings.threads)
+    rng = np.random.default_rng(settings.seed)
+    train_prompts = load_corpus(corpus, split=TRAIN)
+    held_prompts = load_corpus(corpus, split=HELDOUT)
+    tokenizer = train_tokenizer([p.text for p in train_prompts])
+    config = model_config(name, vocab_size=len(tokenizer))
+    model_cls = getattr(transformers, TINY_MODELS[name][0].replace("Config", "ForCausalLM"))
+    model = model_cls(config)
+    model.set_experts_implementation("grouped_mm")  # the fast CPU path for training
+    rows, held = pack(tokenizer, train_prompts, settings.seq_len), pack(tokenizer, held_prompts,
+                                                                       settings.seq_len)
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01,
+                            betas=(0.9, 0.95))
+    losses: list[float] = []
+    start = time.perf_counter()
+    model.train()
+    bar = tqdm(range(settings.steps), desc=f"train {name}", disable=not progress)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, settings)
+        x = rows[torch.from_numpy(rng.integers(0, len(rows), size=settings.batch))]
+        loss = model(input_ids=x, labels=x).loss  # LM loss + router_aux_loss_coef * aux
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    seconds = time.perf_counter() - start
+    out_dir = Path(out_dir)
+    model.config.output_router_logits = False  # a training-time switch; inference needs no aux loss
+    model.half().save_pretrained(out_dir)  # fp16 keeps the shipped weights small
+    tokenizer.save_pretrained(out_dir)
+    shipped = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
+    held_loss = mean_loss(shipped, held)  # measured on the weights as shipped (fp16 -> fp32)
+    result = TrainResult(
+        name=name, params=sum(p.numel() for p in model.parameters()),
+        train_tokens=int(rows.numel()), steps=settings.steps, seconds=round(seconds, 1),
+        first_loss=round(losses[0], 4), final_loss=round(float(np.mean(losses[-20:])), 4),
+        heldout_loss=round(held_loss, 4), heldout_perplexity=round(math.exp(held_loss), 2),
+        weights_bytes=(out_dir / "model.safetensors").stat().st_size, settings=asdict(settings))
+    (out_dir / "train.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return result
