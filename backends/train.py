@@ -131,12 +131,39 @@ def _lr_at(step: int, s: TrainSettings) -> float:
     return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress: bool = False,
+        desc: str = "train") -> list[float]:
+    """AdamW with warmup and cosine decay on random batches of packed rows; the loss is the
+    model's own (LM loss plus router_aux_loss_coef times the load-balancing loss when the
+    config has output_router_logits). Returns the loss of every step."""
+    import torch
+    from tqdm import tqdm
+
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01,
+                            betas=(0.9, 0.95))
+    losses: list[float] = []
+    model.train()
+    bar = tqdm(range(settings.steps), desc=desc, disable=not progress)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, settings)
+        x = rows[torch.from_numpy(rng.integers(0, len(rows), size=settings.batch))]
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses
+
+
 def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSettings(),
                corpus: Path | str | None = None, progress: bool = True) -> TrainResult:
     """Train tiny model `name` and save it (fp16 safetensors, config, tokenizer) to out_dir."""
     import torch
     import transformers
-    from tqdm import tqdm
 
     torch.manual_seed(settings.seed)
     torch.set_num_threads(settings.threads)
@@ -150,23 +177,8 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
     model.set_experts_implementation("grouped_mm")  # the fast CPU path for training
     rows, held = pack(tokenizer, train_prompts, settings.seq_len), pack(tokenizer, held_prompts,
                                                                        settings.seq_len)
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01,
-                            betas=(0.9, 0.95))
-    losses: list[float] = []
     start = time.perf_counter()
-    model.train()
-    bar = tqdm(range(settings.steps), desc=f"train {name}", disable=not progress)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, settings)
-        x = rows[torch.from_numpy(rng.integers(0, len(rows), size=settings.batch))]
-        loss = model(input_ids=x, labels=x).loss  # LM loss + router_aux_loss_coef * aux
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    losses = fit(model, rows, settings, rng, progress=progress, desc=f"train {name}")
     seconds = time.perf_counter() - start
     out_dir = Path(out_dir)
     model.config.output_router_logits = False  # a training-time switch; inference needs no aux loss

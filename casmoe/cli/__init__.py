@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from casmoe.cli import backend, lrc, planner, replay, simulate, trace  # noqa: F401  (register commands)
+from casmoe.cli import backend, lrc, planner, record, replay, simulate, trace  # noqa: F401  (register commands)
 from casmoe.cli.app import app
 from casmoe.errors import CasmoeError
 

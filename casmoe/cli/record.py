@@ -1,0 +1,80 @@
+"""`casmoe record` (routing traces from a real model) and `casmoe train-tiny` (the shipped
+tiny MoE models). torch and transformers are imported inside the commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from casmoe.cli.app import app
+
+
+@app.command()
+def record(
+    model: str = typer.Option(..., "--model", "-m",
+                              help="Shipped model name (tiny-mixtral, tiny-olmoe), a model folder, "
+                                   "or a hub id whose weights are cached locally."),
+    prompts: Path = typer.Option(..., "--prompts", "-p",
+                                 help="Corpus JSONL (text, task, split) or text, one prompt a line."),
+    out: Path = typer.Option(..., "--out", "-o", help="Trace file to write (.npz)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="Greedy tokens per prompt."),
+    count: int = typer.Option(0, help="Record this many prompts, spread evenly over the file (0: all)."),
+    max_prompt_tokens: int = typer.Option(256, help="Cut prompts to this many tokens."),
+    logits: bool = typer.Option(False, "--logits", help="Also store full router logits [T, L, E]."),
+    spec: bool = typer.Option(True, "--spec/--no-spec",
+                              help="Store what layer l+1's router picks from layer l's output."),
+    batch: int = typer.Option(8, help="Prompts generated together (left-padded)."),
+    checkpoint_every: int = typer.Option(32, help="Save finished prompts to OUT.partial.npz this often."),
+    threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
+) -> None:
+    """Generate greedily and record prefill and decode routing as a casmoe trace (resumable:
+    rerun the same command after an interruption)."""
+    import torch
+
+    from casmoe.backends.corpus import load_prompts
+    from casmoe.backends.record import RecordSettings
+    from casmoe.backends.record import record as run_record
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    rows = load_prompts(prompts)
+    if count and count < len(rows):
+        step = len(rows) / count
+        rows = [rows[int(i * step)] for i in range(count)]
+    settings = RecordSettings(max_new_tokens=max_new_tokens, logits=logits, spec=spec)
+    trace = run_record(model, rows, out, settings, checkpoint_every=checkpoint_every,
+                       batch_size=batch, max_prompt_tokens=max_prompt_tokens)
+    print(json.dumps({"out": str(out), "requests": len(trace.requests), "tokens": trace.tokens,
+                      "geometry": trace.geometry.describe()}))
+
+
+@app.command("train-tiny")
+def train_tiny(
+    name: str = typer.Argument(..., help="tiny-mixtral or tiny-olmoe."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Output folder (default: traces/models/NAME)."),
+    steps: Optional[int] = typer.Option(None, help="Training steps (default: the shipped run's)."),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1, as shipped)."),
+    corpus: Optional[Path] = typer.Option(None, help="Corpus JSONL (default: the shipped one)."),
+) -> None:
+    """Train a shipped tiny MoE model from random init on the corpus (seeded; prints the
+    held-out perplexity and writes it to OUT/train.json)."""
+    from dataclasses import replace
+
+    from casmoe.backends.train import TINY_MODELS, TrainSettings
+    from casmoe.backends.train import train_tiny as run_train
+    from casmoe.errors import CasmoeError
+    from casmoe.shipped import data_dir
+
+    if name not in TINY_MODELS:
+        raise CasmoeError(f"unknown tiny model {name!r}; choose from {', '.join(TINY_MODELS)}")
+    settings = TrainSettings()
+    if steps is not None:
+        settings = replace(settings, steps=steps)
+    if threads is not None:
+        settings = replace(settings, threads=threads)
+    result = run_train(name, out or data_dir() / "models" / name, settings, corpus=corpus)
+    print(json.dumps(result.to_dict(), indent=2))

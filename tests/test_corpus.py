@@ -1,0 +1,53 @@
+"""The shipped corpus: enough real text, several tasks, a held-out split, licences beside it."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from casmoe.backends.corpus import HELDOUT, TRAIN, CorpusError, load_corpus, load_prompts, save_corpus, Prompt
+from casmoe.shipped import data_dir
+
+
+def test_shipped_corpus_has_tasks_prompts_and_heldout_split() -> None:
+    prompts = load_corpus()
+    tasks = Counter(p.task for p in prompts)
+    assert len(prompts) >= 3000
+    assert len(tasks) >= 6
+    held = [p for p in prompts if p.split == HELDOUT]
+    assert {p.split for p in prompts} == {TRAIN, HELDOUT}
+    assert 0.1 < len(held) / len(prompts) < 0.3
+    assert {p.task for p in held} == set(tasks)  # every task is represented in the held-out split
+    train_texts = {p.text for p in prompts if p.split == TRAIN}
+    assert not train_texts & {p.text for p in held}  # no prompt sits on both sides
+    assert all(p.text.strip() for p in prompts)
+
+
+def test_licences_recorded_beside_the_corpus() -> None:
+    folder = data_dir() / "corpus"
+    licences = (folder / "LICENSES.md").read_text()
+    for task in {p.task for p in load_corpus()}:
+        assert f"| {task} |" in licences
+    for name in ("LICENSE-freebsd-fortunes.txt", "LICENSE-human-eval.txt", "LICENSE-python.txt"):
+        assert (folder / name).stat().st_size > 500
+
+
+def test_filters_and_round_trip(tmp_path: Path) -> None:
+    rows = [Prompt("alpha text", "a", TRAIN), Prompt("beta\ntext", "b", HELDOUT)]
+    save_corpus(rows, tmp_path / "c.jsonl")
+    assert load_corpus(tmp_path / "c.jsonl") == rows
+    assert load_corpus(tmp_path / "c.jsonl", split=HELDOUT) == rows[1:]
+    assert load_corpus(tmp_path / "c.jsonl", task="a") == rows[:1]
+    (tmp_path / "p.txt").write_text("one\n\ntwo\n")
+    assert [p.text for p in load_prompts(tmp_path / "p.txt")] == ["one", "two"]
+
+
+def test_bad_corpus_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(CorpusError, match="not found"):
+        load_corpus(tmp_path / "missing.jsonl")
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(CorpusError, match="bad.jsonl:1"):
+        load_corpus(tmp_path / "bad.jsonl")

@@ -1,0 +1,50 @@
+"""Tiny-model training: the tokenizer and a few optimiser steps on the shipped corpus."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from casmoe.backends.corpus import TRAIN, load_corpus  # noqa: E402
+from casmoe.backends.train import TINY_MODELS, TrainSettings, fit, mean_loss, model_config, pack, train_tokenizer  # noqa: E402
+from casmoe.errors import CasmoeError  # noqa: E402
+
+
+def test_tokenizer_round_trips_text() -> None:
+    texts = [p.text for p in load_corpus(split=TRAIN)[::20]]
+    tok = train_tokenizer(texts, vocab_size=512)
+    assert len(tok) <= 512
+    sample = "def f(x):\n    return x * 2  # émigré"
+    assert tok.decode(tok(sample)["input_ids"]) == sample  # byte level: nothing is unknown
+
+
+def test_tiny_training_reduces_loss() -> None:
+    torch.manual_seed(0)
+    prompts = load_corpus(split=TRAIN, task="arithmetic")[:200]
+    tok = train_tokenizer([p.text for p in prompts], vocab_size=300)
+    rows = pack(tok, prompts, seq_len=32)
+    config = transformers.MixtralConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+        output_router_logits=True, router_aux_loss_coef=0.02)
+    model = transformers.MixtralForCausalLM(config)
+    before = mean_loss(model, rows[:16])
+    losses = fit(model, rows, TrainSettings(steps=40, batch=8, seq_len=32, lr=1e-2, warmup=4),
+                 np.random.default_rng(0))
+    after = mean_loss(model, rows[:16])
+    assert len(losses) == 40
+    assert after < before - 1.0  # well below the random-init loss (about ln(vocab))
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+def test_tiny_configs_have_the_target_routing_shape(name: str) -> None:
+    config = model_config(name)
+    experts = getattr(config, "num_local_experts", None) or config.num_experts
+    shape = (config.num_hidden_layers, experts, config.num_experts_per_tok)
+    assert shape == {"tiny-mixtral": (32, 8, 2), "tiny-olmoe": (16, 64, 8)}[name]
+    assert config.output_router_logits and config.router_aux_loss_coef > 0  # load balancing on
+    with pytest.raises(CasmoeError):
+        model_config("tiny-gpt")
