@@ -366,10 +366,12 @@ class _Run:
                         nb = dev.expert_bytes[ll]
                         for ld in acc.loads:
                             if ld.victim >= 0:
-                                link.cancel(ld.victim)
+                                link.cancel(t, ld.victim)
                             a = link.demand(t, ld.expert, nb)
                             if a > start:
                                 start = a
+                        for ld in acc.loads:  # landed by `start`, before the next cache event
+                            arrived(ld.expert)
                     if start > t:
                         stall_late += late_until - t
                         stall_demand += start - late_until
@@ -412,7 +414,7 @@ class _Run:
         E = self.trace.geometry.experts
         for ld in loads:
             if ld.victim >= 0:
-                link.cancel(ld.victim)
+                link.cancel(t, ld.victim)
             link.prefetch(t, ld.expert, nbytes[ld.expert // E])
 
     def _experts_time(self, dev: _Device, ll: int, experts, counts, cpu) -> float:

@@ -92,13 +92,14 @@ class Link:
         self._token[expert] = self._seq
 
     def demand(self, now: float, expert: ExpertId, nbytes: int) -> float:
-        """Commit a demand load ahead of queued prefetches; returns its arrival time."""
+        """Commit a demand load ahead of queued prefetches; returns its arrival time.
+
+        The caller waits for it before its next cache event, so it reports the arrival itself:
+        the link does not track it (no token, no heap entry: the hot path stays short)."""
         if self.queue:
             self._advance(now)
-        self._seq += 1
-        self._token[expert] = self._seq
         start = self.busy_until if self.busy_until > now else now
-        return self._commit(expert, nbytes, self._seq, start, True)
+        return self._wire(expert, nbytes, start, True)
 
     def need(self, now: float, expert: ExpertId) -> float:
         """Arrival time of an in-flight `expert` that a layer needs now; a still-queued
@@ -112,10 +113,12 @@ class Link:
         start = self.busy_until if self.busy_until > now else now
         return self._commit(expert, entry[1], entry[2], start, True)
 
-    def cancel(self, expert: ExpertId) -> None:
+    def cancel(self, now: float, expert: ExpertId) -> None:
         """`expert` lost its slot: drop its queued load, or ignore its arrival if on the wire."""
         if self._token.pop(expert, None) is None:
             return
+        if self.queue:
+            self._advance(now)
         entry = self._pending.pop(expert, None)
         if entry is not None:
             entry[4] = False
@@ -151,6 +154,14 @@ class Link:
             self._commit(entry[0], entry[1], entry[2], start, False)
 
     def _commit(self, expert: ExpertId, nbytes: int, token: int, start: float, demand: bool) -> float:
+        """Put a tracked load on the wire: its arrival is reported by `land`."""
+        end = self._wire(expert, nbytes, start, demand)
+        self._arrival[expert] = end
+        heappush(self.heap, (end, token, expert))
+        return end
+
+    def _wire(self, expert: ExpertId, nbytes: int, start: float, demand: bool) -> float:
+        """Occupy the wire (and the host cap) from `start`; returns the end."""
         end = start + self.latency + nbytes / self.rate
         host = self.host
         if host is not None:
@@ -161,8 +172,6 @@ class Link:
         self.busy_until = end
         self.busy += end - start
         self.bytes += nbytes
-        self._arrival[expert] = end
-        heappush(self.heap, (end, token, expert))
         if self.timeline is not None:
             self.timeline.copy(self.device, start, end, expert, demand)
         return end

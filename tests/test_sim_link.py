@@ -86,15 +86,15 @@ def test_link_matches_reference_queue(ops):
             expert = in_flight[pick % len(in_flight)]
             if kind == "cancel":
                 in_flight.remove(expert)
-                link.cancel(expert)
+                link.cancel(now, expert)
             else:
                 got[expert] = link.need(now, expert)
         else:
             expert = i
-            in_flight.append(expert)
-            if kind == "demand":
+            if kind == "demand":  # the caller waits for it and reports its arrival itself
                 got[expert] = link.demand(now, expert, nbytes)
             else:
+                in_flight.append(expert)
                 link.prefetch(now, expert, nbytes)
         applied.append((now, kind, expert, nbytes))
         landed = []
@@ -116,7 +116,7 @@ def test_demand_never_waits_behind_a_prefetch_queued_after_it():
     d = link.demand(1e-4, 3, 1_000)  # jumps ahead of 2, not of 1
     assert d == pytest.approx(1.001e-3 + LAT + 1e-6)
     link.prefetch(2e-4, 4, 1_000_000)  # queued after the demand: cannot delay it
-    assert link.need(3e-4, 3) == d
+    assert link.need(3e-4, 2) == pytest.approx(d + LAT + 1e-3)  # needed now: next in line
 
 
 def test_cancelled_queued_load_moves_no_bytes_and_on_wire_arrival_is_ignored():
@@ -124,15 +124,16 @@ def test_cancelled_queued_load_moves_no_bytes_and_on_wire_arrival_is_ignored():
     link.prefetch(0.0, 1, 1_000_000)
     link.prefetch(0.0, 2, 1_000_000)
     link.land(1e-5, lambda e: None)  # 1 is on the wire now, 2 queued
-    link.cancel(2)
-    link.cancel(1)
-    link.demand(2e-5, 1, 1_000_000)  # re-loaded: queues behind its old copy
+    link.cancel(1e-5, 2)
+    link.cancel(1e-5, 1)
+    link.prefetch(2e-5, 1, 1_000_000)  # re-loaded: queues behind its old copy
     seen = []
     link.land(1.5e-3, seen.append)
     assert seen == []  # the old copy of 1 landed at ~1 ms but was cancelled
     link.land(1.0, seen.append)
     assert seen == [1]
     assert link.cancelled == 1 and link.bytes == 2_000_000
+    assert link.demand(1.0, 5, 1_000) == pytest.approx(1.0 + LAT + 1e-6)  # idle wire: no wait
 
 
 def test_host_cap_shares_bandwidth_between_links():

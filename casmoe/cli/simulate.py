@@ -190,9 +190,8 @@ def sweep(
     requests: Optional[int] = typer.Option(None, min=0, help="Only the first N requests of each trace (0: all)."),
     out: Path = typer.Option(Path("casmoe-sweep"), help="Output folder; finished points are kept and skipped on re-runs."),
     jobs: int = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a local Ray)."),
-    ray: Optional[str] = typer.Option(
-        None, "--ray", flag_value="local", help="Run on Ray: --ray for a local Ray, --ray ADDRESS for a cluster."
-    ),
+    ray: bool = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address)."),
+    ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (e.g. ray://head:10001); implies --ray."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
 ) -> None:
     """Run a grid of simulations in parallel; results merge into one table (results.csv)."""
@@ -232,7 +231,8 @@ def sweep(
         else:
             bar.update(1)
 
-    records, computed = run_grid(points, out, jobs=jobs, ray_address=ray, progress=progress)
+    address = ray_address or ("local" if ray else None)
+    records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=progress)
     bar.close()
     _write_report(out, records)
     if as_json:
