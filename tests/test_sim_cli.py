@@ -58,8 +58,8 @@ def test_simulate_small_writes_report_and_timeline(tmp_path):
 
 
 @needs_trace
-@pytest.mark.slow
 def test_simulate_with_no_arguments(tmp_path):
+    """The issue's default run (~20 s of CPU): every policy at the sizes the box holds."""
     proc = casmoe("simulate", "--timeline", "tl.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     records = check_report(tmp_path / "casmoe-sim", tmp_path / "tl.json")
