@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from casmoe.backends.copier import CudaCopier, ThreadCopier, Ticket
+from casmoe.backends.copier import CudaCopier, ThreadCopier, Ticket, responsive_copies
 from casmoe.backends.experts import SlotView, model_preset
 from casmoe.backends.runtime import Link, OffloadedModel, Prompt
 from casmoe.cache import Capacity
@@ -200,16 +200,26 @@ def calibrate(
     flops, mem_bw = _rates(device, dtype, sync, reps)
     cpu_flops, cpu_bw = (flops, mem_bw) if not cuda else _rates(torch.device("cpu"), dtype, lambda: None, reps)
     expert_s = _expert_time(om, device, sync, reps)
-    copy_bw, copy_latency = _copy_cost(om, device, om.link, reps)
+    with responsive_copies():
+        copy_bw, copy_latency = _copy_cost(om, device, om.link, reps)
     probe = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, copy_bw, copy_latency,
                         0.0, 0.0, om.link)
     return refit(probe, om, resident_step(om, prompts, max_new_tokens), prompts, max_new_tokens)
 
 
 def resident_step(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> float:
-    """Median decode-step time of the offloaded runtime when every expert is resident."""
-    full = om.run(prompts, get_policy("lru"), Capacity(om.geometry.experts), max_new_tokens=max_new_tokens)
-    return float(np.median([x for r in full.requests for x in r.token_latency]))
+    """Median decode-step time of the offloaded runtime with room for every expert and an
+    uncapped link (first-touch copies cost a memcpy): its compute alone."""
+    with baseline(om, prompts, max_new_tokens) as s:
+        for p in prompts:
+            s.request(p, max_new_tokens)
+        return float(np.median([x for r in s.timings for x in r.token_latency]))
+
+
+def baseline(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> Any:
+    """A session with every expert's slot and no link cap: the stall-free reference."""
+    return om.session(get_policy("lru"), Capacity(om.geometry.experts), prompts, max_new_tokens=max_new_tokens,
+                      link=Link())
 
 
 def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence[Prompt], max_new_tokens: int) -> Calibration:

@@ -133,7 +133,7 @@ def generate_and_record(model: Any, recorder: RoutingRecorder, prompts: list[lis
     with torch.no_grad():
         for n in range(max(max_new_tokens, 1)):
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                        use_cache=True)
+                        use_cache=True, output_router_logits=False)  # hooks see the router
             step = recorder.take(batch=B)
             nxt = out.logits[:, -1].argmax(-1)  # [B]
             for b, p in enumerate(prompts):

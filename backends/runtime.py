@@ -369,7 +369,29 @@ class OffloadedModel:
 
     def reference(self, prompts: Sequence[Prompt], max_new_tokens: int, keep_logits: bool = False) -> RunResult:
         """The un-offloaded computation (experts straight from the store): ground truth."""
-        return self._generate(prompts, max_new_tokens, None, keep_logits)
+        with Session(self, None) as s:
+            for p in prompts:
+                s.request(p, max_new_tokens, keep_logits)
+            return s.result()
+
+    def session(
+        self,
+        policy: type[ExpertCache],
+        capacity: int | Capacity,
+        prompts: Sequence[Prompt],
+        *,
+        max_new_tokens: int = 16,
+        miss_mode: MissMode = MissMode.LOAD,
+        options: dict[str, Any] | None = None,
+        trace: Trace | None = None,
+        link: Link | None = None,
+    ) -> Session:
+        """Caches, pools and copiers for `policy` at `capacity` per device, ready to serve
+        `prompts` in order (oracles and profile-ranked policies get `trace`, or else the
+        routing of a reference run of the same prompts: identical to this run's in load mode).
+        `link` overrides the model's emulated link for this session."""
+        devs = self._prepare(policy, capacity, miss_mode, options or {}, trace, prompts, max_new_tokens, link or self.link)
+        return Session(self, devs)
 
     def run(
         self,
@@ -384,17 +406,14 @@ class OffloadedModel:
         keep_logits: bool = False,
         progress: Callable[[int], None] | None = None,
     ) -> RunResult:
-        """Generate greedily with offloaded experts under `policy` at `capacity` per device.
-
-        Policies that need the future (oracles) or a profile trace get `trace`, or else the
-        routing of a reference run of the same prompts (identical to this run's in load mode).
-        """
-        devs = self._prepare(policy, capacity, miss_mode, options or {}, trace, prompts, max_new_tokens)
-        try:
-            return self._generate(prompts, max_new_tokens, devs, keep_logits, progress)
-        finally:
-            for d in devs:
-                d.copier.close()
+        """Generate greedily from every prompt with offloaded experts (see `session`)."""
+        with self.session(policy, capacity, prompts, max_new_tokens=max_new_tokens, miss_mode=miss_mode,
+                          options=options, trace=trace) as s:
+            for p in prompts:
+                s.request(p, max_new_tokens, keep_logits)
+                if progress is not None:
+                    progress(1)
+            return s.result()
 
     def perplexity(self, texts: Sequence[Prompt], devs: list[_Device] | None = None) -> float:
         """Teacher-forced perplexity of `texts` (one prefill step each)."""
@@ -415,17 +434,12 @@ class OffloadedModel:
         self, texts: Sequence[Prompt], policy: type[ExpertCache], capacity: int | Capacity, *,
         miss_mode: MissMode, options: dict[str, Any] | None = None,
     ) -> float:
-        devs = self._prepare(policy, capacity, miss_mode, options or {}, None, texts, 1)
-        try:
-            return self.perplexity(texts, devs)
-        finally:
-            for d in devs:
-                d.copier.close()
-            self._run = None
+        with self.session(policy, capacity, texts, max_new_tokens=1, miss_mode=miss_mode, options=options) as s:
+            return self.perplexity(texts, s.devs)
 
     def _prepare(
         self, policy: type[ExpertCache], capacity: int | Capacity, miss_mode: MissMode, options: dict[str, Any],
-        trace: Trace | None, prompts: Sequence[Prompt], max_new_tokens: int,
+        trace: Trace | None, prompts: Sequence[Prompt], max_new_tokens: int, link: Link,
     ) -> list[_Device]:
         if miss_mode is MissMode.CPU:
             raise BackendError("the torch backend runs miss modes 'load' and 'substitute'; 'cpu' is simulator-only")
@@ -474,41 +488,17 @@ class OffloadedModel:
                 d.requests = slice_trace(trace, d.layers, d.geometry).requests
             template = self.store.layers[d.layers.start]
             d.pool = SlotPool(template, cache.capacity.total(d.geometry), d.device)
-            d.copier = CudaCopier(d.device) if d.device.type == "cuda" else ThreadCopier(self.link.bandwidth, self.link.latency)
+            d.copier = CudaCopier(d.device) if d.device.type == "cuda" else ThreadCopier(link.bandwidth, link.latency)
             d.view = SlotView(self.experts_template, d.pool.tensors)
         self._want_scores = miss_mode is MissMode.SUBSTITUTE
         return devs
-
-    def _generate(
-        self, prompts: Sequence[Prompt], max_new_tokens: int, devs: list[_Device] | None, keep_logits: bool,
-        progress: Callable[[int], None] | None = None,
-    ) -> RunResult:
-        if max_new_tokens < 1:
-            raise BackendError("max_new_tokens must be >= 1")
-        self._step = 0
-        timings, logits, requests = [], [], []
-        t0 = time.perf_counter()
-        try:
-            for i, p in enumerate(prompts):
-                timing, step_logits, req = self._request(p, max_new_tokens, devs, keep_logits, index=i)
-                timings.append(timing)
-                requests.append(req)
-                if keep_logits:
-                    logits.append(step_logits)
-                if progress is not None:
-                    progress(1)
-        finally:
-            self._run = None
-        wall = time.perf_counter() - t0
-        stats = [d.cache.stats() for d in devs] if devs else []
-        trace = Trace(self.geometry, requests, {"source": "casmoe.backends", "model": type(self.model).__name__})
-        return RunResult(timings, sum_stats(stats) if stats else None, stats, trace, logits, wall)
 
     def _request(
         self, p: Prompt, max_new_tokens: int, devs: list[_Device] | None, keep_logits: bool,
         full: bool = False, index: int = 0,
     ) -> tuple[RequestTiming, list[torch.Tensor], Request]:
-        """One request: prefill, then greedy decode steps; records its routing rows."""
+        """One request: prefill, then greedy decode steps; records its routing rows. The step
+        counter `_step` carries on from the caller's previous request."""
         from transformers import DynamicCache
 
         model = self.model
@@ -584,6 +574,55 @@ class OffloadedModel:
 
 def _decoder(model: Any) -> Any:
     return getattr(model, "model", model)
+
+
+class Session:
+    """One policy's state across requests: per-device caches, pools and copiers, the step
+    counter, and what was measured so far. Sessions may alternate requests: `validate` pairs a
+    policy with an all-resident baseline so that both see the same machine load."""
+
+    def __init__(self, om: OffloadedModel, devs: list[_Device] | None) -> None:
+        self.om = om
+        self.devs = devs
+        self.step = 0
+        self.timings: list[RequestTiming] = []
+        self.requests: list[Request] = []
+        self.logits: list[list[torch.Tensor]] = []
+        self.wall = 0.0
+
+    def request(self, p: Prompt, max_new_tokens: int, keep_logits: bool = False) -> RequestTiming:
+        if max_new_tokens < 1:
+            raise BackendError("max_new_tokens must be >= 1")
+        om = self.om
+        om._step = self.step
+        t0 = time.perf_counter()
+        try:
+            timing, logits, req = om._request(p, max_new_tokens, self.devs, keep_logits, index=len(self.requests))
+        finally:
+            om._run = None
+        self.wall += time.perf_counter() - t0
+        self.step = om._step
+        self.timings.append(timing)
+        self.requests.append(req)
+        if keep_logits:
+            self.logits.append(logits)
+        return timing
+
+    def result(self) -> RunResult:
+        stats = [d.cache.stats() for d in self.devs] if self.devs else []
+        meta = {"source": "casmoe.backends", "model": type(self.om.model).__name__}
+        trace = Trace(self.om.geometry, list(self.requests), meta)
+        return RunResult(list(self.timings), sum_stats(stats) if stats else None, stats, trace, list(self.logits), self.wall)
+
+    def close(self) -> None:
+        for d in self.devs or ():
+            d.copier.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _synchronizer(devices: Sequence[torch.device]) -> Callable[[], None]:

@@ -15,7 +15,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from casmoe.backends.calibrate import Calibration, calibrate, refit, resident_step
+from casmoe.backends.calibrate import Calibration, baseline, calibrate, refit, resident_step
+from casmoe.backends.copier import responsive_copies
 from casmoe.backends.experts import model_preset
 from casmoe.backends.runtime import Link, OffloadedModel, Prompt
 from casmoe.cache import Capacity
@@ -38,7 +39,7 @@ class Fidelity:
     sim_hit_rate: float
     sim_median_upfront: float  # with the one calibration made before all runs
     sim_median_inrun: float  # compute fitted to this run's own stall-free step time (diagnostic)
-    resident_step: float  # the all-resident decode step, mean of just before and just after this run
+    resident_step: float  # median decode step of the all-resident baseline interleaved with this run
 
     @property
     def median_error(self) -> float:
@@ -62,10 +63,22 @@ class Fidelity:
 
 def balanced_link(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> Link:
     """A link on which one expert's copy takes as long as one layer's decode compute."""
-    g = om.geometry
-    full = om.run(prompts, get_policy("lru"), Capacity(g.experts), max_new_tokens=max_new_tokens)
-    step = float(np.median([x for r in full.requests for x in r.token_latency]))
-    return Link(bandwidth=om.store.expert_bytes(0) / (step / g.layers))
+    step = resident_step(om, prompts, max_new_tokens)
+    return Link(bandwidth=om.store.expert_bytes(0) / (step / om.geometry.layers))
+
+
+def _paired(
+    om: OffloadedModel, prompts: Sequence[Prompt], policy: Any, capacity: Capacity, max_new_tokens: int,
+) -> tuple[Any, float]:
+    """The policy's run, with an all-resident baseline request interleaved before each of its
+    requests; returns the run and the baseline's median decode step (same machine load)."""
+    with om.session(policy, capacity, prompts, max_new_tokens=max_new_tokens) as run, baseline(
+        om, prompts, max_new_tokens
+    ) as base:
+        for p in prompts:
+            base.request(p, max_new_tokens)
+            run.request(p, max_new_tokens)
+        return run.result(), float(np.median([x for r in base.timings for x in r.token_latency]))
 
 
 def validate(
@@ -81,11 +94,20 @@ def validate(
     """Run each policy on the backend (its `om.link`), replay its trace in the simulator with the
     calibrated profile, and compare. Calibrates `om` first unless `calibration` is given.
 
-    On a shared machine the compute speed drifts with other load, so the all-resident decode
-    step is measured again just before and just after each policy's run and the profile's
-    overheads are refitted to their mean (`sim_median`); `sim_median_upfront` keeps the single
-    up-front calibration for comparison, and `sim_median_inrun` fits compute to the run's own
-    stall-free step time, which isolates the error of the link and stall model."""
+    On a shared machine the compute speed drifts with other load (by several times within
+    minutes), so each policy request is paired with an all-resident baseline request of the same
+    prompt just before it (room for every expert, no link cap), and the profile's overheads are refitted to the baseline's median
+    decode step (`sim_median`). `sim_median_upfront` keeps the single up-front calibration for
+    comparison, and `sim_median_inrun` fits compute to the run's own stall-free step time, which
+    isolates the error of the link and stall model."""
+    with responsive_copies():
+        return _validate(om, prompts, policies, capacity, max_new_tokens, calibration, progress)
+
+
+def _validate(
+    om: OffloadedModel, prompts: Sequence[Prompt], policies: Sequence[str], capacity: Capacity, max_new_tokens: int,
+    calibration: Calibration | None, progress: Callable[[str], None] | None,
+) -> tuple[list[Fidelity], Calibration]:
     from casmoe.sim.engine import simulate
 
     cal = calibration or calibrate(om, prompts, max_new_tokens=max_new_tokens)
@@ -96,9 +118,7 @@ def validate(
         if progress is not None:
             progress(name)
         cls = get_policy(name)
-        before = resident_step(om, prompts, max_new_tokens)
-        run = om.run(prompts, cls, capacity, max_new_tokens=max_new_tokens)
-        step = (before + resident_step(om, prompts, max_new_tokens)) / 2
+        run, step = _paired(om, prompts, cls, capacity, max_new_tokens)
         profile = refit(cal, om, step, prompts, max_new_tokens).profile("validate")
         sim = simulate(run.trace, cls, capacity, profile, preset)
         sim0 = simulate(run.trace, cls, capacity, upfront, preset)

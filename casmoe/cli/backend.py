@@ -111,7 +111,9 @@ def bench(
     reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
     profile = Trace.load(trace) if trace is not None else None
     options = _options(option)
-    with _progress(len(reqs), f"{policy} @ {cap.describe()}") as bar:
+    from casmoe.backends.copier import responsive_copies
+
+    with _progress(len(reqs), f"{policy} @ {cap.describe()}") as bar, responsive_copies():
         run = om.run(reqs, cls, cap, max_new_tokens=max_new_tokens, miss_mode=miss_mode, options=options,
                      trace=profile, progress=bar.update)
     record = {"model": model, "policy": policy, "capacity": cap.describe(), "miss_mode": miss_mode.value,
@@ -170,7 +172,10 @@ def calibrate(
 
     om, tokenizer = _setup(model, (device or [])[:1], threads, link_gbps, link_latency_us, None)
     reqs = _prompts(tokenizer, prompts, num_prompts, 32)
-    cal = measure(om, reqs, max_new_tokens=max_new_tokens)
+    from casmoe.backends.copier import responsive_copies
+
+    with responsive_copies():
+        cal = measure(om, reqs, max_new_tokens=max_new_tokens)
     path = cal.profile(name).write(out)
     if as_json:
         typer.echo(json.dumps({"profile": str(path), **cal.to_dict()}, indent=2))
@@ -202,6 +207,7 @@ def validate(
     simulator with a calibrated profile, same policy and capacity; report the error of the
     median per-token latency."""
     from casmoe.backends.calibrate import calibrate as measure
+    from casmoe.backends.copier import responsive_copies
     from casmoe.backends.validate import balanced_link, validate as compare
     from casmoe.cache import Capacity
 
@@ -209,7 +215,8 @@ def validate(
     reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
     if link_gbps is None:
         om.link = balanced_link(om, reqs, max_new_tokens)
-    cal = measure(om, reqs, max_new_tokens=max_new_tokens)
+    with responsive_copies():
+        cal = measure(om, reqs, max_new_tokens=max_new_tokens)
     if profile_out is not None:
         cal.profile("validate").write(profile_out)
     names = policy or list(FIDELITY_POLICIES)
