@@ -13,9 +13,12 @@ when it changes device) and every expert it runs has arrived; the wait is a stal
 dense part + routed experts (`compute.py`). The SimPy clock advances once per step (one
 timeout), so a Mixtral token costs one event, not dozens.
 
-Layers are split across devices in contiguous ranges, each device with its own cache (built on
-the sub-model of its layers) and its own link; with `--global-capacity` each device gets a
-share of the slots proportional to its layers.
+Layers are split across devices in contiguous ranges; each device has its own link and holds
+the slots of its layers. With per-layer capacity one cache object serves all devices (its
+pools are per layer, so each pool lives on its layer's device, and a next-layer prefetch that
+crosses a device boundary goes over the next device's link). A global pool cannot span
+devices: with `--global-capacity` each device gets its own cache, built on the sub-model of
+its layers, with a share of the slots proportional to its layers.
 """
 
 from __future__ import annotations
@@ -119,25 +122,27 @@ def slice_step(step: Step, layers: range, experts: int) -> Step:
 
 @dataclass
 class StepPlan:
-    """A trace cut into steps and, for several devices, into per-device sub-models.
+    """A trace cut into steps, and into one sub-model per cache (`shards`): the whole model,
+    or each device's layers when every device needs its own cache (a global pool).
 
     Building it costs about as much as a short run, so every run over the same trace, batch
-    and device count shares one (`simulate(plan=...)`)."""
+    and split shares one (`simulate(plan=...)`)."""
 
     trace: Trace
     batch: int
-    ranges: list[range]
+    ranges: list[range]  # layers of each device
     steps: list[Step]
-    device_traces: list[Trace]
-    device_steps: list[list[Step]]
+    shards: list[range]  # layers of each cache
+    shard_traces: list[Trace]
+    shard_steps: list[list[Step]]
 
     @classmethod
-    def build(cls, trace: Trace, batch: int = 1, devices: int = 1) -> StepPlan:
+    def build(cls, trace: Trace, batch: int = 1, devices: int = 1, cache_per_device: bool = False) -> StepPlan:
         g = trace.geometry
         ranges = split_layers(g.layers, devices)
         steps = trace.steps(batch)
-        if devices == 1:
-            return cls(trace, batch, ranges, steps, [trace], [steps])
+        if not cache_per_device or devices == 1:
+            return cls(trace, batch, ranges, steps, [range(g.layers)], [trace], [steps])
         traces, dsteps = [], []
         for layers in ranges:
             sub_g = Geometry(
@@ -152,20 +157,22 @@ class StepPlan:
             )
             traces.append(Trace(sub_g, [slice_request(r, layers) for r in trace.requests], dict(trace.meta)))
             dsteps.append([slice_step(s, layers, g.experts) for s in steps])
-        return cls(trace, batch, ranges, steps, traces, dsteps)
+        return cls(trace, batch, ranges, steps, list(ranges), traces, dsteps)
 
 
 @dataclass
-class _Device:
-    """What the driver needs per device, unpacked once."""
+class _Shard:
+    """One cache and what the driver needs to run its layers, unpacked once; lists are
+    indexed by the shard's local layer."""
 
     cache: ExpertCache
-    link: Link
     steps: list[Step]
     requests: list[Request]
     first: int  # first global layer
-    expert_bytes: list[int]  # per local layer
-    expert_time: list[float]  # one routed expert, one token, per local layer
+    links: list[Link]  # the link of each layer's device
+    device: list[int]
+    expert_bytes: list[int]
+    expert_time: list[float]  # one routed expert, one token
 
 
 def simulate(
@@ -191,49 +198,55 @@ def simulate(
     check_geometry(trace.geometry, preset)
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)
+    cache_per_device = devices > 1 and not capacity.per_layer
     if plan is None:
-        plan = StepPlan.build(trace, batch, devices)
-    elif plan.trace is not trace or plan.batch != batch or len(plan.ranges) != devices:
-        raise SimConfigError("the step plan was built for another trace, batch or device count")
+        plan = StepPlan.build(trace, batch, devices, cache_per_device)
+    elif plan.trace is not trace or plan.batch != batch or len(plan.ranges) != devices or (
+        len(plan.shards) > 1
+    ) != cache_per_device:
+        raise SimConfigError("the step plan was built for another trace, batch, device count or capacity kind")
     if compute is None:
         compute = RooflineCompute.build(hardware, preset, nbytes, pinned)
     host = HostCap(hardware.host_cap_gbs * 1e9) if hardware.host_cap_gbs > 0 else None
     rate = hardware.h2d_gbs(pinned) * 1e9
     latency = hardware.copy_latency_us * 1e-6
-    devs: list[_Device] = []
-    for d, layers in enumerate(plan.ranges):
-        sub_trace = plan.device_traces[d]
+    links = [Link(rate, latency, host, timeline, d) for d in range(devices)]
+    device_of = [d for d, layers in enumerate(plan.ranges) for _ in layers]
+    shards: list[_Shard] = []
+    for i, layers in enumerate(plan.shards):
+        sub_trace = plan.shard_traces[i]
         sub_cap = capacity
-        if devices > 1 and not capacity.per_layer:
+        if cache_per_device:
             share = capacity.slots * len(layers) // g.layers
             if share < g.top_k:
                 raise CacheConfigError(
                     f"--global-capacity {capacity.slots} split over {devices} devices leaves {share} slots on "
-                    f"device {d}, below top_k={g.top_k}; raise it or use fewer --devices"
+                    f"device {i}, below top_k={g.top_k}; raise it or use fewer --devices"
                 )
             sub_cap = Capacity(share, per_layer=False)
-        dev_bytes = nbytes[layers.start : layers.stop]
+        shard_bytes = nbytes[layers.start : layers.stop]
         cache = policy.create(
-            sub_trace.geometry, sub_cap, miss_mode=miss_mode, expert_bytes=dev_bytes, trace=sub_trace, **dict(options or {})
+            sub_trace.geometry, sub_cap, miss_mode=miss_mode, expert_bytes=shard_bytes, trace=sub_trace, **dict(options or {})
         )
         if cache.needs_future:
-            cache.attach_future(Future(plan.device_steps[d], sub_trace.geometry))
-        devs.append(
-            _Device(
+            cache.attach_future(Future(plan.shard_steps[i], sub_trace.geometry))
+        shards.append(
+            _Shard(
                 cache=cache,
-                link=Link(rate, latency, host, timeline, d),
-                steps=plan.device_steps[d],
+                steps=plan.shard_steps[i],
                 requests=sub_trace.requests,
                 first=layers.start,
-                expert_bytes=dev_bytes,
+                links=[links[device_of[layer]] for layer in layers],
+                device=[device_of[layer] for layer in layers],
+                expert_bytes=shard_bytes,
                 expert_time=[compute.expert(layer, 1) for layer in layers],
             )
         )
-    run = _Run(trace, plan.steps, devs, compute, miss_mode, batch, timeline)
+    run = _Run(trace, plan.steps, shards, links, compute, miss_mode, batch, timeline)
     env = simpy.Environment()
     env.process(run.drive(env))
     env.run()
-    stats = _sum_stats([dev.cache.stats() for dev in devs])
+    stats = _sum_stats([shard.cache.stats() for shard in shards])
     name = label or policy.name or policy.__name__
     slots = capacity.slots
     budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
@@ -265,7 +278,8 @@ class _Run:
         self,
         trace: Trace,
         steps: list[Step],
-        devs: list[_Device],
+        shards: list[_Shard],
+        links: list[Link],
         compute: ComputeModel,
         miss_mode: MissMode,
         batch: int,
@@ -273,7 +287,8 @@ class _Run:
     ) -> None:
         self.trace = trace
         self.steps = steps
-        self.devs = devs
+        self.shards = shards
+        self.links = links
         self.compute = compute
         self.miss_mode = miss_mode
         self.batch = batch
@@ -307,15 +322,16 @@ class _Run:
         stall_by_layer = self.stall_by_layer
         load_mode = self.miss_mode is MissMode.LOAD
         cpu_mode = self.miss_mode is MissMode.CPU
-        multi = len(self.devs) > 1
+        multi = len(self.links) > 1
+        E = self.trace.geometry.experts
         busy_total = stall_late = stall_demand = 0.0  # locals: the layer loop is the hot path
         for s, step in enumerate(steps):
             t = env.now
             for r in starts.get(s, ()):
                 arrival.setdefault(r, arrival.get(r - r % batch, t))
-                for dev in self.devs:
-                    dev.link.land(t, dev.cache.arrived)
-                    self._issue(dev, t, dev.cache.begin_request(dev.requests[r]))
+                for shard in self.shards:
+                    self._land_all(shard, t)
+                    self._issue(shard, t, shard.cache.begin_request(shard.requests[r]))
             T = step.tokens
             if step.prefill:
                 (r,) = step.requests
@@ -331,28 +347,29 @@ class _Run:
                 kv = pairs
             dense = compute.dense(T, pairs, kv)
             step_start = t
-            for d, dev in enumerate(self.devs):
-                cache = dev.cache
-                link = dev.link
+            on_device = 0
+            for shard in self.shards:
+                cache = shard.cache
                 arrived = cache.arrived
-                heap = link.heap
-                queue = link.queue
                 before = cache.before_layer if cache.prefetches_per_layer else None
                 route = cache.route
-                sub = dev.steps[s]
+                sub = shard.steps[s]
                 counts = sub.counts
-                exp_time = dev.expert_time
-                if multi and d:
-                    t += compute.handover(T)
+                exp_time = shard.expert_time
+                links = shard.links
                 for ll, experts in enumerate(sub.experts):
                     if not experts:
                         continue
-                    if queue or (heap and heap[0][0] <= t):
-                        link.land(t, arrived)
+                    if multi and shard.device[ll] != on_device:
+                        on_device = shard.device[ll]
+                        t += compute.handover(T)
+                    link = links[ll]
+                    if link.queue or (link.heap and link.heap[0][0] <= t):
+                        link.land(t, arrived)  # only this layer's experts are observed next
                     if before is not None:
                         pre = before(s, ll)
                         if pre:
-                            self._issue(dev, t, pre)
+                            self._issue(shard, t, pre)
                     acc = route(s, ll, experts)
                     start = t
                     late_until = t
@@ -363,10 +380,10 @@ class _Run:
                                 late_until = a
                         start = late_until
                     if acc.loads:
-                        nb = dev.expert_bytes[ll]
+                        nb = shard.expert_bytes[ll]
                         for ld in acc.loads:
                             if ld.victim >= 0:
-                                link.cancel(t, ld.victim)
+                                links[ld.victim // E].cancel(t, ld.victim)
                             a = link.demand(t, ld.expert, nb)
                             if a > start:
                                 start = a
@@ -375,19 +392,19 @@ class _Run:
                     if start > t:
                         stall_late += late_until - t
                         stall_demand += start - late_until
-                        stall_by_layer[dev.first + ll] += start - t
+                        stall_by_layer[shard.first + ll] += start - t
                         if timeline is not None:
-                            timeline.stall(d, t, start, dev.first + ll)
+                            timeline.stall(on_device, t, start, shard.first + ll)
                     if counts is None and load_mode:
                         busy = dense + len(experts) * exp_time[ll]
                     else:
                         busy = dense + self._experts_time(
-                            dev, ll, experts, None if counts is None else counts[ll], acc.cpu if cpu_mode else ()
+                            shard, ll, experts, None if counts is None else counts[ll], acc.cpu if cpu_mode else ()
                         )
                     t = start + busy
                     busy_total += busy
                     if timeline is not None:
-                        timeline.compute(d, start, t, dev.first + ll)
+                        timeline.compute(on_device, start, t, shard.first + ll)
             head = compute.head(1 if step.prefill else T)
             t += head
             busy_total += head
@@ -401,32 +418,39 @@ class _Run:
                 for r in step.requests:
                     self.ttft.setdefault(r, t - arrival[r])
             for _ in range(ends.get(s, 0)):
-                for dev in self.devs:
-                    dev.link.land(t, dev.cache.arrived)
-                    dev.cache.end_request()
+                for shard in self.shards:
+                    self._land_all(shard, t)
+                    shard.cache.end_request()
         self.end = env.now
         self.compute_s, self.stall_late, self.stall_demand = busy_total, stall_late, stall_demand
 
-    def _issue(self, dev: _Device, t: float, loads) -> None:
-        """Queue prefetch loads, cancelling the loads of the experts they evict."""
-        link = dev.link
-        nbytes = dev.expert_bytes
+    @staticmethod
+    def _land_all(shard: _Shard, t: float) -> None:
+        for link in dict.fromkeys(shard.links):
+            link.land(t, shard.cache.arrived)
+
+    def _issue(self, shard: _Shard, t: float, loads) -> None:
+        """Queue prefetch loads on their layers' links, cancelling the loads of the experts
+        they evict."""
+        links = shard.links
+        nbytes = shard.expert_bytes
         E = self.trace.geometry.experts
         for ld in loads:
             if ld.victim >= 0:
-                link.cancel(t, ld.victim)
-            link.prefetch(t, ld.expert, nbytes[ld.expert // E])
+                links[ld.victim // E].cancel(t, ld.victim)
+            layer = ld.expert // E
+            links[layer].prefetch(t, ld.expert, nbytes[layer])
 
-    def _experts_time(self, dev: _Device, ll: int, experts, counts, cpu) -> float:
+    def _experts_time(self, shard: _Shard, ll: int, experts, counts, cpu) -> float:
         """Routed-expert time when tokens per expert vary or some experts run on the host
         (which works alongside the GPU: the layer takes the longer of the two)."""
-        layer = dev.first + ll
+        layer = shard.first + ll
         expert = self.compute.expert
         if counts is None:
             counts = [1] * len(experts)
         if not cpu:
             if len(counts) == 1 or counts.count(1) == len(counts):
-                return len(counts) * dev.expert_time[ll]
+                return len(counts) * shard.expert_time[ll]
             return sum(expert(layer, c) for c in counts)
         on_host = set(cpu)
         gpu = host = 0.0
@@ -461,8 +485,8 @@ class _Run:
             stall_demand_s=self.stall_demand,
             stall_late_s=self.stall_late,
             stall_by_layer_s=tuple(self.stall_by_layer),
-            link_bytes=sum(dev.link.bytes for dev in self.devs),
-            cancelled_loads=sum(dev.link.cancelled for dev in self.devs),
-            link_utilisation=tuple(min(1.0, dev.link.busy / end) if end else 0.0 for dev in self.devs),
+            link_bytes=sum(link.bytes for link in self.links),
+            cancelled_loads=sum(link.cancelled for link in self.links),
+            link_utilisation=tuple(min(1.0, link.busy / end) if end else 0.0 for link in self.links),
             **kw,
         )

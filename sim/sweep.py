@@ -33,7 +33,7 @@ from casmoe.sim.hardware import load_profile
 from casmoe.sim.timeline import Timeline
 from casmoe.trace import Trace
 
-RESULT_VERSION = 1
+RESULT_VERSION = 2
 """Bump when the simulator's semantics change, so stored points are recomputed."""
 
 
@@ -154,8 +154,8 @@ def _load_trace(path: str, digest: str, requests: int) -> Trace:
 
 
 @lru_cache(maxsize=4)
-def _plan(path: str, digest: str, requests: int, batch: int, devices: int) -> StepPlan:
-    return StepPlan.build(_load_trace(path, digest, requests), batch, devices)
+def _plan(path: str, digest: str, requests: int, batch: int, devices: int, cache_per_device: bool) -> StepPlan:
+    return StepPlan.build(_load_trace(path, digest, requests), batch, devices, cache_per_device)
 
 
 def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
@@ -186,7 +186,9 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
         pinned=point.pinned,
         timeline=timeline,
         trace_name=Path(point.trace).name,
-        plan=_plan(point.trace, point.trace_digest, point.requests, point.batch, devices),
+        plan=_plan(
+            point.trace, point.trace_digest, point.requests, point.batch, devices, devices > 1 and not capacity.per_layer
+        ),
     )
     return {**point.describe(), **result.to_dict()}
 

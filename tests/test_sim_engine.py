@@ -124,18 +124,37 @@ def test_counts_equal_replay_in_load_mode(name, options, case, instant):
     assert dataclasses.replace(got, hits=expected.hits, late_hits=0) == expected
 
 
-@pytest.mark.parametrize("name", ["lru", "belady", "ondemand"])
+@pytest.mark.parametrize("name", ["lru", "belady", "semoe"])
 @FAST
 @given(trace=traces(max_tokens=8), devices=st.integers(2, 3))
-def test_one_cache_per_device_counts_like_one_cache(name, trace, devices):
-    g = trace.geometry
-    if g.layers < devices:
-        devices = g.layers
-    cap = Capacity(g.top_k + 1)
-    one = run(trace, name, cap.slots)
-    split = run(trace, name, cap.slots, devices=devices)
-    assert split.stats == one.stats
+def test_layers_split_over_devices_count_like_one_device(name, trace, devices):
+    # Per-layer pools live on their layer's device: splitting moves time, never decisions.
+    devices = min(devices, trace.geometry.layers)
+    cap = trace.geometry.top_k + 1
+    one = run(trace, name, cap)
+    split = run(trace, name, cap, devices=devices)
+    assert split.stats.hits + split.stats.late_hits == one.stats.hits + one.stats.late_hits
+    assert split.stats.loads == one.stats.loads and split.stats.bytes_loaded == one.stats.bytes_loaded
     assert len(split.link_utilisation) == devices
+
+
+def test_global_pool_is_split_into_one_cache_per_device():
+    tr = _mixtral_trace(2)
+    p = get_preset("mixtral-8x7b")
+    res = simulate(tr, get_policy("lru"), Capacity(96, per_layer=False), HW, p, devices=4)
+    assert res.stats.accesses == sum(len(e) for s in tr.steps() for e in s.experts)
+    assert all(u > 0 for u in res.link_utilisation)
+    with pytest.raises(CacheConfigError, match="split over 4 devices"):
+        simulate(tr, get_policy("lru"), Capacity(4, per_layer=False), HW, p, devices=4)
+
+
+def test_next_layer_prefetch_crosses_to_the_next_devices_link():
+    # Two layers on two devices: semoe prefetches layer 1 while layer 0 runs, over link 1.
+    g = Geometry(2, 4, 1, hidden=8, intermediate=4, layer_expert_bytes=(8_000_000, 8_000_000))
+    rows = [np.array([[0], [1]]), np.array([[0], [1]])]
+    res = run(trace_of(g, rows), "semoe", 4, devices=2, compute=FixedCompute(layer_s=1.0))
+    assert res.stall_by_layer_s[1] == 0  # layer 1's experts arrived during layer 0's compute
+    assert res.link_utilisation[1] > 0
 
 
 # ---- monotone -------------------------------------------------------------------------------
