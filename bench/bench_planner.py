@@ -3,6 +3,7 @@
     python bench/bench_planner.py latency  [--trace T]            # p50 timings, bytes, RSS
     python bench/bench_planner.py quality  [--trace T ...]        # ablation table + epsilon curve
     python bench/bench_planner.py policies [--trace T ...]        # replay (+ simulator) comparison
+    python bench/bench_planner.py all      [--trace T ...]        # the three, sharing the fits
 
 Every section fits its planners itself (timed: that is the fit figure) on the trace's fit split
 and scores the held-out split (casmoe/planner/planner.py documents the split). Output is
@@ -61,10 +62,17 @@ def rss_mib() -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
 
 
-def timed_fit(trace: Trace, cfg: PlannerConfig):
-    t = time.perf_counter()
-    planner = fit_planner(trace, cfg, progress=False)
-    return planner, time.perf_counter() - t
+_FITS: dict[tuple[str, PlannerConfig], tuple[Any, float]] = {}
+
+
+def timed_fit(path: Path, trace: Trace, cfg: PlannerConfig) -> tuple[Any, float]:
+    """Fit (once per trace and config in this process: `all` reuses the default planner)."""
+    key = (str(path), cfg)
+    if key not in _FITS:
+        t = time.perf_counter()
+        planner = fit_planner(trace, cfg, progress=False)
+        _FITS[key] = planner, time.perf_counter() - t
+    return _FITS[key]
 
 
 # ---- latency and memory ----------------------------------------------------------------------
@@ -86,7 +94,7 @@ def latency(paths: list[Path]) -> list[dict[str, Any]]:
     records = []
     for path in paths:
         trace = Trace.load(path)
-        planner, fit_s = timed_fit(trace, PlannerConfig())
+        planner, fit_s = timed_fit(path, trace, PlannerConfig())
         with tempfile.TemporaryDirectory() as tmp:
             planner.save(tmp)
             before = rss_mib()
@@ -138,7 +146,7 @@ def quality(paths: list[Path]) -> dict[str, Any]:
         curve: list[dict[str, float]] = []
         fits: dict[str, float] = {}
         for name, cfg in VARIANTS.items():
-            planner, fits[name] = timed_fit(trace, cfg)
+            planner, fits[name] = timed_fit(path, trace, cfg)
             ev = evaluate(planner, trace)
             res = ev.to_dict()
             if name.startswith("CasMoE"):
@@ -160,7 +168,7 @@ def policies(paths: list[Path], simulate: bool) -> list[dict[str, Any]]:
     records = []
     for path in paths:
         trace = Trace.load(path)
-        planner, _ = timed_fit(trace, PlannerConfig())
+        planner, _ = timed_fit(path, trace, PlannerConfig())
         _, test_idx = heldout_split(trace, planner.config.holdout_every)
         test = trace.subset(test_idx)  # serve only prompts the planner never saw
         g = trace.geometry
@@ -215,7 +223,7 @@ def md_table(records: list[dict[str, Any]], columns: list[str]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("section", choices=["latency", "quality", "policies"])
+    ap.add_argument("section", choices=["latency", "quality", "policies", "all"])
     ap.add_argument("--trace", action="append", help="trace path (repeatable); default: the shipped traces present")
     ap.add_argument("--no-sim", action="store_true", help="policies: replay hit rates only")
     ap.add_argument("--json", type=Path, help="also write the raw records here")
@@ -223,21 +231,24 @@ def main() -> None:
     paths = shipped_traces(args.trace)
     if not paths:
         raise SystemExit("no traces found")
-    if args.section == "latency":
-        data: Any = latency(paths)
-        print(md_table(data, list(data[0])))
-    elif args.section == "quality":
-        data = quality(paths)
-        for name, q in data.items():
+    data: dict[str, Any] = {}
+    if args.section in ("quality", "all"):
+        data["quality"] = quality(paths)
+        for name, q in data["quality"].items():
             print(f"\n### {name} ({q['geometry']}), held-out prompts\n")
             print(md_table([{"method": m, **r} for m, r in q["rows"].items()], ["method", "recall_at_k", "coverage_at_2k", "requests"]))
             print("\nfit seconds: " + ", ".join(f"{k}: {v:.0f}" for k, v in q["fit_s"].items()))
             print("\nepsilon curve:\n")
             print(md_table(q["curve"], ["epsilon", "eam_share", "recall_at_k", "coverage_at_2k"]))
-    else:
-        data = policies(paths, simulate=not args.no_sim)
-        cols = ["trace", "policy", "slots_per_layer", "hit_rate"] + (["decode_tokens_per_s"] if "decode_tokens_per_s" in data[0] else [])
-        print(md_table(data, cols))
+    if args.section in ("policies", "all"):
+        data["policies"] = policies(paths, simulate=not args.no_sim)
+        sim = "decode_tokens_per_s" in data["policies"][0]
+        print()
+        print(md_table(data["policies"], ["trace", "policy", "slots_per_layer", "hit_rate"] + ["decode_tokens_per_s"] * sim))
+    if args.section in ("latency", "all"):
+        data["latency"] = latency(paths)
+        print()
+        print(md_table(data["latency"], list(data["latency"][0])))
     if args.json:
         args.json.write_text(json.dumps(data, indent=2))
 

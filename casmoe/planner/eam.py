@@ -60,7 +60,7 @@ class Matcher:
         self.neighbours = neighbours
 
     @classmethod
-    def build(cls, embeddings: np.ndarray, patterns: np.ndarray, neighbours: int = 3, seed: int = 0) -> Matcher:
+    def build(cls, embeddings: np.ndarray, patterns: np.ndarray, neighbours: int, seed: int = 0) -> Matcher:
         import hnswlib
 
         index = hnswlib.Index(space="cosine", dim=EMBED_DIM)

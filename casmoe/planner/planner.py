@@ -67,7 +67,7 @@ class PlannerConfig:
     """Gate, matcher, label and split settings, the predictor's, and the seed of both."""
 
     epsilon: float = 0.8
-    neighbours: int = 3
+    neighbours: int = 5
     buffer: int = 30
     phase: Phase = Phase.DECODE
     weighted: bool = True
