@@ -37,6 +37,7 @@ class RecordSettings:
     max_new_tokens: int = 64
     logits: bool = False
     spec: bool = True
+    fp16_weights: bool = False  # round router weights to fp16 precision: compresses ~2x better
 
 
 class RoutingRecorder:
@@ -205,8 +206,11 @@ def record(model_name: str, prompts: list[Prompt], out: Path | str,
             ids = [tokenizer(p.text)["input_ids"][:max_prompt_tokens] or [pad] for p in batch]
             for p, n, (rows, _) in zip(batch, ids, generate_and_record(
                     model, recorder, ids, settings.max_new_tokens, pad_id=pad)):
+                weights = rows["weights"]
+                if settings.fp16_weights:
+                    weights = weights.astype(np.float16).astype(np.float32)
                 requests.append(Request(
-                    rows["topk"].astype(np.int16), rows["weights"], len(n), prompt=p.text,
+                    rows["topk"].astype(np.int16), weights, len(n), prompt=p.text,
                     task=p.task, logits=rows.get("logits"),
                     spec=rows["spec"].astype(np.int16) if "spec" in rows else None))
             bar.update(len(batch))

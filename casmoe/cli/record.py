@@ -26,6 +26,8 @@ def record(
     logits: bool = typer.Option(False, "--logits", help="Also store full router logits [T, L, E]."),
     spec: bool = typer.Option(True, "--spec/--no-spec",
                               help="Store what layer l+1's router picks from layer l's output."),
+    fp16_weights: bool = typer.Option(False, "--fp16-weights",
+                                      help="Round router weights to fp16 precision (smaller file)."),
     batch: int = typer.Option(8, help="Prompts generated together (left-padded)."),
     checkpoint_every: int = typer.Option(32, help="Save finished prompts to OUT.partial.npz this often."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
@@ -44,7 +46,8 @@ def record(
     if count and count < len(rows):
         step = len(rows) / count
         rows = [rows[int(i * step)] for i in range(count)]
-    settings = RecordSettings(max_new_tokens=max_new_tokens, logits=logits, spec=spec)
+    settings = RecordSettings(max_new_tokens=max_new_tokens, logits=logits, spec=spec,
+                              fp16_weights=fp16_weights)
     trace = run_record(model, rows, out, settings, checkpoint_every=checkpoint_every,
                        batch_size=batch, max_prompt_tokens=max_prompt_tokens)
     print(json.dumps({"out": str(out), "requests": len(trace.requests), "tokens": trace.tokens,
