@@ -27,8 +27,8 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from casmoe.cache import Capacity  # noqa: E402
-from casmoe.planner import EAPConfig, PlannerConfig, fit_planner  # noqa: E402
-from casmoe.planner.evaluate import METHODS, evaluate  # noqa: E402
+from casmoe.planner import EAPConfig, PlannerConfig, fit_planner, load_planner  # noqa: E402
+from casmoe.planner.evaluate import METHODS, evaluate, score, serve_online  # noqa: E402
 from casmoe.planner.planner import heldout_split  # noqa: E402
 from casmoe.policies import get_policy  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
@@ -81,7 +81,6 @@ def timed_fit(path: Path, trace: Trace, cfg: PlannerConfig) -> tuple[Any, float]
 def latency(paths: list[Path]) -> list[dict[str, Any]]:
     import torch
 
-    from casmoe.planner import load_planner
     from casmoe.planner.eam import embed, sentence_model
     from casmoe.planner.eap import wordpiece
 
@@ -152,6 +151,10 @@ def quality(paths: list[Path]) -> dict[str, Any]:
             if name.startswith("CasMoE"):
                 rows.update({m: res[m] for m in METHODS})
                 curve = ev.epsilon_curve([i / 20 for i in range(21)])
+                with tempfile.TemporaryDirectory() as tmp:  # serving mutates the index: use a copy
+                    planner.save(tmp)
+                    online = serve_online(load_planner(tmp), trace)
+                rows[f"cascade + online buffer (C={cfg.buffer})"] = {**score(online, ev.truth, ev.counts, ev.k), "requests": len(online)}
             else:
                 rows[f"{name}: eap"] = res["eap"]
                 rows[f"{name}: cascade"] = res["cascade"]

@@ -161,3 +161,13 @@ def test_cli_fit_and_eval(trace, tmp_path) -> None:
     curve = pd.read_csv(tmp_path / "c.csv")
     assert list(curve.columns) == ["epsilon", "eam_share", "recall_at_k", "coverage_at_2k"]
     assert curve["eam_share"].is_monotonic_decreasing
+
+
+def test_serve_online_grows_the_index_by_flushed_buffers(planner_dir, trace) -> None:
+    from casmoe.planner.evaluate import serve_online
+
+    planner = load_planner(planner_dir)  # buffer C = 3, 9 held-out requests: 3 flushes
+    before = len(planner.matcher)
+    preds = serve_online(planner, trace)
+    assert preds.shape == (9, G.layers, G.experts)
+    assert len(planner.matcher) == before + 9 and len(planner.buffer) == 0

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from casmoe.planner.patterns import Phase, expert_patterns, normalise
+from casmoe.planner.patterns import Phase, expert_patterns, normalise, request_pattern
 from casmoe.planner.planner import Answers, Planner, PlannerError, heldout_split
 from casmoe.trace import Trace
 
@@ -132,3 +132,18 @@ def evaluate(
     k = planner.geometry.top_k
     scores = {name: score(preds[name], truth, counts, k) for name in METHODS}
     return Evaluation(k, eps, scores, answers, truth, counts)
+
+
+def serve_online(planner: Planner, trace: Trace) -> np.ndarray:
+    """Cascade answers [N, L, E] for the held-out requests served in order, each observed after
+    its answer (the online buffer: with C = 30 a prompt helps the ones 30 or more after it).
+    Mutates `planner`'s index; pass a freshly loaded one."""
+    planner.check(trace)
+    _, test_idx = heldout_split(trace, planner.config.holdout_every)
+    cfg = planner.config
+    out = []
+    for i in test_idx:
+        r = trace.requests[i]
+        out.append(planner.predict(r.prompt))
+        planner.observe(r.prompt, request_pattern(r, trace.geometry, cfg.phase, cfg.weighted))
+    return np.stack(out) if out else np.zeros((0, trace.geometry.layers, trace.geometry.experts), np.float32)
