@@ -144,7 +144,7 @@ class _Device:
         self.cache: ExpertCache | None = None
         self.pool: SlotPool | None = None
         self.copier: Any = None
-        self.view: SlotView | None = None
+        self.views: list[tuple[SlotView, int]] = []  # per local layer: the slots it can use, first slot
         self.requests: list[Request] | None = None  # known routing per request (oracles, profiles)
         self.tickets: dict[int, Ticket] = {}  # expert -> open copy
         self.slot_ticket: dict[int, Ticket] = {}
@@ -217,7 +217,10 @@ class OffloadedModel:
             current = owner.get(i, current)
             layer.to(current)
             layer.register_forward_pre_hook(_move_inputs(current), with_kwargs=True)
-        for module in (decoder.norm, model.get_output_embeddings()):
+        head = model.get_output_embeddings()
+        if first != last and head.weight is model.get_input_embeddings().weight:
+            head.weight = torch.nn.Parameter(head.weight.detach().clone())  # untie: embeddings stay on the first
+        for module in (decoder.norm, head):
             module.to(last)
             module.register_forward_pre_hook(_move_inputs(last), with_kwargs=True)
 
@@ -280,18 +283,19 @@ class OffloadedModel:
             if ld.victim not in routed:
                 self._issue(d, ld)
         if streamed:
-            out = self._stream(d, fn, hidden, top_k_index, top_k_weights, experts, base, streamed)
+            out = self._stream(d, fn, hidden, top_k_index, top_k_weights, experts, local, streamed)
         else:
             self._wait(d, acc.late + acc.misses)
+            view, first = d.views[local]
             lut = np.full(E, -1, dtype=np.int64)
             for e in experts:
                 s = cache.slot(e)
                 if s is not None:
-                    lut[e - base] = s
+                    lut[e - base] = s - first
             for missed, sub in acc.substitutes:
-                lut[missed - base] = cache.slot(sub)
+                lut[missed - base] = cache.slot(sub) - first
             slots = torch.from_numpy(lut).to(top_k_index.device)[top_k_index]
-            out = fn(d.view, hidden, slots, top_k_weights)
+            out = fn(view, hidden, slots, top_k_weights)
         if self.on_layer is not None:
             self.on_layer(self, layer)
         return out
@@ -310,7 +314,7 @@ class OffloadedModel:
 
     def _stream(
         self, d: _Device, fn: Callable[..., torch.Tensor], hidden: torch.Tensor, top_k_index: torch.Tensor,
-        top_k_weights: torch.Tensor, experts: list[int], base: int, streamed: list[Load],
+        top_k_weights: torch.Tensor, experts: list[int], local: int, streamed: list[Load],
     ) -> torch.Tensor:
         """A layer that routes more experts than its pool holds (a long prefill): compute it in
         rounds over the experts resident at the time; a load that evicts one of this layer's own
@@ -318,6 +322,8 @@ class OffloadedModel:
         rounds' partial sums are added (not bit-identical to the one-shot computation)."""
         pool = d.pool
         device = top_k_index.device
+        view, first = d.views[local]
+        base = local * self.geometry.experts
         done: set[int] = set()
         out = None
         while len(done) < len(experts):
@@ -326,11 +332,11 @@ class OffloadedModel:
             lut = np.zeros(self.geometry.experts, dtype=np.int64)
             use = np.zeros(self.geometry.experts, dtype=bool)
             for e in ready:
-                lut[e - base] = pool.slot_of(e)
+                lut[e - base] = pool.slot_of(e) - first
                 use[e - base] = True
             sel = torch.from_numpy(use).to(device)[top_k_index]  # [T, k]
             slots = torch.from_numpy(lut).to(device)[top_k_index]
-            part = fn(d.view, hidden, slots, top_k_weights * sel)
+            part = fn(view, hidden, slots, top_k_weights * sel)
             out = part if out is None else out + part
             done.update(ready)
             for ld in [ld for ld in streamed if ld.victim in done]:
@@ -489,7 +495,7 @@ class OffloadedModel:
             template = self.store.layers[d.layers.start]
             d.pool = SlotPool(template, cache.capacity.total(d.geometry), d.device)
             d.copier = CudaCopier(d.device) if d.device.type == "cuda" else ThreadCopier(link.bandwidth, link.latency)
-            d.view = SlotView(self.experts_template, d.pool.tensors)
+            d.views = _layer_views(self.experts_template, d.pool, cache.capacity, d.geometry.layers)
         self._want_scores = miss_mode is MissMode.SUBSTITUTE
         return devs
 
@@ -525,7 +531,7 @@ class OffloadedModel:
                 self._prefill = n == 0
                 t = time.perf_counter()
                 stalled = self._stall
-                out = model(input_ids=ids, cache=past, use_cache=True)
+                out = model(input_ids=ids, cache=past, use_cache=True, output_router_logits=False)
                 sync()
                 now = time.perf_counter()
                 if n:
@@ -623,6 +629,20 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _layer_views(template: Any, pool: SlotPool, capacity: Capacity, layers: int) -> list[tuple[SlotView, int]]:
+    """What each layer's experts function computes on: with per-layer capacity, only that
+    layer's slots (the cache numbers them layer * slots ...), so its cost does not grow with the
+    device's layer count; with one shared pool, all of it."""
+    if not capacity.per_layer:
+        whole = SlotView(template, pool.tensors)
+        return [(whole, 0)] * layers
+    c = capacity.slots
+    return [
+        (SlotView(template, {n: t[i * c : (i + 1) * c] for n, t in pool.tensors.items()}), i * c)
+        for i in range(layers)
+    ]
 
 
 def _synchronizer(devices: Sequence[torch.device]) -> Callable[[], None]:
