@@ -92,9 +92,11 @@ def test_heldout_split_rule_and_metadata() -> None:
     fit, test = heldout_split(tr, 5)
     assert test == [4, 9] and sorted(fit + test) == list(range(12))
     assert heldout_split(tr, 0) == (list(range(12)), [])
-    tr.meta["heldout"] = [0, 3, 99]
+    tr.meta["splits"] = ["heldout" if i in (0, 3) else "train" for i in range(12)]
     fit, test = heldout_split(tr, 5)
     assert test == [0, 3] and 0 not in fit and 4 in fit
+    tr.meta["splits"] = ["heldout"] * 3  # labels that do not cover the trace are ignored
+    assert heldout_split(tr, 5)[1] == [4, 9]
     with pytest.raises(PlannerError):
         PlannerConfig(holdout_every=1)
 

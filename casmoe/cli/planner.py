@@ -32,7 +32,7 @@ def fit(
     buffer: int = typer.Option(_D.buffer, min=1, help="Online buffer size C: served prompts join the index in groups of C."),
     phase: Phase = typer.Option(Phase.DECODE, help="Tokens the expert patterns sum over."),
     counts: bool = typer.Option(False, "--counts", help="Label with selection counts instead of router weights."),
-    holdout_every: int = typer.Option(_D.holdout_every, min=0, help="Leave out every N-th request for evaluation (0: fit on all)."),
+    holdout_every: int = typer.Option(_D.holdout_every, min=0, help="Leave out every N-th request for evaluation (0: fit on all); a trace whose metadata labels splits uses those."),
     alpha: float = typer.Option(_D.eap.alpha, min=0.0, help="Weight of the SimCSE contrastive loss in the predictor."),
     epochs: int = typer.Option(_D.eap.epochs, min=1, help="Predictor training epochs."),
     seed: int = typer.Option(_D.seed, help="Seed for the predictor's initialisation, dropout and batches."),

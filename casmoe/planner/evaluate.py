@@ -118,7 +118,7 @@ def evaluate(
     if not test_idx:
         raise PlannerError(
             "no held-out requests: the planner was fitted with holdout_every=0 and the trace lists none "
-            "(meta['heldout']); refit with --holdout-every N to evaluate"
+            "(meta['splits']); refit with --holdout-every N to evaluate"
         )
     if not trace.has_prompts:
         raise PlannerError("evaluation needs prompt text for every request")

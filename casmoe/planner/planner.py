@@ -8,7 +8,8 @@ On disk a planner is a folder with no pickle anywhere: `planner.json` (geometry 
 `eam.index` (hnswlib's own format), `eam_patterns.npy` and `eap.safetensors`.
 
 Held-out split: fitting leaves out the requests that evaluation scores. If the trace metadata
-lists them (`meta["heldout"]`: request indices) those are held out; otherwise every
+labels every request (`meta["splits"]`, one "train" / "heldout" per request, as `casmoe record`
+writes from the prompt corpus), the "heldout" ones are held out; otherwise every
 `holdout_every`-th request (indices `holdout_every - 1, 2 * holdout_every - 1, ...`, i.e. 20%
 with the default 5) is; `holdout_every = 0` fits on every request (a planner to deploy).
 """
@@ -94,9 +95,9 @@ class PlannerConfig:
 def heldout_split(trace: Trace, holdout_every: int) -> tuple[list[int], list[int]]:
     """(fit, held-out) request indices; see the module docstring for the rule."""
     n = len(trace.requests)
-    listed = trace.meta.get("heldout")
-    if listed is not None:
-        test = sorted({int(i) for i in listed if 0 <= int(i) < n})
+    labels = trace.meta.get("splits")
+    if isinstance(labels, list) and len(labels) == n:
+        test = [i for i, label in enumerate(labels) if label == "heldout"]
     elif holdout_every:
         test = list(range(holdout_every - 1, n, holdout_every))
     else:
