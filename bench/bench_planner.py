@@ -191,13 +191,17 @@ def policies(paths: list[Path], simulate: bool) -> list[dict[str, Any]]:
                         res = sim(test, get_policy(name), cap, opts)
                         rec["decode_tokens_per_s"] = res.decode_tokens_per_s
                         rec["sim_hit_rate"] = res.stats.hit_rate
+                        rec["sim_model"] = res.model
                     records.append(rec)
     return records
 
 
 def _simulator(geometry) -> Callable[..., Any] | None:
-    """The simulator on the seed paper's box with the preset matching the trace, if any."""
+    """The simulator on the seed paper's box with the first preset of the trace's routing shape,
+    at that preset's bf16 expert sizes: a tiny model's trace then answers "this routing on the
+    real model's sizes" (its own 100 KB experts would make every policy look free)."""
     try:
+        from casmoe.geometry import Quant
         from casmoe.presets import load_presets
         from casmoe.sim.engine import simulate
         from casmoe.sim.hardware import load_profile
@@ -209,7 +213,7 @@ def _simulator(geometry) -> Callable[..., Any] | None:
         return None
     hw = load_profile("rtx4090x4")
     preset = presets[0]
-    return lambda trace, policy, cap, opts: simulate(trace, policy, cap, hw, preset, options=opts)
+    return lambda trace, policy, cap, opts: simulate(trace, policy, cap, hw, preset, options=opts, quant=Quant.BF16)
 
 
 # ---- markdown --------------------------------------------------------------------------------
