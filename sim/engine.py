@@ -46,14 +46,17 @@ class SimConfigError(CasmoeError, ValueError):
 
 
 def check_geometry(trace: Geometry, preset: ModelPreset) -> None:
-    """The trace's routing shape must be the preset's; the error names presets that fit."""
+    """The trace's layers and experts must be the preset's; the error names presets that fit.
+
+    `top_k` may differ: the trace says which experts run (an engine can force fewer than the
+    model's native k, as the shared real Qwen trace does); the preset prices them."""
     g = preset.geometry
-    if (trace.layers, trace.experts, trace.top_k) == (g.layers, g.experts, g.top_k):
+    if (trace.layers, trace.experts) == (g.layers, g.experts):
         return
     fits = [
         name
         for name, p in load_presets().items()
-        if (p.geometry.layers, p.geometry.experts, p.geometry.top_k) == (trace.layers, trace.experts, trace.top_k)
+        if (p.geometry.layers, p.geometry.experts) == (trace.layers, trace.experts)
     ]
     hint = (
         f"pass --model {' or --model '.join(fits)}"

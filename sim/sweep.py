@@ -397,6 +397,6 @@ def preset_for(trace: Trace, wanted: str | None) -> str:
     if recorded in presets:
         return recorded
     g = trace.geometry
-    fits = [n for n, p in presets.items() if (p.geometry.layers, p.geometry.experts, p.geometry.top_k) == (g.layers, g.experts, g.top_k)]
+    fits = [n for n, p in presets.items() if (p.geometry.layers, p.geometry.experts) == (g.layers, g.experts)]
     return fits[0] if len(fits) == 1 else "mixtral-8x7b"
 
