@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -276,3 +277,19 @@ def test_four_4090s_hold_seven_mixtral_experts_per_layer():
     # 22 GiB per card after the reserve; 8 layers x 7 x 352 MB + dense weights fit, x 8 do not.
     assert max_slots(HW, p, p.geometry.bytes_per_layer(), 4) == 7
     assert max_slots(HW, p, p.geometry.bytes_per_layer(), 1) == 1
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-traces" / "qwen.route.csv"
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="../shared/data not present")
+def test_real_qwen_trace_with_forced_top6_and_measured_bytes():
+    from casmoe.importers import read_route_csv
+
+    tr = read_route_csv(SHARED)  # Qwen3-30B-A3B, 6 of 8 experts forced, Q4_K_M bytes per layer
+    p = get_preset("qwen3-30b-a3b")
+    res = simulate(tr, get_policy("lru"), Capacity(12), HW, p)
+    expected = replay(tr, get_policy("lru").create(tr.geometry, Capacity(12), trace=tr)).stats
+    assert res.quant == "trace" and res.stats.bytes_loaded == expected.bytes_loaded
+    assert res.stats.hits + res.stats.late_hits == expected.hits and res.stats.misses == expected.misses
+    assert res.decode_tokens == tr.requests[0].decode_tokens > 0
