@@ -213,7 +213,8 @@ def simulate(
     host = HostCap(hardware.host_cap_gbs * 1e9) if hardware.host_cap_gbs > 0 else None
     rate = hardware.h2d_gbs(pinned) * 1e9
     latency = hardware.copy_latency_us * 1e-6
-    links = [Link(rate, latency, host, timeline, d) for d in range(devices)]
+    offsets = [layers.start * g.experts if cache_per_device else 0 for layers in plan.ranges]
+    links = [Link(rate, latency, host, timeline, d, offsets[d]) for d in range(devices)]
     device_of = [d for d, layers in enumerate(plan.ranges) for _ in layers]
     shards: list[_Shard] = []
     for i, layers in enumerate(plan.shards):

@@ -45,6 +45,7 @@ class Link:
         "host",
         "timeline",
         "device",
+        "id_offset",
         "busy_until",
         "busy",
         "bytes",
@@ -64,12 +65,14 @@ class Link:
         host: HostCap | None = None,
         timeline: Timeline | None = None,
         device: int = 0,
+        id_offset: int = 0,
     ) -> None:
         self.rate = rate
         self.latency = latency
         self.host = host
         self.timeline = timeline
         self.device = device
+        self.id_offset = id_offset  # added to expert ids for the timeline (a cache of a sub-model)
         self.busy_until = 0.0
         self.busy = 0.0  # seconds the wire was occupied
         self.bytes = 0  # bytes actually moved (cancelled loads move none)
@@ -173,5 +176,5 @@ class Link:
         self.busy += end - start
         self.bytes += nbytes
         if self.timeline is not None:
-            self.timeline.copy(self.device, start, end, expert, demand)
+            self.timeline.copy(self.device, start, end, expert + self.id_offset, demand)
         return end

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 COMPUTE_TRACK = 0
 LINK_TRACK = 1
@@ -17,9 +17,9 @@ LINK_TRACK = 1
 class Timeline:
     """Collects spans in simulated seconds; writes Chrome trace events in microseconds."""
 
-    def __init__(self, experts_per_layer: int, first_layer: Sequence[int], label: str = "") -> None:
+    def __init__(self, experts_per_layer: int, devices: int, label: str = "") -> None:
         self._E = experts_per_layer
-        self._first = list(first_layer)  # first global layer of each device
+        self.devices = devices
         self.label = label
         self.events: list[dict[str, Any]] = []
 
@@ -30,8 +30,8 @@ class Timeline:
         self._span(device, COMPUTE_TRACK, start, end, f"stall L{layer}", "stall")
 
     def copy(self, device: int, start: float, end: float, expert: int, demand: bool) -> None:
+        """`expert` is a flat id of the whole model."""
         layer, e = divmod(expert, self._E)
-        layer += self._first[device]
         self._span(device, LINK_TRACK, start, end, f"L{layer}E{e}", "demand" if demand else "prefetch")
 
     def _span(self, pid: int, tid: int, start: float, end: float, name: str, cat: str) -> None:
@@ -41,7 +41,7 @@ class Timeline:
 
     def to_chrome(self) -> dict[str, Any]:
         meta: list[dict[str, Any]] = []
-        for d in range(len(self._first)):
+        for d in range(self.devices):
             name = f"{self.label} gpu{d}" if self.label else f"gpu{d}"
             meta.append({"name": "process_name", "ph": "M", "pid": d, "tid": 0, "args": {"name": name}})
             for tid, track in ((COMPUTE_TRACK, "compute"), (LINK_TRACK, "h2d link")):

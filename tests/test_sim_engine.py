@@ -293,3 +293,15 @@ def test_real_qwen_trace_with_forced_top6_and_measured_bytes():
     assert res.quant == "trace" and res.stats.bytes_loaded == expected.bytes_loaded
     assert res.stats.hits + res.stats.late_hits == expected.hits and res.stats.misses == expected.misses
     assert res.decode_tokens == tr.requests[0].decode_tokens > 0
+
+
+@pytest.mark.parametrize("capacity", [Capacity(2), Capacity(4, per_layer=False)])
+def test_timeline_names_copies_by_global_layer_on_their_devices_track(capacity):
+    from casmoe.sim.timeline import LINK_TRACK, Timeline
+
+    g = Geometry(2, 4, 1, hidden=8, intermediate=4, layer_expert_bytes=(1000, 1000))
+    tr = trace_of(g, [np.array([[3], [2]])])
+    tl = Timeline(g.experts, 2)
+    simulate(tr, get_policy("lru"), capacity, HW, preset_for(g), devices=2, timeline=tl)
+    copies = {(e["pid"], e["name"]) for e in tl.to_chrome()["traceEvents"] if e.get("tid") == LINK_TRACK and e["ph"] == "X"}
+    assert copies == {(0, "L0E3"), (1, "L1E2")}

@@ -98,7 +98,7 @@ def simulate(
     from casmoe.policies import POLICIES, get_policy
     from casmoe.presets import get_preset
     from casmoe.shipped import DEFAULT_TRACE, shipped
-    from casmoe.sim.engine import check_geometry, expert_bytes_for, max_slots, split_layers
+    from casmoe.sim.engine import check_geometry, expert_bytes_for, max_slots
     from casmoe.sim.hardware import load_profile
     from casmoe.sim.sweep import CapacitySpec, Point, PolicySpec, default_policies, file_digest, preset_for, run_point
     from casmoe.sim.timeline import Timeline
@@ -152,8 +152,7 @@ def simulate(
     skipped = []
     recorder = None
     if timeline is not None:
-        firsts = [r.start for r in split_layers(tr.geometry.layers, n_dev)]
-        recorder = Timeline(tr.geometry.experts, firsts, f"{points[0].policy.label} @ {points[0].capacity.text}")
+        recorder = Timeline(tr.geometry.experts, n_dev, f"{points[0].policy.label} @ {points[0].capacity.text}")
     for i, p in enumerate(tqdm(points, desc="simulate", unit="run", disable=as_json or len(points) < 2)):
         try:
             rec = run_point(p, recorder if i == 0 else None)
