@@ -305,3 +305,27 @@ def test_timeline_names_copies_by_global_layer_on_their_devices_track(capacity):
     simulate(tr, get_policy("lru"), capacity, HW, preset_for(g), devices=2, timeline=tl)
     copies = {(e["pid"], e["name"]) for e in tl.to_chrome()["traceEvents"] if e.get("tid") == LINK_TRACK and e["ph"] == "X"}
     assert copies == {(0, "L0E3"), (1, "L1E2")}
+
+
+@pytest.mark.parametrize("name", ["lru", "semoe", "belady"])
+@FAST
+@given(trace=traces(max_tokens=8), devices=st.integers(1, 2), instant=st.booleans())
+def test_time_accounting_and_serial_tracks(name, trace, devices, instant):
+    """Time is compute + stalls (+ hand-overs); a wire and a compute stream never overlap."""
+    from casmoe.sim.timeline import Timeline
+
+    devices = min(devices, trace.geometry.layers)
+    tl = Timeline(trace.geometry.experts, devices)
+    compute = FixedCompute(layer_s=0.0 if instant else 2e-6, expert_s=1e-6) if devices == 1 else None
+    res = run(trace, name, trace.geometry.top_k + 1, devices=devices, compute=compute, timeline=tl)
+    if devices == 1:
+        assert res.sim_time_s == pytest.approx(res.compute_s + res.stall_s, rel=1e-9, abs=1e-15)
+    assert res.link_bytes <= res.stats.bytes_loaded
+    assert sum(res.stall_by_layer_s) == pytest.approx(res.stall_s, rel=1e-9, abs=1e-15)
+    tracks: dict = {}
+    for e in tl.to_chrome()["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in tracks.values():
+        spans.sort()
+        assert all(b[0] >= a[1] - 1e-6 for a, b in zip(spans, spans[1:]))  # microseconds
