@@ -49,17 +49,20 @@ def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
 
 
 def plot_latency_vs_capacity(path: Path, records: Sequence[dict[str, Any]], metric: str = "token_latency_p50_s") -> Path:
-    """Per-token decode latency (ms) against expert-cache size (GB), one line per policy."""
+    """Per-token decode latency (ms) against expert-cache size (GB), one line per policy (and
+    per hardware, model, trace, batch or miss mode when a sweep varies them)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    varied = [k for k in ("hardware", "model", "trace", "batch", "miss_mode") if len({r.get(k) for r in records}) > 1]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     by_policy: dict[str, list[tuple[float, float]]] = {}
     for r in records:
         if metric in r:
-            by_policy.setdefault(r["policy"], []).append((r["capacity_gb"], r[metric] * 1e3))
+            label = " ".join([r["policy"], *(str(r[k]) for k in varied)])
+            by_policy.setdefault(label, []).append((r["capacity_gb"], r[metric] * 1e3))
     for policy, pts in by_policy.items():
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
