@@ -285,6 +285,12 @@ class Grid:
             load_profile(h)
         for p in self.policies:
             get_policy(p.name)
+        bad = [m for m in self.miss_modes if m not in {x.value for x in MissMode}]
+        if bad or (self.quant and self.quant not in {q.value for q in Quant}):
+            raise SweepError(
+                f"unknown miss mode {bad} or quant {self.quant!r}; miss modes: {[m.value for m in MissMode]}, "
+                f"quants: {[q.value for q in Quant]}"
+            )
         out = []
         for t, m, h, p, c, b, mm in itertools.product(
             self.traces, self.models, self.hardware, self.policies, self.capacities, self.batch, self.miss_modes

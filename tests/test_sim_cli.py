@@ -77,6 +77,7 @@ def test_simulate_with_no_arguments(tmp_path):
         (["--model", "qwen3-30b-a3b"], "pass --model mixtral-8x7b"),
         (["--policy", "nope"], "unknown policy 'nope'"),
         (["--quant", "fp3"], "unknown --quant"),
+        (["--miss-mode", "pray"], "unknown --miss-mode"),
     ],
 )
 def test_clear_errors(args, message, tmp_path, monkeypatch, capsys):

@@ -94,6 +94,7 @@ def simulate(
     """
     from tqdm import tqdm
 
+    from casmoe.cache import MissMode
     from casmoe.geometry import Quant
     from casmoe.policies import POLICIES, get_policy
     from casmoe.presets import get_preset
@@ -116,6 +117,8 @@ def simulate(
         q = Quant(quant) if quant else None
     except ValueError:
         raise CasmoeError(f"unknown --quant {quant!r}; one of {[x.value for x in Quant]}") from None
+    if miss_mode not in {m.value for m in MissMode}:
+        raise CasmoeError(f"unknown --miss-mode {miss_mode!r}; one of {[m.value for m in MissMode]}")
     nbytes = expert_bytes_for(tr, preset, q)
     fit = max_slots(hw, preset, nbytes, n_dev)
     k = tr.geometry.top_k
