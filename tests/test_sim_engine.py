@@ -84,6 +84,10 @@ def test_every_expert_resident_takes_exactly_the_compute_time():
     for q in ("p50", "p90", "p99"):
         assert getattr(res, f"token_latency_{q}_s") == pytest.approx(per_token, rel=1e-12)
     assert res.decode_tokens_per_s == pytest.approx(1 / per_token, rel=1e-12)
+    # Split over 2 devices: each token pays one activation hand-over more.
+    handover = dataclasses.replace(compute, handover_s=5e-5)
+    split = simulate(Trace(g, reqs), get_policy("lru"), Capacity(3), HW, preset_for(g), compute=handover, devices=2)
+    assert split.token_latency_p50_s == pytest.approx(per_token + 5e-5, rel=1e-12)
     assert res.stats.misses == g.total_experts  # only the warm-up's cold misses
 
 
