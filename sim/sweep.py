@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from casmoe.cache import Capacity, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Quant
-from casmoe.policies import get_policy
+from casmoe.policies import PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
 from casmoe.sim.engine import StepPlan, check_geometry, expert_bytes_for, simulate
 from casmoe.sim.hardware import load_profile
@@ -39,45 +39,6 @@ RESULT_VERSION = 2
 
 class SweepError(CasmoeError, ValueError):
     """A grid that cannot be run (bad TOML, unknown keys, malformed capacity or policy)."""
-
-
-def _value(text: str) -> Any:
-    """Option values from the command line: bool, int, float, else string."""
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """A policy name (or `pkg.mod:Class`) with constructor options, e.g. `casmoe[predictor=noisy]`."""
-
-    name: str
-    options: tuple[tuple[str, Any], ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> PolicySpec:
-        m = re.fullmatch(r"\s*([^\[\]\s]+)\s*(?:\[(.*)\])?\s*", text)
-        if not m:
-            raise SweepError(f"bad policy {text!r}; write NAME or NAME[key=value,...], e.g. casmoe[predictor=noisy]")
-        options = []
-        for part in filter(None, (p.strip() for p in (m.group(2) or "").split(","))):
-            key, eq, val = part.partition("=")
-            if not eq or not key.strip():
-                raise SweepError(f"bad option {part!r} in policy {text!r}; write key=value")
-            options.append((key.strip(), _value(val.strip())))
-        return cls(m.group(1), tuple(sorted(options)))
-
-    @property
-    def label(self) -> str:
-        if not self.options:
-            return self.name
-        return f"{self.name}[{','.join(f'{k}={v}' for k, v in self.options)}]"
 
 
 @dataclass(frozen=True)
@@ -381,17 +342,6 @@ def _run_ray(points: Sequence[Point], jobs: int, address: str | None) -> Iterato
     finally:
         if started:
             ray.shutdown()
-
-
-def default_policies(names: Iterable[str]) -> list[PolicySpec]:
-    """Every registered policy; `casmoe` twice, with the exact and the noisy predictor."""
-    out = []
-    for name in names:
-        if name == "casmoe":
-            out += [PolicySpec.parse("casmoe[predictor=exact]"), PolicySpec.parse("casmoe[predictor=noisy]")]
-        else:
-            out.append(PolicySpec(name))
-    return out
 
 
 def preset_for(trace: Trace, wanted: str | None) -> str:

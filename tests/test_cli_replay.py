@@ -38,7 +38,7 @@ def test_replay_all_policies_as_json(small_trace):
     assert out.returncode == 0, out.stderr
     records = json.loads(out.stdout)
     labels = [r["policy"] for r in records]
-    assert {"ondemand", "lru", "lfu", "semoe", "static", "belady", "casmoe(exact)", "casmoe(noisy)"} <= set(labels)
+    assert {"ondemand", "lru", "lfu", "semoe", "static", "belady", "casmoe[predictor=exact]", "casmoe[predictor=noisy]"} <= set(labels)
     for r in records:
         assert r["hits"] + r["late_hits"] + r["misses"] == r["accesses"]
         assert r["hit_rate"] == pytest.approx((r["hits"] + r["late_hits"]) / r["accesses"])
@@ -52,7 +52,7 @@ def test_replay_runs_a_users_policy_by_module_path(small_trace):
         "replay", "--trace", str(small_trace), "--policy", "examples.layer_aware_lru:HotNextLayer", "--json"
     )
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)[0]["policy"] == "hot-next-layer"
+    assert json.loads(out.stdout)[0]["policy"] == "examples.layer_aware_lru:HotNextLayer"
 
 
 @pytest.mark.parametrize(
@@ -61,6 +61,7 @@ def test_replay_runs_a_users_policy_by_module_path(small_trace):
         (["--capacity", "1"], "--capacity >= 2"),
         (["--policy", "nope"], "unknown policy"),
         (["--capacity", "3", "--global-capacity", "9"], "not both"),
+        (["--policy", "sch[m]"], "key=value"),
     ],
 )
 def test_replay_bad_input_is_one_clear_line(small_trace, args, message):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from casmoe.sim.sweep import CapacitySpec, Grid, Point, PolicySpec, SweepError, file_digest, run_grid
+from casmoe.policies import PolicySpec, PolicySpecError
+from casmoe.sim.sweep import CapacitySpec, Grid, Point, SweepError, file_digest, run_grid
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "traces" / "synthetic-mixtral.npz"
@@ -151,7 +152,7 @@ def test_specs_parse_and_reject():
     spec = PolicySpec.parse("casmoe[predictor=noisy, noise=0.5]")
     assert spec.name == "casmoe" and dict(spec.options) == {"predictor": "noisy", "noise": 0.5}
     assert spec.label == "casmoe[noise=0.5,predictor=noisy]"
-    with pytest.raises(SweepError):
+    with pytest.raises(PolicySpecError):
         PolicySpec.parse("casmoe[predictor]")
     assert CapacitySpec("6GB").resolve([1_000_000_000] * 2).slots == 3
     assert CapacitySpec("6GB", per_layer=False).resolve([1_000_000_000] * 2).slots == 6

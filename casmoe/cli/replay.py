@@ -10,7 +10,7 @@ import typer
 
 from casmoe.cache import CacheConfigError, Capacity, MissMode
 from casmoe.cli.app import app
-from casmoe.policies import choose_policies
+from casmoe.policies import POLICIES, parse_policies
 from casmoe.replay import replay as run_replay
 from casmoe.shipped import DEFAULT_TRACE, shipped
 from casmoe.trace import Trace
@@ -30,15 +30,16 @@ def parse_capacity(capacity: Optional[int], global_capacity: Optional[int], defa
 @app.command()
 def replay(
     trace: Optional[Path] = typer.Option(None, help="Trace (.npz); default: the shipped synthetic Mixtral trace."),
-    policy: str = typer.Option("all", help="Policy name, comma list, 'all', or package.module:ClassName."),
+    policy: Optional[list[str]] = typer.Option(
+        None,
+        help="Policy, repeatable: NAME, NAME\\[key=value,...] (sch\\[m=4], static\\[profile=t.npz]) or "
+        "package.module:Class; default: all.",
+    ),
     capacity: Optional[int] = typer.Option(None, help="Slots per MoE layer (default: 2 x top_k)."),
     global_capacity: Optional[int] = typer.Option(None, help="One pool of slots shared by all layers."),
     miss_mode: MissMode = typer.Option(MissMode.LOAD, help="What a miss does (cpu: computed where it lives)."),
     batch: int = typer.Option(1, min=1, help="Requests whose decode tokens share a step."),
-    m: int = typer.Option(16, min=1, help="sch: lookahead in tokens."),
     planner: Optional[Path] = typer.Option(None, help="casmoe: a fitted planner folder (else exact and noisy oracles)."),
-    noise: float = typer.Option(0.3, min=0.0, max=1.0, help="casmoe(noisy): share of random scores."),
-    profile_trace: Optional[Path] = typer.Option(None, help="static: rank experts on this trace (default: the replayed one)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
 ) -> None:
     """Replay a trace through cache policies with no timing; print hit rates and loads.
@@ -48,14 +49,13 @@ def replay(
     """
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     cap = parse_capacity(capacity, global_capacity, 2 * tr.geometry.top_k)
-    profile = Trace.load(profile_trace) if profile_trace else None
-    choices = choose_policies(policy, m=m, planner=str(planner) if planner else None, noise=noise, profile=profile)
+    specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
     steps = tr.steps(batch)
     records = []
-    for choice in choices:
-        cache = choice.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr)
+    for spec in specs:
+        cache = spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr)
         result = run_replay(tr, cache, batch=batch, steps=steps).to_dict()
-        result["policy"] = choice.label
+        result["policy"] = spec.label
         result["bytes"] = result["bytes_loaded"]
         records.append(result)
     if as_json:

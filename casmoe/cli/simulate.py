@@ -96,12 +96,13 @@ def simulate(
 
     from casmoe.cache import MissMode
     from casmoe.geometry import Quant
-    from casmoe.policies import POLICIES, get_policy
+    from casmoe.policies import POLICIES
     from casmoe.presets import get_preset
     from casmoe.shipped import DEFAULT_TRACE, shipped
     from casmoe.sim.engine import check_geometry, expert_bytes_for, max_slots
     from casmoe.sim.hardware import load_profile
-    from casmoe.sim.sweep import CapacitySpec, Point, PolicySpec, default_policies, file_digest, preset_for, run_point
+    from casmoe.policies import parse_policies
+    from casmoe.sim.sweep import CapacitySpec, Point, file_digest, preset_for, run_point
     from casmoe.sim.timeline import Timeline
     from casmoe.trace import Trace
 
@@ -135,9 +136,7 @@ def simulate(
             )
         sizes = sorted({k, *(s for s in (2 * k, 3 * k, 4 * k) if s < fit), fit})
         caps = [CapacitySpec(str(s)) for s in sizes]
-    specs = [PolicySpec.parse(p) for p in policy] if policy and policy != ["all"] else default_policies(POLICIES)
-    for spec in specs:
-        get_policy(spec.name)  # an unknown name fails here, not once per capacity
+    specs = parse_policies(policy, POLICIES)
     digest = file_digest(path)
     points = [
         Point(str(path), preset.name, hardware, p, c, batch, miss_mode, n_dev, quant or "", not pageable, requests, digest)
@@ -201,7 +200,8 @@ def sweep(
 
     from casmoe.policies import POLICIES
     from casmoe.shipped import DEFAULT_TRACE, shipped
-    from casmoe.sim.sweep import CapacitySpec, Grid, PolicySpec, default_policies, run_grid
+    from casmoe.policies import default_policies, parse_policies
+    from casmoe.sim.sweep import CapacitySpec, Grid, run_grid
 
     grid = Grid.from_toml(config) if config else Grid([], [], [], [], [])
     if trace:
@@ -211,7 +211,7 @@ def sweep(
     if hardware:
         grid.hardware += hardware
     if policy:
-        grid.policies += default_policies(POLICIES) if policy == ["all"] else [PolicySpec.parse(p) for p in policy]
+        grid.policies += parse_policies(policy, POLICIES)
     grid.capacities += [CapacitySpec(c) for c in capacity or []] + [CapacitySpec(c, False) for c in global_capacity or []]
     if batch:
         grid.batch = batch

@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import Any
 
 from casmoe.cache import ExpertCache
 from casmoe.errors import CasmoeError
@@ -17,7 +15,10 @@ from casmoe.policies.lru import LRU
 from casmoe.policies.ondemand import OnDemand
 from casmoe.policies.sch import SCH
 from casmoe.policies.semoe import SEMoE
+from casmoe.policies.spec import PolicySpec, PolicySpecError, default_policies, parse_policies
 from casmoe.policies.static import Static
+
+__all__ = ["POLICIES", "PolicyNotFound", "PolicySpec", "PolicySpecError", "default_policies", "get_policy", "parse_policies"]
 
 POLICIES: dict[str, type[ExpertCache]] = {
     cls.name: cls for cls in (OnDemand, LRU, LFU, SEMoE, Static, Belady, SCH, CasMoE)
@@ -48,46 +49,3 @@ def get_policy(spec: str) -> type[ExpertCache]:
         raise PolicyNotFound(f"{spec!r} is not an ExpertCache subclass")
     return cls
 
-
-@dataclass(frozen=True)
-class PolicyChoice:
-    """A policy to run, with its options, under a label for tables (`casmoe(noisy)`)."""
-
-    label: str
-    cls: type[ExpertCache]
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def create(self, geometry, capacity, **runtime: Any) -> ExpertCache:
-        return self.cls.create(geometry, capacity, **runtime, **self.options)
-
-
-def choose_policies(
-    spec: str,
-    *,
-    m: int = 16,
-    planner: str | None = None,
-    noise: float = 0.3,
-    profile: Any = None,
-) -> list[PolicyChoice]:
-    """Turn the CLI's `--policy` (a name, a comma list, `all`, or `pkg.mod:Class`) into choices.
-
-    `casmoe` runs with the fitted `planner` when one is given, else twice: with the exact
-    (oracle) predictor and a noisy one, which bracket what a real planner can reach.
-    """
-    names = list(POLICIES) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
-    choices: list[PolicyChoice] = []
-    for name in names:
-        cls = get_policy(name)
-        if cls is CasMoE:
-            if planner is not None:
-                choices.append(PolicyChoice("casmoe", cls, {"planner": planner}))
-            else:
-                choices.append(PolicyChoice("casmoe(exact)", cls, {"predictor": "exact"}))
-                choices.append(PolicyChoice("casmoe(noisy)", cls, {"predictor": "noisy", "noise": noise}))
-        elif cls is SCH:
-            choices.append(PolicyChoice(f"sch(m={m})", cls, {"m": m}))
-        elif cls is Static and profile is not None:
-            choices.append(PolicyChoice("static", cls, {"profile": profile}))
-        else:
-            choices.append(PolicyChoice(cls.name or name, cls))
-    return choices

@@ -8,6 +8,7 @@ one-time fill is what `CacheStats.cold_misses` counts), so static stays a demand
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -38,9 +39,11 @@ class Static(LRU):
         self.pinned: frozenset[ExpertId] = frozenset(int(e) for e in pinned if popularity[e] > 0)
 
     @classmethod
-    def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | None = None, **kw: Any) -> ExpertCache:
+    def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | str | None = None, **kw: Any) -> ExpertCache:
         """Popularity from `profile`, else from the trace being run (an offline profile of the
         same workload: an upper bound on what a static placement achieves)."""
+        if isinstance(profile, (str, os.PathLike)):
+            profile = Trace.load(profile)
         source = profile if profile is not None else trace
         if source is None:
             raise CacheConfigError("static needs a profile trace (--profile-trace) to rank experts")
