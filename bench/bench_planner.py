@@ -5,6 +5,8 @@
     python bench/bench_planner.py policies [--trace T ...]        # replay (+ simulator) comparison
     python bench/bench_planner.py all      [--trace T ...]        # the three, sharing the fits
 
+Latency runs first in `all`, so its RSS figures see a fresh process.
+
 Every section fits its planners itself (timed: that is the fit figure) on the trace's fit split
 and scores the held-out split (casmoe/planner/planner.py documents the split). Output is
 Markdown on stdout, pasted into bench/RESULTS.md; `--json PATH` also stores the raw records.
@@ -137,14 +139,14 @@ VARIANTS: dict[str, PlannerConfig] = {
 }
 
 
-def quality(paths: list[Path]) -> dict[str, Any]:
+def quality(paths: list[Path], ablation: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path in paths:
         trace = Trace.load(path)
         rows: dict[str, dict[str, float]] = {}
         curve: list[dict[str, float]] = []
         fits: dict[str, float] = {}
-        for name, cfg in VARIANTS.items():
+        for name, cfg in list(VARIANTS.items())[: None if ablation else 1]:
             planner, fits[name] = timed_fit(path, trace, cfg)
             ev = evaluate(planner, trace)
             res = ev.to_dict()
@@ -233,14 +235,18 @@ def main() -> None:
     ap.add_argument("section", choices=["latency", "quality", "policies", "all"])
     ap.add_argument("--trace", action="append", help="trace path (repeatable); default: the shipped traces present")
     ap.add_argument("--no-sim", action="store_true", help="policies: replay hit rates only")
+    ap.add_argument("--no-ablation", action="store_true", help="quality: the default planner only")
     ap.add_argument("--json", type=Path, help="also write the raw records here")
     args = ap.parse_args()
     paths = shipped_traces(args.trace)
     if not paths:
         raise SystemExit("no traces found")
     data: dict[str, Any] = {}
+    if args.section in ("latency", "all"):
+        data["latency"] = latency(paths)
+        print(md_table(data["latency"], list(data["latency"][0])))
     if args.section in ("quality", "all"):
-        data["quality"] = quality(paths)
+        data["quality"] = quality(paths, ablation=not args.no_ablation)
         for name, q in data["quality"].items():
             print(f"\n### {name} ({q['geometry']}), held-out prompts\n")
             print(md_table([{"method": m, **r} for m, r in q["rows"].items()], ["method", "recall_at_k", "coverage_at_2k", "requests"]))
@@ -252,10 +258,6 @@ def main() -> None:
         sim = "decode_tokens_per_s" in data["policies"][0]
         print()
         print(md_table(data["policies"], ["trace", "policy", "slots_per_layer", "hit_rate"] + ["decode_tokens_per_s"] * sim))
-    if args.section in ("latency", "all"):
-        data["latency"] = latency(paths)
-        print()
-        print(md_table(data["latency"], list(data["latency"][0])))
     if args.json:
         args.json.write_text(json.dumps(data, indent=2))
 
