@@ -20,7 +20,7 @@ from casmoe.backends.copier import responsive_copies
 from casmoe.backends.experts import model_preset
 from casmoe.backends.runtime import Link, OffloadedModel, Prompt
 from casmoe.cache import Capacity
-from casmoe.policies import get_policy
+from casmoe.policies.spec import PolicySpec
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,11 @@ def balanced_link(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
 
 def _paired(
     om: OffloadedModel, prompts: Sequence[Prompt], policy: Any, capacity: Capacity, max_new_tokens: int,
+    options: dict[str, Any],
 ) -> tuple[Any, float]:
     """The policy's run, with an all-resident baseline request interleaved before each of its
     requests; returns the run and the baseline's median decode step (same machine load)."""
-    with om.session(policy, capacity, prompts, max_new_tokens=max_new_tokens) as run, baseline(
+    with om.session(policy, capacity, prompts, max_new_tokens=max_new_tokens, options=options) as run, baseline(
         om, prompts, max_new_tokens
     ) as base:
         for p in prompts:
@@ -114,21 +115,22 @@ def _validate(
     upfront = cal.profile("validate")
     preset = model_preset(om.model, om.geometry)
     out = []
-    for name in policies:
+    for text in policies:
+        spec = PolicySpec.parse(text)
         if progress is not None:
-            progress(name)
-        cls = get_policy(name)
-        run, step = _paired(om, prompts, cls, capacity, max_new_tokens)
+            progress(spec.label)
+        cls, options = spec.cls, dict(spec.options)
+        run, step = _paired(om, prompts, cls, capacity, max_new_tokens, options)
         profile = refit(cal, om, step, prompts, max_new_tokens).profile("validate")
-        sim = simulate(run.trace, cls, capacity, profile, preset)
-        sim0 = simulate(run.trace, cls, capacity, upfront, preset)
+        sim = simulate(run.trace, cls, capacity, profile, preset, options=options)
+        sim0 = simulate(run.trace, cls, capacity, upfront, preset, options=options)
         lat = [x for r in run.requests for x in r.token_latency]
         busy = float(np.median([x - y for r in run.requests for x, y in zip(r.token_latency, r.token_stall)]))
         inrun = refit(cal, om, busy, prompts, max_new_tokens).profile("validate")
-        sim1 = simulate(run.trace, cls, capacity, inrun, preset)
+        sim1 = simulate(run.trace, cls, capacity, inrun, preset, options=options)
         out.append(
             Fidelity(
-                policy=name,
+                policy=spec.label,
                 capacity=capacity.describe(),
                 backend_median=float(np.median(lat)),
                 sim_median=sim.token_latency_p50_s,

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 MODEL=${1:-tiny-mixtral}
 OUT=${2:-bench/backend-out}
 mkdir -p "$OUT"
+nice -n 10 casmoe validate --model "$MODEL" --num-prompts 8 --max-new-tokens 32 --json > "$OUT/validate.json"
 LINK=0.05  # GB/s: an emulated link on which an expert copy costs about one layer's decode compute
 
 for policy in ondemand lru semoe; do
@@ -17,7 +18,6 @@ for cap in 2 4 6; do
   nice -n 10 casmoe bench --model "$MODEL" --policy lru --capacity "$cap" --miss-mode substitute --threads 1 \
     --num-prompts 4 --max-new-tokens 8 --ppl-texts 32 --json > "$OUT/bench-substitute-$cap.json"
 done
-nice -n 10 casmoe validate --model "$MODEL" --num-prompts 8 --max-new-tokens 32 --json > "$OUT/validate.json"
 
 python - "$OUT" <<'PY'
 import json, pathlib, sys

@@ -229,3 +229,19 @@ def test_cpu_miss_mode_is_refused(mixtral):
     om = OffloadedModel(copy.deepcopy(mixtral[0]))
     with pytest.raises(BackendError, match="simulator-only"):
         om.run(SHORT, get_policy("lru"), 2, miss_mode=MissMode.CPU)
+
+
+@pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-olmoe"])
+def test_shipped_tiny_models_are_bit_identical(name):
+    from casmoe.backends.models import ModelError, load_model
+
+    try:
+        model, tokenizer = load_model(name)
+    except ModelError:
+        pytest.skip(f"{name} is not shipped in this checkout")
+    want = [plain_greedy(copy.deepcopy(model), [t], 4) for t in (5, 77)]
+    om = OffloadedModel(model)
+    run = om.run([Prompt([5]), Prompt([77])], get_policy("lru"), om.geometry.top_k + 1, max_new_tokens=4,
+                 keep_logits=True)
+    assert _same(run.logits, want)
+    _replay_matches(run, om, "lru", om.geometry.top_k + 1)

@@ -82,7 +82,7 @@ THREADS = typer.Option(0, help="torch CPU threads (0: torch's default).")
 @app.command()
 def bench(
     model: str = MODEL,
-    policy: str = typer.Option("lru", help="Policy name or package.module:ClassName."),
+    policy: str = typer.Option("lru", help="Policy: NAME or NAME[key=value,...] (e.g. casmoe[predictor=noisy]) or pkg.mod:Class."),
     capacity: Optional[int] = typer.Option(None, help="Slots per MoE layer on each device (default: 2 x top_k)."),
     global_capacity: Optional[int] = typer.Option(None, help="One pool of slots per device, shared by its layers."),
     miss_mode: MissMode = typer.Option(MissMode.LOAD, help="load (stall, exact) or substitute (lossy)."),
@@ -96,27 +96,27 @@ def bench(
     mmap: Optional[Path] = typer.Option(None, help="Keep experts in this memory-mapped safetensors file."),
     trace: Optional[Path] = typer.Option(None, help="Profile trace for policies that rank experts (static)."),
     ppl_texts: int = typer.Option(16, min=1, help="Held-out texts for perplexity (substitute mode)."),
-    option: Optional[list[str]] = typer.Option(None, "--option", help="Policy option KEY=VALUE (repeatable)."),
     threads: int = THREADS,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON record."),
 ) -> None:
     """Generate with offloaded experts: tokens/s, TTFT, stall time, hit rate (and perplexity
     against the un-offloaded model in substitute mode)."""
-    from casmoe.policies import get_policy
+    from casmoe.policies.spec import PolicySpec
     from casmoe.trace import Trace
 
-    cls = get_policy(policy)
+    spec = PolicySpec.parse(policy)
+    cls = spec.cls
     om, tokenizer = _setup(model, device or [], threads, link_gbps, link_latency_us, mmap)
     cap = _capacity(capacity, global_capacity, 2 * om.geometry.top_k)
     reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
     profile = Trace.load(trace) if trace is not None else None
-    options = _options(option)
+    options = dict(spec.options)
     from casmoe.backends.copier import responsive_copies
 
-    with _progress(len(reqs), f"{policy} @ {cap.describe()}") as bar, responsive_copies():
+    with _progress(len(reqs), f"{spec.label} @ {cap.describe()}") as bar, responsive_copies():
         run = om.run(reqs, cls, cap, max_new_tokens=max_new_tokens, miss_mode=miss_mode, options=options,
                      trace=profile, progress=bar.update)
-    record = {"model": model, "policy": policy, "capacity": cap.describe(), "miss_mode": miss_mode.value,
+    record = {"model": model, "policy": spec.label, "capacity": cap.describe(), "miss_mode": miss_mode.value,
               "link_gbps": link_gbps, **run.to_dict()}
     if miss_mode is MissMode.SUBSTITUTE:
         texts = _prompts(tokenizer, None, ppl_texts, 128)
@@ -135,21 +135,7 @@ def bench(
     if "perplexity" in record:
         shown["ppl"] = record["perplexity"]
         shown["ref ppl"] = record["reference_perplexity"]
-    print_table([shown], list(shown), title=f"{model}: {policy} @ {cap.describe()}, {miss_mode.value}")
-
-
-def _options(pairs: Optional[list[str]]) -> dict[str, Any]:
-    """`KEY=VALUE` policy options; values parse as JSON when they can (numbers, booleans)."""
-    out: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise BenchInputError(f"--option wants KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    print_table([shown], list(shown), title=f"{model}: {spec.label} @ {cap.describe()}, {miss_mode.value}")
 
 
 @app.command()
@@ -190,7 +176,9 @@ def calibrate(
 @app.command()
 def validate(
     model: str = MODEL,
-    policy: Optional[list[str]] = typer.Option(None, help="Policies to compare (default: ondemand, lru, semoe)."),
+    policy: Optional[list[str]] = typer.Option(
+        None, help="Policies to compare, NAME or NAME[key=value,...], repeatable (default: ondemand, lru, semoe)."
+    ),
     capacity: Optional[int] = typer.Option(None, help="Slots per MoE layer (default: 2 x top_k)."),
     prompts: Optional[Path] = PROMPTS,
     num_prompts: int = typer.Option(6, min=1, help="Prompts per run."),
