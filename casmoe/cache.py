@@ -351,7 +351,8 @@ class ExpertCache:
         missing = set(absent)
         for e in tail:
             if e not in missing:
-                on_access(e)
+                if e in slot_of:  # a long prefill may have streamed it out already
+                    on_access(e)
                 continue
             if self.miss_mode is MissMode.SUBSTITUTE:
                 sub = self._substitute(layer, scores)
@@ -434,15 +435,16 @@ class ExpertCache:
 
     def _admit(self, expert: ExpertId, reason: LoadReason) -> Load:
         layer = expert // self._E
-        pool = self._pool(layer)
+        pool = self.pool_of[expert]
         free = self._free[pool]
         if free:
             slot, victim = free.pop(), -1
             if reason is LoadReason.DEMAND:
                 self._n["cold_misses"] += 1
         else:
-            candidates = _Candidates(self._pool_members[pool], self._protected)
-            if self._all_protected(pool):
+            members = self._pool_members[pool]
+            candidates = _Candidates(members, self._protected)
+            if len(self._protected) >= len(members) and self._all_protected(pool):
                 # More routed experts than slots (a long prefill): the earliest-routed ones of
                 # this pool have been computed already, so their protection lapses (streaming).
                 oldest = next(e for e in self._protected if e in self._pool_members[pool])

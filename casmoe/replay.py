@@ -57,14 +57,15 @@ def replay(trace: Trace, cache: ExpertCache, batch: int = 1, steps: list[Step] |
     for s, step in enumerate(steps):
         for r in starts.get(s, ()):
             land(cache.begin_request(trace.requests[r]))
-        for layer, experts in enumerate(step.experts):
+        layer = -1
+        for experts in step.experts:
+            layer += 1
             if not experts:
                 continue
             if per_layer:
                 land(before(s, layer))
-            acc = route(s, layer, experts)
-            if acc.loads:
-                land(acc.loads)
+            for ld in route(s, layer, experts).loads:
+                arrived(ld.expert)
         for _ in ends.get(s, ()):
             cache.end_request()
     return ReplayResult(cache.name or type(cache).__name__, cache.capacity.describe(), cache.stats())

@@ -18,21 +18,21 @@ class LRU(ExpertCache):
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
-        self._orders: list[OrderedDict[ExpertId, None]] = [OrderedDict() for _ in range(self.pools)]
+        orders = [OrderedDict() for _ in range(self.pools)]
+        self._order_of: list[OrderedDict[ExpertId, None]] = [orders[p] for p in self.pool_of]
 
     def on_access(self, expert: ExpertId) -> None:
-        order = self._orders[self.pool_of[expert]]
-        order[expert] = None
-        order.move_to_end(expert)
+        self._order_of[expert].move_to_end(expert)
 
-    on_insert = on_access
+    def on_insert(self, expert: ExpertId) -> None:
+        self._order_of[expert][expert] = None
 
     def on_evict(self, expert: ExpertId) -> None:
-        del self._orders[self.pool_of[expert]][expert]
+        del self._order_of[expert][expert]
 
     def recency(self, layer: int) -> OrderedDict[ExpertId, None]:
         """Residents of `layer`'s pool, least recently used first."""
-        return self._orders[self.pool_of[layer * self.geometry.experts]]
+        return self._order_of[layer * self.geometry.experts]
 
     def victim(self, layer: int, candidates) -> ExpertId:
         return next(e for e in self.recency(layer) if e in candidates)
