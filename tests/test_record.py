@@ -154,3 +154,38 @@ def test_bad_models_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(CasmoeError, match="not a supported MoE model"):
         rec.record(str(tmp_path / "llama"), [Prompt("x", "t", "train")], tmp_path / "t.npz",
                    progress=False)
+
+
+def test_cli_record_writes_a_trace(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from casmoe.cli import app
+
+    path = _save_tiny(tmp_path, "mixtral")
+    (tmp_path / "p.txt").write_text("the cat sat\ndef f(x): return x\n")
+    out = tmp_path / "t.npz"
+    result = CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(tmp_path / "p.txt"),
+                                      "-o", str(out), "-n", "3", "--fp16-weights", "--logits"])
+    assert result.exit_code == 0, result.output
+    trace = Trace.load(out)
+    assert len(trace.requests) == 2 and trace.geometry.layers == COMMON["num_hidden_layers"]
+    r = trace.requests[0]
+    assert r.decode_tokens == 2 and r.logits is not None and r.spec is not None
+    assert np.array_equal(r.weights, r.weights.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("name, shape", [("tiny-mixtral", (32, 8, 2)), ("tiny-olmoe", (16, 64, 8))])
+def test_shipped_traces_and_models(name: str, shape: tuple[int, int, int]) -> None:
+    from casmoe.backends.models import load_config
+    from casmoe.shipped import data_dir
+
+    config = load_config(name)  # the shipped model is found by name and is a supported class
+    assert config.num_hidden_layers == shape[0]
+    trace = Trace.load(data_dir() / f"{name}.npz")
+    g = trace.geometry
+    assert (g.layers, g.experts, g.top_k) == shape
+    assert len(trace.requests) >= 500 and trace.has_prompts
+    assert len({r.task for r in trace.requests}) >= 6
+    assert set(trace.meta["splits"]) == {"train", "heldout"}
+    assert all(r.spec is not None and (r.spec[:, -1] == NOT_COMPUTED).all() for r in trace.requests)
+    assert all(r.decode_tokens == trace.meta["max_new_tokens"] - 1 for r in trace.requests)
