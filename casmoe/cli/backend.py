@@ -113,9 +113,13 @@ def bench(
     options = dict(spec.options)
     from casmoe.backends.copier import responsive_copies
 
-    with _progress(len(reqs), f"{spec.label} @ {cap.describe()}") as bar, responsive_copies():
-        run = om.run(reqs, cls, cap, max_new_tokens=max_new_tokens, miss_mode=miss_mode, options=options,
-                     trace=profile, progress=bar.update)
+    with responsive_copies(), om.session(cls, cap, reqs, max_new_tokens=max_new_tokens, miss_mode=miss_mode,
+                                         options=options, trace=profile) as session:
+        with _progress(len(reqs), f"{spec.label} @ {cap.describe()}") as bar:  # after setup errors, if any
+            for p in reqs:
+                session.request(p, max_new_tokens)
+                bar.update()
+        run = session.result()
     record = {"model": model, "policy": spec.label, "capacity": cap.describe(), "miss_mode": miss_mode.value,
               "link_gbps": link_gbps, **run.to_dict()}
     if miss_mode is MissMode.SUBSTITUTE:
