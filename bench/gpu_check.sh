@@ -15,14 +15,14 @@ timeout 150 python -m pytest tests/test_backend_gpu.py -m gpu -q -p no:cacheprov
 
 echo "== bench ($MODEL on cuda:0)"
 for policy in ondemand lru semoe; do
-  timeout 60 casmoe bench --model "$MODEL" --device cuda:0 --policy "$policy" --capacity 4 \
+  timeout 60 casmoe bench --model "$MODEL" --device cuda:0 --dtype bfloat16 --policy "$policy" --capacity 4 \
     --num-prompts 8 --max-new-tokens 32 --json > "$OUT/bench-$policy.json"
 done
-timeout 60 casmoe bench --model "$MODEL" --device cuda:0 --policy lru --capacity 2 --miss-mode substitute \
+timeout 60 casmoe bench --model "$MODEL" --device cuda:0 --dtype bfloat16 --policy lru --capacity 2 --miss-mode substitute \
   --num-prompts 8 --max-new-tokens 32 --json > "$OUT/bench-lru-substitute.json"
 
 echo "== calibrate"
-timeout 60 casmoe calibrate --model "$MODEL" --device cuda:0 --out "$OUT/profile.toml" --json > "$OUT/calibrate.json"
+timeout 60 casmoe calibrate --model "$MODEL" --device cuda:0 --dtype bfloat16 --out "$OUT/profile.toml" --json > "$OUT/calibrate.json"
 
 python - "$OUT" <<'PY'
 import json, pathlib, sys

@@ -24,6 +24,11 @@ from casmoe.replay import replay  # noqa: E402
 PROMPTS = [Prompt([1]), Prompt([4]), Prompt([9])]
 
 
+def _model(layers: int = 3):
+    """bf16, the dtype GPU kernels (grouped_mm) are built for."""
+    return tiny("mixtral", layers=layers).to(torch.bfloat16)
+
+
 def _plain_cuda(model, prompts, steps):
     from transformers import DynamicCache
 
@@ -44,7 +49,7 @@ def _plain_cuda(model, prompts, steps):
 
 @pytest.mark.parametrize("policy", ["lru", "semoe", "belady"])
 def test_cuda_load_mode_matches_the_model_on_the_gpu(policy):
-    model = tiny("mixtral")
+    model = _model()
     want = _plain_cuda(model, PROMPTS, 5)
     om = OffloadedModel(copy.deepcopy(model), devices=["cuda:0"])
     assert all(t.is_pinned() for row in om.store.layers for t in row.values())
@@ -58,7 +63,7 @@ def test_cuda_load_mode_matches_the_model_on_the_gpu(policy):
 
 
 def test_cuda_pool_is_the_only_expert_memory_on_the_device():
-    model = tiny("mixtral", layers=4)
+    model = _model(4)
     expert_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".experts." in n)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -79,7 +84,7 @@ def test_cuda_pool_is_the_only_expert_memory_on_the_device():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_split_layers():
-    model = tiny("mixtral", layers=4)
+    model = _model(4)
     want = _plain_cuda(model, PROMPTS, 4)
     om = OffloadedModel(copy.deepcopy(model), devices=["cuda:0", "cuda:1"])
     run = om.run(PROMPTS, get_policy("lru"), 3, max_new_tokens=4, keep_logits=True)

@@ -16,6 +16,7 @@ from casmoe.cli.app import app
 from casmoe.errors import CasmoeError
 
 FIDELITY_POLICIES = ("ondemand", "lru", "semoe")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 class BenchInputError(CasmoeError, ValueError):
@@ -23,7 +24,7 @@ class BenchInputError(CasmoeError, ValueError):
 
 
 def _setup(model: str, devices: list[str], threads: int, link_gbps: Optional[float], link_latency_us: float,
-           mmap: Optional[Path]) -> tuple[Any, Any]:
+           mmap: Optional[Path], dtype: str = "float32") -> tuple[Any, Any]:
     """Load the model and tokenizer and wrap the model for offloading."""
     import torch
 
@@ -34,7 +35,9 @@ def _setup(model: str, devices: list[str], threads: int, link_gbps: Optional[flo
         torch.set_num_threads(threads)
     if link_gbps is not None and link_gbps <= 0:
         raise BenchInputError("--link-gbps must be > 0")
-    hf_model, tokenizer = load_model(model)
+    if dtype not in DTYPES:
+        raise BenchInputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    hf_model, tokenizer = load_model(model, dtype=dtype)
     link = Link(None if link_gbps is None else link_gbps * 1e9, link_latency_us * 1e-6)
     return OffloadedModel(hf_model, devices=devices or ["cpu"], link=link, mmap_path=mmap), tokenizer
 
@@ -77,6 +80,7 @@ MODEL = typer.Option(..., "--model", help="A shipped tiny model (tiny-mixtral, t
 PROMPTS = typer.Option(None, "--prompts", help="JSONL corpus rows or one prompt per line (default: held-out corpus).")
 DEVICE = typer.Option(None, "--device", help="Device for a share of the layers (repeat to split: cpu, cuda:0, ...).")
 THREADS = typer.Option(0, help="torch CPU threads (0: torch's default).")
+DTYPE = typer.Option("float32", help="Weights' dtype: float32 (CPU), bfloat16 or float16 (GPU).")
 
 
 @app.command()
@@ -97,6 +101,7 @@ def bench(
     trace: Optional[Path] = typer.Option(None, help="Profile trace for policies that rank experts (static)."),
     ppl_texts: int = typer.Option(16, min=1, help="Held-out texts for perplexity (substitute mode)."),
     threads: int = THREADS,
+    dtype: str = DTYPE,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON record."),
 ) -> None:
     """Generate with offloaded experts: tokens/s, TTFT, stall time, hit rate (and perplexity
@@ -106,7 +111,7 @@ def bench(
 
     spec = PolicySpec.parse(policy)
     cls = spec.cls
-    om, tokenizer = _setup(model, device or [], threads, link_gbps, link_latency_us, mmap)
+    om, tokenizer = _setup(model, device or [], threads, link_gbps, link_latency_us, mmap, dtype)
     cap = _capacity(capacity, global_capacity, 2 * om.geometry.top_k)
     reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
     profile = Trace.load(trace) if trace is not None else None
@@ -154,13 +159,14 @@ def calibrate(
     link_latency_us: float = typer.Option(0.0, min=0.0, help="CPU runs: fixed cost per emulated copy."),
     device: Optional[list[str]] = DEVICE,
     threads: int = THREADS,
+    dtype: str = DTYPE,
     as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON."),
 ) -> None:
     """Measure this machine (compute, copy bandwidth and per-copy cost) running MODEL and write a
     hardware profile that `casmoe simulate --hardware FILE` reads."""
     from casmoe.backends.calibrate import calibrate as measure
 
-    om, tokenizer = _setup(model, (device or [])[:1], threads, link_gbps, link_latency_us, None)
+    om, tokenizer = _setup(model, (device or [])[:1], threads, link_gbps, link_latency_us, None, dtype)
     reqs = _prompts(tokenizer, prompts, num_prompts, 32)
     from casmoe.backends.copier import responsive_copies
 
