@@ -167,7 +167,8 @@ def quality(paths: list[Path], ablation: bool = True) -> dict[str, Any]:
                 with tempfile.TemporaryDirectory() as tmp:  # serving mutates the index: use a copy
                     planner.save(tmp)
                     online = serve_online(load_planner(tmp), trace)
-                rows[f"cascade + online buffer (C={cfg.buffer})"] = {**score(online, ev.truth, ev.counts, ev.k), "requests": len(online)}
+                online_scores = score(online, ev.truth, ev.counts, ev.k)
+                rows[f"cascade + online buffer (C={cfg.buffer})"] = {**online_scores, "requests": len(online)}
             else:
                 rows[f"{name}: eap"] = res["eap"]
                 rows[f"{name}: cascade"] = res["cascade"]
@@ -260,7 +261,8 @@ def main() -> None:
         data["quality"] = quality(paths, ablation=not args.no_ablation)
         for name, q in data["quality"].items():
             print(f"\n### {name} ({q['geometry']}), held-out prompts\n")
-            print(md_table([{"method": m, **r} for m, r in q["rows"].items()], ["method", "recall_at_k", "coverage_at_2k", "requests"]))
+            rows = [{"method": m, **r} for m, r in q["rows"].items()]
+            print(md_table(rows, ["method", "recall_at_k", "coverage_at_2k", "requests"]))
             print("\nfit seconds: " + ", ".join(f"{k}: {v:.0f}" for k, v in q["fit_s"].items()))
             print("\nepsilon curve:\n")
             print(md_table(q["curve"], ["epsilon", "eam_share", "recall_at_k", "coverage_at_2k"]))
@@ -268,7 +270,8 @@ def main() -> None:
         data["policies"] = policies(paths, simulate=not args.no_sim)
         sim = "decode_tokens_per_s" in data["policies"][0]
         print()
-        print(md_table(data["policies"], ["trace", "policy", "slots_per_layer", "hit_rate"] + ["decode_tokens_per_s"] * sim))
+        cols = ["trace", "policy", "slots_per_layer", "hit_rate"] + ["decode_tokens_per_s", "sim_model"] * sim
+        print(md_table(data["policies"], cols))
     if args.json:
         args.json.write_text(json.dumps(data, indent=2))
 

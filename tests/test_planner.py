@@ -124,7 +124,8 @@ def test_task_popularity_falls_back_to_popularity() -> None:
     fit, test = Trace(G, reqs[:4]), Trace(G, reqs[4:])
     b = baselines(fit, test, Phase.DECODE, True)
     pats = normalise(expert_patterns(fit))
-    np.testing.assert_allclose(b["task_popularity"][0], pats[[1, 3]].mean(0) if reqs[4].task == "a" else pats[[0, 2]].mean(0))
+    same_task = [1, 3] if reqs[4].task == "a" else [0, 2]
+    np.testing.assert_allclose(b["task_popularity"][0], pats[same_task].mean(0))
     np.testing.assert_allclose(b["task_popularity"][1], b["popularity"][1])
 
 

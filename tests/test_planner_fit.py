@@ -25,8 +25,16 @@ pytest.importorskip("hnswlib")
 G = Geometry(layers=4, experts=8, top_k=2)
 TASKS = {
     "cooking": ["Bake a lemon cake with {} eggs", "How long to roast {} potatoes", "A soup recipe with {} carrots"],
-    "code": ["Write a Python function that sorts {} integers", "Fix this segfault in {} lines of C", "Explain git rebase for {} commits"],
-    "law": ["Is a verbal contract for {} dollars binding", "Explain tenant rights after {} days notice", "Draft an NDA for {} employees"],
+    "code": [
+        "Write a Python function that sorts {} integers",
+        "Fix this segfault in {} lines of C",
+        "Explain git rebase for {} commits",
+    ],
+    "law": [
+        "Is a verbal contract for {} dollars binding",
+        "Explain tenant rights after {} days notice",
+        "Draft an NDA for {} employees",
+    ],
 }
 SMALL_EAP = EAPConfig(layers=2, epochs=8, batch_size=16)
 
@@ -137,16 +145,11 @@ def test_cli_fit_and_eval(trace, tmp_path) -> None:
     from casmoe.cli.app import app
 
     trace.save(tmp_path / "t.npz")
-    out = tmp_path / "pl"
+    out, path, csv = str(tmp_path / "pl"), str(tmp_path / "t.npz"), str(tmp_path / "c.csv")
     runner = CliRunner()
-    res = runner.invoke(
-        app, ["planner", "fit", "--trace", str(tmp_path / "t.npz"), "--out", str(out), "--epochs", "4", "--epsilon", "0.6"]
-    )
+    res = runner.invoke(app, ["planner", "fit", "--trace", path, "--out", out, "--epochs", "4", "--epsilon", "0.6"])
     assert res.exit_code == 0, res.output
-    res = runner.invoke(
-        app,
-        ["planner", "eval", "--planner", str(out), "--trace", str(tmp_path / "t.npz"), "--json", "--curve", str(tmp_path / "c.csv")],
-    )
+    res = runner.invoke(app, ["planner", "eval", "--planner", out, "--trace", path, "--json", "--curve", csv])
     assert res.exit_code == 0, res.output
     result = json.loads(res.stdout)
     assert set(result) == {"eam", "eap", "cascade", "popularity", "task_popularity", "random"}

@@ -23,16 +23,23 @@ app.add_typer(planner_app, name="planner")
 _D = PlannerConfig()
 
 
+TRACE_HELP = "Trace with prompts (.npz); default: the shipped synthetic Mixtral trace."
+
+
 @planner_app.command()
 def fit(
-    trace: Optional[Path] = typer.Option(None, help="Trace with prompts (.npz); default: the shipped synthetic Mixtral trace."),
+    trace: Optional[Path] = typer.Option(None, help=TRACE_HELP),
     out: Path = typer.Option(..., help="Folder to write the planner to (created if missing)."),
-    epsilon: float = typer.Option(_D.epsilon, help="Gate: use the matcher when its best cosine similarity exceeds this."),
-    neighbours: int = typer.Option(_D.neighbours, min=1, help="Matcher: average the patterns of this many nearest prompts."),
-    buffer: int = typer.Option(_D.buffer, min=1, help="Online buffer size C: served prompts join the index in groups of C."),
+    epsilon: float = typer.Option(_D.epsilon, help="Gate: use the matcher when its best similarity exceeds this."),
+    neighbours: int = typer.Option(_D.neighbours, min=1, help="Matcher: average this many nearest prompts."),
+    buffer: int = typer.Option(_D.buffer, min=1, help="Online buffer C: served prompts join the index C at a time."),
     phase: Phase = typer.Option(Phase.DECODE, help="Tokens the expert patterns sum over."),
     counts: bool = typer.Option(False, "--counts", help="Label with selection counts instead of router weights."),
-    holdout_every: int = typer.Option(_D.holdout_every, min=0, help="Leave out every N-th request for evaluation (0: fit on all); a trace whose metadata labels splits uses those."),
+    holdout_every: int = typer.Option(
+        _D.holdout_every,
+        min=0,
+        help="Hold out every N-th request for evaluation (0: none); splits labelled in the trace win.",
+    ),
     alpha: float = typer.Option(_D.eap.alpha, min=0.0, help="Weight of the SimCSE contrastive loss in the predictor."),
     epochs: int = typer.Option(_D.eap.epochs, min=1, help="Predictor training epochs."),
     seed: int = typer.Option(_D.seed, help="Seed for the predictor's initialisation, dropout and batches."),
@@ -63,7 +70,7 @@ def fit(
 @planner_app.command("eval")
 def evaluate(
     planner: Path = typer.Option(..., help="Planner folder written by `casmoe planner fit`."),
-    trace: Optional[Path] = typer.Option(None, help="Trace with prompts; default: the shipped synthetic Mixtral trace."),
+    trace: Optional[Path] = typer.Option(None, help=TRACE_HELP),
     epsilon: Optional[float] = typer.Option(None, help="Gate threshold for `cascade` (default: the planner's)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one entry per method) instead of a table."),
     curve: Optional[Path] = typer.Option(None, help="Write the epsilon curve (CSV) here."),

@@ -126,7 +126,9 @@ class Predictor:
         return int(sum(p.numel() * p.element_size() for p in self.net.state_dict().values()) + self.vocab_ids.nbytes)
 
 
-def train(prompts: Sequence[str], patterns: np.ndarray, cfg: EAPConfig, seed: int = 0, progress: bool = False) -> Predictor:
+def train(
+    prompts: Sequence[str], patterns: np.ndarray, cfg: EAPConfig, seed: int = 0, progress: bool = False
+) -> Predictor:
     """Fit on prompts and their normalised patterns [N, L, E]; the same inputs and seed give the
     same weights (torch's generator is seeded here; one thread, deterministic CPU kernels)."""
     with one_thread():

@@ -92,7 +92,8 @@ class Evaluation:
         out = []
         for eps in epsilons:
             share = float(np.mean(self.answers.similarity > eps)) if len(self.truth) else 0.0
-            out.append({"epsilon": float(eps), "eam_share": share, **score(self.answers.cascade(eps), self.truth, self.counts, self.k)})
+            scores = score(self.answers.cascade(eps), self.truth, self.counts, self.k)
+            out.append({"epsilon": float(eps), "eam_share": share, **scores})
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -33,7 +33,9 @@ def _tokens(request: Request, phase: Phase) -> slice:
     return slice(None)
 
 
-def request_pattern(request: Request, geometry: Geometry, phase: Phase = Phase.DECODE, weighted: bool = True) -> np.ndarray:
+def request_pattern(
+    request: Request, geometry: Geometry, phase: Phase = Phase.DECODE, weighted: bool = True
+) -> np.ndarray:
     """EP of one request as float32 [L, E]; `weighted=False` counts selections instead."""
     L, E = geometry.layers, geometry.experts
     sl = _tokens(request, phase)

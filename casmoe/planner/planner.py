@@ -172,7 +172,8 @@ class Planner:
         """Buffer a served prompt with its observed pattern [L, E]; True when this filled the
         buffer and its prompts joined the index."""
         if pattern.shape != (self.geometry.layers, self.geometry.experts):
-            raise PlannerError(f"pattern has shape {pattern.shape}, expected {(self.geometry.layers, self.geometry.experts)}")
+            want = (self.geometry.layers, self.geometry.experts)
+            raise PlannerError(f"pattern has shape {pattern.shape}, expected {want}")
         batch = self.buffer.add(self._embed(prompt), normalise(pattern))
         if batch is None:
             return False
@@ -197,7 +198,12 @@ class Planner:
         folder.mkdir(parents=True, exist_ok=True)
         self.matcher.save(folder)
         self.predictor.save(folder / "eap.safetensors")
-        meta = {"format": FORMAT, "version": VERSION, "geometry": self.geometry.to_dict(), "config": self.config.to_dict()}
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "geometry": self.geometry.to_dict(),
+            "config": self.config.to_dict(),
+        }
         (folder / "planner.json").write_text(json.dumps(meta, indent=2))
 
 
@@ -228,7 +234,9 @@ def load_planner(path: str | Path) -> Planner:
     try:
         meta = json.loads((folder / "planner.json").read_text())
     except FileNotFoundError:
-        raise PlannerError(f"{folder}: not a planner folder (no planner.json); write one with casmoe planner fit") from None
+        raise PlannerError(
+            f"{folder}: not a planner folder (no planner.json); write one with casmoe planner fit"
+        ) from None
     except json.JSONDecodeError as exc:
         raise PlannerError(f"{folder}/planner.json is not valid JSON: {exc}") from exc
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
