@@ -245,3 +245,12 @@ def test_shipped_tiny_models_are_bit_identical(name):
                  keep_logits=True)
     assert _same(run.logits, want)
     _replay_matches(run, om, "lru", om.geometry.top_k + 1)
+
+
+def test_bf16_weights_are_bit_identical():
+    model = tiny("mixtral").to(torch.bfloat16)
+    want = [plain_greedy(copy.deepcopy(model), p.ids, STEPS) for p in SHORT]
+    om = OffloadedModel(model)
+    run = om.run(SHORT, get_policy("semoe"), 3, max_new_tokens=STEPS, keep_logits=True)
+    assert _same(run.logits, want)
+    assert om.store.expert_bytes(0) == om.geometry.layer_expert_bytes[0] == 3 * 32 * 48 * 2
