@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from casmoe.backends.corpus import TRAIN, load_corpus  # noqa: E402
-from casmoe.backends.train import TINY_MODELS, TrainSettings, fit, mean_loss, model_config, pack, train_tokenizer  # noqa: E402
+from casmoe.backends.train import (  # noqa: E402
+    TINY_MODELS, TrainSettings, fit, mean_loss, model_config, pack, train_tokenizer)
 from casmoe.errors import CasmoeError  # noqa: E402
 
 
