@@ -204,13 +204,13 @@ def record(model_name: str, prompts: list[Prompt], out: Path | str,
         while len(requests) < len(prompts):
             batch = prompts[len(requests):len(requests) + batch_size]
             ids = [tokenizer(p.text)["input_ids"][:max_prompt_tokens] or [pad] for p in batch]
-            for p, n, (rows, _) in zip(batch, ids, generate_and_record(
+            for p, prompt_ids, (rows, _) in zip(batch, ids, generate_and_record(
                     model, recorder, ids, settings.max_new_tokens, pad_id=pad)):
                 weights = rows["weights"]
                 if settings.fp16_weights:
                     weights = weights.astype(np.float16).astype(np.float32)
                 requests.append(Request(
-                    rows["topk"].astype(np.int16), weights, len(n), prompt=p.text,
+                    rows["topk"].astype(np.int16), weights, len(prompt_ids), prompt=p.text,
                     task=p.task, logits=rows.get("logits"),
                     spec=rows["spec"].astype(np.int16) if "spec" in rows else None))
             bar.update(len(batch))
