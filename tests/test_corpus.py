@@ -51,3 +51,21 @@ def test_bad_corpus_files_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
     with pytest.raises(CorpusError, match="bad.jsonl:1"):
         load_corpus(tmp_path / "bad.jsonl")
+
+
+def test_arithmetic_answers_are_right() -> None:
+    import re
+
+    problems = load_corpus(task="arithmetic")
+    assert len(problems) >= 500
+    for p in problems:
+        a, op, b, c = re.search(r"Answer: (\d+) ([-+*/]) (\d+) = (\d+)\.$", p.text).groups()
+        assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b),
+                "/": int(a) / int(b)}[op] == int(c), p.text
+
+
+def test_fortune_file_parsing(tmp_path: Path) -> None:
+    from casmoe.backends.corpus import _fortunes
+
+    (tmp_path / "f").write_text("%%$FreeBSD$\n%\nFirst\n\tindented\n%\nSecond\n%\n")
+    assert list(_fortunes(tmp_path / "f")) == ["First\n    indented", "Second"]
