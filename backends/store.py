@@ -38,6 +38,7 @@ class HostStore:
     def __init__(self, layers: list[dict[str, torch.Tensor]]) -> None:
         self.layers = layers
         self.names = list(layers[0]) if layers else []
+        self._bytes = [sum(t[0].numel() * t.element_size() for t in row.values()) for row in layers]
 
     @classmethod
     def from_tensors(cls, layers: list[dict[str, torch.Tensor]], pin: bool = False) -> HostStore:
@@ -56,7 +57,7 @@ class HostStore:
         return {name: t[expert] for name, t in self.layers[layer].items()}
 
     def expert_bytes(self, layer: int) -> int:
-        return sum(t[0].numel() * t.element_size() for t in self.layers[layer].values())
+        return self._bytes[layer]
 
     @property
     def nbytes(self) -> int:
