@@ -222,7 +222,8 @@ def validate(
     with _progress(len(names), "validate") as bar:
         results, _ = compare(om, reqs, names, cap, max_new_tokens=max_new_tokens, calibration=cal,
                              progress=lambda _policy: bar.update())
-    records = [{"model": model, "link_gbps": om.link.bandwidth / 1e9, **r.to_dict()} for r in results]
+    measured = {f"calibrated_{k}": v for k, v in cal.to_dict().items() if k not in ("link_bandwidth", "link_latency")}
+    records = [{"model": model, "link_gbps": om.link.bandwidth / 1e9, **r.to_dict(), **measured} for r in results]
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
