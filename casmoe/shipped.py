@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DEFAULT_TRACE = "synthetic-mixtral.npz"
+DEFAULT_TRACE = "tiny-mixtral.npz"
+"""Routing recorded from the shipped tiny-mixtral model (Mixtral-8x7B's routing shape) on the
+prompt corpus: the default input of replay, simulate and the planner."""
+SYNTHETIC_TRACE = "synthetic-mixtral.npz"
+"""The synthetic Mixtral-shaped trace with task-labelled prompts (`casmoe trace synth`)."""
 
 
 def data_dir() -> Path:

@@ -82,8 +82,11 @@ def split_layers(layers: int, devices: int) -> list[range]:
 
 
 def expert_bytes_for(trace: Trace, preset: ModelPreset, quant: Quant | None) -> list[int]:
-    """Bytes per expert per layer: measured ones from the trace unless a quant is forced."""
-    if quant is None and trace.geometry.layer_expert_bytes:
+    """Bytes per expert per layer: measured ones from the trace unless a quant is forced or the
+    trace was recorded from a stand-in of another width (the shipped tiny models route like
+    Mixtral but are priced as the preset being simulated)."""
+    g = trace.geometry
+    if quant is None and g.layer_expert_bytes and g.hidden in (0, preset.geometry.hidden):
         return list(trace.geometry.layer_expert_bytes)
     return preset.geometry.bytes_per_layer(quant or Quant.BF16)
 

