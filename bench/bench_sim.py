@@ -23,7 +23,7 @@ from casmoe.cache import Capacity
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.replay import replay
-from casmoe.shipped import DEFAULT_TRACE, shipped
+from casmoe.shipped import SYNTHETIC_TRACE, shipped
 from casmoe.sim.engine import StepPlan, simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.trace import Trace
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
 
-    trace = Trace.load(shipped(DEFAULT_TRACE)).subset(range(args.requests))
+    trace = Trace.load(shipped(SYNTHETIC_TRACE)).subset(range(args.requests))
     preset = get_preset("mixtral-8x7b")
     hw = load_profile("rtx4090x4")
     cls = get_policy(args.policy)
