@@ -45,17 +45,34 @@ def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
             w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
 
 
+# ---- plots ------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    """pyplot on the file-only Agg backend, imported on first use (it costs ~0.5 s)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path, dpi: int = 110) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    _pyplot().close(fig)
+    return path
+
+
 # ---- simulator plots -------------------------------------------------------------------------
 
 
 def plot_latency_vs_capacity(path: Path, records: Sequence[dict[str, Any]], metric: str = "token_latency_p50_s") -> Path:
     """Per-token decode latency (ms) against expert-cache size (GB), one line per policy (and
     per hardware, model, trace, batch or miss mode when a sweep varies them)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     varied = [k for k in ("hardware", "model", "trace", "batch", "miss_mode") if len({r.get(k) for r in records}) > 1]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     by_policy: dict[str, list[tuple[float, float]]] = {}
@@ -71,20 +88,12 @@ def plot_latency_vs_capacity(path: Path, records: Sequence[dict[str, Any]], metr
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_stall_by_layer(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     """Stall seconds per MoE layer, one line per run (policy at capacity)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in records:
         stalls = r.get("stall_by_layer_s")
@@ -95,23 +104,10 @@ def plot_stall_by_layer(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     ax.grid(True, alpha=0.3)
     if len(records) <= 12:
         ax.legend(fontsize="x-small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 # ---- local routing consistency (casmoe lrc) --------------------------------------------------
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_lrc_sch(path: Path, results: Sequence[Any]) -> Path:
@@ -141,11 +137,7 @@ def plot_lrc_sch(path: Path, results: Sequence[Any]) -> Path:
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("hit rate")
     axes[0][-1].legend(fontsize="x-small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_lrc_srp(path: Path, results: Sequence[Any]) -> Path:
@@ -163,11 +155,7 @@ def plot_lrc_srp(path: Path, results: Sequence[Any]) -> Path:
     ax.set_ylabel("SRP (best F1)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_lrc_layers(path: Path, results: Sequence[Any], rho: float = 2.0) -> Path:
@@ -187,20 +175,12 @@ def plot_lrc_layers(path: Path, results: Sequence[Any], rho: float = 2.0) -> Pat
             ax.set_ylabel("layer")
             ax.set_title(f"{res.name}: {what}", fontsize="small")
             fig.colorbar(im, ax=ax, fraction=0.05)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_epsilon_curve(points: Sequence[dict[str, Any]], path: Path, baseline: float | None = None) -> None:
     """The planner's gate trade-off: share answered by the matcher and cascade recall@k, per epsilon."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     eps = [p["epsilon"] for p in points]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(eps, [p["recall_at_k"] for p in points], marker="o", label="cascade recall@k")
@@ -212,7 +192,4 @@ def plot_epsilon_curve(points: Sequence[dict[str, Any]], path: Path, baseline: f
     ax.set_ylim(0, 1.02)
     ax.legend(loc="lower left", fontsize=8)
     ax.set_title("CasMoE planner: matcher/predictor gate")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, dpi=120)
