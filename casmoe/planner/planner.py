@@ -57,7 +57,7 @@ class EAPConfig:
     alpha: float = 0.1
     temperature: float = 0.05
     huber_delta: float = 1.0
-    epochs: int = 60
+    epochs: int = 30
     batch_size: int = 32
     lr: float = 2e-3
     weight_decay: float = 0.01
