@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 COMMON = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
@@ -52,3 +53,13 @@ def plain_greedy(model, ids: list[int], steps: int) -> list[torch.Tensor]:
             out.append(o.logits[0, -1].clone())
             x = torch.tensor([[int(o.logits[0, -1].argmax())]])
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: torch's intra-op thread pool only adds spin-wait on a shared machine.
+    Importing this fixture into a test module applies it to that module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from backend_models import plain_greedy, tiny  # noqa: E402
+from backend_models import one_thread, plain_greedy, tiny  # noqa: E402,F401  (one_thread: autouse)
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -30,15 +30,6 @@ SHORT = [Prompt([1], "a"), Prompt([4], "b"), Prompt([9], "c")]
 # (prompts, capacity) pairs under which every layer's routed experts fit the pool at once:
 # long prompts with a shared pool of E + 2 slots, one-token prompts with k + 1 slots per layer.
 FITS = {"global": (LONG, Capacity(10, per_layer=False)), "per-layer": (SHORT, Capacity(3))}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: torch's intra-op thread pool only adds spin-wait on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -9,20 +9,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from backend_models import tiny  # noqa: E402
+from backend_models import one_thread, tiny  # noqa: E402,F401  (one_thread: autouse)
 from typer.testing import CliRunner  # noqa: E402
 
 from casmoe.cli import app  # noqa: E402
 
 TEXTS = ["the cat sat on the mat", "def add(a, b): return a + b", "what is 12 plus 30?", "to be or not to be"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
