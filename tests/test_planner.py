@@ -95,6 +95,7 @@ def test_heldout_split_rule_and_metadata() -> None:
     tr.meta["splits"] = ["heldout" if i in (0, 3) else "train" for i in range(12)]
     fit, test = heldout_split(tr, 5)
     assert test == [0, 3] and 0 not in fit and 4 in fit
+    assert heldout_split(tr, 0) == (list(range(12)), [])  # 0: fit on everything, labels or not
     tr.meta["splits"] = ["heldout"] * 3  # labels that do not cover the trace are ignored
     assert heldout_split(tr, 5)[1] == [4, 9]
     with pytest.raises(PlannerError):

@@ -174,3 +174,14 @@ def test_serve_online_grows_the_index_by_flushed_buffers(planner_dir, trace) -> 
     preds = serve_online(planner, trace)
     assert preds.shape == (9, G.layers, G.experts)
     assert len(planner.matcher) == before + 9 and len(planner.buffer) == 0
+
+
+def test_eval_refuses_a_planner_fitted_on_everything(planner_dir, trace) -> None:
+    from dataclasses import replace
+
+    from casmoe.planner.evaluate import evaluate
+
+    planner = load_planner(planner_dir)
+    planner.config = replace(planner.config, holdout_every=0)
+    with pytest.raises(PlannerError, match="no held-out requests"):
+        evaluate(planner, trace)

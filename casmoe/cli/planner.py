@@ -38,7 +38,7 @@ def fit(
     holdout_every: int = typer.Option(
         _D.holdout_every,
         min=0,
-        help="Hold out every N-th request for evaluation (0: none); splits labelled in the trace win.",
+        help="Hold out every N-th request for evaluation, or the trace's labelled split if any (0: fit on all).",
     ),
     alpha: float = typer.Option(_D.eap.alpha, min=0.0, help="Weight of the SimCSE contrastive loss in the predictor."),
     epochs: int = typer.Option(_D.eap.epochs, min=1, help="Predictor training epochs."),

@@ -118,8 +118,8 @@ def evaluate(
     fit_idx, test_idx = heldout_split(trace, cfg.holdout_every)
     if not test_idx:
         raise PlannerError(
-            "no held-out requests: the planner was fitted with holdout_every=0 and the trace lists none "
-            "(meta['splits']); refit with --holdout-every N to evaluate"
+            "no held-out requests: the planner was fitted on every request (holdout_every=0) or the "
+            "trace's split labels hold none out; refit with --holdout-every N to evaluate"
         )
     if not trace.has_prompts:
         raise PlannerError("evaluation needs prompt text for every request")

@@ -11,7 +11,8 @@ Held-out split: fitting leaves out the requests that evaluation scores. If the t
 labels every request (`meta["splits"]`, one "train" / "heldout" per request, as `casmoe record`
 writes from the prompt corpus), the "heldout" ones are held out; otherwise every
 `holdout_every`-th request (indices `holdout_every - 1, 2 * holdout_every - 1, ...`, i.e. 20%
-with the default 5) is; `holdout_every = 0` fits on every request (a planner to deploy).
+with the default 5) is. `holdout_every = 0` fits on every request, labels or not (a planner to
+deploy rather than to evaluate).
 """
 
 from __future__ import annotations
@@ -96,12 +97,12 @@ def heldout_split(trace: Trace, holdout_every: int) -> tuple[list[int], list[int
     """(fit, held-out) request indices; see the module docstring for the rule."""
     n = len(trace.requests)
     labels = trace.meta.get("splits")
-    if isinstance(labels, list) and len(labels) == n:
-        test = [i for i, label in enumerate(labels) if label == "heldout"]
-    elif holdout_every:
-        test = list(range(holdout_every - 1, n, holdout_every))
-    else:
+    if not holdout_every:
         test = []
+    elif isinstance(labels, list) and len(labels) == n:
+        test = [i for i, label in enumerate(labels) if label == "heldout"]
+    else:
+        test = list(range(holdout_every - 1, n, holdout_every))
     held = set(test)
     return [i for i in range(n) if i not in held], test
 
