@@ -185,3 +185,20 @@ def test_eval_refuses_a_planner_fitted_on_everything(planner_dir, trace) -> None
     planner.config = replace(planner.config, holdout_every=0)
     with pytest.raises(PlannerError, match="no held-out requests"):
         evaluate(planner, trace)
+
+
+def test_casmoe_policy_feeds_served_prompts_to_the_planner_buffer(planner_dir, trace) -> None:
+    """Serving held-out requests through the `casmoe` policy fills the planner's online buffer
+    with what their routing showed; at C = 3 the third request flushes it into the index."""
+    from casmoe.cache import Capacity
+    from casmoe.policies import get_policy
+    from casmoe.replay import replay
+
+    served = trace.subset(range(3))
+    cache = get_policy("casmoe").create(G, Capacity(3), trace=served, planner=str(planner_dir))
+    planner = cache.predictor.planner
+    size = len(planner.matcher)
+    replay(served, cache)
+    assert len(planner.matcher) == size + 3
+    for r in served.requests:
+        assert planner.explain(r.prompt).similarity == pytest.approx(1.0, abs=1e-3)

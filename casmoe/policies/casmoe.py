@@ -5,7 +5,8 @@ test predictor). At request start the policy fetches the highest-scored experts 
 within the budget, in layer order so that early layers arrive first; misses load on demand;
 the lowest-scored resident is evicted (least recently used among equals).
 
-Predictors by option: `planner=DIR` (a fitted planner), `predictor="exact"` (the request's own
+Predictors by option: `planner=DIR` (a fitted planner, which also learns online from the
+routing each served request showed), `predictor="exact"` (the request's own
 decode pattern: an oracle, so the policy then declares it reads the future) or
 `predictor="noisy"` (that oracle blended with random scores: `noise` in [0, 1]).
 """
@@ -46,15 +47,24 @@ def noisy_predictor(geometry, noise: float, rng: np.random.Generator) -> Predict
     return predict
 
 
-def planner_predictor(path: str, geometry) -> Predictor:
-    from casmoe.planner import load_planner
+class PlannerPredictor:
+    """A fitted planner as a predictor, fed back with what serving each prompt routed to (the
+    seed's online update: served prompts wait in the planner's buffer, then join its index)."""
 
-    planner = load_planner(path)
-    if planner.geometry.layers != geometry.layers or planner.geometry.experts != geometry.experts:
-        raise CacheConfigError(
-            f"planner at {path} was fitted on {planner.geometry.describe()}, the trace is {geometry.describe()}"
-        )
-    return lambda request: planner.predict(request.prompt or "")
+    def __init__(self, path: str, geometry) -> None:
+        from casmoe.planner import load_planner
+
+        self.planner = load_planner(path)
+        g = self.planner.geometry
+        if (g.layers, g.experts, g.top_k) != (geometry.layers, geometry.experts, geometry.top_k):
+            raise CacheConfigError(f"planner at {path} was fitted on {g.describe()}, the trace is {geometry.describe()}")
+
+    def __call__(self, request) -> np.ndarray:
+        return self.planner.predict(request.prompt or "")
+
+    def observe(self, prompt: str | None, pattern: np.ndarray) -> None:
+        if prompt and pattern.any():
+            self.planner.observe(prompt, pattern)
 
 
 class CasMoE(ExpertCache):
@@ -68,6 +78,8 @@ class CasMoE(ExpertCache):
         self._scores = np.zeros(g.total_experts)
         self._last: dict[ExpertId, int] = {}
         self._tick = 0
+        self._prompt: str | None = None
+        self._served = np.zeros(g.total_experts)  # routed uses seen while serving this request
 
     @classmethod
     def create(
@@ -83,7 +95,7 @@ class CasMoE(ExpertCache):
         **kw: Any,
     ) -> ExpertCache:
         if planner is not None:
-            return cls(geometry, capacity, predictor=planner_predictor(planner, geometry), **kw)
+            return cls(geometry, capacity, predictor=PlannerPredictor(planner, geometry), **kw)
         if callable(predictor):
             return cls(geometry, capacity, predictor=predictor, **kw)
         if predictor == "exact":
@@ -99,6 +111,8 @@ class CasMoE(ExpertCache):
         if scores.shape != (g.layers, g.experts):
             raise CacheConfigError(f"predictor returned scores of shape {scores.shape}, expected ({g.layers}, {g.experts})")
         self._scores = scores.ravel()
+        self._prompt = request.prompt
+        self._served[:] = 0
         if cap.per_layer:
             top = np.argsort(-scores, axis=1, kind="stable")[:, : cap.slots]
             chosen = (top + (np.arange(g.layers) * g.experts)[:, None]).ravel()
@@ -109,8 +123,17 @@ class CasMoE(ExpertCache):
     def on_access(self, expert: ExpertId) -> None:
         self._tick += 1
         self._last[expert] = self._tick
+        self._served[expert] += 1
 
-    on_insert = on_access
+    def on_insert(self, expert: ExpertId) -> None:
+        self._tick += 1
+        self._last[expert] = self._tick
+
+    def on_request_end(self) -> None:
+        observe = getattr(self.predictor, "observe", None)
+        if observe is not None:
+            g = self.geometry
+            observe(self._prompt, self._served.reshape(g.layers, g.experts))
 
     def victim(self, layer: int, candidates) -> ExpertId:
         scores, last = self._scores, self._last
