@@ -17,13 +17,14 @@ def _fmt(v: Any) -> str:
 def print_table(records: Sequence[dict[str, Any]], columns: Sequence[str], title: str | None = None) -> None:
     """A rich table on stdout, one row per record."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for c in columns:
         table.add_column(c, justify="left" if c in ("policy", "capacity", "name") else "right")
     for r in records:
-        table.add_row(*(_fmt(r.get(c, "")) for c in columns))
+        table.add_row(*(escape(_fmt(r.get(c, ""))) for c in columns))  # policy labels hold [key=value]
     Console(width=200).print(table)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from tqdm import tqdm
 
 from casmoe.cache import CacheConfigError, Capacity, MissMode
 from casmoe.cli.app import app
@@ -52,7 +53,7 @@ def replay(
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
     steps = tr.steps(batch)
     records = []
-    for spec in specs:
+    for spec in tqdm(specs, desc="replay", unit="policy", disable=len(specs) < 2 or as_json):
         cache = spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr)
         result = run_replay(tr, cache, batch=batch, steps=steps).to_dict()
         result["policy"] = spec.label

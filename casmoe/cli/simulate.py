@@ -33,12 +33,10 @@ COLUMNS = {
 
 
 def _print_results(records: list[dict[str, Any]], title: str) -> None:
-    from rich.markup import escape
-
     from casmoe.report import print_table
 
     def cell(v: Any, scale: float) -> Any:
-        return escape(v) if isinstance(v, str) else v * scale
+        return v if isinstance(v, str) else v * scale
 
     rows = [
         {head: cell(r[key], scale) for key, (head, scale) in COLUMNS.items()}

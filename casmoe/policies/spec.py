@@ -87,9 +87,11 @@ def parse_policies(texts: Iterable[str] | None, registered: Iterable[str], plann
     texts = list(texts or [])
     if not texts or texts == ["all"]:
         return default_policies(registered, planner)
-    specs = [PolicySpec.parse(t) for t in texts]
-    if planner is not None:
-        specs = [PolicySpec("casmoe", (("planner", planner),)) if s == PolicySpec("casmoe") else s for s in specs]
+    specs = []
+    for t in texts:
+        spec = PolicySpec.parse(t)
+        # a bare `casmoe` is the planner when one is given, else the two oracle brackets
+        specs += default_policies(["casmoe"], planner) if spec == PolicySpec("casmoe") else [spec]
     for s in specs:
         s.cls  # noqa: B018  (an unknown name fails here, before any work)
     return specs
