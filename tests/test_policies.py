@@ -76,14 +76,20 @@ def optimum_hits(visits: list[tuple[int, ...]], capacity: int) -> int:
     return best(0, frozenset())
 
 
+def one_layer_case(data, geometry: Geometry, **trace_kw) -> tuple[Trace, int, list[tuple[int, ...]]]:
+    """A decode-only one-layer trace, a per-layer capacity, and its visits as expert tuples."""
+    drawn = data.draw(traces(geometry=geometry, **trace_kw))
+    trace = Trace(geometry, [Request(r.topk, r.weights, 0, r.prompt) for r in drawn.requests])
+    cap = data.draw(st.integers(geometry.top_k, geometry.experts))
+    visits = [tuple(int(e) for e in r.topk[t, 0]) for r in trace.requests for t in range(r.tokens)]
+    return trace, cap, visits
+
+
 @FAST
 @given(data=st.data())
 def test_belady_equals_the_exhaustive_optimum(data):
     g = Geometry(1, data.draw(st.integers(2, 5)), data.draw(st.integers(1, 2)), hidden=8, intermediate=4)
-    trace = data.draw(traces(geometry=g, max_requests=2, max_tokens=7))
-    trace = Trace(g, [Request(r.topk, r.weights, 0, r.prompt) for r in trace.requests])
-    cap = data.draw(st.integers(g.top_k, g.experts))
-    visits = [tuple(int(e) for e in r.topk[t, 0]) for r in trace.requests for t in range(r.tokens)]
+    trace, cap, visits = one_layer_case(data, g, max_requests=2, max_tokens=7)
     assert _run("belady", trace, Capacity(cap)).stats().hits == optimum_hits(visits, cap)
 
 
@@ -115,11 +121,7 @@ def reference_lru_hits(visits: list[tuple[int, ...]], capacity: int) -> int:
 @FAST
 @given(data=st.data())
 def test_lru_matches_a_textbook_lru(data):
-    g = data.draw(geometries(max_layers=1))
-    trace = data.draw(traces(geometry=g))
-    trace = Trace(g, [Request(r.topk, r.weights, 0, r.prompt) for r in trace.requests])
-    cap = data.draw(st.integers(g.top_k, g.experts))
-    visits = [tuple(int(e) for e in r.topk[t, 0]) for r in trace.requests for t in range(r.tokens)]
+    trace, cap, visits = one_layer_case(data, data.draw(geometries(max_layers=1)))
     assert _run("lru", trace, Capacity(cap)).stats().hits == reference_lru_hits(visits, cap)
 
 
