@@ -25,7 +25,7 @@ import torch
 from casmoe.cache import Capacity, CacheConfigError, CacheStats, ExpertCache, Load, LoadReason, MissMode, RequestStart
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
-from casmoe.trace import Future, Request, Trace, _prefill_step
+from casmoe.trace import Future, Request, Trace, prefill_step
 
 from casmoe.backends.copier import CudaCopier, ThreadCopier, Ticket
 from casmoe.backends.experts import (
@@ -267,7 +267,7 @@ class OffloadedModel:
         base = local * E
         if self._prefill:
             offsets = np.full((1, 1, 1), base, dtype=np.int64)
-            experts = _prefill_step(idx[:, None, :], w[:, None, :], offsets, E).experts[0]
+            experts = prefill_step(idx[:, None, :], w[:, None, :], offsets, E).experts[0]
         else:
             experts = (idx[0].astype(np.int64) + base).tolist()
         cache = d.cache

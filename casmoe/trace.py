@@ -77,7 +77,7 @@ class Request:
         offsets = (np.arange(L, dtype=np.int64) * E)[None, :, None]
         steps: list[Step] = []
         if self.prefill:
-            steps.append(_prefill_step(self.topk[: self.prefill], self.weights[: self.prefill], offsets, E))
+            steps.append(prefill_step(self.topk[: self.prefill], self.weights[: self.prefill], offsets, E))
         dec = self.topk[self.prefill :].astype(np.int64)
         if len(dec):
             flat = dec + offsets  # [T, L, k]
@@ -90,7 +90,7 @@ class Request:
         return steps
 
 
-def _prefill_step(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray, E: int) -> Step:
+def prefill_step(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray, E: int) -> Step:
     """Union of the prompt tokens' experts per layer, heaviest total router weight first."""
     T, L, k = topk.shape
     flat = np.where(topk >= 0, topk.astype(np.int64) + offsets, -1)  # [T, L, k]
