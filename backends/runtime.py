@@ -282,6 +282,8 @@ class OffloadedModel:
         for ld in acc.loads:
             if ld.victim not in routed:
                 self._issue(d, ld)
+        for ld in acc.background:  # not waited for: the tokens after this one may hit it
+            self._issue(d, ld)
         if streamed:
             out = self._stream(d, fn, hidden, top_k_index, top_k_weights, experts, local, streamed)
         else:

@@ -55,7 +55,9 @@ class Load(NamedTuple):
 
 class Access(NamedTuple):
     """What `route` found: counts for hits, the experts still in flight (late hits), misses,
-    the demand loads issued for them, and (missed, used-instead) pairs in substitute mode."""
+    the demand loads issued for them (the layer waits for these), (missed, used-instead) pairs
+    in substitute mode, experts computed on the host in cpu mode, and `background` loads the
+    layer does not wait for (a substituted expert is fetched for the tokens after this one)."""
 
     hits: int
     late: tuple[ExpertId, ...]
@@ -63,6 +65,7 @@ class Access(NamedTuple):
     loads: tuple[Load, ...]
     substitutes: tuple[tuple[ExpertId, ExpertId], ...] = ()
     cpu: tuple[ExpertId, ...] = ()
+    background: tuple[Load, ...] = ()
 
 
 class CacheConfigError(CasmoeError, ValueError):
@@ -348,6 +351,7 @@ class ExpertCache:
         misses: list[ExpertId] = []
         loads: list[Load] = []
         subs: list[tuple[ExpertId, ExpertId]] = []
+        background: list[Load] = []
         missing = set(absent)
         for e in tail:
             if e not in missing:
@@ -360,13 +364,14 @@ class ExpertCache:
                     subs.append((e, sub))
                     protected[sub] = None
                     on_access(sub)
+                    background += self._prefetch((e,))  # else the resident set would freeze
                     continue
             misses.append(e)
             loads.append(self._admit(e, LoadReason.DEMAND))
             protected[e] = None
             on_access(e)
         n["substitutions"] += len(subs)
-        return Access(hits, tuple(late), tuple(misses), tuple(loads), tuple(subs))
+        return Access(hits, tuple(late), tuple(misses), tuple(loads), tuple(subs), (), tuple(background))
 
     def arrived(self, expert: ExpertId) -> None:
         """A load finished; a cancelled load's arrival is ignored."""

@@ -64,8 +64,11 @@ def replay(trace: Trace, cache: ExpertCache, batch: int = 1, steps: list[Step] |
                 continue
             if per_layer:
                 land(before(s, layer))
-            for ld in route(s, layer, experts).loads:
+            acc = route(s, layer, experts)
+            for ld in acc.loads:
                 arrived(ld.expert)
+            if acc.background:
+                land(acc.background)
         for _ in ends.get(s, ()):
             cache.end_request()
     return ReplayResult(cache.name or type(cache).__name__, cache.capacity.describe(), cache.stats())

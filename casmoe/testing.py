@@ -120,7 +120,7 @@ def _checked(policy: type[ExpertCache]) -> type[ExpertCache]:
         def route(self, step, layer, experts, scores=None):  # type: ignore[override]
             acc = super().route(step, layer, experts, scores)
             fits = len(experts) <= self.capacity.slots  # else a long prefill streams through the slots
-            self._check_loads(acc.loads, frozenset(experts) if fits else frozenset())
+            self._check_loads(acc.loads + acc.background, frozenset(experts) if fits else frozenset())
             if self.miss_mode is MissMode.LOAD and fits:
                 missing = [e for e in experts if not self.is_resident(e)]
                 assert not missing, f"{policy.__name__}: routed experts {missing} not resident when layer {layer} runs"

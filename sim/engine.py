@@ -396,6 +396,8 @@ class _Run:
                                 start = a
                         for ld in acc.loads:  # landed by `start`, before the next cache event
                             arrived(ld.expert)
+                    if acc.background:
+                        self._issue(shard, t, acc.background)
                     if start > t:
                         stall_late += late_until - t
                         stall_demand += start - late_until

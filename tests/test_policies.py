@@ -234,19 +234,26 @@ def test_unknown_policy_names_the_choices():
         get_policy("no_such_module:Cls")
 
 
-def test_substitute_mode_uses_the_best_resident_and_loads_nothing_when_it_can():
+def test_substitute_mode_uses_the_best_resident_and_fetches_the_missed_one_meanwhile():
     g = Geometry(1, 4, 1, hidden=8, intermediate=4)
     cache = POLICIES["lru"](g, 2, miss_mode=MissMode.SUBSTITUTE)
-    for ld in cache.route(0, 0, [0]).loads:  # cold: nothing to substitute, so it loads
-        cache.arrived(ld.expert)
-    assert cache.route(1, 0, [1]).substitutes == ((1, 0),)  # 0 is resident: used instead
-    cache.miss_mode = MissMode.LOAD
-    for ld in cache.route(2, 0, [1]).loads:
-        cache.arrived(ld.expert)
-    cache.miss_mode = MissMode.SUBSTITUTE
+
+    def land(acc):
+        for ld in acc.loads + acc.background:
+            cache.arrived(ld.expert)
+        return acc
+
+    first = land(cache.route(0, 0, [0]))  # cold: nothing to stand in, so it loads and waits
+    assert [ld.expert for ld in first.loads] == [0] and first.substitutes == ()
+    second = land(cache.route(1, 0, [1]))  # 0 stands in now; 1 comes in the background
+    assert second.substitutes == ((1, 0),) and second.loads == ()
+    assert [ld.expert for ld in second.background] == [1]
+    assert land(cache.route(2, 0, [1])).hits == 1  # the next token finds it
     acc = cache.route(3, 0, [3], scores=np.array([0.1, 0.7, 0.0, 0.2]))
-    assert acc.substitutes == ((3, 1),) and acc.loads == ()
-    assert cache.stats().substitutions == 2 and cache.stats().misses == 4
+    assert acc.substitutes == ((3, 1),) and acc.loads == ()  # the best-scored resident
+    assert [ld.victim for ld in acc.background] == [0]  # never the stand-in itself
+    stats = cache.stats()
+    assert stats.substitutions == 2 and stats.misses == 3 and stats.prefetch_used == 1
 
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-traces"
