@@ -401,9 +401,6 @@ class ExpertCache:
     def protected(self) -> frozenset[ExpertId]:
         return frozenset(self._protected)
 
-    def resident_in_layer(self, layer: int) -> frozenset[ExpertId]:
-        return frozenset(self._by_layer[layer])
-
     def stats(self) -> CacheStats:
         return CacheStats(**self._n)
 
