@@ -28,9 +28,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from casmoe.backends.copier import CudaCopier, ThreadCopier, Ticket, responsive_copies
+from casmoe.backends.copier import CudaCopier, EmulatedLink, ThreadCopier, Ticket, responsive_copies
 from casmoe.backends.experts import SlotView, model_preset
-from casmoe.backends.runtime import Link, OffloadedModel, Prompt
+from casmoe.backends.runtime import OffloadedModel, Prompt
 from casmoe.cache import Capacity
 from casmoe.policies import get_policy
 
@@ -62,7 +62,7 @@ class Calibration:
     copy_latency: float
     layer_overhead: float
     expert_overhead: float
-    link: Link
+    link: EmulatedLink
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "link"}
@@ -154,7 +154,7 @@ def _expert_time(om: OffloadedModel, device: torch.device, sync: Callable[[], No
     return max(two - one, 1e-9) / k
 
 
-def _copy_cost(om: OffloadedModel, device: torch.device, link: Link, reps: int) -> tuple[float, float]:
+def _copy_cost(om: OffloadedModel, device: torch.device, link: EmulatedLink, reps: int) -> tuple[float, float]:
     """(bandwidth, per-copy cost) of the backend's copier: batches of k copies, two sizes."""
     k = om.geometry.top_k
     nbytes = om.store.expert_bytes(0)
@@ -190,7 +190,7 @@ def calibrate(
     max_new_tokens: int = 16,
     reps: int = 20,
 ) -> Calibration:
-    """Measure `om`'s device and link (its `Link` cap included); see the module docstring."""
+    """Measure `om`'s device and link (its `EmulatedLink` cap included); see the module docstring."""
     from casmoe.sim.compute import RooflineCompute
 
     device = om.devices[0]
@@ -219,7 +219,7 @@ def resident_step(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
 def baseline(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> Any:
     """A session with every expert's slot and no link cap: the stall-free reference."""
     return om.session(get_policy("lru"), Capacity(om.geometry.experts), prompts, max_new_tokens=max_new_tokens,
-                      link=Link())
+                      link=EmulatedLink())
 
 
 def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence[Prompt], max_new_tokens: int) -> Calibration:

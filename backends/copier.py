@@ -28,6 +28,15 @@ from typing import Any, Iterator
 import torch
 
 
+@dataclass(frozen=True)
+class EmulatedLink:
+    """An emulated host-to-device link for CPU runs: `bandwidth` bytes/s (None: memcpy speed)
+    and a fixed `latency` seconds per copy. CUDA copies run at the real link's speed."""
+
+    bandwidth: float | None = None
+    latency: float = 0.0
+
+
 @dataclass(eq=False)
 class Ticket:
     """One expert copy: host rows `src` into pool rows `dst`."""

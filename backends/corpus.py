@@ -36,7 +36,7 @@ STDLIB_PACKAGES = ("json", "email", "http", "collections", "asyncio", "logging",
 
 
 @dataclass(frozen=True)
-class Prompt:
+class CorpusEntry:
     """One corpus entry: the text, the task it came from, and its split."""
 
     text: str
@@ -53,7 +53,7 @@ def corpus_path() -> Path:
 
 
 def load_corpus(path: Path | str | None = None, split: str | None = None,
-                task: str | None = None) -> list[Prompt]:
+                task: str | None = None) -> list[CorpusEntry]:
     """Read a corpus JSONL file (the shipped one by default), optionally one split / task."""
     path = Path(path) if path is not None else corpus_path()
     if not path.exists():
@@ -65,7 +65,7 @@ def load_corpus(path: Path | str | None = None, split: str | None = None,
                 continue
             try:
                 row = json.loads(line)
-                prompt = Prompt(str(row["text"]), str(row["task"]), str(row.get("split", TRAIN)))
+                prompt = CorpusEntry(str(row["text"]), str(row["task"]), str(row.get("split", TRAIN)))
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise CorpusError(f"{path}:{lineno}: not a corpus row ({exc})") from exc
             if (split is None or prompt.split == split) and (task is None or prompt.task == task):
@@ -73,7 +73,7 @@ def load_corpus(path: Path | str | None = None, split: str | None = None,
     return prompts
 
 
-def load_prompts(path: Path | str) -> list[Prompt]:
+def load_prompts(path: Path | str) -> list[CorpusEntry]:
     """Prompts for recording: a corpus JSONL file, or plain text with one prompt per line."""
     path = Path(path)
     if not path.exists():
@@ -81,10 +81,10 @@ def load_prompts(path: Path | str) -> list[Prompt]:
     if path.suffix in (".jsonl", ".json"):
         return load_corpus(path)
     lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
-    return [Prompt(ln, "text", TRAIN) for ln in lines if ln]
+    return [CorpusEntry(ln, "text", TRAIN) for ln in lines if ln]
 
 
-def save_corpus(prompts: list[Prompt], path: Path | str) -> None:
+def save_corpus(prompts: list[CorpusEntry], path: Path | str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
@@ -169,7 +169,7 @@ def _arithmetic(rng: np.random.Generator, n: int) -> Iterator[str]:
                    f"friend get? Answer: {a * c} / {c} = {a}.")
 
 
-def build_corpus(fortune_dir: Path, humaneval_gz: Path, seed: int = 0) -> list[Prompt]:
+def build_corpus(fortune_dir: Path, humaneval_gz: Path, seed: int = 0) -> list[CorpusEntry]:
     """Assemble the corpus from its build-time sources; deterministic for a seed."""
     rng = np.random.default_rng(seed)
     by_task: dict[str, list[str]] = {}
@@ -179,7 +179,7 @@ def build_corpus(fortune_dir: Path, humaneval_gz: Path, seed: int = 0) -> list[P
     by_task["docstring"] = list(_stdlib("docstring"))
     by_task["pysource"] = list(_stdlib("pysource"))
     by_task["arithmetic"] = list(_arithmetic(rng, PER_TASK_CAP["arithmetic"]))
-    prompts: list[Prompt] = []
+    prompts: list[CorpusEntry] = []
     for task, texts in by_task.items():
         if task == "code":  # HumanEval prompts run long: keep their head (signature + doc)
             texts = [t[:MAX_CHARS] for t in texts]
@@ -187,5 +187,5 @@ def build_corpus(fortune_dir: Path, humaneval_gz: Path, seed: int = 0) -> list[P
         order = rng.permutation(len(texts))[: PER_TASK_CAP.get(task, len(texts))]
         n_held = max(1, round(HELDOUT_FRACTION * len(order)))
         for rank, i in enumerate(order):
-            prompts.append(Prompt(texts[i], task, HELDOUT if rank < n_held else TRAIN))
+            prompts.append(CorpusEntry(texts[i], task, HELDOUT if rank < n_held else TRAIN))
     return prompts

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from casmoe.backends.corpus import Prompt
+from casmoe.backends.corpus import CorpusEntry
 from casmoe.errors import CasmoeError
 from casmoe.trace import NOT_COMPUTED, Request, Trace
 
@@ -150,7 +150,7 @@ def generate_and_record(model: Any, recorder: RoutingRecorder, prompts: list[lis
             for per, gen in zip(rows, generated)]
 
 
-def _fingerprint(model_name: str, prompts: list[Prompt], settings: RecordSettings) -> str:
+def _fingerprint(model_name: str, prompts: list[CorpusEntry], settings: RecordSettings) -> str:
     h = hashlib.sha256(json.dumps([model_name, asdict(settings)]).encode())
     for p in prompts:
         h.update(json.dumps([p.text, p.task, p.split]).encode())
@@ -161,7 +161,7 @@ def partial_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".npz") + ".partial.npz")
 
 
-def record(model_name: str, prompts: list[Prompt], out: Path | str,
+def record(model_name: str, prompts: list[CorpusEntry], out: Path | str,
            settings: RecordSettings = RecordSettings(), checkpoint_every: int = 32,
            batch_size: int = 8, max_prompt_tokens: int = 256, progress: bool = True) -> Trace:
     """Record `prompts` through the model and save the trace to `out` (resumable). Prompts run
@@ -223,7 +223,7 @@ def record(model_name: str, prompts: list[Prompt], out: Path | str,
     return trace
 
 
-def _trace(geometry: Any, requests: list[Request], prompts: list[Prompt],
+def _trace(geometry: Any, requests: list[Request], prompts: list[CorpusEntry],
            meta: dict[str, Any]) -> Trace:
     """Splits (train / heldout) ride in the metadata, one per request, for the planner."""
     return Trace(geometry, list(requests), {**meta, "splits": [p.split for p in prompts[:len(requests)]]})

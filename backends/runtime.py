@@ -24,10 +24,10 @@ import torch
 
 from casmoe.cache import Capacity, CacheConfigError, CacheStats, ExpertCache, Load, LoadReason, MissMode, RequestStart
 from casmoe.errors import CasmoeError
-from casmoe.geometry import Geometry
+from casmoe.geometry import Geometry, split_layers
 from casmoe.trace import Future, Request, Trace, prefill_step
 
-from casmoe.backends.copier import CudaCopier, ThreadCopier, Ticket
+from casmoe.backends.copier import CudaCopier, EmulatedLink, ThreadCopier, Ticket
 from casmoe.backends.experts import (
     MoEBlock,
     OffloadedExperts,
@@ -43,15 +43,6 @@ from casmoe.backends.store import HostStore
 
 class BackendError(CasmoeError, ValueError):
     """A backend setting that cannot work (unsupported miss mode, bad device list, ...)."""
-
-
-@dataclass(frozen=True)
-class Link:
-    """An emulated host-to-device link for CPU runs: `bandwidth` bytes/s (None: memcpy speed)
-    and a fixed `latency` seconds per copy. CUDA copies run at the real link's speed."""
-
-    bandwidth: float | None = None
-    latency: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -109,31 +100,6 @@ class RunResult:
         return d
 
 
-def sum_stats(stats: Sequence[CacheStats]) -> CacheStats:
-    return CacheStats(**{f: sum(getattr(s, f) for s in stats) for f in CacheStats.__dataclass_fields__})
-
-
-def split_layers(layers: int, devices: int) -> list[range]:
-    """Contiguous, near-equal chunks of MoE layers, one per device."""
-    if not 1 <= devices <= layers:
-        raise BackendError(f"cannot split {layers} MoE layers over {devices} devices")
-    bounds = [round(i * layers / devices) for i in range(devices + 1)]
-    return [range(bounds[i], bounds[i + 1]) for i in range(devices)]
-
-
-def slice_trace(trace: Trace, layers: range, geometry: Geometry) -> Trace:
-    """The part of `trace` a device's cache sees: its layers, renumbered from 0."""
-    a, b = layers.start, layers.stop
-    reqs = [
-        Request(
-            r.topk[:, a:b], r.weights[:, a:b], r.prefill, r.prompt, r.task,
-            None if r.logits is None else r.logits[:, a:b], None if r.spec is None else r.spec[:, a:b],
-        )
-        for r in trace.requests
-    ]
-    return Trace(geometry, reqs, dict(trace.meta))
-
-
 class _Device:
     """One device's share of a run: its layers, cache, slot pool, copier and open copies."""
 
@@ -158,13 +124,13 @@ class OffloadedModel:
         model: Any,
         *,
         devices: Sequence[str] = ("cpu",),
-        link: Link | None = None,
+        link: EmulatedLink | None = None,
         mmap_path: str | Path | None = None,
     ) -> None:
         self.model = model.eval()
         self.blocks: list[MoEBlock] = find_moe_blocks(model)
         self.geometry = model_geometry(model, self.blocks)
-        self.link = link or Link()
+        self.link = link or EmulatedLink()
         names = expert_param_names(self.blocks[0].experts)
         self.devices = [torch.device(d) for d in devices]
         if not self.devices:
@@ -392,7 +358,7 @@ class OffloadedModel:
         miss_mode: MissMode = MissMode.LOAD,
         options: dict[str, Any] | None = None,
         trace: Trace | None = None,
-        link: Link | None = None,
+        link: EmulatedLink | None = None,
     ) -> Session:
         """Caches, pools and copiers for `policy` at `capacity` per device, ready to serve
         `prompts` in order (oracles and profile-ranked policies get `trace`, or else the
@@ -447,7 +413,7 @@ class OffloadedModel:
 
     def _prepare(
         self, policy: type[ExpertCache], capacity: int | Capacity, miss_mode: MissMode, options: dict[str, Any],
-        trace: Trace | None, prompts: Sequence[Prompt], max_new_tokens: int, link: Link,
+        trace: Trace | None, prompts: Sequence[Prompt], max_new_tokens: int, link: EmulatedLink,
     ) -> list[_Device]:
         if miss_mode is MissMode.CPU:
             raise BackendError("the torch backend runs miss modes 'load' and 'substitute'; 'cpu' is simulator-only")
@@ -461,18 +427,13 @@ class OffloadedModel:
             )
         devs = []
         for device, layers in zip(self.devices, self.chunks):
-            geo = Geometry(
-                layers=len(layers), experts=g.experts, top_k=g.top_k, shared_experts=g.shared_experts,
-                hidden=g.hidden, intermediate=g.intermediate, gated=g.gated,
-                layer_expert_bytes=g.layer_expert_bytes[layers.start : layers.stop],
-            )
-            devs.append(_Device(device, layers, geo))
+            devs.append(_Device(device, layers, g.layer_slice(layers)))
 
         def build(tr: Trace | None) -> list[ExpertCache]:
             return [
                 policy.create(
                     d.geometry, capacity, miss_mode=miss_mode, expert_bytes=d.geometry.layer_expert_bytes,
-                    trace=None if tr is None else slice_trace(tr, d.layers, d.geometry), **options,
+                    trace=None if tr is None else tr.layer_slice(d.layers), **options,
                 )
                 for d in devs
             ]
@@ -491,9 +452,9 @@ class OffloadedModel:
         for d, cache in zip(devs, caches):
             d.cache = cache
             if cache.needs_future:
-                cache.attach_future(Future(slice_trace(trace, d.layers, d.geometry).steps(), d.geometry))
+                cache.attach_future(Future(trace.layer_slice(d.layers).steps(), d.geometry))
             if trace is not None:
-                d.requests = slice_trace(trace, d.layers, d.geometry).requests
+                d.requests = trace.layer_slice(d.layers).requests
             template = self.store.layers[d.layers.start]
             d.pool = SlotPool(template, cache.capacity.total(d.geometry), d.device)
             d.copier = CudaCopier(d.device) if d.device.type == "cuda" else ThreadCopier(link.bandwidth, link.latency)
@@ -620,7 +581,7 @@ class Session:
         stats = [d.cache.stats() for d in self.devs] if self.devs else []
         meta = {"source": "casmoe.backends", "model": type(self.om.model).__name__}
         trace = Trace(self.om.geometry, list(self.requests), meta)
-        return RunResult(list(self.timings), sum_stats(stats) if stats else None, stats, trace, list(self.logits), self.wall)
+        return RunResult(list(self.timings), CacheStats.total(stats) if stats else None, stats, trace, list(self.logits), self.wall)
 
     def close(self) -> None:
         for d in self.devs or ():

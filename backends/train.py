@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from casmoe.errors import CasmoeError
-from casmoe.backends.corpus import HELDOUT, TRAIN, Prompt, load_corpus
+from casmoe.backends.corpus import HELDOUT, TRAIN, CorpusEntry, load_corpus
 
 VOCAB_SIZE = 4096
 EOS = "<|endoftext|>"
@@ -97,7 +97,7 @@ def model_config(name: str, vocab_size: int = VOCAB_SIZE):
         output_router_logits=True, bos_token_id=0, eos_token_id=0, pad_token_id=0, **kwargs)
 
 
-def pack(tokenizer, prompts: list[Prompt], seq_len: int):
+def pack(tokenizer, prompts: list[CorpusEntry], seq_len: int):
     """One token stream (each text followed by EOS) cut into rows of seq_len: [N, seq_len]."""
     import torch
 

@@ -16,9 +16,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from casmoe.backends.calibrate import Calibration, baseline, calibrate, refit, resident_step
-from casmoe.backends.copier import responsive_copies
+from casmoe.backends.copier import EmulatedLink, responsive_copies
 from casmoe.backends.experts import model_preset
-from casmoe.backends.runtime import Link, OffloadedModel, Prompt
+from casmoe.backends.runtime import OffloadedModel, Prompt
 from casmoe.cache import Capacity
 from casmoe.policies.spec import PolicySpec
 
@@ -61,10 +61,10 @@ class Fidelity:
         return d
 
 
-def balanced_link(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> Link:
+def balanced_link(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> EmulatedLink:
     """A link on which one expert's copy takes as long as one layer's decode compute."""
     step = resident_step(om, prompts, max_new_tokens)
-    return Link(bandwidth=om.store.expert_bytes(0) / (step / om.geometry.layers))
+    return EmulatedLink(bandwidth=om.store.expert_bytes(0) / (step / om.geometry.layers))
 
 
 def _paired(

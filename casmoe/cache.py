@@ -112,6 +112,13 @@ class CacheStats:
     evictions: int
     bytes_loaded: int
 
+    @classmethod
+    def total(cls, parts: Sequence[CacheStats]) -> CacheStats:
+        """Counters summed over caches (one per device)."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(**{f: sum(getattr(p, f) for p in parts) for f in cls.__dataclass_fields__})
+
     @property
     def loads(self) -> int:
         return self.demand_loads + self.prefetch_loads

@@ -8,7 +8,7 @@ them millions of times per second and a tuple would cost several times more.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -111,6 +111,11 @@ class Geometry:
     def unflat(self, expert: ExpertId) -> tuple[int, int]:
         return divmod(expert, self.experts)
 
+    def layer_slice(self, layers: range) -> Geometry:
+        """The sub-model of `layers` (a device's share), its layers numbered from 0."""
+        per_layer = self.layer_expert_bytes[layers.start : layers.stop] if self.layer_expert_bytes else ()
+        return replace(self, layers=len(layers), layer_expert_bytes=per_layer)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["layer_expert_bytes"] = list(self.layer_expert_bytes)
@@ -130,3 +135,18 @@ class Geometry:
 
     def describe(self) -> str:
         return f"{self.layers} MoE layers x {self.experts} experts, top-{self.top_k}"
+
+
+def split_layers(layers: int, devices: int) -> list[range]:
+    """Contiguous, near-equal ranges of MoE layers, one per device, earlier devices taking the
+    remainder (16 layers over 3 devices: 6, 5, 5). The simulator and the backend both place
+    layers with this, so a simulated multi-device run is the backend's."""
+    if not 1 <= devices <= layers:
+        raise GeometryError(f"devices must be between 1 and the {layers} MoE layers (got {devices})")
+    base, extra = divmod(layers, devices)
+    out, start = [], 0
+    for d in range(devices):
+        n = base + (d < extra)
+        out.append(range(start, start + n))
+        start += n
+    return out

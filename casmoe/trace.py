@@ -71,6 +71,13 @@ class Request:
         """Bool [T, L]: whether the token-layer was computed (not a gap)."""
         return self.topk[:, :, 0] != NOT_COMPUTED
 
+    def layer_slice(self, layers: range) -> Request:
+        """This request's routing at `layers` only (a device's share; ids stay per layer)."""
+        sl = slice(layers.start, layers.stop)
+        cut = lambda a: None if a is None else a[:, sl]  # noqa: E731
+        return Request(cut(self.topk), cut(self.weights), self.prefill, self.prompt, self.task, cut(self.logits),
+                       cut(self.spec))
+
     def steps(self, geometry: Geometry) -> list[Step]:
         """Prefill as one step (if any prompt tokens), then one step per decode token."""
         L, E = geometry.layers, geometry.experts
@@ -128,6 +135,17 @@ class Step:
     experts: list[list[int]]
     counts: list[list[int]] | None = None
     requests: tuple[int, ...] = ()
+
+    def layer_slice(self, layers: range, experts: int) -> Step:
+        """This step at `layers` only, flat ids renumbered from the first of them."""
+        off = layers.start * experts
+        return Step(
+            self.prefill,
+            self.tokens,
+            [[e - off for e in lst] for lst in self.experts[layers.start : layers.stop]],
+            None if self.counts is None else self.counts[layers.start : layers.stop],
+            self.requests,
+        )
 
 
 @dataclass
@@ -223,6 +241,10 @@ class Trace:
 
     def subset(self, indices: Sequence[int]) -> Trace:
         return Trace(self.geometry, [self.requests[i] for i in indices], dict(self.meta))
+
+    def layer_slice(self, layers: range) -> Trace:
+        """The trace a device's cache sees: its `layers` only, numbered from 0."""
+        return Trace(self.geometry.layer_slice(layers), [r.layer_slice(layers) for r in self.requests], dict(self.meta))
 
     # ---- storage -------------------------------------------------------------------------
 

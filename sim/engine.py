@@ -30,7 +30,7 @@ import simpy
 
 from casmoe.cache import Capacity, CacheConfigError, CacheStats, ExpertCache, MissMode
 from casmoe.errors import CasmoeError
-from casmoe.geometry import Geometry, Quant
+from casmoe.geometry import Geometry, Quant, split_layers
 from casmoe.presets import ModelPreset, load_presets
 from casmoe.replay import request_bounds
 from casmoe.sim.compute import ComputeModel, RooflineCompute
@@ -68,19 +68,6 @@ def check_geometry(trace: Geometry, preset: ModelPreset) -> None:
     )
 
 
-def split_layers(layers: int, devices: int) -> list[range]:
-    """Contiguous, near-equal layer ranges, earlier devices taking the remainder."""
-    if not 1 <= devices <= layers:
-        raise SimConfigError(f"--devices must be between 1 and the {layers} MoE layers (got {devices})")
-    base, extra = divmod(layers, devices)
-    out, start = [], 0
-    for d in range(devices):
-        n = base + (d < extra)
-        out.append(range(start, start + n))
-        start += n
-    return out
-
-
 def expert_bytes_for(trace: Trace, preset: ModelPreset, quant: Quant | None) -> list[int]:
     """Bytes per expert per layer: measured ones from the trace unless a quant is forced or the
     trace was recorded from a stand-in of another width (the shipped tiny models route like
@@ -109,23 +96,6 @@ def slots_for_bytes(budget: float, expert_bytes: Sequence[int]) -> int:
     return int(budget // sum(expert_bytes))
 
 
-def slice_request(r: Request, layers: range) -> Request:
-    sl = slice(layers.start, layers.stop)
-    cut = lambda a: None if a is None else a[:, sl]  # noqa: E731
-    return Request(cut(r.topk), cut(r.weights), r.prefill, r.prompt, r.task, cut(r.logits), cut(r.spec))
-
-
-def slice_step(step: Step, layers: range, experts: int) -> Step:
-    off = layers.start * experts
-    return Step(
-        step.prefill,
-        step.tokens,
-        [[e - off for e in lst] for lst in step.experts[layers.start : layers.stop]],
-        None if step.counts is None else step.counts[layers.start : layers.stop],
-        step.requests,
-    )
-
-
 @dataclass
 class StepPlan:
     """A trace cut into steps, and into one sub-model per cache (`shards`): the whole model,
@@ -149,20 +119,8 @@ class StepPlan:
         steps = trace.steps(batch)
         if not cache_per_device or devices == 1:
             return cls(trace, batch, ranges, steps, [range(g.layers)], [trace], [steps])
-        traces, dsteps = [], []
-        for layers in ranges:
-            sub_g = Geometry(
-                layers=len(layers),
-                experts=g.experts,
-                top_k=g.top_k,
-                shared_experts=g.shared_experts,
-                hidden=g.hidden,
-                intermediate=g.intermediate,
-                gated=g.gated,
-                layer_expert_bytes=g.layer_expert_bytes[layers.start : layers.stop] if g.layer_expert_bytes else (),
-            )
-            traces.append(Trace(sub_g, [slice_request(r, layers) for r in trace.requests], dict(trace.meta)))
-            dsteps.append([slice_step(s, layers, g.experts) for s in steps])
+        traces = [trace.layer_slice(layers) for layers in ranges]
+        dsteps = [[s.layer_slice(layers, g.experts) for s in steps] for layers in ranges]
         return cls(trace, batch, ranges, steps, list(ranges), traces, dsteps)
 
 
@@ -253,7 +211,7 @@ def simulate(
     env = simpy.Environment()
     env.process(run.drive(env))
     env.run()
-    stats = _sum_stats([shard.cache.stats() for shard in shards])
+    stats = CacheStats.total([shard.cache.stats() for shard in shards])
     name = label or policy.name or policy.__name__
     slots = capacity.slots
     budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
@@ -270,12 +228,6 @@ def simulate(
         quant=(quant.value if quant else ("trace" if g.layer_expert_bytes else Quant.BF16.value)),
         miss_mode=miss_mode.value,
     )
-
-
-def _sum_stats(parts: list[CacheStats]) -> CacheStats:
-    if len(parts) == 1:
-        return parts[0]
-    return CacheStats(**{f: sum(getattr(p, f) for p in parts) for f in CacheStats.__dataclass_fields__})
 
 
 class _Run:

@@ -16,16 +16,14 @@ except ImportError:  # Python 3.10
 import hashlib
 import itertools
 import json
-import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from casmoe.cache import Capacity, MissMode
 from casmoe.errors import CasmoeError
-from casmoe.geometry import Quant
+from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.policies import PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
 from casmoe.sim.engine import StepPlan, check_geometry, expert_bytes_for, simulate
@@ -39,29 +37,6 @@ RESULT_VERSION = 2
 
 class SweepError(CasmoeError, ValueError):
     """A grid that cannot be run (bad TOML, unknown keys, malformed capacity or policy)."""
-
-
-@dataclass(frozen=True)
-class CapacitySpec:
-    """`4` (slots per layer), `6GB` / `6GiB` (expert cache of all devices together), with
-    `per_layer=False` for one pool shared by all layers."""
-
-    text: str
-    per_layer: bool = True
-
-    def resolve(self, expert_bytes: Sequence[int]) -> Capacity:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GB|GiB|MB|MiB)?\s*", self.text, re.IGNORECASE)
-        if not m:
-            raise SweepError(f"bad capacity {self.text!r}; give slots (4) or memory (6GB, 512MiB)")
-        number, unit = float(m.group(1)), (m.group(2) or "").lower()
-        if not unit:
-            if number != int(number):
-                raise SweepError(f"capacity in slots must be a whole number, got {self.text!r}")
-            return Capacity(int(number), self.per_layer)
-        scale = {"gb": 1e9, "gib": 2**30, "mb": 1e6, "mib": 2**20}[unit]
-        budget = number * scale
-        per_slot = sum(expert_bytes) if self.per_layer else sum(expert_bytes) / len(expert_bytes)
-        return Capacity(int(budget // per_slot), self.per_layer)
 
 
 @dataclass(frozen=True)
@@ -91,7 +66,7 @@ class Point:
             "model": self.model,
             "hardware": self.hardware,
             "policy": self.policy.label,
-            "capacity_spec": self.capacity.text + ("" if self.capacity.per_layer else " global"),
+            "capacity_spec": self.capacity.label,
             "key": self.key(),
         }
 
@@ -126,12 +101,9 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
     trace = _load_trace(point.trace, point.trace_digest, point.requests)
     preset = get_preset(point.model)
     check_geometry(trace.geometry, preset)
-    quant = Quant(point.quant) if point.quant else None
+    quant = parse_quant(point.quant)
     capacity = point.capacity.resolve(expert_bytes_for(trace, preset, quant))
-    try:
-        miss_mode = MissMode(point.miss_mode)
-    except ValueError:
-        raise SweepError(f"unknown miss mode {point.miss_mode!r}; one of {[m.value for m in MissMode]}") from None
+    miss_mode = parse_miss_mode(point.miss_mode)
     result = simulate(
         trace,
         get_policy(point.policy.name),
@@ -246,12 +218,9 @@ class Grid:
             load_profile(h)
         for p in self.policies:
             get_policy(p.name)
-        bad = [m for m in self.miss_modes if m not in {x.value for x in MissMode}]
-        if bad or (self.quant and self.quant not in {q.value for q in Quant}):
-            raise SweepError(
-                f"unknown miss mode {bad} or quant {self.quant!r}; miss modes: {[m.value for m in MissMode]}, "
-                f"quants: {[q.value for q in Quant]}"
-            )
+        for m in self.miss_modes:
+            parse_miss_mode(m, "miss mode")
+        parse_quant(self.quant, "quant")
         out = []
         for t, m, h, p, c, b, mm in itertools.product(
             self.traces, self.models, self.hardware, self.policies, self.capacities, self.batch, self.miss_modes

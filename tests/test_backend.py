@@ -16,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from casmoe.backends.copier import ThreadCopier, Ticket  # noqa: E402
 from casmoe.backends.experts import NotMoEModel  # noqa: E402
-from casmoe.backends.runtime import BackendError, OffloadedModel, Prompt, slice_trace  # noqa: E402
+from casmoe.backends.runtime import BackendError, OffloadedModel, Prompt  # noqa: E402
 from casmoe.backends.store import HostStore  # noqa: E402
 from casmoe.cache import CacheConfigError, Capacity, MissMode  # noqa: E402
 from casmoe.policies import POLICIES, get_policy  # noqa: E402
@@ -47,21 +47,13 @@ def _same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> bool:
 def _replay_matches(run, om: OffloadedModel, policy: str, capacity) -> None:
     """Every device's counters equal replay's on the trace this run recorded (its layers)."""
     for stats, layers in zip(run.device_stats, om.chunks, strict=True):
-        g = om.geometry
-        sub = slice_trace(run.trace, layers, _sub_geometry(g, layers))
+        sub = run.trace.layer_slice(layers)
         cache = get_policy(policy).create(sub.geometry, capacity, trace=sub)
         want = replay(sub, cache).stats
         assert stats.hits + stats.late_hits == want.hits
         for f in ("accesses", "misses", "demand_loads", "prefetch_loads", "evictions", "prefetch_used",
                   "prefetch_wasted", "bytes_loaded"):
             assert getattr(stats, f) == getattr(want, f), f
-
-
-def _sub_geometry(g, layers):
-    from casmoe.geometry import Geometry
-
-    return Geometry(layers=len(layers), experts=g.experts, top_k=g.top_k, hidden=g.hidden,
-                    intermediate=g.intermediate, layer_expert_bytes=g.layer_expert_bytes[layers.start:layers.stop])
 
 
 @pytest.mark.parametrize("devices", [1, 2])

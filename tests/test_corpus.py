@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from casmoe.backends.corpus import HELDOUT, TRAIN, CorpusError, load_corpus, load_prompts, save_corpus, Prompt
+from casmoe.backends.corpus import HELDOUT, TRAIN, CorpusError, load_corpus, load_prompts, save_corpus, CorpusEntry
 from casmoe.shipped import data_dir
 
 
@@ -36,7 +36,7 @@ def test_licences_recorded_beside_the_corpus() -> None:
 
 
 def test_filters_and_round_trip(tmp_path: Path) -> None:
-    rows = [Prompt("alpha text", "a", TRAIN), Prompt("beta\ntext", "b", HELDOUT)]
+    rows = [CorpusEntry("alpha text", "a", TRAIN), CorpusEntry("beta\ntext", "b", HELDOUT)]
     save_corpus(rows, tmp_path / "c.jsonl")
     assert load_corpus(tmp_path / "c.jsonl") == rows
     assert load_corpus(tmp_path / "c.jsonl", split=HELDOUT) == rows[1:]

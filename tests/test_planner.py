@@ -132,7 +132,7 @@ def test_task_popularity_falls_back_to_popularity() -> None:
 
 def test_eap_training_is_reproducible_and_round_trips(tmp_path) -> None:
     pytest.importorskip("torch")
-    from casmoe.planner.eap import Predictor, train
+    from casmoe.planner.eap import EAP, train
 
     rng = np.random.default_rng(0)
     prompts = [f"{w} question number {i}" for i, w in enumerate(["cats", "dogs", "tax law", "python code"] * 4)]
@@ -146,5 +146,5 @@ def test_eap_training_is_reproducible_and_round_trips(tmp_path) -> None:
     assert out.shape == (len(prompts) + 1, G.layers, G.experts)
     np.testing.assert_allclose(out.sum(-1), 1.0, rtol=1e-5)
     a.save(tmp_path / "eap.safetensors")
-    c = Predictor.load(tmp_path / "eap.safetensors", cfg, G.layers, G.experts)
+    c = EAP.load(tmp_path / "eap.safetensors", cfg, G.layers, G.experts)
     np.testing.assert_allclose(c.predict(prompts), out[: len(prompts)], rtol=1e-5, atol=1e-6)

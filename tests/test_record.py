@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from casmoe.backends import record as rec  # noqa: E402
-from casmoe.backends.corpus import Prompt  # noqa: E402
+from casmoe.backends.corpus import CorpusEntry  # noqa: E402
 from casmoe.errors import CasmoeError  # noqa: E402
 from casmoe.trace import NOT_COMPUTED, Trace  # noqa: E402
 
@@ -103,7 +103,7 @@ def _save_tiny(tmp_path: Path, kind: str = "olmoe") -> Path:
 
 def test_record_resumes_after_interruption(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _save_tiny(tmp_path)
-    prompts = [Prompt(f"the cat sat {i} times", "t", "train" if i % 3 else "heldout") for i in range(7)]
+    prompts = [CorpusEntry(f"the cat sat {i} times", "t", "train" if i % 3 else "heldout") for i in range(7)]
     settings = rec.RecordSettings(max_new_tokens=4, spec=True)
     run = dict(checkpoint_every=2, batch_size=2, progress=False)
     full = rec.record(str(path), prompts, tmp_path / "full.npz", settings, **run)
@@ -137,7 +137,7 @@ def test_record_resumes_after_interruption(tmp_path: Path, monkeypatch: pytest.M
 
 def test_partial_from_other_settings_is_refused(tmp_path: Path) -> None:
     path = _save_tiny(tmp_path)
-    prompts = [Prompt(f"the mat {i}", "t", "train") for i in range(3)]
+    prompts = [CorpusEntry(f"the mat {i}", "t", "train") for i in range(3)]
     out = tmp_path / "t.npz"
     rec.record(str(path), prompts[:2], rec.partial_path(out), rec.RecordSettings(max_new_tokens=2),
                progress=False)
@@ -147,12 +147,12 @@ def test_partial_from_other_settings_is_refused(tmp_path: Path) -> None:
 
 def test_bad_models_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(CasmoeError, match="not a model directory"):
-        rec.record(str(tmp_path), [Prompt("x", "t", "train")], tmp_path / "t.npz", progress=False)
+        rec.record(str(tmp_path), [CorpusEntry("x", "t", "train")], tmp_path / "t.npz", progress=False)
     dense = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
                                      num_hidden_layers=1, num_attention_heads=2)
     transformers.LlamaForCausalLM(dense).save_pretrained(tmp_path / "llama")
     with pytest.raises(CasmoeError, match="not a supported MoE model"):
-        rec.record(str(tmp_path / "llama"), [Prompt("x", "t", "train")], tmp_path / "t.npz",
+        rec.record(str(tmp_path / "llama"), [CorpusEntry("x", "t", "train")], tmp_path / "t.npz",
                    progress=False)
 
 

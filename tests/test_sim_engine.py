@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from casmoe.cache import Capacity, CacheConfigError, MissMode
-from casmoe.geometry import Geometry
+from casmoe.geometry import Geometry, GeometryError, split_layers
 from casmoe.policies import POLICIES, get_policy
 from casmoe.presets import ModelPreset, get_preset
 from casmoe.replay import replay
 from casmoe.sim.compute import FixedCompute, RooflineCompute
-from casmoe.sim.engine import SimConfigError, StepPlan, max_slots, simulate, split_layers
+from casmoe.sim.engine import SimConfigError, StepPlan, max_slots, simulate
 from casmoe.sim.hardware import HardwareError, load_profile
 from casmoe.testing import cases, traces
 from casmoe.trace import Request, Trace
@@ -271,7 +271,7 @@ def test_trace_that_does_not_match_the_preset_names_the_fix():
 
 
 def test_devices_beyond_layers_is_an_error():
-    with pytest.raises(SimConfigError, match="--devices"):
+    with pytest.raises(GeometryError, match="devices"):
         split_layers(4, 5)
     assert [len(r) for r in split_layers(32, 3)] == [11, 11, 10]
 

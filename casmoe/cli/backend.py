@@ -29,7 +29,8 @@ def _setup(model: str, devices: list[str], threads: int, link_gbps: Optional[flo
     import torch
 
     from casmoe.backends.models import load_model
-    from casmoe.backends.runtime import Link, OffloadedModel
+    from casmoe.backends.copier import EmulatedLink
+    from casmoe.backends.runtime import OffloadedModel
 
     if threads > 0:
         torch.set_num_threads(threads)
@@ -38,7 +39,7 @@ def _setup(model: str, devices: list[str], threads: int, link_gbps: Optional[flo
     if dtype not in DTYPES:
         raise BenchInputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     hf_model, tokenizer = load_model(model, dtype=dtype)
-    link = Link(None if link_gbps is None else link_gbps * 1e9, link_latency_us * 1e-6)
+    link = EmulatedLink(None if link_gbps is None else link_gbps * 1e9, link_latency_us * 1e-6)
     return OffloadedModel(hf_model, devices=devices or ["cpu"], link=link, mmap_path=mmap), tokenizer
 
 
@@ -64,12 +65,6 @@ def _prompts(tokenizer: Any, prompts: Optional[Path], count: int, max_tokens: in
     return out
 
 
-def _capacity(capacity: Optional[int], global_capacity: Optional[int], default: int) -> Any:
-    from casmoe.cli.replay import parse_capacity
-
-    return parse_capacity(capacity, global_capacity, default)
-
-
 def _progress(total: int, desc: str) -> Any:
     from tqdm import tqdm
 
@@ -87,8 +82,10 @@ DTYPE = typer.Option("float32", help="Weights' dtype: float32 (CPU), bfloat16 or
 def bench(
     model: str = MODEL,
     policy: str = typer.Option("lru", help="Policy: NAME or NAME[key=value,...] (e.g. casmoe[predictor=noisy]) or pkg.mod:Class."),
-    capacity: Optional[int] = typer.Option(None, help="Slots per MoE layer on each device (default: 2 x top_k)."),
-    global_capacity: Optional[int] = typer.Option(None, help="One pool of slots per device, shared by its layers."),
+    capacity: Optional[str] = typer.Option(
+        None, help="Slots per MoE layer on each device (4) or expert memory (512MB); default: 2 x top_k."
+    ),
+    global_capacity: Optional[str] = typer.Option(None, help="One pool per device, shared by its layers: slots or memory."),
     miss_mode: MissMode = typer.Option(MissMode.LOAD, help="load (stall, exact) or substitute (lossy)."),
     prompts: Optional[Path] = PROMPTS,
     num_prompts: int = typer.Option(8, min=1, help="Prompts taken, spread over the file."),
@@ -106,13 +103,14 @@ def bench(
 ) -> None:
     """Generate with offloaded experts: tokens/s, TTFT, stall time, hit rate (and perplexity
     against the un-offloaded model in substitute mode)."""
+    from casmoe.options import one_capacity
     from casmoe.policies.spec import PolicySpec
     from casmoe.trace import Trace
 
     spec = PolicySpec.parse(policy)
     cls = spec.cls
     om, tokenizer = _setup(model, device or [], threads, link_gbps, link_latency_us, mmap, dtype)
-    cap = _capacity(capacity, global_capacity, 2 * om.geometry.top_k)
+    cap = one_capacity(capacity, global_capacity, 2 * om.geometry.top_k, om.geometry.bytes_per_layer())
     reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
     profile = Trace.load(trace) if trace is not None else None
     options = dict(spec.options)
@@ -189,7 +187,7 @@ def validate(
     policy: Optional[list[str]] = typer.Option(
         None, help="Policies to compare, NAME or NAME[key=value,...], repeatable (default: ondemand, lru, semoe)."
     ),
-    capacity: Optional[int] = typer.Option(None, help="Slots per MoE layer (default: 2 x top_k)."),
+    capacity: Optional[str] = typer.Option(None, help="Slots per MoE layer (4) or expert memory (512MB); default: 2 x top_k."),
     prompts: Optional[Path] = PROMPTS,
     num_prompts: int = typer.Option(6, min=1, help="Prompts per run."),
     max_prompt_tokens: int = typer.Option(24, min=1, help="Prompts are cut to this many tokens."),
@@ -207,7 +205,7 @@ def validate(
     from casmoe.backends.calibrate import calibrate as measure
     from casmoe.backends.copier import responsive_copies
     from casmoe.backends.validate import balanced_link, validate as compare
-    from casmoe.cache import Capacity
+    from casmoe.options import one_capacity
 
     om, tokenizer = _setup(model, ["cpu"], threads, link_gbps, 0.0, None)
     reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
@@ -218,7 +216,7 @@ def validate(
     if profile_out is not None:
         cal.profile("validate").write(profile_out)
     names = policy or list(FIDELITY_POLICIES)
-    cap = Capacity(capacity if capacity is not None else 2 * om.geometry.top_k)
+    cap = one_capacity(capacity, None, 2 * om.geometry.top_k, om.geometry.bytes_per_layer())
     with _progress(len(names), "validate") as bar:
         results, _ = compare(om, reqs, names, cap, max_new_tokens=max_new_tokens, calibration=cal,
                              progress=lambda _policy: bar.update())

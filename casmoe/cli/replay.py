@@ -9,23 +9,15 @@ from typing import Optional
 import typer
 from tqdm import tqdm
 
-from casmoe.cache import CacheConfigError, Capacity, MissMode
+from casmoe.cache import MissMode
 from casmoe.cli.app import app
+from casmoe.options import one_capacity
 from casmoe.policies import POLICIES, parse_policies
 from casmoe.replay import replay as run_replay
 from casmoe.shipped import DEFAULT_TRACE, shipped
 from casmoe.trace import Trace
 
 COLUMNS = ["policy", "capacity", "hit_rate", "hits", "late_hits", "misses", "loads", "prefetch_wasted", "bytes"]
-
-
-def parse_capacity(capacity: Optional[int], global_capacity: Optional[int], default: int) -> Capacity:
-    """`--capacity` (slots per layer) and `--global-capacity` (one pool) exclude each other."""
-    if capacity is not None and global_capacity is not None:
-        raise CacheConfigError("give --capacity (slots per layer) or --global-capacity (one pool), not both")
-    if global_capacity is not None:
-        return Capacity(global_capacity, per_layer=False)
-    return Capacity(default if capacity is None else capacity)
 
 
 @app.command()
@@ -36,8 +28,10 @@ def replay(
         help="Policy, repeatable: NAME, NAME\\[key=value,...] (sch\\[m=4], static\\[profile=t.npz]) or "
         "package.module:Class; default: all.",
     ),
-    capacity: Optional[int] = typer.Option(None, help="Slots per MoE layer (default: 2 x top_k)."),
-    global_capacity: Optional[int] = typer.Option(None, help="One pool of slots shared by all layers."),
+    capacity: Optional[str] = typer.Option(
+        None, help="Slots per MoE layer (4), or expert memory (24GB) if the trace knows expert sizes; default: 2 x top_k."
+    ),
+    global_capacity: Optional[str] = typer.Option(None, help="One pool shared by all layers: slots or memory."),
     miss_mode: MissMode = typer.Option(MissMode.LOAD, help="What a miss does (cpu: computed where it lives)."),
     batch: int = typer.Option(1, min=1, help="Requests whose decode tokens share a step."),
     planner: Optional[Path] = typer.Option(None, help="casmoe: a fitted planner folder (else exact and noisy oracles)."),
@@ -49,7 +43,7 @@ def replay(
     layer of one step (prefill is one step: the union of its tokens' experts).
     """
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
-    cap = parse_capacity(capacity, global_capacity, 2 * tr.geometry.top_k)
+    cap = one_capacity(capacity, global_capacity, 2 * tr.geometry.top_k, tr.geometry.bytes_per_layer())
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
     steps = tr.steps(batch)
     records = []

@@ -92,15 +92,14 @@ def simulate(
     """
     from tqdm import tqdm
 
-    from casmoe.cache import MissMode
-    from casmoe.geometry import Quant
+    from casmoe.options import CapacitySpec, capacity_specs, parse_miss_mode, parse_quant
     from casmoe.policies import POLICIES
     from casmoe.presets import get_preset
     from casmoe.shipped import DEFAULT_TRACE, shipped
     from casmoe.sim.engine import check_geometry, expert_bytes_for, max_slots
     from casmoe.sim.hardware import load_profile
     from casmoe.policies import parse_policies
-    from casmoe.sim.sweep import CapacitySpec, Point, file_digest, preset_for, run_point
+    from casmoe.sim.sweep import Point, file_digest, preset_for, run_point
     from casmoe.sim.timeline import Timeline
     from casmoe.trace import Trace
 
@@ -112,16 +111,12 @@ def simulate(
     check_geometry(tr.geometry, preset)
     hw = load_profile(hardware)
     n_dev = devices or hw.gpus
-    try:
-        q = Quant(quant) if quant else None
-    except ValueError:
-        raise CasmoeError(f"unknown --quant {quant!r}; one of {[x.value for x in Quant]}") from None
-    if miss_mode not in {m.value for m in MissMode}:
-        raise CasmoeError(f"unknown --miss-mode {miss_mode!r}; one of {[m.value for m in MissMode]}")
+    q = parse_quant(quant)
+    miss_mode = parse_miss_mode(miss_mode).value
     nbytes = expert_bytes_for(tr, preset, q)
     fit = max_slots(hw, preset, nbytes, n_dev)
     k = tr.geometry.top_k
-    caps = [CapacitySpec(c) for c in capacity or []] + [CapacitySpec(c, False) for c in global_capacity or []]
+    caps = capacity_specs(capacity, global_capacity)
     for c in caps:
         slots = c.resolve(nbytes).slots
         if (slots if c.per_layer else slots / tr.geometry.layers) > fit and not as_json:
@@ -199,7 +194,8 @@ def sweep(
     from casmoe.policies import POLICIES
     from casmoe.shipped import DEFAULT_TRACE, shipped
     from casmoe.policies import default_policies, parse_policies
-    from casmoe.sim.sweep import CapacitySpec, Grid, run_grid
+    from casmoe.options import CapacitySpec, capacity_specs
+    from casmoe.sim.sweep import Grid, run_grid
 
     grid = Grid.from_toml(config) if config else Grid([], [], [], [], [])
     if trace:
@@ -210,7 +206,7 @@ def sweep(
         grid.hardware += hardware
     if policy:
         grid.policies += parse_policies(policy, POLICIES)
-    grid.capacities += [CapacitySpec(c) for c in capacity or []] + [CapacitySpec(c, False) for c in global_capacity or []]
+    grid.capacities += capacity_specs(capacity, global_capacity)
     if batch:
         grid.batch = batch
     if requests is not None:

@@ -79,7 +79,7 @@ class EAPNet(nn.Module):
         return sent, torch.einsum("blm,lme->ble", h, self.w2) + self.b2  # [B, L, E]
 
 
-class Predictor:
+class EAP:
     """A trained `EAPNet` with its vocabulary map; `predict` gives normalised patterns."""
 
     def __init__(self, net: EAPNet, vocab_ids: np.ndarray, cfg: EAPConfig) -> None:
@@ -113,7 +113,7 @@ class Predictor:
         save_file(tensors, str(path))
 
     @classmethod
-    def load(cls, path: Path, cfg: EAPConfig, moe_layers: int, experts: int) -> Predictor:
+    def load(cls, path: Path, cfg: EAPConfig, moe_layers: int, experts: int) -> EAP:
         from safetensors.torch import load_file
 
         tensors = load_file(str(path))
@@ -128,14 +128,14 @@ class Predictor:
 
 def train(
     prompts: Sequence[str], patterns: np.ndarray, cfg: EAPConfig, seed: int = 0, progress: bool = False
-) -> Predictor:
+) -> EAP:
     """Fit on prompts and their normalised patterns [N, L, E]; the same inputs and seed give the
     same weights (torch's generator is seeded here; one thread, deterministic CPU kernels)."""
     with one_thread():
         return _train(prompts, patterns, cfg, seed, progress)
 
 
-def _train(prompts: Sequence[str], patterns: np.ndarray, cfg: EAPConfig, seed: int, progress: bool) -> Predictor:
+def _train(prompts: Sequence[str], patterns: np.ndarray, cfg: EAPConfig, seed: int, progress: bool) -> EAP:
     from tqdm import tqdm
 
     torch.manual_seed(seed)
@@ -143,7 +143,7 @@ def _train(prompts: Sequence[str], patterns: np.ndarray, cfg: EAPConfig, seed: i
     vocab_ids = np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s in wordpiece_ids(prompts, cfg.max_len)]))
     N, L, E = patterns.shape
     net = EAPNet(cfg, len(vocab_ids) + 2, L, E)
-    model = Predictor(net, vocab_ids, cfg)
+    model = EAP(net, vocab_ids, cfg)
     ids = model.encode(prompts)  # [N, T]
     target = torch.from_numpy(np.ascontiguousarray(patterns, dtype=np.float32)) * E  # uniform layer = 1
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -32,7 +32,7 @@ from casmoe.trace import Trace
 
 if TYPE_CHECKING:
     from casmoe.planner.eam import Matcher
-    from casmoe.planner.eap import Predictor
+    from casmoe.planner.eap import EAP
 
 FORMAT = "casmoe-planner"
 VERSION = 1
@@ -131,7 +131,7 @@ class Answers:
 class Planner:
     """Matcher + predictor + gate + buffer for one geometry."""
 
-    def __init__(self, geometry: Geometry, config: PlannerConfig, matcher: Matcher, predictor: Predictor) -> None:
+    def __init__(self, geometry: Geometry, config: PlannerConfig, matcher: Matcher, predictor: EAP) -> None:
         self.geometry = geometry
         self.config = config
         self.matcher = matcher
@@ -229,7 +229,7 @@ def fit_planner(trace: Trace, config: PlannerConfig = PlannerConfig(), progress:
 def load_planner(path: str | Path) -> Planner:
     """Read a planner folder written by `Planner.save`; a clear error for anything else."""
     from casmoe.planner.eam import Matcher
-    from casmoe.planner.eap import Predictor
+    from casmoe.planner.eap import EAP
 
     folder = Path(path)
     try:
@@ -248,5 +248,5 @@ def load_planner(path: str | Path) -> Planner:
         if not (folder / name).exists():
             raise PlannerError(f"{folder}: missing {name}")
     matcher = Matcher.load(folder, config.neighbours)
-    predictor = Predictor.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
+    predictor = EAP.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
     return Planner(geometry, config, matcher, predictor)

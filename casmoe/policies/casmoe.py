@@ -21,17 +21,17 @@ from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.trace import Request
 
-Predictor = Callable[[Request], np.ndarray]
+ExpertScorer = Callable[[Request], np.ndarray]
 
 
-def exact_predictor(geometry) -> Predictor:
+def exact_predictor(geometry) -> ExpertScorer:
     """The request's own decode expert pattern: the best any prompt-level planner can do."""
     from casmoe.planner.patterns import request_pattern
 
     return lambda request: request_pattern(request, geometry)
 
 
-def noisy_predictor(geometry, noise: float, rng: np.random.Generator) -> Predictor:
+def noisy_predictor(geometry, noise: float, rng: np.random.Generator) -> ExpertScorer:
     """Per layer, (1 - noise) x normalised exact pattern + noise x random scores."""
     if not 0.0 <= noise <= 1.0:
         raise CacheConfigError(f"noise must lie in [0, 1], got {noise}")
@@ -70,7 +70,7 @@ class PlannerPredictor:
 class CasMoE(ExpertCache):
     name = "casmoe"
 
-    def __init__(self, *args, predictor: Predictor, oracle: bool = False, **kw) -> None:
+    def __init__(self, *args, predictor: ExpertScorer, oracle: bool = False, **kw) -> None:
         super().__init__(*args, **kw)
         self.predictor = predictor
         self.needs_future = oracle  # an oracle predictor reads the request's own routing
@@ -88,7 +88,7 @@ class CasMoE(ExpertCache):
         capacity,
         *,
         trace: Any = None,
-        predictor: str | Predictor = "exact",
+        predictor: str | ExpertScorer = "exact",
         noise: float = 0.3,
         planner: str | None = None,
         seed: int = 0,
