@@ -1,4 +1,4 @@
-"""Importers and the CSV exporter: real traces from ../shared/data, arrays, JSON, malformed input."""
+"""Importers and the CSV exporter: the shipped real traces (traces/real), arrays, JSON, malformed input."""
 
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ from casmoe.synthetic import SynthConfig, generate
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
 from test_trace import assert_same, random_trace
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-REAL = DATA / "real-traces"
-needs_data = pytest.mark.skipif(not REAL.exists(), reason="../shared/data not present")
+REAL = Path(__file__).resolve().parents[1] / "traces" / "real"
 
 # name -> (layers, experts, k, prefill tokens with a skipped last layer)
 HEADERS = {"qwen": (48, 128, 6, True), "gemma": (30, 128, 6, False), "gptoss": (36, 128, 2, True)}
@@ -35,7 +33,6 @@ def csv_sets(path: Path) -> dict[tuple[int, int], dict[int, set[int]]]:
     return out
 
 
-@needs_data
 @pytest.mark.parametrize("name", list(HEADERS))
 def test_real_csv_imports_with_header_geometry_and_exact_sets(name):
     path = REAL / f"{name}.route.csv"
@@ -72,7 +69,6 @@ def test_real_csv_imports_with_header_geometry_and_exact_sets(name):
         assert steps[0].experts[L - 1] != []  # the last prompt token computed it
 
 
-@needs_data
 def test_real_csv_prefill_and_weights_match_rows():
     tr = read_route_csv(REAL / "gptoss.route.csv")
     [req] = tr.requests
@@ -83,9 +79,8 @@ def test_real_csv_prefill_and_weights_match_rows():
     assert req.weights[0, 0, int(r0["slot"])] == np.float32(float(r0["weight"]))
 
 
-@needs_data
 def test_moe_lrc_case_json_imports_all_or_one_key():
-    path = DATA / "moe_lrc_case_traces.json"
+    path = REAL / "moe_lrc_case_traces.json"
     doc = json.loads(path.read_text())
     tr = read_json(path)
     assert (tr.geometry.layers, tr.geometry.experts, tr.geometry.top_k) == (1, 16, 2)
@@ -128,7 +123,6 @@ def test_csv_round_trip_random_geometries(tmp_path, L, E, k, n, seed):
     assert back.meta["nested"] == tr.meta["nested"]
 
 
-@needs_data
 def test_real_csv_survives_export_and_import(tmp_path):
     tr = read_route_csv(REAL / "qwen.route.csv")
     write_route_csv(tr, tmp_path / "q.csv")

@@ -19,8 +19,8 @@ from casmoe.metrics.lrc import measure
 from casmoe.metrics.tokens import TokenSelection
 from casmoe.trace import NOT_COMPUTED, Request, Trace
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-CASES = DATA / "moe_lrc_case_traces.json"
+REAL = Path(__file__).resolve().parents[1] / "traces" / "real"
+CASES = REAL / "moe_lrc_case_traces.json"
 
 
 def small_trace(seed: int = 0, S: int = 4, T: int = 30, L: int = 3, E: int = 8, k: int = 2) -> Trace:
@@ -88,7 +88,6 @@ def test_baselines_equal_replaying_the_policies():
     assert res.baselines["lru"]["layer"][2.0] == pytest.approx(hits / acc)
 
 
-@pytest.mark.skipif(not CASES.exists(), reason="../shared/data not present")
 def test_case_traces_grin_beats_jamba_at_m16():
     from casmoe.importers import read_json
 
@@ -103,12 +102,11 @@ def test_case_traces_grin_beats_jamba_at_m16():
         assert g.sch_at(16, rho, "model")["value"] > j.sch_at(16, rho, "model")["value"]
 
 
-@pytest.mark.skipif(not (DATA / "real-traces").exists(), reason="../shared/data not present")
 @pytest.mark.parametrize("name", ["qwen", "gemma", "gptoss"])
 def test_real_route_traces_give_finite_metrics(name):
     from casmoe.importers import read_route_csv
 
-    tr = read_route_csv(DATA / "real-traces" / f"{name}.route.csv")
+    tr = read_route_csv(REAL / f"{name}.route.csv")
     head = Trace(tr.geometry, [Request(topk=r.topk[:40], weights=r.weights[:40], prefill=min(r.prefill, 40)) for r in tr.requests])
     res = measure(head, [4], replicates=20)
     d = res.to_dict()

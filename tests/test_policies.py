@@ -256,10 +256,9 @@ def test_substitute_mode_uses_the_best_resident_and_fetches_the_missed_one_meanw
     assert stats.substitutions == 2 and stats.misses == 3 and stats.prefetch_used == 1
 
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-traces"
+REAL = Path(__file__).resolve().parents[1] / "traces" / "real"
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="../shared/data not present")
 @pytest.mark.parametrize("model", ["qwen", "gemma", "gptoss"])
 def test_every_policy_replays_the_real_traces(model):
     from casmoe.importers import read_route_csv

@@ -283,14 +283,13 @@ def test_four_4090s_hold_seven_mixtral_experts_per_layer():
     assert max_slots(HW, p, p.geometry.bytes_per_layer(), 1) == 1
 
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-traces" / "qwen.route.csv"
+QWEN = Path(__file__).resolve().parents[1] / "traces" / "real" / "qwen.route.csv"
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="../shared/data not present")
 def test_real_qwen_trace_with_forced_top6_and_measured_bytes():
     from casmoe.importers import read_route_csv
 
-    tr = read_route_csv(SHARED)  # Qwen3-30B-A3B, 6 of 8 experts forced, Q4_K_M bytes per layer
+    tr = read_route_csv(QWEN)  # Qwen3-30B-A3B, 6 of 8 experts forced, Q4_K_M bytes per layer
     p = get_preset("qwen3-30b-a3b")
     res = simulate(tr, get_policy("lru"), Capacity(12), HW, p)
     expected = replay(tr, get_policy("lru").create(tr.geometry, Capacity(12), trace=tr)).stats
