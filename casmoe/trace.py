@@ -47,7 +47,9 @@ class Request:
     `topk[T, L, k]` holds expert ids per token and layer (`NOT_COMPUTED` rows for gaps),
     `weights[T, L, k]` their router weights. The first `prefill` tokens are the prompt.
     `logits[T, L, E]` (full router scores) and `spec[T, L, k]` (what layer l+1's router picks
-    from layer l's hidden state; row L-1 is `NOT_COMPUTED`) are optional.
+    from layer l's hidden state; row L-1 is `NOT_COMPUTED`) are optional. `arrival` (seconds
+    from the start of the recording, finite and >= 0) is when the request reached the server:
+    optional, for every request or for none; the simulator's `--arrival trace` replays it.
     """
 
     topk: np.ndarray
@@ -57,6 +59,7 @@ class Request:
     task: str | None = None
     logits: np.ndarray | None = None
     spec: np.ndarray | None = None
+    arrival: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -234,7 +237,9 @@ class Trace:
             "not_computed": sum(int((~r.computed).sum()) for r in self.requests),
             "prompts": self.has_prompts,
             "tasks": sorted({r.task for r in self.requests if r.task}),
-            "optional": [n for n in ("logits", "spec") if first is not None and getattr(first, n) is not None],
+            "optional": [
+                n for n in ("logits", "spec", "arrival") if first is not None and getattr(first, n) is not None
+            ],
             "meta": self.meta,
             "layers": layers,
         }
@@ -293,6 +298,9 @@ class Trace:
                 arrays[name] = arr.astype(np.int16 if name == "spec" else np.float32)
             elif any(present):
                 raise TraceError(f"{name} must be given for every request or for none")
+        arrival = _arrivals(reqs, "<trace>")
+        if arrival is not None:
+            arrays["arrival"] = arrival
         return arrays
 
     @classmethod
@@ -343,6 +351,9 @@ class Trace:
         offsets, prefill = arrays["offsets"], arrays["prefill"]
         topk, weights = arrays["topk"], arrays["weights"]
         optional = {name: arrays.get(name) for name in ("logits", "spec")}
+        arrival = arrays.get("arrival")
+        if arrival is not None and (arrival.ndim != 1 or len(arrival) != len(prefill) or arrival.dtype.kind != "f"):
+            raise TraceError(f"{where}: arrival must be a float array with one time per request")
         g = geometry
         for name, arr, last in (
             ("topk", topk, g.top_k),
@@ -379,12 +390,14 @@ class Trace:
                     task=r.get("task"),
                     logits=None if optional["logits"] is None else optional["logits"][a:b],
                     spec=None if optional["spec"] is None else optional["spec"][a:b],
+                    arrival=None if arrival is None else float(arrival[i]),
                 )
             )
         for name in ("format", "version", "geometry", "requests"):
             meta.pop(name, None)
         trace = cls(geometry, requests, meta)
         trace._validate_arrays(where, topk, weights, offsets, optional)
+        _arrivals(requests, where)
         return trace
 
     # ---- validation ----------------------------------------------------------------------
@@ -403,6 +416,7 @@ class Trace:
                     )
         if not self.requests:
             return
+        _arrivals(self.requests, where)
         cat = lambda name: np.concatenate([getattr(r, name) for r in self.requests])  # noqa: E731
         offsets = np.cumsum([0] + [r.tokens for r in self.requests])
         optional = {
@@ -488,6 +502,22 @@ class Trace:
             sbad = (spec != NOT_COMPUTED) & ((spec < 0) | (spec >= g.experts))
             if sbad.any():
                 fail(int(np.nonzero(sbad)[0][0]), "spec expert id outside [0, E)")
+
+
+def _arrivals(requests: Sequence[Request], where: str) -> np.ndarray | None:
+    """The requests' arrival times as one float64 array (None when no request has one);
+    refuses a trace where only some requests have one, or a time that is negative or not finite."""
+    given = [r.arrival is not None for r in requests]
+    if not any(given):
+        return None
+    if not all(given):
+        raise TraceError(f"{where}: request {given.index(False)}: arrival must be given for every request or for none")
+    times = np.array([r.arrival for r in requests], dtype=np.float64)
+    bad = ~np.isfinite(times) | (times < 0)
+    if bad.any():
+        i = int(np.nonzero(bad)[0][0])
+        raise TraceError(f"{where}: request {i}: arrival {float(times[i])!r} is not a finite time >= 0 seconds")
+    return times
 
 
 def _umask() -> int:

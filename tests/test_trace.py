@@ -39,6 +39,7 @@ def random_trace(rng: np.random.Generator, L: int, E: int, k: int, n: int, optio
                 task="code" if i % 3 else None,
                 logits=rng.standard_normal((T, L, E)).astype(np.float32) if optional else None,
                 spec=spec if optional else None,
+                arrival=float(rng.exponential(2.0)) if optional else None,
             )
         )
     return Trace(g, reqs, {"source_model": "test", "nested": {"a": [1, 2]}})
@@ -48,7 +49,7 @@ def assert_same(a: Trace, b: Trace) -> None:
     assert a.geometry == b.geometry
     assert len(a.requests) == len(b.requests)
     for x, y in zip(a.requests, b.requests):
-        assert (x.prefill, x.prompt, x.task) == (y.prefill, y.prompt, y.task)
+        assert (x.prefill, x.prompt, x.task, x.arrival) == (y.prefill, y.prompt, y.task, y.arrival)
         for name in ("topk", "weights", "logits", "spec"):
             u, v = getattr(x, name), getattr(y, name)
             assert (u is None) == (v is None), name
@@ -125,6 +126,10 @@ MALFORMED = {
     "negative weight": lambda a: _set(a, "weights", (1, 2, 0), -0.5),
     "nan logit": lambda a: _set(a, "logits", (1, 2, 0), np.nan),
     "spec id out of range": lambda a: _set(a, "spec", (1, 0, 0), 99),
+    "arrival count": lambda a: a.update(arrival=a["arrival"][:-1]),
+    "arrival negative": lambda a: _set(a, "arrival", 1, -0.5),
+    "arrival nan": lambda a: _set(a, "arrival", 2, np.nan),
+    "arrival integers": lambda a: a.update(arrival=np.arange(3)),
     "prefill longer than request": lambda a: _set(a, "prefill", 0, 10_000),
     "negative prefill": lambda a: _set(a, "prefill", 1, -1),
     "unknown version": lambda a: _meta(a, version=99),
@@ -285,3 +290,17 @@ def test_empty_trace_round_trips(tmp_path):
     tr = Trace(Geometry(layers=2, experts=4, top_k=2), [])
     tr.save(tmp_path / "e.npz")
     assert Trace.load(tmp_path / "e.npz").requests == []
+
+
+def test_arrival_is_for_every_request_or_none():
+    tr = random_trace(np.random.default_rng(4), 2, 4, 2, 3)
+    tr.requests[1].arrival = None
+    with pytest.raises(TraceError, match="request 1: arrival"):
+        tr.validate()
+    tr.requests[1].arrival = float("inf")
+    with pytest.raises(TraceError, match="request 1: arrival inf"):
+        tr.validate()
+    for r in tr.requests:
+        r.arrival = None
+    tr.validate()
+    assert "arrival" not in tr._to_arrays() and "arrival" not in tr.summary()["optional"]
