@@ -12,6 +12,8 @@ from casmoe.metrics.baselines import replay_hit_rate, token_trace
 from casmoe.metrics.sch import lookahead_hits
 from casmoe.metrics.tokens import MetricsError, sequences
 from casmoe.trace import Request, Trace
+from kernel_modes import kernels
+from reference_metrics import numpy_lookahead_hits
 
 
 def curve(tokens: list[list[int]], items: int, m: int) -> np.ndarray:
@@ -169,3 +171,33 @@ def test_sch_policy_replay_equals_curve_with_one_expert_per_layer(data, m):
 def test_rejects_bad_lookahead():
     with pytest.raises(MetricsError):
         lookahead_hits(np.zeros((1, 2, 1), dtype=np.int64), 2, 0)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "interpreted"])
+@settings(max_examples=60, deadline=None)
+@given(data=routed(max_layers=3, max_tokens=16, max_seqs=3), m=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_stack_kernel_equals_the_previous_numpy_walk(compiled, data, m, seed):
+    """Model level (all sequences in lockstep, and one alone) and per layer, with gaps; the
+    kernel compiled and interpreted (which bounds-checks every index)."""
+    E, seqs = data
+    rng = np.random.default_rng(seed)
+    seqs = [np.where(rng.random(s.shape[:2])[:, :, None] < 0.2, -1, s) for s in seqs]
+    L, k = seqs[0].shape[1:]
+    Tm = max(len(s) for s in seqs)
+    model = np.full((len(seqs), Tm, L * k), -1)
+    layer = np.full((len(seqs) * L, Tm, k), -1)
+    for i, s in enumerate(seqs):
+        model[i, : len(s)] = np.where(s >= 0, s + (np.arange(L) * E)[None, :, None], -1).reshape(len(s), L * k)
+        layer[i * L : (i + 1) * L, : len(s)] = s.transpose(1, 0, 2)
+    for batches, items in ((model, L * E), (model[:1], L * E), (layer, E)):
+        with kernels("casmoe.kernels.lookahead_stack", compiled):
+            got = lookahead_hits(batches, items, m)
+        want = numpy_lookahead_hits(batches, items, m)
+        np.testing.assert_array_equal(got.hits, want.hits)
+        np.testing.assert_array_equal(got.requests, want.requests)
+
+
+@pytest.mark.parametrize("bad", [[0, 0], [0, 3]], ids=["repeat", "outside"])
+def test_rejects_items_the_stack_cannot_hold(bad):
+    with pytest.raises(MetricsError, match="outside"):
+        lookahead_hits(np.array([[[1, -1], bad]], dtype=np.int64), 3, 1)

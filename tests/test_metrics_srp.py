@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from casmoe.metrics.srp import segment_stats, srp_from_hist
 from casmoe.metrics.tokens import MetricsError
+from kernel_modes import kernels
+from reference_metrics import numpy_segment_stats
 
 
 def seq(layers: list[list[int]]) -> np.ndarray:
@@ -122,3 +124,24 @@ def test_srp_is_a_valid_f1_at_least_the_all_experts_guess(data, m):
 def test_rejects_bad_m():
     with pytest.raises(MetricsError):
         segment_stats([seq([[0, 1]])], 2, [0])
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "interpreted"])
+@settings(max_examples=60, deadline=None)
+@given(data=routed(), ms=st.lists(st.integers(1, 12), min_size=1, max_size=3), seed=st.integers(0, 2**32 - 1))
+def test_window_kernel_equals_the_previous_numpy_histograms(compiled, data, ms, seed):
+    """Including NOT_COMPUTED token-layers (-1 rows) and sequences shorter than m; the kernel
+    compiled and interpreted (which bounds-checks every index)."""
+    E, seqs = data
+    rng = np.random.default_rng(seed)
+    seqs = [np.where(rng.random(s.shape[:2])[:, :, None] < 0.2, -1, s) for s in seqs]
+    with kernels("casmoe.kernels.window_counts", compiled):
+        got_stats = segment_stats(seqs, E, ms)
+    for got, want in zip(got_stats, numpy_segment_stats(seqs, E, ms)):
+        np.testing.assert_array_equal(got.hist, want.hist)
+
+
+@pytest.mark.parametrize("bad", [[[0, 0]], [[0, 3]]], ids=["repeat", "outside"])
+def test_rejects_ids_the_histogram_cannot_hold(bad):
+    with pytest.raises(MetricsError, match="outside"):
+        segment_stats([np.array(bad * 3, dtype=np.int64)[:, None, :]], 3, [2])

@@ -25,8 +25,6 @@ from casmoe.trace import Trace
 DEFAULT_MS = (4, 16, 64, 256)
 DEFAULT_RHOS = (1.0, 2.0, 4.0)
 DEFAULT_BASELINES = ("lru", "lfu", "belady")
-LOCKSTEP_ITEMS = 1024
-"""Model-wide stacks up to this many items (L x E) run all sequences in one lockstep pass."""
 
 
 @dataclass(frozen=True)
@@ -180,9 +178,8 @@ def work_units(trace: Trace, ms: Sequence[int], rhos: Sequence[float], baselines
     """How many progress ticks `measure` reports: tokens walked by SCH, requests replayed."""
     seqs = sequences(trace, tokens)
     g = trace.geometry
-    longest = max(len(s) for s in seqs)
-    model = longest if g.total_experts <= LOCKSTEP_ITEMS else sum(len(s) for s in seqs)
-    return len(ms) * (model + longest) + 2 * len(baselines) * len(rhos) * len(seqs)
+    lane_tokens = len(seqs) * (1 + g.layers) * max(len(s) for s in seqs)  # model-level and per-layer lanes
+    return len(ms) * lane_tokens + 2 * len(baselines) * len(rhos) * len(seqs)
 
 
 def measure(
@@ -232,24 +229,16 @@ def measure(
         )
 
     Tmax = max(len(s) for s in seqs)
+    model_lanes = np.full((S, Tmax, L * k), -1, dtype=np.int64)  # lane = sequence, items = L x E
     per_layer = np.full((S * L, Tmax, k), -1, dtype=np.int64)  # lane = (sequence, layer)
-    for i, s in enumerate(seqs):
-        per_layer[i * L : (i + 1) * L, : len(s)] = s.transpose(1, 0, 2)
     offsets = (np.arange(L) * E)[None, :, None]
+    for i, s in enumerate(seqs):
+        model_lanes[i, : len(s)] = np.where(s >= 0, s + offsets, -1).reshape(len(s), L * k)
+        per_layer[i * L : (i + 1) * L, : len(s)] = s.transpose(1, 0, 2)
     sch: dict[int, SCHLevel] = {}
     for m in ms:
-        model_hits = np.zeros((S, L * E), dtype=np.int64)
-        model_req = np.zeros(S, dtype=np.int64)
-        # Small model-wide stacks run all sequences in lockstep; wide ones one at a time,
-        # where numpy call overhead per access matters less than the stack scans.
-        groups = [list(range(S))] if L * E <= LOCKSTEP_ITEMS else [[i] for i in range(S)]
-        for group in groups:
-            lanes = np.full((len(group), max(len(seqs[i]) for i in group), L * k), -1, dtype=np.int64)
-            for j, i in enumerate(group):
-                s = seqs[i]
-                lanes[j, : len(s)] = np.where(s >= 0, s + offsets, -1).reshape(len(s), L * k)
-            res = lookahead_hits(lanes, L * E, m, progress)
-            model_hits[group], model_req[group] = res.hits, res.requests
+        model = lookahead_hits(model_lanes, L * E, m, progress)
+        model_hits, model_req = model.hits, model.requests
         lane = lookahead_hits(per_layer, E, m, progress)
         lh = lane.hits.reshape(S, L, E)
         lr = lane.requests.reshape(S, L)

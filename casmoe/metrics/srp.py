@@ -42,29 +42,21 @@ class SegmentStats:
 
 
 def segment_stats(seqs: list[np.ndarray], experts: int, ms: Sequence[int]) -> list[SegmentStats]:
-    """Window-count histograms for each sequence `[T, L, k]` (-1 rows = gaps), layer and m."""
+    """Window-count histograms for each sequence `[T, L, k]` (-1 rows = gaps), layer and m.
+
+    Each token-layer routes distinct experts. Compiled (`casmoe.kernels.window_counts`)."""
+    from casmoe.kernels.window_counts import window_hist
+
     for m in ms:
         if m < 1:
             raise MetricsError(f"segment length m must be >= 1 token (got {m})")
     L = seqs[0].shape[1]
     hists = [np.zeros((len(seqs), L, m + 1), dtype=np.int64) for m in ms]
     for s, seq in enumerate(seqs):
-        T = len(seq)
-        if T == 0:
-            continue
-        onehot = np.zeros((T + 1, L, experts + 1), dtype=np.int32)  # column E swallows the -1 of gaps
-        onehot[np.arange(1, T + 1)[:, None, None], np.arange(L)[None, :, None], seq] = 1
-        cs = np.cumsum(onehot[:, :, :experts], axis=0)  # [T + 1, L, E], cs[0] = 0
-        gaps = np.zeros((T + 1, L), dtype=np.int32)
-        gaps[1:] = np.cumsum(seq[:, :, 0] < 0, axis=0)
+        seq = np.ascontiguousarray(seq, dtype=np.int64)
         for m, hist in zip(ms, hists):
-            if T < m:
-                continue
-            window = cs[m:] - cs[:-m]  # [W, L, E]
-            clean = gaps[m:] == gaps[:-m]  # [W, L]: no gap inside the window
-            offset = np.arange(L)[None, :, None] * (m + 1)
-            codes = np.where(clean[:, :, None], window + offset, L * (m + 1))
-            hist[s] = np.bincount(codes.ravel(), minlength=L * (m + 1) + 1)[:-1].reshape(L, m + 1)
+            if not window_hist(seq, experts, m, hist[s]):
+                raise MetricsError(f"sequence {s}: an expert id lies outside [0, {experts}) or repeats within a token-layer")
     return [SegmentStats(m, h) for m, h in zip(ms, hists)]
 
 
