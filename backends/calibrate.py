@@ -102,6 +102,10 @@ class Calibration:
             cpu=platform.processor() or platform.machine(),
             cpu_tflops=self.cpu_flops / 1e12,
             cpu_mem_bw_gbs=self.cpu_mem_bw / 1e9,
+            storage_read_gbs=0.0,
+            storage_latency_us=0.0,
+            host_ram_gib=round(ram, 2),
+            load_host_us=0.0,
         )
         sources = dict(
             gpus="one device measured",
@@ -121,6 +125,10 @@ class Calibration:
             p2p_gbs="assumption: the device memory bandwidth (unused with one device)",
             cpu_tflops=f"{host}: achieved rate of a square matmul on the CPU",
             cpu_mem_bw_gbs=f"{host}: achieved bandwidth of a 64 MiB clone on the CPU",
+            storage_read_gbs="not measured: the backend's store is in RAM",
+            storage_latency_us="not measured: the backend's store is in RAM",
+            host_ram_gib=f"{host}: physical memory (sysconf)",
+            load_host_us="not measured",
         )
         return HardwareProfile(**values, sources=sources)
 

@@ -79,7 +79,7 @@ class Request:
         sl = slice(layers.start, layers.stop)
         cut = lambda a: None if a is None else a[:, sl]  # noqa: E731
         return Request(cut(self.topk), cut(self.weights), self.prefill, self.prompt, self.task, cut(self.logits),
-                       cut(self.spec))
+                       cut(self.spec), self.arrival)
 
     def steps(self, geometry: Geometry) -> list[Step]:
         """Prefill as one step (if any prompt tokens), then one step per decode token."""

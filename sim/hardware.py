@@ -39,6 +39,12 @@ class HardwareProfile:
     Bandwidths are in GB/s (1e9 bytes/s), compute in TFLOPS (1e12 FLOP/s), times in
     microseconds, memory in GiB (how vendors size GPU memory). `host_cap_gbs = 0` means the
     host side never limits the links together.
+
+    The fields after `cpu_mem_bw_gbs` are optional in a TOML file (0 when absent, sourced as
+    such): the storage tier under host RAM (`storage_read_gbs`, `storage_latency_us`: one NVMe
+    device or array shared by every GPU), the host RAM size (`host_ram_gib`), and the host CPU
+    time each expert load costs the thread that runs the model (`load_host_us`: issuing the copy,
+    waiting for it, waking up), which delays that thread's compute.
     """
 
     name: str
@@ -62,6 +68,10 @@ class HardwareProfile:
     cpu: str
     cpu_tflops: float
     cpu_mem_bw_gbs: float
+    storage_read_gbs: float = 0.0
+    storage_latency_us: float = 0.0
+    host_ram_gib: float = 0.0
+    load_host_us: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -132,9 +142,13 @@ class HardwareProfile:
         unknown = sorted(set(raw) - set(known))
         if unknown:
             raise HardwareError(f"{where}: unknown profile fields {unknown}")
-        missing = sorted(n for n, f in known.items() if n not in raw and n != "sources")
+        missing = sorted(n for n, f in known.items() if n not in raw and n != "sources" and n not in OPTIONAL)
         if missing:
             raise HardwareError(f"{where}: missing profile fields {missing}")
+        absent = {n: v for n, v in OPTIONAL.items() if n not in raw}
+        raw = {**raw, **absent}
+        if isinstance(raw.get("sources"), dict):
+            raw["sources"] = {**raw["sources"], **{n: ABSENT for n in absent}}
         values: dict[str, Any] = {}
         for n, f in known.items():
             v = raw.get(n, {})
@@ -163,6 +177,11 @@ class HardwareProfile:
         d.update(values)
         d["sources"] = fresh
         return type(self)(**d)
+
+
+OPTIONAL = {"storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0}
+"""Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
+ABSENT = "not given in the profile (0: not modelled)"
 
 
 def profile_paths() -> dict[str, Path]:

@@ -57,3 +57,20 @@ def test_unknown_name_and_missing_file():
         load_profile("tpu-v9")
     with pytest.raises(HardwareError, match="not found"):
         load_profile("/nonexistent/box.toml")
+
+
+def test_storage_ram_and_host_cost_are_optional_in_a_file_but_sourced_when_given():
+    full = load_profile("a100-80g").to_toml()
+    optional = ("storage_read_gbs", "storage_latency_us", "host_ram_gib", "load_host_us")
+    older = "\n".join(line for line in full.splitlines() if not line.startswith(optional))
+    p = HardwareProfile.from_toml(older)
+    assert all(getattr(p, n) == 0.0 and "not given" in p.sources[n] for n in optional)
+    unsourced = "\n".join(line for line in full.splitlines() if not line.startswith('storage_read_gbs = "'))
+    with pytest.raises(HardwareError, match="no source given for storage_read_gbs"):
+        HardwareProfile.from_toml(unsourced)
+
+
+def test_every_shipped_profile_has_a_storage_tier_and_host_ram():
+    for name in profile_paths():
+        p = load_profile(name)
+        assert p.storage_read_gbs > 0 and p.storage_latency_us > 0 and p.host_ram_gib > 0, name

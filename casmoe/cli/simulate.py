@@ -263,6 +263,8 @@ def profiles(
             "mem GB/s": f"{p.mem_bw_gbs:g}",
             "H2D pinned GB/s": f"{p.h2d_pinned_gbs:g}",
             "pageable GB/s": f"{p.h2d_pageable_gbs:g}",
+            "NVMe GB/s": f"{p.storage_read_gbs:g}",
+            "host RAM GiB": f"{p.host_ram_gib:g}",
             "host": p.cpu,
         }
         for p in loaded

@@ -1,0 +1,33 @@
+"""Today's batch-1 and static-batch results, unchanged to the last bit on every shipped trace.
+
+The golden values were computed by the engine before the serving rewrite (see
+tests/sim_golden.py); every case re-runs here through the current engine.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim_golden import GOLDEN, cases, run
+
+STORED = json.loads(GOLDEN.read_text())
+
+
+def _check(case) -> None:
+    want = STORED[case.key()]
+    got = run(case)
+    diff = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+    assert not diff, f"{case.key()}: {diff}"
+
+
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c.key())
+def test_first_requests_of_every_shipped_trace_unchanged(case):
+    _check(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", cases(full=True), ids=lambda c: c.key())
+def test_whole_shipped_traces_unchanged(case):
+    _check(case)
