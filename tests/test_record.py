@@ -1,8 +1,12 @@
-"""The recorder captures the routing the model applies, for every supported MoE class, and
-an interrupted recording resumes where it stopped."""
+"""The recorder captures the routing the model applies, for every supported MoE class; teacher
+forcing routes exactly as decoding the same tokens step by step; sampling is seeded per request
+and every mode stops at end-of-text; an interrupted recording resumes where it stopped, and only
+under the settings it started with."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +96,8 @@ def _save_tiny(tmp_path: Path, kind: str = "olmoe") -> Path:
 
     tok = train_tokenizer(["the cat sat on the mat", "def f(x): return x + 1"] * 4, vocab_size=96)
     cls_name, extra = CONFIGS[kind]
-    config = getattr(transformers, cls_name)(**{**COMMON, "vocab_size": len(tok)}, **extra)
+    special = dict(eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    config = getattr(transformers, cls_name)(**{**COMMON, "vocab_size": len(tok)}, **special, **extra)
     torch.manual_seed(0)
     model = getattr(transformers, cls_name.replace("Config", "ForCausalLM"))(config)
     path = tmp_path / "model"
@@ -101,11 +106,82 @@ def _save_tiny(tmp_path: Path, kind: str = "olmoe") -> Path:
     return path
 
 
+def forced(outputs: list[list[int]]):
+    """A token chooser that feeds the given tokens, as teacher forcing does in one pass."""
+    return lambda logits, n: torch.tensor([o[n] for o in outputs])
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "olmoe", "qwen2_moe"])
+def test_teacher_pass_equals_step_by_step_decoding(kind: str) -> None:
+    model = tiny_model(kind)
+    rng = np.random.default_rng(1)
+    prompts = [[5, 17, 33, 2, 60, 41, 7], [8, 1], [90, 4, 4, 12]]
+    outputs = [rng.integers(1, 96, n).tolist() for n in (6, 1, 4)]  # ragged, as real continuations
+    with rec.RoutingRecorder(model, logits=True, spec=True) as recorder:
+        teacher = rec.teacher_record(model, recorder, prompts, outputs)  # one batched pass
+        for prompt, output, (rows, ids) in zip(prompts, outputs, teacher):
+            [(steps, fed)] = rec.generate_and_record(model, recorder, [prompt], len(output),
+                                                     choose=forced([output]))
+            assert ids == fed == output
+            assert rows["topk"].shape[0] == len(prompt) + len(output) - 1
+            for name in ("topk", "spec"):
+                np.testing.assert_array_equal(rows[name], steps[name], err_msg=name)
+            for name in ("weights", "logits"):
+                np.testing.assert_allclose(rows[name], steps[name], rtol=1e-9, atol=1e-10, err_msg=name)
+
+
+def test_end_of_text_stops_only_its_request() -> None:
+    model = tiny_model("mixtral")
+    prompts = [[5, 17, 33, 2], [8, 1], [90, 4, 4, 12, 3]]
+    with rec.RoutingRecorder(model) as recorder:
+        free = rec.generate_and_record(model, recorder, prompts, max_new_tokens=8)
+        eos = free[0][1][2]  # the third token request 0 produces
+        stopped = rec.generate_and_record(model, recorder, prompts, max_new_tokens=8, eos_ids=[eos])
+    for prompt, (rows, gen), (free_rows, free_gen) in zip(prompts, stopped, free):
+        end = free_gen.index(eos) + 1 if eos in free_gen else len(free_gen)
+        assert gen == free_gen[:end]  # a request stops right after end-of-text, others run on
+        assert rows["topk"].shape[0] == len(prompt) + len(gen) - 1
+        np.testing.assert_array_equal(rows["topk"], free_rows["topk"][: len(prompt) + len(gen) - 1])
+    assert len(stopped[0][1]) <= 3 and stopped[0][1][-1] == eos
+
+
+def test_sampling_is_seeded_per_request_not_per_batch() -> None:
+    model = tiny_model("olmoe")
+    prompts = [[5, 17, 33, 2], [8, 1], [90, 4, 4, 12, 3]]
+    settings = rec.RecordSettings(decode=rec.DecodeMode.SAMPLE, temperature=1.5, top_p=0.95, seed=3)
+    with rec.RoutingRecorder(model) as recorder:
+        def run(s: rec.RecordSettings, batch: list[int]) -> list[list[int]]:
+            out = rec.generate_and_record(model, recorder, [prompts[i] for i in batch], 12,
+                                          choose=rec.Sampler(s, batch))
+            return [gen for _, gen in out]
+
+        together = run(settings, [0, 1, 2])
+        alone = [run(settings, [i])[0] for i in range(3)]
+        again = run(settings, [0, 1, 2])
+        other = run(rec.RecordSettings(decode=rec.DecodeMode.SAMPLE, temperature=1.5, top_p=0.95,
+                                       seed=4), [0, 1, 2])
+        greedy = [gen for _, gen in rec.generate_and_record(model, recorder, prompts, 12)]
+    assert together == alone == again
+    assert other != together and greedy != together
+
+
+def test_sampler_keeps_the_top_k_and_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    draws = lambda **kw: {int(rec.Sampler(rec.RecordSettings(seed=s, **kw), [0])(logits, 0)[0])  # noqa: E731
+                          for s in range(200)}
+    assert draws(top_p=1.0) == {0, 1, 2, 3}
+    assert draws(top_p=0.75) == {0, 1}  # 0.5 + 0.3 reaches 0.75: the head stops there
+    assert draws(top_p=0.5) == {0}
+    assert draws(top_p=0.85) == {0, 1, 2}
+    assert draws(top_p=1.0, top_k=1) == {0}
+    assert draws(top_p=1.0, temperature=0.05) == {0}
+
+
 def test_record_resumes_after_interruption(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _save_tiny(tmp_path)
     prompts = [CorpusEntry(f"the cat sat {i} times", "t", "train" if i % 3 else "heldout") for i in range(7)]
-    settings = rec.RecordSettings(max_new_tokens=4, spec=True)
-    run = dict(checkpoint_every=2, batch_size=2, progress=False)
+    settings = rec.RecordSettings(max_new_tokens=4, spec=True, batch=2)
+    run = dict(checkpoint_every=2, progress=False)
     full = rec.record(str(path), prompts, tmp_path / "full.npz", settings, **run)
 
     real = rec.generate_and_record
@@ -130,19 +206,60 @@ def test_record_resumes_after_interruption(tmp_path: Path, monkeypatch: pytest.M
     loaded = Trace.load(out)
     assert loaded.meta["splits"] == [p.split for p in prompts]
     assert [r.task for r in loaded.requests] == ["t"] * 7
-    for a, b in zip(full.requests, resumed.requests):
+    for a, b in zip(full.requests, resumed.requests):  # sampled, the same: seeded per request
         np.testing.assert_array_equal(a.topk, b.topk)
         np.testing.assert_array_equal(a.spec, b.spec)
+        np.testing.assert_array_equal(a.output_ids, b.output_ids)
+        assert a.output == b.output
 
 
-def test_partial_from_other_settings_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("change, named", [
+    (dict(max_new_tokens=3), "--max-new-tokens 2 (now 3)"),
+    (dict(batch=1), "--batch 8 (now 1)"),
+    (dict(max_prompt_tokens=2), "--max-prompt-tokens 256 (now 2)"),
+    (dict(seed=1), "--seed 0 (now 1)"),
+    (dict(top_p=0.5), "--top-p 0.9 (now 0.5)"),
+    (dict(decode=rec.DecodeMode.GREEDY), "--decode sample (now greedy)"),
+    (dict(dtype="float64"), "--dtype float32 (now float64)"),
+    (dict(fp16_weights=True), "--fp16-weights False (now True)"),
+])
+def test_partial_from_other_settings_is_refused(tmp_path: Path, change: dict, named: str) -> None:
     path = _save_tiny(tmp_path)
     prompts = [CorpusEntry(f"the mat {i}", "t", "train") for i in range(3)]
     out = tmp_path / "t.npz"
-    rec.record(str(path), prompts[:2], rec.partial_path(out), rec.RecordSettings(max_new_tokens=2),
-               progress=False)
-    with pytest.raises(CasmoeError, match="delete it"):
-        rec.record(str(path), prompts, out, rec.RecordSettings(max_new_tokens=3), progress=False)
+    first = rec.RecordSettings(max_new_tokens=2)
+    rec.record(str(path), prompts, rec.partial_path(out), first, progress=False)  # as if interrupted
+    with pytest.raises(CasmoeError, match="delete it") as err:
+        rec.record(str(path), prompts, out, replace(first, **change), progress=False)
+    assert named in str(err.value) and "\n" not in str(err.value)
+
+
+def test_greedy_resume_ignores_sampling_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _save_tiny(tmp_path)
+    prompts = [CorpusEntry(f"the mat {i}", "t", "train") for i in range(3)]
+    out = tmp_path / "t.npz"
+    greedy = rec.RecordSettings(max_new_tokens=2, decode=rec.DecodeMode.GREEDY)
+    done = rec.record(str(path), prompts, rec.partial_path(out), greedy, progress=False)
+    monkeypatch.setattr(rec, "generate_and_record", None)  # everything must come from the partial
+    trace = rec.record(str(path), prompts, out, replace(greedy, seed=7, top_p=0.2), progress=False)
+    assert [r.output for r in trace.requests] == [r.output for r in done.requests]
+
+
+def test_cli_refuses_a_changed_resume_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = _save_tiny(tmp_path)
+    (tmp_path / "p.txt").write_text("the cat sat\ndef f(x): return x\n")
+    out = tmp_path / "t.npz"
+    rec.record(str(path), [CorpusEntry("the cat sat", "text", "train")], rec.partial_path(out),
+               rec.RecordSettings(max_new_tokens=2, max_prompt_tokens=3), progress=False)
+    run = subprocess.run([sys.executable, "-m", "casmoe", "record", "-m", str(path), "-p",
+                          str(tmp_path / "p.txt"), "-o", str(out), "-n", "2"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.startswith("casmoe: error:") and run.stderr.count("\n") == 1, run.stderr
+    assert "--max-prompt-tokens 3 (now 256)" in run.stderr  # and refused before the model loads
 
 
 def test_bad_models_are_clear_errors(tmp_path: Path) -> None:
@@ -170,8 +287,41 @@ def test_cli_record_writes_a_trace(tmp_path: Path) -> None:
     trace = Trace.load(out)
     assert len(trace.requests) == 2 and trace.geometry.layers == COMMON["num_hidden_layers"]
     r = trace.requests[0]
-    assert r.decode_tokens == 2 and r.logits is not None and r.spec is not None
+    assert r.decode_tokens == len(r.output_ids) - 1 <= 2 and r.logits is not None and r.spec is not None
     assert np.array_equal(r.weights, r.weights.astype(np.float16).astype(np.float32))
+    assert trace.meta["decode"] == "sample" and trace.meta["dtype"] == "float32"  # the checkpoint's
+
+    shown = CliRunner().invoke(app, ["trace", "show", str(out), "--text", "--json"])
+    assert shown.exit_code == 0, shown.output
+    rows = json.loads(shown.output)["requests"]
+    assert [row["output"] for row in rows] == [r.output for r in trace.requests]
+    assert [row["prompt"] for row in rows] == ["the cat sat", "def f(x): return x"]
+    text = CliRunner().invoke(app, ["trace", "show", str(out), "--text", "-r", "1"]).output
+    assert "#1" in text and "#0" not in text and repr(trace.requests[1].output) in text
+    assert "distinct-4-gram ratio" in text
+
+
+def test_cli_teacher_mode_outputs_the_continuation(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from casmoe.backends.corpus import save_corpus
+    from casmoe.cli import app
+
+    path = _save_tiny(tmp_path, "mixtral")
+    save_corpus([CorpusEntry("the cat", "t", "train", " sat on the mat"), CorpusEntry("def f(x):", "c", "heldout", " return x + 1")],
+                tmp_path / "c.jsonl")
+    out = tmp_path / "t.npz"
+    result = CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(tmp_path / "c.jsonl"), "-o", str(out),
+                                      "--decode", "teacher"])
+    assert result.exit_code == 0, result.output
+    trace = Trace.load(out)
+    assert [r.output for r in trace.requests] == [" sat on the mat<|endoftext|>", " return x + 1<|endoftext|>"]
+    assert trace.meta["splits"] == ["train", "heldout"] and "seed" not in trace.meta
+    plain = tmp_path / "p.txt"
+    plain.write_text("the cat\n")
+    with pytest.raises(CasmoeError, match="needs continuation text"):
+        CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(plain), "-o", str(out), "--decode", "teacher"],
+                           catch_exceptions=False)
 
 
 @pytest.mark.parametrize("name, shape", [("tiny-mixtral", (32, 8, 2)), ("tiny-olmoe", (16, 64, 8))])

@@ -40,6 +40,8 @@ def random_trace(rng: np.random.Generator, L: int, E: int, k: int, n: int, optio
                 logits=rng.standard_normal((T, L, E)).astype(np.float32) if optional else None,
                 spec=spec if optional else None,
                 arrival=float(rng.exponential(2.0)) if optional else None,
+                output_ids=rng.integers(0, 50, int(rng.integers(0, 5))).astype(np.int32) if optional else None,
+                output=f"said {i}" if optional and i % 2 else None,
             )
         )
     return Trace(g, reqs, {"source_model": "test", "nested": {"a": [1, 2]}})
@@ -49,8 +51,8 @@ def assert_same(a: Trace, b: Trace) -> None:
     assert a.geometry == b.geometry
     assert len(a.requests) == len(b.requests)
     for x, y in zip(a.requests, b.requests):
-        assert (x.prefill, x.prompt, x.task, x.arrival) == (y.prefill, y.prompt, y.task, y.arrival)
-        for name in ("topk", "weights", "logits", "spec"):
+        assert (x.prefill, x.prompt, x.task, x.arrival, x.output) == (y.prefill, y.prompt, y.task, y.arrival, y.output)
+        for name in ("topk", "weights", "logits", "spec", "output_ids"):
             u, v = getattr(x, name), getattr(y, name)
             assert (u is None) == (v is None), name
             if u is not None:
@@ -152,6 +154,13 @@ MALFORMED = {
     "meta 2d": lambda a: a.update(meta=a["meta"][None]),
     "prefill float": lambda a: a.update(prefill=a["prefill"].astype(np.float64) + 0.5),
     "offsets float": lambda a: a.update(offsets=a["offsets"].astype(np.float64)),
+    "output ids without offsets": lambda a: a.pop("output_offsets"),
+    "output offsets without ids": lambda a: a.pop("output_ids"),
+    "negative output id": lambda a: a.update(output_ids=np.array([-3], np.int32), output_offsets=np.array([0, 1, 1, 1])),
+    "float output ids": lambda a: a.update(output_ids=a["output_ids"].astype(np.float32)),
+    "output offsets count": lambda a: a.update(output_offsets=a["output_offsets"][:-1]),
+    "output offsets not partitioning": lambda a: _set(a, "output_offsets", -1, 10**6),
+    "output not a string": lambda a: _meta(a, requests=[{"output": [1]}, {}, {}]),
 }
 
 

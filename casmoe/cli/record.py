@@ -18,38 +18,60 @@ def record(
                               help="Shipped model name (tiny-mixtral, tiny-olmoe), a model folder, "
                                    "or a hub id whose weights are cached locally."),
     prompts: Path = typer.Option(..., "--prompts", "-p",
-                                 help="Corpus JSONL (text, task, split) or text, one prompt a line."),
+                                 help="Corpus JSONL (text, continuation, task, split) or text, one "
+                                      "prompt a line."),
     out: Path = typer.Option(..., "--out", "-o", help="Trace file to write (.npz)."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="Greedy tokens per prompt."),
+    decode: str = typer.Option("sample", help="How tokens after the prompt are chosen: sample "
+                               "(temperature / top-p / top-k, seeded), greedy (argmax; small "
+                               "models loop), or teacher (the corpus row's real continuation, "
+                               "one forward pass). Every mode stops at end-of-text."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n",
+                                       help="Most tokens per request after the prompt."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (--decode sample)."),
+    top_p: float = typer.Option(0.9, help="Nucleus mass kept (--decode sample; 1: off)."),
+    top_k: int = typer.Option(0, help="Most likely tokens kept (--decode sample; 0: off)."),
+    seed: int = typer.Option(0, help="Sampling seed; request i draws from generator (seed, i)."),
     count: int = typer.Option(0, help="Record this many prompts, spread evenly over the file (0: all)."),
-    max_prompt_tokens: int = typer.Option(256, help="Cut prompts to this many tokens."),
+    max_prompt_tokens: int = typer.Option(256, help="Cut prompts to this many tokens (teacher: "
+                                                    "the cut tokens lead the continuation)."),
+    dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: the "
+                                                   "checkpoint's dtype)."),
     logits: bool = typer.Option(False, "--logits", help="Also store full router logits [T, L, E]."),
     spec: bool = typer.Option(True, "--spec/--no-spec",
                               help="Store what layer l+1's router picks from layer l's output."),
     fp16_weights: bool = typer.Option(False, "--fp16-weights",
                                       help="Round router weights to fp16 precision (smaller file)."),
-    batch: int = typer.Option(8, help="Prompts generated together (left-padded)."),
+    batch: int = typer.Option(8, help="Prompts run together (left-padded)."),
     checkpoint_every: int = typer.Option(32, help="Save finished prompts to OUT.partial.npz this often."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
 ) -> None:
-    """Generate greedily and record prefill and decode routing as a casmoe trace (resumable:
-    rerun the same command after an interruption)."""
+    """Run prompts through a MoE model and record prefill and decode routing, and each
+    request's output tokens, as a casmoe trace. Resumable: rerun the same command after an
+    interruption (a rerun that changes a setting affecting the result is refused)."""
     import torch
 
     from casmoe.backends.corpus import load_prompts
-    from casmoe.backends.record import RecordSettings
+    from casmoe.backends.record import DecodeMode, RecordSettings
     from casmoe.backends.record import record as run_record
+    from casmoe.cli.backend import DTYPES
+    from casmoe.errors import CasmoeError
 
+    modes = [m.value for m in DecodeMode]
+    if decode not in modes:
+        raise CasmoeError(f"--decode must be one of {', '.join(modes)}, not {decode!r}")
+    if dtype is not None and dtype not in DTYPES:
+        raise CasmoeError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if threads > 0:
         torch.set_num_threads(threads)
     rows = load_prompts(prompts)
     if count and count < len(rows):
         step = len(rows) / count
         rows = [rows[int(i * step)] for i in range(count)]
-    settings = RecordSettings(max_new_tokens=max_new_tokens, logits=logits, spec=spec,
-                              fp16_weights=fp16_weights)
-    trace = run_record(model, rows, out, settings, checkpoint_every=checkpoint_every,
-                       batch_size=batch, max_prompt_tokens=max_prompt_tokens)
+    settings = RecordSettings(
+        max_new_tokens=max_new_tokens, decode=DecodeMode(decode), temperature=temperature,
+        top_p=top_p, top_k=top_k, seed=seed, max_prompt_tokens=max_prompt_tokens, batch=batch,
+        dtype=dtype, logits=logits, spec=spec, fp16_weights=fp16_weights)
+    trace = run_record(model, rows, out, settings, checkpoint_every=checkpoint_every)
     print(json.dumps({"out": str(out), "requests": len(trace.requests), "tokens": trace.tokens,
                       "geometry": trace.geometry.describe()}))
 

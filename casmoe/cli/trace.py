@@ -169,3 +169,47 @@ def export(
     tr = Trace.load(trace)
     write_route_csv(tr, out, progress=True)
     typer.echo(f"wrote {out}: {len(tr.requests)} turns, {tr.tokens} tokens")
+
+
+@trace_app.command("show")
+def show(
+    trace: Optional[Path] = typer.Argument(None, help="Trace (.npz); default: the shipped default trace."),
+    text: bool = typer.Option(False, "--text", help="Print each request's prompt and what it said after it."),
+    request: Optional[list[int]] = typer.Option(None, "--request", "-r", help="Only these request indices (repeatable)."),
+    limit: int = typer.Option(20, min=0, help="Show at most this many requests (0: all)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per request (a list)."),
+) -> None:
+    """List a trace's requests (task, split, prompt and decode tokens) and, with --text, what each
+    one said; ends with the distinct-4-gram ratio of the recorded outputs."""
+    from casmoe.metrics.diversity import distinct_ngram_ratio
+    from casmoe.trace import Trace
+
+    path = trace or shipped(DEFAULT_TRACE)
+    tr = Trace.load(path)
+    splits = tr.meta.get("splits") or [None] * len(tr.requests)
+    picked = request if request else range(len(tr.requests))
+    bad = [i for i in picked if not 0 <= i < len(tr.requests)]
+    if bad:
+        raise CasmoeError(f"--request {bad[0]}: {path} has requests 0..{len(tr.requests) - 1}")
+    picked = list(picked)[: limit or None]
+    rows = [
+        {
+            "request": i, "task": tr.requests[i].task, "split": splits[i],
+            "prefill": tr.requests[i].prefill, "decode": tr.requests[i].decode_tokens,
+            **({"prompt": tr.requests[i].prompt, "output": tr.requests[i].output} if text else {}),
+        }
+        for i in picked
+    ]
+    outputs = [r.output_ids for r in tr.requests if r.output_ids is not None]
+    d4 = distinct_ngram_ratio(outputs, 4) if outputs else None
+    if as_json:
+        typer.echo(json.dumps({"path": str(path), "distinct_4gram": d4, "requests": rows}, indent=2))
+        return
+    for row in rows:
+        typer.echo(f"#{row['request']}  task={row['task'] or '-'}  split={row['split'] or '-'}  "
+                   f"prefill={row['prefill']}  decode={row['decode']}")
+        if text:
+            typer.echo(f"  prompt: {row['prompt']!r}")
+            typer.echo(f"  output: {row['output']!r}" if row["output"] is not None else "  output: (not recorded)")
+    shown = f"{len(rows)} of {len(tr.requests)} requests"
+    typer.echo(f"{shown}; distinct-4-gram ratio of outputs: " + (f"{d4:.3f}" if d4 is not None else "-"))
