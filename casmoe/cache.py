@@ -289,9 +289,11 @@ class ExpertCache:
     # ---- runtime events ------------------------------------------------------------------
 
     def begin_request(self, request: Request) -> list[Load]:
-        """Oracles see the whole request; other policies only its prompt (`RequestStart`)."""
-        seen = request if self.needs_future else RequestStart(request.prompt, request.task, request.prefill)
-        return self._prefetch(self.prefetch_request(seen))
+        return self._prefetch(self.prefetch_request(self.request_view(request)))
+
+    def request_view(self, request: Request) -> Request | RequestStart:
+        """What `prefetch_request` sees: oracles the whole request, other policies its prompt."""
+        return request if self.needs_future else RequestStart(request.prompt, request.task, request.prefill)
 
     def before_layer(self, step: int, layer: int) -> list[Load]:
         self._release()

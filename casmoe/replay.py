@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from casmoe.cache import CacheStats, ExpertCache, Load
+from casmoe.compiled import replay_compiled, uses_twin
+from casmoe.step_arrays import StepArrays
 from casmoe.trace import Future, Step, Trace
 
 
@@ -34,7 +36,29 @@ def request_bounds(steps: list[Step]) -> tuple[dict[int, int], dict[int, int]]:
     return first, last
 
 
-def replay(trace: Trace, cache: ExpertCache, batch: int = 1, steps: list[Step] | None = None) -> ReplayResult:
+def replay(
+    trace: Trace,
+    cache: ExpertCache,
+    batch: int = 1,
+    steps: list[Step] | None = None,
+    *,
+    arrays: StepArrays | None = None,
+    compiled: bool | None = None,
+) -> ReplayResult:
+    """Walk `trace` (or its prebuilt `steps` / `arrays`, shared by several policies) through
+    `cache`. A fresh built-in policy runs its compiled twin (`casmoe.compiled`, identical
+    decisions and counts) when `compiled` is True, or when None and the run is long enough to
+    repay loading numba; anything else runs this Python loop, the reference."""
+    if uses_twin(cache, trace, compiled):
+        if arrays is None:
+            g = trace.geometry
+            arrays = StepArrays.from_trace(trace, batch) if steps is None else StepArrays.from_steps(steps, g.layers, len(trace.requests))
+        stats = replay_compiled(trace, cache, arrays)
+        return ReplayResult(cache.name or type(cache).__name__, cache.capacity.describe(), stats)
+    return _replay_python(trace, cache, batch, steps)
+
+
+def _replay_python(trace: Trace, cache: ExpertCache, batch: int, steps: list[Step] | None) -> ReplayResult:
     steps = trace.steps(batch) if steps is None else steps
     if cache.needs_future:
         cache.attach_future(Future(steps, trace.geometry))

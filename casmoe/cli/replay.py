@@ -11,10 +11,12 @@ from tqdm import tqdm
 
 from casmoe.cache import MissMode
 from casmoe.cli.app import app
+from casmoe.compiled import uses_twin
 from casmoe.options import one_capacity
 from casmoe.policies import POLICIES, parse_policies
 from casmoe.replay import replay as run_replay
 from casmoe.shipped import DEFAULT_TRACE, shipped
+from casmoe.step_arrays import StepArrays
 from casmoe.trace import Trace
 
 COLUMNS = ["policy", "capacity", "hit_rate", "hits", "late_hits", "misses", "loads", "prefetch_wasted", "bytes"]
@@ -45,11 +47,15 @@ def replay(
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     cap = one_capacity(capacity, global_capacity, 2 * tr.geometry.top_k, tr.geometry.bytes_per_layer())
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
-    steps = tr.steps(batch)
+    steps, arrays = None, None  # built once, for the policies that run in Python / compiled
     records = []
     for spec in tqdm(specs, desc="replay", unit="policy", disable=len(specs) < 2 or as_json):
         cache = spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr)
-        result = run_replay(tr, cache, batch=batch, steps=steps).to_dict()
+        if uses_twin(cache, tr):
+            arrays = StepArrays.from_trace(tr, batch) if arrays is None else arrays
+        else:
+            steps = tr.steps(batch) if steps is None else steps
+        result = run_replay(tr, cache, batch=batch, steps=steps, arrays=arrays).to_dict()
         result["policy"] = spec.label
         result["bytes"] = result["bytes_loaded"]
         records.append(result)

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from casmoe.cache import Capacity
+from casmoe.compiled import COMPILE_WORTH
 from casmoe.policies import get_policy
 from casmoe.replay import replay
 from casmoe.trace import Request, Trace
@@ -42,10 +43,12 @@ def replay_hit_rate(
     `trace` should come from `token_trace` so that each token is one step."""
     cls = get_policy(policy)
     hits = accesses = 0
+    g = trace.geometry
+    compiled = True if trace.tokens * g.layers * g.top_k >= COMPILE_WORTH else None  # many short runs add up
     for i in range(len(trace.requests)):
         sub = trace.subset([i])
         cache = cls.create(sub.geometry, Capacity(slots, per_layer=per_layer), trace=sub, **options)
-        st = replay(sub, cache).stats
+        st = replay(sub, cache, compiled=compiled).stats
         hits += st.hits + st.late_hits + st.cold_misses
         accesses += st.accesses
         if progress is not None:

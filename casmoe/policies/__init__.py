@@ -1,4 +1,10 @@
-"""The policy registry: one name per built-in policy, and `package.module:Class` for users'."""
+"""The policy registry: one name per built-in policy, and `package.module:Class` for users'.
+
+The classes here are the definitions. For long replays each built-in class also has a
+compiled twin (`casmoe/compiled.py`, `casmoe/kernels/cache_machine.py`) that
+tests/test_compiled_replay.py holds to identical decisions; users' classes, and subclasses of
+the built-in ones, always run their Python hooks.
+"""
 
 from __future__ import annotations
 

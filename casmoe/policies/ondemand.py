@@ -2,17 +2,15 @@
 
 The minimal-memory baseline of the offloading papers: every layer's experts are dropped once
 the layer is done, so each routed expert of a new step is a miss (except within one step).
+When a layer routes more experts than its pool holds (a long prefill), the least recently
+used of them makes room.
 """
 
 from __future__ import annotations
 
-from casmoe.cache import ExpertCache
-from casmoe.geometry import ExpertId
+from casmoe.policies.lru import LRU
 
 
-class OnDemand(ExpertCache):
+class OnDemand(LRU):
     name = "ondemand"
     keeps_experts = False
-
-    def victim(self, layer: int, candidates) -> ExpertId:
-        return next(iter(candidates))

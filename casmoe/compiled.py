@@ -1,0 +1,151 @@
+"""Replay through the compiled twin of a built-in policy (`casmoe/kernels/cache_machine.py`).
+
+Only the exact built-in classes have a twin: a subclass (a user's `HotNextLayer(LRU)`) or any
+other policy runs the Python path, unchanged. The per-access work (route, admit, evict, the
+policy's bookkeeping and victim) runs compiled; the per-request hooks stay the policy's own
+Python methods, called between kernel calls: `prefetch_request` (a planner's prediction) and
+`on_request_end` (its online update), which reads the same `_served` array the kernel fills.
+
+After a compiled replay the cache object's counters (`stats()`) are the run's; its residency
+and policy order are not mirrored back, so a compiled replay needs a fresh cache and leaves
+it good for `stats()` only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from casmoe.cache import CacheStats, ExpertCache, MissMode, PolicyError
+from casmoe.policies.belady import Belady
+from casmoe.policies.casmoe import CasMoE
+from casmoe.policies.lfu import LFU
+from casmoe.policies.lru import LRU
+from casmoe.policies.ondemand import OnDemand
+from casmoe.policies.sch import SCH
+from casmoe.policies.semoe import SEMoE
+from casmoe.policies.static import Static
+from casmoe.step_arrays import StepArrays
+from casmoe.trace import Trace
+
+# the kinds of casmoe.kernels.cache_machine (kept here so that choosing a path imports no numba)
+_KINDS: dict[type[ExpertCache], int] = {OnDemand: 0, LRU: 0, SEMoE: 0, Static: 1, LFU: 2, Belady: 3, SCH: 4, CasMoE: 5}
+_MISS = {MissMode.LOAD: 0, MissMode.SUBSTITUTE: 1, MissMode.CPU: 2}
+COMPILE_WORTH = 200_000
+"""Routed accesses from which the automatic choice compiles: below, the Python replay is done
+before numba has even loaded (about a second per process; see bench/RESULTS.md)."""
+
+
+def has_twin(cache: ExpertCache) -> bool:
+    """Whether `cache` is a fresh instance of a built-in policy (exactly that class)."""
+    return type(cache) in _KINDS and not cache._slot_of and cache._n["accesses"] == 0
+
+
+def uses_twin(cache: ExpertCache, trace: Trace, compiled: bool | None = None) -> bool:
+    """The path `casmoe.replay.replay` takes: the twin if there is one and `compiled` is True,
+    or None and the trace routes about `COMPILE_WORTH` accesses or more."""
+    g = trace.geometry
+    return compiled is not False and has_twin(cache) and (bool(compiled) or trace.tokens * g.layers * g.top_k >= COMPILE_WORTH)
+
+
+def replay_compiled(trace: Trace, cache: ExpertCache, arrays: StepArrays, log: list | None = None) -> CacheStats:
+    """The counts `casmoe.replay.replay` gives, from the twin; `log` (a list) receives the
+    decision rows `(what, expert, slot or stand-in, victim)` of `cache_machine.LOG_*`."""
+    from casmoe.kernels import cache_machine as km
+
+    if not has_twin(cache):
+        raise PolicyError(f"{type(cache).__name__} has no compiled twin (or is not fresh)")
+    N = cache.geometry.total_experts
+    if arrays.accesses and not (
+        0 <= int(arrays.experts.min()) <= int(arrays.experts.max()) < N and np.diff(arrays.visit_ptr).max() <= cache.geometry.experts
+    ):  # the kernel's arrays are sized for these (numba does not bounds-check)
+        raise PolicyError(f"the step arrays route expert ids outside [0, {N}) or more experts than a layer has")
+    mc = _machine(km, cache, arrays, log is not None)
+    begins: dict[int, list[int]] = {}
+    ends: dict[int, int] = {}
+    for r, (a, b) in enumerate(zip(arrays.first_step.tolist(), arrays.last_step.tolist())):
+        if a >= 0:
+            begins.setdefault(a, []).append(r)
+            ends[b] = ends.get(b, 0) + 1
+    ptr, experts = arrays.visit_ptr, arrays.experts
+    done = 0
+    for s in sorted(set(begins) | set(ends)):
+        if s in begins:
+            km.replay_steps(mc, ptr, experts, done, s)
+            done = s
+            for r in begins[s]:
+                km.begin_request(mc, _prefetch_request(cache, trace.requests[r], mc, N))
+        if s in ends:
+            km.replay_steps(mc, ptr, experts, done, s + 1)
+            done = s + 1
+            for _ in range(ends[s]):
+                km.end_request(mc)
+                cache.on_request_end()
+    km.replay_steps(mc, ptr, experts, done, arrays.steps)
+    if log is not None:
+        log.extend(tuple(row) for row in mc.log[: mc.reg[km.R_LOG]].tolist())
+    cache._n.update(zip(CacheStats.__dataclass_fields__, mc.n.tolist()))
+    return cache.stats()
+
+
+def _prefetch_request(cache: ExpertCache, request, mc, N: int) -> np.ndarray:
+    """The policy's own `prefetch_request` answer, checked, with the state it set for the kernel."""
+    experts = np.asarray(cache.prefetch_request(cache.request_view(request)), dtype=np.int64).ravel()
+    if experts.size and not 0 <= int(experts.min()) <= int(experts.max()) < N:
+        raise PolicyError(f"{type(cache).__name__}.prefetch_request returned expert ids outside [0, {N})")
+    if isinstance(cache, CasMoE):
+        mc.key[:] = cache._scores  # the victim order of this request
+    return experts
+
+
+def _machine(km, cache: ExpertCache, arrays: StepArrays, record: bool):
+    g, cap = cache.geometry, cache.capacity
+    N, L, E, slots = g.total_experts, g.layers, g.experts, cap.slots
+    pools = cache.pools
+    kind = _KINDS[type(cache)]
+    cfg = np.zeros(10, np.int64)
+    cfg[[km.C_E, km.C_L, km.C_SLOTS, km.C_PER_LAYER, km.C_KIND, km.C_MISS, km.C_KEEPS]] = (
+        E, L, slots, cap.per_layer, kind, _MISS[cache.miss_mode], cache.keeps_experts,
+    )
+    cfg[km.C_NEXT_LAYER_BUDGET] = cache._budget if isinstance(cache, SEMoE) else 0
+    cfg[km.C_SCH_M] = cache.m if isinstance(cache, SCH) else 0
+    cfg[km.C_LOG] = record
+    free = np.array([list(reversed(range(p * slots, (p + 1) * slots))) for p in range(pools)], np.int64)
+    pinned = np.zeros(N, np.bool_)
+    if isinstance(cache, Static) and cache.pinned:
+        pinned[list(cache.pinned)] = True
+    if kind in (_KINDS[Belady], _KINDS[SCH]):
+        use_ptr, use_visit = arrays.uses(N)
+    else:
+        use_ptr, use_visit = np.zeros(N + 1, np.int64), np.zeros(0, np.int64)
+    # decisions are at most: a demand load or a stand-in and its background load per access,
+    # the next-layer budget per visit, and every expert per request start
+    rows = 2 * arrays.accesses + cfg[km.C_NEXT_LAYER_BUDGET] * (len(arrays.visit_ptr) - 1) + N * len(arrays.first_step)
+    return km.Machine(
+        cfg=cfg,
+        reg=np.zeros(7, np.int64),
+        n=np.zeros(13, np.int64),
+        slot_of=np.full(N, -1, np.int64),
+        slot_expert=np.full(pools * slots, -1, np.int64),
+        free=free,
+        nfree=np.full(pools, slots, np.int64),
+        members=np.zeros(pools, np.int64),
+        prot_pool=np.zeros(pools, np.int64),
+        protected=np.zeros(N, np.bool_),
+        prot_at=np.zeros(N, np.int64),
+        prot_list=np.zeros(2 * E + 2, np.int64),
+        inflight=np.zeros(N, np.bool_),
+        unused=np.zeros(N, np.bool_),
+        last=np.zeros(N, np.int64),
+        count=np.zeros(N, np.int64),
+        served=cache._served if isinstance(cache, CasMoE) else np.zeros(N),
+        key=np.zeros(N),
+        pinned=pinned,
+        layer_bytes=np.asarray(cache._layer_bytes, np.int64),
+        use_ptr=use_ptr,
+        use_visit=use_visit,
+        issued=np.zeros(N + 2 * E + 2, np.int64),
+        tail=np.zeros(E, np.int64),
+        was_absent=np.zeros(E, np.bool_),
+        next_order=np.arange(N, dtype=np.int64).reshape(L, E),
+        log=np.zeros((rows if record else 0, 4), np.int64),
+    )

@@ -1,0 +1,396 @@
+"""A compiled twin of `ExpertCache` and the built-in policies, and a replay loop over it.
+
+Everything here mirrors Python that stays the definition: the mechanics of `casmoe/cache.py`
+(`route`, `_admit`, `_evict`, `_prefetch`, `_release`, `_substitute`), the per-access hooks
+of the built-in policies in `casmoe/policies/`, and the event order of `casmoe/replay.py`.
+Per-request hooks (`prefetch_request`, `on_request_end`) are not duplicated: the driver in
+`casmoe/compiled.py` calls the policy's own Python methods between kernel calls.
+tests/test_compiled_replay.py keeps the twins equal: same loads, victims, slots,
+substitutions and counters as the Python classes on random traces, for every built-in policy,
+pool kind and miss mode.
+
+A policy's victim is the candidate (unprotected resident of the pool) with the smallest
+`(primary, secondary)`: every built-in policy's choice is such a minimum with unique keys
+(`_victim_key`), so a scan over the pool's slots finds the one the Python heap or order finds.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+# policy kinds: how `_victim_key` orders candidates (ondemand and semoe evict in LRU order)
+LRU, STATIC, LFU, BELADY, SCH, CASMOE = range(6)
+# miss modes, as `casmoe.cache.MissMode`
+LOAD, SUBSTITUTE, CPU = range(3)
+# cfg slots
+C_E, C_L, C_SLOTS, C_PER_LAYER, C_KIND, C_MISS, C_KEEPS, C_NEXT_LAYER_BUDGET, C_SCH_M, C_LOG = range(10)
+# reg slots (mutable scalars)
+R_TICK, R_STEP, R_LAYER, R_NPROT, R_LIVE, R_LOG, R_ISSUED = range(7)
+# counters, in the field order of `casmoe.cache.CacheStats`
+(N_ACCESSES, N_HITS, N_LATE, N_MISSES, N_COLD, N_SUBS, N_CPU, N_DEMAND, N_PREFETCH, N_USED, N_WASTED,
+ N_EVICTIONS, N_BYTES) = range(13)
+# log rows: (what, expert, slot or stand-in, victim)
+LOG_DEMAND, LOG_PREFETCH, LOG_SUBSTITUTE = range(3)
+
+
+_kernel = numba.njit(cache=True, nogil=True, _nrt=False)
+"""Compiled without numba's reference counting (NRT): the kernels allocate nothing (the driver
+does), and with it every call that passes the machine's arrays would pay ~0.3 us of refcounts."""
+
+
+class Machine(NamedTuple):
+    """The state of one cache, as arrays (N = L x E experts, S slots, P pools)."""
+
+    cfg: np.ndarray  # int64 [10], the C_* settings
+    reg: np.ndarray  # int64 [7], the R_* scalars
+    n: np.ndarray  # int64 [13], the counters
+    slot_of: np.ndarray  # int64 [N], -1 when not resident
+    slot_expert: np.ndarray  # int64 [S], -1 for a free slot
+    free: np.ndarray  # int64 [P, slots]: each pool's free-slot stack
+    nfree: np.ndarray  # int64 [P]
+    members: np.ndarray  # int64 [P]: residents per pool
+    prot_pool: np.ndarray  # int64 [P]: protected residents per pool
+    protected: np.ndarray  # bool [N]
+    prot_at: np.ndarray  # int64 [N]: index of an expert's live entry in prot_list
+    prot_list: np.ndarray  # int64 [2E + 2]: protection order (the Python dict's insertion order)
+    inflight: np.ndarray  # bool [N]
+    unused: np.ndarray  # bool [N]: prefetched, not used yet
+    last: np.ndarray  # int64 [N]: tick of the last access or insert
+    count: np.ndarray  # int64 [N]: routed uses so far (lfu, semoe)
+    served: np.ndarray  # float64 [N]: routed uses this request (casmoe's own `_served`)
+    key: np.ndarray  # float64 [N]: belady's -next use at the last touch, casmoe's scores
+    pinned: np.ndarray  # bool [N]: static's pinned experts
+    layer_bytes: np.ndarray  # int64 [L]
+    use_ptr: np.ndarray  # int64 [N + 1]: each expert's visits, for the oracles
+    use_visit: np.ndarray  # int64 [uses]
+    issued: np.ndarray  # int64 [N + 2E]: experts loaded by the running event (they land after it)
+    tail: np.ndarray  # int64 [E]: scratch of `route`
+    was_absent: np.ndarray  # bool [E]: scratch of `route`
+    next_order: np.ndarray  # int64 [L, E]: semoe's experts of each layer by (-uses, id), kept sorted
+    log: np.ndarray  # int64 [rows, 4]: the decisions, when cfg[C_LOG]
+
+
+@_kernel
+def _pool(mc, expert):
+    return expert // mc.cfg[C_E] if mc.cfg[C_PER_LAYER] else 0
+
+
+@_kernel
+def _log(mc, what, expert, a, b):
+    if mc.cfg[C_LOG]:
+        i = mc.reg[R_LOG]
+        mc.log[i, 0] = what
+        mc.log[i, 1] = expert
+        mc.log[i, 2] = a
+        mc.log[i, 3] = b
+        mc.reg[R_LOG] = i + 1
+
+
+@_kernel
+def _uses_upto(mc, expert, visit):
+    """How many of `expert`'s visits are <= `visit` (bisect_right)."""
+    lo, hi = mc.use_ptr[expert], mc.use_ptr[expert + 1]
+    return np.searchsorted(mc.use_visit[lo:hi], visit, side="right")
+
+
+@_kernel
+def _visit(mc):
+    return mc.reg[R_STEP] * mc.cfg[C_L] + mc.reg[R_LAYER]
+
+
+@_kernel
+def _touch(mc, expert, access):
+    """`on_access` (access) or `on_insert` of every built-in policy."""
+    mc.reg[R_TICK] += 1
+    mc.last[expert] = mc.reg[R_TICK]
+    if access:
+        mc.count[expert] += 1
+        mc.served[expert] += 1.0
+    if mc.cfg[C_KIND] == BELADY:  # belady.py: key = -next use after now
+        i = _uses_upto(mc, expert, _visit(mc))
+        lo, hi = mc.use_ptr[expert], mc.use_ptr[expert + 1]
+        mc.key[expert] = -float(mc.use_visit[lo + i]) if lo + i < hi else -np.inf
+
+
+@_kernel
+def _victim_key(mc, expert):
+    """The order each built-in policy's `victim` picks the smallest of."""
+    kind = mc.cfg[C_KIND]
+    if kind == LRU:  # lru.py: least recently used
+        return 0.0, mc.last[expert]
+    if kind == STATIC:  # static.py: unpinned first, then least recently used
+        return 1.0 if mc.pinned[expert] else 0.0, mc.last[expert]
+    if kind == LFU:  # lfu.py: least used, then least recently touched
+        return float(mc.count[expert]), mc.last[expert]
+    if kind == BELADY:  # belady.py: farthest next use, then lowest id
+        return mc.key[expert], expert
+    if kind == SCH:  # sch.py: fewest uses in (now, end of step + m - 1], then least recently used
+        now = _visit(mc)
+        L = mc.cfg[C_L]
+        horizon = (now // L + mc.cfg[C_SCH_M]) * L - 1
+        return float(_uses_upto(mc, expert, horizon) - _uses_upto(mc, expert, now)), mc.last[expert]
+    return mc.key[expert], mc.last[expert]  # casmoe.py: lowest score, then least recently touched
+
+
+@_kernel
+def _victim(mc, pool):
+    slots = mc.cfg[C_SLOTS]
+    best = -1
+    best_a, best_b = 0.0, 0
+    for s in range(pool * slots, (pool + 1) * slots):
+        e = mc.slot_expert[s]
+        if e < 0 or mc.protected[e]:
+            continue
+        a, b = _victim_key(mc, e)
+        if best < 0 or a < best_a or (a == best_a and b < best_b):
+            best, best_a, best_b = e, a, b
+    return best
+
+
+@_kernel
+def _protect(mc, expert):
+    if not mc.protected[expert]:
+        mc.protected[expert] = True
+        i = mc.reg[R_NPROT]
+        mc.prot_list[i] = expert
+        mc.prot_at[expert] = i
+        mc.reg[R_NPROT] = i + 1
+        mc.reg[R_LIVE] += 1
+        mc.prot_pool[_pool(mc, expert)] += 1
+
+
+@_kernel
+def _unprotect(mc, expert):
+    mc.protected[expert] = False
+    mc.reg[R_LIVE] -= 1
+    mc.prot_pool[_pool(mc, expert)] -= 1
+
+
+@_kernel
+def _clear_protection(mc):
+    for i in range(mc.reg[R_NPROT]):
+        e = mc.prot_list[i]
+        if mc.protected[e] and mc.prot_at[e] == i:
+            _unprotect(mc, e)
+    mc.reg[R_NPROT] = 0
+
+
+@_kernel
+def _evict(mc, victim, pool):
+    slot = mc.slot_of[victim]
+    mc.slot_of[victim] = -1
+    mc.slot_expert[slot] = -1
+    mc.members[pool] -= 1
+    mc.inflight[victim] = False
+    if mc.unused[victim]:
+        mc.unused[victim] = False
+        mc.n[N_WASTED] += 1
+    mc.n[N_EVICTIONS] += 1
+    return slot
+
+
+@_kernel
+def _release(mc):
+    """The running layer is done (cache.py `_release`)."""
+    if not mc.cfg[C_KEEPS]:
+        for i in range(mc.reg[R_NPROT]):
+            e = mc.prot_list[i]
+            if mc.protected[e] and mc.prot_at[e] == i and mc.slot_of[e] >= 0:
+                pool = _pool(mc, e)
+                mc.free[pool, mc.nfree[pool]] = _evict(mc, e, pool)
+                mc.nfree[pool] += 1
+    _clear_protection(mc)
+
+
+@_kernel
+def _admit(mc, expert, demand):
+    pool = _pool(mc, expert)
+    layer = expert // mc.cfg[C_E]
+    victim = -1
+    if mc.nfree[pool] > 0:
+        mc.nfree[pool] -= 1
+        slot = mc.free[pool, mc.nfree[pool]]
+        if demand:
+            mc.n[N_COLD] += 1
+    else:
+        if mc.prot_pool[pool] >= mc.members[pool]:
+            # every resident is routed by this layer (a long prefill): the earliest-routed of
+            # this pool has been computed, so its protection lapses (streaming)
+            for i in range(mc.reg[R_NPROT]):
+                e = mc.prot_list[i]
+                if mc.protected[e] and mc.prot_at[e] == i and _pool(mc, e) == pool:
+                    _unprotect(mc, e)
+                    break
+        victim = _victim(mc, pool)
+        slot = _evict(mc, victim, pool)
+    mc.slot_of[expert] = slot
+    mc.slot_expert[slot] = expert
+    mc.members[pool] += 1
+    mc.inflight[expert] = True
+    mc.issued[mc.reg[R_ISSUED]] = expert
+    mc.reg[R_ISSUED] += 1
+    if demand:
+        mc.n[N_DEMAND] += 1
+    else:
+        mc.n[N_PREFETCH] += 1
+        mc.unused[expert] = True
+    mc.n[N_BYTES] += mc.layer_bytes[layer]
+    _touch(mc, expert, False)
+    _log(mc, LOG_DEMAND if demand else LOG_PREFETCH, expert, slot, victim)
+
+
+@_kernel
+def _prefetch_one(mc, e):
+    """cache.py `_prefetch` for one expert: skip residents and pools held whole by the running layer."""
+    if mc.slot_of[e] >= 0:
+        return
+    pool = _pool(mc, e)
+    if mc.nfree[pool] == 0 and mc.prot_pool[pool] >= mc.members[pool]:
+        return
+    _admit(mc, e, False)
+
+
+@_kernel
+def prefetch(mc, experts):
+    for e in experts:
+        _prefetch_one(mc, e)
+
+
+@_kernel
+def _substitute(mc, layer):
+    """The lowest-id arrived resident of `layer` (no router scores in replay), or -1."""
+    E = mc.cfg[C_E]
+    for e in range(layer * E, (layer + 1) * E):
+        if mc.slot_of[e] >= 0 and not mc.inflight[e]:
+            return e
+    return -1
+
+
+@_kernel
+def _next_layer_prefetch(mc, layer):
+    """semoe.py `prefetch_layer`: the next layer's most used experts (lower id first among
+    equals), within the budget. Uses only grow, so an insertion sort keeps the order cheaply."""
+    nl = (layer + 1) % mc.cfg[C_L]
+    order = mc.next_order[nl]
+    for i in range(1, len(order)):
+        e = order[i]
+        j = i
+        while j > 0 and (mc.count[order[j - 1]] < mc.count[e] or (mc.count[order[j - 1]] == mc.count[e] and order[j - 1] > e)):
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = e
+    for i in range(mc.cfg[C_NEXT_LAYER_BUDGET]):
+        _prefetch_one(mc, order[i])
+
+
+@_kernel
+def route(mc, step, layer, experts):
+    """cache.py `route`: count hits, protect, then serve the misses in routing order."""
+    if mc.reg[R_LIVE] > 0:
+        if mc.cfg[C_KEEPS]:
+            _clear_protection(mc)
+        else:
+            _release(mc)
+    mc.reg[R_STEP] = step
+    mc.reg[R_LAYER] = layer
+    tail, was_absent = mc.tail, mc.was_absent
+    hits = 0
+    late = 0
+    absent = 0
+    ntail = 0
+    for e in experts:
+        if mc.slot_of[e] >= 0:
+            if mc.inflight[e]:
+                late += 1
+            else:
+                hits += 1
+            if mc.unused[e]:
+                mc.unused[e] = False
+                mc.n[N_USED] += 1
+            _protect(mc, e)
+            if absent:
+                tail[ntail] = e
+                was_absent[ntail] = False
+                ntail += 1
+            else:
+                _touch(mc, e, True)
+        else:
+            absent += 1
+            tail[ntail] = e
+            was_absent[ntail] = True
+            ntail += 1
+    mc.n[N_ACCESSES] += len(experts)
+    mc.n[N_HITS] += hits
+    mc.n[N_LATE] += late
+    if absent == 0:
+        return
+    mc.n[N_MISSES] += absent
+    miss = mc.cfg[C_MISS]
+    if miss == CPU:
+        mc.n[N_CPU] += absent
+        for i in range(ntail):
+            if mc.slot_of[tail[i]] >= 0:
+                _touch(mc, tail[i], True)
+        return
+    for i in range(ntail):
+        e = tail[i]
+        if not was_absent[i]:
+            if mc.slot_of[e] >= 0:  # a long prefill may have streamed it out already
+                _touch(mc, e, True)
+            continue
+        if miss == SUBSTITUTE:
+            sub = _substitute(mc, layer)
+            if sub >= 0:
+                mc.n[N_SUBS] += 1
+                _log(mc, LOG_SUBSTITUTE, e, sub, -1)
+                _protect(mc, sub)
+                _touch(mc, sub, True)
+                _prefetch_one(mc, e)  # fetched in the background, else the resident set freezes
+                continue
+        _admit(mc, e, True)
+        _protect(mc, e)
+        _touch(mc, e, True)
+
+
+@_kernel
+def land(mc):
+    """The loads of the event that just ran arrive (replay: at once)."""
+    for i in range(mc.reg[R_ISSUED]):
+        mc.inflight[mc.issued[i]] = False
+    mc.reg[R_ISSUED] = 0
+
+
+@_kernel
+def begin_request(mc, experts):
+    """The loads of `prefetch_request`'s answer, landed."""
+    prefetch(mc, experts)
+    land(mc)
+
+
+@_kernel
+def end_request(mc):
+    _release(mc)
+
+
+@_kernel
+def replay_steps(mc, visit_ptr, visit_experts, first, last):
+    """replay.py's layer loop for steps `first..last-1`: per computed layer `before_layer`
+    (for policies that prefetch per layer) and `route`, every load landing after its event."""
+    L = mc.cfg[C_L]
+    for s in range(first, last):
+        for layer in range(L):
+            v = s * L + layer
+            lo, hi = visit_ptr[v], visit_ptr[v + 1]
+            if lo == hi:
+                continue
+            if mc.cfg[C_NEXT_LAYER_BUDGET] > 0:  # before_layer
+                _release(mc)
+                mc.reg[R_STEP] = s
+                mc.reg[R_LAYER] = layer
+                _next_layer_prefetch(mc, layer)
+                land(mc)
+            route(mc, s, layer, visit_experts[lo:hi])
+            land(mc)
