@@ -102,7 +102,9 @@ def load_prompts(path: Path | str) -> list[CorpusEntry]:
 def save_corpus(prompts: list[CorpusEntry], path: Path | str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as fh:
+    from casmoe.output import atomic_open
+
+    with atomic_open(path, "w", encoding="utf-8") as fh:
         for p in prompts:
             fh.write(json.dumps({"text": p.text, "continuation": p.continuation, "task": p.task,
                                  "split": p.split}, ensure_ascii=False) + "\n")

@@ -69,7 +69,10 @@ class HostStore:
         """Write a safetensors file (`{layer}.{name}` keys) that `open_mmap` maps back."""
         from safetensors.torch import save_file
 
-        save_file({f"{i}.{n}": t.contiguous() for i, row in enumerate(self.layers) for n, t in row.items()}, str(path))
+        from casmoe.output import atomic_path
+
+        with atomic_path(path) as tmp:
+            save_file({f"{i}.{n}": t.contiguous() for i, row in enumerate(self.layers) for n, t in row.items()}, str(tmp))
 
     @classmethod
     def open_mmap(cls, path: str | os.PathLike[str]) -> HostStore:

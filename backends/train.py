@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from casmoe.errors import CasmoeError
+from casmoe.output import write_text
 from casmoe.backends.corpus import HELDOUT, TRAIN, CorpusEntry, load_corpus
 
 VOCAB_SIZE = 4096
@@ -192,5 +193,5 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
         first_loss=round(losses[0], 4), final_loss=round(float(np.mean(losses[-20:])), 4),
         heldout_loss=round(held_loss, 4), heldout_perplexity=round(math.exp(held_loss), 2),
         weights_bytes=(out_dir / "model.safetensors").stat().st_size, settings=asdict(settings))
-    (out_dir / "train.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    write_text(out_dir / "train.json", json.dumps(result.to_dict(), indent=2) + "\n")
     return result

@@ -86,6 +86,12 @@ class Capacity:
     def total(self, geometry: Geometry) -> int:
         return self.slots * geometry.layers if self.per_layer else self.slots
 
+    def clamped(self, geometry: Geometry) -> Capacity:
+        """No more slots than experts to hold (a pool that holds them all gains nothing from
+        more), so a what-if of `--capacity 1000000000000` costs no memory."""
+        most = geometry.experts if self.per_layer else geometry.total_experts
+        return self if self.slots <= most else Capacity(most, self.per_layer)
+
     def describe(self) -> str:
         return f"{self.slots}/layer" if self.per_layer else f"{self.slots} global"
 
@@ -189,6 +195,7 @@ class ExpertCache:
         expert_bytes: Sequence[int] | None = None,
     ) -> None:
         cap = capacity if isinstance(capacity, Capacity) else Capacity(int(capacity))
+        cap = cap.clamped(geometry)
         if cap.slots < geometry.top_k:
             flag = "--capacity" if cap.per_layer else "--global-capacity"
             raise CacheConfigError(
@@ -289,7 +296,7 @@ class ExpertCache:
     # ---- runtime events ------------------------------------------------------------------
 
     def begin_request(self, request: Request) -> list[Load]:
-        return self._prefetch(self.prefetch_request(self.request_view(request)))
+        return self._prefetch(self._expert_ids(self.prefetch_request(self.request_view(request)), "prefetch_request"))
 
     def request_view(self, request: Request) -> Request | RequestStart:
         """What `prefetch_request` sees: oracles the whole request, other policies its prompt."""
@@ -299,7 +306,7 @@ class ExpertCache:
         self._release()
         self._step = step
         self._layer = layer
-        return self._prefetch(self.prefetch_layer(step, layer))
+        return self._prefetch(self._expert_ids(self.prefetch_layer(step, layer), "prefetch_layer"))
 
     def route(self, step: int, layer: int, experts: Sequence[ExpertId], scores: np.ndarray | None = None) -> Access:
         """Account `layer`'s routed experts and return the demand loads its misses need.
@@ -414,6 +421,35 @@ class ExpertCache:
         return CacheStats(**self._n)
 
     # ---- mechanics -----------------------------------------------------------------------
+
+    def _expert_ids(self, experts: Any, hook: str) -> Sequence[ExpertId]:
+        """A prefetch hook's answer, checked once per call (not per access): flat expert ids,
+        ints in [0, L x E). numpy integers are converted; anything else is the policy's bug."""
+        if type(experts) is not list and type(experts) is not tuple:
+            if hasattr(experts, "tolist"):  # a numpy array
+                experts = experts.tolist()
+            else:
+                try:
+                    experts = list(experts)
+                except TypeError:
+                    raise PolicyError(
+                        f"{type(self).__name__}.{hook} must return a list of expert ids, not {type(experts).__name__}"
+                    ) from None
+        if not experts:
+            return experts
+        kinds = set(map(type, experts))
+        if kinds != {int}:
+            if not all(isinstance(e, int) or hasattr(e, "__index__") for e in experts) or bool in kinds:
+                bad = next(e for e in experts if type(e) is not int)
+                raise PolicyError(f"{type(self).__name__}.{hook} returned {bad!r}; expert ids are ints (layer * E + expert)")
+            experts = [int(e) for e in experts]
+        if min(experts) < 0 or max(experts) >= len(self.pool_of):
+            bad = next(e for e in experts if not 0 <= e < len(self.pool_of))
+            raise PolicyError(
+                f"{type(self).__name__}.{hook} returned expert id {bad}, outside [0, {len(self.pool_of)}) "
+                f"({self.geometry.layers} layers x {self.geometry.experts} experts)"
+            )
+        return experts
 
     def _pool(self, layer: int) -> int:
         return layer if self.capacity.per_layer else 0

@@ -17,6 +17,8 @@ from casmoe.errors import CasmoeError
 
 ExpertId = int
 """Flat expert id: `layer * geometry.experts + expert`."""
+MAX_EXPERTS = 2**15 - 1
+"""Experts per layer a trace can name: ids are stored as int16."""
 
 
 class Quant(enum.Enum):
@@ -75,6 +77,8 @@ class Geometry:
             )
         if self.top_k > self.experts:
             raise GeometryError(f"top_k={self.top_k} exceeds experts={self.experts}")
+        if self.experts > MAX_EXPERTS:
+            raise GeometryError(f"experts={self.experts} exceeds {MAX_EXPERTS} (traces store expert ids as int16)")
         if self.hidden < 0 or self.intermediate < 0 or self.shared_experts < 0:
             raise GeometryError("hidden, intermediate and shared_experts must be >= 0")
         if self.layer_expert_bytes and len(self.layer_expert_bytes) != self.layers:

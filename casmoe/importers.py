@@ -31,6 +31,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from casmoe.geometry import Geometry, GeometryError
+from casmoe.machine import check_allocation
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
 
 CSV_COLUMNS = ("turn", "phase", "step", "layer", "slot", "expert", "weight")
@@ -53,11 +54,11 @@ def _parse_header(lines: Iterable[str], where: str) -> tuple[dict[str, str], dic
             except json.JSONDecodeError as exc:
                 raise TraceError(f"{where}: bad '# casmoe {name}=' line: {exc}") from None
             if name == "request":
-                ints = ("turn", "tokens", "prefill", "first_step")
+                ints = ("turn", "tokens", "prefill", "first_step", "rows")
                 if (
                     not isinstance(value, dict)
-                    or not isinstance(value.get("turn"), int)
-                    or not all(isinstance(value.get(n, 0), int) and value.get(n, 0) >= 0 for n in ints)
+                    or type(value.get("turn")) is not int
+                    or not all(type(value.get(n, 0)) is int and value.get(n, 0) >= 0 for n in ints)
                     or not all(isinstance(value.get(n), (str, type(None))) for n in ("prompt", "task"))
                 ):
                     raise TraceError(
@@ -85,13 +86,24 @@ def _csv_geometry(keys: dict[str, str], layer_bytes: dict[int, int], extra: dict
     try:
         if "geometry" in extra:
             return Geometry.from_dict(extra["geometry"])
-        L, E, k = (int(keys[n]) for n in ("n_layer", "n_expert", "n_expert_used"))
-        per_layer = tuple(layer_bytes[i] for i in range(L)) if set(layer_bytes) >= set(range(L)) else ()
+        L, E, k = (_exact_int(keys[n], n, text=True) for n in ("n_layer", "n_expert", "n_expert_used"))
+        complete = len(layer_bytes) >= L and all(i in layer_bytes for i in range(L))
+        per_layer = tuple(layer_bytes[i] for i in range(L)) if complete else ()
         return Geometry(layers=L, experts=E, top_k=k, layer_expert_bytes=per_layer)
     except KeyError as exc:
         raise TraceError(f"{where}: header lacks {exc} (need n_layer, n_expert, n_expert_used)") from None
     except (ValueError, TypeError, GeometryError) as exc:
         raise TraceError(f"{where}: bad geometry in header: {exc}") from None
+
+
+def _exact_int(value: Any, what: str, text: bool = False) -> int:
+    """An integer written as one (16, or "16" in a `text` header), never a float, a boolean or a
+    JSON string that happens to convert."""
+    if text and isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"{what} must be an integer, got {value!r}")
 
 
 def read_route_csv(path: str | Path) -> Trace:
@@ -102,6 +114,15 @@ def read_route_csv(path: str | Path) -> Trace:
     try:
         with open(path, encoding="utf-8") as fh:
             header = [line for line in fh if line.startswith("#")]
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - 1))
+            cut = size > 0 and fh.read(1) != b"\n"
+        if cut:
+            raise TraceError(
+                f"{where}: the last line has no newline, so the file looks cut mid-row; if it is complete, "
+                "end it with a newline"
+            )
         df = pd.read_csv(path, comment="#", skipinitialspace=True)
     except FileNotFoundError:
         raise TraceError(f"{where}: no such file") from None
@@ -134,6 +155,10 @@ def read_route_csv(path: str | Path) -> Trace:
     for turn in sorted(set(turns) | set(declared)):
         sel = np.nonzero(cols["turn"] == turn)[0]
         info = declared.get(turn, {})
+        if "rows" in info and info["rows"] != len(sel):
+            raise TraceError(f"{where}: turn {turn} declares {info['rows']} rows but has {len(sel)}; the file is cut or edited")
+        if not len(sel) and "tokens" not in info:
+            raise TraceError(f"{where}: '# casmoe request=' declares turn {turn} but neither its tokens nor any row")
         rows = {c: v[sel] for c, v in cols.items()}
         requests.append(_csv_request(g, rows, weight[sel], info, f"{where}: turn {turn}"))
     meta = {
@@ -161,6 +186,7 @@ def _csv_request(
         raise TraceError(f"{where}: {T} tokens but only {seen} steps have rows; the step column looks damaged")
     if len(tok) and (tok.min() < 0 or tok.max() >= T):
         raise TraceError(f"{where}: steps outside the declared {T} tokens")
+    check_allocation(T * L * k * 14, f"{where}: {T} tokens x {L} layers x top-{k}")
     cell = (tok * L + cols["layer"]) * k + cols["slot"]  # unique per (token, layer, slot)
     uniq, counts = np.unique(cell, return_counts=True)
     if (counts > 1).any():
@@ -201,14 +227,17 @@ def write_route_csv(trace: Trace, path: str | Path, progress: bool = False) -> N
     meta = {k: v for k, v in trace.meta.items() if k != "arch"}
     lines.append(_CASMOE_LINE + "meta=" + json.dumps(meta))
     for i, r in enumerate(trace.requests):
-        info = {"turn": i, "first_step": 0, "tokens": r.tokens, "prefill": r.prefill}
+        rows = int((r.topk != NOT_COMPUTED).sum())
+        info = {"turn": i, "first_step": 0, "tokens": r.tokens, "prefill": r.prefill, "rows": rows}
         info.update(prompt=r.prompt, task=r.task)
         lines.append(_CASMOE_LINE + "request=" + json.dumps(info))
     lines.append(",".join(CSV_COLUMNS))
     import pandas as pd
     from tqdm import tqdm
 
-    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+    from casmoe.output import atomic_open
+
+    with atomic_open(path, "w", encoding="utf-8", newline="\n") as fh:
         fh.write("\n".join(lines) + "\n")
         for i, r in enumerate(tqdm(trace.requests, desc="export", unit="req", disable=not progress)):
             t, layer, slot = np.nonzero(r.topk != NOT_COMPUTED)  # row-major: step, layer, slot
@@ -415,7 +444,7 @@ def _json_request(entry: Any, E: int, k: int, where: str) -> tuple[Request, int]
     else:
         weights = np.where(computed, 1.0 / k, 0.0)
     prefill = entry.get("prefill", 0)
-    if not isinstance(prefill, int) or not 0 <= prefill <= T:
+    if type(prefill) is not int or not 0 <= prefill <= T:
         raise TraceError(f"{where}: prefill {prefill!r} outside [0, {T}] tokens")
     prompt, task = entry.get("prompt"), entry.get("task")
     for name, v in (("prompt", prompt), ("task", task)):
@@ -437,6 +466,8 @@ def read_json(path: str | Path, key: str | None = None) -> Trace:
         raise TraceError(f"{where}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TraceError(f"{where}: not readable JSON: {exc}") from None
+    except RecursionError:
+        raise TraceError(f"{where}: JSON nested too deeply to be a routing trace") from None
     common: dict[str, Any] = {}
     if isinstance(doc, list):
         entries = [(f"request {i}", e) for i, e in enumerate(doc)]
@@ -462,8 +493,10 @@ def read_json(path: str | Path, key: str | None = None) -> Trace:
     def shape_of(name: str, e: Any) -> tuple[int, int]:
         src = e if isinstance(e, dict) and "num_experts" in e else common
         try:
-            return int(src["num_experts"]), int(src["top_k"])
-        except (KeyError, TypeError, ValueError):
+            return _exact_int(src["num_experts"], "num_experts"), _exact_int(src["top_k"], "top_k")
+        except ValueError as exc:
+            raise TraceError(f"{where}: {name}: {exc}") from None
+        except (KeyError, TypeError):
             raise TraceError(f"{where}: {name}: needs integer num_experts and top_k") from None
 
     shapes = {shape_of(n, e) for n, e in entries}

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from casmoe.output import atomic_open, write_text
+
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
@@ -30,7 +32,7 @@ def print_table(records: Sequence[dict[str, Any]], columns: Sequence[str], title
 
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2))
+    write_text(path, json.dumps(data, indent=2))
 
 
 def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
@@ -39,7 +41,7 @@ def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
     columns: list[str] = []
     for r in records:
         columns.extend(k for k in r if k not in columns)
-    with open(path, "w", newline="") as fh:
+    with atomic_open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=columns)
         w.writeheader()
         for r in records:
@@ -62,8 +64,11 @@ def _pyplot():
 def _save(fig: Any, path: Path, dpi: int = 110) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    _pyplot().close(fig)
+    try:
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, dpi=dpi, format="png")
+    finally:
+        _pyplot().close(fig)
     return path
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
 import zipfile
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -260,22 +259,13 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Validate, then write atomically: an interrupted write leaves the old file intact."""
-        path = Path(path)
+        from casmoe.output import atomic_open, check_file_target
+
+        path = check_file_target(path, "trace")
         self.validate(str(path))
-        if not path.parent.is_dir():
-            raise TraceError(f"{path}: directory {path.parent} does not exist")
         arrays = self._to_arrays()
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez_compressed(fh, **arrays)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_open(path, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
 
     def _to_arrays(self) -> dict[str, np.ndarray]:
         reqs = self.requests
@@ -367,6 +357,8 @@ class Trace:
         if arrival is not None and (arrival.ndim != 1 or len(arrival) != len(prefill) or arrival.dtype.kind != "f"):
             raise TraceError(f"{where}: arrival must be a float array with one time per request")
         g = geometry
+        if topk.ndim != 3:
+            raise TraceError(f"{where}: topk has shape {topk.shape}, expected [tokens, {g.layers}, {g.top_k}]")
         for name, arr, last in (
             ("topk", topk, g.top_k),
             ("weights", weights, g.top_k),
@@ -378,6 +370,9 @@ class Trace:
         for name, arr in (("offsets", offsets), ("prefill", prefill)):
             if not np.issubdtype(arr.dtype, np.integer):
                 raise TraceError(f"{where}: {name} must hold integers, not {arr.dtype}")
+            if arr.size and arr.max() > np.iinfo(np.int64).max // 2:
+                raise TraceError(f"{where}: {name} holds {arr.max()}, far beyond any token count")
+        offsets, prefill = offsets.astype(np.int64), prefill.astype(np.int64)  # signed: a step back is < 0
         info = meta.get("requests", [])
         n = len(prefill) if prefill.ndim == 1 else -1
         counts_agree = offsets.ndim == 1 and len(offsets) == n + 1 and isinstance(info, list) and len(info) == n
@@ -537,6 +532,8 @@ def _arrivals(requests: Sequence[Request], where: str) -> np.ndarray | None:
         i = int(np.nonzero(bad)[0][0])
         raise TraceError(f"{where}: request {i}: arrival {float(times[i])!r} is not a finite time >= 0 seconds")
     return times
+
+
 def _output_ids(arrays: dict[str, np.ndarray], n: int, where: str) -> list[np.ndarray] | None:
     """Per request its output token ids, from the `output_ids` / `output_offsets` pair."""
     ids, offsets = arrays.get("output_ids"), arrays.get("output_offsets")
@@ -548,17 +545,14 @@ def _output_ids(arrays: dict[str, np.ndarray], n: int, where: str) -> list[np.nd
         raise TraceError(f"{where}: output_ids and output_offsets must hold integers")
     if ids.ndim != 1 or offsets.ndim != 1 or len(offsets) != n + 1:
         raise TraceError(f"{where}: output_offsets must hold one entry per request plus one")
+    if offsets.size and offsets.max() > np.iinfo(np.int64).max // 2:
+        raise TraceError(f"{where}: output_offsets hold {offsets.max()}, far beyond any token count")
+    offsets = offsets.astype(np.int64)  # signed: a step back is < 0, not a wrap-around
     if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != len(ids):
         raise TraceError(f"{where}: output_offsets do not partition the {len(ids)} output ids")
     if np.any(ids < 0):
         raise TraceError(f"{where}: negative output token id")
     return [ids[offsets[i]:offsets[i + 1]] for i in range(n)]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _merge(parts: Iterable[Step], requests: tuple[int, ...]) -> Step:

@@ -74,6 +74,11 @@ def expert_bytes_for(trace: Trace, preset: ModelPreset, quant: Quant | None) -> 
     Mixtral but are priced as the preset being simulated)."""
     g = trace.geometry
     if quant is None and g.layer_expert_bytes and g.hidden in (0, preset.geometry.hidden):
+        if min(g.layer_expert_bytes) <= 0:
+            raise SimConfigError(
+                f"the trace records 0 bytes for the experts of layer {g.layer_expert_bytes.index(0)}; pass --quant "
+                f"(bf16, int8, ...) to price experts from the {preset.name} preset instead"
+            )
         return list(trace.geometry.layer_expert_bytes)
     return preset.geometry.bytes_per_layer(quant or Quant.BF16)
 

@@ -17,11 +17,13 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from casmoe.errors import CasmoeError
+from casmoe.output import write_text
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 
@@ -82,6 +84,9 @@ class HardwareProfile:
         unknown = sorted(set(self.sources) - set(numbers))
         if unknown:
             raise HardwareError(f"profile {self.name!r}: [sources] names unknown fields {unknown}")
+        infinite = [n for n in numbers if not math.isfinite(getattr(self, n))]
+        if infinite:
+            raise HardwareError(f"profile {self.name!r}: {', '.join(infinite)} must be finite numbers (not nan or inf)")
         if self.gpus < 1:
             raise HardwareError(f"profile {self.name!r}: gpus must be >= 1")
         positive = ("memory_gib", "dense_tflops", "mem_bw_gbs", "h2d_pinned_gbs", "h2d_pageable_gbs", "p2p_gbs")
@@ -124,15 +129,13 @@ class HardwareProfile:
         return "\n".join(lines) + "\n"
 
     def write(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(self.to_toml())
-        return path
+        return write_text(path, self.to_toml())
 
     @classmethod
     def from_toml(cls, text: str, where: str = "<toml>") -> HardwareProfile:
         try:
             raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, RecursionError) as exc:
             raise HardwareError(f"{where}: not valid TOML: {exc}") from exc
         return cls.from_dict(raw, where)
 
@@ -164,9 +167,11 @@ class HardwareProfile:
     def from_file(cls, path: str | Path) -> HardwareProfile:
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise HardwareError(f"{path}: cannot read hardware profile: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise HardwareError(f"{path}: not a text (UTF-8) TOML file: {exc.reason} at byte {exc.start}") from exc
         return cls.from_toml(text, str(path))
 
     def with_values(self, sources: dict[str, str] | None = None, **values: Any) -> HardwareProfile:

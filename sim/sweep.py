@@ -16,7 +16,11 @@ except ImportError:  # Python 3.10
 import hashlib
 import itertools
 import json
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import multiprocessing
+import os
+import signal
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -24,6 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from casmoe.errors import CasmoeError
 from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
+from casmoe.output import write_text
 from casmoe.policies import PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
 from casmoe.sim.engine import StepPlan, check_geometry, expert_bytes_for, simulate
@@ -244,9 +249,7 @@ def _stored(out: Path, point: Point) -> dict[str, Any] | None:
 def _store(out: Path, point: Point, record: dict[str, Any]) -> None:
     path = out / "points" / f"{point.key()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(path)
+    write_text(path, json.dumps(record))
 
 
 def run_grid(
@@ -281,15 +284,41 @@ def run_grid(
     return [records[p.key()] for p in points], len(todo)
 
 
+def _run_pair(point: Point) -> tuple[Point, dict[str, Any]]:
+    return point, _run_or_skip(point)
+
+
+def _die_with_parent() -> None:
+    """Worker initializer: a sweep that is killed outright (SIGKILL) takes its workers with it,
+    through Linux's parent-death signal or, elsewhere, a thread watching the parent."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None).prctl(1, signal.SIGKILL) == 0:  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before the call
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _run_local(points: Sequence[Point], jobs: int, _: str | None) -> Iterator[tuple[Point, dict[str, Any]]]:
     if jobs <= 1:
         for p in points:
             yield p, _run_or_skip(p)
         return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_run_or_skip, p): p for p in points}
-        for fut in as_completed(futures):
-            yield futures[fut], fut.result()
+    # Pool, not ProcessPoolExecutor: leaving the block for any reason (Ctrl-C, SIGTERM, an
+    # error) terminates the workers instead of waiting for their points.
+    with multiprocessing.Pool(min(jobs, len(points)) or 1, initializer=_die_with_parent) as pool:
+        yield from pool.imap_unordered(_run_pair, points)
 
 
 def _run_ray(points: Sequence[Point], jobs: int, address: str | None) -> Iterator[tuple[Point, dict[str, Any]]]:

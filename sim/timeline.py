@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from casmoe.output import write_text
+
 COMPUTE_TRACK = 0
 LINK_TRACK = 1
 
@@ -51,5 +53,4 @@ class Timeline:
     def write(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_chrome()))
-        return path
+        return write_text(path, json.dumps(self.to_chrome()))

@@ -123,7 +123,7 @@ def test_cli_writes_table_json_csv_and_plots(tmp_path):
     r = CliRunner().invoke(
         app,
         ["lrc", "-t", str(a), "-t", str(b), "--m", "2,4", "--replicates", "20", "--baselines", "lru",
-         "--json", str(out / "lrc.json"), "--csv", str(out / "lrc.csv"), "--plots", str(out)],
+         "--out", str(out / "lrc.json"), "--csv", str(out / "lrc.csv"), "--plots", str(out)],
     )
     assert r.exit_code == 0, r.output
     doc = json.loads((out / "lrc.json").read_text())

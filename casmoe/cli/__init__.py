@@ -1,18 +1,95 @@
-"""`casmoe` command line. Each module registers its subcommands on `app`; errors that users
-can fix (`CasmoeError`, missing files) print one line and exit 2 instead of a traceback."""
+"""`casmoe` command line. Each module registers its subcommands on `app`.
+
+`main` is the one place that turns failures into messages: errors users can fix
+(`CasmoeError`), operating-system errors (disk full, permission, a directory where a file is
+meant) and faults raised inside a user's own policy module print one line and exit 2; SIGTERM
+unwinds like Ctrl-C so that no temporary file is left behind. `CASMOE_DEBUG=1` shows the
+traceback instead.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
 import sys
+import traceback
+from pathlib import Path
+from types import TracebackType
 
 from casmoe.cli import backend, lrc, planner, record, replay, simulate, trace  # noqa: F401  (register commands)
 from casmoe.cli.app import app
 from casmoe.errors import CasmoeError
 
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout (or site-packages folder) holding casmoe, casmoe.sim and casmoe.backends."""
+_STDLIB = Path(os.__file__).resolve().parent
+
+_OS_HINTS = {
+    errno.ENOSPC: "free some space or write somewhere else",
+    errno.EDQUOT: "free some space or write somewhere else",
+    errno.EACCES: "check the permissions or write somewhere else",
+    errno.EROFS: "the file system is read-only; write somewhere else",
+    errno.EISDIR: "give a file name, not a folder",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+}
+
+
+def _os_message(exc: OSError) -> str:
+    what = exc.strerror or str(exc)
+    where = f": {exc.filename}" if exc.filename else ""
+    hint = _OS_HINTS.get(exc.errno or 0)
+    return f"{what}{where}" + (f" ({hint})" if hint else "")
+
+
+def _is_user_code(filename: str) -> bool:
+    """Not casmoe, the standard library or an installed package: a user's own module."""
+    if filename.startswith("<"):
+        return False
+    path = Path(filename).resolve()
+    if "site-packages" in path.parts or "dist-packages" in path.parts or path.is_relative_to(_STDLIB):
+        return False
+    return not any(path.is_relative_to(_PACKAGE_ROOT / part) for part in ("casmoe", "sim", "backends"))
+
+
+def _user_frame(tb: TracebackType | None) -> str | None:
+    """`file:line in function` of the innermost frame in a user's own code, or None when the
+    fault is not theirs (then the traceback is casmoe's bug and is shown)."""
+    found = None
+    for frame, line in traceback.walk_tb(tb):
+        if _is_user_code(frame.f_code.co_filename):
+            found = f"{Path(frame.f_code.co_filename).name}:{line} in {frame.f_code.co_name}"
+    return found
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds: finally blocks remove temporary files
+
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
+    debug = os.environ.get("CASMOE_DEBUG", "") not in ("", "0")
     try:
         app()
-    except (CasmoeError, FileNotFoundError) as exc:
-        print(f"casmoe: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    except CasmoeError as exc:
+        if debug:
+            raise
+        _fail(str(exc))
+    except OSError as exc:
+        if debug:
+            raise
+        _fail(_os_message(exc))
+    except MemoryError:
+        if debug:
+            raise
+        _fail("out of memory; use a smaller input (--requests, fewer policies or capacities) or a bigger machine")
+    except Exception as exc:
+        where = _user_frame(exc.__traceback__)
+        if debug or where is None:
+            raise
+        _fail(f"your code raised {type(exc).__name__}: {exc} (at {where}; CASMOE_DEBUG=1 shows the traceback)")
+
+
+def _fail(message: str) -> None:
+    print(f"casmoe: error: {message}", file=sys.stderr)
+    sys.exit(2)

@@ -32,8 +32,19 @@ def _setup(model: str, devices: list[str], threads: int, link_gbps: Optional[flo
     from casmoe.backends.copier import EmulatedLink
     from casmoe.backends.runtime import OffloadedModel
 
-    if threads > 0:
-        torch.set_num_threads(threads)
+    from casmoe.machine import default_threads
+    from casmoe.output import check_file_target
+
+    for d in devices:
+        try:
+            kind = torch.device(d).type
+        except RuntimeError:
+            raise BenchInputError(f"--device {d!r} is not a torch device; write cpu, cuda or cuda:N") from None
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise BenchInputError(f"--device {d}: torch sees no CUDA GPU on this machine; use --device cpu")
+    if mmap is not None:
+        check_file_target(mmap, "--mmap")
+    torch.set_num_threads(threads if threads > 0 else default_threads())
     if link_gbps is not None and link_gbps <= 0:
         raise BenchInputError("--link-gbps must be > 0")
     if dtype not in DTYPES:
@@ -74,7 +85,7 @@ def _progress(total: int, desc: str) -> Any:
 MODEL = typer.Option(..., "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a local model folder.")
 PROMPTS = typer.Option(None, "--prompts", help="JSONL corpus rows or one prompt per line (default: held-out corpus).")
 DEVICE = typer.Option(None, "--device", help="Device for a share of the layers (repeat to split: cpu, cuda:0, ...).")
-THREADS = typer.Option(0, help="torch CPU threads (0: torch's default).")
+THREADS = typer.Option(0, help="torch CPU threads (0: the cores not already busy, by the 1-minute load average).")
 DTYPE = typer.Option("float32", help="Weights' dtype: float32 (CPU), bfloat16 or float16 (GPU).")
 
 
@@ -163,7 +174,9 @@ def calibrate(
     """Measure this machine (compute, copy bandwidth and per-copy cost) running MODEL and write a
     hardware profile that `casmoe simulate --hardware FILE` reads."""
     from casmoe.backends.calibrate import calibrate as measure
+    from casmoe.output import check_file_target
 
+    check_file_target(out, "--out")
     om, tokenizer = _setup(model, (device or [])[:1], threads, link_gbps, link_latency_us, None, dtype)
     reqs = _prompts(tokenizer, prompts, num_prompts, 32)
     from casmoe.backends.copier import responsive_copies

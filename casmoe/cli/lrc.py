@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -53,7 +54,8 @@ def lrc(
     confidence: float = typer.Option(0.95, help="Confidence of the basic bootstrap interval."),
     seed: int = typer.Option(0, help="Seed of the bootstrap's random generator."),
     layers: bool = typer.Option(False, "--layers", help="Print per-layer rows too (files always have them)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write everything (full curves) as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print everything (full curves) as JSON instead of tables."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write everything (full curves) to this JSON file."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write the table as CSV (baselines to *-baselines.csv)."),
     plots: Optional[Path] = typer.Option(None, help="Directory for PNG plots: sch.png, srp.png, layers.png."),
 ) -> None:
@@ -67,8 +69,14 @@ def lrc(
     from casmoe.metrics.lrc import measure, work_units
     from casmoe.metrics.tokens import TokenSelection
     from casmoe.policies import get_policy
+    from casmoe.output import check_dir_target, check_file_target
     from casmoe.report import plot_lrc_layers, plot_lrc_sch, plot_lrc_srp, print_table, write_csv, write_json
 
+    for path, what in ((out, "--out"), (csv_out, "--csv")):
+        if path is not None:
+            check_file_target(path, what, create_parent=True)
+    if plots is not None:
+        check_dir_target(plots, "--plots")
     ms = _ints(m, "--m")
     rhos = _floats(rho, "--rho")
     try:
@@ -85,7 +93,7 @@ def lrc(
             labels[i] = f"{name}[{i}]"
     total = sum(work_units(tr, ms, rhos, policies, selection) for _, tr in loaded)
     results = []
-    with tqdm(total=total, desc="lrc", unit="tok", leave=False) as bar:
+    with tqdm(total=total, desc="lrc", unit="tok", leave=False, disable=as_json) as bar:
         for label, (_, tr) in zip(labels, loaded):
             results.append(
                 measure(
@@ -94,14 +102,19 @@ def lrc(
                 )
             )
     records = [r for res in results for r in res.records(rhos)]
-    shown = records if layers else [r for r in records if r["level"] == "model"]
-    cols = ["trace", "m", "level", "srp", "srp_lower", "srp_upper", "preds_per_active"] + [f"sch@{x:g}" for x in rhos]
-    print_table(shown, cols, title="Local routing consistency (SCH at rho = C / active experts)")
     base = [r for res in results for r in res.baseline_records()]
-    if base:
-        print_table(base, ["trace", "policy", "level", "rho", "slots", "hit_rate"] + [f"sch_m{x}" for x in ms], title="Baselines (replayed, warm hit rate)")
-    if json_out:
-        write_json(json_out, [res.to_dict() for res in results])
+    everything = [res.to_dict() for res in results]
+    if as_json:
+        typer.echo(json.dumps(everything, indent=2))
+    else:
+        shown = records if layers else [r for r in records if r["level"] == "model"]
+        cols = ["trace", "m", "level", "srp", "srp_lower", "srp_upper", "preds_per_active"] + [f"sch@{x:g}" for x in rhos]
+        print_table(shown, cols, title="Local routing consistency (SCH at rho = C / active experts)")
+        if base:
+            print_table(base, ["trace", "policy", "level", "rho", "slots", "hit_rate"] + [f"sch_m{x}" for x in ms],
+                        title="Baselines (replayed, warm hit rate)")
+    if out:
+        write_json(out, everything)
     if csv_out:
         write_csv(csv_out, records)
         if base:
@@ -111,4 +124,5 @@ def lrc(
         plot_lrc_sch(plots / "sch.png", results)
         plot_lrc_srp(plots / "srp.png", results)
         plot_lrc_layers(plots / "layers.png", results)
-        typer.echo(f"plots written to {plots}")
+        if not as_json:
+            typer.echo(f"plots written to {plots}")

@@ -45,8 +45,10 @@ def fit(
     seed: int = typer.Option(_D.seed, help="Seed for the predictor's initialisation, dropout and batches."),
 ) -> None:
     """Fit matcher and predictor on a trace's prompts and write the planner folder."""
+    from casmoe.output import check_dir_target
     from casmoe.planner import fit_planner
 
+    check_dir_target(out, "--out")
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     cfg = PlannerConfig(
         epsilon=epsilon,
@@ -78,8 +80,12 @@ def evaluate(
 ) -> None:
     """Score the planner (eam, eap, cascade) and baselines on the trace's held-out requests."""
     from casmoe.planner import load_planner
+    from casmoe.output import check_file_target
     from casmoe.planner.evaluate import evaluate as run_eval
 
+    for path, what in ((curve, "--curve"), (plot, "--plot")):
+        if path is not None:
+            check_file_target(path, what, create_parent=True)
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json)
     result = ev.to_dict()

@@ -61,6 +61,9 @@ def record(
         raise CasmoeError(f"--decode must be one of {', '.join(modes)}, not {decode!r}")
     if dtype is not None and dtype not in DTYPES:
         raise CasmoeError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    from casmoe.output import check_file_target
+
+    check_file_target(out, "--out")
     if threads > 0:
         torch.set_num_threads(threads)
     rows = load_prompts(prompts)

@@ -103,6 +103,11 @@ def simulate(
     from casmoe.sim.timeline import Timeline
     from casmoe.trace import Trace
 
+    from casmoe.output import check_dir_target, check_file_target
+
+    check_dir_target(out, "--out")
+    if timeline is not None:
+        check_file_target(timeline, "--timeline", create_parent=True)
     path = trace or shipped(DEFAULT_TRACE)
     tr = Trace.load(path)
     if requests is None:
@@ -197,6 +202,9 @@ def sweep(
     from casmoe.options import CapacitySpec, capacity_specs
     from casmoe.sim.sweep import Grid, run_grid
 
+    from casmoe.output import check_dir_target
+
+    check_dir_target(out, "--out")
     grid = Grid.from_toml(config) if config else Grid([], [], [], [], [])
     if trace:
         grid.traces += [str(t) for t in trace]

@@ -64,8 +64,10 @@ def synth(
     seed: int = typer.Option(0, help="Seed of the numpy Generator."),
 ) -> None:
     """Generate a synthetic trace with task-labelled prompts (see casmoe.synthetic for the model)."""
+    from casmoe.output import check_file_target
     from casmoe.synthetic import SynthConfig, generate
 
+    check_file_target(out, "trace")
     geometry = _geometry(model, layers, experts, top_k)
     cfg = SynthConfig(
         requests=requests,
@@ -145,7 +147,9 @@ def import_(
 ) -> None:
     """Convert an external routing trace into casmoe's .npz format."""
     from casmoe.importers import import_trace
+    from casmoe.output import check_file_target
 
+    check_file_target(out, "--out")
     tr = import_trace(
         sources, fmt, key=key, kind=kind, num_experts=num_experts, top_k=top_k, prefill=prefill, keep_logits=keep_logits
     )
@@ -164,8 +168,10 @@ def export(
 ) -> None:
     """Write a trace as the long routing CSV (one row per routed expert; imports back)."""
     from casmoe.importers import write_route_csv
+    from casmoe.output import check_file_target
     from casmoe.trace import Trace
 
+    check_file_target(out, "CSV")
     tr = Trace.load(trace)
     write_route_csv(tr, out, progress=True)
     typer.echo(f"wrote {out}: {len(tr.requests)} turns, {tr.tokens} tokens")

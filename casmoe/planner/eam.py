@@ -89,8 +89,12 @@ class Matcher:
         return self.patterns[labels].mean(axis=1), 1.0 - dist[:, 0]
 
     def save(self, folder: Path) -> None:
-        self.index.save_index(str(folder / "eam.index"))
-        np.save(folder / "eam_patterns.npy", self.patterns, allow_pickle=False)
+        from casmoe.output import atomic_open, atomic_path
+
+        with atomic_path(folder / "eam.index") as tmp:
+            self.index.save_index(str(tmp))
+        with atomic_open(folder / "eam_patterns.npy", "wb") as fh:
+            np.save(fh, self.patterns, allow_pickle=False)
 
     @classmethod
     def load(cls, folder: Path, neighbours: int) -> Matcher:

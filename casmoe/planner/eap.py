@@ -110,7 +110,10 @@ class EAP:
 
         tensors = {k: v.detach().contiguous() for k, v in self.net.state_dict().items()}
         tensors["vocab_ids"] = torch.from_numpy(self.vocab_ids.astype(np.int64))
-        save_file(tensors, str(path))
+        from casmoe.output import atomic_path
+
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp))
 
     @classmethod
     def load(cls, path: Path, cfg: EAPConfig, moe_layers: int, experts: int) -> EAP:

@@ -205,7 +205,9 @@ class Planner:
             "geometry": self.geometry.to_dict(),
             "config": self.config.to_dict(),
         }
-        (folder / "planner.json").write_text(json.dumps(meta, indent=2))
+        from casmoe.output import write_text
+
+        write_text(folder / "planner.json", json.dumps(meta, indent=2))  # last: marks the folder complete
 
 
 def fit_planner(trace: Trace, config: PlannerConfig = PlannerConfig(), progress: bool = False) -> Planner:
@@ -232,18 +234,23 @@ def load_planner(path: str | Path) -> Planner:
     from casmoe.planner.eap import EAP
 
     folder = Path(path)
+    if not folder.is_dir():
+        raise PlannerError(f"{folder}: not a planner folder; write one with casmoe planner fit --out {folder}")
     try:
         meta = json.loads((folder / "planner.json").read_text())
     except FileNotFoundError:
         raise PlannerError(
             f"{folder}: not a planner folder (no planner.json); write one with casmoe planner fit"
         ) from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise PlannerError(f"{folder}/planner.json is not valid JSON: {exc}") from exc
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise PlannerError(f"{folder}: not a {FORMAT} v{VERSION} folder")
-    geometry = Geometry.from_dict(meta["geometry"])
-    config = PlannerConfig.from_dict(meta["config"])
+    geometry = Geometry.from_dict(meta.get("geometry"))
+    try:
+        config = PlannerConfig.from_dict(meta["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlannerError(f"{folder}/planner.json: bad config: {exc}") from exc
     for name in ("eam.index", "eam_patterns.npy", "eap.safetensors"):
         if not (folder / name).exists():
             raise PlannerError(f"{folder}: missing {name}")

@@ -44,12 +44,18 @@ def get_policy(spec: str) -> type[ExpertCache]:
             f"unknown policy {spec!r}; built-in: {', '.join(POLICIES)}; or give your own as package.module:ClassName"
         )
     module_name, _, attr = spec.partition(":")
+    if not module_name or not attr.isidentifier():
+        raise PolicyNotFound(f"bad policy {spec!r}; write package.module:ClassName")
     if os.getcwd() not in sys.path:  # like uvicorn's --app-dir: users' modules beside them import
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise PolicyNotFound(f"cannot import {module_name!r} for policy {spec!r}: {exc}") from exc
+    except SyntaxError as exc:
+        raise PolicyNotFound(f"policy module {module_name!r} has a syntax error: {exc}") from exc
+    except Exception as exc:  # the module's own code failed while it was imported
+        raise PolicyNotFound(f"importing {module_name!r} for policy {spec!r} raised {type(exc).__name__}: {exc}") from exc
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, ExpertCache)):
         raise PolicyNotFound(f"{spec!r} is not an ExpertCache subclass")

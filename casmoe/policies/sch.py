@@ -13,7 +13,7 @@ except where moe-lrc would evict an expert the running layer uses.
 
 from __future__ import annotations
 
-from casmoe.cache import ExpertCache
+from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
 
 
@@ -24,7 +24,7 @@ class SCH(ExpertCache):
     def __init__(self, *args, m: int = 16, **kw) -> None:
         super().__init__(*args, **kw)
         if m < 1:
-            raise ValueError("sch lookahead m must be >= 1 token")
+            raise CacheConfigError(f"sch lookahead m must be >= 1 token, got {m}")
         self.m = m
         self._last: dict[ExpertId, int] = {}
         self._tick = 0

@@ -7,6 +7,7 @@ build the cache they name with whatever the runtime knows (`trace`, `miss_mode`,
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -16,7 +17,41 @@ from casmoe.errors import CasmoeError
 
 
 class PolicySpecError(CasmoeError, ValueError):
-    """A policy spec that does not parse."""
+    """A policy spec that does not parse, or options its policy does not take."""
+
+
+_RUNTIME_ARGS = {"self", "cls", "geometry", "capacity", "miss_mode", "expert_bytes", "trace"}
+"""Constructor arguments the runtime fills in; the rest are the policy's options."""
+_SIMPLE_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _matches(value: Any, annotation: str) -> bool:
+    """Whether `value` fits an annotation made of int, float, bool, str and None; True for
+    annotations this check cannot read (the constructor then judges)."""
+    parts = [p.strip() for p in annotation.split("|")]
+    if not annotation or any(p not in _SIMPLE_TYPES and p != "None" for p in parts):
+        return True
+    if value is None:
+        return "None" in parts
+    kinds = tuple(k for p in parts if p in _SIMPLE_TYPES for k in _SIMPLE_TYPES[p])
+    return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
+
+
+def policy_options(cls: type[ExpertCache]) -> dict[str, str]:
+    """Option name -> annotation (as written) that `cls.create` and the `__init__`s of its
+    class chain accept, so that a misspelt or mistyped option fails before any work."""
+    options: dict[str, str] = {}
+    for klass in cls.__mro__:
+        for attr in ("create", "__init__"):
+            fn = klass.__dict__.get(attr)
+            fn = getattr(fn, "__func__", fn)
+            if fn is None or not callable(fn):
+                continue
+            for p in inspect.signature(fn).parameters.values():
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in _RUNTIME_ARGS:
+                    ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+                    options.setdefault(p.name, "" if ann is p.empty else str(ann))
+    return options
 
 
 def _value(text: str) -> Any:
@@ -63,9 +98,21 @@ class PolicySpec:
 
         return get_policy(self.name)
 
+    def check(self) -> type[ExpertCache]:
+        """The policy class, once its options are known to it and of the annotated type."""
+        cls = self.cls
+        accepted = policy_options(cls)
+        for key, value in self.options:
+            if key not in accepted:
+                takes = ", ".join(f"{k} ({v})" if v else k for k, v in accepted.items()) or "no options"
+                raise PolicySpecError(f"policy {self.name} has no option {key!r}; it takes {takes}")
+            if not _matches(value, accepted[key]):
+                raise PolicySpecError(f"policy {self.name}: option {key} must be {accepted[key]}, got {value!r}")
+        return cls
+
     def create(self, geometry, capacity, **runtime: Any) -> ExpertCache:
         """The cache this spec names; `runtime` carries `trace`, `miss_mode`, `expert_bytes`."""
-        return self.cls.create(geometry, capacity, **runtime, **dict(self.options))
+        return self.check().create(geometry, capacity, **runtime, **dict(self.options))
 
 
 def default_policies(names: Iterable[str], planner: str | None = None) -> list[PolicySpec]:
@@ -93,5 +140,5 @@ def parse_policies(texts: Iterable[str] | None, registered: Iterable[str], plann
         # a bare `casmoe` is the planner when one is given, else the two oracle brackets
         specs += default_policies(["casmoe"], planner) if spec == PolicySpec("casmoe") else [spec]
     for s in specs:
-        s.cls  # noqa: B018  (an unknown name fails here, before any work)
+        s.check()  # an unknown name or option fails here, before any work
     return specs

@@ -46,7 +46,13 @@ class Static(LRU):
             profile = Trace.load(profile)
         source = profile if profile is not None else trace
         if source is None:
-            raise CacheConfigError("static needs a profile trace (--profile-trace) to rank experts")
+            raise CacheConfigError("static needs a profile trace (static[profile=FILE.npz]) to rank experts")
+        shape = (source.geometry.layers, source.geometry.experts)
+        if shape != (geometry.layers, geometry.experts):
+            raise CacheConfigError(
+                f"static profile has {shape[0]} layers x {shape[1]} experts, the run {geometry.layers} x "
+                f"{geometry.experts}; profile a trace of the same model"
+            )
         return cls(geometry, capacity, popularity=source.popularity().ravel(), **kw)
 
     def victim(self, layer: int, candidates) -> ExpertId:

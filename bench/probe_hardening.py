@@ -1,0 +1,434 @@
+"""Probe the CLI as a hostile user would: the 14 traceback classes and 6 silent-wrong classes of
+issue 14, each with one or more concrete inputs. Prints one row per probe and the counts.
+
+    python bench/probe_hardening.py            # all probes (~2 min on 2 cores)
+    python bench/probe_hardening.py --skip-slow  # without the recording and kill probes
+
+A probe of a *traceback* class passes when casmoe exits 2 with one `casmoe: error:` line and no
+traceback (and leaves no partial file). A probe of a *silent-wrong* class passes when casmoe
+refuses the input (exit 2, one line) or, for the kill probes, leaves no partial output.
+Every run is capped at 4 GiB of address space, so a would-be MemoryError shows in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "traces" / "tiny-mixtral.npz"
+MEM_CAP = 4 * 2**30
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEM_CAP, MEM_CAP))
+    os.setsid()
+
+
+def run(args: list[str], cwd: Path, timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(cwd), **(env or {})}
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "casmoe", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+            env=full_env, preexec_fn=_limits,
+        )
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(args, 124, exc.stdout or "", (exc.stderr or "") + "\n[timeout]")
+
+
+@dataclass
+class Probe:
+    klass: str  # "traceback: ..." or "silent: ..."
+    name: str
+    args: list[str] = field(default_factory=list)
+    setup: Callable[[Path], None] | None = None
+    check: Callable[[subprocess.CompletedProcess, Path], str] | None = None  # "" = passed, else what went wrong
+    slow: bool = False
+
+
+def one_line_error(p: subprocess.CompletedProcess, _: Path) -> str:
+    err = p.stderr.strip().splitlines()
+    if "Traceback" in p.stderr or p.returncode not in (0, 2):
+        last = err[-1] if err else ""
+        return f"traceback/exit {p.returncode}: {last[:90]}"
+    if p.returncode == 0:
+        return "accepted (exit 0)"
+    errors = [ln for ln in err if ln.startswith("casmoe: error:")]
+    if len(errors) != 1:
+        return f"exit 2 but {len(errors)} error lines"
+    return ""
+
+
+def refused(p: subprocess.CompletedProcess, d: Path) -> str:
+    return one_line_error(p, d)
+
+
+def no_traceback(p: subprocess.CompletedProcess, d: Path) -> str:
+    """Either answer is fine (a huge cache holds every expert); a traceback or a crash is not."""
+    bad = one_line_error(p, d)
+    return "" if bad == "accepted (exit 0)" else bad
+
+
+def no_tmp_left(check: Callable) -> Callable:
+    def inner(p: subprocess.CompletedProcess, d: Path) -> str:
+        bad = check(p, d)
+        orphans = [f.name for f in d.rglob("*.tmp")] + [f.name for f in d.rglob(".*.tmp*")]
+        return bad or (f"left {orphans[:3]}" if orphans else "")
+
+    return inner
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+
+def write(rel: str, text: str | bytes) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        p = d / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        (p.write_bytes if isinstance(text, bytes) else p.write_text)(text)
+
+    return setup
+
+
+def chain(*fns: Callable[[Path], None]) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        for f in fns:
+            f(d)
+
+    return setup
+
+
+def user_policy(body: str) -> Callable[[Path], None]:
+    return write("userpol.py", "from casmoe.policies.lru import LRU\n\nclass P(LRU):\n    name = 'p'\n" + body)
+
+
+def hardware(**changes: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        text = (REPO / "sim" / "profiles" / "rtx4090x4.toml").read_text()
+        lines = []
+        for ln in text.splitlines():
+            key = ln.split("=", 1)[0].strip()
+            if key in changes and not ln.startswith("[") and "sources" not in ln and lines.count("[sources]") == 0:
+                ln = f"{key} = {changes[key]}"
+            lines.append(ln)
+        (d / "hw.toml").write_text("\n".join(lines) + "\n")
+
+    return setup
+
+
+def small_trace(d: Path, name: str = "t.npz", hidden: int = 0, **arrays) -> None:
+    from casmoe.geometry import Geometry
+    from casmoe.synthetic import SynthConfig, generate
+
+    g = Geometry(4, 8, 2, hidden=hidden, intermediate=hidden)
+    tr = generate(g, SynthConfig(requests=3, prefill=(2, 4), decode=(3, 5), seed=0))
+    tr.meta.pop("model_preset", None)
+    tr.save(d / name)
+    if arrays:
+        with np.load(d / name) as npz:
+            data = {k: npz[k] for k in npz.files}
+        data.update(arrays)
+        np.savez(d / name, **data)
+
+
+def npz_meta(d: Path, change: Callable[[dict], None], name: str = "t.npz") -> None:
+    small_trace(d, name)
+    with np.load(d / name) as npz:
+        data = {k: npz[k] for k in npz.files}
+    meta = json.loads(data["meta"].tobytes())
+    change(meta)
+    data["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(d / name, **data)
+
+
+def csv_text(n_layer: str = "2", rows: str = "0,1,0,0,0,1,0.5\n0,1,0,0,1,2,0.5\n0,1,0,1,0,3,0.5\n0,1,0,1,1,0,0.5\n",
+             extra: str = "") -> str:
+    return (f"# route_trace v1\n# model=x n_layer={n_layer} n_expert=4 n_expert_used=2\n{extra}"
+            "turn,phase,step,layer,slot,expert,weight\n" + rows)
+
+
+def json_trace(**top) -> str:
+    doc = {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1], [2, 3]]]}]}
+    doc.update(top)
+    return json.dumps(doc)
+
+
+def uint64_offsets(d: Path) -> None:
+    """Two requests whose offsets [0, n + 5, n] go backwards; stored as uint64 the difference
+    wraps to a huge positive number instead of a negative one."""
+    small_trace(d)
+    with np.load(d / "t.npz") as npz:
+        data = {k: npz[k] for k in npz.files}
+    n = len(data["topk"])
+    data["offsets"] = np.array([0, n + 5, n], dtype=np.uint64)
+    data["prefill"] = np.array([1, 0], dtype=np.int64)
+    meta = json.loads(data["meta"].tobytes())
+    meta["requests"] = meta["requests"][:2]
+    data["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(d / "t.npz", **data)
+
+
+def zero_bytes_trace(d: Path) -> None:
+    """Mixtral's routing shape with every expert size recorded as 0 bytes."""
+    from casmoe.trace import Trace
+
+    tr = Trace.load(TRACE).subset(range(2))
+    g = tr.geometry
+    from dataclasses import replace
+
+    tr.geometry = replace(g, hidden=0, intermediate=0, layer_expert_bytes=(0,) * g.layers)
+    tr.save(d / "t.npz")
+
+
+def check_partial_csv(p: subprocess.CompletedProcess, d: Path) -> str:
+    if (d / "out.csv").exists():
+        reimport = run(["trace", "import", str(d / "out.csv"), "-o", str(d / "back.npz")], d)
+        return f"partial out.csv left at the final path (re-import exit {reimport.returncode})"
+    return ""
+
+
+def kill_export(d: Path) -> subprocess.CompletedProcess:
+    """Start `trace export` of the big shipped trace and SIGKILL it mid-write."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "casmoe", "trace", "export", str(REPO / "traces" / "tiny-olmoe.npz"), str(d / "out.csv")],
+        cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_limits,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(d.glob("*out.csv*")):
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def kill_sweep(d: Path) -> subprocess.CompletedProcess:
+    """SIGKILL a sweep's main process; its workers must not outlive it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "casmoe", "sweep", "--trace", str(TRACE), "--requests", "40", "--policy", "lru",
+         "--policy", "belady", "--policy", "lfu", "--capacity", "2", "--capacity", "3", "--capacity", "4",
+         "--jobs", "2", "--out", str(d / "sw")],
+        cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    kids: list[str] = []
+    deadline = time.time() + 60
+    while time.time() < deadline and len(kids) < 2:
+        time.sleep(0.5)
+        kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    time.sleep(2.0)  # the workers are busy with points
+    if not kids:
+        proc.kill()
+        return subprocess.CompletedProcess(proc.args, 1, "", "setup: the sweep started no workers")
+    proc.kill()
+    proc.wait()
+    time.sleep(3.0)
+    alive = [k for k in kids if Path(f"/proc/{k}").exists()
+             and "zombie" not in Path(f"/proc/{k}/status").read_text().lower()]
+    for k in alive:
+        os.kill(int(k), signal.SIGKILL)
+    return subprocess.CompletedProcess(proc.args, 0 if not alive else 1, "", f"{len(alive)} of {len(kids)} workers alive")
+
+
+# ---- the probes ------------------------------------------------------------------------------
+
+T = ["--trace", str(TRACE)]
+TB = "traceback"
+SW = "silent"
+
+
+def probes() -> list[Probe]:
+    sim = ["simulate", *T, "--requests", "2", "--out", "o"]
+    rep = ["replay", *T]
+    return [
+        # 1. policy options passed unchecked to constructors
+        Probe(f"{TB} 1 policy options", "lru[foo=1]", rep + ["--policy", "lru[foo=1]"]),
+        Probe(f"{TB} 1 policy options", "sch[m=0]", rep + ["--policy", "sch[m=0]"]),
+        Probe(f"{TB} 1 policy options", "static[profile=other shape]", rep + ["--policy", "static[profile=o.npz]"],
+              setup=lambda d: small_trace(d, "o.npz")),
+        Probe(f"{TB} 1 policy options", "casmoe[noise=abc]", rep + ["--policy", "casmoe[predictor=noisy,noise=abc]"]),
+        # 2. user-policy faults
+        Probe(f"{TB} 2 user policy", "prefetch out of range", rep + ["--policy", "userpol:P"],
+              setup=user_policy("    def prefetch_layer(self, step, layer):\n        return [10**6]\n")),
+        Probe(f"{TB} 2 user policy", "module raises on import", rep + ["--policy", "userpol:P"],
+              setup=write("userpol.py", "raise RuntimeError('boom')\n")),
+        Probe(f"{TB} 2 user policy", "SyntaxError", rep + ["--policy", "userpol:P"], setup=write("userpol.py", "def (:\n")),
+        Probe(f"{TB} 2 user policy", "':X' spec", rep + ["--policy", ":X"]),
+        Probe(f"{TB} 2 user policy", "victim raises", rep + ["--policy", "userpol:P", "--capacity", "2"],
+              setup=user_policy("    def victim(self, layer, candidates):\n        raise KeyError('no')\n")),
+        Probe(f"{TB} 2 user policy", "prefetch returns None", rep + ["--policy", "userpol:P"],
+              setup=user_policy("    def prefetch_layer(self, step, layer):\n        return None\n")),
+        Probe(f"{TB} 2 user policy", "float ids", rep + ["--policy", "userpol:P"],
+              setup=user_policy("    def prefetch_layer(self, step, layer):\n        return [1.5]\n")),
+        Probe(f"{TB} 2 user policy", "victim returns a non-candidate", rep + ["--policy", "userpol:P", "--capacity", "2"],
+              setup=user_policy("    def victim(self, layer, candidates):\n        return 'x'\n")),
+        # 3. --planner FILE
+        Probe(f"{TB} 3 planner file", "--planner FILE", rep + ["--policy", "casmoe", "--planner", "f.txt"],
+              setup=write("f.txt", "x")),
+        # 4. hardware TOML
+        Probe(f"{TB} 4 hardware TOML", "memory nan", sim + ["--hardware", "hw.toml"], setup=hardware(memory_gib="nan")),
+        Probe(f"{TB} 4 hardware TOML", "memory inf", sim + ["--hardware", "hw.toml"], setup=hardware(memory_gib="inf")),
+        Probe(f"{TB} 4 hardware TOML", "non-UTF-8 bytes", sim + ["--hardware", "hw.toml"],
+              setup=write("hw.toml", b"name = \"\xff\xfe\"\n")),
+        # 5. zero expert bytes
+        Probe(f"{TB} 5 zero expert bytes", "simulate a trace of 0-byte experts",
+              ["simulate", "--trace", "t.npz", "--out", "o"], setup=zero_bytes_trace),
+        Probe(f"{TB} 5 zero expert bytes", "24GB on a trace without sizes",
+              ["replay", "--trace", "t.npz", "--capacity", "24GB"], setup=lambda d: small_trace(d)),
+        # 6. huge sizes
+        Probe(f"{TB} 6 huge sizes", "--capacity 1e12", rep + ["--policy", "lru", "--capacity", "1000000000000"],
+              check=no_traceback),
+        Probe(f"{TB} 6 huge sizes", "simulate --capacity 1e12", sim + ["--policy", "lru", "--capacity", "1000000000000"],
+              check=no_traceback),
+        Probe(f"{TB} 6 huge sizes", "CSV n_layer=99999999999", ["trace", "import", "x.csv", "-o", "x.npz"],
+              setup=write("x.csv", csv_text(n_layer="99999999999"))),
+        Probe(f"{TB} 6 huge sizes", "JSON num_experts 1e12", ["trace", "import", "x.json", "-o", "x.npz"],
+              setup=write("x.json", json_trace(num_experts=10**12))),
+        Probe(f"{TB} 6 huge sizes", "metadata experts=1e9", ["replay", "--trace", "t.npz", "--policy", "lru"],
+              setup=lambda d: npz_meta(d, lambda m: m["geometry"].update(experts=10**9))),
+        Probe(f"{TB} 6 huge sizes", "CSV step 1e10", ["trace", "import", "x.csv", "-o", "x.npz"],
+              setup=write("x.csv", csv_text(rows="0,1,9999999999,0,0,1,0.5\n"))),
+        # 7. JSON Infinity / deep nesting
+        Probe(f"{TB} 7 JSON numbers", "Infinity", ["trace", "import", "x.json", "-o", "x.npz"],
+              setup=write("x.json", json_trace().replace('"top_k": 2', '"top_k": Infinity'))),
+        Probe(f"{TB} 8 JSON nesting", "deep nesting", ["trace", "import", "x.json", "-o", "x.npz"],
+              setup=write("x.json", "[" * 100000 + "]" * 100000)),
+        # 9. simulate --out EXISTING_FILE
+        Probe(f"{TB} 9 output paths", "simulate --out FILE", sim + ["--policy", "lru", "--capacity", "4"],
+              setup=write("o", "i am a file")),
+        # 10. trace synth DIR / export DIR
+        Probe(f"{TB} 10 output is a dir", "trace synth DIR", ["trace", "synth", "adir", "--requests", "2"],
+              setup=lambda d: (d / "adir").mkdir()),
+        Probe(f"{TB} 10 output is a dir", "trace export DIR", ["trace", "export", str(TRACE), "adir"],
+              setup=lambda d: (d / "adir").mkdir()),
+        # 11. bench --mmap nodir/x, --device nope
+        Probe(f"{TB} 11 bench paths", "bench --mmap nodir/x",
+              ["bench", "--model", "tiny-mixtral", "--num-prompts", "1", "--max-new-tokens", "2", "--mmap", "nodir/x",
+               "--threads", "1"], slow=True),
+        Probe(f"{TB} 12 bench device", "bench --device nope",
+              ["bench", "--model", "tiny-mixtral", "--num-prompts", "1", "--max-new-tokens", "2", "--device", "nope",
+               "--threads", "1"], slow=True),
+        # 13. ENOSPC (a 64 KiB tmpfs at ./full, mounted by main() when possible)
+        Probe(f"{TB} 13 disk full", "trace export to a full disk", ["trace", "export", str(TRACE), "full/x.csv"],
+              check=no_tmp_left(one_line_error)),
+        Probe(f"{TB} 13 disk full", "trace synth to a full disk", ["trace", "synth", "full/x.npz", "--requests", "50"],
+              check=no_tmp_left(one_line_error)),
+        Probe(f"{TB} 13 disk full", "simulate --out on a full disk",
+              sim[:-1] + ["full/sim", "--policy", "lru", "--capacity", "4"], check=no_tmp_left(one_line_error)),
+        # 14. 0-d topk
+        Probe(f"{TB} 14 0-d topk", "0-d topk array", ["trace", "info", "t.npz"],
+              setup=lambda d: small_trace(d, topk=np.array(3, dtype=np.int16))),
+        # silent wrong results
+        Probe(f"{SW} 1 NaN hardware", "h2d_pinned_gbs = nan", sim + ["--hardware", "hw.toml", "--policy", "lru"],
+              setup=hardware(h2d_pinned_gbs="nan"), check=refused),
+        Probe(f"{SW} 1 NaN hardware", "copy_latency_us = nan", sim + ["--hardware", "hw.toml", "--policy", "lru"],
+              setup=hardware(copy_latency_us="nan"), check=refused),
+        Probe(f"{SW} 1 NaN hardware", "layer_overhead_us = nan", sim + ["--hardware", "hw.toml", "--policy", "lru"],
+              setup=hardware(layer_overhead_us="nan"), check=refused),
+        Probe(f"{SW} 2 negative ids", "prefetch of -1", rep + ["--policy", "userpol:P"],
+              setup=user_policy("    def prefetch_layer(self, step, layer):\n        return [-1]\n"), check=refused),
+        Probe(f"{SW} 3 uint64 offsets", "offsets wrap", ["trace", "info", "t.npz"], setup=uint64_offsets, check=refused),
+        Probe(f"{SW} 4 importer coercion", "num_experts 16.7", ["trace", "import", "x.json", "-o", "x.npz"],
+              setup=write("x.json", json_trace(num_experts=16.7)), check=refused),
+        Probe(f"{SW} 4 importer coercion", "top_k \"2\"", ["trace", "import", "x.json", "-o", "x.npz"],
+              setup=write("x.json", json_trace(top_k="2")), check=refused),
+        Probe(f"{SW} 4 importer coercion", "top_k 2.5", ["trace", "import", "x.json", "-o", "x.npz"],
+              setup=write("x.json", json_trace(top_k=2.5)), check=refused),
+        Probe(f"{SW} 4 importer coercion", "prefill true", ["trace", "import", "x.json", "-o", "x.npz"],
+              setup=write("x.json", json.dumps({"num_experts": 4, "top_k": 2,
+                                                "requests": [{"layers": [[[0, 1], [2, 3]]], "prefill": True}]})),
+              check=refused),
+        Probe(f"{SW} 4 importer coercion", "CSV cut mid-row", ["trace", "import", "x.csv", "-o", "x.npz"],
+              setup=write("x.csv", csv_text(rows="0,1,0,0,0,1,0.5\n0,1,0,0,1,2,0.5\n0,1,0,1,0,3,0.5\n0,1,0,1,1,0,0.1")),
+              check=refused),
+        Probe(f"{SW} 4 importer coercion", "casmoe request= for a turn without rows",
+              ["trace", "import", "x.csv", "-o", "x.npz"],
+              setup=write("x.csv", csv_text(extra='# casmoe request={"turn": 7}\n')), check=refused),
+        Probe(f"{SW} 5 record resume", "resume with another --max-prompt-tokens", [], slow=True),
+        Probe(f"{SW} 6 killed export", "SIGKILLed trace export", [], check=check_partial_csv, slow=True),
+        Probe(f"{SW} 6 killed sweep", "SIGKILLed sweep leaves workers", [], slow=True,
+              check=lambda p, d: "" if p.returncode == 0 else p.stderr),
+    ]
+
+
+def run_probe(pr: Probe, d: Path) -> str:
+    if pr.setup:
+        pr.setup(d)
+    if pr.name == "SIGKILLed trace export":
+        return pr.check(kill_export(d), d)
+    if pr.name == "SIGKILLed sweep leaves workers":
+        return pr.check(kill_sweep(d), d)
+    if pr.name == "resume with another --max-prompt-tokens":
+        return probe_record(d)
+    p = run(pr.args, d)
+    return (pr.check or no_tmp_left(one_line_error))(p, d)
+
+
+def probe_record(d: Path) -> str:
+    """SIGKILL a recording once it has checkpointed, then resume it with another
+    --max-prompt-tokens: the partial file must be refused, not silently continued."""
+    (d / "p.txt").write_text("\n".join(f"the cat sat on mat number {i} and then some more words" for i in range(40)))
+    base = ["record", "-m", "tiny-mixtral", "-p", "p.txt", "-n", "8", "-o", "r.npz", "--batch", "1",
+            "--checkpoint-every", "1", "--threads", "1"]
+    proc = subprocess.Popen([sys.executable, "-m", "casmoe", *base, "--max-prompt-tokens", "4"], cwd=d,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_limits,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline and not (d / "r.partial.npz").exists() and proc.poll() is None:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    if not (d / "r.partial.npz").exists():
+        return "setup: no partial file was written"
+    return refused(run(base + ["--max-prompt-tokens", "64"], d), d)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip-slow", action="store_true")
+    ap.add_argument("--only", default="", help="run probes whose name contains this")
+    a = ap.parse_args()
+    counts: dict[str, list[int]] = {}
+    for pr in probes():
+        if (a.skip_slow and pr.slow) or a.only not in pr.name:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            mounted = False
+            if "full" in " ".join(pr.args):
+                (d / "full").mkdir()
+                mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d / "full")],
+                                         capture_output=True).returncode == 0
+                if not mounted:
+                    print(f"{'skip':6} {pr.klass:32} {pr.name} (cannot mount a tmpfs)")
+                    continue
+            try:
+                outcome = run_probe(pr, d)
+            finally:
+                if mounted:
+                    subprocess.run(["umount", str(d / "full")], capture_output=True)
+        klass = " ".join(pr.klass.split()[:2])
+        counts.setdefault(klass, [0, 0])
+        counts[klass][0 if outcome else 1] += 1
+        print(f"{'FAIL' if outcome else 'ok':6} {pr.klass:32} {pr.name:42} {outcome}", flush=True)
+    print()
+    for kind in ("traceback", "silent"):
+        mine = {k: v for k, v in counts.items() if k.startswith(kind)}
+        failing = sum(1 for bad, _ in mine.values() if bad)
+        probes_bad = sum(bad for bad, _ in mine.values())
+        probes_all = sum(bad + good for bad, good in mine.values())
+        print(f"{kind}: {failing} of {len(mine)} classes failing ({probes_bad} of {probes_all} probes)")
+
+if __name__ == "__main__":
+    main()
