@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from casmoe.backends.copier import CudaCopier, EmulatedLink, ThreadCopier, Ticket, responsive_copies
+from casmoe.backends.copier import EmulatedLink, Loader, Ticket, responsive_copies
 from casmoe.backends.experts import SlotView, model_preset
 from casmoe.backends.runtime import OffloadedModel, Prompt
 from casmoe.cache import Capacity
@@ -147,7 +147,7 @@ def _expert_time(om: OffloadedModel, device: torch.device, sync: Callable[[], No
     """Marginal time of one routed expert for one token, on transformers' experts function."""
     g = om.geometry
     k = g.top_k
-    tensors = {n: t.to(device) for n, t in om.store.layers[0].items()}
+    tensors = om.store.layer_tensors(0, device)
     view = SlotView(om.experts_template, tensors)
     dtype = next(iter(tensors.values())).dtype
     h1 = torch.randn(1, g.hidden, device=device, dtype=dtype)
@@ -172,12 +172,12 @@ def _copy_cost(om: OffloadedModel, device: torch.device, link: EmulatedLink, rep
         n = nbytes * scale // 4
         src = torch.randn(k, n).pin_memory() if cuda else torch.randn(k, n)
         dst = torch.empty(k, n, device=device)
-        copier = CudaCopier(device) if cuda else ThreadCopier(link.bandwidth, link.latency)
+        copier = Loader(device, link=link)
         times = []
         try:
             for _ in range(reps + 1):
                 t = time.perf_counter()
-                tickets = [Ticket(i, i, True, {"w": src[i]}, {"w": dst[i]}, n * 4) for i in range(k)]
+                tickets = [Ticket(i, i, True, {"w": dst[i]}, n * 4, src={"w": src[i]}) for i in range(k)]
                 for tk in tickets:
                     copier.submit(tk)
                 for tk in tickets:
@@ -204,7 +204,7 @@ def calibrate(
     device = om.devices[0]
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
-    dtype = next(iter(om.store.layers[0].values())).dtype
+    dtype = next(iter(om.store.layout.values()))[1]
     flops, mem_bw = _rates(device, dtype, sync, reps)
     cpu_flops, cpu_bw = (flops, mem_bw) if not cuda else _rates(torch.device("cpu"), dtype, lambda: None, reps)
     expert_s = _expert_time(om, device, sync, reps)

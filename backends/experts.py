@@ -1,12 +1,12 @@
-"""The experts module that computes with offloaded weights, and how to find a model's MoE blocks.
+"""How the backend finds a model's MoE blocks and measures them, and the experts module that
+hands every layer call to the offloaded runtime.
 
 transformers 5 keeps a layer's experts as fused 3D parameters (`gate_up_proj[E, 2I, H]`,
 `down_proj[E, H, I]`, biases alike) and dispatches the computation through
-`ALL_EXPERTS_FUNCTIONS` (`eager`, `grouped_mm`, `batched_mm`, ...). `OffloadedExperts` replaces
-a block's `experts` module: it asks the runtime which pool slot holds each routed expert and
-then calls *the same* transformers function on a view whose parameters are the device's slot
-pool and whose expert indices are slot indices. The arithmetic (op order, kernels, dtypes) is
-therefore transformers' own, which is what makes `miss_mode=load` logits bit-identical.
+`ALL_EXPERTS_FUNCTIONS` (`eager`, `grouped_mm`, `batched_mm`, ...). `OffloadedExperts`
+replaces a block's `experts` module; the runtime computes the layer with a `kernels.Plan` that
+reproduces that function exactly on the device's slot pool. `SlotView` stands in for the
+experts module where transformers' functions or the plans read its attributes.
 """
 
 from __future__ import annotations
@@ -73,21 +73,34 @@ def model_geometry(model: nn.Module, blocks: list[MoEBlock]) -> Geometry:
     """Routing shape and real bytes per expert of a loaded model."""
     first = blocks[0]
     cfg = model.config
-    shared = 1 if getattr(first.block, "shared_expert", None) is not None else 0
+    names = expert_param_names(first.experts)
     bytes_per_layer = tuple(
-        sum(p[0].numel() * p.element_size() for p in (getattr(b.experts, n) for n in expert_param_names(b.experts)))
-        for b in blocks
+        sum(p[0].numel() * p.element_size() for p in (getattr(b.experts, n) for n in names)) for b in blocks
     )
+    params = sum(getattr(first.experts, n)[0].numel() for n in names)
     return Geometry(
         layers=len(blocks),
         experts=int(first.experts.num_experts),
         top_k=int(first.gate.top_k),
-        shared_experts=shared,
+        shared_experts=shared_experts(model, first.block, params),
         hidden=int(cfg.hidden_size),
         intermediate=int(getattr(first.experts, "intermediate_dim", 0) or getattr(cfg, "moe_intermediate_size", 0) or 0),
         gated=bool(getattr(first.experts, "has_gate", True)),
         layer_expert_bytes=bytes_per_layer,
     )
+
+
+def shared_experts(model: nn.Module, block: nn.Module, expert_params: int) -> int:
+    """Always-on shared experts of an MoE block, in routed-expert units (Geometry's convention:
+    Qwen1.5-MoE's 5632-wide shared MLP beside 1408-wide experts counts 4; DeepSeek's
+    `n_shared_experts` MLPs fused into one count n)."""
+    from casmoe.backends.adapters import adapter_for
+
+    name = adapter_for(model.config.model_type).shared
+    mlp = getattr(block, name, None) if name else None
+    if mlp is None:
+        return 0
+    return round(sum(p.numel() for p in mlp.parameters()) / expert_params)
 
 
 def model_preset(model: nn.Module, geometry: Geometry, name: str = "") -> Any:
@@ -122,7 +135,7 @@ class SlotView:
     """Stands in for an experts module inside transformers' experts functions: the same
     attributes, but the fused parameters are a slot pool's tensors and `num_experts` its slot count."""
 
-    def __init__(self, experts: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, experts: nn.Module, tensors: dict[str, torch.Tensor], num_experts: int | None = None) -> None:
         skip = set(tensors) | {"num_experts"}
         for name in ("config", "act_fn", "has_gate", "has_bias", "has_post_expert_norm", "is_transposed",
                      "is_concatenated", "_is_expert_parallel", "hidden_dim", "intermediate_dim",
@@ -131,22 +144,24 @@ class SlotView:
                 setattr(self, name, getattr(experts, name))
         for name, t in tensors.items():
             setattr(self, name, t)
-        self.num_experts = next(iter(tensors.values())).shape[0]
+        self.num_experts = num_experts if num_experts is not None else next(iter(tensors.values())).shape[0]
         self.training = False
+        for name, default in (("has_gate", True), ("has_bias", False), ("has_post_expert_norm", False),
+                              ("is_transposed", False)):
+            if not hasattr(self, name):
+                setattr(self, name, default)
         if hasattr(type(experts), "_apply_gate"):
             self._apply_gate = partial(type(experts)._apply_gate, self)
 
 
 class OffloadedExperts(nn.Module):
-    """Replaces a block's experts: routes through the runtime (cache events, loads, waits),
-    then runs transformers' experts function on the device's slot pool."""
+    """Replaces a block's experts: the runtime routes (cache events, loads, waits) and computes."""
 
-    def __init__(self, layer: int, fn: Callable[..., torch.Tensor], runtime: Any) -> None:
+    def __init__(self, layer: int, runtime: Any) -> None:
         super().__init__()
         self.layer = layer
-        self.fn = fn
         self.runtime = runtime
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         # [T, H], [T, k], [T, k] -> [T, H]
-        return self.runtime.experts_forward(self.layer, self.fn, hidden_states, top_k_index, top_k_weights)
+        return self.runtime.experts_forward(self.layer, hidden_states, top_k_index, top_k_weights)

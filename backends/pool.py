@@ -14,12 +14,14 @@ from casmoe.cache import PolicyError
 
 
 class SlotPool:
-    """`slots` preallocated expert-sized slots on `device`, shaped like `template` rows."""
+    """`slots` preallocated expert-sized slots on `device`, one row of `layout` each
+    (fused parameter name -> (row shape, dtype), as the store describes its experts)."""
 
-    def __init__(self, template: dict[str, torch.Tensor], slots: int, device: str | torch.device) -> None:
+    def __init__(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]], slots: int,
+                 device: str | torch.device) -> None:
         self.device = torch.device(device)
         self.tensors = {
-            name: torch.zeros((slots, *t.shape[1:]), dtype=t.dtype, device=self.device) for name, t in template.items()
+            name: torch.zeros((slots, *shape), dtype=dtype, device=self.device) for name, (shape, dtype) in layout.items()
         }
         self.holder = [-1] * slots
         self._slot_of: dict[int, int] = {}

@@ -1,103 +1,100 @@
-"""The host expert store: every MoE layer's expert weights in the slow tier.
+"""The expert store: where every MoE layer's experts live when they are in no faster tier.
 
-Weights stay in the fused layout transformers uses (`[E, ...]` per parameter name), so an
-expert is the row `tensor[e]` of each of its layer's tensors and a load is one row copy per
-name. On CUDA the store is pinned (page-locked) so copies run asynchronously at full link
-speed; alternatively it is a memory-mapped safetensors file, so a model larger than RAM pages
-its experts in from disk on demand.
+One small interface, two sources. An expert is one row per fused transformers parameter
+(`gate_up_proj[e]`, `down_proj[e]`); `read(layer, expert, rows)` fills the caller's row
+tensors (a RAM-tier row, a staging buffer, or on the CPU a slot of the pool itself), so the
+store never hands out a second copy:
+
+- `CheckpointStore`: the checkpoint's safetensors files, read by offset (`checkpoint.py`);
+  bytes in another dtype than the rows are read into a scratch row and converted.
+- `TensorStore`: fused tensors already in memory (a model built in Python, as in the tests);
+  the model's own tensors, never copied.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import struct
-from pathlib import Path
+from math import prod
 
-import numpy as np
 import torch
 
-from casmoe.errors import CasmoeError
+from casmoe.backends.checkpoint import DTYPES, Checkpoint, ExpertSources, byte_view
 
-_DTYPES = {
-    "F32": (torch.float32, np.float32),
-    "F16": (torch.float16, np.float16),
-    "BF16": (torch.bfloat16, np.uint16),  # numpy has no bfloat16: map the bits, view in torch
-    "F64": (torch.float64, np.float64),
-}
-_NAMES = {v[0]: k for k, v in _DTYPES.items()}
+Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+"""Fused parameter name -> (one expert's row shape, dtype)."""
 
 
-class StoreError(CasmoeError, ValueError):
-    """A store file that cannot serve as an expert store."""
+class ExpertStore:
+    """Per MoE layer, `experts` experts of the row `layout` (the same for every layer)."""
 
-
-class HostStore:
-    """Per MoE layer, a dict of fused expert tensors `name -> [E, ...]` on the host."""
-
-    def __init__(self, layers: list[dict[str, torch.Tensor]]) -> None:
+    def __init__(self, layout: Layout, layers: int, experts: int) -> None:
+        self.layout = layout
         self.layers = layers
-        self.names = list(layers[0]) if layers else []
-        self._bytes = [sum(t[0].numel() * t.element_size() for t in row.values()) for row in layers]
+        self.experts = experts
+        self.row_bytes = sum(prod(shape) * dtype.itemsize for shape, dtype in layout.values())
 
-    @classmethod
-    def from_tensors(cls, layers: list[dict[str, torch.Tensor]], pin: bool = False) -> HostStore:
-        """Detached host copies of the given tensors (pinned when `pin`, for async CUDA copies)."""
-        out = []
-        for tensors in layers:
-            row = {}
-            for name, t in tensors.items():
-                t = t.detach().to("cpu")
-                row[name] = t.pin_memory() if pin else t  # the model drops its own copy
-            out.append(row)
-        return cls(out)
-
-    def expert(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
-        """One expert's tensors (views, no copy)."""
-        return {name: t[expert] for name, t in self.layers[layer].items()}
+    def read(self, layer: int, expert: int, rows: dict[str, torch.Tensor]) -> None:
+        """Fill `rows` (contiguous host tensors shaped like `layout`) with the expert's weights."""
+        raise NotImplementedError
 
     def expert_bytes(self, layer: int) -> int:
-        return self._bytes[layer]
+        return self.row_bytes
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for row in self.layers for t in row.values())
+        return self.row_bytes * self.experts * self.layers
 
-    # ---- memory-mapped safetensors -------------------------------------------------------
+    def empty_rows(self, n: int | None = None, device: str | torch.device = "cpu", pin: bool = False
+                   ) -> dict[str, torch.Tensor]:
+        """Uninitialised rows (`[n, *row]` per name, or one row when `n` is None)."""
+        lead = () if n is None else (n,)
+        return {name: torch.empty((*lead, *shape), dtype=dtype, device=device, pin_memory=pin)
+                for name, (shape, dtype) in self.layout.items()}
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write a safetensors file (`{layer}.{name}` keys) that `open_mmap` maps back."""
-        from safetensors.torch import save_file
+    def layer_tensors(self, layer: int, device: str | torch.device) -> dict[str, torch.Tensor]:
+        """All experts of `layer` as fused `[E, ...]` tensors on `device` (the un-offloaded
+        reference computes on these, one layer at a time)."""
+        host = self.empty_rows(self.experts)
+        for e in range(self.experts):
+            self.read(layer, e, {n: t[e] for n, t in host.items()})
+        return {n: t.to(device) for n, t in host.items()}
 
-        from casmoe.output import atomic_path
 
-        with atomic_path(path) as tmp:
-            save_file({f"{i}.{n}": t.contiguous() for i, row in enumerate(self.layers) for n, t in row.items()}, str(tmp))
+class TensorStore(ExpertStore):
+    """Fused `[E, ...]` tensors per layer, as a transformers model holds them."""
 
-    @classmethod
-    def open_mmap(cls, path: str | os.PathLike[str]) -> HostStore:
-        """Map a safetensors file written by `save` without reading it: rows page in from disk
-        when a load touches them (copy-on-write mapping, so the file is never modified)."""
-        path = Path(path)
-        try:
-            with open(path, "rb") as fh:
-                (size,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(size))
-        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{path}: not a safetensors expert store: {exc}") from exc
-        header.pop("__metadata__", None)
-        raw = np.memmap(path, dtype=np.uint8, mode="c")
-        base = 8 + size
-        layers: dict[int, dict[str, torch.Tensor]] = {}
-        for key, info in header.items():
-            layer, _, name = key.partition(".")
-            if not layer.isdigit() or info.get("dtype") not in _DTYPES:
-                raise StoreError(f"{path}: tensor {key!r} is not a `layer.name` expert tensor of a float dtype")
-            tdtype, ndtype = _DTYPES[info["dtype"]]
-            a, b = info["data_offsets"]
-            arr = raw[base + a : base + b].view(ndtype).reshape(info["shape"])
-            t = torch.from_numpy(arr)
-            layers.setdefault(int(layer), {})[name] = t.view(tdtype) if tdtype is torch.bfloat16 else t
-        if sorted(layers) != list(range(len(layers))):
-            raise StoreError(f"{path}: layers {sorted(layers)} are not numbered 0..n-1")
-        return cls([layers[i] for i in range(len(layers))])
+    def __init__(self, layers: list[dict[str, torch.Tensor]]) -> None:
+        first = layers[0]
+        E = next(iter(first.values())).shape[0]
+        super().__init__({n: (tuple(t.shape[1:]), t.dtype) for n, t in first.items()}, len(layers), E)
+        self.tensors = [{n: t.detach() for n, t in row.items()} for row in layers]
+
+    def read(self, layer: int, expert: int, rows: dict[str, torch.Tensor]) -> None:
+        for name, t in self.tensors[layer].items():
+            rows[name].copy_(t[expert])
+
+    def layer_tensors(self, layer: int, device: str | torch.device) -> dict[str, torch.Tensor]:
+        return {n: t.to(device) for n, t in self.tensors[layer].items()}
+
+
+class CheckpointStore(ExpertStore):
+    """Experts read by offset from a checkpoint's files (see `ExpertSources`)."""
+
+    def __init__(self, ckpt: Checkpoint, sources: ExpertSources, layout: Layout, experts: int) -> None:
+        super().__init__(layout, len(sources.parts), experts)
+        self.ckpt = ckpt
+        self.sources = sources
+        self._same = {n: DTYPES[sources.dtype[n]] == layout[n][1] for n in layout}
+
+    def read(self, layer: int, expert: int, rows: dict[str, torch.Tensor]) -> None:
+        parts = self.sources.parts[layer]
+        for name, row in rows.items():
+            if self._same[name]:
+                self._read(parts[name][expert], byte_view(row))
+            else:  # another dtype on disk: read it as it is, convert once
+                scratch = torch.empty(row.shape, dtype=DTYPES[self.sources.dtype[name]])
+                self._read(parts[name][expert], byte_view(scratch))
+                row.copy_(scratch)
+
+    def _read(self, parts: list, buf: object) -> None:
+        for p in parts:
+            self.ckpt.read(p.path, p.offset, buf[p.dst : p.dst + p.nbytes])

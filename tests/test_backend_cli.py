@@ -105,3 +105,57 @@ def test_bench_refuses_a_dense_model(tmp_path, model_dir):
     result = CliRunner().invoke(app, ["bench", "--model", str(tmp_path / "dense")])
     assert result.exit_code != 0
     assert "not a supported MoE model" in str(result.exception)
+
+
+def _bench_json(model_dir, *args):
+    code, out = _run(["bench", "--model", str(model_dir / "m"), "--prompts", str(model_dir / "prompts.txt"),
+                      "--max-new-tokens", "3", "--json", *args])
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_bench_verify_proves_an_exact_run_and_catches_a_lossy_one(model_dir):
+    """--verify reruns the un-offloaded model: 0.0 and full agreement in load mode (also when
+    prefills stream through 2 slots, through a small RAM tier, two requests at a time); a
+    non-zero delta when substitute mode computes other experts."""
+    rec = _bench_json(model_dir, "--capacity", "2", "--host-cache", "5", "--batch", "2", "--verify")
+    assert rec["verify_max_abs_delta"] == 0.0 and rec["verify_token_agreement"] == 1.0
+    assert len(rec["verify"]) == len(TEXTS) and rec["ram_accesses"] == rec["cache_loads"] and rec["ram_misses"] > 0
+    assert rec["batch"] == 2 and rec["dtype"] == "float32"
+    lossy = _bench_json(model_dir, "--capacity", "2", "--miss-mode", "substitute", "--verify", "--ppl-texts", "2")
+    assert lossy["cache_substitutions"] > 0 and lossy["verify_max_abs_delta"] > 0
+
+
+def test_bench_and_calibrate_run_in_the_checkpoint_dtype(model_dir, tmp_path):
+    import transformers
+
+    half = tmp_path / "half"
+    transformers.AutoModelForCausalLM.from_pretrained(model_dir / "m").to(torch.bfloat16).save_pretrained(half)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (half / name).write_bytes((model_dir / "m" / name).read_bytes())
+    code, out = _run(["bench", "--model", str(half), "--prompts", str(model_dir / "prompts.txt"), "--max-new-tokens",
+                      "2", "--json"])
+    assert code == 0, out
+    assert json.loads(out)["dtype"] == "bfloat16"
+    code, out = _run(["bench", "--model", str(half), "--prompts", str(model_dir / "prompts.txt"), "--max-new-tokens",
+                      "2", "--dtype", "float32", "--json"])
+    assert json.loads(out)["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "cuda:3"], "--device cuda:3: torch sees"),
+    (["--host-cache", "100TB"], "exceeds the"),
+    (["--capacity", "100TB"], "lower --capacity"),
+    (["--host-cache", "1"], "fewer than the 2"),
+    (["--dtype", "int8"], "--dtype must be one of"),
+])
+def test_settings_that_cannot_fit_fail_before_any_weight_loads(model_dir, monkeypatch, args, message):
+    import casmoe.backends.checkpoint as checkpoint
+
+    def never(*a, **k):
+        raise AssertionError("weights were read")
+
+    monkeypatch.setattr(checkpoint, "load_dense", never)
+    result = CliRunner().invoke(app, ["bench", "--model", str(model_dir / "m"), *args])
+    assert result.exit_code != 0
+    assert message in str(result.exception), result.exception

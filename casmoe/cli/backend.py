@@ -16,42 +16,34 @@ from casmoe.cli.app import app
 from casmoe.errors import CasmoeError
 
 FIDELITY_POLICIES = ("ondemand", "lru", "semoe")
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 class BenchInputError(CasmoeError, ValueError):
     """A model, prompt set or option the backend commands cannot use."""
 
 
-def _setup(model: str, devices: list[str], threads: int, link_gbps: Optional[float], link_latency_us: float,
-           mmap: Optional[Path], dtype: str = "float32") -> tuple[Any, Any]:
-    """Load the model and tokenizer and wrap the model for offloading."""
+def _link(threads: int, link_gbps: Optional[float], link_latency_us: float) -> Any:
+    """Set torch's CPU threads (0: the cores not already busy) and build the emulated link."""
     import torch
 
-    from casmoe.backends.models import load_model
     from casmoe.backends.copier import EmulatedLink
-    from casmoe.backends.runtime import OffloadedModel
-
     from casmoe.machine import default_threads
-    from casmoe.output import check_file_target
 
-    for d in devices:
-        try:
-            kind = torch.device(d).type
-        except RuntimeError:
-            raise BenchInputError(f"--device {d!r} is not a torch device; write cpu, cuda or cuda:N") from None
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise BenchInputError(f"--device {d}: torch sees no CUDA GPU on this machine; use --device cpu")
-    if mmap is not None:
-        check_file_target(mmap, "--mmap")
     torch.set_num_threads(threads if threads > 0 else default_threads())
     if link_gbps is not None and link_gbps <= 0:
         raise BenchInputError("--link-gbps must be > 0")
-    if dtype not in DTYPES:
-        raise BenchInputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    return EmulatedLink(None if link_gbps is None else link_gbps * 1e9, link_latency_us * 1e-6)
+
+
+def _in_memory(model: str, threads: int, link_gbps: Optional[float], dtype: str) -> tuple[Any, Any]:
+    """The whole model loaded in memory, its experts served from there (`validate` emulates a
+    host-RAM-to-device link on the CPU: the store is host memory by design)."""
+    from casmoe.backends.models import load_model
+    from casmoe.backends.runtime import OffloadedModel
+
+    link = _link(threads, link_gbps, 0.0)
     hf_model, tokenizer = load_model(model, dtype=dtype)
-    link = EmulatedLink(None if link_gbps is None else link_gbps * 1e9, link_latency_us * 1e-6)
-    return OffloadedModel(hf_model, devices=devices or ["cpu"], link=link, mmap_path=mmap), tokenizer
+    return OffloadedModel(hf_model, link=link), tokenizer
 
 
 def _prompts(tokenizer: Any, prompts: Optional[Path], count: int, max_tokens: int, split: str = "heldout") -> list[Any]:
@@ -86,7 +78,7 @@ MODEL = typer.Option(..., "--model", help="A shipped tiny model (tiny-mixtral, t
 PROMPTS = typer.Option(None, "--prompts", help="JSONL corpus rows or one prompt per line (default: held-out corpus).")
 DEVICE = typer.Option(None, "--device", help="Device for a share of the layers (repeat to split: cpu, cuda:0, ...).")
 THREADS = typer.Option(0, help="torch CPU threads (0: the cores not already busy, by the 1-minute load average).")
-DTYPE = typer.Option("float32", help="Weights' dtype: float32 (CPU), bfloat16 or float16 (GPU).")
+DTYPE = typer.Option(None, help="Run in this dtype (float32, bfloat16, float16); default: the checkpoint's.")
 
 
 @app.command()
@@ -97,7 +89,15 @@ def bench(
         None, help="Slots per MoE layer on each device (4) or expert memory (512MB); default: 2 x top_k."
     ),
     global_capacity: Optional[str] = typer.Option(None, help="One pool per device, shared by its layers: slots or memory."),
-    miss_mode: MissMode = typer.Option(MissMode.LOAD, help="load (stall, exact) or substitute (lossy)."),
+    host_cache: Optional[str] = typer.Option(
+        None, "--host-cache", help="RAM tier between the checkpoint on disk and the devices: memory (40GB) or experts."
+    ),
+    host_policy: str = typer.Option("lru", help="Policy managing the RAM tier (any that does not read the future)."),
+    miss_mode: MissMode = typer.Option(
+        MissMode.LOAD, help="load (stall, exact), substitute (lossy) or cpu (compute misses on the host)."
+    ),
+    batch: int = typer.Option(1, min=1, help="Requests decoded together (each prefills alone)."),
+    verify: bool = typer.Option(False, "--verify", help="Also run the un-offloaded model; report |logit delta| and token agreement."),
     prompts: Optional[Path] = PROMPTS,
     num_prompts: int = typer.Option(8, min=1, help="Prompts taken, spread over the file."),
     max_prompt_tokens: int = typer.Option(64, min=1, help="Prompts are cut to this many tokens."),
@@ -105,40 +105,35 @@ def bench(
     link_gbps: Optional[float] = typer.Option(None, help="CPU runs: emulate a host link of this many GB/s."),
     link_latency_us: float = typer.Option(0.0, min=0.0, help="CPU runs: fixed cost per emulated copy."),
     device: Optional[list[str]] = DEVICE,
-    mmap: Optional[Path] = typer.Option(None, help="Keep experts in this memory-mapped safetensors file."),
     trace: Optional[Path] = typer.Option(None, help="Profile trace for policies that rank experts (static)."),
     ppl_texts: int = typer.Option(16, min=1, help="Held-out texts for perplexity (substitute mode)."),
     threads: int = THREADS,
-    dtype: str = DTYPE,
+    dtype: Optional[str] = DTYPE,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON record."),
 ) -> None:
-    """Generate with offloaded experts: tokens/s, TTFT, stall time, hit rate (and perplexity
-    against the un-offloaded model in substitute mode)."""
-    from casmoe.options import one_capacity
+    """Generate with offloaded experts read from the checkpoint (optionally through a RAM tier):
+    tokens/s, TTFT, stall time, hit rates; perplexity against the un-offloaded model in
+    substitute mode; with --verify, proof that the run matched the un-offloaded model."""
+    from casmoe.backends.bench import bench as run_bench
+    from casmoe.backends.bench import open_offloaded
     from casmoe.policies.spec import PolicySpec
     from casmoe.trace import Trace
 
     spec = PolicySpec.parse(policy)
     cls = spec.cls
-    om, tokenizer = _setup(model, device or [], threads, link_gbps, link_latency_us, mmap, dtype)
-    cap = one_capacity(capacity, global_capacity, 2 * om.geometry.top_k, om.geometry.bytes_per_layer())
-    reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
+    link = _link(threads, link_gbps, link_latency_us)
+    opened = open_offloaded(model, devices=device or [], dtype=dtype, link=link, capacity=capacity,
+                            global_capacity=global_capacity, host_cache=host_cache, host_policy=host_policy)
+    om, cap = opened.om, opened.capacity
+    reqs = _prompts(opened.tokenizer, prompts, num_prompts, max_prompt_tokens)
     profile = Trace.load(trace) if trace is not None else None
-    options = dict(spec.options)
-    from casmoe.backends.copier import responsive_copies
-
-    with responsive_copies(), om.session(cls, cap, reqs, max_new_tokens=max_new_tokens, miss_mode=miss_mode,
-                                         options=options, trace=profile) as session:
-        with _progress(len(reqs), f"{spec.label} @ {cap.describe()}") as bar:  # after setup errors, if any
-            for p in reqs:
-                session.request(p, max_new_tokens)
-                bar.update()
-        run = session.result()
-    record = {"model": model, "policy": spec.label, "capacity": cap.describe(), "miss_mode": miss_mode.value,
-              "link_gbps": link_gbps, **run.to_dict()}
+    with _progress(len(reqs), f"{spec.label} @ {cap.describe()}") as bar:
+        record = run_bench(opened, reqs, cls, dict(spec.options), miss_mode=miss_mode, max_new_tokens=max_new_tokens,
+                           batch=batch, trace=profile, verify=verify, progress=bar.update)
+    record = {"model": model, "policy": spec.label, "link_gbps": link_gbps, **record}
     if miss_mode is MissMode.SUBSTITUTE:
-        texts = _prompts(tokenizer, None, ppl_texts, 128)
-        record["perplexity"] = om.offloaded_perplexity(texts, cls, cap, miss_mode=miss_mode, options=options)
+        texts = _prompts(opened.tokenizer, None, ppl_texts, 128)
+        record["perplexity"] = om.offloaded_perplexity(texts, cls, cap, miss_mode=miss_mode, options=dict(spec.options))
         record["reference_perplexity"] = om.perplexity(texts)
     if as_json:
         typer.echo(json.dumps(record, indent=2))
@@ -150,9 +145,14 @@ def bench(
         "p50 ms": record["median_token_latency_s"] * 1e3, "stall s": record["stall_s"],
         "hit rate": record["cache_hit_rate"], "loads": record["cache_loads"],
     }
+    if "ram_hit_rate" in record:
+        shown["RAM hit rate"] = record["ram_hit_rate"]
     if "perplexity" in record:
         shown["ppl"] = record["perplexity"]
         shown["ref ppl"] = record["reference_perplexity"]
+    if verify:
+        shown["max |dlogit|"] = record["verify_max_abs_delta"]
+        shown["token agreement"] = record["verify_token_agreement"]
     print_table([shown], list(shown), title=f"{model}: {spec.label} @ {cap.describe()}, {miss_mode.value}")
 
 
@@ -168,17 +168,20 @@ def calibrate(
     link_latency_us: float = typer.Option(0.0, min=0.0, help="CPU runs: fixed cost per emulated copy."),
     device: Optional[list[str]] = DEVICE,
     threads: int = THREADS,
-    dtype: str = DTYPE,
+    dtype: Optional[str] = DTYPE,
     as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON."),
 ) -> None:
     """Measure this machine (compute, copy bandwidth and per-copy cost) running MODEL and write a
     hardware profile that `casmoe simulate --hardware FILE` reads."""
+    from casmoe.backends.bench import open_offloaded
     from casmoe.backends.calibrate import calibrate as measure
     from casmoe.output import check_file_target
 
     check_file_target(out, "--out")
-    om, tokenizer = _setup(model, (device or [])[:1], threads, link_gbps, link_latency_us, None, dtype)
-    reqs = _prompts(tokenizer, prompts, num_prompts, 32)
+    opened = open_offloaded(model, devices=(device or [])[:1], dtype=dtype,
+                            link=_link(threads, link_gbps, link_latency_us))
+    om = opened.om
+    reqs = _prompts(opened.tokenizer, prompts, num_prompts, 32)
     from casmoe.backends.copier import responsive_copies
 
     with responsive_copies():
@@ -220,7 +223,7 @@ def validate(
     from casmoe.backends.validate import balanced_link, validate as compare
     from casmoe.options import one_capacity
 
-    om, tokenizer = _setup(model, ["cpu"], threads, link_gbps, 0.0, None)
+    om, tokenizer = _in_memory(model, threads, link_gbps, "float32")
     reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
     if link_gbps is None:
         om.link = balanced_link(om, reqs, max_new_tokens)
