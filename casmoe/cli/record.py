@@ -53,7 +53,7 @@ def record(
     from casmoe.backends.corpus import load_prompts
     from casmoe.backends.record import DecodeMode, RecordSettings
     from casmoe.backends.record import record as run_record
-    from casmoe.cli.backend import DTYPES
+    from casmoe.backends.models import DTYPES
     from casmoe.errors import CasmoeError
 
     modes = [m.value for m in DecodeMode]
