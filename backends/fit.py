@@ -6,12 +6,12 @@ share) larger than its device. Each is one line naming the number to change.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import torch
 
 from casmoe.errors import CasmoeError
+from casmoe.machine import available_memory
 
 HEADROOM = 0.25 * 2**30
 """Bytes kept free on a device for activations, the KV cache and the allocator."""
@@ -42,22 +42,10 @@ def devices(names: Sequence[str]) -> list[torch.device]:
     return out
 
 
-def available_ram() -> int:
-    """Bytes the kernel could give this process now (MemAvailable), or the physical total."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def _free(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    return available_ram()
+    return available_memory()
 
 
 def dense_bytes(model: Any, experts: Sequence[str]) -> int:
@@ -81,7 +69,7 @@ def check(devs: Sequence[torch.device], pool_bytes: Sequence[int], dense: Sequen
         if pool + part + HEADROOM > free:
             raise FitError(f"{d}: the slot pool ({pool / gib:.2f} GiB) and dense layers ({part / gib:.2f} GiB) "
                            f"do not fit its {free / gib:.2f} GiB free; lower --capacity")
-    ram = available_ram()
+    ram = available_memory()
     if host_bytes and on_host > ram:
         raise FitError(f"--host-cache of {host_bytes / gib:.2f} GiB (with {(on_host - host_bytes) / gib:.2f} GiB "
                        f"more on the host) exceeds the {ram / gib:.2f} GiB of RAM available; lower --host-cache")
