@@ -11,8 +11,6 @@ import enum
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from casmoe.errors import CasmoeError
 
 ExpertId = int
@@ -58,6 +56,8 @@ class Geometry:
     layer_expert_bytes: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        import numpy as np  # here, not at module load: the CLI's start-up imports this module
+
         for name in ("layers", "experts", "top_k", "shared_experts", "hidden", "intermediate"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):

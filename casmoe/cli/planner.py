@@ -9,10 +9,8 @@ from typing import Optional
 import typer
 
 from casmoe.cli.app import app
-from casmoe.planner import EAPConfig, PlannerConfig
-from casmoe.planner.patterns import Phase
+from casmoe.planner.config import EAPConfig, Phase, PlannerConfig
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.trace import Trace
 
 planner_app = typer.Typer(
     name="planner",
@@ -47,6 +45,7 @@ def fit(
     """Fit matcher and predictor on a trace's prompts and write the planner folder."""
     from casmoe.output import check_dir_target
     from casmoe.planner import fit_planner
+    from casmoe.trace import Trace
 
     check_dir_target(out, "--out")
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
@@ -82,6 +81,7 @@ def evaluate(
     from casmoe.planner import load_planner
     from casmoe.output import check_file_target
     from casmoe.planner.evaluate import evaluate as run_eval
+    from casmoe.trace import Trace
 
     for path, what in ((curve, "--curve"), (plot, "--plot")):
         if path is not None:

@@ -7,17 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from tqdm import tqdm
 
 from casmoe.cache import MissMode
 from casmoe.cli.app import app
-from casmoe.compiled import uses_twin
-from casmoe.options import one_capacity
-from casmoe.policies import POLICIES, parse_policies
-from casmoe.replay import replay as run_replay
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.step_arrays import StepArrays
-from casmoe.trace import Trace
 
 COLUMNS = ["policy", "capacity", "hit_rate", "hits", "late_hits", "misses", "loads", "prefetch_wasted", "bytes"]
 
@@ -27,7 +20,7 @@ def replay(
     trace: Optional[Path] = typer.Option(None, help="Trace (.npz); default: the shipped synthetic Mixtral trace."),
     policy: Optional[list[str]] = typer.Option(
         None,
-        help="Policy, repeatable: NAME, NAME\\[key=value,...] (sch\\[m=4], static\\[profile=t.npz]) or "
+        help="Policy, repeatable: NAME, NAME[key=value,...] (sch[m=4], static[profile=t.npz]) or "
         "package.module:Class; default: all.",
     ),
     capacity: Optional[str] = typer.Option(
@@ -44,6 +37,15 @@ def replay(
     Hit rate = (hits + late hits) / routed accesses, where an access is one expert routed at one
     layer of one step (prefill is one step: the union of its tokens' experts).
     """
+    from tqdm import tqdm
+
+    from casmoe.compiled import uses_twin
+    from casmoe.options import one_capacity
+    from casmoe.policies import POLICIES, parse_policies
+    from casmoe.replay import replay as run_replay
+    from casmoe.step_arrays import StepArrays
+    from casmoe.trace import Trace
+
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     cap = one_capacity(capacity, global_capacity, 2 * tr.geometry.top_k, tr.geometry.bytes_per_layer())
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)

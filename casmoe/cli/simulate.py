@@ -67,7 +67,7 @@ def simulate(
     model: Optional[str] = typer.Option(None, help="Model preset; default: the trace's, else the one matching its shape."),
     hardware: str = typer.Option("rtx4090x4", help="Hardware profile name (see `casmoe profiles`) or a TOML path."),
     policy: Optional[list[str]] = typer.Option(
-        None, help="Policy, repeatable: NAME or NAME\\[key=value,...] (e.g. casmoe\\[predictor=noisy]); default: all."
+        None, help="Policy, repeatable: NAME or NAME[key=value,...] (e.g. casmoe[predictor=noisy]); default: all."
     ),
     capacity: Optional[list[str]] = typer.Option(
         None, help="Cache per layer in slots (4) or for all devices in memory (6GB), repeatable; default: a few sizes that fit."
@@ -182,7 +182,7 @@ def sweep(
     trace: Optional[list[Path]] = typer.Option(None, help="Trace(s), repeatable (instead of / on top of the TOML)."),
     model: Optional[list[str]] = typer.Option(None, help="Model preset(s), repeatable."),
     hardware: Optional[list[str]] = typer.Option(None, help="Hardware profile(s) or TOML paths, repeatable."),
-    policy: Optional[list[str]] = typer.Option(None, help="Policies NAME or NAME\\[key=value,...], repeatable; 'all'."),
+    policy: Optional[list[str]] = typer.Option(None, help="Policies NAME or NAME[key=value,...], repeatable; 'all'."),
     capacity: Optional[list[str]] = typer.Option(None, help="Capacities per layer in slots or memory (6GB), repeatable."),
     global_capacity: Optional[list[str]] = typer.Option(None, help="Global-pool capacities, repeatable."),
     batch: Optional[list[int]] = typer.Option(None, help="Batch sizes, repeatable."),

@@ -5,6 +5,20 @@
 loads neither torch nor the sentence model: they load when a planner is fitted or read.
 """
 
-from casmoe.planner.planner import EAPConfig, Planner, PlannerConfig, PlannerError, fit_planner, load_planner
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from casmoe.planner.config import EAPConfig, PlannerConfig, PlannerError
+
+if TYPE_CHECKING:
+    from casmoe.planner.planner import Planner, fit_planner, load_planner
 
 __all__ = ["EAPConfig", "Planner", "PlannerConfig", "PlannerError", "fit_planner", "load_planner"]
+
+
+def __getattr__(name: str) -> Any:
+    """`Planner`, `fit_planner` and `load_planner` load with numpy on first use (the CLI's
+    start-up imports this package for the settings only)."""
+    if name not in ("Planner", "fit_planner", "load_planner"):
+        raise AttributeError(f"module 'casmoe.planner' has no attribute {name!r}")
+    return getattr(importlib.import_module("casmoe.planner.planner"), name)

@@ -9,20 +9,11 @@ default phase because they are what a prompt-level prefetch serves; prefill is a
 
 from __future__ import annotations
 
-import enum
-
 import numpy as np
 
 from casmoe.geometry import Geometry
+from casmoe.planner.config import Phase
 from casmoe.trace import NOT_COMPUTED, Request, Trace
-
-
-class Phase(enum.Enum):
-    """Which tokens of a request a pattern sums over."""
-
-    DECODE = "decode"
-    PREFILL = "prefill"
-    ALL = "all"
 
 
 def _tokens(request: Request, phase: Phase) -> slice:

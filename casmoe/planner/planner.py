@@ -18,16 +18,16 @@ deploy rather than to evaluate).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
+from casmoe.planner.config import EAPConfig, PlannerConfig, PlannerError
 from casmoe.planner.gate import Buffer, Source, use_matcher
-from casmoe.planner.patterns import Phase, expert_patterns, normalise
+from casmoe.planner.patterns import expert_patterns, normalise
 from casmoe.trace import Trace
 
 if TYPE_CHECKING:
@@ -38,59 +38,6 @@ FORMAT = "casmoe-planner"
 VERSION = 1
 EMBED_CACHE = 256
 """Prompts whose embeddings are kept, so `observe` after `predict` does not embed twice."""
-
-
-class PlannerError(CasmoeError, ValueError):
-    """A planner that cannot be fitted, read, or applied to the given trace."""
-
-
-@dataclass(frozen=True)
-class EAPConfig:
-    """The predictor's architecture and training knobs (defaults: the seed paper's encoder)."""
-
-    hidden: int = 64
-    layers: int = 6
-    heads: int = 4
-    intermediate: int = 128
-    head_hidden: int = 64
-    max_len: int = 64
-    dropout: float = 0.1
-    alpha: float = 0.1
-    temperature: float = 0.05
-    huber_delta: float = 1.0
-    epochs: int = 30
-    batch_size: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 0.01
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    """Gate, matcher, label and split settings, the predictor's, and the seed of both."""
-
-    epsilon: float = 0.8
-    neighbours: int = 5
-    buffer: int = 30
-    phase: Phase = Phase.DECODE
-    weighted: bool = True
-    holdout_every: int = 5
-    seed: int = 0
-    eap: EAPConfig = field(default_factory=EAPConfig)
-
-    def __post_init__(self) -> None:
-        if self.holdout_every < 0 or self.holdout_every == 1:
-            raise PlannerError("holdout_every must be 0 (no hold-out) or >= 2")
-        if self.neighbours < 1 or self.buffer < 1:
-            raise PlannerError("neighbours and buffer must be >= 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["phase"] = self.phase.value
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PlannerConfig:
-        return cls(**{**d, "phase": Phase(d["phase"]), "eap": EAPConfig(**d["eap"])})
 
 
 def heldout_split(trace: Trace, holdout_every: int) -> tuple[list[int], list[int]]:
