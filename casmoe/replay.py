@@ -36,6 +36,18 @@ def request_bounds(steps: list[Step]) -> tuple[dict[int, int], dict[int, int]]:
     return first, last
 
 
+def starts_and_ends(steps: list[Step]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """The requests that start, and those that finish, at each step index."""
+    first, last = request_bounds(steps)
+    starts: dict[int, list[int]] = {}
+    ends: dict[int, list[int]] = {}
+    for r, s in first.items():
+        starts.setdefault(s, []).append(r)
+    for r, s in last.items():
+        ends.setdefault(s, []).append(r)
+    return starts, ends
+
+
 def replay(
     trace: Trace,
     cache: ExpertCache,
@@ -62,13 +74,7 @@ def _replay_python(trace: Trace, cache: ExpertCache, batch: int, steps: list[Ste
     steps = trace.steps(batch) if steps is None else steps
     if cache.needs_future:
         cache.attach_future(Future(steps, trace.geometry))
-    first, last = request_bounds(steps)
-    starts: dict[int, list[int]] = {}
-    ends: dict[int, list[int]] = {}
-    for r, s in first.items():
-        starts.setdefault(s, []).append(r)
-    for r, s in last.items():
-        ends.setdefault(s, []).append(r)
+    starts, ends = starts_and_ends(steps)
     arrived = cache.arrived
     before = cache.before_layer
     route = cache.route

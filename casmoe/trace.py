@@ -197,7 +197,7 @@ class Trace:
             longest = max((len(v) for v in decodes.values()), default=0)
             for t in range(longest):
                 parts = [(i, decodes[i][t]) for i in group if t < len(decodes[i])]
-                out.append(_merge([p for _, p in parts], tuple(i for i, _ in parts)))
+                out.append(merge_steps([p for _, p in parts], tuple(i for i, _ in parts)))
         return out
 
     def popularity(self) -> np.ndarray:
@@ -555,8 +555,9 @@ def _output_ids(arrays: dict[str, np.ndarray], n: int, where: str) -> list[np.nd
     return [ids[offsets[i]:offsets[i + 1]] for i in range(n)]
 
 
-def _merge(parts: Iterable[Step], requests: tuple[int, ...]) -> Step:
-    """One batched decode step: per layer the union of the tokens' experts, with counts."""
+def merge_steps(parts: Iterable[Step], requests: tuple[int, ...]) -> Step:
+    """One step computing several requests' tokens together (a batch): per layer the union of
+    their experts, first seen first, with how many tokens routed to each."""
     parts = list(parts)
     L = len(parts[0].experts)
     experts: list[list[int]] = []
@@ -564,11 +565,15 @@ def _merge(parts: Iterable[Step], requests: tuple[int, ...]) -> Step:
     for layer in range(L):
         tally: dict[int, int] = {}
         for p in parts:
-            for e in p.experts[layer]:
-                tally[e] = tally.get(e, 0) + 1
+            if p.counts is None:
+                for e in p.experts[layer]:
+                    tally[e] = tally.get(e, 0) + 1
+            else:
+                for e, c in zip(p.experts[layer], p.counts[layer]):
+                    tally[e] = tally.get(e, 0) + c
         experts.append(list(tally))
         counts.append(list(tally.values()))
-    return Step(False, len(parts), experts, counts, requests)
+    return Step(any(p.prefill for p in parts), sum(p.tokens for p in parts), experts, counts, requests)
 
 
 class Future:

@@ -4,7 +4,13 @@ Modules (import them directly; this package imports nothing so `import casmoe.si
 
 - `hardware`: `HardwareProfile` (TOML, a source per number), `load_profile`, shipped `profiles/`;
 - `link`: host-to-device `Link` (free-at time, demand ahead of queued prefetches), `HostCap`;
+- `tiers`: the host RAM tier over the storage drive (`--host-cache`), chunked two-tier misses;
 - `compute`: `RooflineCompute` (dense part, routed experts, LM head, hand-over), `FixedCompute`;
-- `engine`: `simulate(trace, policy, capacity, hardware, preset, ...)`, `StepPlan`;
+- `decide`: the decision pass (one cache's events per step, as replay makes them);
+- `timing`: the timing pass (`StepTimer`: what a step's decisions cost on the machine);
+- `timeliness`: per-layer late hits and wasted prefetches, the perfect-prefetch stall bound;
+- `engine`: `simulate(trace, policy, capacity, hardware, preset, ...)`, `StepPlan`, the offline path;
+- `serving`: SimPy processes for arrivals, users, the continuous-batching scheduler and devices;
+- `latency`: TTFT, TPOT, end-to-end and queue figures of a run;
 - `result`: `SimResult`; `timeline`: Chrome/Perfetto recorder; `sweep`: grids, local or Ray.
 """

@@ -1,17 +1,22 @@
-"""The simulator: one SimPy process walks a trace's steps through real `ExpertCache` objects.
+"""The simulator: routing traces through real `ExpertCache` objects on a modelled machine.
+
+One machine model (`Machine`: each device's link and compute, the caches, the timing pass of
+`timing.py`) and two drivers:
+
+- offline (`workload=None`): the requests one after another, or in static batches of `batch`
+  whose decode tokens share steps. The step sequence is known in advance, so the run is a
+  decision pass (`decide.py`: the cache events in replay's order) followed by a timing pass
+  over what they returned, chunk by chunk: no SimPy event at all. The clock advances as SimPy's
+  does (`now + (t - now)` per step), so this path and the serving driver with one user and no
+  think time agree to the last bit.
+- serving (`workload`: Poisson or recorded arrivals, or a closed loop of users): SimPy
+  processes for the requests, the scheduler (continuous batching up to `max_batch`) and the
+  devices (`serving.py`).
 
 Event order is replay's (casmoe/replay.py): per request `begin_request`; per step and computed
-layer `before_layer`, `route`; `end_request` after a request's last step. Loads the events
-return go onto the owning device's `Link`; `arrived(expert)` is called when a load lands in
-simulated time, always before the next cache event that could observe it. Because cache
+layer `before_layer`, `route`; `end_request` after a request's last step. Because cache
 decisions never depend on timing, the counts equal replay's in `load` mode, except that a hit
 on an expert still on the wire is a *late* hit.
-
-Time per layer: the layer may start once the previous one is done (plus an activation hand-over
-when it changes device) and every expert it runs has arrived; the wait is a stall, charged to
-`late prefetch` up to the last late-hit arrival and to `demand miss` beyond. Compute then takes
-dense part + routed experts (`compute.py`). The SimPy clock advances once per step (one
-timeout), so a Mixtral token costs one event, not dozens.
 
 Layers are split across devices in contiguous ranges; each device has its own link and holds
 the slots of its layers. With per-layer capacity one cache object serves all devices (its
@@ -19,26 +24,36 @@ pools are per layer, so each pool lives on its layer's device, and a next-layer 
 crosses a device boundary goes over the next device's link). A global pool cannot span
 devices: with `--global-capacity` each device gets its own cache, built on the sub-model of
 its layers, with a share of the slots proportional to its layers.
+
+With `host_cache`, experts come from a RAM tier over the storage drive (`tiers.py`).
 """
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
-
-import simpy
+from typing import Any, Iterator, Mapping, Sequence
 
 from casmoe.cache import Capacity, CacheConfigError, CacheStats, ExpertCache, MissMode
 from casmoe.errors import CasmoeError
-from casmoe.geometry import Geometry, Quant, split_layers
+from casmoe.geometry import Quant, split_layers
 from casmoe.presets import ModelPreset, load_presets
-from casmoe.replay import request_bounds
+from casmoe.replay import starts_and_ends
 from casmoe.sim.compute import ComputeModel, RooflineCompute
+from casmoe.sim.decide import Decider, StepDecisions
 from casmoe.sim.hardware import HardwareProfile
+from casmoe.sim.latency import LatencyLog
 from casmoe.sim.link import HostCap, Link
-from casmoe.sim.result import SimResult, percentiles
+from casmoe.sim.result import SimResult
+from casmoe.sim.tiers import HostCache, HostTier, Storage
 from casmoe.sim.timeline import Timeline
-from casmoe.trace import Future, Request, Step, Trace
+from casmoe.sim.timeliness import Timeliness
+from casmoe.sim.timing import Shard, StepTimer, StepWork
+from casmoe.trace import Future, Step, Trace
+
+CHUNK_STEPS = 512
+"""Steps decided ahead of the timing pass at a time: bounds the memory of the record."""
 
 
 class SimConfigError(CasmoeError, ValueError):
@@ -130,18 +145,127 @@ class StepPlan:
 
 
 @dataclass
-class _Shard:
-    """One cache and what the driver needs to run its layers, unpacked once; lists are
-    indexed by the shard's local layer."""
+class Setup:
+    """Everything a run of one policy needs, resolved once; `machine()` builds fresh state
+    (links, caches) for each run (oracles in serving mode may need several)."""
 
-    cache: ExpertCache
-    steps: list[Step]
-    requests: list[Request]
-    first: int  # first global layer
-    links: list[Link]  # the link of each layer's device
-    device: list[int]
+    trace: Trace
+    policy: type[ExpertCache]
+    options: Mapping[str, Any]
+    capacity: Capacity
+    miss_mode: MissMode
+    hardware: HardwareProfile
+    ranges: list[range]  # layers of each device
+    shards: list[range]  # layers of each cache
+    shard_traces: list[Trace]
     expert_bytes: list[int]
-    expert_time: list[float]  # one routed expert, one token
+    compute: ComputeModel
+    pinned: bool
+    timeline: Timeline | None
+    host_cache: HostCache | None
+    detail: bool
+
+    def machine(self, futures: Sequence[Sequence[Step]] | None) -> Machine:
+        """Links, caches (attached to `futures`, one step sequence per shard, if they read the
+        future) and the timing pass, at time 0."""
+        g = self.trace.geometry
+        hw = self.hardware
+        devices = len(self.ranges)
+        cache_per_device = len(self.shards) > 1
+        tier = None
+        if self.host_cache is not None:
+            tier = self.host_cache.build(g, self.expert_bytes, hw)
+        host = HostCap(hw.host_cap_gbs * 1e9) if hw.host_cap_gbs > 0 else None
+        rate = hw.h2d_gbs(self.pinned) * 1e9
+        latency = hw.copy_latency_us * 1e-6
+        offsets = [layers.start * g.experts if cache_per_device else 0 for layers in self.ranges]
+        links = [Link(rate, latency, host, self.timeline, d, offsets[d], tier) for d in range(devices)]
+        device_of = [d for d, layers in enumerate(self.ranges) for _ in layers]
+        shards = []
+        for i, layers in enumerate(self.shards):
+            sub_trace = self.shard_traces[i]
+            shard_bytes = self.expert_bytes[layers.start : layers.stop]
+            cache = self.policy.create(
+                sub_trace.geometry, self._share(i, layers), miss_mode=self.miss_mode, expert_bytes=shard_bytes,
+                trace=sub_trace, **dict(self.options),
+            )
+            if cache.needs_future:
+                cache.attach_future(Future(futures[i] if futures is not None else [], sub_trace.geometry))
+            shards.append(
+                Shard(
+                    decider=Decider(cache, sub_trace.requests),
+                    first=layers.start,
+                    links=[links[device_of[layer]] for layer in layers],
+                    device=[device_of[layer] for layer in layers],
+                    expert_bytes=shard_bytes,
+                    expert_time=[self.compute.expert(layer, 1) for layer in layers],
+                )
+            )
+        timeliness = None
+        if self.detail:
+            copy = [latency + b / rate for b in self.expert_bytes]
+            timeliness = Timeliness(g.layers, g.experts, devices, copy)
+        timer = StepTimer(
+            shards, links, self.compute, self.miss_mode, g.layers, g.experts, load_host_s=hw.load_host_us * 1e-6,
+            timeline=self.timeline, timeliness=timeliness,
+        )
+        return Machine(links, shards, timer, tier, timeliness)
+
+    def _share(self, i: int, layers: range) -> Capacity:
+        """A global pool split over devices: each device's share of the slots."""
+        cap = self.capacity
+        if len(self.shards) == 1:
+            return cap
+        g = self.trace.geometry
+        share = cap.slots * len(layers) // g.layers
+        if share < g.top_k:
+            raise CacheConfigError(
+                f"--global-capacity {cap.slots} split over {len(self.ranges)} devices leaves {share} slots on "
+                f"device {i}, below top_k={g.top_k}; raise it or use fewer --devices"
+            )
+        return Capacity(share, per_layer=False)
+
+
+@dataclass
+class Machine:
+    """One run's state: each device's link, the caches (one per shard), the timing pass."""
+
+    links: list[Link]
+    shards: list[Shard]
+    timer: StepTimer
+    tier: HostTier | None
+    timeliness: Timeliness | None
+
+    def result(self, setup: Setup, log: LatencyLog, end: float, **kw: Any) -> SimResult:
+        timer = self.timer
+        stats = timer.stats([shard.cache.stats() for shard in self.shards])
+        tl = self.timeliness
+        tier = self.tier
+        tier_stats = tier.cache.stats() if tier is not None else None
+        return SimResult(
+            requests=len(setup.trace.requests),
+            sim_time_s=end,
+            compute_s=timer.compute_s,
+            stall_demand_s=timer.stall_demand,
+            stall_late_s=timer.stall_late,
+            stall_by_layer_s=tuple(timer.stall_by_layer),
+            link_bytes=sum(link.bytes for link in self.links),
+            cancelled_loads=sum(link.cancelled for link in self.links),
+            link_utilisation=tuple(min(1.0, link.busy / end) if end else 0.0 for link in self.links),
+            compute_utilisation=tuple(min(1.0, b / end) if end else 0.0 for b in timer.device_busy),
+            stats=stats,
+            late_by_layer=tuple(timer.late_by_layer),
+            wasted_by_layer=tuple(tl.wasted_by_layer) if tl is not None else (),
+            stall_bound_s=tl.bound if tl is not None else 0.0,
+            stall_bound_by_layer_s=tuple(tl.bound_by_layer) if tl is not None else (),
+            host_cache_gb=setup.host_cache.nbytes / 1e9 if setup.host_cache is not None else 0.0,
+            host_hits=tier_stats.hits if tier_stats is not None else 0,
+            host_misses=tier_stats.misses if tier_stats is not None else 0,
+            storage_bytes=tier.storage.bytes if tier is not None else 0,
+            stall_storage_s=timer.stall_storage,
+            **log.summary(end),
+            **kw,
+        )
 
 
 def simulate(
@@ -162,297 +286,135 @@ def simulate(
     timeline: Timeline | None = None,
     trace_name: str = "",
     plan: StepPlan | None = None,
+    workload: Any = None,
+    host_cache: HostCache | None = None,
+    detail: bool = True,
 ) -> SimResult:
-    """Run `trace` through `policy` caches on `hardware`; see the module docstring."""
+    """Run `trace` through `policy` caches on `hardware`; see the module docstring.
+    `workload` (`serving.Workload`) serves the requests as they arrive instead of one after
+    another; `detail` adds the per-layer timeliness figures and the perfect-prefetch bound."""
     check_geometry(trace.geometry, preset)
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)
     cache_per_device = devices > 1 and not capacity.per_layer
-    if plan is None:
-        plan = StepPlan.build(trace, batch, devices, cache_per_device)
-    elif plan.trace is not trace or plan.batch != batch or len(plan.ranges) != devices or (
-        len(plan.shards) > 1
-    ) != cache_per_device:
-        raise SimConfigError("the step plan was built for another trace, batch, device count or capacity kind")
-    if compute is None:
-        compute = RooflineCompute.build(hardware, preset, nbytes, pinned)
-    host = HostCap(hardware.host_cap_gbs * 1e9) if hardware.host_cap_gbs > 0 else None
-    rate = hardware.h2d_gbs(pinned) * 1e9
-    latency = hardware.copy_latency_us * 1e-6
-    offsets = [layers.start * g.experts if cache_per_device else 0 for layers in plan.ranges]
-    links = [Link(rate, latency, host, timeline, d, offsets[d]) for d in range(devices)]
-    device_of = [d for d, layers in enumerate(plan.ranges) for _ in layers]
-    shards: list[_Shard] = []
-    for i, layers in enumerate(plan.shards):
-        sub_trace = plan.shard_traces[i]
-        sub_cap = capacity
-        if cache_per_device:
-            share = capacity.slots * len(layers) // g.layers
-            if share < g.top_k:
-                raise CacheConfigError(
-                    f"--global-capacity {capacity.slots} split over {devices} devices leaves {share} slots on "
-                    f"device {i}, below top_k={g.top_k}; raise it or use fewer --devices"
-                )
-            sub_cap = Capacity(share, per_layer=False)
-        shard_bytes = nbytes[layers.start : layers.stop]
-        cache = policy.create(
-            sub_trace.geometry, sub_cap, miss_mode=miss_mode, expert_bytes=shard_bytes, trace=sub_trace, **dict(options or {})
-        )
-        if cache.needs_future:
-            cache.attach_future(Future(plan.shard_steps[i], sub_trace.geometry))
-        shards.append(
-            _Shard(
-                cache=cache,
-                steps=plan.shard_steps[i],
-                requests=sub_trace.requests,
-                first=layers.start,
-                links=[links[device_of[layer]] for layer in layers],
-                device=[device_of[layer] for layer in layers],
-                expert_bytes=shard_bytes,
-                expert_time=[compute.expert(layer, 1) for layer in layers],
-            )
-        )
-    run = _Run(trace, plan.steps, shards, links, compute, miss_mode, batch, timeline)
-    env = simpy.Environment()
-    env.process(run.drive(env))
-    env.run()
-    stats = CacheStats.total([shard.cache.stats() for shard in shards])
-    name = label or policy.name or policy.__name__
-    slots = capacity.slots
+    if workload is None:
+        if plan is None:
+            plan = StepPlan.build(trace, batch, devices, cache_per_device)
+        elif plan.trace is not trace or plan.batch != batch or len(plan.ranges) != devices or (
+            len(plan.shards) > 1
+        ) != cache_per_device:
+            raise SimConfigError("the step plan was built for another trace, batch, device count or capacity kind")
+        ranges, shard_ranges, shard_traces = plan.ranges, plan.shards, plan.shard_traces
+    else:
+        ranges = split_layers(g.layers, devices)
+        shard_ranges = list(ranges) if cache_per_device else [range(g.layers)]
+        shard_traces = [trace.layer_slice(r) for r in ranges] if cache_per_device else [trace]
+    setup = Setup(
+        trace, policy, options or {}, capacity, miss_mode, hardware, ranges, shard_ranges, shard_traces, nbytes,
+        compute or RooflineCompute.build(hardware, preset, nbytes, pinned), pinned, timeline, host_cache, detail,
+    )
     budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
-    return run.result(
-        policy=name,
+    describe = dict(
+        policy=label or policy.name or policy.__name__,
         capacity=capacity.describe(),
-        capacity_slots=slots,
+        capacity_slots=capacity.slots,
         capacity_gb=budget / 1e9,
         hardware=hardware.name,
         model=preset.name,
         trace=trace_name,
-        stats=stats,
         devices=devices,
         quant=(quant.value if quant else ("trace" if g.layer_expert_bytes else Quant.BF16.value)),
         miss_mode=miss_mode.value,
     )
+    if workload is not None:
+        from casmoe.sim.serving import serve
+
+        with no_gc():
+            return serve(setup, workload, describe)
+    machine = setup.machine(plan.shard_steps)
+    log = LatencyLog()
+    with no_gc():
+        end = run_offline(plan, machine, setup, log)
+    workload_text = "back-to-back" if batch == 1 else f"static batches of {batch}"
+    return machine.result(setup, log, end, batch=batch, workload=workload_text, max_batch=batch, **describe)
 
 
-class _Run:
-    """The mutable state of one simulation and its SimPy driver process."""
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for a run: the decision records are many small
+    container objects, and rescanning them doubled the time of a run; a run forms no cycles
+    that need collecting before it ends."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
-    def __init__(
-        self,
-        trace: Trace,
-        steps: list[Step],
-        shards: list[_Shard],
-        links: list[Link],
-        compute: ComputeModel,
-        miss_mode: MissMode,
-        batch: int,
-        timeline: Timeline | None,
-    ) -> None:
-        self.trace = trace
-        self.steps = steps
-        self.shards = shards
-        self.links = links
-        self.compute = compute
-        self.miss_mode = miss_mode
-        self.batch = batch
-        self.timeline = timeline
-        self.layers = trace.geometry.layers
-        self.compute_s = 0.0
-        self.stall_demand = 0.0
-        self.stall_late = 0.0
-        self.stall_by_layer = [0.0] * self.layers
-        self.ttft: dict[int, float] = {}
-        self.token_latency: list[float] = []
-        self.decode_time = 0.0
-        self.decode_tokens = 0
-        self.prefill_tokens = 0
-        self.end = 0.0
 
-    def drive(self, env: simpy.Environment):
-        steps = self.steps
-        first, last = request_bounds(steps)
-        starts: dict[int, list[int]] = {}
-        ends: dict[int, int] = {}
-        for r, s in first.items():
-            starts.setdefault(s, []).append(r)
-        for r, s in last.items():
-            ends[s] = ends.get(s, 0) + 1
-        batch = self.batch
-        arrival: dict[int, float] = {}  # request -> when its batch group arrived
-        pos = [0] * len(self.trace.requests)  # tokens each request has processed
-        compute = self.compute
-        timeline = self.timeline
-        stall_by_layer = self.stall_by_layer
-        load_mode = self.miss_mode is MissMode.LOAD
-        cpu_mode = self.miss_mode is MissMode.CPU
-        multi = len(self.links) > 1
-        E = self.trace.geometry.experts
-        busy_total = stall_late = stall_demand = 0.0  # locals: the layer loop is the hot path
-        for s, step in enumerate(steps):
-            t = env.now
-            for r in starts.get(s, ()):
-                arrival.setdefault(r, arrival.get(r - r % batch, t))
-                for shard in self.shards:
-                    self._land_all(shard, t)
-                    self._issue(shard, t, shard.cache.begin_request(shard.requests[r]))
-            T = step.tokens
+def run_offline(plan: StepPlan, machine: Machine, setup: Setup, log: LatencyLog) -> float:
+    """The fast path: requests one after another (or in static batches), each chunk of steps
+    decided first, then priced. Returns the makespan."""
+    steps = plan.steps
+    batch = plan.batch
+    starts, finishing = starts_and_ends(steps)
+    compute = setup.compute
+    timer = machine.timer
+    deciders = [shard.decider for shard in machine.shards]
+    shard_steps = plan.shard_steps
+    interleaved = timer.interleaved
+    pos = [0] * len(setup.trace.requests)  # tokens each request has processed
+    now = 0.0
+    for c0 in range(0, len(steps), CHUNK_STEPS):
+        c1 = min(len(steps), c0 + CHUNK_STEPS)
+        records: list[list[StepDecisions]] | None = None
+        if not interleaved:  # the decision pass for this chunk, shard by shard
+            records = [
+                [d.step(s, shard_steps[i][s].experts, starts.get(s, ()), len(finishing.get(s, ()))) for s in range(c0, c1)]
+                for i, d in enumerate(deciders)
+            ]
+        for s in range(c0, c1):  # the timing pass
+            step = steps[s]
+            decisions = None if records is None else [rec[s - c0] for rec in records]
+            t = now
+            starting = starts.get(s, ())
+            for r in starting:
+                log.arrive(r, log.arrival.get(r - r % batch, t))  # a static batch arrives together
+                log.admit(r, t, r % batch + 1)
+            if starting:
+                t = timer.begin(t, starting, decisions)
+            step_start = now
+            work = _work(step, pos, compute)
+            t = timer.step(s, work, [sub[s] for sub in shard_steps], decisions, t)
+            now = now + (t - now)  # SimPy's clock arithmetic (env.timeout(t - now))
             if step.prefill:
-                (r,) = step.requests
-                pairs = T * (T + 1) // 2
-                kv = T
-                pos[r] += T
-                self.prefill_tokens += T
+                log.prefilled(step.requests[0], step.tokens, t)
             else:
-                pairs = 0
-                for r in step.requests:
-                    pos[r] += 1
-                    pairs += pos[r]
-                kv = pairs
-            dense = compute.dense(T, pairs, kv)
-            step_start = t
-            on_device = 0
-            for shard in self.shards:
-                cache = shard.cache
-                arrived = cache.arrived
-                before = cache.before_layer if cache.prefetches_per_layer else None
-                route = cache.route
-                sub = shard.steps[s]
-                counts = sub.counts
-                exp_time = shard.expert_time
-                links = shard.links
-                for ll, experts in enumerate(sub.experts):
-                    if not experts:
-                        continue
-                    if multi and shard.device[ll] != on_device:
-                        on_device = shard.device[ll]
-                        t += compute.handover(T)
-                    link = links[ll]
-                    if link.queue or (link.heap and link.heap[0][0] <= t):
-                        link.land(t, arrived)  # only this layer's experts are observed next
-                    if before is not None:
-                        pre = before(s, ll)
-                        if pre:
-                            self._issue(shard, t, pre)
-                    acc = route(s, ll, experts)
-                    start = t
-                    late_until = t
-                    if acc.late:
-                        for e in acc.late:
-                            a = link.need(t, e)
-                            if a > late_until:
-                                late_until = a
-                        start = late_until
-                    if acc.loads:
-                        nb = shard.expert_bytes[ll]
-                        for ld in acc.loads:
-                            if ld.victim >= 0:
-                                links[ld.victim // E].cancel(t, ld.victim)
-                            a = link.demand(t, ld.expert, nb)
-                            if a > start:
-                                start = a
-                        for ld in acc.loads:  # landed by `start`, before the next cache event
-                            arrived(ld.expert)
-                    if acc.background:
-                        self._issue(shard, t, acc.background)
-                    if start > t:
-                        stall_late += late_until - t
-                        stall_demand += start - late_until
-                        stall_by_layer[shard.first + ll] += start - t
-                        if timeline is not None:
-                            timeline.stall(on_device, t, start, shard.first + ll)
-                    if counts is None and load_mode:
-                        busy = dense + len(experts) * exp_time[ll]
-                    else:
-                        busy = dense + self._experts_time(
-                            shard, ll, experts, None if counts is None else counts[ll], acc.cpu if cpu_mode else ()
-                        )
-                    t = start + busy
-                    busy_total += busy
-                    if timeline is not None:
-                        timeline.compute(on_device, start, t, shard.first + ll)
-            head = compute.head(1 if step.prefill else T)
-            t += head
-            busy_total += head
-            yield env.timeout(t - env.now)
-            if step.prefill:
-                self.ttft[step.requests[0]] = t - arrival[step.requests[0]]
-            else:
-                self.token_latency.append(t - step_start)
-                self.decode_time += t - step_start
-                self.decode_tokens += T
-                for r in step.requests:
-                    self.ttft.setdefault(r, t - arrival[r])
-            for _ in range(ends.get(s, 0)):
-                for shard in self.shards:
-                    self._land_all(shard, t)
-                    shard.cache.end_request()
-        self.end = env.now
-        self.compute_s, self.stall_late, self.stall_demand = busy_total, stall_late, stall_demand
+                log.decoded(step_start, t, step.requests)
+            done = finishing.get(s, ())
+            if done:
+                for r in done:
+                    log.finished(r, t)
+                timer.end(t, len(done))
+    return now
 
-    @staticmethod
-    def _land_all(shard: _Shard, t: float) -> None:
-        for link in dict.fromkeys(shard.links):
-            link.land(t, shard.cache.arrived)
 
-    def _issue(self, shard: _Shard, t: float, loads) -> None:
-        """Queue prefetch loads on their layers' links, cancelling the loads of the experts
-        they evict."""
-        links = shard.links
-        nbytes = shard.expert_bytes
-        E = self.trace.geometry.experts
-        for ld in loads:
-            if ld.victim >= 0:
-                links[ld.victim // E].cancel(t, ld.victim)
-            layer = ld.expert // E
-            links[layer].prefetch(t, ld.expert, nbytes[layer])
-
-    def _experts_time(self, shard: _Shard, ll: int, experts, counts, cpu) -> float:
-        """Routed-expert time when tokens per expert vary or some experts run on the host
-        (which works alongside the GPU: the layer takes the longer of the two)."""
-        layer = shard.first + ll
-        expert = self.compute.expert
-        if counts is None:
-            counts = [1] * len(experts)
-        if not cpu:
-            if len(counts) == 1 or counts.count(1) == len(counts):
-                return len(counts) * shard.expert_time[ll]
-            return sum(expert(layer, c) for c in counts)
-        on_host = set(cpu)
-        gpu = host = 0.0
-        cpu_expert = self.compute.cpu_expert
-        for e, c in zip(experts, counts):
-            if e in on_host:
-                host += cpu_expert(layer, c)
-            else:
-                gpu += expert(layer, c)
-        return max(gpu, host)
-
-    def result(self, **kw: Any) -> SimResult:
-        ttft = list(self.ttft.values())
-        p50, p90, p99 = percentiles(self.token_latency, (50, 90, 99))
-        t50, t99 = percentiles(ttft, (50, 99))
-        end = self.end
-        return SimResult(
-            batch=self.batch,
-            requests=len(self.trace.requests),
-            prefill_tokens=self.prefill_tokens,
-            decode_tokens=self.decode_tokens,
-            sim_time_s=end,
-            compute_s=self.compute_s,
-            ttft_mean_s=sum(ttft) / len(ttft) if ttft else 0.0,
-            ttft_p50_s=t50,
-            ttft_p99_s=t99,
-            token_latency_mean_s=self.decode_time / len(self.token_latency) if self.token_latency else 0.0,
-            token_latency_p50_s=p50,
-            token_latency_p90_s=p90,
-            token_latency_p99_s=p99,
-            decode_tokens_per_s=self.decode_tokens / self.decode_time if self.decode_time else 0.0,
-            stall_demand_s=self.stall_demand,
-            stall_late_s=self.stall_late,
-            stall_by_layer_s=tuple(self.stall_by_layer),
-            link_bytes=sum(link.bytes for link in self.links),
-            cancelled_loads=sum(link.cancelled for link in self.links),
-            link_utilisation=tuple(min(1.0, link.busy / end) if end else 0.0 for link in self.links),
-            **kw,
-        )
+def _work(step: Step, pos: list[int], compute: ComputeModel) -> StepWork:
+    """Dense and head time of a prefill (one request, all its prompt) or a decode step (one
+    token per request), from the requests' context lengths (`pos`, updated)."""
+    T = step.tokens
+    if step.prefill:
+        (r,) = step.requests
+        pairs = T * (T + 1) // 2
+        kv = T
+        pos[r] += T
+        head = compute.head(1)
+    else:
+        pairs = 0
+        for r in step.requests:
+            pos[r] += 1
+            pairs += pos[r]
+        kv = pairs
+        head = compute.head(T)
+    return StepWork(T, compute.dense(T, pairs, kv), head)

@@ -14,6 +14,11 @@ arrival is ignored, and a new load of the same expert queues behind it.
 `HostCap` models one root complex or socket feeding several links: a serial pipe every copy
 also passes through. It is an approximation (copies share it in commit order rather than
 fluidly), exact for one link and never exceeding the cap in aggregate.
+
+With a host RAM tier (`tiers.HostTier`, `--host-cache`), a load of an expert that is not in RAM
+first reads it from storage in chunks; the copy of each chunk starts once the chunk is read and
+the previous chunk's copy is done (a two-stage pipeline through pinned staging buffers), so the
+load holds the wire from its first chunk's arrival in RAM to its last chunk's copy.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from heapq import heappop, heappush
 from typing import Callable
 
 from casmoe.geometry import ExpertId
+from casmoe.sim.tiers import Chunks, HostTier
 from casmoe.sim.timeline import Timeline
 
 
@@ -53,9 +59,12 @@ class Link:
         "queue",
         "_pending",
         "_arrival",
-        "_token",
+        "tokens",
         "heap",
         "_seq",
+        "tier",
+        "storage_loads",
+        "last_from_storage",
     )
 
     def __init__(
@@ -66,6 +75,7 @@ class Link:
         timeline: Timeline | None = None,
         device: int = 0,
         id_offset: int = 0,
+        tier: HostTier | None = None,
     ) -> None:
         self.rate = rate
         self.latency = latency
@@ -82,17 +92,23 @@ class Link:
         self.queue: deque[list] = deque()  # prefetches not started: [expert, nbytes, token, enqueued, alive]
         self._pending: dict[ExpertId, list] = {}
         self._arrival: dict[ExpertId, float] = {}  # committed, not yet delivered
-        self._token: dict[ExpertId, int] = {}  # every load in flight (queued or committed)
+        self.tokens: dict[ExpertId, int] = {}
+        """Every tracked load in flight (queued or committed, not landed): the experts a layer
+        that routes them must wait for (late hits)."""
         self.heap: list[tuple[float, int, ExpertId]] = []  # (arrival, token, expert)
         self._seq = 0
+        self.tier = tier
+        self.storage_loads = 0
+        self.last_from_storage = False  # the last demand load read its expert from storage
 
     def prefetch(self, now: float, expert: ExpertId, nbytes: int) -> None:
-        """Queue a prefetch behind every earlier copy."""
+        """Queue a prefetch behind every earlier copy (its storage read, if any, starts now)."""
         self._seq += 1
-        entry = [expert, nbytes, self._seq, now, True]
+        chunks = None if self.tier is None else self._source(now, expert, nbytes)
+        entry = [expert, nbytes, self._seq, now if chunks is None else max(now, chunks[0][0]), True, chunks]
         self.queue.append(entry)
         self._pending[expert] = entry
-        self._token[expert] = self._seq
+        self.tokens[expert] = self._seq
 
     def demand(self, now: float, expert: ExpertId, nbytes: int) -> float:
         """Commit a demand load ahead of queued prefetches; returns its arrival time.
@@ -102,7 +118,11 @@ class Link:
         if self.queue:
             self._advance(now)
         start = self.busy_until if self.busy_until > now else now
-        return self._wire(expert, nbytes, start, True)
+        if self.tier is None:
+            return self._wire(expert, nbytes, start, True)
+        chunks = self._source(now, expert, nbytes)
+        self.last_from_storage = chunks is not None
+        return self._wire(expert, nbytes, start, True, chunks)
 
     def need(self, now: float, expert: ExpertId) -> float:
         """Arrival time of an in-flight `expert` that a layer needs now; a still-queued
@@ -113,12 +133,12 @@ class Link:
         if entry is None:
             return self._arrival[expert]
         entry[4] = False
-        start = self.busy_until if self.busy_until > now else now
-        return self._commit(expert, entry[1], entry[2], start, True)
+        start = max(self.busy_until, now, entry[3])
+        return self._commit(expert, entry[1], entry[2], start, True, entry[5])
 
     def cancel(self, now: float, expert: ExpertId) -> None:
         """`expert` lost its slot: drop its queued load, or ignore its arrival if on the wire."""
-        if self._token.pop(expert, None) is None:
+        if self.tokens.pop(expert, None) is None:
             return
         if self.queue:
             self._advance(now)
@@ -133,7 +153,7 @@ class Link:
         if self.queue:
             self._advance(now)
         heap = self.heap
-        token = self._token
+        token = self.tokens
         while heap and heap[0][0] <= now:
             _, tok, expert = heappop(heap)
             if token.get(expert) == tok:
@@ -154,18 +174,26 @@ class Link:
                 return
             queue.popleft()
             del self._pending[entry[0]]
-            self._commit(entry[0], entry[1], entry[2], start, False)
+            self._commit(entry[0], entry[1], entry[2], start, False, entry[5])
 
-    def _commit(self, expert: ExpertId, nbytes: int, token: int, start: float, demand: bool) -> float:
+    def _commit(
+        self, expert: ExpertId, nbytes: int, token: int, start: float, demand: bool, chunks: Chunks | None = None
+    ) -> float:
         """Put a tracked load on the wire: its arrival is reported by `land`."""
-        end = self._wire(expert, nbytes, start, demand)
+        end = self._wire(expert, nbytes, start, demand, chunks)
         self._arrival[expert] = end
         heappush(self.heap, (end, token, expert))
         return end
 
-    def _wire(self, expert: ExpertId, nbytes: int, start: float, demand: bool) -> float:
-        """Occupy the wire (and the host cap) from `start`; returns the end."""
-        end = start + self.latency + nbytes / self.rate
+    def _wire(self, expert: ExpertId, nbytes: int, start: float, demand: bool, chunks: Chunks | None = None) -> float:
+        """Occupy the wire (and the host cap) from `start`; returns the end. `chunks` (ready
+        time, bytes) of a load read from storage are copied one by one as they arrive in RAM."""
+        if chunks is None:
+            end = start + self.latency + nbytes / self.rate
+        else:
+            end = start
+            for ready, size in chunks:
+                end = (ready if ready > end else end) + self.latency + size / self.rate
         host = self.host
         if host is not None:
             through = (host.free_at if host.free_at > start else start) + nbytes / host.rate
@@ -178,3 +206,10 @@ class Link:
         if self.timeline is not None:
             self.timeline.copy(self.device, start, end, expert + self.id_offset, demand)
         return end
+
+    def _source(self, now: float, expert: ExpertId, nbytes: int) -> Chunks | None:
+        """Where a load's bytes come from: None from RAM, else the chunks of its storage read."""
+        chunks = self.tier.fetch(now, expert + self.id_offset, nbytes)  # type: ignore[union-attr]
+        if chunks is not None:
+            self.storage_loads += 1
+        return chunks

@@ -53,6 +53,40 @@ class SimResult:
     cancelled_loads: int
     link_utilisation: tuple[float, ...]
     stats: CacheStats
+    # serving: the workload, and latencies per request (`latency.py` defines them)
+    workload: str = "back-to-back"
+    max_batch: int = 1
+    ttft_p90_s: float = 0.0
+    tpot_mean_s: float = 0.0
+    tpot_p50_s: float = 0.0
+    tpot_p90_s: float = 0.0
+    tpot_p99_s: float = 0.0
+    e2e_mean_s: float = 0.0
+    e2e_p50_s: float = 0.0
+    e2e_p90_s: float = 0.0
+    e2e_p99_s: float = 0.0
+    queue_wait_mean_s: float = 0.0
+    queue_wait_p99_s: float = 0.0
+    requests_per_s: float = 0.0
+    throughput_tokens_per_s: float = 0.0
+    mean_batch: float = 0.0  # decode tokens per decode step
+    peak_batch: int = 0  # most requests running at once
+    queue_mean: float = 0.0
+    queue_max: int = 0
+    queue_length: tuple[tuple[float, int], ...] = ()
+    compute_utilisation: tuple[float, ...] = ()
+    # timeliness: per MoE layer, and the perfect-prefetch bound (`timeliness.py`)
+    late_by_layer: tuple[int, ...] = ()
+    wasted_by_layer: tuple[int, ...] = ()
+    stall_bound_s: float = 0.0
+    stall_bound_by_layer_s: tuple[float, ...] = ()
+    # tiers: the host RAM tier over storage (`tiers.py`); 0 when all experts sit in RAM
+    host_cache_gb: float = 0.0
+    host_hits: int = 0
+    host_misses: int = 0
+    storage_bytes: int = 0
+    stall_storage_s: float = 0.0
+    future_runs: int = 1  # runs an oracle needed until the step sequence it was given repeated
 
     @property
     def stall_s(self) -> float:
@@ -65,6 +99,6 @@ class SimResult:
             if f.name == "stats":
                 d.update(v.to_dict())
             else:
-                d[f.name] = list(v) if isinstance(v, tuple) else v
+                d[f.name] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
         d["stall_s"] = self.stall_s
         return d

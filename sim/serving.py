@@ -1,0 +1,350 @@
+"""Serving: requests arrive, queue, are batched continuously and decoded together.
+
+The SimPy processes, in the style of SimPy's own examples:
+
+- `open_loop`: requests arrive at given times (a Poisson process of `rate` per second, or the
+  times recorded in the trace) and are submitted to the server;
+- `user`: one of `users` in a closed loop: submit a request, wait for its last token, think
+  `think_s` seconds, submit the next (the requests are dealt out in trace order);
+- `Server.scheduler`: admits waiting requests, first come first served, while fewer than
+  `max_batch` are running (each admission is the request's `begin_request`), then runs one
+  step and repeats. A decode step carries one token of every running request that has its
+  prompt done: the union of their experts is routed per layer (as the backend's batch does),
+  a request that finishes leaves and a waiting one takes its place (continuous batching).
+  Prompts are scheduled by one of two policies: `prefill-first` (vLLM's default before
+  chunking: a newly admitted request's whole prompt runs as its own step before the next
+  decode step) or `chunked` (Sarathi-style: every step carries the running requests' decode
+  tokens plus up to `chunk - decodes` prompt tokens of the oldest request still prefilling);
+- `GPU`: one device: its compute stream (a `simpy.Resource`: one step's kernels at a time)
+  and its copy engine (the host-to-device `Link`, a free-at time). A step holds the streams of
+  the devices it runs on for its duration; its layer-by-layer cost is the timing pass
+  (`timing.py`): within a step nothing else acts, so it costs one timeout, not one per layer.
+
+Policies that read the future (belady, sch, casmoe's oracle predictors) need the step sequence,
+which here depends on timing: they run again with the sequence of the previous run until it
+repeats (at most `MAX_FUTURE_RUNS` runs; `future_runs` in the result says how many it took).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import simpy
+
+from casmoe.errors import CasmoeError
+from casmoe.sim.engine import Machine, Setup
+from casmoe.sim.latency import LatencyLog
+from casmoe.sim.timing import StepWork
+from casmoe.trace import Request, Step, merge_steps, prefill_step
+
+MAX_FUTURE_RUNS = 5
+
+
+class WorkloadError(CasmoeError, ValueError):
+    """A workload that cannot run (no arrival times in the trace, a rate <= 0, ...)."""
+
+
+class Arrival(enum.Enum):
+    POISSON = "poisson"  # open loop, exponential gaps of mean 1 / rate
+    TRACE = "trace"  # open loop, the trace's per-request arrival times
+    CLOSED = "closed"  # `users` users, each waiting for its answer and thinking `think_s`
+
+
+class Schedule(enum.Enum):
+    PREFILL_FIRST = "prefill-first"
+    CHUNKED = "chunked"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How requests reach the server and how it batches them."""
+
+    arrival: Arrival
+    rate: float = 0.0  # requests per second (poisson)
+    users: int = 1  # closed loop
+    think_s: float = 0.0  # closed loop
+    max_batch: int = 8
+    schedule: Schedule = Schedule.PREFILL_FIRST
+    chunk: int = 512  # tokens per step (chunked)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arrival is Arrival.POISSON and not self.rate > 0:
+            raise WorkloadError(f"--rate must be > 0 requests/s for poisson arrivals (got {self.rate})")
+        if self.users < 1 or self.max_batch < 1 or self.chunk < 1 or not self.think_s >= 0:
+            raise WorkloadError("--users, --max-batch and --chunk must be >= 1 and --think >= 0")
+
+    def describe(self) -> str:
+        if self.arrival is Arrival.POISSON:
+            how = f"poisson {self.rate:g}/s"
+        elif self.arrival is Arrival.TRACE:
+            how = "trace arrivals"
+        else:
+            how = f"{self.users} users, think {self.think_s:g} s"
+        sched = self.schedule.value + (f" {self.chunk}" if self.schedule is Schedule.CHUNKED else "")
+        return f"{how}, max batch {self.max_batch}, {sched}"
+
+    def arrival_times(self, requests: Sequence[Request]) -> list[float]:
+        """Open loop: when each request arrives."""
+        if self.arrival is Arrival.TRACE:
+            times = [r.arrival for r in requests]
+            if any(t is None for t in times):
+                raise WorkloadError("--arrival trace needs a trace with per-request arrival times")
+            return [float(t) for t in times]  # type: ignore[arg-type]
+        gaps = np.random.default_rng(self.seed).exponential(1.0 / self.rate, len(requests))
+        return np.cumsum(gaps).tolist()
+
+
+@dataclass(eq=False)
+class Job:
+    """A request in the server: where it stands and when it is done."""
+
+    r: int
+    request: Request
+    done: simpy.Event
+    prompt: int  # prompt tokens
+    steps: list[Step]  # its own steps: the prompt (if any), then one per decode token
+    pos: int = 0  # tokens computed
+    decoded: int = 0  # decode steps done
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pos < self.prompt
+
+
+class GPU:
+    """One device: a compute stream (one step's kernels at a time) and a copy engine."""
+
+    def __init__(self, env: simpy.Environment, index: int, copy_engine: Any) -> None:
+        self.index = index
+        self.stream = simpy.Resource(env, capacity=1)
+        self.copy_engine = copy_engine
+
+
+@dataclass
+class Plan:
+    """The next step: its parts, what it costs besides experts, who finishes."""
+
+    step: Step
+    work: StepWork
+    decoding: list[Job]
+    prefill: Job | None = None
+    chunk: tuple[int, int] = (0, 0)
+    finishing: list[Job] = field(default_factory=list)
+
+
+class Server:
+    """The scheduler and the devices of one run."""
+
+    def __init__(self, env: simpy.Environment, setup: Setup, machine: Machine, workload: Workload,
+                 log: LatencyLog) -> None:
+        self.env = env
+        self.setup = setup
+        self.machine = machine
+        self.workload = workload
+        self.log = log
+        self.gpus = [GPU(env, i, link) for i, link in enumerate(machine.links)]
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []
+        self.wake = env.event()
+        self.steps: list[Step] = []  # the step sequence, for oracles' next run
+        self.clock = 0.0  # the end of the last step: the makespan, once all is served
+        g = setup.trace.geometry
+        self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
+        self._E = g.experts
+
+    def submit(self, r: int) -> simpy.Event:
+        """Request `r` arrives now; the event fires with its last token."""
+        request = self.setup.trace.requests[r]
+        job = Job(r, request, self.env.event(), request.prefill, request.steps(self.setup.trace.geometry))
+        self.log.arrive(r, self.env.now)
+        if not job.steps:
+            self.log.admit(r, self.env.now, len(self.running))
+            self.log.finished(r, self.env.now)
+            job.done.succeed()
+            return job.done
+        self.waiting.append(job)
+        self.log.queue_length(self.env.now, len(self.waiting))
+        if not self.wake.triggered:
+            self.wake.succeed()
+        return job.done
+
+    def scheduler(self) -> Iterator[simpy.Event]:
+        env = self.env
+        timer = self.machine.timer
+        deciders = [shard.decider for shard in self.machine.shards]
+        while True:
+            if not self.waiting and not self.running:
+                self.wake = env.event()
+                yield self.wake
+                continue
+            admitted = self._admit()
+            plan = self._next_step()
+            s = len(self.steps)
+            self.steps.append(plan.step)
+            subs = self._views(plan.step)
+            starting = [job.r for job in admitted]
+            decisions = None
+            if not timer.interleaved:
+                decisions = [d.step(s, subs[i].experts, starting, len(plan.finishing)) for i, d in enumerate(deciders)]
+            start = env.now
+            t = timer.begin(start, starting, decisions) if starting else start
+            t = timer.step(s, plan.work, subs, decisions, t)
+            requests = [gpu.stream.request() for gpu in self.gpus]
+            yield simpy.AllOf(env, requests)
+            yield env.timeout(t - env.now)
+            self.clock = env.now
+            for gpu, req in zip(self.gpus, requests):
+                gpu.stream.release(req)
+            self._account(plan, start, t)
+
+    def _admit(self) -> list[Job]:
+        admitted = []
+        while self.waiting and len(self.running) < self.workload.max_batch:
+            job = self.waiting.popleft()
+            self.running.append(job)
+            self.log.admit(job.r, self.env.now, len(self.running))
+            admitted.append(job)
+        if admitted:
+            self.log.queue_length(self.env.now, len(self.waiting))
+        return admitted
+
+    def _next_step(self) -> Plan:
+        """Prefill-first: the oldest unprefilled prompt alone, else one decode token of every
+        running request. Chunked: decode tokens plus a chunk of the oldest prompt."""
+        wl = self.workload
+        prefilling = [job for job in self.running if job.prefilling]
+        decoding = [job for job in self.running if not job.prefilling]
+        if wl.schedule is Schedule.PREFILL_FIRST:
+            if prefilling:
+                job = prefilling[0]
+                return self._plan([], job, (0, job.prompt))
+            return self._plan(decoding, None, (0, 0))
+        budget = wl.chunk - len(decoding)
+        if prefilling and (budget > 0 or not decoding):
+            job = prefilling[0]
+            end = min(job.prompt, job.pos + max(budget, 1))
+            return self._plan(decoding, job, (job.pos, end))
+        return self._plan(decoding, None, (0, 0))
+
+    def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> Plan:
+        parts: list[Step] = []
+        requests: list[int] = []
+        pairs = kv = 0
+        heads = 0
+        finishing = []
+        if prefill is not None:
+            a, b = chunk
+            if (a, b) == (0, prefill.prompt):
+                parts.append(prefill.steps[0])  # the prompt in one step, ordered as offline
+            else:
+                req = prefill.request
+                parts.append(prefill_step(req.topk[a:b], req.weights[a:b], self._offsets, self._E))
+            requests.append(prefill.r)
+            pairs += (b * (b + 1) - a * (a + 1)) // 2
+            kv += b
+            if b == prefill.prompt:
+                heads += 1
+                if len(prefill.steps) == 1:
+                    finishing.append(prefill)
+        for job in decoding:
+            parts.append(job.steps[job.decoded + (1 if job.prompt else 0)])
+            requests.append(job.r)
+            p = job.pos + 1
+            pairs += p
+            kv += p
+            heads += 1
+            if job.decoded + 1 + (1 if job.prompt else 0) == len(job.steps):
+                finishing.append(job)
+        step = parts[0] if len(parts) == 1 else merge_steps(parts, tuple(requests))
+        tokens = sum(p.tokens for p in parts)
+        compute = self.setup.compute
+        work = StepWork(tokens, compute.dense(tokens, pairs, kv), compute.head(heads))
+        return Plan(step, work, decoding, prefill, chunk, finishing)
+
+    def _views(self, step: Step) -> list[Step]:
+        """The step as each cache sees it (a device's layers, with a global pool per device)."""
+        shards = self.setup.shards
+        if len(shards) == 1:
+            return [step]
+        return [step.layer_slice(layers, self._E) for layers in shards]
+
+    def _account(self, plan: Plan, start: float, t: float) -> None:
+        log = self.log
+        if plan.prefill is not None:
+            job = plan.prefill
+            a, b = plan.chunk
+            job.pos = b
+            log.prefilled(job.r, b - a, t, first_token=b == job.prompt)
+        if plan.decoding:
+            log.decoded(start, t, [job.r for job in plan.decoding])
+            for job in plan.decoding:
+                job.pos += 1
+                job.decoded += 1
+        if plan.finishing:
+            for job in plan.finishing:
+                self.running.remove(job)
+                log.finished(job.r, t)
+                job.done.succeed()
+            self.machine.timer.end(t, len(plan.finishing))
+
+
+def open_loop(env: simpy.Environment, server: Server, times: Sequence[float]) -> Iterator[simpy.Event]:
+    """Submit each request at its arrival time (in time order, ties in trace order)."""
+    for r in sorted(range(len(times)), key=lambda i: (times[i], i)):
+        if times[r] > env.now:
+            yield env.timeout(times[r] - env.now)
+        server.submit(r)
+
+
+def user(env: simpy.Environment, server: Server, queue: Iterator[int], think_s: float) -> Iterator[simpy.Event]:
+    """One closed-loop user: a request, its answer, a pause, the next request."""
+    for r in queue:
+        yield server.submit(r)
+        if think_s:
+            yield env.timeout(think_s)
+
+
+def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None) -> tuple[Machine, LatencyLog, float, list[Step]]:
+    env = simpy.Environment()
+    machine = setup.machine(futures)
+    log = LatencyLog()
+    server = Server(env, setup, machine, workload, log)
+    n = len(setup.trace.requests)
+    if workload.arrival is Arrival.CLOSED:
+        queue = iter(range(n))
+        for _ in range(workload.users):
+            env.process(user(env, server, queue, workload.think_s))
+    else:
+        env.process(open_loop(env, server, workload.arrival_times(setup.trace.requests)))
+    env.process(server.scheduler())
+    env.run()
+    return machine, log, server.clock, server.steps
+
+
+def serve(setup: Setup, workload: Workload, describe: dict[str, Any]) -> Any:
+    """Serve the trace's requests under `workload`; the result of the last run."""
+    futures = None
+    previous: list[Step] | None = None
+    runs = 0
+    while True:
+        runs += 1
+        machine, log, end, steps = run_once(setup, workload, futures)
+        reads_future = any(shard.cache.needs_future for shard in machine.shards)
+        if not reads_future or runs == MAX_FUTURE_RUNS or (previous is not None and _same(previous, steps)):
+            break
+        previous = steps
+        E = setup.trace.geometry.experts
+        futures = [steps] if len(setup.shards) == 1 else [[s.layer_slice(r, E) for s in steps] for r in setup.shards]
+    return machine.result(
+        setup, log, end, batch=workload.max_batch, workload=workload.describe(), max_batch=workload.max_batch,
+        future_runs=runs, **describe,
+    )
+
+
+def _same(a: Sequence[Step], b: Sequence[Step]) -> bool:
+    return len(a) == len(b) and all(x.experts == y.experts for x, y in zip(a, b))

@@ -1,0 +1,115 @@
+"""The tiers under the GPU slot pool: a host RAM tier over the storage drive (`--host-cache`).
+
+Without a RAM tier every expert sits in (pinned) host memory, as before. With one, the
+checkpoint stays on the drive and a cache of `--host-cache` bytes in RAM holds the experts the
+GPUs loaded most recently, managed by a policy object (LRU by default: the same `ExpertCache`
+classes as the GPU pool, one global pool over all layers). Every GPU load asks the tier for its
+expert first:
+
+- in RAM: the copy to the GPU starts as soon as the link is free;
+- not in RAM: the tier admits it (evicting by its policy) and the drive reads it in chunks of
+  `chunk_bytes` (pinned staging buffers) back to back; the link copies each chunk once it is
+  read and the previous chunk's copy is done. An unloaded two-tier miss of one chunk therefore
+  costs exactly storage latency + read + copy latency + copy; of n chunks, the read plus one
+  chunk's copy when the drive is the slower stage (the copies hide behind the reads).
+
+The drive is one FIFO (`Storage`, a free-at time shared by every GPU's link): reads are served
+in the order the loads were issued, demand and prefetch alike. The tier's decisions depend only
+on the order of GPU loads, never on time, like every cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from casmoe.cache import Capacity, CacheConfigError, ExpertCache
+from casmoe.errors import CasmoeError
+from casmoe.geometry import ExpertId, Geometry
+
+if TYPE_CHECKING:
+    from casmoe.sim.hardware import HardwareProfile
+
+Chunks = Sequence[tuple[float, int]]
+"""(time the chunk is in RAM, bytes) of one expert read from storage, in order."""
+
+
+class Storage:
+    """The drive: reads of `rate` bytes/s after `latency` seconds, one at a time."""
+
+    def __init__(self, rate: float, latency: float, chunk_bytes: int) -> None:
+        self.rate = rate
+        self.latency = latency
+        self.chunk_bytes = chunk_bytes
+        self.free_at = 0.0
+        self.busy = 0.0
+        self.bytes = 0
+
+    def read(self, now: float, nbytes: int) -> list[tuple[float, int]]:
+        """Read `nbytes` issued at `now`: when each chunk is in RAM."""
+        t = (self.free_at if self.free_at > now else now) + self.latency
+        start = t
+        chunks = []
+        left = nbytes
+        while left > 0:
+            size = min(self.chunk_bytes, left)
+            t += size / self.rate
+            chunks.append((t, size))
+            left -= size
+        self.busy += t - start + self.latency
+        self.free_at = t
+        self.bytes += nbytes
+        return chunks
+
+
+class HostTier:
+    """Pinned host RAM holding a policy-chosen subset of the experts, over a `Storage`."""
+
+    def __init__(self, cache: ExpertCache, storage: Storage) -> None:
+        self.cache = cache
+        self.storage = storage
+        self._E = cache.geometry.experts
+
+    def fetch(self, now: float, expert: ExpertId, nbytes: int) -> Chunks | None:
+        """A GPU load of `expert` (a flat id of the whole model) issued at `now`: None when it
+        is in RAM, else the chunks of its read from storage (the tier keeps it from now on)."""
+        cache = self.cache
+        acc = cache.route(0, expert // self._E, (expert,))
+        for ld in acc.loads:
+            cache.arrived(ld.expert)
+        if not acc.misses:
+            return None
+        return self.storage.read(now, nbytes)
+
+
+class TierError(CasmoeError, ValueError):
+    """A RAM tier that cannot be modelled (no storage numbers, larger than RAM, below top-k)."""
+
+
+@dataclass(frozen=True)
+class HostCache:
+    """`--host-cache`: bytes of host RAM for experts, the policy managing them (one pool for all
+    layers) and the size of the staging chunks a storage read is copied in."""
+
+    nbytes: float
+    policy: type[ExpertCache]
+    chunk_bytes: int = 16 * 2**20
+
+    def build(self, geometry: Geometry, expert_bytes: Sequence[int], hardware: HardwareProfile) -> HostTier:
+        hw = hardware
+        if hw.storage_read_gbs <= 0:
+            raise TierError(f"profile {hw.name!r} has no storage tier (storage_read_gbs); add it to use --host-cache")
+        if hw.host_ram_gib and self.nbytes > hw.host_ram_gib * 2**30:
+            raise TierError(f"--host-cache {self.nbytes / 1e9:.4g} GB exceeds the {hw.host_ram_gib:g} GiB of host RAM of {hw.name!r}")
+        slots = int(self.nbytes // (sum(expert_bytes) / len(expert_bytes)))
+        try:
+            cache = self.policy.create(geometry, Capacity(slots, per_layer=False), expert_bytes=expert_bytes)
+        except CacheConfigError:
+            raise TierError(
+                f"--host-cache {self.nbytes / 1e9:.4g} GB holds {slots} experts, below the {geometry.top_k} a token "
+                "routes to per layer; give more"
+            ) from None
+        if cache.needs_future:
+            raise TierError(f"--host-policy {self.policy.name!r} reads the future; the RAM tier takes a causal policy (lru, lfu, ...)")
+        storage = Storage(hw.storage_read_gbs * 1e9, hw.storage_latency_us * 1e-6, self.chunk_bytes)
+        return HostTier(cache, storage)

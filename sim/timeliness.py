@@ -1,0 +1,75 @@
+"""Prefetch timeliness per layer, and the stall a perfect prefetcher would still suffer.
+
+Does a policy lose by prediction or by bandwidth? Per MoE layer the simulator counts late hits
+(the timing pass), wasted prefetches (evicted before any use) and a lower bound on stall for
+the run's own hit pattern:
+
+    the loads the run needed (its demand loads, and each prefetch at its first use), issued as
+    early as the link allows: back to back from time 0, in the order they are needed, each
+    device's link on its own; the compute is the run's.
+
+Visit v (a computed layer) can start no earlier than the link has copied everything needed up
+to v, so the bound is the largest excess, over visits, of that copy time over the compute done
+before v: B = max(0, max_v (copies_d(v) - compute(v))). Any real schedule of the same needed
+loads stalls at least B (its link starts no earlier and moves at least those bytes), so
+`stall - B` is what timing and prediction lost, and B alone is the bandwidth's share. The
+bound counts copy time on the host-to-device links only (not storage reads).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from casmoe.cache import Access, Load
+from casmoe.geometry import ExpertId
+
+
+class Timeliness:
+    """Fed by the timing pass: prefetch-type loads as they are issued, computed layers as they
+    are reached; `copy_s[layer]` is one expert copy of that layer (latency + bytes / rate)."""
+
+    def __init__(self, layers: int, experts: int, devices: int, copy_s: Sequence[float]) -> None:
+        self.E = experts
+        self.copy_s = list(copy_s)
+        self.wasted_by_layer = [0] * layers
+        self.bound_by_layer = [0.0] * layers
+        self.bound = 0.0
+        self._copied = [0.0] * devices  # each link's copy time of the needed loads so far
+        self._unused: set[ExpertId] = set()  # prefetched, not used yet (flat ids of the model)
+
+    def issued(self, first: int, loads: Sequence[Load]) -> None:
+        """Prefetch-type loads of a shard whose first layer is `first`."""
+        off = first * self.E
+        unused = self._unused
+        for ld in loads:
+            if ld.victim >= 0:
+                self._evicted(ld.victim + off)
+            unused.add(ld.expert + off)
+
+    def visit(self, first: int, layer: int, device: int, clock: float, experts: Sequence[int], acc: Access) -> None:
+        """Shard-local `layer` is reached at compute-only time `clock` (now minus the run's
+        stall so far), routing `experts`, with `acc` from the cache."""
+        off = first * self.E
+        needed = len(acc.loads)
+        unused = self._unused
+        if unused:  # routed residents count as used before any miss evicts (as `route` does)
+            for e in experts:
+                if e + off in unused:
+                    unused.discard(e + off)
+                    needed += 1
+            for ld in acc.loads:
+                if ld.victim >= 0:
+                    self._evicted(ld.victim + off)
+        if needed:
+            g = first + layer
+            copied = self._copied[device] + needed * self.copy_s[g]
+            self._copied[device] = copied
+            gap = copied - clock - self.bound
+            if gap > 0:
+                self.bound += gap
+                self.bound_by_layer[g] += gap
+
+    def _evicted(self, expert: ExpertId) -> None:
+        if expert in self._unused:
+            self._unused.discard(expert)
+            self.wasted_by_layer[expert // self.E] += 1

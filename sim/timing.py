@@ -1,0 +1,277 @@
+"""The timing pass: what one step's cache decisions cost on the machine, layer by layer.
+
+A layer may start once the previous one is done (plus an activation hand-over when it changes
+device) and every expert it runs has arrived; the wait is a stall, charged to `late prefetch`
+up to the last arrival of an expert already in flight when the layer was reached (a late hit),
+and to `demand miss` beyond. Compute then takes the dense part + the routed experts
+(`compute.py`), plus the host time of the loads the layer issued (`load_host_us`). Loads go onto
+the link of their layer's device (`link.py`); which experts are still in flight is the link's
+to say, so the same walk prices decisions made in advance (`decide.py`) or, in the substitute
+miss mode, made layer by layer as it goes (its substitutes must have arrived).
+
+Within a step no other process acts, so the walk is arithmetic: one step costs no SimPy event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Sequence
+
+from casmoe.cache import CacheStats, ExpertCache, Load, MissMode
+from casmoe.geometry import ExpertId
+from casmoe.sim.compute import ComputeModel
+from casmoe.sim.decide import Decider, StepDecisions
+from casmoe.sim.link import Link
+from casmoe.sim.timeline import Timeline
+from casmoe.sim.timeliness import Timeliness
+from casmoe.trace import Step
+
+
+@dataclass
+class Shard:
+    """One cache and what the walk needs to run its layers, unpacked once; lists are indexed
+    by the shard's local layer."""
+
+    decider: Decider
+    first: int  # first global layer
+    links: list[Link]  # the link of each layer's device
+    device: list[int]
+    expert_bytes: list[int]
+    expert_time: list[float]  # one routed expert, one token
+
+    @property
+    def cache(self) -> ExpertCache:
+        return self.decider.cache
+
+
+class StepWork(NamedTuple):
+    """What a step computes besides its experts: new tokens, the dense part of one layer and
+    the LM head (both priced by the driver, which knows the requests' context lengths)."""
+
+    tokens: int
+    dense: float
+    head: float
+
+
+def _ignore(expert: ExpertId) -> None:
+    """Arrivals of decisions made in advance: nothing to tell the cache."""
+
+
+class StepTimer:
+    """Prices steps on the links and compute streams of the machine, accumulating the run's
+    time accounting (compute, stalls by cause, layer, device and tier, late hits)."""
+
+    def __init__(
+        self,
+        shards: list[Shard],
+        links: list[Link],
+        compute: ComputeModel,
+        miss_mode: MissMode,
+        layers: int,
+        experts: int,
+        *,
+        load_host_s: float = 0.0,
+        timeline: Timeline | None = None,
+        timeliness: Timeliness | None = None,
+    ) -> None:
+        self.shards = shards
+        self.links = links
+        self.compute = compute
+        self.miss_mode = miss_mode
+        self.interleaved = miss_mode is MissMode.SUBSTITUTE
+        self.E = experts
+        self.load_host_s = load_host_s
+        self.timeline = timeline
+        self.timeliness = timeliness
+        self.tiered = any(link.tier is not None for link in links)
+        self.compute_s = 0.0
+        self.stall_demand = 0.0
+        self.stall_late = 0.0
+        self.stall_storage = 0.0
+        self.stall_by_layer = [0.0] * layers
+        self.late = 0
+        self.late_by_layer = [0] * layers
+        self.device_busy = [0.0] * len(links)
+
+    # ---- request boundaries ----------------------------------------------------------------
+
+    def begin(self, t: float, starting: Sequence[int], decisions: Sequence[StepDecisions] | None) -> float:
+        """Requests start at `t`: their `begin_request` loads go on the links. Returns when the
+        first device can compute (after the host time of issuing them)."""
+        issued = 0
+        for i, shard in enumerate(self.shards):
+            self._land_all(shard, t)
+            loads = decisions[i].begin if decisions is not None else shard.decider.begin(starting)
+            if loads:
+                self._issue(shard, t, loads)
+                issued += len(loads)
+        if not (self.load_host_s and issued):
+            return t
+        host = self.load_host_s * issued
+        self.compute_s += host
+        self.device_busy[0] += host
+        return t + host
+
+    def end(self, t: float, requests: int) -> None:
+        """`requests` finish at `t` (their `end_request`, when decisions are made as we go)."""
+        for shard in self.shards:
+            self._land_all(shard, t)
+            if self.interleaved:
+                shard.decider.end(requests)
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def step(self, s: int, work: StepWork, steps: Sequence[Step], decisions: Sequence[StepDecisions] | None,
+             t: float) -> float:
+        """Price step `s` (`steps`: its view per shard) from `t`; returns when it is done.
+        `decisions` None: ask the caches layer by layer (substitute mode)."""
+        compute = self.compute
+        timeline = self.timeline
+        timeliness = self.timeliness
+        stall_by_layer = self.stall_by_layer
+        late_by_layer = self.late_by_layer
+        device_busy = self.device_busy
+        load_mode = self.miss_mode is MissMode.LOAD
+        cpu_mode = self.miss_mode is MissMode.CPU
+        interleaved = decisions is None
+        host_s = self.load_host_s
+        multi = len(self.links) > 1
+        E = self.E
+        T = work.tokens
+        dense = work.dense
+        busy_total, stall_late, stall_demand, late_total = self.compute_s, self.stall_late, self.stall_demand, self.late
+        on_device = 0
+        for i, shard in enumerate(self.shards):
+            sub = steps[i]
+            counts = sub.counts
+            exp_time = shard.expert_time
+            links = shard.links
+            first = shard.first
+            if interleaved:
+                decide = shard.decider.visit
+                landed: Callable[[ExpertId], None] = shard.cache.arrived
+            else:
+                visits = iter(decisions[i].visits)
+                landed = _ignore
+            for ll, experts in enumerate(sub.experts):
+                if not experts:
+                    continue
+                if multi and shard.device[ll] != on_device:
+                    on_device = shard.device[ll]
+                    t += compute.handover(T)
+                link = links[ll]
+                if link.queue or (link.heap and link.heap[0][0] <= t):
+                    link.land(t, landed)  # only this layer's experts are observed next
+                pre, acc = decide(s, ll, experts) if interleaved else next(visits)
+                if pre:
+                    self._issue(shard, t, pre)
+                start = t
+                late_until = t
+                from_storage = False
+                tokens = link.tokens
+                if tokens:
+                    late = 0
+                    for e in experts:
+                        if e in tokens:
+                            late += 1
+                            a = link.need(t, e)
+                            if a > late_until:
+                                late_until = a
+                    if late:
+                        late_total += late
+                        late_by_layer[first + ll] += late
+                        start = late_until
+                if acc.loads:
+                    nb = shard.expert_bytes[ll]
+                    for ld in acc.loads:
+                        if ld.victim >= 0:
+                            links[ld.victim // E].cancel(t, ld.victim)
+                        a = link.demand(t, ld.expert, nb)
+                        if a > start:
+                            start = a
+                            from_storage = link.last_from_storage
+                    if interleaved:
+                        for ld in acc.loads:  # landed by `start`, before the next cache event
+                            landed(ld.expert)
+                if acc.background:
+                    self._issue(shard, t, acc.background)
+                if timeliness is not None:  # before this layer's stall: the clock counts compute only
+                    timeliness.visit(first, ll, on_device, t - stall_late - stall_demand, experts, acc)
+                if start > t:
+                    stall_late += late_until - t
+                    stall_demand += start - late_until
+                    stall_by_layer[first + ll] += start - t
+                    if from_storage:
+                        self.stall_storage += start - t
+                    if timeline is not None:
+                        timeline.stall(on_device, t, start, first + ll)
+                if counts is None and load_mode:
+                    busy = dense + len(experts) * exp_time[ll]
+                else:
+                    busy = dense + self._experts_time(
+                        shard, ll, experts, None if counts is None else counts[ll], acc.cpu if cpu_mode else ()
+                    )
+                if host_s:
+                    busy += host_s * (len(pre) + len(acc.loads) + len(acc.background))
+                t = start + busy
+                busy_total += busy
+                device_busy[on_device] += busy
+                if timeline is not None:
+                    timeline.compute(on_device, start, t, first + ll)
+        head = work.head
+        t += head
+        busy_total += head
+        device_busy[on_device] += head
+        self.compute_s, self.stall_late, self.stall_demand, self.late = busy_total, stall_late, stall_demand, late_total
+        return t
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _land_all(self, shard: Shard, t: float) -> None:
+        landed = shard.cache.arrived if self.interleaved else _ignore
+        for link in dict.fromkeys(shard.links):
+            link.land(t, landed)
+
+    def _issue(self, shard: Shard, t: float, loads: Sequence[Load]) -> None:
+        """Queue prefetch loads on their layers' links, cancelling the loads of the experts
+        they evict."""
+        links = shard.links
+        nbytes = shard.expert_bytes
+        E = self.E
+        for ld in loads:
+            if ld.victim >= 0:
+                links[ld.victim // E].cancel(t, ld.victim)
+            layer = ld.expert // E
+            links[layer].prefetch(t, ld.expert, nbytes[layer])
+        if self.timeliness is not None:
+            self.timeliness.issued(shard.first, loads)
+
+    def _experts_time(self, shard: Shard, ll: int, experts, counts, cpu) -> float:
+        """Routed-expert time when tokens per expert vary or some experts run on the host
+        (which works alongside the GPU: the layer takes the longer of the two)."""
+        layer = shard.first + ll
+        expert = self.compute.expert
+        if counts is None:
+            counts = [1] * len(experts)
+        if not cpu:
+            if len(counts) == 1 or counts.count(1) == len(counts):
+                return len(counts) * shard.expert_time[ll]
+            return sum(expert(layer, c) for c in counts)
+        on_host = set(cpu)
+        gpu = host = 0.0
+        cpu_expert = self.compute.cpu_expert
+        for e, c in zip(experts, counts):
+            if e in on_host:
+                host += cpu_expert(layer, c)
+            else:
+                gpu += expert(layer, c)
+        return max(gpu, host)
+
+    def stats(self, parts: Sequence[CacheStats]) -> CacheStats:
+        """The caches' counters with late hits as the links saw them (decisions made in advance
+        count every resident use as a hit)."""
+        from dataclasses import replace
+
+        total = CacheStats.total(list(parts))
+        used = total.hits + total.late_hits
+        return replace(total, hits=used - self.late, late_hits=self.late)

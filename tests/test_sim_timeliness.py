@@ -1,0 +1,61 @@
+"""Per-layer prefetch timeliness and the perfect-prefetch stall bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from casmoe.cache import Capacity
+from casmoe.geometry import Geometry
+from casmoe.policies import POLICIES, get_policy
+from casmoe.presets import ModelPreset
+from casmoe.sim.compute import FixedCompute
+from casmoe.sim.engine import simulate
+from casmoe.sim.hardware import load_profile
+from casmoe.testing import cases
+from casmoe.trace import Request, Trace
+
+HW = load_profile("rtx4090x4")
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+VARIANTS = [(name, {}) for name in POLICIES if name not in ("casmoe", "ondemand")] + [("casmoe", {"predictor": "noisy"})]
+
+
+def preset_for(g: Geometry) -> ModelPreset:
+    return ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
+
+
+@pytest.mark.parametrize("name,options", VARIANTS, ids=[n for n, _ in VARIANTS])
+@FAST
+@given(case=cases(), layer_s=st.sampled_from([0.0, 1e-4, 1e-2]))
+def test_bound_never_exceeds_the_stall_and_per_layer_counts_add_up(name, options, case, layer_s):
+    trace, cap = case.trace, case.capacity
+    res = simulate(trace, get_policy(name), cap, HW, preset_for(trace.geometry), options=options,
+                   compute=FixedCompute(layer_s=layer_s))
+    assert 0 <= res.stall_bound_s <= res.stall_s * (1 + 1e-9) + 1e-15
+    assert sum(res.stall_bound_by_layer_s) == pytest.approx(res.stall_bound_s, abs=1e-12)
+    assert sum(res.late_by_layer) == res.stats.late_hits
+    assert sum(res.wasted_by_layer) == res.stats.prefetch_wasted
+
+
+def test_on_demand_with_no_compute_is_all_bandwidth():
+    # Every load is needed and nothing overlaps: the actual stall is the bound.
+    g = Geometry(3, 4, 2, layer_expert_bytes=(1_000_000,) * 3)
+    rng = np.random.default_rng(0)
+    rows = np.stack([np.stack([rng.choice(4, 2, replace=False) for _ in range(3)]) for _ in range(5)]).astype(np.int16)
+    tr = Trace(g, [Request(rows, np.full(rows.shape, 0.5, np.float32), prefill=0)])
+    res = simulate(tr, get_policy("ondemand"), Capacity(2), HW, preset_for(g), compute=FixedCompute())
+    assert res.stall_bound_s == pytest.approx(res.stall_s, rel=1e-12)
+
+
+def test_with_ample_compute_the_bound_is_only_the_first_loads():
+    # Compute far longer than a copy: a perfect prefetcher hides all but the very first loads.
+    g = Geometry(4, 4, 1, layer_expert_bytes=(1_000_000,) * 4)
+    rows = np.tile(np.arange(4, dtype=np.int16)[None, :, None] % 4, (6, 1, 1))
+    rows = (rows + np.arange(6, dtype=np.int16)[:, None, None]) % 4
+    tr = Trace(g, [Request(rows, np.ones(rows.shape, np.float32), prefill=0)])
+    copy = HW.copy_latency_us * 1e-6 + 1_000_000 / (HW.h2d_pinned_gbs * 1e9)
+    res = simulate(tr, get_policy("lru"), Capacity(1), HW, preset_for(g), compute=FixedCompute(layer_s=10 * copy))
+    assert res.stall_bound_s == pytest.approx(copy, rel=1e-9)  # layer 0 of token 0 waits one copy
+    assert res.stall_s > 5 * res.stall_bound_s  # lru fetches on demand: it loses by timing, not bandwidth
