@@ -54,10 +54,11 @@ def forced(tokens: Sequence[Sequence[int]]) -> Pick:
 
 
 def generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch: int = 1,
-             device: torch.device | str = "cpu", hooks: Hooks | None = None, pick: Pick = greedy
-             ) -> list[list[int]]:
-    """Generate `max_new_tokens` tokens for every prompt, `batch` requests at a time; returns
-    the new tokens per prompt. The last token needs no pass of its own."""
+             device: torch.device | str = "cpu", hooks: Hooks | None = None, pick: Pick = greedy,
+             stop: Sequence[int] = ()) -> list[list[int]]:
+    """Generate up to `max_new_tokens` tokens for every prompt, `batch` requests at a time;
+    returns the new tokens per prompt. A request that produces a token in `stop` (end of text)
+    is done and leaves its group, as in the simulator's batches. The last token needs no pass."""
     if max_new_tokens < 1 or batch < 1:
         raise GenerateError("max_new_tokens and batch must be >= 1")
     if any(not p for p in prompts):
@@ -66,15 +67,15 @@ def generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, 
     with torch.inference_mode():
         for start in range(0, len(prompts), batch):
             group = tuple(range(start, min(start + batch, len(prompts))))
-            out += _group(model, prompts, group, max_new_tokens, torch.device(device), hooks, pick)
+            out += _group(model, prompts, group, max_new_tokens, torch.device(device), hooks, pick, set(stop))
     return out
 
 
 def _group(model: Any, prompts: Sequence[Sequence[int]], group: tuple[int, ...], max_new_tokens: int,
-           device: torch.device, hooks: Hooks | None, pick: Pick) -> list[list[int]]:
+           device: torch.device, hooks: Hooks | None, pick: Pick, stop: set[int]) -> list[list[int]]:
     from transformers import DynamicCache
 
-    caches, tokens = [], []
+    caches, tokens = [], {}
     for r in group:
         if hooks is not None:
             hooks.begin(r)
@@ -84,30 +85,42 @@ def _group(model: Any, prompts: Sequence[Sequence[int]], group: tuple[int, ...],
         if hooks is not None:
             hooks.after(logits)
         caches.append(cache)
-        tokens.append(pick(logits[:, -1], (r,), 0))
-    if max_new_tokens > 1:
-        lengths = [len(prompts[r]) for r in group]
-        cache, mask = (caches[0], None) if len(group) == 1 else _stack(caches, lengths, device)
-        positions = torch.tensor(lengths, device=device)[:, None]  # [B, 1]
-        for n in range(1, max_new_tokens):
+        tokens[r] = pick(logits[:, -1], (r,), 0)
+    live = group
+    lengths = [len(prompts[r]) for r in group]
+    cache, mask = (caches[0], None) if len(group) == 1 else _stack(caches, lengths, device)
+    positions = torch.tensor(lengths, device=device)[:, None]  # [B, 1]
+    for n in range(1, max_new_tokens):
+        keep = [i for i, r in enumerate(live) if tokens[r][-1] not in stop]
+        if len(keep) < len(live):
             if hooks is not None:
-                hooks.before(False, group)
-            ids = torch.tensor([t[-1:] for t in tokens], device=device)  # [B, 1]
-            if mask is None:
-                logits = model(input_ids=ids, cache=cache, use_cache=True).logits
-            else:
-                mask = torch.cat([mask, mask.new_ones(len(group), 1)], dim=1)
-                logits = model(input_ids=ids, cache=cache, use_cache=True, attention_mask=mask,
-                               position_ids=positions).logits
-                positions = positions + 1
-            if hooks is not None:
-                hooks.after(logits)
-            for t, x in zip(tokens, pick(logits[:, -1], group, n)):
-                t.append(x)
+                for i, r in enumerate(live):
+                    if i not in keep:
+                        hooks.end(r)
+            if not keep:
+                return [tokens[r] for r in group]
+            index = torch.tensor(keep, device=device)
+            cache.batch_select_indices(index)
+            mask, positions = mask[index], positions[index]
+            live = tuple(live[i] for i in keep)
+        if hooks is not None:
+            hooks.before(False, live)
+        ids = torch.tensor([tokens[r][-1:] for r in live], device=device)  # [B, 1]
+        if mask is None:
+            logits = model(input_ids=ids, cache=cache, use_cache=True).logits
+        else:
+            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
+            logits = model(input_ids=ids, cache=cache, use_cache=True, attention_mask=mask,
+                           position_ids=positions).logits
+            positions = positions + 1
+        if hooks is not None:
+            hooks.after(logits)
+        for r, x in zip(live, pick(logits[:, -1], live, n)):
+            tokens[r].append(x)
     if hooks is not None:
-        for r in group:
+        for r in live:
             hooks.end(r)
-    return tokens
+    return [tokens[r] for r in group]
 
 
 def _stack(caches: list[Any], lengths: list[int], device: torch.device) -> tuple[Any, torch.Tensor]:

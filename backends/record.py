@@ -38,8 +38,8 @@ class RecordError(CasmoeError, ValueError):
     """Recording settings that cannot be honoured (e.g. a partial file from another run)."""
 
 
-TokenChooser = Callable[[Any, int], Any]
-"""(logits of the last position [B, V], decode step n) -> next token ids [B]."""
+TokenChooser = Callable[[Any, int, Sequence[int]], Any]
+"""(logits of the last position [B, V], decode step n, the rows' requests) -> next token ids [B]."""
 
 
 class DecodeMode(str, enum.Enum):
@@ -157,7 +157,7 @@ class RoutingRecorder:
         return out
 
 
-def greedy(logits: Any, n: int) -> Any:
+def greedy(logits: Any, n: int, requests: Sequence[int] = ()) -> Any:
     """The argmax token of every row."""
     return logits.argmax(-1)
 
@@ -171,11 +171,14 @@ class Sampler:
         self.temperature, self.top_p, self.top_k = settings.temperature, settings.top_p, settings.top_k
         self.rngs = [np.random.default_rng([settings.seed, i]) for i in requests]
 
-    def __call__(self, logits: Any, n: int) -> Any:
+    def __call__(self, logits: Any, n: int, requests: Sequence[int] | None = None) -> Any:
+        """`requests`: the rows' positions among the requests given at construction (default:
+        all of them, in order); requests that ended have left the batch."""
         import torch
 
         scores = logits.double().cpu().numpy() / self.temperature  # [B, V]
-        picked = [self._draw(row, rng) for row, rng in zip(scores, self.rngs)]
+        rows = range(len(scores)) if requests is None else requests
+        picked = [self._draw(row, self.rngs[r]) for row, r in zip(scores, rows)]
         return torch.tensor(picked, device=logits.device)
 
     def _draw(self, scores: np.ndarray, rng: np.random.Generator) -> int:
@@ -201,39 +204,35 @@ def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Any, Any, Any]:
 
 
 def generate_and_record(model: Any, recorder: RoutingRecorder, prompts: list[list[int]],
-                        max_new_tokens: int, pad_id: int = 0, choose: TokenChooser = greedy,
-                        eos_ids: Sequence[int] = ()
+                        max_new_tokens: int, choose: TokenChooser = greedy, eos_ids: Sequence[int] = ()
                         ) -> list[tuple[dict[str, np.ndarray], list[int]]]:
-    """Generate up to `max_new_tokens` tokens for a batch of prompts (left-padded), choosing
-    each with `choose`; a row stops after producing an id in `eos_ids`. The prefill pass and
-    one decode pass per generated token but the last (the last needs no pass), as the backend
-    runs them. Per prompt: routing rows [len(prompt) + len(generated) - 1, L, .] and the
-    generated ids; padding rows and rows past a request's end are dropped."""
-    import torch
-    from transformers import DynamicCache
+    """Generate up to `max_new_tokens` tokens for a batch of prompts through the backend's
+    decode loop (`generate.generate`: each prompt prefills alone, then the batch decodes
+    together; a request leaves after producing an id in `eos_ids`), choosing each token with
+    `choose`. Per prompt: routing rows [len(prompt) + len(generated) - 1, L, .] and the
+    generated ids."""
+    from casmoe.backends.generate import generate
 
-    B, P = len(prompts), max(len(p) for p in prompts)
-    ids, mask, positions = _left_pad(prompts, pad_id)
     rows: list[list[dict[str, np.ndarray]]] = [[] for _ in prompts]
-    generated: list[list[int]] = [[] for _ in prompts]
-    live = torch.ones(B, dtype=torch.bool)
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        for n in range(max(max_new_tokens, 1)):
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                        use_cache=True, output_router_logits=False)  # hooks see the router
-            step = recorder.take(batch=B)
-            nxt = choose(out.logits[:, -1], n).cpu()  # [B]
-            for b in np.flatnonzero(live.numpy()):
-                keep = slice(P - len(prompts[b]), None) if n == 0 else slice(None)
-                rows[b].append({name: arr[b, keep] for name, arr in step.items()})
-                generated[b].append(int(nxt[b]))
-            live &= ~torch.isin(nxt, torch.tensor(list(eos_ids), dtype=nxt.dtype))
-            if n + 1 >= max_new_tokens or not live.any():
-                break
-            ids = torch.where(live, nxt, pad_id)[:, None]  # finished rows idle on padding
-            mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype)], dim=1)
-            positions = positions[:, -1:] + 1
+
+    class Take:  # generate.Hooks: each pass's routing to its requests
+        def begin(self, r: int) -> None:
+            pass
+
+        def before(self, prefill: bool, requests: tuple[int, ...]) -> None:
+            self.requests = requests
+
+        def after(self, logits: Any) -> None:
+            step = recorder.take(batch=len(self.requests))
+            for b, r in enumerate(self.requests):
+                rows[r].append({name: arr[b] for name, arr in step.items()})
+
+        def end(self, r: int) -> None:
+            pass
+
+    generated = generate(model, prompts, max_new_tokens, batch=len(prompts), device=model.device, hooks=Take(),
+                         pick=lambda logits, requests, n: [int(x) for x in choose(logits, n, requests)],
+                         stop=eos_ids)
     return [({name: np.concatenate([r[name] for r in per]) for name in per[0]}, gen)
             for per, gen in zip(rows, generated)]
 
@@ -276,8 +275,8 @@ def record_batch(model: Any, recorder: RoutingRecorder, tokenizer: Any, batch: S
     else:
         choose = greedy if settings.decode is DecodeMode.GREEDY else Sampler(
             settings, range(first, first + len(batch)))
-        results = generate_and_record(model, recorder, prompt_ids, settings.max_new_tokens,
-                                      pad_id=pad, choose=choose, eos_ids=eos)
+        results = generate_and_record(model, recorder, prompt_ids, settings.max_new_tokens, choose=choose,
+                                      eos_ids=eos)
     requests = []
     for p, ids, fed, (rows, output) in zip(batch, full, prompt_ids, results):
         weights = rows["weights"]

@@ -33,8 +33,8 @@ def tiny(kind: str = "mixtral", layers: int = 3, seed: int = 0):
                    moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
                    first_k_dense_replace=1)
         if kind == "deepseek_v2":
-            cfg = tf.DeepseekV2Config(**COMMON, **mla, intermediate_size=48, num_hidden_layers=layers, q_lora_rank=None,
-                                      topk_method="group_limited_greedy")
+            cfg = tf.DeepseekV2Config(**COMMON, **{**mla, "topk_group": 1}, intermediate_size=48,  # both from one group
+                                      num_hidden_layers=layers, q_lora_rank=None, topk_method="group_limited_greedy")
             cls = tf.DeepseekV2ForCausalLM
         else:
             cfg = tf.DeepseekV3Config(**COMMON, **mla, intermediate_size=48, num_hidden_layers=layers, q_lora_rank=24)

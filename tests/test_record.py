@@ -60,9 +60,9 @@ def reference_routing(model, ids: list[int]) -> tuple[np.ndarray, np.ndarray, np
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_recorded_routing_equals_output_router_logits(kind: str) -> None:
     model = tiny_model(kind)
-    prompts = [[5, 17, 33, 2, 60, 41, 7], [8, 1], [90, 4, 4, 12]]  # batched, left-padded
+    prompts = [[5, 17, 33, 2, 60, 41, 7], [8, 1], [90, 4, 4, 12]]  # decoded together
     with rec.RoutingRecorder(model, logits=True, spec=True) as recorder:
-        results = rec.generate_and_record(model, recorder, prompts, max_new_tokens=5, pad_id=0)
+        results = rec.generate_and_record(model, recorder, prompts, max_new_tokens=5)
     for prompt, (rows, generated) in zip(prompts, results):
         fed = prompt + generated[:-1]  # the last token is produced, never fed
         idx, w, logits = reference_routing(model, fed)
@@ -108,7 +108,7 @@ def _save_tiny(tmp_path: Path, kind: str = "olmoe") -> Path:
 
 def forced(outputs: list[list[int]]):
     """A token chooser that feeds the given tokens, as teacher forcing does in one pass."""
-    return lambda logits, n: torch.tensor([o[n] for o in outputs])
+    return lambda logits, n, requests: torch.tensor([outputs[r][n] for r in requests])
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "olmoe", "qwen2_moe"])
