@@ -87,15 +87,15 @@ def timed_fit(path: Path, trace: Trace, cfg: PlannerConfig) -> tuple[Any, float]
 def latency(paths: list[Path]) -> list[dict[str, Any]]:
     import torch
 
-    from casmoe.planner.eam import embed, sentence_model
     from casmoe.planner.eap import wordpiece
+    from casmoe.planner.embedding import default_backend, embed, embedder
 
     rss0 = rss_mib()
-    model = sentence_model()
+    model = embedder(default_backend())
     wordpiece()
     embed(["warm up"])
     rss_model = rss_mib()
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model_bytes = model.nbytes()
     records = []
     for path in paths:
         trace = Trace.load(path)

