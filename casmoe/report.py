@@ -199,3 +199,150 @@ def plot_epsilon_curve(points: Sequence[dict[str, Any]], path: Path, baseline: f
     ax.legend(loc="lower left", fontsize=8)
     ax.set_title("CasMoE planner: matcher/predictor gate")
     _save(fig, path, dpi=120)
+
+
+# ---- serving (simulate --arrival / --users, sweep rates) and prefetch timeliness -------------
+
+
+def _label(r: dict[str, Any]) -> str:
+    return f"{r['policy']} @ {r['capacity']}"
+
+
+def _s(v: float) -> str:
+    """Seconds with 3 significant digits, in the unit that reads best."""
+    if v == 0:
+        return "0"
+    if abs(v) < 1:
+        return f"{v * 1e3:.3g} ms"
+    return f"{v:.3g} s"
+
+
+def print_serving(records: Sequence[dict[str, Any]], title: str) -> None:
+    """Latency percentiles, throughput, queue and utilisation of serving runs, one row each."""
+    rows = [
+        {
+            "policy": _label(r),
+            "load": r["workload"].split(", max batch")[0],
+            "TTFT p50": _s(r["ttft_p50_s"]),
+            "TTFT p99": _s(r["ttft_p99_s"]),
+            "TPOT p50": _s(r["tpot_p50_s"]),
+            "TPOT p99": _s(r["tpot_p99_s"]),
+            "e2e p50": _s(r["e2e_p50_s"]),
+            "e2e p99": _s(r["e2e_p99_s"]),
+            "req/s": f"{r['requests_per_s']:.3g}",
+            "tok/s": f"{r['throughput_tokens_per_s']:.3g}",
+            "batch": f"{r['mean_batch']:.3g}",
+            "queue mean/max": f"{r['queue_mean']:.3g} / {r['queue_max']}",
+            "GPU busy": " ".join(f"{u:.0%}" for u in r["compute_utilisation"]),
+            "link busy": " ".join(f"{u:.0%}" for u in r["link_utilisation"]),
+        }
+        for r in records
+    ]
+    if rows:
+        print_table(rows, list(rows[0]), title=title)
+
+
+def print_timeliness(records: Sequence[dict[str, Any]], title: str) -> None:
+    """Does a policy lose by prediction or by bandwidth: its stall against the stall a perfect
+    prefetcher would still suffer with the same loads (the bound), late hits, wasted prefetches."""
+    rows = []
+    for r in records:
+        stall, bound = r["stall_s"], r["stall_bound_s"]
+        rows.append(
+            {
+                "policy": _label(r),
+                "stall": _s(stall),
+                "bandwidth-bound stall": _s(bound),
+                "lost to timing/prediction": f"{(stall - bound) / stall:.0%}" if stall else "-",
+                "late hits": r["late_hits"],
+                "wasted prefetches": r["prefetch_wasted"],
+                "hit rate": f"{r['hit_rate']:.3f}",
+            }
+        )
+    if rows:
+        print_table(rows, list(rows[0]), title=title)
+
+
+def plot_latency_vs_load(path: Path, records: Sequence[dict[str, Any]]) -> Path:
+    """TTFT and TPOT (p50 solid, p99 dashed) against the offered load, one colour per policy
+    at each cache size: the curve that shows where a configuration saturates."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault(_label(r), []).append(r)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, rs) in enumerate(sorted(by.items())):
+        rs = sorted(rs, key=lambda r: r["rate"])
+        x = [r["rate"] for r in rs]
+        c = colours[i % len(colours)]
+        for ax, what in zip(axes, ("ttft", "tpot")):
+            ax.plot(x, [r[f"{what}_p50_s"] for r in rs], marker="o", color=c, label=f"{label} p50")
+            ax.plot(x, [r[f"{what}_p99_s"] for r in rs], marker=".", linestyle="--", color=c, label=f"{label} p99")
+    for ax, what in zip(axes, ("time to first token (s)", "time per output token (s)")):
+        ax.set_xlabel("offered load (requests/s)")
+        ax.set_ylabel(what)
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize="x-small")
+    return _save(fig, path)
+
+
+def plot_queue(path: Path, records: Sequence[dict[str, Any]]) -> Path:
+    """Requests waiting for admission over simulated time, one line per run."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in records:
+        pts = r.get("queue_length") or []
+        if pts:
+            ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", label=_label(r), linewidth=1)
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("requests waiting")
+    ax.grid(True, alpha=0.3)
+    if len(records) <= 12:
+        ax.legend(fontsize="x-small")
+    return _save(fig, path)
+
+
+def plot_timeliness(path: Path, records: Sequence[dict[str, Any]]) -> Path:
+    """Per MoE layer: stall (solid) against the perfect-prefetch bound (dashed), and late hits,
+    one colour per run."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, r in enumerate(records):
+        c = colours[i % len(colours)]
+        layers = range(len(r["stall_by_layer_s"]))
+        top.plot(layers, r["stall_by_layer_s"], color=c, linewidth=1, label=_label(r))
+        if r.get("stall_bound_by_layer_s"):
+            top.plot(layers, r["stall_bound_by_layer_s"], color=c, linewidth=1, linestyle="--")
+        if r.get("late_by_layer"):
+            bottom.plot(layers, r["late_by_layer"], color=c, linewidth=1)
+    top.set_ylabel("stall (s); dashed: bound")
+    bottom.set_ylabel("late hits")
+    bottom.set_xlabel("MoE layer")
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+    if len(records) <= 12:
+        top.legend(fontsize="x-small")
+    return _save(fig, path)
+
+
+def print_tiers(records: Sequence[dict[str, Any]], title: str) -> None:
+    """Bytes and stall per tier: the RAM tier's hits and misses, storage reads, host-to-device copies."""
+    rows = []
+    for r in records:
+        looked = r["host_hits"] + r["host_misses"]
+        rows.append(
+            {
+                "policy": _label(r),
+                "RAM tier GB": f"{r['host_cache_gb']:.3g}",
+                "RAM hit rate": f"{r['host_hits'] / looked:.3f}" if looked else "-",
+                "read from storage GB": f"{r['storage_bytes'] / 1e9:.3g}",
+                "copied to GPUs GB": f"{r['link_bytes'] / 1e9:.3g}",
+                "stall on storage": _s(r["stall_storage_s"]),
+                "stall, all": _s(r["stall_s"]),
+            }
+        )
+    if rows:
+        print_table(rows, list(rows[0]), title=title)

@@ -207,7 +207,7 @@ class Setup:
             timeliness = Timeliness(g.layers, g.experts, devices, copy)
         timer = StepTimer(
             shards, links, self.compute, self.miss_mode, g.layers, g.experts, load_host_s=hw.load_host_us * 1e-6,
-            timeline=self.timeline, timeliness=timeliness,
+            timeline=self.timeline, timeliness=timeliness, tier=tier, requests=self.trace.requests,
         )
         return Machine(links, shards, timer, tier, timeliness)
 
@@ -258,7 +258,7 @@ class Machine:
             wasted_by_layer=tuple(tl.wasted_by_layer) if tl is not None else (),
             stall_bound_s=tl.bound if tl is not None else 0.0,
             stall_bound_by_layer_s=tuple(tl.bound_by_layer) if tl is not None else (),
-            host_cache_gb=setup.host_cache.nbytes / 1e9 if setup.host_cache is not None else 0.0,
+            host_cache_gb=setup.host_cache.nbytes(setup.expert_bytes) / 1e9 if setup.host_cache is not None else 0.0,
             host_hits=tier_stats.hits if tier_stats is not None else 0,
             host_misses=tier_stats.misses if tier_stats is not None else 0,
             storage_bytes=tier.storage.bytes if tier is not None else 0,

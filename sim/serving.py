@@ -78,6 +78,36 @@ class Workload:
         if self.users < 1 or self.max_batch < 1 or self.chunk < 1 or not self.think_s >= 0:
             raise WorkloadError("--users, --max-batch and --chunk must be >= 1 and --think >= 0")
 
+    @classmethod
+    def from_options(
+        cls,
+        arrival: str | None = None,
+        rate: float | None = None,
+        users: int | None = None,
+        think_s: float = 0.0,
+        max_batch: int = 8,
+        schedule: str = "prefill-first",
+        chunk: int = 512,
+        seed: int = 0,
+    ) -> Workload | None:
+        """From the command line or a sweep file; None: no serving options (requests back to
+        back). `users` means a closed loop; `rate` alone means Poisson arrivals."""
+        if users is not None and (arrival not in (None, Arrival.CLOSED.value) or rate is not None):
+            raise WorkloadError("give either --arrival (open loop) or --users (closed loop), not both")
+        if arrival is None:
+            if users is None and rate is None:
+                return None
+            arrival = Arrival.CLOSED.value if users is not None else Arrival.POISSON.value
+        kinds = {a.value: a for a in Arrival}
+        schedules = {x.value: x for x in Schedule}
+        if arrival not in kinds:
+            raise WorkloadError(f"unknown --arrival {arrival!r}; one of {[a for a in kinds if a != 'closed']} (or --users N)")
+        if schedule not in schedules:
+            raise WorkloadError(f"unknown --schedule {schedule!r}; one of {list(schedules)}")
+        if kinds[arrival] is Arrival.POISSON and rate is None:
+            raise WorkloadError("--arrival poisson needs --rate (requests per second)")
+        return cls(kinds[arrival], rate or 0.0, users or 1, think_s, max_batch, schedules[schedule], chunk, seed)
+
     def describe(self) -> str:
         if self.arrival is Arrival.POISSON:
             how = f"poisson {self.rate:g}/s"
@@ -89,7 +119,9 @@ class Workload:
         return f"{how}, max batch {self.max_batch}, {sched}"
 
     def arrival_times(self, requests: Sequence[Request]) -> list[float]:
-        """Open loop: when each request arrives."""
+        """Open loop: when each request arrives (a closed loop has no times of its own: [])."""
+        if self.arrival is Arrival.CLOSED:
+            return []
         if self.arrival is Arrival.TRACE:
             times = [r.arrival for r in requests]
             if any(t is None for t in times):

@@ -1,4 +1,4 @@
-"""Grids of simulations: policies x capacities x hardware x models x traces.
+"""Grids of simulations: policies x capacities x hardware x models x traces (x arrival rates).
 
 A `Point` is one fully specified run; its `key()` hashes everything that determines the result
 (including the trace file's contents), and `run_grid` stores each finished point as
@@ -33,10 +33,12 @@ from casmoe.policies import PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
 from casmoe.sim.engine import StepPlan, check_geometry, expert_bytes_for, simulate
 from casmoe.sim.hardware import load_profile
+from casmoe.sim.serving import Workload
+from casmoe.sim.tiers import HostCache
 from casmoe.sim.timeline import Timeline
 from casmoe.trace import Trace
 
-RESULT_VERSION = 2
+RESULT_VERSION = 3
 """Bump when the simulator's semantics change, so stored points are recomputed."""
 
 
@@ -60,6 +62,9 @@ class Point:
     pinned: bool = True
     requests: int = 0  # 0: all requests of the trace, else the first N
     trace_digest: str = ""
+    workload: Workload | None = None  # None: requests back to back (or in static batches)
+    host_cache: str = ""  # "": every expert in host RAM; else the RAM tier's size (40GB or experts)
+    host_policy: str = "lru"
 
     def key(self) -> str:
         blob = json.dumps({"v": RESULT_VERSION, **asdict(self)}, sort_keys=True, default=str)
@@ -72,8 +77,16 @@ class Point:
             "hardware": self.hardware,
             "policy": self.policy.label,
             "capacity_spec": self.capacity.label,
+            **self._load(),
             "key": self.key(),
         }
+
+    def _load(self) -> dict[str, Any]:
+        """The offered load, for latency-vs-load plots: arrival kind and rate (or users)."""
+        w = self.workload
+        if w is None:
+            return {}
+        return {"arrival": w.arrival.value, "rate": w.rate, "users": w.users}
 
 
 def file_digest(path: str | Path) -> str:
@@ -107,8 +120,14 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
     preset = get_preset(point.model)
     check_geometry(trace.geometry, preset)
     quant = parse_quant(point.quant)
-    capacity = point.capacity.resolve(expert_bytes_for(trace, preset, quant))
+    nbytes = expert_bytes_for(trace, preset, quant)
+    capacity = point.capacity.resolve(nbytes)
     miss_mode = parse_miss_mode(point.miss_mode)
+    host_cache = HostCache.parse(point.host_cache, point.host_policy, nbytes) if point.host_cache else None
+    plan = None
+    if point.workload is None:
+        per_device = devices > 1 and not capacity.per_layer
+        plan = _plan(point.trace, point.trace_digest, point.requests, point.batch, devices, per_device)
     result = simulate(
         trace,
         get_policy(point.policy.name),
@@ -124,9 +143,9 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
         pinned=point.pinned,
         timeline=timeline,
         trace_name=Path(point.trace).name,
-        plan=_plan(
-            point.trace, point.trace_digest, point.requests, point.batch, devices, devices > 1 and not capacity.per_layer
-        ),
+        plan=plan,
+        workload=point.workload,
+        host_cache=host_cache,
     )
     return {**point.describe(), **result.to_dict()}
 
@@ -154,6 +173,16 @@ class Grid:
     quant: str = ""
     pinned: bool = True
     requests: int = 0
+    rates: list[float] = field(default_factory=list)  # requests/s: Poisson arrivals, one point per rate
+    arrival: str = ""  # "": poisson with rates, else none (back to back); or "trace"
+    users: int = 0  # > 0: a closed loop of this many users
+    think: float = 0.0
+    max_batch: int = 8
+    schedule: str = "prefill-first"
+    chunk: int = 512
+    seed: int = 0
+    host_cache: str = ""
+    host_policy: str = "lru"
 
     _AXES = {
         "traces": str,
@@ -164,13 +193,18 @@ class Grid:
         "global_capacities": str,
         "batch": int,
         "miss_modes": str,
+        "rates": float,
     }
-    _SCALARS = {"devices": int, "quant": str, "pinned": bool, "requests": int}
+    _SCALARS = {
+        "devices": int, "quant": str, "pinned": bool, "requests": int, "arrival": str, "users": int, "think": float,
+        "max_batch": int, "schedule": str, "chunk": int, "seed": int, "host_cache": str, "host_policy": str,
+    }
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Grid:
         """Keys: traces, models, hardware, policies, capacities (slots or "6GB"),
-        global_capacities, batch, miss_modes (lists) and devices, quant, pinned, requests."""
+        global_capacities, batch, miss_modes, rates (lists) and devices, quant, pinned, requests,
+        arrival, users, think, max_batch, schedule, chunk, seed, host_cache, host_policy."""
         try:
             raw = tomllib.loads(Path(path).read_text())
         except OSError as exc:
@@ -184,9 +218,9 @@ class Grid:
         for key, kind in cls._AXES.items():
             v = raw.get(key, [])
             v = v if isinstance(v, list) else [v]
-            if not all(isinstance(x, kind) or (kind is str and isinstance(x, int)) for x in v):
+            if not all(_fits(x, kind) or (kind is str and isinstance(x, int)) for x in v):
                 raise SweepError(f"{path}: {key} must be a list of {kind.__name__}")
-            axes[key] = [str(x) if kind is str else x for x in v]
+            axes[key] = [kind(x) if kind in (str, float) else x for x in v]
         base = Path(path).parent
         caps = [CapacitySpec(c) for c in axes["capacities"]] + [CapacitySpec(c, False) for c in axes["global_capacities"]]
         for key in ("traces", "models", "hardware", "policies"):
@@ -196,8 +230,10 @@ class Grid:
             raise SweepError(f"{path}: give capacities or global_capacities")
         scalars = {k: raw[k] for k in cls._SCALARS if k in raw}
         for k, kind in cls._SCALARS.items():
-            if k in scalars and type(scalars[k]) is not kind:
+            if k in scalars and not _fits(scalars[k], kind):
                 raise SweepError(f"{path}: {k} must be {kind.__name__}")
+            if k in scalars and kind is float:
+                scalars[k] = float(scalars[k])
         traces = [str(base / t) if not Path(t).is_absolute() and (base / t).exists() else t for t in axes["traces"]]
         return cls(
             traces=traces,
@@ -207,8 +243,18 @@ class Grid:
             capacities=caps,
             batch=axes["batch"] or [1],
             miss_modes=axes["miss_modes"] or ["load"],
+            rates=axes["rates"],
             **scalars,
         )
+
+    def workloads(self) -> list[Workload | None]:
+        """One per rate (Poisson unless `arrival` says otherwise), else the one `arrival` or
+        `users` give, else None (requests back to back)."""
+        common = dict(think_s=self.think, max_batch=self.max_batch, schedule=self.schedule, chunk=self.chunk,
+                      seed=self.seed)
+        if self.rates:
+            return [Workload.from_options(self.arrival or "poisson", r, None, **common) for r in self.rates]
+        return [Workload.from_options(self.arrival or None, None, self.users or None, **common)]
 
     def points(self) -> list[Point]:
         """Every combination; traces are hashed once, and each is checked to exist."""
@@ -227,13 +273,22 @@ class Grid:
             parse_miss_mode(m, "miss mode")
         parse_quant(self.quant, "quant")
         out = []
-        for t, m, h, p, c, b, mm in itertools.product(
-            self.traces, self.models, self.hardware, self.policies, self.capacities, self.batch, self.miss_modes
+        for t, m, h, p, c, b, mm, w in itertools.product(
+            self.traces, self.models, self.hardware, self.policies, self.capacities, self.batch, self.miss_modes,
+            self.workloads(),
         ):
             out.append(
-                Point(t, m, h, p, c, b, mm, self.devices, self.quant, self.pinned, self.requests, digests[t])
+                Point(t, m, h, p, c, b, mm, self.devices, self.quant, self.pinned, self.requests, digests[t], w,
+                      self.host_cache, self.host_policy)
             )
         return out
+
+
+def _fits(value: Any, kind: type) -> bool:
+    """A TOML value of the wanted kind (an integer is a fine float; a boolean is no number)."""
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, kind) or (kind is float and isinstance(value, int))
 
 
 def _stored(out: Path, point: Point) -> dict[str, Any] | None:

@@ -21,9 +21,9 @@ on the order of GPU loads, never on time, like every cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from casmoe.cache import Capacity, CacheConfigError, ExpertCache
+from casmoe.cache import Capacity, ExpertCache
 from casmoe.errors import CasmoeError
 from casmoe.geometry import ExpertId, Geometry
 
@@ -70,6 +70,12 @@ class HostTier:
         self.storage = storage
         self._E = cache.geometry.experts
 
+    def begin_request(self, request: Any) -> None:
+        self.cache.begin_request(request)  # its prefetch loads are not issued: loads start at the GPUs
+
+    def end_request(self) -> None:
+        self.cache.end_request()
+
     def fetch(self, now: float, expert: ExpertId, nbytes: int) -> Chunks | None:
         """A GPU load of `expert` (a flat id of the whole model) issued at `now`: None when it
         is in RAM, else the chunks of its read from storage (the tier keeps it from now on)."""
@@ -88,28 +94,47 @@ class TierError(CasmoeError, ValueError):
 
 @dataclass(frozen=True)
 class HostCache:
-    """`--host-cache`: bytes of host RAM for experts, the policy managing them (one pool for all
-    layers) and the size of the staging chunks a storage read is copied in."""
+    """`--host-cache`: `rows` experts of host RAM (one pool for all layers), managed by `policy`
+    (with `options`), and the size of the staging chunks a storage read is copied in. The
+    semantics are the backend's RAM tier's (backends/hostcache.py): one access per GPU load, in
+    issue order; requests bracketed by `begin_request` / `end_request`; no RAM prefetch; oracles
+    refused (the tier's future is the GPUs' load sequence, which no trace holds)."""
 
-    nbytes: float
+    rows: int
     policy: type[ExpertCache]
+    options: tuple[tuple[str, Any], ...] = ()
     chunk_bytes: int = 16 * 2**20
+
+    @classmethod
+    def parse(cls, size: str, policy: str, expert_bytes: Sequence[int]) -> HostCache:
+        """From the command line: `size` in memory (40GB) or experts, `policy` a spec (lru)."""
+        from casmoe.options import CapacitySpec
+        from casmoe.policies import PolicySpec
+
+        spec = PolicySpec.parse(policy)
+        rows = CapacitySpec(size, per_layer=False).resolve(expert_bytes).slots
+        return cls(rows, spec.cls, tuple(spec.options))
+
+    def nbytes(self, expert_bytes: Sequence[int]) -> float:
+        return self.rows * sum(expert_bytes) / len(expert_bytes)
 
     def build(self, geometry: Geometry, expert_bytes: Sequence[int], hardware: HardwareProfile) -> HostTier:
         hw = hardware
         if hw.storage_read_gbs <= 0:
             raise TierError(f"profile {hw.name!r} has no storage tier (storage_read_gbs); add it to use --host-cache")
-        if hw.host_ram_gib and self.nbytes > hw.host_ram_gib * 2**30:
-            raise TierError(f"--host-cache {self.nbytes / 1e9:.4g} GB exceeds the {hw.host_ram_gib:g} GiB of host RAM of {hw.name!r}")
-        slots = int(self.nbytes // (sum(expert_bytes) / len(expert_bytes)))
-        try:
-            cache = self.policy.create(geometry, Capacity(slots, per_layer=False), expert_bytes=expert_bytes)
-        except CacheConfigError:
-            raise TierError(
-                f"--host-cache {self.nbytes / 1e9:.4g} GB holds {slots} experts, below the {geometry.top_k} a token "
-                "routes to per layer; give more"
-            ) from None
-        if cache.needs_future:
+        size = self.nbytes(expert_bytes)
+        if hw.host_ram_gib and size > hw.host_ram_gib * 2**30:
+            raise TierError(f"--host-cache of {size / 1e9:.4g} GB exceeds the {hw.host_ram_gib:g} GiB of host RAM of {hw.name!r}")
+        if self.policy.needs_future:
             raise TierError(f"--host-policy {self.policy.name!r} reads the future; the RAM tier takes a causal policy (lru, lfu, ...)")
+        if self.rows < geometry.top_k:
+            raise TierError(
+                f"--host-cache holds {self.rows} experts, fewer than the {geometry.top_k} a token routes to per layer; "
+                "give more memory or leave the RAM tier out"
+            )
+        cache = self.policy.create(geometry, Capacity(self.rows, per_layer=False), expert_bytes=expert_bytes,
+                                   **dict(self.options))
+        if cache.needs_future:
+            raise TierError(f"--host-policy {self.policy.name!r} reads the future; the RAM tier takes a causal policy")
         storage = Storage(hw.storage_read_gbs * 1e9, hw.storage_latency_us * 1e-6, self.chunk_bytes)
         return HostTier(cache, storage)

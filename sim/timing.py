@@ -23,8 +23,9 @@ from casmoe.sim.compute import ComputeModel
 from casmoe.sim.decide import Decider, StepDecisions
 from casmoe.sim.link import Link
 from casmoe.sim.timeline import Timeline
+from casmoe.sim.tiers import HostTier
 from casmoe.sim.timeliness import Timeliness
-from casmoe.trace import Step
+from casmoe.trace import Request, Step
 
 
 @dataclass
@@ -73,6 +74,8 @@ class StepTimer:
         load_host_s: float = 0.0,
         timeline: Timeline | None = None,
         timeliness: Timeliness | None = None,
+        tier: HostTier | None = None,
+        requests: Sequence[Request] = (),
     ) -> None:
         self.shards = shards
         self.links = links
@@ -83,7 +86,8 @@ class StepTimer:
         self.load_host_s = load_host_s
         self.timeline = timeline
         self.timeliness = timeliness
-        self.tiered = any(link.tier is not None for link in links)
+        self.tier = tier  # the RAM tier the links read through, told of request boundaries
+        self.requests = requests
         self.compute_s = 0.0
         self.stall_demand = 0.0
         self.stall_late = 0.0
@@ -98,6 +102,9 @@ class StepTimer:
     def begin(self, t: float, starting: Sequence[int], decisions: Sequence[StepDecisions] | None) -> float:
         """Requests start at `t`: their `begin_request` loads go on the links. Returns when the
         first device can compute (after the host time of issuing them)."""
+        if self.tier is not None:
+            for r in starting:
+                self.tier.begin_request(self.requests[r])
         issued = 0
         for i, shard in enumerate(self.shards):
             self._land_all(shard, t)
@@ -118,6 +125,9 @@ class StepTimer:
             self._land_all(shard, t)
             if self.interleaved:
                 shard.decider.end(requests)
+        if self.tier is not None:
+            for _ in range(requests):
+                self.tier.end_request()
 
     # ---- one step ----------------------------------------------------------------------------
 

@@ -81,6 +81,14 @@ def test_simulate_with_no_arguments(tmp_path):
         (["--policy", "nope"], "unknown policy 'nope'"),
         (["--quant", "fp3"], "unknown --quant"),
         (["--miss-mode", "pray"], "unknown --miss-mode"),
+        (["--arrival", "poisson"], "needs --rate"),
+        (["--arrival", "burst", "--rate", "1"], "unknown --arrival"),
+        (["--arrival", "trace"], "needs a trace with per-request arrival times"),
+        (["--rate", "1", "--users", "2"], "not both"),
+        (["--rate", "1", "--batch", "2"], "use --max-batch"),
+        (["--rate", "1", "--schedule", "lifo"], "unknown --schedule"),
+        (["--host-cache", "1", "--policy", "lru"], "fewer than the 2"),
+        (["--host-cache", "4", "--host-policy", "belady", "--policy", "lru"], "reads the future"),
     ],
 )
 def test_clear_errors(args, message, tmp_path, monkeypatch, capsys):
@@ -168,3 +176,59 @@ def test_bad_sweep_file_names_the_key(tmp_path):
     with pytest.raises(SweepError, match="policys"):
         Grid.from_toml(cfg)
     assert file_digest(cfg) == file_digest(cfg)
+
+
+@needs_trace
+def test_simulate_serves_poisson_arrivals_with_latency_percentiles_and_plots(tmp_path):
+    args = ["simulate", "--arrival", "poisson", "--rate", "0.2", "--requests", "6", "--policy", "lru",
+            "--policy", "ondemand", "--capacity", "4", "--max-batch", "4", "--out", "rep", "--timeliness"]
+    proc = casmoe(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = check_report(tmp_path / "rep")
+    for r in records:
+        assert r["arrival"] == "poisson" and r["rate"] == 0.2 and r["peak_batch"] <= 4
+        assert 0 < r["ttft_p50_s"] <= r["ttft_p99_s"] and 0 < r["tpot_p50_s"] <= r["tpot_p99_s"]
+        assert r["e2e_p99_s"] >= r["ttft_p99_s"] and r["requests_per_s"] > 0
+    by = {r["policy"]: r for r in records}
+    assert by["ondemand"]["e2e_p50_s"] > by["lru"]["e2e_p50_s"]  # every layer loads: far slower
+    for png in ("queue.png", "timeliness.png"):
+        assert (tmp_path / "rep" / png).read_bytes()[:4] == b"\x89PNG"
+    assert "TTFT p99" in proc.stdout and "bandwidth-bound stall" in proc.stdout
+
+
+@needs_trace
+def test_closed_loop_users_and_a_ram_tier(tmp_path):
+    args = ["simulate", "--users", "2", "--think", "1", "--requests", "4", "--policy", "lru", "--capacity", "4",
+            "--host-cache", "200GB", "--out", "rep", "--json"]
+    proc = casmoe(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (r,) = json.loads(proc.stdout)
+    assert r["arrival"] == "closed" and r["users"] == 2 and r["host_misses"] > 0
+    assert r["storage_bytes"] == r["host_misses"] * 352321536 and r["host_cache_gb"] > 190
+
+
+@needs_trace
+def test_sweep_over_rates_plots_latency_vs_load(tmp_path):
+    args = ["sweep", "--requests", "4", "--policy", "lru", "--policy", "semoe", "--capacity", "4",
+            "--rate", "0.1", "--rate", "1", "--rate", "10", "--jobs", "1", "--out", "sw"]
+    proc = casmoe(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads((tmp_path / "sw" / "results.json").read_text())
+    assert sorted({r["rate"] for r in records}) == [0.1, 1.0, 10.0] and len(records) == 6
+    lru = sorted((r for r in records if r["policy"] == "lru"), key=lambda r: r["rate"])
+    assert lru[-1]["queue_wait_mean_s"] >= lru[0]["queue_wait_mean_s"]  # more load, more waiting
+    assert (tmp_path / "sw" / "latency_vs_load.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sweep_file_takes_rates_and_serving_keys(tmp_path):
+    (tmp_path / "g.toml").write_text(
+        f'traces = ["{TRACE}"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4"]\npolicies = ["lru"]\n'
+        'capacities = [4]\nrates = [0.5, 2]\nmax_batch = 2\nschedule = "chunked"\nchunk = 64\nhost_cache = "100GB"\n'
+    )
+    grid = Grid.from_toml(tmp_path / "g.toml")
+    points = grid.points()
+    assert [p.workload.rate for p in points] == [0.5, 2.0]
+    assert all(p.workload.max_batch == 2 and p.workload.chunk == 64 and p.host_cache == "100GB" for p in points)
+    (tmp_path / "bad.toml").write_text((tmp_path / "g.toml").read_text().replace('"chunked"', '"fifo"'))
+    with pytest.raises(Exception, match="unknown --schedule"):
+        Grid.from_toml(tmp_path / "bad.toml").points()

@@ -147,7 +147,7 @@ def _tier_case(chunk: int):
     g = Geometry(1, 4, 1, hidden=8, intermediate=4, layer_expert_bytes=(b,))
     topk = np.array([[[2]], [[2]]], np.int16)  # two tokens, the same expert
     tr = Trace(g, [Request(topk, np.ones(topk.shape, np.float32), prefill=0)])
-    tier = HostCache(2 * b, get_policy("lru"), chunk_bytes=chunk)
+    tier = HostCache(2, get_policy("lru"), chunk_bytes=chunk)
     res = run(tr, "ondemand", 1, compute=FixedCompute(), host_cache=tier)
     Bs, Ls = HW.storage_read_gbs * 1e9, HW.storage_latency_us * 1e-6
     Bh, Lh = HW.h2d_pinned_gbs * 1e9, HW.copy_latency_us * 1e-6
@@ -173,12 +173,16 @@ def test_a_two_tier_miss_in_chunks_hides_the_copies_behind_the_reads():
 
 def test_tier_errors_are_one_line():
     tr = _one_step_requests(1)
-    with pytest.raises(TierError, match="below the 1"):
-        run(tr, host_cache=HostCache(0.5, get_policy("lru")))
+    with pytest.raises(TierError, match="fewer than the 1"):
+        run(tr, host_cache=HostCache(0, get_policy("lru")))
+    big = HW.with_values(storage_read_gbs=7.0, sources={"storage_read_gbs": "test"})
+    g = Geometry(1, 2, 1, layer_expert_bytes=(10**12,))
+    huge = Trace(g, [Request(np.zeros((1, 1, 1), np.int16), np.ones((1, 1, 1), np.float32), prefill=1)])
     with pytest.raises(TierError, match="host RAM"):
-        run(tr, host_cache=HostCache(1e15, get_policy("lru")))
+        run(huge, hw=big, host_cache=HostCache(2, get_policy("lru")))
     with pytest.raises(TierError, match="reads the future"):
-        run(tr, host_cache=HostCache(10, get_policy("belady")))
+        run(tr, host_cache=HostCache(2, get_policy("belady")))
+    assert HostCache.parse("3", "lru", [100]).rows == 3 and HostCache.parse("1KB", "lfu", [100]).rows == 10
 
 
 # ---- one set of decisions -----------------------------------------------------------------------

@@ -61,6 +61,36 @@ def _write_report(out: Path, records: list[dict[str, Any]]) -> list[Path]:
     return written
 
 
+def _write_serving_report(out: Path, records: list[dict[str, Any]]) -> list[Path]:
+    """timeliness.png (stall vs the perfect-prefetch bound per layer, smallest cache), and for
+    serving runs queue.png (requests waiting over time) and, across rates, latency_vs_load.png."""
+    from casmoe.report import plot_latency_vs_load, plot_queue, plot_timeliness
+
+    ran = [r for r in records if "skipped" not in r]
+    if not ran:
+        return []
+    smallest = min(r["capacity_gb"] for r in ran)
+    written = [plot_timeliness(out / "timeliness.png", [r for r in ran if r["capacity_gb"] == smallest])]
+    served = [r for r in ran if "arrival" in r]
+    if served:
+        written.append(plot_queue(out / "queue.png", [r for r in served if r["capacity_gb"] == smallest]))
+    if len({r.get("rate") for r in served}) > 1:
+        written.append(plot_latency_vs_load(out / "latency_vs_load.png", served))
+    return written
+
+
+def _print_serving(records: list[dict[str, Any]], title: str, timeliness: bool) -> None:
+    from casmoe.report import print_serving, print_tiers, print_timeliness
+
+    ran = [r for r in records if "skipped" not in r]
+    if title:
+        print_serving(ran, title)
+    if any(r["host_cache_gb"] for r in ran):
+        print_tiers(ran, "memory tiers: storage -> RAM tier -> GPU slots")
+    if timeliness:
+        print_timeliness(ran, "stall vs the perfect-prefetch bound (same loads, issued as early as the link allows)")
+
+
 @app.command()
 def simulate(
     trace: Optional[Path] = typer.Option(None, help="Trace (.npz); default: the shipped synthetic Mixtral trace."),
@@ -84,8 +114,32 @@ def simulate(
     out: Path = typer.Option(Path("casmoe-sim"), help="Report folder: results.json, results.csv, PNG plots."),
     timeline: Optional[Path] = typer.Option(None, help="Write a Chrome/Perfetto trace (of the first run) here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
+    arrival: Optional[str] = typer.Option(
+        None, help="Serve requests as they arrive: poisson (needs --rate) or trace (the trace's arrival times)."
+    ),
+    rate: Optional[float] = typer.Option(None, min=0.0, help="Poisson arrivals, requests per second."),
+    users: Optional[int] = typer.Option(
+        None, min=1, help="A closed loop of N users: each waits for its answer, thinks --think s, asks again."
+    ),
+    think: float = typer.Option(0.0, min=0.0, help="Closed loop: seconds between an answer and the next request."),
+    max_batch: int = typer.Option(8, min=1, help="Serving: most requests decoded together (continuous batching)."),
+    schedule: str = typer.Option(
+        "prefill-first", help="Serving: prefill-first (a new prompt runs alone, first) or chunked (prompt chunks join decode steps)."
+    ),
+    chunk: int = typer.Option(512, min=1, help="Serving, chunked: tokens per step (decode tokens + a prompt chunk)."),
+    seed: int = typer.Option(0, help="Seed of the Poisson arrivals."),
+    host_cache: Optional[str] = typer.Option(
+        None, "--host-cache", help="RAM tier between storage and the GPUs: memory (40GB) or experts; default: all experts in RAM."
+    ),
+    host_policy: str = typer.Option("lru", help="Policy managing the RAM tier (any that does not read the future)."),
+    timeliness: bool = typer.Option(
+        False, "--timeliness", help="Also print stall vs the perfect-prefetch bound, late hits and wasted prefetches."
+    ),
 ) -> None:
     """Simulate policies on modelled hardware: latency, throughput, stalls, bytes moved.
+
+    With --arrival or --users, requests arrive over time and are served with continuous
+    batching: TTFT, time per output token and end-to-end latency percentiles, throughput, queue.
 
     With no arguments: the shipped Mixtral-shaped trace (first 12 requests) on rtx4090x4 with
     the mixtral-8x7b preset, every policy, at cache sizes the box holds.
@@ -99,7 +153,9 @@ def simulate(
     from casmoe.sim.engine import check_geometry, expert_bytes_for, max_slots
     from casmoe.sim.hardware import load_profile
     from casmoe.policies import parse_policies
+    from casmoe.sim.serving import Workload
     from casmoe.sim.sweep import Point, file_digest, preset_for, run_point
+    from casmoe.sim.tiers import HostCache
     from casmoe.sim.timeline import Timeline
     from casmoe.trace import Trace
 
@@ -119,6 +175,13 @@ def simulate(
     q = parse_quant(quant)
     miss_mode = parse_miss_mode(miss_mode).value
     nbytes = expert_bytes_for(tr, preset, q)
+    workload = Workload.from_options(arrival, rate, users, think, max_batch, schedule, chunk, seed)
+    if workload is not None and batch != 1:
+        raise CasmoeError("--batch makes static batches of back-to-back requests; with --arrival or --users use --max-batch")
+    if workload is not None:
+        workload.arrival_times(tr.requests)  # --arrival trace on a trace without times fails here
+    if host_cache is not None:  # a RAM tier that cannot work fails here, before any run
+        HostCache.parse(host_cache, host_policy, nbytes).build(tr.geometry, nbytes, hw)
     fit = max_slots(hw, preset, nbytes, n_dev)
     k = tr.geometry.top_k
     caps = capacity_specs(capacity, global_capacity)
@@ -137,7 +200,8 @@ def simulate(
     specs = parse_policies(policy, POLICIES)
     digest = file_digest(path)
     points = [
-        Point(str(path), preset.name, hardware, p, c, batch, miss_mode, n_dev, quant or "", not pageable, requests, digest)
+        Point(str(path), preset.name, hardware, p, c, batch, miss_mode, n_dev, quant or "", not pageable, requests, digest,
+              workload=workload, host_cache=host_cache or "", host_policy=host_policy)
         for c in caps
         for p in specs
     ]
@@ -165,11 +229,12 @@ def simulate(
         records.append(rec)
     if recorder is not None:
         recorder.write(timeline)
-    written = _write_report(out, records)
+    written = _write_report(out, records) + _write_serving_report(out, records)
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
     _print_results(records, f"{preset.name} on {hw.name} x{n_dev}")
+    _print_serving(records, f"serving {workload.describe()}" if workload else "", timeliness)
     for s in skipped:
         typer.echo(f"skipped {s}")
     typer.echo("wrote " + ", ".join(str(w) for w in written) + (f", {timeline}" if timeline else ""))
@@ -187,6 +252,10 @@ def sweep(
     global_capacity: Optional[list[str]] = typer.Option(None, help="Global-pool capacities, repeatable."),
     batch: Optional[list[int]] = typer.Option(None, help="Batch sizes, repeatable."),
     requests: Optional[int] = typer.Option(None, min=0, help="Only the first N requests of each trace (0: all)."),
+    rate: Optional[list[float]] = typer.Option(
+        None, min=0.0, help="Poisson arrival rates (requests/s), repeatable: a grid axis; plots latency vs load."
+    ),
+    max_batch: Optional[int] = typer.Option(None, min=1, help="Serving: most requests decoded together."),
     out: Path = typer.Option(Path("casmoe-sweep"), help="Output folder; finished points are kept and skipped on re-runs."),
     jobs: int = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a local Ray)."),
     ray: bool = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address)."),
@@ -219,6 +288,10 @@ def sweep(
         grid.batch = batch
     if requests is not None:
         grid.requests = requests
+    if rate:
+        grid.rates = rate
+    if max_batch is not None:
+        grid.max_batch = max_batch
     grid.traces = grid.traces or [str(shipped(DEFAULT_TRACE))]
     grid.models = grid.models or ["mixtral-8x7b"]
     grid.hardware = grid.hardware or ["rtx4090x4"]
@@ -239,10 +312,13 @@ def sweep(
     records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=progress)
     bar.close()
     _write_report(out, records)
+    _write_serving_report(out, records)
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
     _print_results(records, f"sweep: {len(points)} points, {computed} computed now")
+    if any("arrival" in r for r in records):
+        _print_serving(records, "serving", False)
     for r in records:
         if "skipped" in r:
             typer.echo(f"skipped {r['policy']} @ {r['capacity_spec']}: {r['skipped']}")
