@@ -40,7 +40,7 @@ class Opened:
 
 def open_offloaded(model: str, *, devices: Sequence[str] = (), dtype: str | None = None,
                    link: EmulatedLink | None = None, capacity: str | None = None, global_capacity: str | None = None,
-                   host_cache: str | None = None, host_policy: str = "lru") -> Opened:
+                   host_cache: str | None = None, host_policy: str = "lru", direct_io: bool = False) -> Opened:
     """Open `model` for offloading; every setting is checked (`fit`) before weights are read."""
     from casmoe.options import CapacitySpec, one_capacity
     from casmoe.policies.spec import PolicySpec
@@ -51,7 +51,7 @@ def open_offloaded(model: str, *, devices: Sequence[str] = (), dtype: str | None
     from casmoe.backends.runtime import OffloadedModel
 
     devs = fit.devices(list(devices))
-    files = open_files(model, dtype)
+    files = open_files(model, dtype, direct_io)
     meta = skeleton(files)
     g = model_geometry(meta, find_moe_blocks(meta))
     chunks = split_layers(g.layers, len(devs))

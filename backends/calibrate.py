@@ -7,6 +7,9 @@ What is measured, on the backend's own code paths:
   store, one token vs two tokens routed to disjoint experts);
 - a whole decode step with every expert resident (the offloaded runtime, LRU at full capacity);
   the simulator's per-layer overhead is fitted so that its decode step equals that time;
+- one expert for one token computed on the host the way the `cpu` miss mode computes it; the
+  profile's host memory bandwidth is fitted to it (at one token the host expert is memory-bound),
+  so the simulator prices `--miss-mode cpu` at the backend's own cost;
 - copies through the backend's copier (its link cap, if any): batches of k copies submitted
   together and waited for, as a demand miss does, at two sizes; a line through the two points
   gives the bandwidth and the per-copy cost.
@@ -63,6 +66,7 @@ class Calibration:
     layer_overhead: float
     expert_overhead: float
     link: EmulatedLink
+    host_expert_s: float = 0.0  # one expert on the host for one token (cpu miss mode); 0: not measured
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "link"}
@@ -124,7 +128,9 @@ class Calibration:
             handover_us="not measured: one device",
             p2p_gbs="assumption: the device memory bandwidth (unused with one device)",
             cpu_tflops=f"{host}: achieved rate of a square matmul on the CPU",
-            cpu_mem_bw_gbs=f"{host}: achieved bandwidth of a 64 MiB clone on the CPU",
+            cpu_mem_bw_gbs=(f"{host}: fitted to the backend's host expert (cpu miss mode): one token took "
+                            f"{self.host_expert_s * 1e6:.1f} us" if self.host_expert_s else
+                            f"{host}: achieved bandwidth of a 64 MiB clone on the CPU"),
             storage_read_gbs="not measured: the backend's store is in RAM",
             storage_latency_us="not measured: the backend's store is in RAM",
             host_ram_gib=f"{host}: physical memory (sysconf)",
@@ -160,6 +166,17 @@ def _expert_time(om: OffloadedModel, device: torch.device, sync: Callable[[], No
     i2 = torch.arange(2 * k, device=device).view(2, k)
     two = _median_time(lambda: om.experts_fn(view, h2, i2, torch.cat([w1, w1])), reps, sync)
     return max(two - one, 1e-9) / k
+
+
+def _host_expert_time(om: OffloadedModel, reps: int) -> float:
+    """One expert for one token on the host, as the `cpu` miss mode computes it (weights in
+    host memory, read once from the store)."""
+    from casmoe.backends.kernels import host_expert
+
+    rows = om.store.empty_rows()
+    om.store.read(0, 0, rows)
+    h1 = torch.randn(1, om.geometry.hidden, dtype=next(iter(rows.values())).dtype)
+    return _median_time(lambda: host_expert(om.attrs, h1, rows), reps, lambda: None)
 
 
 def _copy_cost(om: OffloadedModel, device: torch.device, link: EmulatedLink, reps: int) -> tuple[float, float]:
@@ -208,10 +225,12 @@ def calibrate(
     flops, mem_bw = _rates(device, dtype, sync, reps)
     cpu_flops, cpu_bw = (flops, mem_bw) if not cuda else _rates(torch.device("cpu"), dtype, lambda: None, reps)
     expert_s = _expert_time(om, device, sync, reps)
+    host_s = _host_expert_time(om, reps)
+    cpu_bw = om.store.expert_bytes(0) / host_s  # the simulator's host expert is memory-bound at one token
     with responsive_copies():
         copy_bw, copy_latency = _copy_cost(om, device, om.link, reps)
     probe = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, copy_bw, copy_latency,
-                        0.0, 0.0, om.link)
+                        0.0, 0.0, om.link, host_s)
     return refit(probe, om, resident_step(om, prompts, max_new_tokens), prompts, max_new_tokens)
 
 

@@ -123,6 +123,30 @@ def _group(model: Any, prompts: Sequence[Sequence[int]], group: tuple[int, ...],
     return [tokens[r] for r in group]
 
 
+def step_logits(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch: int = 1,
+                device: torch.device | str = "cpu") -> list[list[torch.Tensor]]:
+    """Each request's last-position logits at every step, greedy: how a plain (un-offloaded)
+    model decodes under the same schedule, the reference the offloaded runs are held to."""
+    out: list[list[torch.Tensor]] = [[] for _ in prompts]
+
+    class Keep:
+        def begin(self, r: int) -> None:
+            pass
+
+        def before(self, prefill: bool, requests: tuple[int, ...]) -> None:
+            self.requests = requests
+
+        def after(self, logits: torch.Tensor) -> None:
+            for b, r in enumerate(self.requests):
+                out[r].append(logits[b, -1].clone())
+
+        def end(self, r: int) -> None:
+            pass
+
+    generate(model, prompts, max_new_tokens, batch=batch, device=device, hooks=Keep())
+    return out
+
+
 def _stack(caches: list[Any], lengths: list[int], device: torch.device) -> tuple[Any, torch.Tensor]:
     """One cache for the group: each request's keys and values left-padded to the longest
     prompt and stacked along the batch; the mask [B, P] hides the padding."""

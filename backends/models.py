@@ -107,15 +107,16 @@ class ModelFiles:
     dtype: Any  # torch dtype
 
 
-def open_files(name_or_path: str | Path, dtype: str | None = None) -> ModelFiles:
-    """Config, adapter and tensor index of a model folder (safetensors headers only)."""
+def open_files(name_or_path: str | Path, dtype: str | None = None, direct: bool = False) -> ModelFiles:
+    """Config, adapter and tensor index of a model folder (safetensors headers only); `direct`:
+    read its experts with O_DIRECT, past the page cache."""
     from casmoe.backends.adapters import adapter_for
     from casmoe.backends.checkpoint import Checkpoint, CheckpointError
 
     config = load_config(name_or_path)
     where = _local_folder(resolve_model(name_or_path))
     try:
-        ckpt = Checkpoint(where)
+        ckpt = Checkpoint(where, direct)
     except CheckpointError as exc:
         raise ModelError(str(exc)) from None
     return ModelFiles(where, config, adapter_for(config.model_type), ckpt, torch_dtype(dtype) or ckpt.float_dtype())

@@ -1,37 +1,25 @@
 #!/usr/bin/env bash
-# GPU checks of the torch backend and a short bench, on one GPU: at most 270 s of timeouts in all.
-# Usage: bench/gpu_check.sh [MODEL]   (default: the shipped tiny-mixtral; any local model folder works)
-# Writes bench/gpu_check/*.json and a calibrated profile; prints a summary.
-set -euo pipefail
+# GPU checks of the torch backend, PASS/FAIL per check: at most 290 s of timeouts in all, about
+# 3 minutes on one GPU. Needs a CUDA device; uses a second one when present.
+# Usage: bench/gpu_check.sh      Writes bench/gpu_check/results.json and pytest's log.
+#   1. the CUDA unit tests (tests/test_backend_gpu.py: small experts, every code path)
+#   2. bench/gpu_check.py: exactness with 96 MiB experts and multi-token prompts through the
+#      streamed path, with and without the RAM tier, batched, on 1 and 2 GPUs; --verify; a
+#      use-before-arrival race stress; loader copy rate vs the measured pinned H2D rate
+# Dry run of step 2 on a CPU: python bench/gpu_check.py --device cpu --small
+set -uo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${1:-tiny-mixtral}
 OUT=bench/gpu_check
 mkdir -p "$OUT"
-python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-
-echo "== GPU tests"
-timeout 90 python -m pytest tests/test_backend_gpu.py -m gpu -q -p no:cacheprovider
-
-echo "== bench ($MODEL on cuda:0)"
-for policy in ondemand lru semoe; do
-  timeout 35 casmoe bench --model "$MODEL" --device cuda:0 --dtype bfloat16 --policy "$policy" --capacity 4 \
-    --num-prompts 8 --max-new-tokens 32 --json > "$OUT/bench-$policy.json"
-done
-timeout 35 casmoe bench --model "$MODEL" --device cuda:0 --dtype bfloat16 --policy lru --capacity 2 --miss-mode substitute \
-  --num-prompts 8 --max-new-tokens 32 --json > "$OUT/bench-lru-substitute.json"
-
-echo "== calibrate"
-timeout 40 casmoe calibrate --model "$MODEL" --device cuda:0 --dtype bfloat16 --out "$OUT/profile.toml" --json > "$OUT/calibrate.json"
-
-python - "$OUT" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-for f in sorted(out.glob("bench-*.json")):
-    r = json.loads(f.read_text())
-    extra = f", ppl {r['perplexity']:.2f} vs {r['reference_perplexity']:.2f}" if "perplexity" in r else ""
-    print(f"{f.stem}: {r['tokens_per_s']:.1f} tok/s, TTFT {r['ttft_s']*1e3:.1f} ms, stall {r['stall_s']:.3f} s, "
-          f"hit rate {r['cache_hit_rate']:.3f}{extra}")
-c = json.loads((out / "calibrate.json").read_text())
-print(f"calibrate: copies {c['copy_bw']/1e9:.2f} GB/s + {c['copy_latency']*1e6:.1f} us, step {c['step_s']*1e3:.2f} ms")
-PY
+python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')" || exit 2
+nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader || true
+status=0
+echo "== CUDA unit tests"
+if timeout 90 python -m pytest tests/test_backend_gpu.py -m gpu -q -p no:cacheprovider > "$OUT/pytest.log" 2>&1; then
+  echo "PASS  tests/test_backend_gpu.py  $(tail -1 "$OUT/pytest.log")"
+else
+  echo "FAIL  tests/test_backend_gpu.py  $(tail -1 "$OUT/pytest.log")"; status=1
+fi
+echo "== large-expert checks"
+timeout 200 python bench/gpu_check.py --out "$OUT/results.json" || status=1
+exit $status

@@ -72,24 +72,9 @@ def plain_batched(model, prompts: list[list[int]], steps: int, batch: int, devic
                   ) -> list[list[torch.Tensor]]:
     """The un-offloaded model through the backend's decode loop with `batch` requests decoding
     together: each request's last logits at every step."""
-    from casmoe.backends.generate import generate
+    from casmoe.backends.generate import step_logits
 
-    out: list[list[torch.Tensor]] = [[] for _ in prompts]
-
-    class Keep:
-        def begin(self, r): pass
-
-        def before(self, prefill, requests):
-            self.requests = requests
-
-        def after(self, logits):
-            for b, r in enumerate(self.requests):
-                out[r].append(logits[b, -1].clone())
-
-        def end(self, r): pass
-
-    generate(model, prompts, steps, batch=batch, device=device, hooks=Keep())
-    return out
+    return step_logits(model, prompts, steps, batch=batch, device=device)
 
 
 def save_checkpoint(model, path, shard: str = "40KB") -> None:

@@ -71,6 +71,13 @@ def test_calibrate_writes_a_profile_the_simulator_loads(model_dir, tmp_path):
     prof = load_profile(out)
     assert prof.h2d_pinned_gbs > 0 and prof.dense_tflops > 0
     assert prof.h2d_pinned_gbs < 0.06  # the emulated link, measured through the copier
+    code, text = _run(["calibrate", "--model", str(model_dir / "m"), "--out", str(tmp_path / "again.toml"), "--prompts",
+                       str(model_dir / "prompts.txt"), "--max-new-tokens", "3", "--json"])
+    cal = json.loads(text)
+    expert_bytes = 3 * 32 * 48 * 4  # tiny mixtral, float32: the profile prices a host expert at the measured time
+    assert cal["host_expert_s"] > 0
+    assert expert_bytes / (load_profile(tmp_path / "again.toml").cpu_mem_bw_gbs * 1e9) == pytest.approx(
+        cal["host_expert_s"], rel=1e-6)
 
 
 def test_validate_json_gives_a_median_error_per_policy(model_dir):

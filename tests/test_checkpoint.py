@@ -138,3 +138,19 @@ def test_store_reads_rows_into_caller_memory(tmp_path):
     assert torch.equal(rows["gate_up_proj"], experts.gate_up_proj[6]) and torch.equal(rows["down_proj"], experts.down_proj[6])
     assert store.nbytes == sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                                if ".experts." in n and "shared" not in n)
+
+
+def test_direct_io_reads_the_same_bytes(tmp_path):
+    model = tiny("mixtral", layers=2)
+    save_checkpoint(model, tmp_path)
+    buffered = open_model(open_files(tmp_path))[1]
+    try:
+        direct = open_model(open_files(tmp_path, direct=True))[1]
+        rows = direct.empty_rows()
+        direct.read(1, 5, rows)
+    except OSError as exc:  # a filesystem without O_DIRECT (tmpfs)
+        pytest.skip(f"no O_DIRECT here: {exc}")
+    want = buffered.empty_rows()
+    buffered.read(1, 5, want)
+    assert all(torch.equal(rows[n], want[n]) for n in want)
+    assert torch.equal(want["down_proj"], model.model.layers[1].mlp.experts.down_proj[5])

@@ -93,6 +93,7 @@ def bench(
         None, "--host-cache", help="RAM tier between the checkpoint on disk and the devices: memory (40GB) or experts."
     ),
     host_policy: str = typer.Option("lru", help="Policy managing the RAM tier (any that does not read the future)."),
+    direct_io: bool = typer.Option(False, "--direct-io", help="Read experts with O_DIRECT, past the page cache."),
     miss_mode: MissMode = typer.Option(
         MissMode.LOAD, help="load (stall, exact), substitute (lossy) or cpu (compute misses on the host)."
     ),
@@ -123,7 +124,8 @@ def bench(
     cls = spec.cls
     link = _link(threads, link_gbps, link_latency_us)
     opened = open_offloaded(model, devices=device or [], dtype=dtype, link=link, capacity=capacity,
-                            global_capacity=global_capacity, host_cache=host_cache, host_policy=host_policy)
+                            global_capacity=global_capacity, host_cache=host_cache, host_policy=host_policy,
+                            direct_io=direct_io)
     om, cap = opened.om, opened.capacity
     reqs = _prompts(opened.tokenizer, prompts, num_prompts, max_prompt_tokens)
     profile = Trace.load(trace) if trace is not None else None
