@@ -25,11 +25,12 @@ from casmoe.policies.sch import SCH
 from casmoe.policies.semoe import SEMoE
 from casmoe.policies.static import Static
 from casmoe.step_arrays import StepArrays
-from casmoe.trace import Trace
+from casmoe.trace import Request, Trace
 
 # the kinds of casmoe.kernels.cache_machine (kept here so that choosing a path imports no numba)
 _KINDS: dict[type[ExpertCache], int] = {OnDemand: 0, LRU: 0, SEMoE: 0, Static: 1, LFU: 2, Belady: 3, SCH: 4, CasMoE: 5}
 _MISS = {MissMode.LOAD: 0, MissMode.SUBSTITUTE: 1, MissMode.CPU: 2}
+_NO_MARKS = np.zeros((0, 5), np.int64)
 COMPILE_WORTH = 200_000
 """Routed accesses from which the automatic choice compiles: below, the Python replay is done
 before numba has even loaded (about a second per process; see bench/RESULTS.md)."""
@@ -47,48 +48,79 @@ def uses_twin(cache: ExpertCache, trace: Trace, compiled: bool | None = None) ->
     return compiled is not False and has_twin(cache) and (bool(compiled) or trace.tokens * g.layers * g.top_k >= COMPILE_WORTH)
 
 
+class Twin:
+    """A fresh built-in cache's compiled twin: the kernel's state, driven step range by step
+    range, with the policy's own Python hooks at request boundaries. `log_rows` > 0 keeps the
+    decisions in `mc.log`; `decide` is the simulator's decision pass (loads never land)."""
+
+    def __init__(self, cache: ExpertCache, arrays: StepArrays, *, log_rows: int = 0, decide: bool = False) -> None:
+        from casmoe.kernels import cache_machine as km
+
+        if not has_twin(cache):
+            raise PolicyError(f"{type(cache).__name__} has no compiled twin (or is not fresh)")
+        g = cache.geometry
+        if arrays.accesses and not (
+            0 <= int(arrays.experts.min()) <= int(arrays.experts.max()) < g.total_experts
+            and np.diff(arrays.visit_ptr).max() <= g.experts
+        ):  # the kernel's arrays are sized for these (numba does not bounds-check)
+            raise PolicyError(f"the step arrays route expert ids outside [0, {g.total_experts}) or more experts than a layer has")
+        self.km = km
+        self.cache = cache
+        self.arrays = arrays
+        self.mc = _machine(km, cache, arrays, log_rows, decide)
+
+    def begin(self, request: Request) -> None:
+        self.km.begin_request(self.mc, _prefetch_request(self.cache, request, self.mc))
+
+    def run(self, first: int, last: int, marks: np.ndarray = _NO_MARKS) -> None:
+        self.km.replay_steps(self.mc, self.arrays.visit_ptr, self.arrays.experts, first, last, marks)
+
+    def end(self) -> None:
+        self.km.end_request(self.mc)
+        self.cache.on_request_end()
+
+    def sync(self) -> None:
+        """The run's counters into the cache object (its `stats()`)."""
+        self.cache._n.update(zip(CacheStats.__dataclass_fields__, self.mc.n.tolist()))
+
+
 def replay_compiled(trace: Trace, cache: ExpertCache, arrays: StepArrays, log: list | None = None) -> CacheStats:
     """The counts `casmoe.replay.replay` gives, from the twin; `log` (a list) receives the
     decision rows `(what, expert, slot or stand-in, victim)` of `cache_machine.LOG_*`."""
-    from casmoe.kernels import cache_machine as km
-
-    if not has_twin(cache):
-        raise PolicyError(f"{type(cache).__name__} has no compiled twin (or is not fresh)")
     N = cache.geometry.total_experts
-    if arrays.accesses and not (
-        0 <= int(arrays.experts.min()) <= int(arrays.experts.max()) < N and np.diff(arrays.visit_ptr).max() <= cache.geometry.experts
-    ):  # the kernel's arrays are sized for these (numba does not bounds-check)
-        raise PolicyError(f"the step arrays route expert ids outside [0, {N}) or more experts than a layer has")
-    mc = _machine(km, cache, arrays, log is not None)
+    budget = cache._budget if isinstance(cache, SEMoE) else 0
+    # decisions are at most: a demand load or a stand-in and its background load per access,
+    # the next-layer budget per visit, and every expert per request start
+    rows = 2 * arrays.accesses + budget * (len(arrays.visit_ptr) - 1) + N * len(arrays.first_step)
+    twin = Twin(cache, arrays, log_rows=rows if log is not None else 0)
     begins: dict[int, list[int]] = {}
     ends: dict[int, int] = {}
     for r, (a, b) in enumerate(zip(arrays.first_step.tolist(), arrays.last_step.tolist())):
         if a >= 0:
             begins.setdefault(a, []).append(r)
             ends[b] = ends.get(b, 0) + 1
-    ptr, experts = arrays.visit_ptr, arrays.experts
     done = 0
     for s in sorted(set(begins) | set(ends)):
         if s in begins:
-            km.replay_steps(mc, ptr, experts, done, s)
+            twin.run(done, s)
             done = s
             for r in begins[s]:
-                km.begin_request(mc, _prefetch_request(cache, trace.requests[r], mc, N))
+                twin.begin(trace.requests[r])
         if s in ends:
-            km.replay_steps(mc, ptr, experts, done, s + 1)
+            twin.run(done, s + 1)
             done = s + 1
             for _ in range(ends[s]):
-                km.end_request(mc)
-                cache.on_request_end()
-    km.replay_steps(mc, ptr, experts, done, arrays.steps)
+                twin.end()
+    twin.run(done, arrays.steps)
     if log is not None:
-        log.extend(tuple(row) for row in mc.log[: mc.reg[km.R_LOG]].tolist())
-    cache._n.update(zip(CacheStats.__dataclass_fields__, mc.n.tolist()))
+        log.extend(tuple(row) for row in twin.mc.log[: twin.mc.reg[twin.km.R_LOG]].tolist())
+    twin.sync()
     return cache.stats()
 
 
-def _prefetch_request(cache: ExpertCache, request, mc, N: int) -> np.ndarray:
+def _prefetch_request(cache: ExpertCache, request: Request, mc) -> np.ndarray:
     """The policy's own `prefetch_request` answer, checked, with the state it set for the kernel."""
+    N = cache.geometry.total_experts
     experts = np.asarray(cache.prefetch_request(cache.request_view(request)), dtype=np.int64).ravel()
     if experts.size and not 0 <= int(experts.min()) <= int(experts.max()) < N:
         raise PolicyError(f"{type(cache).__name__}.prefetch_request returned expert ids outside [0, {N})")
@@ -97,18 +129,19 @@ def _prefetch_request(cache: ExpertCache, request, mc, N: int) -> np.ndarray:
     return experts
 
 
-def _machine(km, cache: ExpertCache, arrays: StepArrays, record: bool):
+def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: bool):
     g, cap = cache.geometry, cache.capacity
     N, L, E, slots = g.total_experts, g.layers, g.experts, cap.slots
     pools = cache.pools
     kind = _KINDS[type(cache)]
-    cfg = np.zeros(10, np.int64)
+    cfg = np.zeros(11, np.int64)
     cfg[[km.C_E, km.C_L, km.C_SLOTS, km.C_PER_LAYER, km.C_KIND, km.C_MISS, km.C_KEEPS]] = (
         E, L, slots, cap.per_layer, kind, _MISS[cache.miss_mode], cache.keeps_experts,
     )
     cfg[km.C_NEXT_LAYER_BUDGET] = cache._budget if isinstance(cache, SEMoE) else 0
     cfg[km.C_SCH_M] = cache.m if isinstance(cache, SCH) else 0
-    cfg[km.C_LOG] = record
+    cfg[km.C_LOG] = log_rows > 0
+    cfg[km.C_DECIDE] = decide
     free = np.array([list(reversed(range(p * slots, (p + 1) * slots))) for p in range(pools)], np.int64)
     pinned = np.zeros(N, np.bool_)
     if isinstance(cache, Static) and cache.pinned:
@@ -117,9 +150,6 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, record: bool):
         use_ptr, use_visit = arrays.uses(N)
     else:
         use_ptr, use_visit = np.zeros(N + 1, np.int64), np.zeros(0, np.int64)
-    # decisions are at most: a demand load or a stand-in and its background load per access,
-    # the next-layer budget per visit, and every expert per request start
-    rows = 2 * arrays.accesses + cfg[km.C_NEXT_LAYER_BUDGET] * (len(arrays.visit_ptr) - 1) + N * len(arrays.first_step)
     return km.Machine(
         cfg=cfg,
         reg=np.zeros(7, np.int64),
@@ -147,5 +177,5 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, record: bool):
         tail=np.zeros(E, np.int64),
         was_absent=np.zeros(E, np.bool_),
         next_order=np.arange(N, dtype=np.int64).reshape(L, E),
-        log=np.zeros((rows if record else 0, 4), np.int64),
+        log=np.zeros((log_rows, 4), np.int64),
     )

@@ -10,15 +10,21 @@ only tells a late hit from a hit, and the timing pass reads that from the links.
 
 `Decider` is the one place that calls the cache; the timing pass calls its `begin`, `visit` and
 `end` itself, layer by layer, where decisions do depend on time (the substitute miss mode picks
-among arrived experts).
+among arrived experts). `CompiledDecider` makes the same decisions for a fresh built-in policy
+through its compiled twin (`casmoe.compiled`), a chunk of steps per kernel call; the records it
+returns carry what the timing pass reads (loads, background loads, host-computed misses, hit
+counts) and leave `Access.late` empty (lateness is the links' to say).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
-from casmoe.cache import Access, ExpertCache, Load
-from casmoe.trace import Request
+import numpy as np
+
+from casmoe.cache import Access, ExpertCache, Load, LoadReason
+from casmoe.step_arrays import StepArrays
+from casmoe.trace import Request, Step
 
 Visit = tuple[Sequence[Load], Access]
 """One computed layer: the loads `before_layer` asked for, and what `route` found."""
@@ -65,3 +71,96 @@ class Decider:
         if ending:
             self.end(ending)
         return StepDecisions(begin, visits)
+
+    def chunk(self, steps: Sequence[Step], first: int, last: int, starts: Mapping[int, Sequence[int]],
+              finishing: Mapping[int, Sequence[int]]) -> list[StepDecisions]:
+        """The decisions of steps `first..last-1` (this shard's view of them)."""
+        return [self.step(s, steps[s].experts, starts.get(s, ()), len(finishing.get(s, ()))) for s in range(first, last)]
+
+
+class CompiledDecider:
+    """`Decider` for a fresh built-in cache, through its compiled twin (decision mode)."""
+
+    def __init__(self, cache: ExpertCache, requests: Sequence[Request], arrays: StepArrays, chunk_steps: int) -> None:
+        from casmoe.compiled import Twin
+
+        L = cache.geometry.layers
+        ptr = arrays.visit_ptr
+        per_chunk = max((int(ptr[min(c + chunk_steps, arrays.steps) * L] - ptr[c * L]) for c in range(0, arrays.steps, chunk_steps)), default=0)
+        budget = getattr(cache, "_budget", 0) if cache.prefetches_per_layer else 0
+        starts_per_chunk = max(np.bincount(arrays.first_step[arrays.first_step >= 0] // chunk_steps).max(initial=0), 0)
+        # a demand load (or a host-computed miss) per access, the next-layer budget per visit,
+        # every expert per request start
+        rows = per_chunk + budget * chunk_steps * L + cache.geometry.total_experts * int(starts_per_chunk)
+        self.twin = Twin(cache, arrays, log_rows=max(rows, 1), decide=True)
+        self.cache = cache
+        self.requests = requests
+        self.L = L
+        self._hit_only = [((), Access(h, (), (), ())) for h in range(cache.geometry.experts + 1)]  # shared records
+
+    def chunk(self, steps: Sequence[Step], first: int, last: int, starts: Mapping[int, Sequence[int]],
+              finishing: Mapping[int, Sequence[int]]) -> list[StepDecisions]:
+        twin, L = self.twin, self.L
+        mc, km = twin.mc, twin.km
+        mc.reg[km.R_LOG] = 0
+        marks = np.zeros(((last - first) * L, 5), np.int64)
+        begin_rows: dict[int, tuple[int, int]] = {}
+        done = first
+        for s in range(first, last):
+            if s in starts:
+                twin.run(done, s, marks[(done - first) * L :])
+                done = s
+                a = int(mc.reg[km.R_LOG])
+                for r in starts[s]:
+                    twin.begin(self.requests[r])
+                begin_rows[s] = (a, int(mc.reg[km.R_LOG]))
+            if s in finishing:
+                twin.run(done, s + 1, marks[(done - first) * L :])
+                done = s + 1
+                for _ in finishing[s]:
+                    twin.end()
+        twin.run(done, last, marks[(done - first) * L :])
+        twin.sync()
+        return self._records(first, last, mc.log[: mc.reg[km.R_LOG]].tolist(), marks, begin_rows)
+
+    def _records(self, first: int, last: int, log: list[list[int]], marks: np.ndarray,
+                 begin_rows: dict[int, tuple[int, int]]) -> list[StepDecisions]:
+        from casmoe.kernels.cache_machine import LOG_CPU, LOG_DEMAND, M_END, M_HITS, M_PRE, M_ROUTE
+
+        L = self.L
+        ptr = self.twin.arrays.visit_ptr
+        computed = ptr[first * L + 1 : last * L + 1] != ptr[first * L : last * L]  # [steps * L]
+        marks = marks[computed]  # the computed visits, in order
+        per_step = computed.reshape(-1, L).sum(axis=1).tolist()
+        hits = marks[:, M_HITS].tolist()
+        pre_at, route_at, end_at = (marks[:, c].tolist() for c in (M_PRE, M_ROUTE, M_END))
+        hit_only = self._hit_only
+        load, access = Load._make, Access._make  # tuple.__new__: no per-field Python call
+        DEMAND, PREFETCH = LoadReason.DEMAND, LoadReason.PREFETCH
+
+        def loads(a: int, b: int) -> tuple[Load, ...]:
+            return tuple([load((e, slot, victim, DEMAND if what == LOG_DEMAND else PREFETCH)) for what, e, slot, victim in log[a:b]])
+
+        def visit(i: int) -> Visit:
+            pre, route, end = pre_at[i], route_at[i], end_at[i]
+            if route == end:
+                acc = access((hits[i], (), (), (), (), (), ()))
+            elif end - route == 1 and log[route][0] == LOG_DEMAND:  # the usual miss: one demand load
+                _, e, slot, victim = log[route]
+                acc = access((hits[i], (), (e,), (load((e, slot, victim, DEMAND)),), (), (), ()))
+            elif log[route][0] == LOG_CPU:  # cpu mode: route's rows are its host-computed misses
+                acc = access((hits[i], (), (), (), (), tuple([row[1] for row in log[route:end]]), ()))
+            else:  # load mode: its demand loads
+                demanded = loads(route, end)
+                acc = access((hits[i], (), tuple([ld[0] for ld in demanded]), demanded, (), (), ()))
+            return (loads(pre, route) if pre != route else ()), acc
+
+        # a visit that issued nothing shares one record per hit count
+        visits = [hit_only[h] if p == e else visit(i) for i, (p, e, h) in enumerate(zip(pre_at, end_at, hits))]
+        out = []
+        at = 0
+        for j, n in enumerate(per_step):
+            a, b = begin_rows.get(first + j, (0, 0))
+            out.append(StepDecisions(list(loads(a, b)) if a != b else [], visits[at : at + n]))
+            at += n
+        return out

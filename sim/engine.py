@@ -32,16 +32,17 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
 from casmoe.cache import Capacity, CacheConfigError, CacheStats, ExpertCache, MissMode
+from casmoe.compiled import uses_twin
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Quant, split_layers
 from casmoe.presets import ModelPreset, load_presets
 from casmoe.replay import starts_and_ends
 from casmoe.sim.compute import ComputeModel, RooflineCompute
-from casmoe.sim.decide import Decider, StepDecisions
+from casmoe.sim.decide import CompiledDecider, Decider, StepDecisions
 from casmoe.sim.hardware import HardwareProfile
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.link import HostCap, Link
@@ -50,6 +51,7 @@ from casmoe.sim.tiers import HostCache, HostTier, Storage
 from casmoe.sim.timeline import Timeline
 from casmoe.sim.timeliness import Timeliness
 from casmoe.sim.timing import Shard, StepTimer, StepWork
+from casmoe.step_arrays import StepArrays
 from casmoe.trace import Future, Step, Trace
 
 CHUNK_STEPS = 512
@@ -131,6 +133,19 @@ class StepPlan:
     shards: list[range]  # layers of each cache
     shard_traces: list[Trace]
     shard_steps: list[list[Step]]
+
+    _arrays: dict[int, StepArrays] = field(default_factory=dict, repr=False)
+
+    def arrays(self, i: int) -> StepArrays:
+        """Shard `i`'s steps as arrays, for compiled decision passes (built once, shared)."""
+        if i not in self._arrays:
+            sub = self.shard_traces[i]
+            self._arrays[i] = (
+                StepArrays.from_trace(sub)
+                if self.batch == 1
+                else StepArrays.from_steps(self.shard_steps[i], sub.geometry.layers, len(sub.requests))
+            )
+        return self._arrays[i]
 
     @classmethod
     def build(cls, trace: Trace, batch: int = 1, devices: int = 1, cache_per_device: bool = False) -> StepPlan:
@@ -289,10 +304,13 @@ def simulate(
     workload: Any = None,
     host_cache: HostCache | None = None,
     detail: bool = True,
+    compiled: bool | None = None,
 ) -> SimResult:
     """Run `trace` through `policy` caches on `hardware`; see the module docstring.
     `workload` (`serving.Workload`) serves the requests as they arrive instead of one after
-    another; `detail` adds the per-layer timeliness figures and the perfect-prefetch bound."""
+    another; `detail` adds the per-layer timeliness figures and the perfect-prefetch bound.
+    `compiled` chooses the offline decision pass as `casmoe.replay.replay` chooses its path
+    (built-in policies' compiled twins; identical results either way)."""
     check_geometry(trace.geometry, preset)
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)
@@ -334,7 +352,7 @@ def simulate(
     machine = setup.machine(plan.shard_steps)
     log = LatencyLog()
     with no_gc():
-        end = run_offline(plan, machine, setup, log)
+        end = run_offline(plan, machine, setup, log, compiled)
     workload_text = "back-to-back" if batch == 1 else f"static batches of {batch}"
     return machine.result(setup, log, end, batch=batch, workload=workload_text, max_batch=batch, **describe)
 
@@ -353,7 +371,7 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def run_offline(plan: StepPlan, machine: Machine, setup: Setup, log: LatencyLog) -> float:
+def run_offline(plan: StepPlan, machine: Machine, setup: Setup, log: LatencyLog, compiled: bool | None = None) -> float:
     """The fast path: requests one after another (or in static batches), each chunk of steps
     decided first, then priced. Returns the makespan."""
     steps = plan.steps
@@ -361,19 +379,21 @@ def run_offline(plan: StepPlan, machine: Machine, setup: Setup, log: LatencyLog)
     starts, finishing = starts_and_ends(steps)
     compute = setup.compute
     timer = machine.timer
-    deciders = [shard.decider for shard in machine.shards]
-    shard_steps = plan.shard_steps
     interleaved = timer.interleaved
+    deciders: list[Decider | CompiledDecider] = [
+        CompiledDecider(shard.cache, plan.shard_traces[i].requests, plan.arrays(i), CHUNK_STEPS)
+        if not interleaved and uses_twin(shard.cache, plan.shard_traces[i], compiled)
+        else shard.decider
+        for i, shard in enumerate(machine.shards)
+    ]
+    shard_steps = plan.shard_steps
     pos = [0] * len(setup.trace.requests)  # tokens each request has processed
     now = 0.0
     for c0 in range(0, len(steps), CHUNK_STEPS):
         c1 = min(len(steps), c0 + CHUNK_STEPS)
         records: list[list[StepDecisions]] | None = None
         if not interleaved:  # the decision pass for this chunk, shard by shard
-            records = [
-                [d.step(s, shard_steps[i][s].experts, starts.get(s, ()), len(finishing.get(s, ()))) for s in range(c0, c1)]
-                for i, d in enumerate(deciders)
-            ]
+            records = [d.chunk(shard_steps[i], c0, c1, starts, finishing) for i, d in enumerate(deciders)]
         for s in range(c0, c1):  # the timing pass
             step = steps[s]
             decisions = None if records is None else [rec[s - c0] for rec in records]

@@ -26,14 +26,17 @@ LRU, STATIC, LFU, BELADY, SCH, CASMOE = range(6)
 # miss modes, as `casmoe.cache.MissMode`
 LOAD, SUBSTITUTE, CPU = range(3)
 # cfg slots
-C_E, C_L, C_SLOTS, C_PER_LAYER, C_KIND, C_MISS, C_KEEPS, C_NEXT_LAYER_BUDGET, C_SCH_M, C_LOG = range(10)
+C_E, C_L, C_SLOTS, C_PER_LAYER, C_KIND, C_MISS, C_KEEPS, C_NEXT_LAYER_BUDGET, C_SCH_M, C_LOG, C_DECIDE = range(11)
 # reg slots (mutable scalars)
 R_TICK, R_STEP, R_LAYER, R_NPROT, R_LIVE, R_LOG, R_ISSUED = range(7)
 # counters, in the field order of `casmoe.cache.CacheStats`
 (N_ACCESSES, N_HITS, N_LATE, N_MISSES, N_COLD, N_SUBS, N_CPU, N_DEMAND, N_PREFETCH, N_USED, N_WASTED,
  N_EVICTIONS, N_BYTES) = range(13)
-# log rows: (what, expert, slot or stand-in, victim)
-LOG_DEMAND, LOG_PREFETCH, LOG_SUBSTITUTE = range(3)
+# log rows: (what, expert, slot or stand-in, victim); LOG_CPU: a miss computed on the host
+LOG_DEMAND, LOG_PREFETCH, LOG_SUBSTITUTE, LOG_CPU = range(4)
+# marks columns (decision mode): log rows of a visit's before_layer start at PRE, its route's
+# at ROUTE and end before END; HITS and LATE are route's counts
+M_PRE, M_ROUTE, M_END, M_HITS, M_LATE = range(5)
 
 
 _kernel = numba.njit(cache=True, nogil=True, _nrt=False)
@@ -44,7 +47,7 @@ does), and with it every call that passes the machine's arrays would pay ~0.3 us
 class Machine(NamedTuple):
     """The state of one cache, as arrays (N = L x E experts, S slots, P pools)."""
 
-    cfg: np.ndarray  # int64 [10], the C_* settings
+    cfg: np.ndarray  # int64 [11], the C_* settings
     reg: np.ndarray  # int64 [7], the R_* scalars
     n: np.ndarray  # int64 [13], the counters
     slot_of: np.ndarray  # int64 [N], -1 when not resident
@@ -334,6 +337,8 @@ def route(mc, step, layer, experts):
         for i in range(ntail):
             if mc.slot_of[tail[i]] >= 0:
                 _touch(mc, tail[i], True)
+            elif was_absent[i]:
+                _log(mc, LOG_CPU, tail[i], -1, -1)
         return
     for i in range(ntail):
         e = tail[i]
@@ -365,9 +370,12 @@ def land(mc):
 
 @_kernel
 def begin_request(mc, experts):
-    """The loads of `prefetch_request`'s answer, landed."""
+    """The loads of `prefetch_request`'s answer, landed (replay) or left to the timing pass."""
     prefetch(mc, experts)
-    land(mc)
+    if mc.cfg[C_DECIDE]:
+        mc.reg[R_ISSUED] = 0
+    else:
+        land(mc)
 
 
 @_kernel
@@ -376,21 +384,41 @@ def end_request(mc):
 
 
 @_kernel
-def replay_steps(mc, visit_ptr, visit_experts, first, last):
+def replay_steps(mc, visit_ptr, visit_experts, first, last, marks):
     """replay.py's layer loop for steps `first..last-1`: per computed layer `before_layer`
-    (for policies that prefetch per layer) and `route`, every load landing after its event."""
+    (for policies that prefetch per layer) and `route`, every load landing after its event.
+
+    In decision mode (`cfg[C_DECIDE]`, the simulator's decision pass, `sim/decide.py`) loads
+    never land (the timing pass prices them) and each visit `v` records in `marks[v - first * L]`
+    where its decisions lie in the log, and route's hit counts."""
     L = mc.cfg[C_L]
+    decide = mc.cfg[C_DECIDE]
+    record = marks.shape[0] > 0
     for s in range(first, last):
         for layer in range(L):
             v = s * L + layer
             lo, hi = visit_ptr[v], visit_ptr[v + 1]
             if lo == hi:
                 continue
+            i = v - first * L
+            if record:
+                marks[i, M_PRE] = mc.reg[R_LOG]
             if mc.cfg[C_NEXT_LAYER_BUDGET] > 0:  # before_layer
                 _release(mc)
                 mc.reg[R_STEP] = s
                 mc.reg[R_LAYER] = layer
                 _next_layer_prefetch(mc, layer)
-                land(mc)
+                if not decide:
+                    land(mc)
+            hits, late = mc.n[N_HITS], mc.n[N_LATE]
+            if record:
+                marks[i, M_ROUTE] = mc.reg[R_LOG]
             route(mc, s, layer, visit_experts[lo:hi])
-            land(mc)
+            if record:
+                marks[i, M_END] = mc.reg[R_LOG]
+                marks[i, M_HITS] = mc.n[N_HITS] - hits
+                marks[i, M_LATE] = mc.n[N_LATE] - late
+            if decide:
+                mc.reg[R_ISSUED] = 0
+            else:
+                land(mc)
