@@ -7,8 +7,10 @@ module (cache and policy / simulator / SimPy / other).
 
     python bench/bench_sim.py [--requests 60] [--capacity 4] [--repeat 3]
 
-Times are process CPU seconds (best of --repeat), so other load on the machine inflates them
-less than wall time would.
+Times are process CPU seconds, each run interleaved with the others in one process, minimum of
+--repeat rounds (other load on the machine inflates CPU time less than wall time, and alike for
+both sides of a ratio). The simulator runs with the compiled decision pass (the built-in
+policy's twin, as `simulate` picks by default for runs this long) and with the Python one.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 from collections import defaultdict
 
 from casmoe.cache import Capacity
@@ -27,15 +28,7 @@ from casmoe.shipped import SYNTHETIC_TRACE, shipped
 from casmoe.sim.engine import StepPlan, simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.trace import Trace
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.process_time()
-        fn()
-        times.append(time.process_time() - t)
-    return min(times)
+from side_by_side import interleaved, load_average
 
 
 def group(filename: str) -> str:
@@ -65,17 +58,31 @@ def main() -> None:
     decode = sum(1 for s in steps if not s.prefill)
     print(f"trace: {len(trace.requests)} requests, {len(steps)} steps ({decode} decode tokens), {args.policy} {cap.describe()}")
 
-    rows = []
-    t_replay = best(lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), steps=steps), args.repeat)
-    rows.append(("replay (counts only, same cache)", t_replay))
-    for devices in (1, 4):
-        plan = StepPlan.build(trace, 1, devices)
-        t = best(lambda: simulate(trace, cls, cap, hw, preset, devices=devices, plan=plan), args.repeat)
-        rows.append((f"simulate, {devices} device{'s' if devices > 1 else ''}", t))
+    plans = {devices: StepPlan.build(trace, 1, devices) for devices in (1, 4)}
+    fns = {
+        "replay (counts only, same cache, compiled)": lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), steps=steps),
+        "replay, Python": lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), steps=steps, compiled=False),
+    }
+    for devices, plan in plans.items():
+        for compiled in (True, False):
+            name = f"simulate, {devices} device{'s' if devices > 1 else ''}, {'compiled' if compiled else 'Python'} decision pass"
+            fns[name] = lambda plan=plan, devices=devices, compiled=compiled: simulate(
+                trace, cls, cap, hw, preset, devices=devices, plan=plan, compiled=compiled
+            )
+    for fn in fns.values():  # numba: compile or load from its cache, untimed
+        fn()
+    res = interleaved(fns, args.repeat)
+    print(f"load average {load_average()}; min CPU of {args.repeat} interleaved rounds")
     print("\n| runtime | CPU s | steps/s | decode tokens/s |")
     print("|---|---|---|---|")
-    for name, t in rows:
+    for name, (t, _) in res.items():
         print(f"| {name} | {t:.3f} | {len(steps) / t:,.0f} | {decode / t:,.0f} |")
+    for devices in (1, 4):
+        fast = res[f"simulate, {devices} device{'s' if devices > 1 else ''}, compiled decision pass"]
+        slow = res[f"simulate, {devices} device{'s' if devices > 1 else ''}, Python decision pass"]
+        assert fast[1].to_dict() == slow[1].to_dict()
+        print(f"\n{devices} device(s): compiled / Python decision pass = {fast[0] / slow[0]:.2f}x the time; "
+              f"{decode / fast[0]:,.0f} decode tokens/s (goal >= 20,000 at batch 1, one core)")
 
     plan = StepPlan.build(trace, 1, 1)
     prof = cProfile.Profile()
