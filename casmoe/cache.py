@@ -230,6 +230,12 @@ class ExpertCache:
         self._n = dict.fromkeys(CacheStats.__dataclass_fields__, 0)
 
     @classmethod
+    def reads_future(cls, options: dict[str, Any]) -> bool:
+        """Whether this policy with these options is an oracle (reads the trace's future):
+        a bound to compare with, not something a server can run."""
+        return cls.needs_future
+
+    @classmethod
     def create(
         cls,
         geometry: Geometry,

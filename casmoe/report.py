@@ -1,18 +1,45 @@
-"""Tables, JSON/CSV files and PNG plots of results (matplotlib imported lazily)."""
+"""Tables, JSON/CSV files and PNG plots of results (matplotlib imported lazily).
+
+Sections: number formatting and tables; files; the simulator's summaries (headline and the
+policies x cache sizes table, shared by `simulate` and `sweep`); the simulator's plots; the
+routing-consistency plots; the planner's plot.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from casmoe.output import atomic_open, write_text
 
 
+def sig(x: float, digits: int = 3) -> str:
+    """`x` to `digits` significant digits, never in exponent form: 0.00123, 1.23, 123, 12,300."""
+    if not math.isfinite(x) or x == 0:
+        return f"{x:g}"
+    r = float(f"{x:.{digits}g}")
+    mag = math.floor(math.log10(abs(r)))
+    return f"{r:,.0f}" if mag >= digits - 1 else f"{r:.{digits - 1 - mag}f}"
+
+
+def human_bytes(n: float) -> str:
+    """Decimal units, as link speeds and cache sizes are given: 247 GB, 1.5 MB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{sig(n / scale)} {unit}"
+    return f"{int(n)} B"
+
+
+def percent(x: float) -> str:
+    return f"{sig(100 * x)}%"
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.4f}" if abs(v) < 1e4 else f"{v:.4g}"
+        return sig(v)
     return str(v)
 
 
@@ -48,6 +75,124 @@ def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
             w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
 
 
+# ---- the replay's table --------------------------------------------------------------------------
+
+_REPLAY_COLUMNS = {  # record key -> (heading, format)
+    "hit_rate": ("hit rate", percent),
+    "hits": ("hits", lambda v: f"{v:,}"),
+    "late_hits": ("late hits", lambda v: f"{v:,}"),
+    "misses": ("misses", lambda v: f"{v:,}"),
+    "substitutions": ("substituted", lambda v: f"{v:,}"),
+    "cpu_computed": ("on CPU", lambda v: f"{v:,}"),
+    "loads": ("loads", lambda v: f"{v:,}"),
+    "prefetch_loads": ("prefetched", lambda v: f"{v:,}"),
+    "prefetch_wasted": ("prefetch wasted", lambda v: f"{v:,}"),
+    "bytes_loaded": ("loaded", human_bytes),
+}
+
+
+def print_replay(records: Sequence[dict[str, Any]], title: str) -> None:
+    """Hit rates and counts per policy, in human units; a column that is zero for every
+    policy (late hits in a replay, prefetches of demand-only policies) is left out."""
+    cols = [k for k in _REPLAY_COLUMNS if k == "hit_rate" or any(r.get(k) for r in records)]
+    rows = [
+        {"policy": _policy_label(r), "capacity": r["capacity"],
+         **{_REPLAY_COLUMNS[k][0]: _REPLAY_COLUMNS[k][1](r[k]) for k in cols}}
+        for r in records
+    ]
+    print_table(rows, ["policy", "capacity", *(_REPLAY_COLUMNS[k][0] for k in cols)], title=title)
+    if any(r.get("oracle") for r in records):
+        print("* an oracle: reads the trace's future (a bound, not a deployable policy)")
+
+
+# ---- the simulator's summaries ----------------------------------------------------------------
+
+AXES = ("trace", "model", "hardware", "batch", "miss_mode", "quant", "devices", "rate", "users", "host_cache_gb")
+"""Record fields a sweep may vary beside policy and capacity."""
+SPEED = "decode_tokens_per_s"
+
+
+def varied_axes(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The axes (besides policy and capacity) whose value differs between records."""
+    return [k for k in AXES if len({str(r.get(k)) for r in records}) > 1]
+
+
+def _policy_label(r: dict[str, Any]) -> str:
+    return r["policy"] + ("*" if r.get("oracle") else "")
+
+
+def _capacity_columns(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(capacity label, heading) in growing cache size; the heading adds the size in GB when
+    every record of that label has the same one."""
+    sizes: dict[str, set[float]] = {}
+    for r in records:
+        sizes.setdefault(r["capacity"], set()).add(round(r["capacity_gb"], 6))
+    order = sorted(sizes, key=lambda c: (min(sizes[c]), c))
+    return [(c, f"{c}\n{sig(next(iter(sizes[c])))} GB" if len(sizes[c]) == 1 else c) for c in order]
+
+
+def print_capacity_table(records: Sequence[dict[str, Any]], title: str, value: str = SPEED,
+                         show: Callable[[float], str] = sig) -> None:
+    """One row per policy (and per value of every varied axis), one column per cache size."""
+    axes = varied_axes(records)
+    columns = _capacity_columns(records)
+    rows: dict[tuple, dict[str, Any]] = {}
+    for r in records:
+        key = (_policy_label(r), *(str(r.get(a)) for a in axes))
+        row = rows.setdefault(key, {"policy": key[0], **dict(zip(axes, key[1:]))})
+        row[r["capacity"]] = show(r[value])
+    shown = [{**row, **{head: row.get(c, "-") for c, head in columns}} for row in rows.values()]
+    print_table(shown, ["policy", *axes, *(head for _, head in columns)], title=title)
+
+
+def headline(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Per cache size (and varied axes): the fastest policy, its decode tok/s and its speed-up
+    over on-demand loading and over LRU; an oracle winner is followed by the best policy a
+    server could run."""
+    axes = varied_axes(records)
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in sorted(records, key=lambda r: r["capacity_gb"]):
+        groups.setdefault((*(str(r.get(a)) for a in axes), r["capacity"]), []).append(r)
+    lines = []
+    for key, group in groups.items():
+        best = max(group, key=lambda r: (r[SPEED], not r.get("oracle")))
+        where = ", ".join([*key[:-1], f"{key[-1]} ({sig(best['capacity_gb'])} GB)"])
+        text = f"{where}: {_policy_label(best)} {sig(best[SPEED])} tok/s" + _speedups(best, group)
+        if best.get("oracle"):
+            real = [r for r in group if not r.get("oracle")]
+            if real:
+                runner = max(real, key=lambda r: r[SPEED])
+                text += f"; best without an oracle: {runner['policy']} {sig(runner[SPEED])} tok/s"
+        lines.append(text)
+    return lines
+
+
+def _speedups(best: dict[str, Any], group: Sequence[dict[str, Any]]) -> str:
+    parts = []
+    for name in ("ondemand", "lru"):
+        base = next((r for r in group if r["policy"] == name), None)
+        if base is not None and base is not best and base[SPEED] > 0:
+            parts.append(f"{sig(best[SPEED] / base[SPEED])}x {name}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def print_simulation(records: Sequence[dict[str, Any]], title: str, details: str) -> None:
+    """What `simulate` and `sweep` print: the headline, then decode tok/s per policy and cache
+    size; `details` names the files that hold every other measurement."""
+    from rich.console import Console
+
+    console = Console(width=200, highlight=False)
+    console.print(f"[bold]{title}[/bold]", markup=True)
+    console.print("Fastest policy per cache size (decode tokens/s; speed-up over on-demand loading and LRU):",
+                  markup=False)
+    for line in headline(records):
+        console.print("  " + line, markup=False)
+    print_capacity_table(records, title="decode tokens/s by policy and expert-cache size")
+    if any(r.get("oracle") for r in records):
+        console.print("* an oracle: reads the trace's future (a bound, not a deployable policy)", markup=False)
+    console.print(details, markup=False)
+
+
 # ---- plots ------------------------------------------------------------------------------------
 
 
@@ -75,41 +220,91 @@ def _save(fig: Any, path: Path, dpi: int = 110) -> Path:
 # ---- simulator plots -------------------------------------------------------------------------
 
 
-def plot_latency_vs_capacity(path: Path, records: Sequence[dict[str, Any]], metric: str = "token_latency_p50_s") -> Path:
-    """Per-token decode latency (ms) against expert-cache size (GB), one line per policy (and
-    per hardware, model, trace, batch or miss mode when a sweep varies them)."""
+_STYLES = [(m, ls) for ls in ("-", "--", ":", "-.") for m in "osD^v<>ph*"]
+
+
+def _merged(series: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Series with equal values drawn once, labelled with every name ("lru = lfu = static"),
+    so that policies hiding under one line still show in the legend."""
+    out: dict[str, list[float]] = {}
+    by_values: dict[tuple, str] = {}
+    for name, values in series.items():
+        key = tuple(round(v, 9) for v in values)
+        if key in by_values:
+            old = by_values[key]
+            out[f"{old} = {name}"] = out.pop(old)
+            by_values[key] = f"{old} = {name}"
+        else:
+            by_values[key] = name
+            out[name] = values
+    return out
+
+
+def _lines(ax: Any, x: Sequence[float], series: dict[str, list[float]]) -> None:
+    for i, (label, ys) in enumerate(_merged(series).items()):
+        marker, style = _STYLES[i % len(_STYLES)]
+        ax.plot(x, ys, marker=marker, linestyle=style, label=label, markersize=5, linewidth=1.2)
+
+
+def plot_decode_vs_capacity(path: Path, records: Sequence[dict[str, Any]]) -> Path:
+    """Against expert-cache size (GB, all devices): decode tokens/s; the same relative to LRU
+    (where policies close to each other separate); and the miss rate (100% - hit rate) on a log
+    scale. One line per policy and per value of every axis a sweep varies; equal lines share
+    one legend entry."""
     plt = _pyplot()
-    varied = [k for k in ("hardware", "model", "trace", "batch", "miss_mode") if len({r.get(k) for r in records}) > 1]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    by_policy: dict[str, list[tuple[float, float]]] = {}
+    axes = varied_axes(records)
+    sizes = sorted({r["capacity_gb"] for r in records})
+    speed: dict[str, list[float]] = {}
+    misses: dict[str, list[float]] = {}
+    lru: dict[tuple, float] = {}
     for r in records:
-        if metric in r:
-            label = " ".join([r["policy"], *(str(r[k]) for k in varied)])
-            by_policy.setdefault(label, []).append((r["capacity_gb"], r[metric] * 1e3))
-    for policy, pts in by_policy.items():
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
-    ax.set_xlabel("expert cache, all devices (GB)")
-    ax.set_ylabel(f"{metric.removesuffix('_s').replace('_', ' ')} (ms)")
-    ax.set_yscale("log")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+        if r["policy"] == "lru":
+            lru[(*(str(r[a]) for a in axes), r["capacity_gb"])] = r[SPEED]
+    relative: dict[str, list[float]] = {}
+    for r in sorted(records, key=lambda r: r["capacity_gb"]):
+        label = " ".join([_policy_label(r), *(str(r[a]) for a in axes)])
+        i = sizes.index(r["capacity_gb"])
+        speed.setdefault(label, [math.nan] * len(sizes))[i] = r[SPEED]
+        misses.setdefault(label, [math.nan] * len(sizes))[i] = 100 * (1 - r["hit_rate"])
+        base = lru.get((*(str(r[a]) for a in axes), r["capacity_gb"]))
+        if base:
+            relative.setdefault(label, [math.nan] * len(sizes))[i] = 100 * (r[SPEED] / base - 1)
+    panels = [(speed, "decode tokens/s", "linear")]
+    if relative:
+        panels.append((relative, "decode tokens/s vs LRU (%)", "linear"))
+    panels.append((misses, "miss rate = 100% - hit rate (log)", "log"))
+    fig, axs = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.8), squeeze=False)
+    for ax, (series, ylabel, scale) in zip(axs[0], panels):
+        _lines(ax, sizes, series)
+        ax.set_ylabel(ylabel)
+        ax.set_yscale(scale)
+        ax.set_xlabel("expert cache, all devices (GB)")
+        ax.grid(True, which="both", alpha=0.3)
+    if relative and axs[0][1].get_ylim()[0] < -50:  # far-off policies would flatten the rest
+        axs[0][1].set_ylim(bottom=-50)
+        axs[0][1].set_ylabel("decode tokens/s vs LRU (%; below -50% cut off)")
+    axs[0][-1].legend(fontsize="x-small", loc="best")
+    if any(r.get("oracle") for r in records):
+        fig.text(0.01, 0.01, "* oracle (reads the future)", fontsize="x-small")
     return _save(fig, path)
 
 
 def plot_stall_by_layer(path: Path, records: Sequence[dict[str, Any]]) -> Path:
-    """Stall seconds per MoE layer, one line per run (policy at capacity)."""
+    """Stall seconds per MoE layer, one line per run (policy at capacity); equal lines merge."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in records:
-        stalls = r.get("stall_by_layer_s")
-        if stalls:
-            ax.plot(range(len(stalls)), stalls, label=f"{r['policy']} @ {r['capacity']}", linewidth=1)
+    one = len({r["capacity"] for r in records}) == 1
+    series = {_policy_label(r) + ("" if one else f" @ {r['capacity']}"): list(r["stall_by_layer_s"])
+              for r in records if r.get("stall_by_layer_s") and any(r["stall_by_layer_s"])}
+    if series:
+        _lines(ax, list(range(len(next(iter(series.values()))))), series)
+        ax.set_yscale("log")
+    if one and records:
+        ax.set_title(f"stall per MoE layer at {records[0]['capacity']} (policies without stalls omitted)", fontsize="small")
     ax.set_xlabel("MoE layer")
-    ax.set_ylabel("stall (s)")
+    ax.set_ylabel("stall (s, log)")
     ax.grid(True, alpha=0.3)
-    if len(records) <= 12:
-        ax.legend(fontsize="x-small")
+    ax.legend(fontsize="x-small")
     return _save(fig, path)
 
 

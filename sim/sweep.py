@@ -77,6 +77,7 @@ class Point:
             "hardware": self.hardware,
             "policy": self.policy.label,
             "capacity_spec": self.capacity.label,
+            "oracle": self.policy.oracle,
             **self._load(),
             "key": self.key(),
         }

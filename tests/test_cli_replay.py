@@ -42,9 +42,24 @@ def test_replay_all_policies_as_json(small_trace):
     for r in records:
         assert r["hits"] + r["late_hits"] + r["misses"] == r["accesses"]
         assert r["hit_rate"] == pytest.approx((r["hits"] + r["late_hits"]) / r["accesses"])
-        assert r["bytes"] == r["loads"] * 3 * 64 * 32 * 2
+        assert r["bytes_loaded"] == r["loads"] * 3 * 64 * 32 * 2
+        assert r["oracle"] == (r["policy"] in ("belady", "sch", "casmoe[predictor=exact]", "casmoe[predictor=noisy]"))
     by = {r["policy"]: r for r in records}
     assert by["belady"]["hits"] >= by["lru"]["hits"]
+
+
+def test_replay_table_is_human_and_has_no_dead_columns(small_trace):
+    out = casmoe("replay", "--trace", str(small_trace), "--capacity", "3", "--policy", "lru", "--policy", "semoe")
+    assert out.returncode == 0, out.stderr
+    header = next(ln for ln in out.stdout.splitlines() if "policy" in ln)
+    assert "late hits" not in header  # always 0 in a count-only replay
+    assert "prefetch wasted" in header  # semoe prefetches
+    records = json.loads(casmoe("replay", "--trace", str(small_trace), "--capacity", "3", "--policy", "lru",
+                                "--json").stdout)
+    from casmoe.report import human_bytes, percent
+
+    row = next(ln for ln in out.stdout.splitlines() if ln.startswith("│ lru"))
+    assert percent(records[0]["hit_rate"]) in row and human_bytes(records[0]["bytes_loaded"]) in row
 
 
 def test_replay_runs_a_users_policy_by_module_path(small_trace):

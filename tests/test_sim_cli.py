@@ -34,8 +34,9 @@ def check_report(out: Path, timeline: Path | None = None) -> list[dict]:
     frame = pd.read_csv(out / "results.csv")
     assert len(frame) == sum("skipped" not in r for r in records) > 0
     assert {"policy", "decode_tokens_per_s", "token_latency_p99_s", "ttft_mean_s", "stall_demand_s"} <= set(frame)
-    assert (frame["decode_tokens_per_s"] > 0).all()
-    for png in ("latency_vs_capacity.png", "stall_by_layer.png"):
+    one = frame[frame["batch"] == 1]  # a batch-1 decode step is one token: rate x mean step time = 1
+    assert ((one["decode_tokens_per_s"] * one["token_latency_mean_s"] - 1).abs() < 1e-9).all()
+    for png in ("decode_vs_capacity.png", "stall_by_layer.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if timeline is not None:
         events = json.loads(timeline.read_text())["traceEvents"]
@@ -59,6 +60,22 @@ def test_simulate_small_writes_report_and_timeline(tmp_path):
     assert "casmoe[predictor=exact]" in proc.stdout
 
 
+def _headline_checks(stdout: str, records: list[dict]) -> None:
+    """Every cache size has a headline naming its fastest policy, with that policy's tok/s and
+    its speed-up over on-demand loading, as computed from the records."""
+    from casmoe.report import sig
+
+    for cap in {r["capacity"] for r in records}:
+        group = [r for r in records if r["capacity"] == cap]
+        best = max(group, key=lambda r: (r["decode_tokens_per_s"], not r["oracle"]))
+        ondemand = next(r for r in group if r["policy"] == "ondemand")
+        line = next(ln for ln in stdout.splitlines() if ln.strip().startswith(f"{cap} ("))
+        assert f": {best['policy']}{'*' if best['oracle'] else ''} {sig(best['decode_tokens_per_s'])} tok/s" in line
+        assert f"{sig(best['decode_tokens_per_s'] / ondemand['decode_tokens_per_s'])}x ondemand" in line
+        for r in group:  # the table cell of every policy
+            assert sig(r["decode_tokens_per_s"]) in stdout
+
+
 @needs_trace
 def test_simulate_with_no_arguments(tmp_path):
     """The issue's default run (~20 s of CPU): every policy at the sizes the box holds."""
@@ -69,6 +86,8 @@ def test_simulate_with_no_arguments(tmp_path):
     assert {"ondemand", "lru", "casmoe[predictor=exact]", "casmoe[predictor=noisy]"} <= policies
     assert "tiny-mixtral.npz (first 12 of 600 requests" in proc.stdout
     assert "model mixtral-8x7b" in proc.stdout
+    _headline_checks(proc.stdout, records)
+    assert "e+0" not in proc.stdout  # three significant digits, never exponents
 
 
 @needs_trace
@@ -146,6 +165,18 @@ def test_sweep_cli_from_toml(tmp_path):
     check_report(tmp_path / "sw")
     again = casmoe("sweep", "grid.toml", "--out", "sw", "--jobs", "1", cwd=tmp_path)
     assert "0 computed now" in again.stdout
+
+
+@needs_trace
+def test_sweep_table_shows_every_varied_axis(tmp_path):
+    _points(tmp_path, ("lru", "ondemand"), ("rtx4090x4", "rtx5090"))
+    proc = casmoe("sweep", "grid.toml", "--out", "sw", "--jobs", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout[proc.stdout.index("decode tokens/s by policy"):]
+    rows = [ln for ln in table.splitlines() if ln.startswith("│")]
+    assert "hardware" in table and len(rows) == 4  # lru and ondemand on each box
+    assert {ln.split("│")[2].strip() for ln in rows} == {"rtx4090x4", "rtx5090"}
+    assert sum("2/layer" in ln and "rtx5090" in ln for ln in proc.stdout.splitlines()) == 1  # its headline
 
 
 @needs_trace

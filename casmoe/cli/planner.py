@@ -21,7 +21,7 @@ app.add_typer(planner_app, name="planner")
 _D = PlannerConfig()
 
 
-TRACE_HELP = "Trace with prompts (.npz); default: the shipped synthetic Mixtral trace."
+TRACE_HELP = f"Trace with prompts (.npz); default: the shipped {DEFAULT_TRACE}."
 
 
 @planner_app.command()

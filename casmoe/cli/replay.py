@@ -12,12 +12,9 @@ from casmoe.cache import MissMode
 from casmoe.cli.app import app
 from casmoe.shipped import DEFAULT_TRACE, shipped
 
-COLUMNS = ["policy", "capacity", "hit_rate", "hits", "late_hits", "misses", "loads", "prefetch_wasted", "bytes"]
-
-
 @app.command()
 def replay(
-    trace: Optional[Path] = typer.Option(None, help="Trace (.npz); default: the shipped synthetic Mixtral trace."),
+    trace: Optional[Path] = typer.Option(None, help=f"Trace (.npz); default: the shipped {DEFAULT_TRACE}."),
     policy: Optional[list[str]] = typer.Option(
         None,
         help="Policy, repeatable: NAME, NAME[key=value,...] (sch[m=4], static[profile=t.npz]) or "
@@ -49,21 +46,19 @@ def replay(
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     cap = one_capacity(capacity, global_capacity, 2 * tr.geometry.top_k, tr.geometry.bytes_per_layer())
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
+    caches = [spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr) for spec in specs]  # fail before work
     steps, arrays = None, None  # built once, for the policies that run in Python / compiled
     records = []
-    for spec in tqdm(specs, desc="replay", unit="policy", disable=len(specs) < 2 or as_json):
-        cache = spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr)
+    for spec, cache in zip(tqdm(specs, desc="replay", unit="policy", disable=len(specs) < 2 or as_json), caches):
         if uses_twin(cache, tr):
             arrays = StepArrays.from_trace(tr, batch) if arrays is None else arrays
         else:
             steps = tr.steps(batch) if steps is None else steps
         result = run_replay(tr, cache, batch=batch, steps=steps, arrays=arrays).to_dict()
-        result["policy"] = spec.label
-        result["bytes"] = result["bytes_loaded"]
-        records.append(result)
+        records.append({**result, "policy": spec.label, "oracle": spec.oracle})
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
-    from casmoe.report import print_table
+    from casmoe.report import print_replay
 
-    print_table(records, COLUMNS, title=f"{tr.geometry.describe()}, {len(tr.requests)} requests, {tr.tokens} tokens")
+    print_replay(records, f"{tr.geometry.describe()}, {len(tr.requests)} requests, {tr.tokens} tokens")

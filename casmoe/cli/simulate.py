@@ -13,52 +13,27 @@ import typer
 
 from casmoe.cli.app import app
 from casmoe.errors import CasmoeError
-
-COLUMNS = {
-    "policy": ("policy", 1),
-    "capacity": ("capacity", 1),
-    "capacity_gb": ("cache GB", 1),
-    "decode_tokens_per_s": ("tok/s", 1),
-    "token_latency_p50_s": ("p50 ms", 1e3),
-    "token_latency_p99_s": ("p99 ms", 1e3),
-    "ttft_mean_s": ("TTFT s", 1),
-    "hit_rate": ("hit rate", 1),
-    "late_hits": ("late", 1),
-    "stall_demand_s": ("miss stall s", 1),
-    "stall_late_s": ("late stall s", 1),
-    "prefetch_wasted": ("wasted", 1),
-    "link_bytes": ("GB moved", 1e-9),
-}
-"""Result key -> (table heading, scale) for the printed summary."""
-
-
-def _print_results(records: list[dict[str, Any]], title: str) -> None:
-    from casmoe.report import print_table
-
-    def cell(v: Any, scale: float) -> Any:
-        return v if isinstance(v, str) else v * scale
-
-    rows = [
-        {head: cell(r[key], scale) for key, (head, scale) in COLUMNS.items()}
-        for r in records
-        if "skipped" not in r
-    ]
-    print_table(rows, [head for head, _ in COLUMNS.values()], title=title)
-
+from casmoe.shipped import DEFAULT_TRACE
 
 def _write_report(out: Path, records: list[dict[str, Any]]) -> list[Path]:
-    """results.json, results.csv and the two PNG plots."""
-    from casmoe.report import plot_latency_vs_capacity, plot_stall_by_layer, write_csv, write_json
+    """results.json (every record), results.csv (the runs), decode_vs_capacity.png and
+    stall_by_layer.png (at the smallest cache, where stalls differ most)."""
+    from casmoe.report import plot_decode_vs_capacity, plot_stall_by_layer, write_csv, write_json
 
     ran = [r for r in records if "skipped" not in r]
     write_json(out / "results.json", records)
     write_csv(out / "results.csv", ran)
     written = [out / "results.json", out / "results.csv"]
     if ran:
-        written.append(plot_latency_vs_capacity(out / "latency_vs_capacity.png", ran))
+        written.append(plot_decode_vs_capacity(out / "decode_vs_capacity.png", ran))
         smallest = min(r["capacity_gb"] for r in ran)
         written.append(plot_stall_by_layer(out / "stall_by_layer.png", [r for r in ran if r["capacity_gb"] == smallest]))
     return written
+
+
+def _details(written: list[Path], extra: Optional[Path] = None) -> str:
+    files = [str(w) for w in written] + ([str(extra)] if extra else [])
+    return "every measurement (latency percentiles, TTFT, stalls, bytes moved) is in " + ", ".join(files)
 
 
 def _write_serving_report(out: Path, records: list[dict[str, Any]]) -> list[Path]:
@@ -93,7 +68,7 @@ def _print_serving(records: list[dict[str, Any]], title: str, timeliness: bool) 
 
 @app.command()
 def simulate(
-    trace: Optional[Path] = typer.Option(None, help="Trace (.npz); default: the shipped synthetic Mixtral trace."),
+    trace: Optional[Path] = typer.Option(None, help=f"Trace (.npz); default: the shipped {DEFAULT_TRACE}."),
     model: Optional[str] = typer.Option(None, help="Model preset; default: the trace's, else the one matching its shape."),
     hardware: str = typer.Option("rtx4090x4", help="Hardware profile name (see `casmoe profiles`) or a TOML path."),
     policy: Optional[list[str]] = typer.Option(
@@ -141,104 +116,61 @@ def simulate(
     With --arrival or --users, requests arrive over time and are served with continuous
     batching: TTFT, time per output token and end-to-end latency percentiles, throughput, queue.
 
-    With no arguments: the shipped Mixtral-shaped trace (first 12 requests) on rtx4090x4 with
-    the mixtral-8x7b preset, every policy, at cache sizes the box holds.
+    With no arguments: the first requests of the shipped default trace on rtx4090x4 with the
+    preset of its model, every policy, at cache sizes the box holds; prints the fastest policy
+    per cache size and a policies x sizes table of decode tokens/s, writes every measurement to
+    --out.
     """
     from tqdm import tqdm
 
-    from casmoe.options import CapacitySpec, capacity_specs, parse_miss_mode, parse_quant
-    from casmoe.policies import POLICIES
-    from casmoe.presets import get_preset
-    from casmoe.shipped import DEFAULT_TRACE, shipped
-    from casmoe.sim.engine import check_geometry, expert_bytes_for, max_slots
-    from casmoe.sim.hardware import load_profile
-    from casmoe.policies import parse_policies
-    from casmoe.sim.serving import Workload
-    from casmoe.sim.sweep import Point, file_digest, preset_for, run_point
-    from casmoe.sim.tiers import HostCache
-    from casmoe.sim.timeline import Timeline
-    from casmoe.trace import Trace
-
+    from casmoe.options import capacity_specs
     from casmoe.output import check_dir_target, check_file_target
+    from casmoe.policies import POLICIES, parse_policies
+    from casmoe.report import print_simulation
+    from casmoe.shipped import shipped
+    from casmoe.sim.serving import Workload
+    from casmoe.sim.sweep import run_point
+    from casmoe.sim.timeline import Timeline
+    from casmoe.sim.whatif import what_if
 
     check_dir_target(out, "--out")
     if timeline is not None:
         check_file_target(timeline, "--timeline", create_parent=True)
-    path = trace or shipped(DEFAULT_TRACE)
-    tr = Trace.load(path)
-    if requests is None:
-        requests = 12 if trace is None else 0
-    preset = get_preset(preset_for(tr, model))
-    check_geometry(tr.geometry, preset)
-    hw = load_profile(hardware)
-    n_dev = devices or hw.gpus
-    q = parse_quant(quant)
-    miss_mode = parse_miss_mode(miss_mode).value
-    nbytes = expert_bytes_for(tr, preset, q)
     workload = Workload.from_options(arrival, rate, users, think, max_batch, schedule, chunk, seed)
-    if workload is not None and batch != 1:
-        raise CasmoeError("--batch makes static batches of back-to-back requests; with --arrival or --users use --max-batch")
-    if workload is not None:
-        workload.arrival_times(tr.requests)  # --arrival trace on a trace without times fails here
-    if host_cache is not None:  # a RAM tier that cannot work fails here, before any run
-        HostCache.parse(host_cache, host_policy, nbytes).build(tr.geometry, nbytes, hw)
-    fit = max_slots(hw, preset, nbytes, n_dev)
-    k = tr.geometry.top_k
-    caps = capacity_specs(capacity, global_capacity)
-    for c in caps:
-        slots = c.resolve(nbytes).slots
-        if (slots if c.per_layer else slots / tr.geometry.layers) > fit and not as_json:
-            typer.echo(f"note: capacity {c.text} exceeds the {fit} experts/layer that fit in GPU memory; simulated anyway")
-    if not caps:
-        if fit < k:
-            raise CasmoeError(
-                f"{hw.name} x{n_dev} holds {fit} experts per layer beside the dense weights, below top_k={k}; "
-                "use more --devices, a smaller --quant, bigger hardware, or give --capacity for a what-if"
-            )
-        sizes = sorted({k, *(s for s in (2 * k, 3 * k, 4 * k) if s < fit), fit})
-        caps = [CapacitySpec(str(s)) for s in sizes]
-    specs = parse_policies(policy, POLICIES)
-    digest = file_digest(path)
-    points = [
-        Point(str(path), preset.name, hardware, p, c, batch, miss_mode, n_dev, quant or "", not pageable, requests, digest,
-              workload=workload, host_cache=host_cache or "", host_policy=host_policy)
-        for c in caps
-        for p in specs
-    ]
-    shown = tr.subset(range(min(requests, len(tr.requests)))) if requests else tr
+    plan = what_if(
+        trace or shipped(DEFAULT_TRACE), parse_policies(policy, POLICIES), capacity_specs(capacity, global_capacity),
+        shipped=trace is None, model=model, hardware=hardware, batch=batch, miss_mode=miss_mode, quant=quant,
+        devices=devices, pinned=not pageable, requests=requests, workload=workload, host_cache=host_cache,
+        host_policy=host_policy,
+    )
     if not as_json:
-        note = f" (first {len(shown.requests)} of {len(tr.requests)} requests; --requests 0 for all)" if requests else ""
-        typer.echo(
-            f"{path.name}{note}: {shown.tokens} tokens on {hw.name} x{n_dev}, model {preset.name}; "
-            f"up to {fit} experts/layer fit in GPU memory"
-        )
-    records = []
-    skipped = []
-    recorder = None
-    if timeline is not None:
-        recorder = Timeline(tr.geometry.experts, n_dev, f"{points[0].policy.label} @ {points[0].capacity.text}")
-    for i, p in enumerate(tqdm(points, desc="simulate", unit="run", disable=as_json or len(points) < 2)):
+        typer.echo(plan.describe())
+        for note in plan.notes:
+            typer.echo(note)
+    records, skipped = [], []
+    first = plan.points[0]
+    recorder = None if timeline is None else Timeline(plan.trace.geometry.experts, plan.devices,
+                                                      f"{first.policy.label} @ {first.capacity.label}")
+    for i, p in enumerate(tqdm(plan.points, desc="simulate", unit="run", disable=as_json or len(plan.points) < 2)):
         try:
-            rec = run_point(p, recorder if i == 0 else None)
+            records.append(run_point(p, recorder if i == 0 else None))
         except CasmoeError as exc:
-            if len(points) == 1:
+            if len(plan.points) == 1:
                 raise
-            skipped.append(f"{p.policy.label} @ {p.capacity.text}: {exc}")
+            skipped.append(f"skipped {p.policy.label} @ {p.capacity.label}: {exc}")
             records.append({**p.describe(), "skipped": str(exc)})
-            continue
-        records.append(rec)
     if recorder is not None:
         recorder.write(timeline)
     written = _write_report(out, records) + _write_serving_report(out, records)
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
-    _print_results(records, f"{preset.name} on {hw.name} x{n_dev}")
+    ran = [r for r in records if "skipped" not in r]
+    if ran:
+        print_simulation(ran, f"{plan.preset.name} on {plan.hardware.name} x{plan.devices}", _details(written, timeline))
     _print_serving(records, f"serving {workload.describe()}" if workload else "", timeliness)
-    for s in skipped:
-        typer.echo(f"skipped {s}")
-    typer.echo("wrote " + ", ".join(str(w) for w in written) + (f", {timeline}" if timeline else ""))
-
+    for line in skipped:
+        typer.echo(line)
 
 
 @app.command()
@@ -266,7 +198,7 @@ def sweep(
     from tqdm import tqdm
 
     from casmoe.policies import POLICIES
-    from casmoe.shipped import DEFAULT_TRACE, shipped
+    from casmoe.shipped import shipped
     from casmoe.policies import default_policies, parse_policies
     from casmoe.options import CapacitySpec, capacity_specs
     from casmoe.sim.sweep import Grid, run_grid
@@ -311,18 +243,20 @@ def sweep(
     address = ray_address or ("local" if ray else None)
     records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=progress)
     bar.close()
-    _write_report(out, records)
-    _write_serving_report(out, records)
+    written = _write_report(out, records) + _write_serving_report(out, records)
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
-    _print_results(records, f"sweep: {len(points)} points, {computed} computed now")
+    from casmoe.report import print_simulation
+
+    ran = [r for r in records if "skipped" not in r]
+    if ran:
+        print_simulation(ran, f"sweep: {len(points)} points, {computed} computed now", _details(written))
     if any("arrival" in r for r in records):
         _print_serving(records, "serving", False)
     for r in records:
         if "skipped" in r:
             typer.echo(f"skipped {r['policy']} @ {r['capacity_spec']}: {r['skipped']}")
-    typer.echo(f"wrote {out}/results.csv ({len(records)} rows)")
 
 
 @app.command()

@@ -91,7 +91,7 @@ def synth(
 
 @trace_app.command("info")
 def info(
-    trace: Optional[Path] = typer.Argument(None, help="Trace (.npz); default: the shipped synthetic Mixtral trace."),
+    trace: Optional[Path] = typer.Argument(None, help=f"Trace (.npz); default: the shipped {DEFAULT_TRACE}."),
     top: int = typer.Option(4, min=1, help="Most popular experts listed per layer."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of text and a table."),
 ) -> None:
@@ -179,7 +179,7 @@ def export(
 
 @trace_app.command("show")
 def show(
-    trace: Optional[Path] = typer.Argument(None, help="Trace (.npz); default: the shipped default trace."),
+    trace: Optional[Path] = typer.Argument(None, help=f"Trace (.npz); default: the shipped {DEFAULT_TRACE}."),
     text: bool = typer.Option(False, "--text", help="Print each request's prompt and what it said after it."),
     request: Optional[list[int]] = typer.Option(None, "--request", "-r", help="Only these request indices (repeatable)."),
     limit: int = typer.Option(20, min=0, help="Show at most this many requests (0: all)."),

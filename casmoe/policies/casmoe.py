@@ -82,6 +82,11 @@ class CasMoE(ExpertCache):
         self._served = np.zeros(g.total_experts)  # routed uses seen while serving this request
 
     @classmethod
+    def reads_future(cls, options: dict[str, Any]) -> bool:
+        """The `exact` and `noisy` predictors read the request's own routing; a planner does not."""
+        return options.get("planner") is None and not callable(options.get("predictor"))
+
+    @classmethod
     def create(
         cls,
         geometry,

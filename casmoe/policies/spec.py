@@ -98,6 +98,11 @@ class PolicySpec:
 
         return get_policy(self.name)
 
+    @property
+    def oracle(self) -> bool:
+        """Reads the future (belady, sch, casmoe with its oracle predictors)."""
+        return self.cls.reads_future(dict(self.options))
+
     def check(self) -> type[ExpertCache]:
         """The policy class, once its options are known to it and of the annotated type."""
         cls = self.cls
