@@ -81,6 +81,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.filename is None or Path(exc.filename) == tmp:  # name the file the user asked for
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -372,8 +372,10 @@ def _run_local(points: Sequence[Point], jobs: int, _: str | None) -> Iterator[tu
             yield p, _run_or_skip(p)
         return
     # Pool, not ProcessPoolExecutor: leaving the block for any reason (Ctrl-C, SIGTERM, an
-    # error) terminates the workers instead of waiting for their points.
-    with multiprocessing.Pool(min(jobs, len(points)) or 1, initializer=_die_with_parent) as pool:
+    # error) terminates the workers instead of waiting for their points. Spawned, not forked:
+    # a fork of a process with threads (torch, numba) can inherit a held lock and hang.
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(min(jobs, len(points)) or 1, initializer=_die_with_parent) as pool:
         yield from pool.imap_unordered(_run_pair, points)
 
 

@@ -206,7 +206,12 @@ def test_bad_sweep_file_names_the_key(tmp_path):
     cfg.write_text('traces = ["x.npz"]\npolicys = ["lru"]\n')
     with pytest.raises(SweepError, match="policys"):
         Grid.from_toml(cfg)
-    assert file_digest(cfg) == file_digest(cfg)
+    import hashlib
+
+    assert file_digest(cfg) == hashlib.sha256(cfg.read_bytes()).hexdigest()[:16]
+    before = file_digest(cfg)
+    cfg.write_text(cfg.read_text() + "\n")
+    assert file_digest(cfg) != before  # an edited trace file is a new sweep point
 
 
 @needs_trace

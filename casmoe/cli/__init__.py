@@ -67,7 +67,14 @@ def _terminate(signum: int, _frame: object) -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminate)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        _run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # in-process callers (tests) get theirs back
+
+
+def _run() -> None:
     debug = os.environ.get("CASMOE_DEBUG", "") not in ("", "0")
     try:
         app()

@@ -42,8 +42,8 @@ class Static(LRU):
     def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | str | None = None, **kw: Any) -> ExpertCache:
         """Popularity from `profile`, else from the trace being run (an offline profile of the
         same workload: an upper bound on what a static placement achieves)."""
-        if isinstance(profile, (str, os.PathLike)):
-            profile = Trace.load(profile)
+        if profile is not None and not isinstance(profile, Trace):
+            profile = Trace.load(os.fspath(profile) if isinstance(profile, os.PathLike) else str(profile))
         source = profile if profile is not None else trace
         if source is None:
             raise CacheConfigError("static needs a profile trace (static[profile=FILE.npz]) to rank experts")

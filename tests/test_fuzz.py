@@ -1,0 +1,407 @@
+"""Hostile inputs: every one is a one-line error (exit 2, no traceback) or a correct result,
+never a crash, a silent coercion or a partial file.
+
+Library-level properties run hypothesis over many inputs cheaply (a `CasmoeError` is what the
+CLI prints as one line); CLI-level cases drive the console entry point in-process and check
+the exit status, the single `casmoe: error:` line and the output folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from casmoe.cache import PolicyError
+from casmoe.errors import CasmoeError
+from casmoe.geometry import Geometry
+from casmoe.importers import read_json, read_route_csv, write_route_csv
+from casmoe.policies import PolicySpec
+from casmoe.policies.lru import LRU
+from casmoe.replay import replay
+from casmoe.sim.hardware import PROFILES_DIR, HardwareProfile
+from casmoe.synthetic import SynthConfig, generate
+from casmoe.trace import Trace, TraceError
+
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+                database=None)
+G = Geometry(3, 6, 2, hidden=8, intermediate=4)
+
+
+def small_trace(requests: int = 3, seed: int = 0) -> Trace:
+    return generate(G, SynthConfig(requests=requests, prefill=(2, 4), decode=(3, 5), spec=True, seed=seed))
+
+
+def cli(argv: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str, str]:
+    """Run `casmoe ARGV` through the console entry point; (exit status, stdout, stderr)."""
+    from casmoe.cli import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["casmoe", *argv])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line(code: int, err: str) -> None:
+    """Exit 2 and exactly one error line, the last thing printed (progress bars may precede it)."""
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert sum("error" in ln.lower() for ln in lines) == 1 and lines[-1].startswith("casmoe: error: "), err
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*") if p.name.endswith(".tmp"))
+
+
+# ---- traces: arrays of the wrong dtype, rank or size ------------------------------------------
+
+
+def _arrays(trace: Trace, path: Path) -> dict[str, np.ndarray]:
+    trace.save(path)
+    with np.load(path) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+MUTATIONS = st.sampled_from(["0-d", "1-d", "float", "uint64", "huge", "negative", "reverse", "bool", "empty"])
+
+
+@FUZZ
+@given(name=st.sampled_from(["topk", "weights", "offsets", "prefill", "spec"]), how=MUTATIONS)
+def test_mutated_trace_arrays_raise_only_trace_error(tmp_path, name, how):
+    arrays = _arrays(small_trace(), tmp_path / "t.npz")
+    a = arrays[name]
+    arrays[name] = {
+        "0-d": lambda: np.asarray(a.ravel()[0] if a.size else 0),
+        "1-d": lambda: a.ravel(),
+        "float": lambda: a.astype(np.float64) + 0.5,
+        "uint64": lambda: np.abs(a).astype(np.uint64)[::-1].copy(),  # non-monotone: a signed diff is < 0
+        "huge": lambda: np.full_like(a, np.iinfo(a.dtype).max if a.dtype.kind in "iu" else np.inf),
+        "negative": lambda: -np.abs(a) - 1,
+        "reverse": lambda: a[::-1].copy(),
+        "bool": lambda: a.astype(bool),
+        "empty": lambda: a[:0],
+    }[how]()
+    np.savez(tmp_path / "bad.npz", **arrays)
+    try:
+        tr = Trace.load(tmp_path / "bad.npz")
+    except TraceError:
+        return
+    # accepted: then it must be a consistent trace whose tokens are exactly the file's
+    assert sum(r.tokens for r in tr.requests) == len(arrays["topk"])
+    tr.validate()
+
+
+def test_uint64_offsets_that_go_back_are_refused(tmp_path):
+    arrays = _arrays(small_trace(2), tmp_path / "t.npz")
+    n = len(arrays["topk"])
+    arrays["offsets"] = np.array([0, n + 5, n], dtype=np.uint64)  # unsigned: n - (n + 5) wraps to 2**64 - 5
+    arrays["prefill"] = np.array([1, 0])
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(TraceError, match="partition"):
+        Trace.load(tmp_path / "bad.npz")
+
+
+# ---- route CSV and JSON -------------------------------------------------------------------------
+
+HEADER_VALUE = st.one_of(
+    st.integers(-3, 10**12).map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["", "2.5", "1e3", "0x10", "true", " 4", "٣"]),
+)
+
+
+@FUZZ
+@given(n_layer=HEADER_VALUE, n_expert=HEADER_VALUE, k=HEADER_VALUE, cut=st.integers(0, 400), newline=st.booleans())
+def test_route_csv_headers_and_cuts(tmp_path, n_layer, n_expert, k, cut, newline):
+    rows = "".join(f"0,{int(t > 1)},{t},{layer},{s},{(t + layer + s) % 4},0.5\n"
+                   for t in range(4) for layer in range(2) for s in range(2))
+    text = (f"# route_trace v1\n# model=x n_layer={n_layer} n_expert={n_expert} n_expert_used={k}\n"
+            "turn,phase,step,layer,slot,expert,weight\n" + rows)
+    text = text[: len(text) - cut] + ("\n" if newline and cut else "")
+    path = tmp_path / "x.csv"
+    path.write_text(text)
+    try:
+        tr = read_route_csv(path)
+    except TraceError:
+        return
+    g = tr.geometry  # accepted: the header's integers, exactly
+    assert (str(g.layers), str(g.experts), str(g.top_k)) == (n_layer.strip(), n_expert.strip(), k.strip())
+
+
+def test_csv_cut_mid_row_is_refused(tmp_path):
+    write_route_csv(small_trace(), tmp_path / "t.csv")
+    text = (tmp_path / "t.csv").read_text()
+    (tmp_path / "cut.csv").write_text(text[: text.rindex(",") + 3])  # inside the last weight
+    with pytest.raises(TraceError, match="cut mid-row"):
+        read_route_csv(tmp_path / "cut.csv")
+    lines = text.splitlines(keepends=True)  # a whole row missing: the declared row count disagrees
+    (tmp_path / "short.csv").write_text("".join(lines[:-1]))
+    with pytest.raises(TraceError, match="declares .* rows"):
+        read_route_csv(tmp_path / "short.csv")
+
+
+JSON_VALUE = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2, 10**13), st.floats(), st.text(max_size=3)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=12,
+)
+
+
+@FUZZ
+@given(num_experts=JSON_VALUE, top_k=JSON_VALUE, prefill=JSON_VALUE, layers=JSON_VALUE)
+def test_json_fields_of_any_type(tmp_path, num_experts, top_k, prefill, layers):
+    doc = {"num_experts": num_experts, "top_k": top_k,
+           "requests": [{"layers": [[[0, 1], [2, 3]]], "prefill": prefill}, {"layers": layers}]}
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(doc))
+    try:
+        tr = read_json(path)
+    except TraceError:
+        return
+    # accepted only with exact integers, never a coerced float, string or boolean
+    assert type(num_experts) is int and type(top_k) is int and type(prefill) is int
+    assert (tr.geometry.experts, tr.geometry.top_k, tr.requests[0].prefill) == (num_experts, top_k, prefill)
+
+
+@pytest.mark.parametrize("text", ['{"num_experts": Infinity, "top_k": 2, "requests": []}', "[" * 100_000 + "]" * 100_000,
+                                  '{"num_experts": 1e12, "top_k": 2, "requests": [{"layers": [[[0, 1]]]}]}',
+                                  '{"num_experts": 1000000000000, "top_k": 2, "requests": [{"layers": [[[0, 1]]]}]}'])
+def test_json_extremes(tmp_path, text):
+    (tmp_path / "x.json").write_text(text)
+    with pytest.raises(TraceError):
+        read_json(tmp_path / "x.json")
+
+
+# ---- hardware profiles --------------------------------------------------------------------------
+
+PROFILE = (PROFILES_DIR / "rtx4090x4.toml").read_text()
+NUMBERS = HardwareProfile.numeric_fields()
+
+
+def _profile_with(field: str, value: str) -> str:
+    out, in_sources = [], False
+    for ln in PROFILE.splitlines():
+        in_sources |= ln.strip() == "[sources]"
+        out.append(f"{field} = {value}" if not in_sources and ln.split("=")[0].strip() == field else ln)
+    return "\n".join(out)
+
+
+@FUZZ
+@given(field=st.sampled_from(NUMBERS), value=st.one_of(
+    st.sampled_from(["nan", "inf", "-inf", "-1", "0", "true", '"fast"', "1e308", "[1]"]), st.floats().map(repr)))
+def test_hardware_numbers(field, value):
+    try:
+        hw = HardwareProfile.from_toml(_profile_with(field, value))
+    except CasmoeError:
+        return
+    assert all(math.isfinite(getattr(hw, n)) for n in NUMBERS)  # accepted: every number finite
+
+
+def test_hardware_file_with_bytes_that_are_not_text(tmp_path):
+    from casmoe.sim.hardware import HardwareError, load_profile
+
+    (tmp_path / "hw.toml").write_bytes(b'name = "\xff\xfe"\n')
+    with pytest.raises(HardwareError, match="UTF-8"):
+        load_profile(tmp_path / "hw.toml")
+
+
+# ---- policy specs and faulty user policies ------------------------------------------------------
+
+
+@FUZZ
+@given(text=st.one_of(
+    st.text(max_size=20),
+    st.builds(lambda n, k, v: f"{n}[{k}={v}]", st.sampled_from(["lru", "sch", "static", "casmoe", "semoe"]),
+              st.sampled_from(["m", "noise", "foo", "profile", "predictor", "seed", "remainder"]),
+              st.sampled_from(["0", "-1", "abc", "1.5", "true", "x.npz", "4", "noisy"]))))
+def test_policy_specs(text):
+    try:
+        spec = PolicySpec.parse(text)
+        cache = spec.create(G, 3, trace=small_trace())
+    except CasmoeError:
+        return
+    assert cache.capacity.slots == 3
+
+
+JUNK = st.one_of(
+    st.none(), st.just(-1), st.integers(G.total_experts, 10**9), st.floats(), st.text(max_size=2),
+    st.lists(st.one_of(st.floats(), st.booleans(), st.integers(-5, 40)), max_size=4),
+    st.just(np.array([1, 2, 99])), st.just(np.array([0.5])),
+)
+
+
+@FUZZ
+@given(junk=JUNK, hook=st.sampled_from(["prefetch_layer", "prefetch_request"]))
+def test_policy_hook_answers_are_checked(junk, hook):
+    class Faulty(LRU):
+        pass
+
+    setattr(Faulty, hook, lambda self, *args: junk)
+    trace = small_trace(2)
+    try:
+        stats = replay(trace, Faulty(G, 3), compiled=False).stats
+    except PolicyError as exc:
+        assert hook in str(exc)
+        return
+    # accepted: the answer was a valid list of ids (possibly numpy integers), and counts add up
+    ids = list(junk.tolist() if hasattr(junk, "tolist") else junk)
+    assert all(type(e) is int and 0 <= e < G.total_experts for e in ids)
+    assert stats.hits + stats.late_hits + stats.misses == stats.accesses
+
+
+USER_POLICIES = {
+    "raises on import": "raise RuntimeError('boom')\n",
+    "syntax error": "def (:\n",
+    "victim raises": "from casmoe.policies.lru import LRU\nclass P(LRU):\n    def victim(self, layer, c):\n        raise KeyError('no')\n",
+    "negative prefetch": "from casmoe.policies.lru import LRU\nclass P(LRU):\n    def prefetch_layer(self, s, l):\n        return [-1]\n",
+    "no class P": "x = 1\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(USER_POLICIES))
+def test_faulty_user_policy_is_one_line(tmp_path, monkeypatch, capsys, name):
+    module = f"userpol_{abs(hash(name)) % 10**6}"
+    (tmp_path / f"{module}.py").write_text(USER_POLICIES[name])
+    small_trace().save(tmp_path / "t.npz")
+    code, _, err = cli(["replay", "--trace", "t.npz", "--capacity", "2", "--policy", f"{module}:P"],
+                       tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    if name == "victim raises":
+        assert "KeyError" in err and f"{module}.py" in err
+
+
+# ---- CLI inputs of the wrong kind, and no partial outputs ---------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "--trace", "t.npz", "--policy", "lru[foo=1]"],
+    ["replay", "--trace", "t.npz", "--policy", "sch[m=0]"],
+    ["replay", "--trace", "t.npz", "--policy", "casmoe", "--planner", "t.npz"],
+    ["replay", "--trace", "t.npz", "--capacity", "6 parsecs"],
+    ["replay", "--trace", "unsized.npz", "--capacity", "24GB"],
+    ["trace", "synth", "adir", "--requests", "2"],
+    ["trace", "export", "t.npz", "adir"],
+    ["trace", "import", "t.npz", "-o", "nodir/x.npz"],
+    ["simulate", "--trace", "t.npz", "--out", "afile"],
+    ["lrc", "-t", "t.npz", "--out", "adir"],
+])
+def test_bad_paths_and_options_fail_before_work(tmp_path, monkeypatch, capsys, argv):
+    small_trace().save(tmp_path / "t.npz")
+    generate(Geometry(3, 6, 2), SynthConfig(requests=1, seed=0)).save(tmp_path / "unsized.npz")  # no expert bytes
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("keep me")
+    code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert (tmp_path / "afile").read_text() == "keep me" and not any((tmp_path / "adir").iterdir())
+    assert not leftovers(tmp_path)
+
+
+def test_huge_capacity_holds_every_expert_without_allocating_it(tmp_path, monkeypatch, capsys):
+    small_trace().save(tmp_path / "t.npz")
+    code, out, err = cli(["replay", "--trace", "t.npz", "--policy", "lru", "--capacity", "1000000000000", "--json"],
+                         tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    (record,) = json.loads(out)
+    assert record["capacity"] == f"{G.experts}/layer" and record["evictions"] == 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["trace", "synth", "out/x.npz", "--requests", "5", "--layers", "2", "--experts", "4", "--top-k", "1"],
+    ["trace", "export", "t.npz", "out/x.csv"],
+    ["simulate", "--trace", "t.npz", "--model", "mixtral-8x7b", "--policy", "lru", "--capacity", "2", "--out", "out"],
+])
+def test_disk_full_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys, argv):
+    """ENOSPC when the data reaches the disk (fsync), as on a full file system."""
+    tr = generate(Geometry(32, 8, 2), SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0))
+    tr.save(tmp_path / "t.npz")
+    (tmp_path / "out").mkdir()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert "No space left on device: out/" in err and "free some space" in err
+    assert not any(p.is_file() for p in (tmp_path / "out").rglob("*")), list((tmp_path / "out").rglob("*"))
+    assert not leftovers(tmp_path)
+
+
+def test_an_interrupted_write_keeps_the_old_file(tmp_path):
+    from casmoe.output import atomic_open
+
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_open(target) as fh:
+            fh.write("new, half written")
+            raise KeyboardInterrupt
+    assert target.read_text() == "old" and not leftovers(tmp_path)
+
+
+def test_temp_files_of_killed_writers_are_removed_by_the_next_write(tmp_path):
+    from casmoe.output import write_text
+
+    dead = tmp_path / ".f.txt.999999999.abcd.tmp"  # no such process
+    live = tmp_path / f".f.txt.{os.getppid()}.abcd.tmp"  # a running process: maybe still writing
+    dead.write_text("x")
+    live.write_text("x")
+    write_text(tmp_path / "f.txt", "new")
+    assert not dead.exists() and live.exists()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker processes from /proc")
+def test_a_killed_sweep_takes_its_workers_with_it(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    trace = Path(__file__).resolve().parents[1] / "traces" / "tiny-mixtral.npz"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "casmoe", "sweep", "--trace", str(trace), "--requests", "30", "--policy", "belady",
+         "--policy", "lfu", "--capacity", "2", "--capacity", "3", "--capacity", "4", "--jobs", "2", "--out", "sw"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+    def children() -> list[int]:
+        pids = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(ln.split(":\t", 1) for ln in status.read_text().splitlines() if ":\t" in ln)
+            except (OSError, ValueError):
+                continue
+            if fields.get("PPid", "").strip() == str(proc.pid) and not fields.get("State", "").startswith("Z"):
+                pids.append(int(status.parent.name))
+        return pids
+
+    deadline = time.time() + 120
+    while len(kids := children()) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert len(kids) >= 2, "the sweep started no workers"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    def running(pid: int) -> bool:
+        try:
+            return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+
+    deadline = time.time() + 10
+    while time.time() < deadline and (alive := [k for k in kids if running(k)]):
+        time.sleep(0.2)
+    for k in alive:
+        os.kill(k, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived the sweep"
