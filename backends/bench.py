@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import torch
 
 from casmoe.cache import Capacity, ExpertCache, MissMode
 from casmoe.errors import CasmoeError

@@ -1,5 +1,5 @@
 """`OffloadedModel`: a transformers MoE model whose experts live in a store, computed on slot
-pools that ExpertCache policies manage; `Session`: one policy's run over requests.
+pools that ExpertCache policies manage (its `session` runs one policy over requests).
 
 The model keeps its dense part (loaded once, on the devices); every MoE block's `experts`
 module is replaced by `OffloadedExperts`, which hands each layer call to the `DeviceRuntime` of
@@ -7,7 +7,7 @@ the layer's device (cache events, copies, exact compute in rounds). Layers split
 with `geometry.split_layers`, the simulator's split; each device has its own cache (a geometry
 of its layers only), slot pool and loader, and all share the store and the optional RAM tier.
 
-Requests run through the shared decode loop (`generate.py`): prefill alone, then decode in
+Requests run through the shared decode loop (`generate.py`, driven by `session.py`): prefill alone, then decode in
 groups of `batch`. Prefill is one step whose experts are the union of the prompt's tokens'
 choices, ordered as `Trace.steps` orders them; a batched decode step routes the union of its
 tokens' experts, in token order. So a replay of the trace recorded here, with the same batch,
@@ -18,17 +18,16 @@ experts read from the store: the un-offloaded model, one layer at a time.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from casmoe.cache import Capacity, CacheConfigError, CacheStats, ExpertCache, MissMode, RequestStart
+from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.geometry import split_layers
-from casmoe.trace import Future, Request, Trace, prefill_step
+from casmoe.trace import Future, Trace, prefill_step
 
 from casmoe.backends.adapters import adapter_for
 from casmoe.backends.copier import EmulatedLink
@@ -42,9 +41,9 @@ from casmoe.backends.experts import (
     find_moe_blocks,
     model_geometry,
 )
-from casmoe.backends.generate import forced, generate
 from casmoe.backends.hostcache import HostCache, HostTier
 from casmoe.backends.kernels import plan_class
+from casmoe.backends.session import RunResult, Session
 from casmoe.backends.store import ExpertStore, TensorStore
 
 
@@ -59,60 +58,6 @@ class Prompt:
     ids: list[int]
     text: str | None = None
     task: str | None = None
-
-
-@dataclass
-class RequestTiming:
-    prompt_tokens: int
-    new_tokens: list[int]
-    ttft: float  # seconds from the request's (group's) start to its first generated token
-    token_latency: list[float]  # seconds per decode step (shared by a batch's requests)
-    stall: float  # seconds waiting for expert copies: its prefill's and its share of decode steps'
-    token_stall: list[float] = field(default_factory=list)  # of which in each decode step
-
-
-@dataclass
-class RunResult:
-    """What one run measured: timings per request, cache counters (summed over devices and per
-    device, and the RAM tier's), the routing trace it recorded, optionally every step's output
-    logits, and where the time went."""
-
-    requests: list[RequestTiming]
-    stats: CacheStats | None
-    device_stats: list[CacheStats]
-    trace: Trace
-    logits: list[list[torch.Tensor]] = field(default_factory=list)
-    wall: float = 0.0
-    host_stats: CacheStats | None = None  # the RAM tier
-    read_s: float = 0.0  # seconds reading the store (disk)
-    host_expert_s: float = 0.0  # seconds computing experts on the host (cpu miss mode)
-
-    @property
-    def generated(self) -> int:
-        return sum(len(r.new_tokens) for r in self.requests)
-
-    @property
-    def stall(self) -> float:
-        return sum(r.stall for r in self.requests)
-
-    def to_dict(self) -> dict[str, Any]:
-        lat = [x for r in self.requests for x in r.token_latency]
-        d: dict[str, Any] = {
-            "requests": len(self.requests),
-            "generated_tokens": self.generated,
-            "wall_s": self.wall,
-            "tokens_per_s": self.generated / self.wall if self.wall else 0.0,
-            "ttft_s": float(np.mean([r.ttft for r in self.requests])) if self.requests else 0.0,
-            "median_token_latency_s": float(np.median(lat)) if lat else 0.0,
-            "stall_s": self.stall,
-            "store_read_s": self.read_s,
-            "host_expert_s": self.host_expert_s,
-        }
-        if self.stats is not None:
-            d.update({f"cache_{k}": v for k, v in self.stats.to_dict().items()})
-        if self.host_stats is not None:
-            d.update({f"ram_{k}": v for k, v in self.host_stats.to_dict().items()})
-        return d
 
 
 class OffloadedModel:
@@ -331,165 +276,6 @@ class OffloadedModel:
 
 def _decoder(model: Any) -> Any:
     return getattr(model, "model", model)
-
-
-class Session:
-    """One policy's state across requests: per-device runtimes, the RAM tier, the step counter,
-    and what was measured so far. Sessions may alternate requests: `validate` pairs a policy
-    with an all-resident baseline so that both see the same machine load."""
-
-    def __init__(self, om: OffloadedModel, devs: list[DeviceRuntime] | None, host: HostCache | None = None) -> None:
-        self.om = om
-        self.devs = devs
-        self.host = host
-        self.step = 0
-        self.timings: list[RequestTiming] = []
-        self.requests: list[Request] = []
-        self.logits: list[list[torch.Tensor]] = []
-        self.wall = 0.0
-
-    def request(self, p: Prompt, max_new_tokens: int, keep_logits: bool = False) -> RequestTiming:
-        self.serve([p], max_new_tokens, keep_logits)
-        return self.timings[-1]
-
-    def serve(self, prompts: Sequence[Prompt], max_new_tokens: int, keep_logits: bool = False, *, batch: int = 1,
-              full: bool = False, follow: Sequence[Sequence[int]] | None = None) -> list[list[torch.Tensor]]:
-        """Generate for `prompts`, `batch` at a time; returns their kept logits (each step's last
-        position, or every position of a prefill with `full`)."""
-        if max_new_tokens < 1:
-            raise BackendError("max_new_tokens must be >= 1")
-        om = self.om
-        hooks = _Passes(self, prompts, keep_logits or full, full)
-        t0 = time.perf_counter()
-        om._run = self.devs
-        try:
-            tokens = generate(om.model, [p.ids for p in prompts], max_new_tokens, batch=batch, device=om.devices[0],
-                              hooks=hooks, **({} if follow is None else {"pick": forced(follow)}))
-        finally:
-            om._run = None
-        self.wall += time.perf_counter() - t0
-        self.timings += [replace(t, new_tokens=new) for t, new in zip(hooks.timings, tokens)]
-        self.requests += hooks.requests
-        if keep_logits:
-            self.logits += hooks.logits
-        return hooks.logits
-
-    def result(self) -> RunResult:
-        stats = [d.cache.stats() for d in self.devs] if self.devs else []
-        meta = {"source": "casmoe.backends", "model": type(self.om.model).__name__}
-        trace = Trace(self.om.geometry, list(self.requests), meta)
-        devs = self.devs or []
-        return RunResult(list(self.timings), CacheStats.total(stats) if stats else None, stats, trace,
-                         list(self.logits), self.wall, None if self.host is None else self.host.stats(),
-                         sum(d.loader.read_s for d in devs), sum(d.host_s for d in devs))
-
-    def close(self) -> None:
-        for d in self.devs or ():
-            d.close()
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class _Passes:
-    """The session's side of the decode loop (`generate.Hooks`): cache events around requests,
-    the step counter, timings, routing rows and logits of every pass."""
-
-    def __init__(self, session: Session, prompts: Sequence[Prompt], keep: bool, full: bool) -> None:
-        self.s = session
-        self.prompts = prompts
-        self.keep, self.full = keep, full
-        self.first = len(session.requests)  # index of prompts[0] among the session's requests
-        self.sync = _synchronizer(session.om.devices)
-        n = len(prompts)
-        self.rows: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(n)]
-        self.logits: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        self.tokens = [0] * n
-        self.ttft = [0.0] * n
-        self.stall = [0.0] * n
-        self.latency: list[list[float]] = [[] for _ in range(n)]
-        self.token_stall: list[list[float]] = [[] for _ in range(n)]
-        self.group_start = 0.0
-        self._in_group = False
-        self._pass: tuple[bool, tuple[int, ...], float, float] | None = None
-
-    def _stalled(self) -> float:
-        return sum(d.stall for d in self.s.devs or ())
-
-    def begin(self, r: int) -> None:
-        if not self._in_group:  # the first request of a group: the group arrives now
-            self.group_start = time.perf_counter()
-            self._in_group = True
-        p = self.prompts[r]
-        if self.s.devs is not None:
-            for d in self.s.devs:
-                known = d.requests[self.first + r] if d.requests is not None else None
-                d.begin_request(known if known is not None else RequestStart(p.text, p.task, len(p.ids)))
-        if self.s.host is not None:
-            self.s.host.begin_request(RequestStart(p.text, p.task, len(p.ids)))
-
-    def before(self, prefill: bool, requests: tuple[int, ...]) -> None:
-        om = self.s.om
-        om._prefill = prefill
-        om._step = self.s.step
-        self._pass = (prefill, requests, time.perf_counter(), self._stalled())
-
-    def after(self, logits: torch.Tensor) -> None:
-        self.sync()
-        prefill, requests, t0, stalled = self._pass
-        now = time.perf_counter()
-        stall = self._stalled() - stalled
-        self.s.step += 1
-        rows = self.s.om._rows
-        k = np.stack([r[0] for r in rows], axis=1)  # [tokens, L, k]
-        w = np.stack([r[1] for r in rows], axis=1)
-        if prefill:
-            (r,) = requests
-            self.rows[r].append((k, w))
-            self.ttft[r] = now - self.group_start
-            self.stall[r] += stall
-            if self.keep:
-                self.logits[r].append((logits[0] if self.full else logits[0, -1]).detach().clone())
-            return
-        for b, r in enumerate(requests):
-            self.rows[r].append((k[b : b + 1], w[b : b + 1]))
-            self.latency[r].append(now - t0)
-            self.token_stall[r].append(stall)
-            self.stall[r] += stall / len(requests)
-            if self.keep:
-                self.logits[r].append(logits[b, -1].detach().clone())
-
-    def end(self, r: int) -> None:
-        self._in_group = False
-        if self.s.devs is not None:
-            for d in self.s.devs:
-                d.end_request()
-        if self.s.host is not None:
-            self.s.host.end_request()
-
-    @property
-    def requests(self) -> list[Request]:
-        out = []
-        for p, rows in zip(self.prompts, self.rows):
-            topk = np.concatenate([k for k, _ in rows]).astype(np.int16)
-            weights = np.concatenate([w for _, w in rows]).astype(np.float32)
-            out.append(Request(topk, weights, prefill=len(p.ids), prompt=p.text, task=p.task))
-        return out
-
-    @property
-    def timings(self) -> list[RequestTiming]:
-        return [RequestTiming(len(p.ids), [], self.ttft[i], self.latency[i], self.stall[i], self.token_stall[i])
-                for i, p in enumerate(self.prompts)]
-
-
-def _synchronizer(devices: Sequence[torch.device]) -> Callable[[], None]:
-    cuda = [d for d in devices if d.type == "cuda"]
-    if not cuda:
-        return lambda: None
-    return lambda: [torch.cuda.synchronize(d) for d in cuda] and None
 
 
 def _move_inputs(device: torch.device) -> Callable[..., Any]:

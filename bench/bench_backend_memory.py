@@ -43,7 +43,7 @@ GiB = 2**30
 VOCAB = 32000
 COMMON = dict(vocab_size=VOCAB, hidden_size=1024, num_attention_heads=16, num_key_value_heads=4,
               max_position_embeddings=512, tie_word_embeddings=False)
-DEEPSEEK = dict(kv_lora_rank=128, q_lora_rank=None, qk_rope_head_dim=32, v_head_dim=64, qk_nope_head_dim=64,
+DEEPSEEK = dict(num_key_value_heads=16, kv_lora_rank=128, q_lora_rank=None, qk_rope_head_dim=32, v_head_dim=64, qk_nope_head_dim=64,
                 n_group=8, topk_group=3, first_k_dense_replace=1, intermediate_size=2816)
 ARCHS = {  # (config class, its fields): 0.8-1.5 GiB in bf16
     "mixtral": ("MixtralConfig", dict(intermediate_size=3328, num_hidden_layers=8, num_local_experts=8,
@@ -72,7 +72,7 @@ def make(arch: str, out: Path) -> None:
     from casmoe.shipped import data_dir
 
     cls_name, fields = ARCHS[arch]
-    config = getattr(transformers, cls_name)(**COMMON, **fields)
+    config = getattr(transformers, cls_name)(**{**COMMON, **fields})
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     model = transformers.AutoModelForCausalLM.from_config(config)
@@ -192,7 +192,9 @@ def main() -> None:
                                    "--threads", str(args.threads)], capture_output=True, text=True)
             (path / "experts.mmap.safetensors").unlink(missing_ok=True)
             if proc.returncode:
-                print(f"{arch} {mode}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
+                reason = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+                results.append({"arch": arch, "checkpoint_bytes": size, "mode": mode, "failed": reason})
+                print(f"{arch:12s} {mode:14s} failed: {reason}", flush=True)
                 continue
             r = {"arch": arch, "checkpoint_bytes": size, **json.loads(proc.stdout.strip().splitlines()[-1])}
             results.append(r)
