@@ -11,8 +11,9 @@ Requests run through the shared decode loop (`generate.py`, driven by `session.p
 groups of `batch`. Prefill is one step whose experts are the union of the prompt's tokens'
 choices, ordered as `Trace.steps` orders them; a batched decode step routes the union of its
 tokens' experts, in token order. So a replay of the trace recorded here, with the same batch,
-makes the same decisions. Without a session (`reference`), every layer computes with all its
-experts read from the store: the un-offloaded model, one layer at a time.
+makes the same decisions. Without a session (`reference`), every layer calls the model's own
+experts function on one layer's `[E, ...]` tensors, its routed experts read from the store: the
+un-offloaded model, one layer at a time (a reference pass reads what a cacheless run would).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class OffloadedModel:
         self._scores: list[np.ndarray | None] = [None] * len(blocks)
         self._rows: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(blocks)
         self._want_scores = False
+        self._reference: dict[torch.device, dict[str, torch.Tensor]] = {}  # per device: one layer's experts
         self.on_layer: Callable[[OffloadedModel, int], None] | None = None
 
     # ---- setup ---------------------------------------------------------------------------
@@ -148,8 +150,9 @@ class OffloadedModel:
         idx = top_k_index.cpu().numpy()  # [T, k]
         self._rows[layer] = (idx, top_k_weights.float().cpu().numpy())
         run = self._run
-        if run is None:
-            tensors = self.store.layer_tensors(layer, hidden.device)
+        if run is None:  # the reference: the model's own function on its [E, ...] tensors
+            tensors = self.store.layer_tensors(layer, hidden.device, sorted(set(idx.ravel().tolist())),
+                                               self._reference_buffer(hidden.device))
             return self.experts_fn(SlotView(self.experts_template, tensors), hidden, top_k_index, top_k_weights)
         d = run[self._device_of[layer]]
         local = layer - d.layers.start
@@ -164,6 +167,17 @@ class OffloadedModel:
         if self.on_layer is not None:
             self.on_layer(self, layer)
         return out
+
+    def _reference_buffer(self, device: torch.device) -> dict[str, torch.Tensor] | None:
+        """One layer's `[E, ...]` tensors on `device`, reused by every reference layer call
+        (None: the store holds the model's own tensors and hands them out)."""
+        if isinstance(self.store, TensorStore):
+            return None
+        buf = self._reference.get(device)
+        if buf is None:
+            buf = self._reference[device] = {n: t.zero_() for n, t in
+                                             self.store.empty_rows(self.geometry.experts, device).items()}
+        return buf
 
     # ---- runs ----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ store never hands out a second copy:
 from __future__ import annotations
 
 from math import prod
+from typing import Sequence
 
 import torch
 
@@ -50,13 +51,24 @@ class ExpertStore:
         return {name: torch.empty((*lead, *shape), dtype=dtype, device=device, pin_memory=pin)
                 for name, (shape, dtype) in self.layout.items()}
 
-    def layer_tensors(self, layer: int, device: str | torch.device) -> dict[str, torch.Tensor]:
-        """All experts of `layer` as fused `[E, ...]` tensors on `device` (the un-offloaded
-        reference computes on these, one layer at a time)."""
-        host = self.empty_rows(self.experts)
-        for e in range(self.experts):
-            self.read(layer, e, {n: t[e] for n, t in host.items()})
-        return {n: t.to(device) for n, t in host.items()}
+    def layer_tensors(self, layer: int, device: str | torch.device, experts: Sequence[int] | None = None,
+                      out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """`layer` as fused `[E, ...]` tensors on `device`, what the un-offloaded model holds.
+        With `experts`, only those rows are read, into `out` (one layer's buffer, reused: the
+        other rows keep whatever they held, which an experts function never reads for experts
+        nobody routed to)."""
+        if out is None:
+            out = self.empty_rows(self.experts, device)
+        for e in range(self.experts) if experts is None else experts:
+            row = {n: t[e] for n, t in out.items()}
+            if out[next(iter(out))].device.type == "cpu":
+                self.read(layer, e, row)
+            else:  # through host memory
+                host = self.empty_rows()
+                self.read(layer, e, host)
+                for n, t in row.items():
+                    t.copy_(host[n])
+        return out
 
 
 class TensorStore(ExpertStore):
@@ -72,7 +84,9 @@ class TensorStore(ExpertStore):
         for name, t in self.tensors[layer].items():
             rows[name].copy_(t[expert])
 
-    def layer_tensors(self, layer: int, device: str | torch.device) -> dict[str, torch.Tensor]:
+    def layer_tensors(self, layer: int, device: str | torch.device, experts: Sequence[int] | None = None,
+                      out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The model's own tensors (moved to `device` when it is not theirs)."""
         return {n: t.to(device) for n, t in self.tensors[layer].items()}
 
 

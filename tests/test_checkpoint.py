@@ -47,6 +47,7 @@ def test_sharded_bf16_checkpoint_runs_exactly_from_disk(kind, tmp_path):
     assert loaded and all(torch.equal(p, params[n]) for n, p in loaded)
     assert all(".experts." in n for n, p in model.named_parameters() if p.device.type == "meta")
     om = OffloadedModel(model, store=store)
+    assert _same(om.reference(PROMPTS, STEPS, keep_logits=True).logits, want)  # routed rows only, layer by layer
     k = om.geometry.top_k
     total = om.geometry.layers * om.geometry.experts
     for host in (None, HostTier(total // 2, get_policy("lru"))):
