@@ -144,10 +144,12 @@ def test_pool_never_grows_and_slots_hold_their_expert_under_a_slow_link(mixtral)
     policy=st.sampled_from(["lru", "lfu", "semoe", "ondemand"]),
     batch=st.integers(1, 3),
 )
-def test_counts_match_replay_on_random_prompts(mixtral, ids, slots, policy, batch):
+def test_random_prompts_capacities_and_batches_are_exact_and_match_replay(mixtral, ids, slots, policy, batch):
     model, _ = mixtral
+    want = plain_batched(copy.deepcopy(model), ids, 3, batch)
     om = OffloadedModel(copy.deepcopy(model))
-    run = om.run([Prompt(x) for x in ids], get_policy(policy), slots, max_new_tokens=3, batch=batch)
+    run = om.run([Prompt(x) for x in ids], get_policy(policy), slots, max_new_tokens=3, batch=batch, keep_logits=True)
+    assert _same(run.logits, want)
     _replay_matches(run, om, policy, slots, batch)
     assert run.trace.tokens == sum(len(x) + 2 for x in ids)
 
