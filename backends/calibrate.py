@@ -10,9 +10,14 @@ What is measured, on the backend's own code paths:
 - one expert for one token computed on the host the way the `cpu` miss mode computes it; the
   profile's host memory bandwidth is fitted to it (at one token the host expert is memory-bound),
   so the simulator prices `--miss-mode cpu` at the backend's own cost;
-- copies through the backend's copier (its link cap, if any): batches of k copies submitted
-  together and waited for, as a demand miss does, at two sizes; a line through the two points
-  gives the bandwidth and the per-copy cost.
+- copies through the backend's loader (its link cap, if any): batches of 1 and of k copies
+  submitted together and waited for, as a layer that misses does, at two sizes, each after one
+  layer's worth of the model's own expert compute (as in a run: a thread that has just computed
+  is woken later by the OS than one that idles); the mean times fit
+  t = k (latency + bytes / bandwidth) + wake, where `wake` is how long after its last copy lands
+  the waiting thread runs again (on a loaded machine, the OS's wake-up latency: most of what a
+  miss costs beyond the link), and the mean time to submit one load is the per-load host cost.
+  Means, not medians: a token's latency sums many loads, so a load's cost enters it by its mean.
 
 The roofline parts (FLOPs / rate, bytes / bandwidth) use the measured achieved rates, so the
 efficiencies are 1 by construction; what the roofline misses (Python and kernel-launch cost)
@@ -67,6 +72,8 @@ class Calibration:
     expert_overhead: float
     link: EmulatedLink
     host_expert_s: float = 0.0  # one expert on the host for one token (cpu miss mode); 0: not measured
+    wake: float = 0.0  # a waiting thread runs again this long after its last copy lands
+    load_issue: float = 0.0  # host time to submit one load
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "link"}
@@ -109,7 +116,8 @@ class Calibration:
             storage_read_gbs=0.0,
             storage_latency_us=0.0,
             host_ram_gib=round(ram, 2),
-            load_host_us=0.0,
+            load_host_us=self.load_issue * 1e6,
+            wake_us=self.wake * 1e6,
         )
         sources = dict(
             gpus="one device measured",
@@ -134,7 +142,8 @@ class Calibration:
             storage_read_gbs="not measured: the backend's store is in RAM",
             storage_latency_us="not measured: the backend's store is in RAM",
             host_ram_gib=f"{host}: physical memory (sysconf)",
-            load_host_us="not measured",
+            load_host_us=f"{host}: mean time to submit one load to the backend's loader",
+            wake_us=f"{host}: loader batches of 1 and k copies, waited for (least-squares fit of mean times)",
         )
         return HardwareProfile(**values, sources=sources)
 
@@ -179,33 +188,75 @@ def _host_expert_time(om: OffloadedModel, reps: int) -> float:
     return _median_time(lambda: host_expert(om.attrs, h1, rows), reps, lambda: None)
 
 
-def _copy_cost(om: OffloadedModel, device: torch.device, link: EmulatedLink, reps: int) -> tuple[float, float]:
-    """(bandwidth, per-copy cost) of the backend's copier: batches of k copies, two sizes."""
-    k = om.geometry.top_k
+@dataclass(frozen=True)
+class CopyCosts:
+    """The backend loader's copies, as the simulator prices them (seconds, bytes/s)."""
+
+    bandwidth: float
+    latency: float  # per copy, on the link
+    wake: float  # once per wait, after the last copy lands
+    issue: float  # host time to submit one load
+
+
+def copy_costs(om: OffloadedModel, device: torch.device, link: EmulatedLink, reps: int, layer_s: float) -> CopyCosts:
+    """The backend `Loader`'s copies: batches of k demand copies submitted together and waited
+    for, as a layer that misses does. Bandwidth and per-copy latency: a line through the median
+    times at two sizes (the link itself is steady). Wake: the mean excess over that line of the
+    same batch run after `layer_s` seconds of the model's expert compute (see the module
+    docstring). Issue: the median time to submit one load."""
+    k = max(2, om.geometry.top_k)
     nbytes = om.store.expert_bytes(0)
     cuda = device.type == "cuda"
-    points = []
-    for scale in (1, 4):
-        n = nbytes * scale // 4
+    copier = Loader(device, link=link)
+    issue: list[float] = []
+
+    def batches(n: int, before: Callable[[], None]) -> list[float]:
         src = torch.randn(k, n).pin_memory() if cuda else torch.randn(k, n)
         dst = torch.empty(k, n, device=device)
-        copier = Loader(device, link=link)
-        times = []
-        try:
-            for _ in range(reps + 1):
-                t = time.perf_counter()
-                tickets = [Ticket(i, i, True, {"w": dst[i]}, n * 4, src={"w": src[i]}) for i in range(k)]
-                for tk in tickets:
-                    copier.submit(tk)
-                for tk in tickets:
-                    copier.wait(tk)
-                times.append((time.perf_counter() - t) / k)
-        finally:
-            copier.close()
-        points.append((n * 4, float(np.median(times[1:]))))
-    (b1, t1), (b4, t4) = points
-    bw = (b4 - b1) / max(t4 - t1, 1e-9)
-    return bw, max(t1 - b1 / bw, 0.0)
+        spent = []
+        for rep in range(reps + 1):
+            before()
+            t = time.perf_counter()
+            tickets = [Ticket(i, i, True, {"w": dst[i]}, n * 4, src={"w": src[i]}) for i in range(k)]
+            for tk in tickets:
+                copier.submit(tk)
+            submitted = time.perf_counter()
+            for tk in tickets:
+                copier.wait(tk)
+            if rep:  # the first batch warms up
+                spent.append(time.perf_counter() - t)
+                issue.append((submitted - t) / k)
+        return spent
+
+    try:
+        idle = lambda: None  # noqa: E731
+        (b1, t1), (b4, t4) = [(k * n * 4, float(np.median(batches(n, idle)))) for n in (nbytes // 16, nbytes // 4)]
+        busy = batches(nbytes // 4, _layer_work(om, device, layer_s))
+    finally:
+        copier.close()
+    bandwidth = (b4 - b1) / max(t4 - t1, 1e-9)
+    latency = max(t1 - b1 / bandwidth, 0.0) / k
+    wake = float(np.mean(busy)) - t4
+    return CopyCosts(bandwidth, latency, max(wake, 0.0), float(np.median(issue)))
+
+
+def _layer_work(om: OffloadedModel, device: torch.device, seconds: float) -> Callable[[], None]:
+    """About `seconds` of the model's own compute: its experts function, called repeatedly."""
+    g = om.geometry
+    tensors = om.store.layer_tensors(0, device)
+    view = SlotView(om.experts_template, tensors)
+    dtype = next(iter(tensors.values())).dtype
+    h = torch.randn(1, g.hidden, device=device, dtype=dtype)
+    w = torch.full((1, g.top_k), 1.0 / g.top_k, device=device)
+    i = torch.arange(g.top_k, device=device)[None]
+    one = _median_time(lambda: om.experts_fn(view, h, i, w), 5, lambda: None)
+    calls = max(1, round(seconds / max(one, 1e-9)))
+
+    def work() -> None:
+        for _ in range(calls):
+            om.experts_fn(view, h, i, w)
+
+    return work
 
 
 def calibrate(
@@ -227,11 +278,12 @@ def calibrate(
     expert_s = _expert_time(om, device, sync, reps)
     host_s = _host_expert_time(om, reps)
     cpu_bw = om.store.expert_bytes(0) / host_s  # the simulator's host expert is memory-bound at one token
+    step = resident_step(om, prompts, max_new_tokens)
     with responsive_copies():
-        copy_bw, copy_latency = _copy_cost(om, device, om.link, reps)
-    probe = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, copy_bw, copy_latency,
-                        0.0, 0.0, om.link, host_s)
-    return refit(probe, om, resident_step(om, prompts, max_new_tokens), prompts, max_new_tokens)
+        c = copy_costs(om, device, om.link, reps, step / om.geometry.layers)
+    probe = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, c.bandwidth, c.latency,
+                        0.0, 0.0, om.link, host_s, c.wake, c.issue)
+    return refit(probe, om, step, prompts, max_new_tokens)
 
 
 def resident_step(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> float:

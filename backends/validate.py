@@ -6,21 +6,29 @@ as much as computing one layer (the regime where the policy matters); it records
 the recorded trace with that profile, the same policy and capacity. The error is the relative
 difference of the median decode-token latencies (Vidur, a published LLM-inference simulator,
 reports under 9%).
+
+Where the error comes from is reported beside it: the whole run's stall and compute (time not
+stalled) in the backend and in the simulator, so a residual can be read as "the link/stall
+model" or "the compute model".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from casmoe.backends.calibrate import Calibration, baseline, calibrate, refit, resident_step
+from casmoe.backends.calibrate import Calibration, baseline, calibrate, copy_costs, refit, resident_step
 from casmoe.backends.copier import EmulatedLink, responsive_copies
 from casmoe.backends.experts import model_preset
 from casmoe.backends.runtime import OffloadedModel, Prompt
-from casmoe.cache import Capacity
+from casmoe.cache import Capacity, MissMode
 from casmoe.policies.spec import PolicySpec
+
+
+DENSE_FIRST = True
+"""The backend computes a layer's attention and router before its experts are known."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,7 @@ class Fidelity:
 
     policy: str
     capacity: str
+    miss_mode: str
     backend_median: float
     sim_median: float
     backend_ttft: float
@@ -40,10 +49,17 @@ class Fidelity:
     sim_median_upfront: float  # with the one calibration made before all runs
     sim_median_inrun: float  # compute fitted to this run's own stall-free step time (diagnostic)
     resident_step: float  # median decode step of the all-resident baseline interleaved with this run
+    backend_compute: float  # the whole run, not stalled
+    sim_compute: float
+    wake: float  # measured beside this run: a waiting thread resumes this long after its copy lands
 
     @property
     def median_error(self) -> float:
         return abs(self.sim_median - self.backend_median) / self.backend_median
+
+    @property
+    def ttft_error(self) -> float:
+        return abs(self.sim_ttft - self.backend_ttft) / self.backend_ttft
 
     @property
     def median_error_upfront(self) -> float:
@@ -56,6 +72,7 @@ class Fidelity:
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["median_error"] = self.median_error
+        d["ttft_error"] = self.ttft_error
         d["median_error_upfront"] = self.median_error_upfront
         d["median_error_inrun"] = self.median_error_inrun
         return d
@@ -69,11 +86,12 @@ def balanced_link(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
 
 def _paired(
     om: OffloadedModel, prompts: Sequence[Prompt], policy: Any, capacity: Capacity, max_new_tokens: int,
-    options: dict[str, Any],
+    options: dict[str, Any], miss_mode: MissMode = MissMode.LOAD,
 ) -> tuple[Any, float]:
     """The policy's run, with an all-resident baseline request interleaved before each of its
     requests; returns the run and the baseline's median decode step (same machine load)."""
-    with om.session(policy, capacity, prompts, max_new_tokens=max_new_tokens, options=options) as run, baseline(
+    with om.session(policy, capacity, prompts, max_new_tokens=max_new_tokens, options=options,
+                    miss_mode=miss_mode) as run, baseline(
         om, prompts, max_new_tokens
     ) as base:
         for p in prompts:
@@ -91,6 +109,7 @@ def validate(
     max_new_tokens: int = 32,
     calibration: Calibration | None = None,
     progress: Callable[[str], None] | None = None,
+    miss_modes: Sequence[MissMode] = (MissMode.LOAD,),
 ) -> tuple[list[Fidelity], Calibration]:
     """Run each policy on the backend (its `om.link`), replay its trace in the simulator with the
     calibrated profile, and compare. Calibrates `om` first unless `calibration` is given.
@@ -98,16 +117,18 @@ def validate(
     On a shared machine the compute speed drifts with other load (by several times within
     minutes), so each policy request is paired with an all-resident baseline request of the same
     prompt just before it (room for every expert, no link cap), and the profile's overheads are refitted to the baseline's median
-    decode step (`sim_median`). `sim_median_upfront` keeps the single up-front calibration for
-    comparison, and `sim_median_inrun` fits compute to the run's own stall-free step time, which
-    isolates the error of the link and stall model."""
+    decode step (`sim_median`); the loader's copy costs (bandwidth, per-copy latency, the wake-up
+    of a waiting thread, which grows with the machine's load) are measured again just before
+    each run. `sim_median_upfront` keeps the single up-front calibration for comparison, and
+    `sim_median_inrun` fits compute to the run's own stall-free step time, which isolates the
+    error of the link and stall model."""
     with responsive_copies():
-        return _validate(om, prompts, policies, capacity, max_new_tokens, calibration, progress)
+        return _validate(om, prompts, policies, capacity, max_new_tokens, calibration, progress, miss_modes)
 
 
 def _validate(
     om: OffloadedModel, prompts: Sequence[Prompt], policies: Sequence[str], capacity: Capacity, max_new_tokens: int,
-    calibration: Calibration | None, progress: Callable[[str], None] | None,
+    calibration: Calibration | None, progress: Callable[[str], None] | None, miss_modes: Sequence[MissMode],
 ) -> tuple[list[Fidelity], Calibration]:
     from casmoe.sim.engine import simulate
 
@@ -120,29 +141,44 @@ def _validate(
         if progress is not None:
             progress(spec.label)
         cls, options = spec.cls, dict(spec.options)
-        run, step = _paired(om, prompts, cls, capacity, max_new_tokens, options)
-        profile = refit(cal, om, step, prompts, max_new_tokens).profile("validate")
-        sim = simulate(run.trace, cls, capacity, profile, preset, options=options)
-        sim0 = simulate(run.trace, cls, capacity, upfront, preset, options=options)
-        lat = [x for r in run.requests for x in r.token_latency]
-        busy = float(np.median([x - y for r in run.requests for x, y in zip(r.token_latency, r.token_stall)]))
-        inrun = refit(cal, om, busy, prompts, max_new_tokens).profile("validate")
-        sim1 = simulate(run.trace, cls, capacity, inrun, preset, options=options)
-        out.append(
-            Fidelity(
-                policy=spec.label,
-                capacity=capacity.describe(),
-                backend_median=float(np.median(lat)),
-                sim_median=sim.token_latency_p50_s,
-                backend_ttft=float(np.mean([r.ttft for r in run.requests])),
-                sim_ttft=sim.ttft_mean_s,
-                backend_stall=run.stall,
-                sim_stall=sim.stall_s,
-                hit_rate=run.stats.hit_rate,
-                sim_hit_rate=sim.stats.hit_rate,
-                sim_median_upfront=sim0.token_latency_p50_s,
-                sim_median_inrun=sim1.token_latency_p50_s,
-                resident_step=step,
+        for mode in miss_modes:
+            c = copy_costs(om, om.devices[0], om.link, 20, cal.step_s / om.geometry.layers)
+            now = replace(cal, copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake, load_issue=c.issue)
+            run, step = _paired(om, prompts, cls, capacity, max_new_tokens, options, mode)
+            busy = float(np.median([x - y for r in run.requests for x, y in zip(r.token_latency, r.token_stall)]))
+            sim, sim0, sim1 = (
+                simulate(run.trace, cls, capacity, profile, preset, options=options, miss_mode=mode,
+                         dense_first=DENSE_FIRST)
+                for profile in (
+                    refit(now, om, step, prompts, max_new_tokens).profile("validate"),
+                    upfront,
+                    refit(now, om, busy, prompts, max_new_tokens).profile("validate"),
+                )
             )
-        )
+            out.append(_fidelity(spec.label, capacity, mode, run, step, sim, sim0, sim1, c.wake))
     return out, cal
+
+
+def _fidelity(label: str, capacity: Capacity, mode: MissMode, run: Any, step: float, sim: Any, sim0: Any, sim1: Any,
+              wake: float) -> Fidelity:
+    lat = [x for r in run.requests for x in r.token_latency]
+    total = sum(r.ttft + sum(r.token_latency) for r in run.requests)
+    return Fidelity(
+        policy=label,
+        capacity=capacity.describe(),
+        miss_mode=mode.value,
+        backend_median=float(np.median(lat)),
+        sim_median=sim.token_latency_p50_s,
+        backend_ttft=float(np.mean([r.ttft for r in run.requests])),
+        sim_ttft=sim.ttft_mean_s,
+        backend_stall=run.stall,
+        sim_stall=sim.stall_s,
+        hit_rate=run.stats.hit_rate,
+        sim_hit_rate=sim.stats.hit_rate,
+        sim_median_upfront=sim0.token_latency_p50_s,
+        sim_median_inrun=sim1.token_latency_p50_s,
+        resident_step=step,
+        backend_compute=total - run.stall,
+        sim_compute=sim.compute_s,
+        wake=wake,
+    )

@@ -44,9 +44,10 @@ class HardwareProfile:
 
     The fields after `cpu_mem_bw_gbs` are optional in a TOML file (0 when absent, sourced as
     such): the storage tier under host RAM (`storage_read_gbs`, `storage_latency_us`: one NVMe
-    device or array shared by every GPU), the host RAM size (`host_ram_gib`), and the host CPU
-    time each expert load costs the thread that runs the model (`load_host_us`: issuing the copy,
-    waiting for it, waking up), which delays that thread's compute.
+    device or array shared by every GPU), the host RAM size (`host_ram_gib`), and two host costs
+    of the thread that runs the model: `load_host_us` per load it issues (cache bookkeeping,
+    submitting the copy), added to the layer's compute, and `wake_us` once per layer that waits
+    for a copy (the blocked thread runs again that long after the copy lands), added to its stall.
     """
 
     name: str
@@ -74,6 +75,7 @@ class HardwareProfile:
     storage_latency_us: float = 0.0
     host_ram_gib: float = 0.0
     load_host_us: float = 0.0
+    wake_us: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -184,7 +186,9 @@ class HardwareProfile:
         return type(self)(**d)
 
 
-OPTIONAL = {"storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0}
+OPTIONAL = {
+    "storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0, "wake_us": 0.0,
+}
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
 ABSENT = "not given in the profile (0: not modelled)"
 

@@ -4,7 +4,8 @@ A layer may start once the previous one is done (plus an activation hand-over wh
 device) and every expert it runs has arrived; the wait is a stall, charged to `late prefetch`
 up to the last arrival of an expert already in flight when the layer was reached (a late hit),
 and to `demand miss` beyond. Compute then takes the dense part + the routed experts
-(`compute.py`), plus the host time of the loads the layer issued (`load_host_us`). Loads go onto
+(`compute.py`), plus the host time of the loads the layer issued (`load_host_us`); a layer that
+waited resumes `wake_us` after its last copy landed (a blocked host thread). Loads go onto
 the link of their layer's device (`link.py`); which experts are still in flight is the link's
 to say, so the same walk prices decisions made in advance (`decide.py`) or, in the substitute
 miss mode, made layer by layer as it goes (its substitutes must have arrived).
@@ -72,6 +73,8 @@ class StepTimer:
         experts: int,
         *,
         load_host_s: float = 0.0,
+        wake_s: float = 0.0,
+        dense_first: bool = False,
         timeline: Timeline | None = None,
         timeliness: Timeliness | None = None,
         tier: HostTier | None = None,
@@ -84,6 +87,8 @@ class StepTimer:
         self.interleaved = miss_mode is MissMode.SUBSTITUTE
         self.E = experts
         self.load_host_s = load_host_s
+        self.wake_s = wake_s
+        self.dense_first = dense_first
         self.timeline = timeline
         self.timeliness = timeliness
         self.tier = tier  # the RAM tier the links read through, told of request boundaries
@@ -145,10 +150,12 @@ class StepTimer:
         cpu_mode = self.miss_mode is MissMode.CPU
         interleaved = decisions is None
         host_s = self.load_host_s
+        wake_s = self.wake_s
         multi = len(self.links) > 1
         E = self.E
         T = work.tokens
         dense = work.dense
+        lead = dense if self.dense_first else 0.0  # the dense part runs before the router decides
         busy_total, stall_late, stall_demand, late_total = self.compute_s, self.stall_late, self.stall_demand, self.late
         on_device = 0
         for i, shard in enumerate(self.shards):
@@ -175,6 +182,12 @@ class StepTimer:
                 pre, acc = decide(s, ll, experts) if interleaved else next(visits)
                 if pre:
                     self._issue(shard, t, pre)
+                if lead:
+                    if timeline is not None:
+                        timeline.compute(on_device, t, t + lead, first + ll)
+                    t += lead
+                    if link.queue or (link.heap and link.heap[0][0] <= t):
+                        link.land(t, landed)
                 start = t
                 late_until = t
                 from_storage = False
@@ -208,6 +221,10 @@ class StepTimer:
                 if timeliness is not None:  # before this layer's stall: the clock counts compute only
                     timeliness.visit(first, ll, on_device, t - stall_late - stall_demand, experts, acc)
                 if start > t:
+                    if wake_s:
+                        if late_until == start:
+                            late_until += wake_s
+                        start += wake_s
                     stall_late += late_until - t
                     stall_demand += start - late_until
                     stall_by_layer[first + ll] += start - t
@@ -223,7 +240,7 @@ class StepTimer:
                     )
                 if host_s:
                     busy += host_s * (len(pre) + len(acc.loads) + len(acc.background))
-                t = start + busy
+                t = start + (busy - lead)
                 busy_total += busy
                 device_busy[on_device] += busy
                 if timeline is not None:

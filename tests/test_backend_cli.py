@@ -86,14 +86,19 @@ def test_calibrate_writes_a_profile_the_simulator_loads(model_dir, tmp_path):
 
 def test_validate_json_gives_a_median_error_per_policy(model_dir):
     code, out = _run(["validate", "--model", str(model_dir / "m"), "--prompts", str(model_dir / "prompts.txt"),
-                      "--max-new-tokens", "4", "--policy", "lru", "--policy", "ondemand", "--json"])
+                      "--max-new-tokens", "4", "--policy", "lru", "--policy", "ondemand", "--miss-mode", "load",
+                      "--miss-mode", "cpu", "--json"])
     assert code == 0, out
     recs = json.loads(out)
-    assert [r["policy"] for r in recs] == ["lru", "ondemand"]
-    for r in recs:
+    assert [(r["policy"], r["miss_mode"]) for r in recs] == [("lru", "load"), ("lru", "cpu"), ("ondemand", "load"),
+                                                            ("ondemand", "cpu")]
+    for r in recs:  # the simulator replays the run's own decisions: same hit rate; time splits into stall + compute
         assert r["median_error"] == pytest.approx(abs(r["sim_median"] - r["backend_median"]) / r["backend_median"])
-    by = {r["policy"]: r for r in recs}
-    assert by["ondemand"]["hit_rate"] == 0.0 < by["lru"]["hit_rate"]  # ondemand keeps nothing between layers
+        assert r["sim_hit_rate"] == pytest.approx(r["hit_rate"]) and r["wake"] >= 0 and r["ttft_error"] >= 0
+        assert r["backend_compute"] > 0 and r["sim_compute"] > 0 and r["calibrated_load_issue"] > 0
+    by = {(r["policy"], r["miss_mode"]): r for r in recs}
+    assert by["ondemand", "load"]["hit_rate"] == 0.0 < by["lru", "load"]["hit_rate"]  # ondemand keeps nothing
+    assert by["ondemand", "load"]["sim_stall"] > 0 and by["ondemand", "cpu"]["sim_stall"] == 0  # cpu mode never waits
 
 
 @pytest.mark.parametrize("args, message", [

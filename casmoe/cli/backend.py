@@ -15,7 +15,7 @@ from casmoe.cache import MissMode
 from casmoe.cli.app import app
 from casmoe.errors import CasmoeError
 
-FIDELITY_POLICIES = ("ondemand", "lru", "semoe")
+FIDELITY_POLICIES = ("ondemand", "lru", "semoe", "casmoe[predictor=exact]")
 
 
 class BenchInputError(CasmoeError, ValueError):
@@ -203,7 +203,10 @@ def calibrate(
 def validate(
     model: str = MODEL,
     policy: Optional[list[str]] = typer.Option(
-        None, help="Policies to compare, NAME or NAME[key=value,...], repeatable (default: ondemand, lru, semoe)."
+        None, help="Policies to compare, NAME or NAME[key=value,...], repeatable (default: ondemand, lru, semoe, casmoe)."
+    ),
+    miss_mode: Optional[list[str]] = typer.Option(
+        None, help="Miss modes to compare each policy in, repeatable: load (default), cpu, substitute."
     ),
     capacity: Optional[str] = typer.Option(None, help="Slots per MoE layer (4) or expert memory (512MB); default: 2 x top_k."),
     prompts: Optional[Path] = PROMPTS,
@@ -223,8 +226,9 @@ def validate(
     from casmoe.backends.calibrate import calibrate as measure
     from casmoe.backends.copier import responsive_copies
     from casmoe.backends.validate import balanced_link, validate as compare
-    from casmoe.options import one_capacity
+    from casmoe.options import one_capacity, parse_miss_mode
 
+    modes = [parse_miss_mode(m) for m in miss_mode or ["load"]]
     om, tokenizer = _in_memory(model, threads, link_gbps, "float32")
     reqs = _prompts(tokenizer, prompts, num_prompts, max_prompt_tokens)
     if link_gbps is None:
@@ -237,7 +241,7 @@ def validate(
     cap = one_capacity(capacity, None, 2 * om.geometry.top_k, om.geometry.bytes_per_layer())
     with _progress(len(names), "validate") as bar:
         results, _ = compare(om, reqs, names, cap, max_new_tokens=max_new_tokens, calibration=cal,
-                             progress=lambda _policy: bar.update())
+                             progress=lambda _policy: bar.update(), miss_modes=modes)
     measured = {f"calibrated_{k}": v for k, v in cal.to_dict().items() if k not in ("link_bandwidth", "link_latency")}
     records = [{"model": model, "link_gbps": om.link.bandwidth / 1e9, **r.to_dict(), **measured} for r in results]
     if as_json:
@@ -246,9 +250,11 @@ def validate(
     from casmoe.report import print_table
 
     rows = [
-        {"policy": r["policy"], "capacity": r["capacity"], "backend p50 ms": r["backend_median"] * 1e3,
-         "sim p50 ms": r["sim_median"] * 1e3, "error": r["median_error"],
-         "error (one calibration)": r["median_error_upfront"], "hit rate": r["hit_rate"]}
+        {"policy": r["policy"], "miss mode": r["miss_mode"], "capacity": r["capacity"],
+         "backend p50 ms": r["backend_median"] * 1e3, "sim p50 ms": r["sim_median"] * 1e3, "error": r["median_error"],
+         "TTFT error": r["ttft_error"], "error (one calibration)": r["median_error_upfront"],
+         "stall s backend/sim": f"{r['backend_stall']:.3g} / {r['sim_stall']:.3g}",
+         "compute s backend/sim": f"{r['backend_compute']:.3g} / {r['sim_compute']:.3g}", "hit rate": r["hit_rate"]}
         for r in records
     ]
     print_table(rows, list(rows[0]), title=f"simulator vs backend, {model}, link {om.link.bandwidth / 1e9:.3g} GB/s")
