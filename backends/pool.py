@@ -21,7 +21,8 @@ class SlotPool:
                  device: str | torch.device) -> None:
         self.device = torch.device(device)
         self.tensors = {
-            name: torch.zeros((slots, *shape), dtype=dtype, device=self.device) for name, (shape, dtype) in layout.items()
+            name: torch.zeros((slots, *shape), dtype=dtype, device=self.device)
+            for name, (shape, dtype) in layout.items()
         }
         self.holder = [-1] * slots
         self._slot_of: dict[int, int] = {}

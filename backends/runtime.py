@@ -261,7 +261,8 @@ class OffloadedModel:
 
         def build(tr: Trace | None) -> list[ExpertCache]:
             return [
-                policy.create(g.layer_slice(r), capacity, miss_mode=miss_mode, expert_bytes=g.layer_slice(r).layer_expert_bytes,
+                policy.create(g.layer_slice(r), capacity, miss_mode=miss_mode,
+                              expert_bytes=g.layer_slice(r).layer_expert_bytes,
                               trace=None if tr is None else tr.layer_slice(r), **options)
                 for r in self.chunks
             ]

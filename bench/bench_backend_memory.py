@@ -43,7 +43,8 @@ GiB = 2**30
 VOCAB = 32000
 COMMON = dict(vocab_size=VOCAB, hidden_size=1024, num_attention_heads=16, num_key_value_heads=4,
               max_position_embeddings=512, tie_word_embeddings=False)
-DEEPSEEK = dict(num_key_value_heads=16, kv_lora_rank=128, q_lora_rank=None, qk_rope_head_dim=32, v_head_dim=64, qk_nope_head_dim=64,
+DEEPSEEK = dict(num_key_value_heads=16, kv_lora_rank=128, q_lora_rank=None, qk_rope_head_dim=32,  # MLA: kv heads = heads
+                v_head_dim=64, qk_nope_head_dim=64,
                 n_group=8, topk_group=3, first_k_dense_replace=1, intermediate_size=2816)
 ARCHS = {  # (config class, its fields): 0.8-1.5 GiB in bf16
     "mixtral": ("MixtralConfig", dict(intermediate_size=3328, num_hidden_layers=8, num_local_experts=8,

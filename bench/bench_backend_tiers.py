@@ -142,7 +142,8 @@ def main() -> None:
     best = {n: {"ttft_s": min(r["ttft_s"] for r in rs), "tokens_per_s": max(r["tokens_per_s"] for r in rs),
                 "store_read_s": min(r["store_read_s"] for r in rs)} for n, rs in results.items()}
     for n, b in best.items():
-        print(f"{n:12s} TTFT {b['ttft_s']:.3f} s  {b['tokens_per_s']:6.2f} tok/s  store reads {b['store_read_s']:.2f} s")
+        print(f"{n:16s} TTFT {b['ttft_s']:.3f} s  {b['tokens_per_s']:6.2f} tok/s  "
+              f"store reads {b['store_read_s']:.2f} s")
     rates = copy_rates(path)
     print(json.dumps(rates))
     args.out.write_text(json.dumps({"machine": platform.node(), "load_avg": os.getloadavg(), "best": best,

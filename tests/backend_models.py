@@ -29,15 +29,17 @@ def tiny(kind: str = "mixtral", layers: int = 3, seed: int = 0):
                                 num_experts_per_tok=2, mlp_only_layers=[1])
         cls = tf.Qwen2MoeForCausalLM
     elif kind in ("deepseek_v2", "deepseek_v3"):
-        mla = dict(kv_lora_rank=16, qk_rope_head_dim=4, v_head_dim=8, qk_nope_head_dim=4, n_group=4, topk_group=2,
+        mla = dict(num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=4, v_head_dim=8,  # MLA: kv heads = heads
+                   qk_nope_head_dim=4, n_group=4, topk_group=2,
                    moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
                    first_k_dense_replace=1)
         if kind == "deepseek_v2":
-            cfg = tf.DeepseekV2Config(**COMMON, **{**mla, "topk_group": 1}, intermediate_size=48,  # both from one group
+            cfg = tf.DeepseekV2Config(**{**COMMON, **mla, "topk_group": 1}, intermediate_size=48,  # both from one group
                                       num_hidden_layers=layers, q_lora_rank=None, topk_method="group_limited_greedy")
             cls = tf.DeepseekV2ForCausalLM
         else:
-            cfg = tf.DeepseekV3Config(**COMMON, **mla, intermediate_size=48, num_hidden_layers=layers, q_lora_rank=24)
+            cfg = tf.DeepseekV3Config(**{**COMMON, **mla}, intermediate_size=48, num_hidden_layers=layers,
+                                      q_lora_rank=24)
             cls = tf.DeepseekV3ForCausalLM
     elif kind == "qwen3_moe":
         cfg = tf.Qwen3MoeConfig(**COMMON, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=layers,

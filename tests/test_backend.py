@@ -216,7 +216,8 @@ def test_an_unsupported_family_is_one_line_naming_the_supported_ones():
 
     dense = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2))
-    with pytest.raises(UnsupportedModel, match=r"'llama' is not a supported MoE model \(supported: mixtral, .*deepseek_v3"):
+    with pytest.raises(UnsupportedModel,
+                       match=r"'llama' is not a supported MoE model \(supported: mixtral, .*deepseek_v3"):
         OffloadedModel(dense)
 
 
@@ -255,3 +256,20 @@ def test_shipped_tiny_models_are_bit_identical(name):
     assert _same(run.logits, want)
     _replay_matches(run, om, "lru", om.geometry.top_k + 1)
     assert om.store.expert_bytes(0) == om.geometry.layer_expert_bytes[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_policy_family_dtype_batch_and_capacity_is_bit_identical(kind, dtype, batch):
+    """The full cross product (the default suite samples it above)."""
+    model = tiny(kind).to(dtype)
+    want = plain_batched(copy.deepcopy(model), [p.ids for p in LONG], STEPS, batch)
+    om = OffloadedModel(model)
+    k = om.geometry.top_k
+    for policy in sorted(POLICIES):
+        for slots in (k, k + 1):
+            run = om.run(LONG, get_policy(policy), slots, max_new_tokens=STEPS, keep_logits=True, batch=batch)
+            assert _same(run.logits, want), (policy, slots)
+            _replay_matches(run, om, policy, slots, batch)

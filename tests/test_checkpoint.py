@@ -136,7 +136,8 @@ def test_store_reads_rows_into_caller_memory(tmp_path):
     before = {n: t.data_ptr() for n, t in rows.items()}
     store.read(1, 6, rows)
     assert {n: t.data_ptr() for n, t in rows.items()} == before
-    assert torch.equal(rows["gate_up_proj"], experts.gate_up_proj[6]) and torch.equal(rows["down_proj"], experts.down_proj[6])
+    assert torch.equal(rows["gate_up_proj"], experts.gate_up_proj[6])
+    assert torch.equal(rows["down_proj"], experts.down_proj[6])
     assert store.nbytes == sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                                if ".experts." in n and "shared" not in n)
 

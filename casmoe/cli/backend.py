@@ -98,7 +98,9 @@ def bench(
         MissMode.LOAD, help="load (stall, exact), substitute (lossy) or cpu (compute misses on the host)."
     ),
     batch: int = typer.Option(1, min=1, help="Requests decoded together (each prefills alone)."),
-    verify: bool = typer.Option(False, "--verify", help="Also run the un-offloaded model; report |logit delta| and token agreement."),
+    verify: bool = typer.Option(
+        False, "--verify", help="Also run the un-offloaded model; report |logit delta| and token agreement."
+    ),
     prompts: Optional[Path] = PROMPTS,
     num_prompts: int = typer.Option(8, min=1, help="Prompts taken, spread over the file."),
     max_prompt_tokens: int = typer.Option(64, min=1, help="Prompts are cut to this many tokens."),
