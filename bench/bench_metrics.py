@@ -78,7 +78,7 @@ def main() -> None:
 
     setup = (
         "import numpy as np\nfrom casmoe.metrics.sch import lookahead_hits\nfrom casmoe.metrics.srp import segment_stats\n"
-        "x = np.zeros((1, 4, 2), dtype=np.int64)"
+        "x = np.array([[[0, 1], [1, 0], [0, 1], [1, 0]]], dtype=np.int64)"
     )
     cold, warm = first_call_seconds(setup, "lookahead_hits(x, 2, 1); segment_stats([x.reshape(4, 1, 2)], 2, [2])")
     print(f"\nfirst call in a new process (SCH + SRP kernels, import of numba included): "

@@ -11,7 +11,8 @@ interleaved, minimum CPU time of `--repeat` rounds, with identical counts assert
 - `lru` and `belady` compiled vs the same policies on the Python path (`compiled=False`).
 
 The inputs each path starts from are built once, outside the timing, and timed separately:
-the `Step` lists (`Trace.steps`, what the Python paths walk) and the `StepArrays`.
+the `Step` lists (`Trace.steps`, what the Python paths walk) and the `StepArrays`. The first
+compiled replay in a new process (numba compile, or loading its cache) is measured apart.
 
 Run:  python bench/bench_replay.py [--tokens 100000] [--capacity 4] [--repeat 3]
 """
@@ -30,7 +31,7 @@ from casmoe.replay import replay
 from casmoe.step_arrays import StepArrays
 from casmoe.synthetic import SynthConfig, generate
 from casmoe.trace import Step
-from side_by_side import interleaved, load_average
+from side_by_side import first_call_seconds, interleaved, load_average
 
 
 def bare_lru_hits(steps: list[Step], layers: int, capacity: int) -> int:
@@ -100,6 +101,14 @@ def main() -> None:
     print(f"lru compiled / python: {rate('lru compiled') / rate('lru python'):.1f}x; belady compiled / python: "
           f"{rate('belady compiled') / rate('belady python'):.1f}x; hit rates lru {res['lru compiled'][1].hit_rate:.3f}, "
           f"belady {res['belady compiled'][1].hit_rate:.3f}")
+    setup = (
+        "from casmoe.geometry import Geometry\nfrom casmoe.policies import POLICIES\nfrom casmoe.replay import replay\n"
+        "from casmoe.synthetic import SynthConfig, generate\n"
+        "g = Geometry(4, 8, 2)\ntrace = generate(g, SynthConfig(requests=2, prefill=(1, 1), decode=(9, 9)))"
+    )
+    cold, warm = first_call_seconds(setup, "replay(trace, POLICIES['lru'].create(g, 4, trace=trace), compiled=True)")
+    print(f"\nfirst compiled replay in a new process (import of numba included): {cold:.1f} s with an empty "
+          f"numba cache (compile), {warm:.2f} s from the cache")
 
 
 if __name__ == "__main__":
