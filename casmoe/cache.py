@@ -363,13 +363,22 @@ class ExpertCache:
             n["late_hits"] += len(late)
         if not absent:
             return Access(hits, tuple(late), (), ())
+        return self._serve_misses(layer, scores, hits, tuple(late), absent, tail)
+
+    def _serve_misses(
+        self, layer: int, scores: np.ndarray | None, hits: int, late: tuple[ExpertId, ...], absent: list[ExpertId],
+        tail: list[ExpertId],
+    ) -> Access:
+        """Phase 2 of `route`, for a layer with misses: in routing order from the first miss,
+        load each miss (or substitute it, or leave it to the CPU) and report each use."""
+        n, slot_of, protected, on_access = self._n, self._slot_of, self._protected, self.on_access
         n["misses"] += len(absent)
         if self.miss_mode is MissMode.CPU:
             n["cpu_computed"] += len(absent)
             for e in tail:
                 if e in slot_of:
                     on_access(e)
-            return Access(hits, tuple(late), (), (), (), tuple(absent))
+            return Access(hits, late, (), (), (), tuple(absent))
         misses: list[ExpertId] = []
         loads: list[Load] = []
         subs: list[tuple[ExpertId, ExpertId]] = []
@@ -393,7 +402,7 @@ class ExpertCache:
             protected[e] = None
             on_access(e)
         n["substitutions"] += len(subs)
-        return Access(hits, tuple(late), tuple(misses), tuple(loads), tuple(subs), (), tuple(background))
+        return Access(hits, late, tuple(misses), tuple(loads), tuple(subs), (), tuple(background))
 
     def arrived(self, expert: ExpertId) -> None:
         """A load finished; a cancelled load's arrival is ignored."""

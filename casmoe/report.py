@@ -151,10 +151,15 @@ def headline(records: Sequence[dict[str, Any]]) -> list[str]:
     server could run."""
     axes = varied_axes(records)
     groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in sorted(records, key=lambda r: r["capacity_gb"]):
-        groups.setdefault((*(str(r.get(a)) for a in axes), r["capacity"]), []).append(r)
+    for r in records:  # in the records' order of axes, then growing cache
+        groups.setdefault((*(_axis_value(a, r.get(a)) for a in axes), r["capacity"]), []).append(r)
+    seen: dict[tuple, int] = {}
+    for k in groups:
+        seen.setdefault(k[:-1], len(seen))
+    order = sorted(groups, key=lambda k: (seen[k[:-1]], groups[k][0]["capacity_gb"]))
     lines = []
-    for key, group in groups.items():
+    for key in order:
+        group = groups[key]
         best = max(group, key=lambda r: (r[SPEED], not r.get("oracle")))
         where = ", ".join([*key[:-1], f"{key[-1]} ({sig(best['capacity_gb'])} GB)"])
         text = f"{where}: {_policy_label(best)} {sig(best[SPEED])} tok/s" + _speedups(best, group)
@@ -165,6 +170,11 @@ def headline(records: Sequence[dict[str, Any]]) -> list[str]:
                 text += f"; best without an oracle: {runner['policy']} {sig(runner[SPEED])} tok/s"
         lines.append(text)
     return lines
+
+
+def _axis_value(axis: str, value: Any) -> str:
+    """'rtx4090x4' for names, 'devices 4' for numbers that need their axis to read."""
+    return str(value) if axis in ("trace", "model", "hardware") else f"{axis.replace('_', ' ')} {value}"
 
 
 def _speedups(best: dict[str, Any], group: Sequence[dict[str, Any]]) -> str:

@@ -15,7 +15,11 @@ when an invariant breaks:
 - in `load` mode every routed expert is resident once `route` returns (when the layer's
   routed set fits in its pool);
 - the same inputs give the same counts (no hidden randomness or global state);
-- a policy that does not declare `needs_future` never reads it (the base raises if it tries).
+- a policy that does not declare `needs_future` never reads it (the base raises if it tries);
+- all of it in every miss mode (`load`, `substitute`, `cpu`), and the simulator, driving the
+  same policy through its own runtime, makes the same decisions: its counts equal the
+  replay's (a hit on an expert still on the wire counts as a late hit there); in `substitute`
+  mode only an arrived expert can stand in, so there the simulator may load instead.
 
 The built-in policies pass exactly this suite (tests/test_policies.py).
 """
@@ -39,15 +43,16 @@ PolicyFactory = Callable[..., ExpertCache]
 
 @dataclass(frozen=True)
 class Case:
-    """One generated scenario: a trace and a capacity."""
+    """One generated scenario: a trace, a capacity and a miss mode."""
 
     trace: Trace
     capacity: Capacity
+    miss_mode: MissMode = MissMode.LOAD
 
     def __repr__(self) -> str:  # what hypothesis prints for a failing example
         g = self.trace.geometry
         reqs = [(r.prefill, r.topk[:, :, :].tolist()) for r in self.trace.requests]
-        return f"Case({g.describe()}, capacity={self.capacity.describe()}, requests={reqs})"
+        return f"Case({g.describe()}, capacity={self.capacity.describe()}, {self.miss_mode.value}, requests={reqs})"
 
 
 @st.composite
@@ -85,7 +90,7 @@ def cases(draw: st.DrawFn) -> Case:
         capacity = Capacity(draw(st.integers(g.top_k, g.experts + 1)))
     else:
         capacity = Capacity(draw(st.integers(g.top_k, g.total_experts + 1)), per_layer=False)
-    return Case(trace, capacity)
+    return Case(trace, capacity, draw(st.sampled_from(list(MissMode))))
 
 
 def _checked(policy: type[ExpertCache]) -> type[ExpertCache]:
@@ -120,7 +125,10 @@ def _checked(policy: type[ExpertCache]) -> type[ExpertCache]:
         def route(self, step, layer, experts, scores=None):  # type: ignore[override]
             acc = super().route(step, layer, experts, scores)
             fits = len(experts) <= self.capacity.slots  # else a long prefill streams through the slots
-            self._check_loads(acc.loads + acc.background, frozenset(experts) if fits else frozenset())
+            # what the layer runs: its routed experts, but a substituted one runs its stand-in
+            # instead (that miss's background fetch may be evicted again, as a wasted prefetch)
+            used = (set(experts) - {m for m, _ in acc.substitutes}) | {s for _, s in acc.substitutes}
+            self._check_loads(acc.loads + acc.background, frozenset(used) if fits else frozenset())
             if self.miss_mode is MissMode.LOAD and fits:
                 missing = [e for e in experts if not self.is_resident(e)]
                 assert not missing, f"{policy.__name__}: routed experts {missing} not resident when layer {layer} runs"
@@ -131,13 +139,18 @@ def _checked(policy: type[ExpertCache]) -> type[ExpertCache]:
     return Checked
 
 
+SAME_DECISIONS = ("accesses", "misses", "substitutions", "cpu_computed", "demand_loads", "prefetch_loads",
+                  "prefetch_used", "prefetch_wasted", "evictions", "bytes_loaded")
+
+
 def check_case(policy: type[ExpertCache], case: Case, options: dict[str, Any] | None = None) -> None:
-    """Replay one case through the checked policy twice and compare the counts."""
+    """Replay one case through the checked policy twice and compare the counts, then run it
+    through the simulator and compare its decisions with the replay's."""
     options = options or {}
     g = case.trace.geometry
     results = []
     for _ in range(2):
-        cache = _checked(policy).create(g, case.capacity, trace=case.trace, **options)
+        cache = _checked(policy).create(g, case.capacity, trace=case.trace, miss_mode=case.miss_mode, **options)
         results.append(replay(case.trace, cache).stats)
     stats = results[0]
     assert results[0] == results[1], f"{policy.__name__} is not deterministic: {results[0]} != {results[1]}"
@@ -147,6 +160,31 @@ def check_case(policy: type[ExpertCache], case: Case, options: dict[str, Any] | 
     if len(set(bytes_per)) == 1:
         assert stats.bytes_loaded == stats.loads * bytes_per[0]
     assert stats.prefetch_used + stats.prefetch_wasted <= stats.prefetch_loads
+    if case.miss_mode is not MissMode.SUBSTITUTE:
+        assert stats.substitutions == 0
+    if case.miss_mode is not MissMode.CPU:
+        assert stats.cpu_computed == 0
+    simulated = _simulate(_checked(policy), case, options)
+    assert simulated.hits + simulated.late_hits + simulated.misses == simulated.accesses == stats.accesses
+    if case.miss_mode is MissMode.SUBSTITUTE:
+        return  # a stand-in must have arrived, so in time the simulator may load where replay substitutes
+    for field in SAME_DECISIONS:
+        assert getattr(simulated, field) == getattr(stats, field), f"simulator {field}: {simulated} != replay {stats}"
+    assert simulated.hits + simulated.late_hits == stats.hits + stats.late_hits
+
+
+def _simulate(policy: type[ExpertCache], case: Case, options: dict[str, Any]) -> Any:
+    """The case through the simulator, on a shipped hardware profile with a preset of the
+    case's own geometry; returns its cache counters."""
+    from casmoe.presets import ModelPreset
+    from casmoe.sim.engine import simulate
+    from casmoe.sim.hardware import load_profile
+
+    g = case.trace.geometry
+    preset = ModelPreset("contract", "casmoe.testing", g, heads=1, kv_heads=1, head_dim=g.hidden or 8, vocab=16)
+    result = simulate(case.trace, policy, case.capacity, load_profile("rtx4090x4"), preset, options=options,
+                      miss_mode=case.miss_mode, compiled=False)
+    return result.stats
 
 
 def check_policy(policy: type[ExpertCache], *, max_examples: int = 60, options: dict[str, Any] | None = None) -> None:

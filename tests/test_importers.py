@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -329,3 +330,35 @@ def test_import_npz_and_auto_dispatch(tmp_path):
         import_trace([])
     with pytest.raises(TraceError, match="no such file"):
         import_trace([tmp_path / "absent.csv"])
+
+
+def test_the_shipped_moe_lrc_folder_imports_the_models_own_routing():
+    """examples/moe-lrc holds moe-lrc's rank files of tiny-mixtral; importing them gives back the
+    experts the model's routers chose for those tokens."""
+    import torch
+
+    from casmoe.backends.corpus import load_corpus
+    from casmoe.backends.models import load_model
+    from casmoe.backends.record import RoutingRecorder
+    from casmoe.importers import import_trace
+
+    folder = Path(__file__).resolve().parents[1] / "examples" / "moe-lrc"
+    sys.path.insert(0, str(folder))
+    try:
+        import make_example
+    finally:
+        sys.path.remove(str(folder))
+    tr = import_trace([folder], top_k=2)
+    model, tokenizer = load_model("tiny-mixtral", dtype="float32")
+    rows = load_corpus(split="heldout")
+    chosen = []
+    with RoutingRecorder(model) as recorder, torch.no_grad():
+        for task in sorted(make_example.TASKS):  # the importer reads datasets in name order
+            texts = [r.text + " " + r.continuation for r in rows if r.task == task]
+            ids = [t for t in (tokenizer(x)["input_ids"] for x in texts) if len(t) >= make_example.TOKENS]
+            batch = [t[: make_example.TOKENS] for t in ids[: make_example.PER_TASK]]
+            model(input_ids=torch.tensor(batch), use_cache=False)
+            chosen += list(recorder.take(batch=len(batch))["topk"])  # [T, L, k] each
+    assert len(tr.requests) == len(chosen) == 4
+    for req, want in zip(tr.requests, chosen):
+        np.testing.assert_array_equal(np.sort(req.topk, axis=-1), np.sort(want, axis=-1))

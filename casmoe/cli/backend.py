@@ -194,10 +194,12 @@ def calibrate(
     if as_json:
         typer.echo(json.dumps({"profile": str(path), **cal.to_dict()}, indent=2))
         return
+    from casmoe.report import sig
+
     typer.echo(
-        f"wrote {path}: decode step {cal.step_s * 1e3:.2f} ms, expert {cal.expert_s * 1e6:.1f} us, "
-        f"copies {cal.copy_bw / 1e9:.3g} GB/s + {cal.copy_latency * 1e6:.0f} us, "
-        f"layer overhead {cal.layer_overhead * 1e6:.0f} us"
+        f"wrote {path}: decode step {sig(cal.step_s * 1e3)} ms, expert {sig(cal.expert_s * 1e6)} us, "
+        f"copies {sig(cal.copy_bw / 1e9)} GB/s + {sig(cal.copy_latency * 1e6)} us, "
+        f"layer overhead {sig(cal.layer_overhead * 1e6)} us"
     )
 
 
