@@ -245,7 +245,7 @@ class Loader:
             rows = host.fill(t.ram, t.layer, t.index, self) if t.fill else host.acquire(t.ram, t.layer, t.index)
             if rows is not None:
                 try:
-                    if not t.cancelled:
+                    if not t.cancelled and t.dst:  # a RAM prefetch has no device row
                         self.link.copy(t, rows, t.submitted if not t.fill else time.perf_counter())
                 finally:
                     host.release(t.ram, t._event)

@@ -13,7 +13,9 @@ Semantics (the simulator's `--host-cache` mirrors them; keep the two in step):
   order the device caches issue them: `route(step, layer, [expert])`. A hit serves the copy
   from its row; a miss admits the expert (the policy picks the victim), reads it from the store
   into the freed row, and copies it on to the device. Requests are bracketed by
-  `begin_request` / `end_request` (no RAM prefetch is issued: loads start at the device tier).
+  `begin_request` / `end_request`; a policy that prefetches at request start (static, casmoe)
+  has those experts read from the store into their rows in the background (prefetch priority):
+  what the tier admits, it holds. Per-layer prefetch hooks are never called here.
 - **Inclusion.** None enforced: an expert may sit on a device, in RAM, both, or neither; the
   store always holds everything.
 - **Accounting.** The RAM cache's own `CacheStats` (hits, misses, evictions, `bytes_loaded` =
@@ -74,8 +76,10 @@ class HostCache:
 
     # ---- decisions (compute thread) ------------------------------------------------------
 
-    def begin_request(self, request: Any) -> None:
-        self.cache.begin_request(request)
+    def begin_request(self, request: Any) -> list[tuple[int, int, int]]:
+        """The request-start prefetches the policy asks for (static, casmoe): (row, layer,
+        expert) to read from the store into RAM, so that its decisions and the bytes agree."""
+        return [(ld.slot, *divmod(ld.expert, self.experts)) for ld in self.cache.begin_request(request)]
 
     def end_request(self) -> None:
         self.cache.end_request()

@@ -17,6 +17,7 @@ from casmoe.cache import CacheStats, RequestStart
 from casmoe.errors import CasmoeError
 from casmoe.trace import Request, Trace
 
+from casmoe.backends.copier import Ticket
 from casmoe.backends.generate import forced, generate
 
 
@@ -173,8 +174,9 @@ class _Passes:
             for d in self.s.devs:
                 known = d.requests[self.first + r] if d.requests is not None else None
                 d.begin_request(known if known is not None else RequestStart(p.text, p.task, len(p.ids)))
-        if self.s.host is not None:
-            self.s.host.begin_request(RequestStart(p.text, p.task, len(p.ids)))
+        if self.s.host is not None:  # the RAM tier's own request-start prefetches, through device 0's loader
+            for row, layer, index in self.s.host.begin_request(RequestStart(p.text, p.task, len(p.ids))):
+                self.s.devs[0].loader.submit(Ticket(-1, -1, False, {}, 0, layer, index, ram=row, fill=True))
 
     def before(self, prefill: bool, requests: tuple[int, ...]) -> None:
         om = self.s.om

@@ -97,3 +97,33 @@ def test_a_row_refilled_before_an_earlier_copy_out_of_it_is_read_again_from_the_
         for name, row in t.dst.items():
             assert torch.equal(row, store.tensors[t.layer][name][t.index]), (t.index, name)
     assert host.bypassed == 1
+
+
+def test_request_start_prefetches_of_the_ram_policy_are_read_into_ram():
+    """What the RAM tier admits at request start it reads from the store, so its later hits are
+    real hits (no second read) and the logits stay exact."""
+    import copy
+
+    from backend_models import plain_greedy, tiny
+
+    from casmoe.backends.hostcache import HostTier
+    from casmoe.backends.runtime import OffloadedModel, Prompt
+    from casmoe.policies.lru import LRU
+
+    class Warm(LRU):  # prefetches layer 0's first four experts into RAM at every request start
+        name = "warm"
+
+        def prefetch_request(self, request):
+            return [0, 1, 2, 3]
+
+    model = tiny("mixtral")
+    prompts = [Prompt([1, 5, 9, 3, 7, 2]), Prompt([4, 4, 8, 1])]
+    want = [plain_greedy(copy.deepcopy(model), p.ids, 4) for p in prompts]
+    om = OffloadedModel(model)
+    with om.session(get_policy("lru"), 2, prompts, max_new_tokens=4, host=HostTier(12, Warm)) as s:
+        s.serve(prompts, 4, keep_logits=True)
+        run = s.result()
+        bypassed = s.host.bypassed
+    assert all(torch.equal(a, b) for ra, rb in zip(run.logits, want) for a, b in zip(ra, rb))
+    assert run.host_stats.prefetch_loads >= 4 and run.host_stats.prefetch_used > 0
+    assert bypassed == 0

@@ -99,7 +99,8 @@ def bench(
     ),
     batch: int = typer.Option(1, min=1, help="Requests decoded together (each prefills alone)."),
     verify: bool = typer.Option(
-        False, "--verify", help="Also run the un-offloaded model; report |logit delta| and token agreement."
+        False, "--verify", help="Also run the un-offloaded model (one layer's experts of memory per device); "
+        "report |logit delta| and token agreement per request."
     ),
     prompts: Optional[Path] = PROMPTS,
     num_prompts: int = typer.Option(8, min=1, help="Prompts taken, spread over the file."),
