@@ -66,6 +66,7 @@ class Checkpoint:
     and the kernel keeps no copy of the checkpoint."""
 
     def __init__(self, folder: str | os.PathLike[str], direct: bool = False) -> None:
+        self._fds: dict[str, int] = {}
         self.folder = Path(folder)
         self.direct = direct
         self._bounce = threading.local()
@@ -75,7 +76,6 @@ class Checkpoint:
         self.tensors: dict[str, TensorInfo] = {}
         for f in files:
             self.tensors.update(_header(f))
-        self._fds: dict[str, int] = {}
 
     @property
     def nbytes(self) -> int:
