@@ -74,6 +74,7 @@ class Calibration:
     host_expert_s: float = 0.0  # one expert on the host for one token (cpu miss mode); 0: not measured
     wake: float = 0.0  # a waiting thread runs again this long after its last copy lands
     load_issue: float = 0.0  # host time to submit one load
+    cpu_hop: float = 0.0  # activations of one token between the device and the host, one way
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "link"}
@@ -118,6 +119,7 @@ class Calibration:
             host_ram_gib=round(ram, 2),
             load_host_us=self.load_issue * 1e6,
             wake_us=self.wake * 1e6,
+            cpu_hop_us=self.cpu_hop * 1e6,
         )
         sources = dict(
             gpus="one device measured",
@@ -143,7 +145,8 @@ class Calibration:
             storage_latency_us="not measured: the backend's store is in RAM",
             host_ram_gib=f"{host}: physical memory (sysconf)",
             load_host_us=f"{host}: mean time to submit one load to the backend's loader",
-            wake_us=f"{host}: loader batches of 1 and k copies, waited for (least-squares fit of mean times)",
+            wake_us=f"{host}: loader batches of k copies after a layer's compute, mean excess over the copy line",
+            cpu_hop_us=f"{host}: one token's activations moved to the host and back, halved",
         )
         return HardwareProfile(**values, sources=sources)
 
@@ -198,21 +201,59 @@ class CopyCosts:
     issue: float  # host time to submit one load
 
 
-def copy_costs(om: OffloadedModel, device: torch.device, link: EmulatedLink, reps: int, layer_s: float) -> CopyCosts:
-    """The backend `Loader`'s copies: batches of k demand copies submitted together and waited
-    for, as a layer that misses does. Bandwidth and per-copy latency: a line through the median
-    times at two sizes (the link itself is steady). Wake: the mean excess over that line of the
-    same batch run after `layer_s` seconds of the model's expert compute (see the module
-    docstring). Issue: the median time to submit one load."""
-    k = max(2, om.geometry.top_k)
-    nbytes = om.store.expert_bytes(0)
-    cuda = device.type == "cuda"
-    copier = Loader(device, link=link)
-    issue: list[float] = []
+class LoaderProbe:
+    """Times the backend `Loader` the way a layer that misses uses it: k demand copies
+    submitted together, then waited for. `line()` gives bandwidth and per-copy latency (median
+    times at two sizes: the link itself is steady); `wake(n)` samples, after one layer's worth
+    of the model's compute each, how much longer than the line a batch takes (the OS wake-up of
+    the waiting thread, heavy-tailed on a loaded machine: its mean is what a run pays, so a run
+    interleaves samples with its requests). Close it when done."""
 
-    def batches(n: int, before: Callable[[], None]) -> list[float]:
-        src = torch.randn(k, n).pin_memory() if cuda else torch.randn(k, n)
-        dst = torch.empty(k, n, device=device)
+    def __init__(self, om: OffloadedModel, device: torch.device, link: EmulatedLink, layer_s: float) -> None:
+        self.k = max(2, om.geometry.top_k)
+        self.nbytes = om.store.expert_bytes(0)
+        self.device = device
+        self.copier = Loader(device, link=link)
+        self.work = _layer_work(om, device, layer_s)
+        self.issue: list[float] = []
+        self.excess: list[float] = []
+        self.line_s = 0.0  # one batch of expert-sized copies, by the line
+        self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def line(self, reps: int) -> tuple[float, float]:
+        """(bandwidth, per-copy latency) through two median batch times."""
+        k = self.k
+        idle = lambda: None  # noqa: E731
+        (b1, t1), (b4, t4) = [
+            (k * n * 4, float(np.median(self._batches(n, idle, reps)))) for n in (self.nbytes // 16, self.nbytes // 4)
+        ]
+        bandwidth = (b4 - b1) / max(t4 - t1, 1e-9)
+        self.line_s = t4
+        return bandwidth, max(t1 - b1 / bandwidth, 0.0) / k
+
+    def wake(self, reps: int) -> None:
+        """Add `reps` wake samples (after `line()`)."""
+        self.excess += [t - self.line_s for t in self._batches(self.nbytes // 4, self.work, reps)]
+
+    def costs(self, reps: int) -> CopyCosts:
+        """Everything at once: the line, then `reps` wake samples."""
+        bandwidth, latency = self.line(reps)
+        self.wake(reps)
+        return self.result(bandwidth, latency)
+
+    def result(self, bandwidth: float, latency: float) -> CopyCosts:
+        return CopyCosts(bandwidth, latency, max(float(np.mean(self.excess)), 0.0), float(np.median(self.issue)))
+
+    def close(self) -> None:
+        self.copier.close()
+
+    def _batches(self, n: int, before: Callable[[], None], reps: int) -> list[float]:
+        k, copier = self.k, self.copier
+        if n not in self._buffers:
+            cuda = self.device.type == "cuda"
+            src = torch.randn(k, n).pin_memory() if cuda else torch.randn(k, n)
+            self._buffers[n] = (src, torch.empty(k, n, device=self.device))
+        src, dst = self._buffers[n]
         spent = []
         for rep in range(reps + 1):
             before()
@@ -225,19 +266,8 @@ def copy_costs(om: OffloadedModel, device: torch.device, link: EmulatedLink, rep
                 copier.wait(tk)
             if rep:  # the first batch warms up
                 spent.append(time.perf_counter() - t)
-                issue.append((submitted - t) / k)
+                self.issue.append((submitted - t) / k)
         return spent
-
-    try:
-        idle = lambda: None  # noqa: E731
-        (b1, t1), (b4, t4) = [(k * n * 4, float(np.median(batches(n, idle)))) for n in (nbytes // 16, nbytes // 4)]
-        busy = batches(nbytes // 4, _layer_work(om, device, layer_s))
-    finally:
-        copier.close()
-    bandwidth = (b4 - b1) / max(t4 - t1, 1e-9)
-    latency = max(t1 - b1 / bandwidth, 0.0) / k
-    wake = float(np.mean(busy)) - t4
-    return CopyCosts(bandwidth, latency, max(wake, 0.0), float(np.median(issue)))
 
 
 def _layer_work(om: OffloadedModel, device: torch.device, seconds: float) -> Callable[[], None]:
@@ -277,12 +307,18 @@ def calibrate(
     cpu_flops, cpu_bw = (flops, mem_bw) if not cuda else _rates(torch.device("cpu"), dtype, lambda: None, reps)
     expert_s = _expert_time(om, device, sync, reps)
     host_s = _host_expert_time(om, reps)
+    h = torch.randn(1, om.geometry.hidden, device=device, dtype=dtype)
+    hop = _median_time(lambda: h.to("cpu").to(device), reps, sync) / 2
     cpu_bw = om.store.expert_bytes(0) / host_s  # the simulator's host expert is memory-bound at one token
     step = resident_step(om, prompts, max_new_tokens)
-    with responsive_copies():
-        c = copy_costs(om, device, om.link, reps, step / om.geometry.layers)
+    probe = LoaderProbe(om, device, om.link, step / om.geometry.layers)
+    try:
+        with responsive_copies():
+            c = probe.costs(reps)
+    finally:
+        probe.close()
     probe = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, c.bandwidth, c.latency,
-                        0.0, 0.0, om.link, host_s, c.wake, c.issue)
+                        0.0, 0.0, om.link, host_s, c.wake, c.issue, hop)
     return refit(probe, om, step, prompts, max_new_tokens)
 
 

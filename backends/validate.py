@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from casmoe.backends.calibrate import Calibration, baseline, calibrate, copy_costs, refit, resident_step
+from casmoe.backends.calibrate import Calibration, LoaderProbe, baseline, calibrate, refit, resident_step
 from casmoe.backends.copier import EmulatedLink, responsive_copies
 from casmoe.backends.experts import model_preset
 from casmoe.backends.runtime import OffloadedModel, Prompt
@@ -27,8 +27,8 @@ from casmoe.cache import Capacity, MissMode
 from casmoe.policies.spec import PolicySpec
 
 
-DENSE_FIRST = True
-"""The backend computes a layer's attention and router before its experts are known."""
+WAKE_SAMPLES = 8
+"""Loader wake samples taken before each request of a validated run (see `LoaderProbe`)."""
 
 
 @dataclass(frozen=True)
@@ -86,17 +86,20 @@ def balanced_link(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
 
 def _paired(
     om: OffloadedModel, prompts: Sequence[Prompt], policy: Any, capacity: Capacity, max_new_tokens: int,
-    options: dict[str, Any], miss_mode: MissMode = MissMode.LOAD,
+    options: dict[str, Any], miss_mode: MissMode, probe: LoaderProbe,
 ) -> tuple[Any, float]:
-    """The policy's run, with an all-resident baseline request interleaved before each of its
-    requests; returns the run and the baseline's median decode step (same machine load)."""
+    """The policy's run, with an all-resident baseline request of the same prompt before and
+    after each of its requests (a drift in the machine's speed cancels to first order) and
+    loader wake samples before each; returns the run and the baseline's median decode step."""
     with om.session(policy, capacity, prompts, max_new_tokens=max_new_tokens, options=options,
                     miss_mode=miss_mode) as run, baseline(
-        om, prompts, max_new_tokens
+        om, [p for p in prompts for _ in (0, 1)], max_new_tokens
     ) as base:
         for p in prompts:
+            probe.wake(WAKE_SAMPLES)
             base.request(p, max_new_tokens)
             run.request(p, max_new_tokens)
+            base.request(p, max_new_tokens)
         return run.result(), float(np.median([x for r in base.timings for x in r.token_latency]))
 
 
@@ -142,25 +145,27 @@ def _validate(
             progress(spec.label)
         cls, options = spec.cls, dict(spec.options)
         for mode in miss_modes:
-            c = copy_costs(om, om.devices[0], om.link, 20, cal.step_s / om.geometry.layers)
+            probe = LoaderProbe(om, om.devices[0], om.link, cal.step_s / om.geometry.layers)
+            try:
+                bandwidth, latency = probe.line(20)
+                run, step = _paired(om, prompts, cls, capacity, max_new_tokens, options, mode, probe)
+            finally:
+                probe.close()
+            c = probe.result(bandwidth, latency)
             now = replace(cal, copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake, load_issue=c.issue)
-            run, step = _paired(om, prompts, cls, capacity, max_new_tokens, options, mode)
             busy = float(np.median([x - y for r in run.requests for x, y in zip(r.token_latency, r.token_stall)]))
-            sim, sim0, sim1 = (
-                simulate(run.trace, cls, capacity, profile, preset, options=options, miss_mode=mode,
-                         dense_first=DENSE_FIRST)
-                for profile in (
-                    refit(now, om, step, prompts, max_new_tokens).profile("validate"),
-                    upfront,
-                    refit(now, om, busy, prompts, max_new_tokens).profile("validate"),
-                )
+            paired = refit(now, om, step, prompts, max_new_tokens).profile("validate")
+            sims = tuple(
+                simulate(run.trace, cls, capacity, profile, preset, options=options, miss_mode=mode)
+                for profile in (paired, upfront, refit(now, om, busy, prompts, max_new_tokens).profile("validate"))
             )
-            out.append(_fidelity(spec.label, capacity, mode, run, step, sim, sim0, sim1, c.wake))
+            out.append(_fidelity(spec.label, capacity, mode, run, step, sims, c.wake))
     return out, cal
 
 
-def _fidelity(label: str, capacity: Capacity, mode: MissMode, run: Any, step: float, sim: Any, sim0: Any, sim1: Any,
+def _fidelity(label: str, capacity: Capacity, mode: MissMode, run: Any, step: float, sims: tuple[Any, ...],
               wake: float) -> Fidelity:
+    sim, sim0, sim1 = sims
     lat = [x for r in run.requests for x in r.token_latency]
     total = sum(r.ttft + sum(r.token_latency) for r in run.requests)
     return Fidelity(

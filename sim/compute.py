@@ -30,7 +30,7 @@ class RooflineCompute:
     cpu_flops: float
     cpu_bw: float
     h2d: float  # bytes/s of the host link (activations for CPU experts)
-    copy_latency: float
+    cpu_hop: float  # one activation transfer between the GPU and the host (cpu miss mode)
     dense_params: int
     attn_width: int  # heads * head_dim
     kv_bytes_per_token: int
@@ -59,7 +59,7 @@ class RooflineCompute:
             cpu_flops=hw.cpu_tflops * 1e12 * hw.matmul_efficiency,
             cpu_bw=hw.cpu_mem_bw_gbs * 1e9 * hw.mem_efficiency,
             h2d=hw.h2d_gbs(pinned) * 1e9,
-            copy_latency=hw.copy_latency_us * 1e-6,
+            cpu_hop=hw.cpu_hop_us * 1e-6,
             dense_params=preset.dense_params_per_layer,
             attn_width=preset.heads * preset.head_dim,
             kv_bytes_per_token=preset.kv_bytes_per_token(),
@@ -87,7 +87,7 @@ class RooflineCompute:
     def cpu_expert(self, layer: int, tokens: int) -> float:
         """One expert computed on the host (cpu miss mode), activations sent both ways."""
         run = max(2 * self.expert_params * tokens / self.cpu_flops, self.expert_bytes[layer] / self.cpu_bw)
-        return run + 2 * (self.copy_latency + 2 * self.hidden * tokens / self.h2d)
+        return run + 2 * (self.cpu_hop + 2 * self.hidden * tokens / self.h2d)
 
     def head(self, tokens: int) -> float:
         """The LM head for `tokens` output positions."""

@@ -179,7 +179,6 @@ class Setup:
     timeline: Timeline | None
     host_cache: HostCache | None
     detail: bool
-    dense_first: bool = False
 
     def machine(self, futures: Sequence[Sequence[Step]] | None) -> Machine:
         """Links, caches (attached to `futures`, one step sequence per shard, if they read the
@@ -223,7 +222,7 @@ class Setup:
             timeliness = Timeliness(g.layers, g.experts, devices, copy)
         timer = StepTimer(
             shards, links, self.compute, self.miss_mode, g.layers, g.experts, load_host_s=hw.load_host_us * 1e-6,
-            wake_s=hw.wake_us * 1e-6, dense_first=self.dense_first,
+            wake_s=hw.wake_us * 1e-6,
             timeline=self.timeline, timeliness=timeliness, tier=tier, requests=self.trace.requests,
         )
         return Machine(links, shards, timer, tier, timeliness)
@@ -307,16 +306,12 @@ def simulate(
     host_cache: HostCache | None = None,
     detail: bool = True,
     compiled: bool | None = None,
-    dense_first: bool = False,
 ) -> SimResult:
     """Run `trace` through `policy` caches on `hardware`; see the module docstring.
     `workload` (`serving.Workload`) serves the requests as they arrive instead of one after
     another; `detail` adds the per-layer timeliness figures and the perfect-prefetch bound.
     `compiled` chooses the offline decision pass as `casmoe.replay.replay` chooses its path
-    (built-in policies' compiled twins; identical results either way). `dense_first` runs each
-    layer's dense part before its experts are routed, so demand loads start and late prefetches
-    are waited for only once it is done (as a runtime whose router runs on the device must; off,
-    the layer waits for its experts first, as this simulator always did)."""
+    (built-in policies' compiled twins; identical results either way)."""
     check_geometry(trace.geometry, preset)
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)
@@ -336,7 +331,6 @@ def simulate(
     setup = Setup(
         trace, policy, options or {}, capacity, miss_mode, hardware, ranges, shard_ranges, shard_traces, nbytes,
         compute or RooflineCompute.build(hardware, preset, nbytes, pinned), pinned, timeline, host_cache, detail,
-        dense_first,
     )
     budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
     describe = dict(

@@ -74,7 +74,6 @@ class StepTimer:
         *,
         load_host_s: float = 0.0,
         wake_s: float = 0.0,
-        dense_first: bool = False,
         timeline: Timeline | None = None,
         timeliness: Timeliness | None = None,
         tier: HostTier | None = None,
@@ -88,7 +87,6 @@ class StepTimer:
         self.E = experts
         self.load_host_s = load_host_s
         self.wake_s = wake_s
-        self.dense_first = dense_first
         self.timeline = timeline
         self.timeliness = timeliness
         self.tier = tier  # the RAM tier the links read through, told of request boundaries
@@ -155,7 +153,6 @@ class StepTimer:
         E = self.E
         T = work.tokens
         dense = work.dense
-        lead = dense if self.dense_first else 0.0  # the dense part runs before the router decides
         busy_total, stall_late, stall_demand, late_total = self.compute_s, self.stall_late, self.stall_demand, self.late
         on_device = 0
         for i, shard in enumerate(self.shards):
@@ -182,12 +179,6 @@ class StepTimer:
                 pre, acc = decide(s, ll, experts) if interleaved else next(visits)
                 if pre:
                     self._issue(shard, t, pre)
-                if lead:
-                    if timeline is not None:
-                        timeline.compute(on_device, t, t + lead, first + ll)
-                    t += lead
-                    if link.queue or (link.heap and link.heap[0][0] <= t):
-                        link.land(t, landed)
                 start = t
                 late_until = t
                 from_storage = False
@@ -240,7 +231,7 @@ class StepTimer:
                     )
                 if host_s:
                     busy += host_s * (len(pre) + len(acc.loads) + len(acc.background))
-                t = start + (busy - lead)
+                t = start + busy
                 busy_total += busy
                 device_busy[on_device] += busy
                 if timeline is not None:
