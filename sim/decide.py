@@ -64,10 +64,10 @@ class Decider:
         """Every event of one step (`experts` per layer; an empty list: layer not computed)."""
         begin = self.begin(starting) if starting else []
         before, route = self._before, self._route
-        visits: list[Visit] = []
-        for layer, routed in enumerate(experts):
-            if routed:
-                visits.append(((before(step, layer) if before is not None else ()), route(step, layer, routed)))
+        if before is None:
+            visits: list[Visit] = [((), route(step, layer, routed)) for layer, routed in enumerate(experts) if routed]
+        else:
+            visits = [(before(step, layer), route(step, layer, routed)) for layer, routed in enumerate(experts) if routed]
         if ending:
             self.end(ending)
         return StepDecisions(begin, visits)

@@ -304,12 +304,13 @@ def simulate(
     plan: StepPlan | None = None,
     workload: Any = None,
     host_cache: HostCache | None = None,
-    detail: bool = True,
+    detail: bool = False,
     compiled: bool | None = None,
 ) -> SimResult:
     """Run `trace` through `policy` caches on `hardware`; see the module docstring.
     `workload` (`serving.Workload`) serves the requests as they arrive instead of one after
-    another; `detail` adds the per-layer timeliness figures and the perfect-prefetch bound.
+    another; `detail` adds the per-layer timeliness figures and the perfect-prefetch bound (off
+    by default, like the timeline: the hot loop stays bare; the CLI and sweeps turn it on).
     `compiled` chooses the offline decision pass as `casmoe.replay.replay` chooses its path
     (built-in policies' compiled twins; identical results either way)."""
     check_geometry(trace.geometry, preset)

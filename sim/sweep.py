@@ -147,6 +147,7 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
         plan=plan,
         workload=point.workload,
         host_cache=host_cache,
+        detail=True,
     )
     return {**point.describe(), **result.to_dict()}
 

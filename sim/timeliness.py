@@ -35,12 +35,14 @@ class Timeliness:
         self.bound_by_layer = [0.0] * layers
         self.bound = 0.0
         self._copied = [0.0] * devices  # each link's copy time of the needed loads so far
-        self._unused: set[ExpertId] = set()  # prefetched, not used yet (flat ids of the model)
+        self.unused: set[ExpertId] = set()
+        """Prefetched and not used yet (flat ids of the model): a visit with no demand load
+        while this is empty has nothing to count."""
 
     def issued(self, first: int, loads: Sequence[Load]) -> None:
         """Prefetch-type loads of a shard whose first layer is `first`."""
         off = first * self.E
-        unused = self._unused
+        unused = self.unused
         for ld in loads:
             if ld.victim >= 0:
                 self._evicted(ld.victim + off)
@@ -51,7 +53,7 @@ class Timeliness:
         stall so far), routing `experts`, with `acc` from the cache."""
         off = first * self.E
         needed = len(acc.loads)
-        unused = self._unused
+        unused = self.unused
         if unused:  # routed residents count as used before any miss evicts (as `route` does)
             for e in experts:
                 if e + off in unused:
@@ -70,6 +72,6 @@ class Timeliness:
                 self.bound_by_layer[g] += gap
 
     def _evicted(self, expert: ExpertId) -> None:
-        if expert in self._unused:
-            self._unused.discard(expert)
+        if expert in self.unused:
+            self.unused.discard(expert)
             self.wasted_by_layer[expert // self.E] += 1

@@ -209,7 +209,7 @@ class StepTimer:
                             landed(ld.expert)
                 if acc.background:
                     self._issue(shard, t, acc.background)
-                if timeliness is not None:  # before this layer's stall: the clock counts compute only
+                if timeliness is not None and (acc.loads or timeliness.unused):  # before the stall: compute clock
                     timeliness.visit(first, ll, on_device, t - stall_late - stall_demand, experts, acc)
                 if start > t:
                     if wake_s:

@@ -32,7 +32,7 @@ def preset_for(g: Geometry) -> ModelPreset:
 def test_bound_never_exceeds_the_stall_and_per_layer_counts_add_up(name, options, case, layer_s):
     trace, cap = case.trace, case.capacity
     res = simulate(trace, get_policy(name), cap, HW, preset_for(trace.geometry), options=options,
-                   compute=FixedCompute(layer_s=layer_s))
+                   compute=FixedCompute(layer_s=layer_s), detail=True)
     assert 0 <= res.stall_bound_s <= res.stall_s * (1 + 1e-9) + 1e-15
     assert sum(res.stall_bound_by_layer_s) == pytest.approx(res.stall_bound_s, abs=1e-12)
     assert sum(res.late_by_layer) == res.stats.late_hits
@@ -45,7 +45,7 @@ def test_on_demand_with_no_compute_is_all_bandwidth():
     rng = np.random.default_rng(0)
     rows = np.stack([np.stack([rng.choice(4, 2, replace=False) for _ in range(3)]) for _ in range(5)]).astype(np.int16)
     tr = Trace(g, [Request(rows, np.full(rows.shape, 0.5, np.float32), prefill=0)])
-    res = simulate(tr, get_policy("ondemand"), Capacity(2), HW, preset_for(g), compute=FixedCompute())
+    res = simulate(tr, get_policy("ondemand"), Capacity(2), HW, preset_for(g), compute=FixedCompute(), detail=True)
     assert res.stall_bound_s == pytest.approx(res.stall_s, rel=1e-12)
 
 
@@ -56,6 +56,6 @@ def test_with_ample_compute_the_bound_is_only_the_first_loads():
     rows = (rows + np.arange(6, dtype=np.int16)[:, None, None]) % 4
     tr = Trace(g, [Request(rows, np.ones(rows.shape, np.float32), prefill=0)])
     copy = HW.copy_latency_us * 1e-6 + 1_000_000 / (HW.h2d_pinned_gbs * 1e9)
-    res = simulate(tr, get_policy("lru"), Capacity(1), HW, preset_for(g), compute=FixedCompute(layer_s=10 * copy))
+    res = simulate(tr, get_policy("lru"), Capacity(1), HW, preset_for(g), compute=FixedCompute(layer_s=10 * copy), detail=True)
     assert res.stall_bound_s == pytest.approx(copy, rel=1e-9)  # layer 0 of token 0 waits one copy
     assert res.stall_s > 5 * res.stall_bound_s  # lru fetches on demand: it loses by timing, not bandwidth
