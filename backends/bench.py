@@ -54,7 +54,7 @@ def open_offloaded(model: str, *, devices: Sequence[str] = (), dtype: str | None
     meta = skeleton(files)
     g = model_geometry(meta, find_moe_blocks(meta))
     chunks = split_layers(g.layers, len(devs))
-    cap = one_capacity(capacity, global_capacity, 2 * g.top_k, g.bytes_per_layer())
+    cap = one_capacity(capacity, global_capacity, g)
     host = None
     if host_cache is not None:
         spec = PolicySpec.parse(host_policy)

@@ -88,6 +88,15 @@ def load_corpus(path: Path | str | None = None, split: str | None = None,
     return prompts
 
 
+def spread(rows: list[CorpusEntry], count: int) -> list[CorpusEntry]:
+    """`count` rows taken evenly over `rows` (all of them for 0 or more than there are), so a
+    sample covers every task of a file sorted by task."""
+    if not count or count >= len(rows):
+        return rows
+    step = len(rows) / count
+    return [rows[int(i * step)] for i in range(count)]
+
+
 def load_prompts(path: Path | str) -> list[CorpusEntry]:
     """Prompts for recording: a corpus JSONL file, or plain text with one prompt per line."""
     path = Path(path)

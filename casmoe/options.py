@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 from casmoe.cache import Capacity, MissMode
 from casmoe.errors import CasmoeError
-from casmoe.geometry import Quant
+from casmoe.geometry import Geometry, Quant
 
 
 class OptionError(CasmoeError, ValueError):
@@ -74,16 +74,15 @@ def capacity_specs(capacity: Iterable[str] | None, global_capacity: Iterable[str
     return [CapacitySpec(str(c)) for c in capacity or []] + [CapacitySpec(str(c), False) for c in global_capacity or []]
 
 
-def one_capacity(
-    capacity: str | None, global_capacity: str | None, default_slots: int, expert_bytes: Sequence[int]
-) -> Capacity:
+def one_capacity(capacity: str | None, global_capacity: str | None, geometry: Geometry) -> Capacity:
     """`--capacity` (per layer) or `--global-capacity` (one pool), which exclude each other;
-    `default_slots` per layer when neither is given."""
+    2 x top_k slots per layer when neither is given (room for the running layer and the next)."""
     if capacity is not None and global_capacity is not None:
         raise OptionError("give --capacity (slots per layer) or --global-capacity (one pool), not both")
+    expert_bytes = geometry.bytes_per_layer()
     if global_capacity is not None:
         return CapacitySpec(str(global_capacity), per_layer=False).resolve(expert_bytes)
-    return CapacitySpec(str(default_slots if capacity is None else capacity)).resolve(expert_bytes)
+    return CapacitySpec(str(2 * geometry.top_k if capacity is None else capacity)).resolve(expert_bytes)
 
 
 def parse_miss_mode(text: str | MissMode, what: str = "--miss-mode") -> MissMode:

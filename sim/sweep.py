@@ -258,6 +258,21 @@ class Grid:
             return [Workload.from_options(self.arrival or "poisson", r, None, **common) for r in self.rates]
         return [Workload.from_options(self.arrival or None, None, self.users or None, **common)]
 
+    def fill_defaults(self, trace: str) -> None:
+        """The axes nobody gave: `trace`, the preset of the first trace's model, the seed paper's
+        box, every policy, 4 slots per layer."""
+        from casmoe.policies import POLICIES, default_policies
+
+        self.traces = self.traces or [trace]
+        if not self.models:
+            first = self.traces[0]
+            if not Path(first).exists():
+                raise SweepError(f"trace {first} not found")
+            self.models = [preset_for(_load_trace(first, file_digest(first), 1), None)]
+        self.hardware = self.hardware or ["rtx4090x4"]
+        self.policies = self.policies or default_policies(POLICIES)
+        self.capacities = self.capacities or [CapacitySpec("4")]
+
     def points(self) -> list[Point]:
         """Every combination; traces are hashed once, and each is checked to exist."""
         digests = {}

@@ -52,10 +52,10 @@ SHAPES = [  # capacity, devices, batch, miss mode
 FULL = [("ondemand", ()), ("lru", ()), ("semoe", ()), ("belady", ()), ("casmoe", (("predictor", "exact"),))]
 
 
-def cases(full: bool = False) -> list[Case]:
+def cases(full: bool = False, traces: tuple[str, ...] = TRACES) -> list[Case]:
     if full:
-        return [Case(t, 0, p, o, "k", 1, 1, "load") for t in TRACES for p, o in FULL]
-    return [Case(t, FIRST, p, o, *shape) for t in TRACES for p, o in VARIANTS for shape in SHAPES]
+        return [Case(t, 0, p, o, "k", 1, 1, "load") for t in traces for p, o in FULL]
+    return [Case(t, FIRST, p, o, *shape) for t in traces for p, o in VARIANTS for shape in SHAPES]
 
 
 @lru_cache(maxsize=8)

@@ -145,6 +145,7 @@ def test_end_of_text_stops_only_its_request() -> None:
     assert len(stopped[0][1]) <= 3 and stopped[0][1][-1] == eos
 
 
+@pytest.mark.slow  # five generations with the tiny OLMoE: 10-30 s; the sampler's own rules stay fast below
 def test_sampling_is_seeded_per_request_not_per_batch() -> None:
     model = tiny_model("olmoe")
     prompts = [[5, 17, 33, 2], [8, 1], [90, 4, 4, 12, 3]]

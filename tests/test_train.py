@@ -22,6 +22,7 @@ def test_tokenizer_round_trips_text() -> None:
     assert tok.decode(tok(sample)["input_ids"]) == sample  # byte level: nothing is unknown
 
 
+@pytest.mark.slow  # training: about 15 s of CPU
 def test_tiny_training_reduces_loss() -> None:
     torch.manual_seed(0)
     prompts = load_corpus(split=TRAIN, task="arithmetic")[:200]

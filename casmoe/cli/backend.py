@@ -49,15 +49,13 @@ def _in_memory(model: str, threads: int, link_gbps: Optional[float], dtype: str)
 def _prompts(tokenizer: Any, prompts: Optional[Path], count: int, max_tokens: int, split: str = "heldout") -> list[Any]:
     """Prompts from a file (JSONL corpus rows or one per line), else the shipped corpus's
     held-out split, spread evenly over it; each cut to `max_tokens` tokens."""
-    from casmoe.backends.corpus import load_corpus, load_prompts
+    from casmoe.backends.corpus import load_corpus, load_prompts, spread
     from casmoe.backends.runtime import Prompt
 
     rows = load_prompts(prompts) if prompts is not None else load_corpus(split=split)
     if not rows:
         raise BenchInputError(f"no prompts in {prompts or 'the shipped corpus'}")
-    if count and count < len(rows):
-        step = len(rows) / count
-        rows = [rows[int(i * step)] for i in range(count)]
+    rows = spread(rows, count)
     out = []
     for r in rows:
         ids = tokenizer(r.text)["input_ids"][:max_tokens]
@@ -243,7 +241,7 @@ def validate(
     if profile_out is not None:
         cal.profile("validate").write(profile_out)
     names = policy or list(FIDELITY_POLICIES)
-    cap = one_capacity(capacity, None, 2 * om.geometry.top_k, om.geometry.bytes_per_layer())
+    cap = one_capacity(capacity, None, om.geometry)
     with _progress(len(names), "validate") as bar:
         results, _ = compare(om, reqs, names, cap, max_new_tokens=max_new_tokens, calibration=cal,
                              progress=lambda _policy: bar.update(), miss_modes=modes)

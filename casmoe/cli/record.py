@@ -50,7 +50,7 @@ def record(
     interruption (a rerun that changes a setting affecting the result is refused)."""
     import torch
 
-    from casmoe.backends.corpus import load_prompts
+    from casmoe.backends.corpus import load_prompts, spread
     from casmoe.backends.record import DecodeMode, RecordSettings
     from casmoe.backends.record import record as run_record
     from casmoe.backends.models import DTYPES
@@ -66,10 +66,7 @@ def record(
     check_file_target(out, "--out")
     if threads > 0:
         torch.set_num_threads(threads)
-    rows = load_prompts(prompts)
-    if count and count < len(rows):
-        step = len(rows) / count
-        rows = [rows[int(i * step)] for i in range(count)]
+    rows = spread(load_prompts(prompts), count)
     settings = RecordSettings(
         max_new_tokens=max_new_tokens, decode=DecodeMode(decode), temperature=temperature,
         top_p=top_p, top_k=top_k, seed=seed, max_prompt_tokens=max_prompt_tokens, batch=batch,

@@ -44,7 +44,7 @@ def replay(
     from casmoe.trace import Trace
 
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
-    cap = one_capacity(capacity, global_capacity, 2 * tr.geometry.top_k, tr.geometry.bytes_per_layer())
+    cap = one_capacity(capacity, global_capacity, tr.geometry)
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
     caches = [spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr) for spec in specs]  # fail before work
     steps, arrays = None, None  # built once, for the policies that run in Python / compiled

@@ -199,8 +199,8 @@ def sweep(
 
     from casmoe.policies import POLICIES
     from casmoe.shipped import shipped
-    from casmoe.policies import default_policies, parse_policies
-    from casmoe.options import CapacitySpec, capacity_specs
+    from casmoe.policies import parse_policies
+    from casmoe.options import capacity_specs
     from casmoe.sim.sweep import Grid, run_grid
 
     from casmoe.output import check_dir_target
@@ -224,11 +224,7 @@ def sweep(
         grid.rates = rate
     if max_batch is not None:
         grid.max_batch = max_batch
-    grid.traces = grid.traces or [str(shipped(DEFAULT_TRACE))]
-    grid.models = grid.models or ["mixtral-8x7b"]
-    grid.hardware = grid.hardware or ["rtx4090x4"]
-    grid.policies = grid.policies or default_policies(POLICIES)
-    grid.capacities = grid.capacities or [CapacitySpec("4")]
+    grid.fill_defaults(str(shipped(DEFAULT_TRACE)))
     points = grid.points()
     bar = tqdm(total=len(points), desc="sweep", unit="run", disable=as_json)
 
