@@ -202,6 +202,10 @@ class ExpertCache:
                 f"capacity of {cap.describe()} slots is below the {geometry.top_k} experts a token routes "
                 f"to per layer; use {flag} >= {geometry.top_k}"
             )
+        if geometry.total_experts > 1_000_000:  # per-expert tables below: a typo'd geometry fails here
+            from casmoe.machine import check_allocation
+
+            check_allocation(geometry.total_experts * 200, f"a cache over {geometry.describe()}")
         self.geometry = geometry
         self.capacity = cap
         self.miss_mode = miss_mode

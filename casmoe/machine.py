@@ -35,8 +35,10 @@ def check_allocation(nbytes: float, what: str) -> None:
     """Refuse `what` if it needs more than the memory available now."""
     free = available_memory()
     if nbytes > free:
+        from casmoe.report import sig
+
         raise ResourceError(
-            f"{what} needs {nbytes / 2**30:.3g} GiB but {free / 2**30:.3g} GiB are available; "
+            f"{what} needs {sig(nbytes / 2**30)} GiB but {sig(free / 2**30)} GiB are available; "
             "check the sizes it declares (layers, experts, tokens) or use a bigger machine"
         )
 

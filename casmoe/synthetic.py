@@ -224,6 +224,11 @@ class SynthConfig:
                 raise SynthError(f"{name} range must satisfy 0 <= low <= high (got {lo}..{hi})")
         if self.prefill[1] + self.decode[1] == 0 and self.requests:
             raise SynthError("requests need at least one token: prefill or decode high must be > 0")
+        from casmoe.machine import check_allocation
+
+        tokens = self.requests * (self.prefill[1] + self.decode[1])  # at most
+        per_token = geometry.layers * (geometry.top_k * 16 + (geometry.experts * 8 if self.logits else 0))
+        check_allocation(tokens * per_token, f"a synthetic trace of up to {tokens} tokens ({geometry.describe()})")
 
 
 def zipf_popularity(geometry: Geometry, s: float, rng: np.random.Generator) -> np.ndarray:

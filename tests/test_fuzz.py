@@ -405,3 +405,15 @@ def test_a_killed_sweep_takes_its_workers_with_it(tmp_path):
     for k in alive:
         os.kill(k, signal.SIGKILL)
     assert not alive, f"workers {alive} outlived the sweep"
+
+
+def test_sizes_beyond_memory_fail_before_allocating(tmp_path, monkeypatch, capsys):
+    """A typo'd size is refused by arithmetic on the declared shape, not by a MemoryError."""
+    from casmoe.machine import ResourceError
+
+    with pytest.raises(ResourceError, match="GiB are available"):
+        LRU(Geometry(100_000, 30_000, 2), 4)
+    code, _, err = cli(["trace", "synth", "x.npz", "--layers", "4000", "--experts", "30000", "--requests", "100000"],
+                       tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert not (tmp_path / "x.npz").exists()
