@@ -18,6 +18,10 @@ What is measured, on the backend's own code paths:
   the waiting thread runs again (on a loaded machine, the OS's wake-up latency: most of what a
   miss costs beyond the link), and the mean time to submit one load is the per-load host cost.
   Means, not medians: a token's latency sums many loads, so a load's cost enters it by its mean.
+- the compute-thread time each load costs the runtime (routing bookkeeping, the ticket, the
+  slot, the wait and its own bookkeeping): an on-demand run (every routed expert of every layer
+  loads) on an uncapped link against the all-resident baseline, request by request; the extra
+  time not spent waiting, per load (at least the loader's submit time).
 
 The roofline parts (FLOPs / rate, bytes / bandwidth) use the measured achieved rates, so the
 efficiencies are 1 by construction; what the roofline misses (Python and kernel-launch cost)
@@ -315,11 +319,27 @@ def calibrate(
     try:
         with responsive_copies():
             c = probe.costs(reps)
+            per_load = max(load_host_cost(om, prompts, max_new_tokens), c.issue)
     finally:
         probe.close()
-    probe = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, c.bandwidth, c.latency,
-                        0.0, 0.0, om.link, host_s, c.wake, c.issue, hop)
-    return refit(probe, om, step, prompts, max_new_tokens)
+    cal = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, c.bandwidth, c.latency,
+                      0.0, 0.0, om.link, host_s, c.wake, per_load, hop)
+    return refit(cal, om, step, prompts, max_new_tokens)
+
+
+def load_host_cost(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> float:
+    """Compute-thread seconds per load: on-demand (every routed expert of every layer loads) on
+    an uncapped link, each request after an all-resident baseline request of the same prompt;
+    the difference of their median decode steps' time not spent waiting, per load."""
+    g = om.geometry
+    with om.session(get_policy("ondemand"), Capacity(g.top_k), prompts, max_new_tokens=max_new_tokens,
+                    link=EmulatedLink()) as od, baseline(om, prompts, max_new_tokens) as base:
+        for p in prompts:
+            base.request(p, max_new_tokens)
+            od.request(p, max_new_tokens)
+        busy = [float(np.median([x - y for r in s.timings for x, y in zip(r.token_latency, r.token_stall)]))
+                for s in (od, base)]
+    return max(busy[0] - busy[1], 0.0) / (g.layers * g.top_k)
 
 
 def resident_step(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> float:
@@ -339,7 +359,9 @@ def baseline(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int)
 
 def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence[Prompt], max_new_tokens: int) -> Calibration:
     """`cal` with the simulator's overheads fitted to a decode step of `step_s` seconds:
-    L * (dense(1) + k * expert(1)) + head(1) = step_s, with the roofline parts from `cal`."""
+    L * (dense(1) + k * expert(1)) + head(1) = step_s, with the roofline parts from `cal` and
+    expert(1) as the simulator charges it (the roofline's memory term can exceed the measured
+    marginal expert time: an expert small enough to stay in cache streams faster than DRAM)."""
     from dataclasses import replace
 
     from casmoe.sim.compute import RooflineCompute
@@ -348,6 +370,7 @@ def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence
     base = replace(cal, step_s=step_s, layer_overhead=0.0, expert_overhead=0.0)
     roof = RooflineCompute.build(base.profile(), model_preset(om.model, g), g.layer_expert_bytes)
     expert_overhead = max(cal.expert_s - roof.expert(0, 1), 0.0)
+    expert = roof.expert(0, 1) + expert_overhead  # what the simulator charges per expert, token
     context = int(np.mean([len(p.ids) for p in prompts])) + max_new_tokens // 2
-    rest = step_s - g.layers * (roof.dense(1, context, context) + g.top_k * cal.expert_s) - roof.head(1)
+    rest = step_s - g.layers * (roof.dense(1, context, context) + g.top_k * expert) - roof.head(1)
     return replace(base, layer_overhead=max(rest / (g.layers + 1), 0.0), expert_overhead=expert_overhead)
