@@ -189,7 +189,7 @@ class Setup:
         cache_per_device = len(self.shards) > 1
         tier = None
         if self.host_cache is not None:
-            tier = self.host_cache.build(g, self.expert_bytes, hw)
+            tier = self.host_cache.build(g, self.expert_bytes, hw, self.trace)
         host = HostCap(hw.host_cap_gbs * 1e9) if hw.host_cap_gbs > 0 else None
         rate = hw.h2d_gbs(self.pinned) * 1e9
         latency = hw.copy_latency_us * 1e-6

@@ -65,13 +65,19 @@ class Storage:
 class HostTier:
     """Pinned host RAM holding a policy-chosen subset of the experts, over a `Storage`."""
 
-    def __init__(self, cache: ExpertCache, storage: Storage) -> None:
+    def __init__(self, cache: ExpertCache, storage: Storage, expert_bytes: Sequence[int]) -> None:
         self.cache = cache
         self.storage = storage
+        self.expert_bytes = list(expert_bytes)  # per layer
         self._E = cache.geometry.experts
 
-    def begin_request(self, request: Any) -> None:
-        self.cache.begin_request(request)  # its prefetch loads are not issued: loads start at the GPUs
+    def begin_request(self, now: float, request: Any) -> None:
+        """A request starts: the tier's policy may prefetch at request start (static, casmoe);
+        those experts are read from storage into RAM now, as the backend's tier does."""
+        cache = self.cache
+        for ld in cache.begin_request(request):
+            self.storage.read(now, self.expert_bytes[ld.expert // self._E])
+            cache.arrived(ld.expert)
 
     def end_request(self) -> None:
         self.cache.end_request()
@@ -97,7 +103,8 @@ class HostCache:
     """`--host-cache`: `rows` experts of host RAM (one pool for all layers), managed by `policy`
     (with `options`), and the size of the staging chunks a storage read is copied in. The
     semantics are the backend's RAM tier's (backends/hostcache.py): one access per GPU load, in
-    issue order; requests bracketed by `begin_request` / `end_request`; no RAM prefetch; oracles
+    issue order; requests bracketed by `begin_request` / `end_request`, whose request-start
+    prefetches (static, casmoe) are read into RAM; per-layer prefetch hooks never called; oracles
     refused (the tier's future is the GPUs' load sequence, which no trace holds)."""
 
     rows: int
@@ -118,7 +125,9 @@ class HostCache:
     def nbytes(self, expert_bytes: Sequence[int]) -> float:
         return self.rows * sum(expert_bytes) / len(expert_bytes)
 
-    def build(self, geometry: Geometry, expert_bytes: Sequence[int], hardware: HardwareProfile) -> HostTier:
+    def build(self, geometry: Geometry, expert_bytes: Sequence[int], hardware: HardwareProfile,
+              trace: Any = None) -> HostTier:
+        """The tier for a run (`trace` for policies that rank experts from it, like static)."""
         hw = hardware
         if hw.storage_read_gbs <= 0:
             raise TierError(f"profile {hw.name!r} has no storage tier (storage_read_gbs); add it to use --host-cache")
@@ -133,8 +142,8 @@ class HostCache:
                 "give more memory or leave the RAM tier out"
             )
         cache = self.policy.create(geometry, Capacity(self.rows, per_layer=False), expert_bytes=expert_bytes,
-                                   **dict(self.options))
+                                   trace=trace, **dict(self.options))
         if cache.needs_future:
             raise TierError(f"--host-policy {self.policy.name!r} reads the future; the RAM tier takes a causal policy")
         storage = Storage(hw.storage_read_gbs * 1e9, hw.storage_latency_us * 1e-6, self.chunk_bytes)
-        return HostTier(cache, storage)
+        return HostTier(cache, storage, expert_bytes)

@@ -107,7 +107,7 @@ class StepTimer:
         first device can compute (after the host time of issuing them)."""
         if self.tier is not None:
             for r in starting:
-                self.tier.begin_request(self.requests[r])
+                self.tier.begin_request(t, self.requests[r])
         issued = 0
         for i, shard in enumerate(self.shards):
             self._land_all(shard, t)

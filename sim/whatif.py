@@ -94,7 +94,7 @@ def what_if(
     if workload is not None:
         workload.arrival_times(tr.requests)  # --arrival trace on a trace without times fails here
     if host_cache is not None:  # a RAM tier that cannot work fails here, before any run
-        HostCache.parse(host_cache, host_policy, nbytes).build(whole.geometry, nbytes, hw)
+        HostCache.parse(host_cache, host_policy, nbytes).build(whole.geometry, nbytes, hw, whole)
     fit = max_slots(hw, preset, nbytes, n_dev)
     notes = []
     for c in capacities:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from casmoe.cache import Access, Capacity, Load, MissMode
 from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy
+from casmoe.policies.lru import LRU
 from casmoe.presets import ModelPreset
 from casmoe.replay import replay
 from casmoe.sim.compute import FixedCompute
@@ -142,12 +143,12 @@ def test_batched_decode_routes_the_union_and_shares_the_step():
 # ---- tiers --------------------------------------------------------------------------------------
 
 
-def _tier_case(chunk: int):
+def _tier_case(chunk: int, host_policy: str = "lru"):
     b = 64_000_000
     g = Geometry(1, 4, 1, hidden=8, intermediate=4, layer_expert_bytes=(b,))
     topk = np.array([[[2]], [[2]]], np.int16)  # two tokens, the same expert
     tr = Trace(g, [Request(topk, np.ones(topk.shape, np.float32), prefill=0)])
-    tier = HostCache(2, get_policy("lru"), chunk_bytes=chunk)
+    tier = HostCache(2, get_policy(host_policy) if isinstance(host_policy, str) else host_policy, chunk_bytes=chunk)
     res = run(tr, "ondemand", 1, compute=FixedCompute(), host_cache=tier)
     Bs, Ls = HW.storage_read_gbs * 1e9, HW.storage_latency_us * 1e-6
     Bh, Lh = HW.h2d_pinned_gbs * 1e9, HW.copy_latency_us * 1e-6
@@ -169,6 +170,23 @@ def test_a_two_tier_miss_in_chunks_hides_the_copies_behind_the_reads():
     assert Lh + chunk / Bh < chunk / Bs  # the drive is the slower stage
     first = Ls + b / Bs + Lh + chunk / Bh  # the last chunk's copy follows the whole read
     assert res.sim_time_s == pytest.approx(first + Lh + b / Bh, rel=1e-12)
+
+
+class _PrefetchTwo(LRU):
+    """A causal tier policy that prefetches experts 2 and 3 at request start."""
+
+    name = "prefetch-two"
+
+    def prefetch_request(self, request):
+        return (2, 3)
+
+
+def test_a_tier_policy_that_prefetches_at_request_start_reads_into_ram_then_hits():
+    # As the backend's RAM tier: request-start prefetches are read into RAM, so the GPU's first
+    # load of such an expert is a RAM hit, not a storage read.
+    res, b, *_ = _tier_case(chunk=10**9, host_policy=_PrefetchTwo)
+    assert res.storage_bytes == 2 * b  # two picks read at request start, nothing on demand
+    assert (res.host_misses, res.host_hits) == (0, 2)
 
 
 def test_tier_errors_are_one_line():
