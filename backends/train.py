@@ -5,10 +5,20 @@ OLMoE classes at the routing shapes of Mixtral-8x7B (32 layers, 8 experts, top-2
 OLMoE-1B-7B (16 layers, 64 experts, top-8), with narrow hidden sizes so that CPU training takes
 minutes and the weights stay small. Router load-balancing loss is on, so routing is spread over
 experts the way a real MoE's is. Everything is seeded: `casmoe train-tiny NAME` reproduces them.
+
+The load-balancing loss is Switch Transformer's, E * sum_i f_i P_i, taken per MoE layer and per
+training row and averaged (`layer_balance_loss`; DeepSeek-V3's sequence-wise balance). Why not
+transformers' own `load_balancing_loss_func`: it pools the router outputs of all layers, so it
+balances expert *index* i over the whole stack, and each layer may keep one hot expert as long
+as different layers pick different ones; the first tiny models trained with it sent 38% of a
+layer's top-2 slots to one expert, and consecutive tokens of real text reused the same expert
+pair 37% of the time. Balanced per layer over a whole batch, a layer can still route by topic
+(every token of a text to the same experts); balanced per row, it must route by token.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import time
@@ -30,12 +40,19 @@ TINY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-mixtral": ("MixtralConfig", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=32, num_attention_heads=4,
         num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
-        router_aux_loss_coef=0.02)),
+        router_aux_loss_coef=0.1)),
     "tiny-olmoe": ("OlmoeConfig", dict(
         hidden_size=64, intermediate_size=32, num_hidden_layers=16, num_attention_heads=4,
         num_key_value_heads=4, num_experts=64, num_experts_per_tok=8,
         router_aux_loss_coef=0.01)),
 }
+
+
+class Balance(str, enum.Enum):
+    """Over which tokens a layer's load-balancing loss counts expert loads."""
+
+    SEQUENCE = "sequence"  # each training row alone (the shipped models): balanced within a text
+    BATCH = "batch"  # the whole batch (Switch Transformer's): a layer may route by topic
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,7 @@ class TrainSettings:
     warmup: int = 20
     seed: int = 0
     threads: int = 1
+    balance: Balance = Balance.SEQUENCE
 
 
 @dataclass(frozen=True)
@@ -132,13 +150,31 @@ def _lr_at(step: int, s: TrainSettings) -> float:
     return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def layer_balance_loss(router_logits, top_k: int, sequences: int = 1):
+    """Switch Transformer's load-balancing loss E * sum_i f_i P_i (f_i: share of the top-k
+    assignments that go to expert i, summing to k; P_i: mean router probability of i), taken
+    per MoE layer and per sequence (each layer's [sequences * T, E] logits are cut into
+    `sequences` equal groups, DeepSeek-V3's sequence-wise balance) and averaged: k when every
+    layer routes every sequence uniformly."""
+    import torch
+
+    losses = []
+    for z in router_logits:  # one [sequences * T, E] per MoE layer
+        probs = torch.softmax(z.float(), dim=-1).reshape(sequences, -1, z.shape[-1])  # [S, T, E]
+        chosen = torch.zeros_like(probs).scatter_(2, probs.topk(top_k, dim=-1).indices, 1.0)
+        losses.append(z.shape[-1] * (chosen.mean(1) * probs.mean(1)).sum(-1))  # [S]
+    return torch.stack(losses).mean()
+
+
 def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress: bool = False,
         desc: str = "train") -> list[float]:
-    """AdamW with warmup and cosine decay on random batches of packed rows; the loss is the
-    model's own (LM loss plus router_aux_loss_coef times the load-balancing loss when the
-    config has output_router_logits). Returns the loss of every step."""
+    """AdamW with warmup and cosine decay on random batches of packed rows. The loss is the
+    next-token cross-entropy plus `router_aux_loss_coef` times `layer_balance_loss` (when the
+    config has `output_router_logits`). Returns the loss of every step."""
     import torch
     from tqdm import tqdm
+
+    coef = getattr(model.config, "router_aux_loss_coef", 0.0) if model.config.output_router_logits else 0.0
 
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01,
                             betas=(0.9, 0.95))
@@ -149,7 +185,13 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, settings)
         x = rows[torch.from_numpy(rng.integers(0, len(rows), size=settings.batch))]
-        loss = model(input_ids=x, labels=x).loss
+        out = model(input_ids=x, output_router_logits=bool(coef))
+        logits = out.logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                 x[:, 1:].reshape(-1))
+        if coef:
+            loss = loss + coef * layer_balance_loss(out.router_logits, model.config.num_experts_per_tok,
+                                                    sequences=len(x) if settings.balance is Balance.SEQUENCE else 1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -50,3 +50,31 @@ def test_tiny_configs_have_the_target_routing_shape(name: str) -> None:
     assert config.output_router_logits and config.router_aux_loss_coef > 0  # load balancing on
     with pytest.raises(CasmoeError):
         model_config("tiny-gpt")
+
+
+def test_layer_balance_loss_sees_each_layers_imbalance() -> None:
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    from casmoe.backends.train import layer_balance_loss
+
+    E, k, N = 4, 2, 64
+    uniform = torch.zeros(N, E)  # equal logits: ties, P_i = 1/E
+    assert float(layer_balance_loss((uniform,), k)) == pytest.approx(k)
+    hot = [torch.full((N, E), -4.0) for _ in range(2)]  # layer 0 always picks experts 0, 1
+    hot[0][:, :2] = 4.0
+    hot[1][:, 2:] = 4.0  # layer 1 always 2, 3: pooled over layers that looks balanced
+    pooled = float(load_balancing_loss_func(tuple(hot), E, k))
+    ours = float(layer_balance_loss(tuple(hot), k))
+    assert pooled == pytest.approx(k, abs=0.01)
+    assert ours == pytest.approx(E, rel=0.01)  # per layer: f = 1 and P ~ 1/2 on two experts
+
+
+def test_sequence_wise_balance_sees_topic_routing() -> None:
+    from casmoe.backends.train import layer_balance_loss
+
+    E, k, T = 4, 2, 32
+    z = torch.full((2 * T, E), -4.0)  # two sequences, each routed wholly to its own expert pair
+    z[:T, :2] = 4.0
+    z[T:, 2:] = 4.0
+    assert float(layer_balance_loss((z,), k, sequences=1)) == pytest.approx(k, abs=0.01)
+    assert float(layer_balance_loss((z,), k, sequences=2)) == pytest.approx(E, rel=0.01)
