@@ -56,7 +56,7 @@ class RecordSettings:
     values (`result_key`). The sampling fields matter in `sample` mode only."""
 
     max_new_tokens: int = 64
-    decode: DecodeMode = DecodeMode.SAMPLE
+    decode: DecodeMode = DecodeMode.TEACHER
     temperature: float = 1.0
     top_p: float = 0.9
     top_k: int = 0  # 0: no top-k cut
@@ -335,8 +335,9 @@ def record(model_name: str, prompts: list[CorpusEntry], out: Path | str,
     if checkpoint_every < 1:
         raise RecordError("--checkpoint-every must be >= 1")
     if settings.decode is DecodeMode.TEACHER and not any(p.continuation for p in prompts):
-        raise RecordError("--decode teacher needs continuation text: a corpus JSONL whose rows "
-                          "have `continuation` (as traces/corpus/corpus.jsonl)")
+        raise RecordError("--decode teacher (the default) needs continuation text: a corpus JSONL "
+                          "whose rows have `continuation` (as traces/corpus/corpus.jsonl); for "
+                          "prompts alone use --decode sample")
     if not out.parent.is_dir():
         raise RecordError(f"output directory {out.parent} does not exist")
     settings = replace(settings, dtype=settings.dtype or checkpoint_dtype(model_name))

@@ -59,7 +59,7 @@ class Balance(str, enum.Enum):
 class TrainSettings:
     """How a tiny model is trained; the defaults are what the shipped models used."""
 
-    steps: int = 250
+    steps: int = 400
     batch: int = 16
     seq_len: int = 128
     lr: float = 3e-3

@@ -181,7 +181,7 @@ def test_sampler_keeps_the_top_k_and_nucleus() -> None:
 def test_record_resumes_after_interruption(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _save_tiny(tmp_path)
     prompts = [CorpusEntry(f"the cat sat {i} times", "t", "train" if i % 3 else "heldout") for i in range(7)]
-    settings = rec.RecordSettings(max_new_tokens=4, spec=True, batch=2)
+    settings = rec.RecordSettings(max_new_tokens=4, decode=rec.DecodeMode.SAMPLE, spec=True, batch=2)
     run = dict(checkpoint_every=2, progress=False)
     full = rec.record(str(path), prompts, tmp_path / "full.npz", settings, **run)
 
@@ -228,7 +228,7 @@ def test_partial_from_other_settings_is_refused(tmp_path: Path, change: dict, na
     path = _save_tiny(tmp_path)
     prompts = [CorpusEntry(f"the mat {i}", "t", "train") for i in range(3)]
     out = tmp_path / "t.npz"
-    first = rec.RecordSettings(max_new_tokens=2)
+    first = rec.RecordSettings(max_new_tokens=2, decode=rec.DecodeMode.SAMPLE)
     rec.record(str(path), prompts, rec.partial_path(out), first, progress=False)  # as if interrupted
     with pytest.raises(CasmoeError, match="delete it") as err:
         rec.record(str(path), prompts, out, replace(first, **change), progress=False)
@@ -254,9 +254,10 @@ def test_cli_refuses_a_changed_resume_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "p.txt").write_text("the cat sat\ndef f(x): return x\n")
     out = tmp_path / "t.npz"
     rec.record(str(path), [CorpusEntry("the cat sat", "text", "train")], rec.partial_path(out),
-               rec.RecordSettings(max_new_tokens=2, max_prompt_tokens=3), progress=False)
+               rec.RecordSettings(max_new_tokens=2, max_prompt_tokens=3, decode=rec.DecodeMode.SAMPLE),
+               progress=False)
     run = subprocess.run([sys.executable, "-m", "casmoe", "record", "-m", str(path), "-p",
-                          str(tmp_path / "p.txt"), "-o", str(out), "-n", "2"],
+                          str(tmp_path / "p.txt"), "-o", str(out), "-n", "2", "--decode", "sample"],
                          capture_output=True, text=True)
     assert run.returncode == 2
     assert run.stderr.startswith("casmoe: error:") and run.stderr.count("\n") == 1, run.stderr
@@ -265,12 +266,12 @@ def test_cli_refuses_a_changed_resume_in_one_line(tmp_path: Path) -> None:
 
 def test_bad_models_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(CasmoeError, match="not a model directory"):
-        rec.record(str(tmp_path), [CorpusEntry("x", "t", "train")], tmp_path / "t.npz", progress=False)
+        rec.record(str(tmp_path), [CorpusEntry("x", "t", "train", " y")], tmp_path / "t.npz", progress=False)
     dense = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
                                      num_hidden_layers=1, num_attention_heads=2)
     transformers.LlamaForCausalLM(dense).save_pretrained(tmp_path / "llama")
     with pytest.raises(CasmoeError, match="not a supported MoE model"):
-        rec.record(str(tmp_path / "llama"), [CorpusEntry("x", "t", "train")], tmp_path / "t.npz",
+        rec.record(str(tmp_path / "llama"), [CorpusEntry("x", "t", "train", " y")], tmp_path / "t.npz",
                    progress=False)
 
 
@@ -283,7 +284,7 @@ def test_cli_record_writes_a_trace(tmp_path: Path) -> None:
     (tmp_path / "p.txt").write_text("the cat sat\ndef f(x): return x\n")
     out = tmp_path / "t.npz"
     result = CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(tmp_path / "p.txt"),
-                                      "-o", str(out), "-n", "3", "--fp16-weights", "--logits"])
+                                      "-o", str(out), "-n", "3", "--fp16-weights", "--logits", "--decode", "sample"])
     assert result.exit_code == 0, result.output
     trace = Trace.load(out)
     assert len(trace.requests) == 2 and trace.geometry.layers == COMMON["num_hidden_layers"]
@@ -312,17 +313,16 @@ def test_cli_teacher_mode_outputs_the_continuation(tmp_path: Path) -> None:
     save_corpus([CorpusEntry("the cat", "t", "train", " sat on the mat"), CorpusEntry("def f(x):", "c", "heldout", " return x + 1")],
                 tmp_path / "c.jsonl")
     out = tmp_path / "t.npz"
-    result = CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(tmp_path / "c.jsonl"), "-o", str(out),
-                                      "--decode", "teacher"])
+    result = CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(tmp_path / "c.jsonl"), "-o", str(out)])
     assert result.exit_code == 0, result.output
     trace = Trace.load(out)
     assert [r.output for r in trace.requests] == [" sat on the mat<|endoftext|>", " return x + 1<|endoftext|>"]
+    assert trace.meta["decode"] == "teacher"  # the default
     assert trace.meta["splits"] == ["train", "heldout"] and "seed" not in trace.meta
     plain = tmp_path / "p.txt"
     plain.write_text("the cat\n")
-    with pytest.raises(CasmoeError, match="needs continuation text"):
-        CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(plain), "-o", str(out), "--decode", "teacher"],
-                           catch_exceptions=False)
+    with pytest.raises(CasmoeError, match="needs continuation text.*--decode sample"):
+        CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(plain), "-o", str(out)], catch_exceptions=False)
 
 
 @pytest.mark.parametrize("name, shape", [("tiny-mixtral", (32, 8, 2)), ("tiny-olmoe", (16, 64, 8))])

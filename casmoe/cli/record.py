@@ -21,10 +21,11 @@ def record(
                                  help="Corpus JSONL (text, continuation, task, split) or text, one "
                                       "prompt a line."),
     out: Path = typer.Option(..., "--out", "-o", help="Trace file to write (.npz)."),
-    decode: str = typer.Option("sample", help="How tokens after the prompt are chosen: sample "
-                               "(temperature / top-p / top-k, seeded), greedy (argmax; small "
-                               "models loop), or teacher (the corpus row's real continuation, "
-                               "one forward pass). Every mode stops at end-of-text."),
+    decode: str = typer.Option("teacher", help="How tokens after the prompt are chosen: teacher "
+                               "(the corpus row's real continuation, one forward pass; needs a "
+                               "corpus JSONL), sample (temperature / top-p / top-k, seeded; for "
+                               "prompts alone), or greedy (argmax; small models loop). Every mode "
+                               "stops at end-of-text."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n",
                                        help="Most tokens per request after the prompt."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (--decode sample)."),
