@@ -6,14 +6,15 @@ OLMoE-1B-7B (16 layers, 64 experts, top-8), with narrow hidden sizes so that CPU
 minutes and the weights stay small. Router load-balancing loss is on, so routing is spread over
 experts the way a real MoE's is. Everything is seeded: `casmoe train-tiny NAME` reproduces them.
 
-The load-balancing loss is Switch Transformer's, E * sum_i f_i P_i, taken per MoE layer and per
-training row and averaged (`layer_balance_loss`; DeepSeek-V3's sequence-wise balance). Why not
-transformers' own `load_balancing_loss_func`: it pools the router outputs of all layers, so it
-balances expert *index* i over the whole stack, and each layer may keep one hot expert as long
-as different layers pick different ones; the first tiny models trained with it sent 38% of a
+The load-balancing loss is Switch Transformer's, E * sum_i f_i P_i, taken per MoE layer and
+averaged over layers (`layer_balance_loss`), counting loads over the whole batch or per training
+row (DeepSeek-V3's sequence-wise balance), as each model's `BALANCE` says. Why not transformers'
+own `load_balancing_loss_func`: it pools the router outputs of all layers, so it balances
+expert *index* i over the whole stack, and each layer may keep one hot expert as long as
+different layers pick different ones; the first tiny models trained with it sent 38% of a
 layer's top-2 slots to one expert, and consecutive tokens of real text reused the same expert
-pair 37% of the time. Balanced per layer over a whole batch, a layer can still route by topic
-(every token of a text to the same experts); balanced per row, it must route by token.
+pair 37% of the time. Balanced per layer over a batch, a layer may still route by topic (every
+token of a text to the same experts); balanced per row, it must route by token.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import enum
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,15 @@ TINY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 class Balance(str, enum.Enum):
     """Over which tokens a layer's load-balancing loss counts expert loads."""
 
-    SEQUENCE = "sequence"  # each training row alone (the shipped models): balanced within a text
+    SEQUENCE = "sequence"  # each training row alone: balanced within a text
     BATCH = "batch"  # the whole batch (Switch Transformer's): a layer may route by topic
+
+
+BALANCE = {"tiny-mixtral": Balance.SEQUENCE, "tiny-olmoe": Balance.BATCH}
+"""Each shipped model's balance (bench/RESULTS.md, "Realistic workloads"): over the batch, an
+8-expert top-2 layer still sends whole texts to one expert pair (consecutive tokens reuse the
+exact pair 26-31% of the time), so tiny-mixtral balances every row; tiny-olmoe's 64 experts
+balance over the batch, as Switch Transformer and OLMoE do, and keep their texts' topical experts."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,7 @@ class TrainSettings:
     warmup: int = 20
     seed: int = 0
     threads: int = 1
-    balance: Balance = Balance.SEQUENCE
+    balance: Balance | None = None  # None: the model's own (`BALANCE`)
 
 
 @dataclass(frozen=True)
@@ -208,6 +216,7 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
     import torch
     import transformers
 
+    settings = replace(settings, balance=settings.balance or BALANCE[name])
     torch.manual_seed(settings.seed)
     torch.set_num_threads(settings.threads)
     rng = np.random.default_rng(settings.seed)

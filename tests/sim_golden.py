@@ -2,7 +2,9 @@
 
 `tests/data/sim_golden.json` holds `SimResult.to_dict()` of every case below as computed by
 the engine at commit c214424 (the last one before the serving rewrite, issue 12), on every
-shipped trace. `tests/test_sim_golden.py` recomputes the cases and requires equality to the
+shipped trace; the tiny-mixtral and tiny-olmoe cases were recomputed (those fields only) when
+the two traces were re-recorded (issue 10), by the engine proven identical to c214424's on the
+old traces and, still, on synthetic-mixtral. `tests/test_sim_golden.py` recomputes the cases and requires equality to the
 last bit (floats round-trip exactly through JSON). Regenerate only when a semantic change is
 intended, and say so in the commit:
 

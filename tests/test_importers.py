@@ -355,7 +355,7 @@ def test_the_shipped_moe_lrc_folder_imports_the_models_own_routing():
     chosen = []
     with RoutingRecorder(model) as recorder, torch.no_grad():
         for task in sorted(make_example.TASKS):  # the importer reads datasets in name order
-            texts = [r.text + " " + r.continuation for r in rows if r.task == task]
+            texts = [r.document for r in rows if r.task == task]
             ids = [t for t in (tokenizer(x)["input_ids"] for x in texts) if len(t) >= make_example.TOKENS]
             batch = [t[: make_example.TOKENS] for t in ids[: make_example.PER_TASK]]
             model(input_ids=torch.tensor(batch), use_cache=False)

@@ -327,16 +327,24 @@ def test_cli_teacher_mode_outputs_the_continuation(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name, shape", [("tiny-mixtral", (32, 8, 2)), ("tiny-olmoe", (16, 64, 8))])
 def test_shipped_traces_and_models(name: str, shape: tuple[int, int, int]) -> None:
+    from casmoe.backends.corpus import load_corpus
     from casmoe.backends.models import load_config
+    from casmoe.metrics.diversity import distinct_ngram_ratio
     from casmoe.shipped import data_dir
 
     config = load_config(name)  # the shipped model is found by name and is a supported class
     assert config.num_hidden_layers == shape[0]
-    trace = Trace.load(data_dir() / f"{name}.npz")
+    path = data_dir() / f"{name}.npz"
+    trace = Trace.load(path)
     g = trace.geometry
     assert (g.layers, g.experts, g.top_k) == shape
-    assert len(trace.requests) >= 500 and trace.has_prompts
-    assert len({r.task for r in trace.requests}) >= 6
-    assert set(trace.meta["splits"]) == {"train", "heldout"}
+    assert len(trace.requests) >= 600 and trace.has_prompts
+    assert {r.task for r in trace.requests} == {p.task for p in load_corpus()}  # every corpus task
+    assert set(trace.meta["splits"]) == {"train", "heldout"} and len(trace.meta["splits"]) == len(trace.requests)
+    assert trace.meta["decode"] == "teacher"
     assert all(r.spec is not None and (r.spec[:, -1] == NOT_COMPUTED).all() for r in trace.requests)
-    assert all(r.decode_tokens == trace.meta["max_new_tokens"] - 1 for r in trace.requests)
+    assert all(r.decode_tokens == len(r.output_ids) - 1 for r in trace.requests)  # the last token is never fed
+    assert all(r.output_ids[-1] == config.eos_token_id for r in trace.requests if len(r.output_ids) < 64)
+    assert distinct_ngram_ratio([r.output_ids for r in trace.requests], 4) >= 0.8
+    both = sum((data_dir() / f"{n}.npz").stat().st_size for n in ("tiny-mixtral", "tiny-olmoe"))
+    assert both <= 30e6

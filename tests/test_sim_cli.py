@@ -84,7 +84,7 @@ def test_simulate_with_no_arguments(tmp_path):
     records = check_report(tmp_path / "casmoe-sim", tmp_path / "tl.json")
     policies = {r["policy"] for r in records}
     assert {"ondemand", "lru", "casmoe[predictor=exact]", "casmoe[predictor=noisy]"} <= policies
-    assert "tiny-mixtral.npz (first 12 of 600 requests" in proc.stdout
+    assert "tiny-mixtral.npz (first 12 of 800 requests" in proc.stdout
     assert "model mixtral-8x7b" in proc.stdout
     _headline_checks(proc.stdout, records)
     assert "e+0" not in proc.stdout  # three significant digits, never exponents

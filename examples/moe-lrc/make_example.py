@@ -34,7 +34,7 @@ def main() -> None:
     ranks: dict[str, list[np.ndarray]] = {}  # dataset -> per layer [sequences, TOKENS, E]
     with RoutingRecorder(model, logits=True) as recorder, torch.no_grad():
         for task in TASKS:
-            texts = [r.text + " " + r.continuation for r in rows if r.task == task]
+            texts = [r.document for r in rows if r.task == task]
             ids = [t for t in (tokenizer(x)["input_ids"] for x in texts) if len(t) >= TOKENS][:PER_TASK]
             model(input_ids=torch.tensor([t[:TOKENS] for t in ids]), use_cache=False)
             logits = recorder.take(batch=len(ids))["logits"]  # [S, T, L, E]
