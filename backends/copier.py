@@ -242,7 +242,7 @@ class Loader:
             return
         host = self.host
         if host is not None and t.ram >= 0:
-            rows = host.fill(t.ram, t.layer, t.index, self) if t.fill else host.acquire(t.ram, t.layer, t.index)
+            rows = (host.fill if t.fill else host.acquire)(t.ram, t.layer, t.index, self)
             if rows is not None:
                 try:
                     if not t.cancelled and t.dst:  # a RAM prefetch has no device row

@@ -116,7 +116,7 @@ class DeviceRuntime:
         t0 = time.perf_counter()
         layer = self.layers.start + local
         row = self.host.row_of(layer, x) if self.host is not None else None
-        rows = None if row is None else self.host.acquire(row, layer, x)
+        rows = None if row is None else self.host.acquire(row, layer, x, self.loader)
         try:
             if rows is None:
                 rows = self.store.empty_rows()

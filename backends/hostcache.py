@@ -18,10 +18,13 @@ Semantics (the simulator's `--host-cache` mirrors them; keep the two in step):
   what the tier admits, it holds. Per-layer prefetch hooks are never called here.
 - **Inclusion.** None enforced: an expert may sit on a device, in RAM, both, or neither; the
   store always holds everything.
+- **Fills in flight.** The compute thread records, per row, the fills it has issued and no
+  thread has started. A copy that hits a row whose fill for its expert has not run yet (the
+  copy thread reorders demand ahead of prefetch) performs that fill itself, or waits for the
+  thread running it, instead of reading the store a second time.
 - **Accounting.** The RAM cache's own `CacheStats` (hits, misses, evictions, `bytes_loaded` =
   bytes read from the store), the seconds spent reading the store, and `bypassed`: copies
-  whose row was refilled before they ran (the copy thread reorders demand ahead of prefetch),
-  served by a second store read.
+  whose row was refilled for another expert before they ran, served by a second store read.
 
 Decisions are made on the compute thread when a device load is issued, so they never depend on
 timing (like every cache here); the copy threads only move bytes, under a lock that keeps a row
@@ -63,6 +66,8 @@ class HostCache:
         self.store = store
         self.bypassed = 0
         self._holder = [-1] * rows  # expert whose bytes the row holds (-1: none or being filled)
+        self._pending: list[list[int]] = [[] for _ in range(rows)]  # issued fills nobody has started
+        self._filling = [-1] * rows  # expert a thread is reading into the row
         self._readers = [0] * rows
         self._copies: list[list[Any]] = [[] for _ in range(rows)]  # CUDA events of copies out of the row
         self._cv = threading.Condition()
@@ -79,7 +84,10 @@ class HostCache:
     def begin_request(self, request: Any) -> list[tuple[int, int, int]]:
         """The request-start prefetches the policy asks for (static, casmoe): (row, layer,
         expert) to read from the store into RAM, so that its decisions and the bytes agree."""
-        return [(ld.slot, *divmod(ld.expert, self.experts)) for ld in self.cache.begin_request(request)]
+        loads = self.cache.begin_request(request)
+        for ld in loads:
+            self._issue(ld.slot, ld.expert)
+        return [(ld.slot, *divmod(ld.expert, self.experts)) for ld in loads]
 
     def end_request(self) -> None:
         self.cache.end_request()
@@ -91,34 +99,60 @@ class HostCache:
         acc = self.cache.route(step, layer, (e,))
         if acc.loads:
             self.cache.arrived(e)
+            self._issue(acc.loads[0].slot, e)
             return acc.loads[0].slot, True
         return self.cache.slot(e), False
 
+    def _issue(self, row: int, expert: int) -> None:
+        with self._cv:
+            self._pending[row].append(expert)
+
     # ---- bytes (copy threads) ------------------------------------------------------------
 
-    def acquire(self, row: int, layer: int, index: int) -> dict[str, torch.Tensor] | None:
-        """The row's tensors if it still holds the expert (counted as read until `release`)."""
+    def acquire(self, row: int, layer: int, index: int, loader: Any) -> dict[str, torch.Tensor] | None:
+        """The row's tensors if it holds the expert, or will once its issued fill (run here if
+        no thread has started it) is done; counted as read until `release`. None if the row
+        was refilled with another expert since."""
+        e = layer * self.experts + index
         with self._cv:
-            if self._holder[row] != layer * self.experts + index:
+            while self._filling[row] == e:
+                self._cv.wait()
+            if self._holder[row] == e:
+                self._readers[row] += 1
+                return {n: t[row] for n, t in self.rows.items()}
+            if e not in self._pending[row]:
                 return None
-            self._readers[row] += 1
-        return {n: t[row] for n, t in self.rows.items()}
+        return self.fill(row, layer, index, loader)
 
     def fill(self, row: int, layer: int, index: int, loader: Any) -> dict[str, torch.Tensor]:
-        """Read the expert from the store into `row` once no copy reads it any more; returns the
-        row, counted as read until `release`."""
+        """Read the expert from the store into `row` once no copy reads it any more (unless the
+        row already holds it); returns the row, counted as read until `release`."""
+        e = layer * self.experts + index
         with self._cv:
-            while self._readers[row]:
+            while self._filling[row] >= 0 or (self._readers[row] and self._holder[row] != e):
                 self._cv.wait()
+            if e in self._pending[row]:
+                self._pending[row].remove(e)
+            if self._holder[row] == e:
+                self._readers[row] += 1
+                return {n: t[row] for n, t in self.rows.items()}
             self._holder[row] = -1
+            self._filling[row] = e
             copies, self._copies[row] = self._copies[row], []
-        for ev in copies:
-            ev.synchronize()
-        tensors = {n: t[row] for n, t in self.rows.items()}
-        loader.read(layer, index, tensors)
-        with self._cv:
-            self._holder[row] = layer * self.experts + index
-            self._readers[row] += 1
+        done = False
+        try:
+            for ev in copies:
+                ev.synchronize()
+            tensors = {n: t[row] for n, t in self.rows.items()}
+            loader.read(layer, index, tensors)
+            done = True
+        finally:
+            with self._cv:
+                self._filling[row] = -1
+                if done:
+                    self._holder[row] = e
+                    self._readers[row] += 1
+                self._cv.notify_all()
         return tensors
 
     def row_of(self, layer: int, index: int) -> int | None:

@@ -24,6 +24,7 @@ from casmoe.cache import PolicyError
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
 from casmoe.importers import read_json, read_route_csv, write_route_csv
+from casmoe.machine import ResourceError
 from casmoe.policies import PolicySpec
 from casmoe.policies.lru import LRU
 from casmoe.replay import replay
@@ -135,7 +136,7 @@ def test_route_csv_headers_and_cuts(tmp_path, n_layer, n_expert, k, cut, newline
     path.write_text(text)
     try:
         tr = read_route_csv(path)
-    except TraceError:
+    except (TraceError, ResourceError):  # a refused header, or a geometry this box cannot hold now
         return
     g = tr.geometry  # accepted: the header's integers, exactly
     assert (str(g.layers), str(g.experts), str(g.top_k)) == (n_layer.strip(), n_expert.strip(), k.strip())
@@ -409,8 +410,6 @@ def test_a_killed_sweep_takes_its_workers_with_it(tmp_path):
 
 def test_sizes_beyond_memory_fail_before_allocating(tmp_path, monkeypatch, capsys):
     """A typo'd size is refused by arithmetic on the declared shape, not by a MemoryError."""
-    from casmoe.machine import ResourceError
-
     with pytest.raises(ResourceError, match="GiB are available"):
         LRU(Geometry(100_000, 30_000, 2), 4)
     code, _, err = cli(["trace", "synth", "x.npz", "--layers", "4000", "--experts", "30000", "--requests", "100000"],
