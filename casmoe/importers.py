@@ -561,6 +561,17 @@ def import_trace(sources: Sequence[str | Path], fmt: str = "auto", **options: An
     raise TraceError(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
 
 
+def read_specs(specs: Sequence[str]) -> list[tuple[str, Trace]]:
+    """Each `PATH` or `PATH#KEY` (one named entry of a JSON file), any format -> (label, Trace).
+
+    The label is the key, else the file's stem; repeated labels get their position appended."""
+    loaded = []
+    for spec in specs:
+        path, _, key = spec.partition("#")
+        loaded.append((key or Path(path).stem, import_trace([path], key=key or None)))
+    names = [name for name, _ in loaded]
+    return [(f"{n}[{i}]" if names.count(n) > 1 else n, tr) for i, (n, (_, tr)) in enumerate(zip(names, loaded))]
+
 def _is_casmoe_npz(path: Path) -> bool:
     import zipfile
 

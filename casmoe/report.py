@@ -11,7 +11,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import IO, Any, Callable, Sequence
 
 from casmoe.output import atomic_open, write_text
 
@@ -65,14 +65,19 @@ def write_json(path: Path, data: Any) -> None:
 def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
     """Flat CSV that pandas reads; nested values are stored as JSON strings."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "w", newline="") as fh:
+        write_csv_to(fh, records)
+
+
+def write_csv_to(fh: IO[str], records: Sequence[dict[str, Any]]) -> None:
+    """`write_csv` into an open text stream (stdout for `--csv` flags)."""
     columns: list[str] = []
     for r in records:
         columns.extend(k for k in r if k not in columns)
-    with atomic_open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns)
-        w.writeheader()
-        for r in records:
-            w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+    w = csv.DictWriter(fh, fieldnames=columns)
+    w.writeheader()
+    for r in records:
+        w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
 
 
 # ---- the replay's table --------------------------------------------------------------------------

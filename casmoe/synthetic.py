@@ -255,21 +255,28 @@ def task_distributions(pop: np.ndarray, cfg: SynthConfig, k: int, rng: np.random
     return out
 
 
-def _route_request(
-    logq: np.ndarray, tokens: int, k: int, stickiness: float, rng: np.random.Generator
+def route_request(
+    logq: np.ndarray, tokens: int, k: int, stickiness: float | np.ndarray, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """topk [T, L, k] (descending weight), weights [T, L, k], logits [T, L, E] for one request."""
-    L, E = logq.shape
+    """topk [T, L, k] (descending weight), weights [T, L, k], logits [T, L, E] for one request
+    routed from log-probabilities `logq[L, E]` (or one per token, `[T, L, E]`) with
+    `stickiness` (a scalar or one per layer). A negative stickiness repels: each of the previous
+    token's experts is left out of the next draw with probability -stickiness."""
+    L, E = logq.shape[-2:]
     with np.errstate(divide="ignore"):
-        z = logq[None] + rng.gumbel(size=(tokens, L, E))  # [T, L, E]
-    keep = rng.random((tokens, L, k)) < stickiness  # [T, L, k]
+        z = (logq if logq.ndim == 3 else logq[None]) + rng.gumbel(size=(tokens, L, E))  # [T, L, E]
+    sticky = np.broadcast_to(np.asarray(stickiness, dtype=np.float64).reshape(-1, 1), (L, k))
+    keep = rng.random((tokens, L, k)) < np.abs(sticky)  # [T, L, k]
+    repel = sticky < 0
     rows = np.arange(L)[:, None]
     topk = np.empty((tokens, L, k), dtype=np.int64)
     for t in range(tokens):
         zt = z[t]  # [L, E]
-        if t and stickiness > 0:
+        if t and sticky.any():
             kept = np.where(keep[t], topk[t - 1], -1)  # [L, k]
             lift = zt.max(axis=1, keepdims=True) + 1.0 + rng.exponential(size=(L, k))
+            if repel.any():  # sink below every other expert instead
+                lift = np.where(repel, zt.min(axis=1, keepdims=True) - lift + zt.max(axis=1, keepdims=True), lift)
             mask = kept >= 0
             zt[np.broadcast_to(rows, kept.shape)[mask], kept[mask]] = lift[mask]
         topk[t] = np.argsort(-zt, axis=1, kind="stable")[:, :k]
@@ -314,7 +321,7 @@ def generate(geometry: Geometry, cfg: SynthConfig) -> Trace:
         decode = int(rng.integers(cfg.decode[0], cfg.decode[1] + 1))
         if prefill + decode == 0:
             decode = 1
-        topk, weights, logits = _route_request(logdist[t], prefill + decode, k, cfg.stickiness, rng)
+        topk, weights, logits = route_request(logdist[t], prefill + decode, k, cfg.stickiness, rng)
         requests.append(
             Request(
                 topk=topk.astype(np.int16),

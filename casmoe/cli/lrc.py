@@ -32,15 +32,6 @@ def _floats(text: str, what: str) -> list[float]:
     return vals
 
 
-def _load(spec: str):
-    """`PATH` or `PATH#KEY` (one named entry of a JSON file) -> (label, Trace)."""
-    from casmoe.importers import import_trace
-
-    path, _, key = spec.partition("#")
-    trace = import_trace([path], key=key or None)
-    return key or Path(path).stem, trace
-
-
 @app.command()
 def lrc(
     trace: list[str] = typer.Option(
@@ -86,11 +77,10 @@ def lrc(
     policies = [] if baselines.strip().lower() == "none" else [p.strip() for p in baselines.split(",") if p.strip()]
     for p in policies:
         get_policy(p)  # unknown names fail before any work
-    loaded = [_load(spec) for spec in trace]
+    from casmoe.importers import read_specs
+
+    loaded = read_specs(trace)
     labels = [name for name, _ in loaded]
-    for i, name in enumerate(labels):
-        if labels.count(name) > 1:
-            labels[i] = f"{name}[{i}]"
     total = sum(work_units(tr, ms, rhos, policies, selection) for _, tr in loaded)
     results = []
     with tqdm(total=total, desc="lrc", unit="tok", leave=False, disable=as_json) as bar:

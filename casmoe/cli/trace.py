@@ -40,30 +40,52 @@ def _geometry(model: Optional[str], layers: Optional[int], experts: Optional[int
 @trace_app.command("synth")
 def synth(
     out: Path = typer.Argument(..., help="Output trace (.npz)."),
-    model: str = typer.Option("mixtral-8x7b", help="Model preset whose geometry (and bytes per expert) to use."),
+    like: Optional[str] = typer.Option(
+        None, help="Fit the generator to this trace (.npz, route .csv, .json#KEY) instead of using the knobs below."
+    ),
+    model: Optional[str] = typer.Option(None, help="Model preset whose geometry (and bytes per expert) to use [default: mixtral-8x7b]."),
     layers: Optional[int] = typer.Option(None, help="Override the preset's MoE layer count."),
     experts: Optional[int] = typer.Option(None, help="Override the preset's experts per layer."),
     top_k: Optional[int] = typer.Option(None, help="Override the preset's routed experts per token."),
     requests: int = typer.Option(300, min=0, help="Number of requests."),
-    tasks: int = typer.Option(6, min=1, help="Number of task clusters (code, math, cooking, ...)."),
-    zipf: float = typer.Option(1.0, min=0.0, help="Popularity skew per layer: p(rank r) ~ 1/r^zipf."),
-    stickiness: float = typer.Option(
-        0.3, min=0.0, max=1.0, help="P(a token keeps each of the previous token's experts)."
+    tasks: Optional[int] = typer.Option(
+        None, min=1, help="Task clusters (code, math, cooking, ...) [default: 6; with --like: the trace's own labels]."
     ),
-    task_affinity: float = typer.Option(0.6, min=0.0, max=1.0, help="Weight of the task's preferred set."),
+    task_shuffle: float = typer.Option(
+        0.5, min=0.0, max=1.0, help="With --like and --tasks: share of each layer's experts a task relabels."
+    ),
+    zipf: Optional[float] = typer.Option(None, min=0.0, help="Popularity skew per layer: p(rank r) ~ 1/r^zipf [default: 1.0]."),
+    stickiness: Optional[float] = typer.Option(
+        None, min=0.0, max=1.0, help="P(a token keeps each of the previous token's experts) [default: 0.3]."
+    ),
+    task_affinity: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Weight of the task's preferred set [default: 0.6]."),
     task_experts: Optional[int] = typer.Option(
         None, help="Preferred experts per task and layer (default max(2k, E/4))."
     ),
-    prefill: str = typer.Option("16:64", help="Prompt length range LOW:HIGH (tokens)."),
-    decode: str = typer.Option("32:96", help="Generated length range LOW:HIGH (tokens)."),
-    logits: bool = typer.Option(False, help="Store router logits [T, L, E]."),
-    spec: bool = typer.Option(True, help="Store speculative next-layer routing [T, L, k]."),
+    prefill: Optional[str] = typer.Option(None, help="Prompt length range LOW:HIGH (tokens) [default: 16:64]."),
+    decode: Optional[str] = typer.Option(None, help="Generated length range LOW:HIGH (tokens) [default: 32:96]."),
+    logits: bool = typer.Option(False, help="Store router logits [T, L, E] (not with --like)."),
+    spec: Optional[bool] = typer.Option(None, help="Store speculative next-layer routing [T, L, k] [default: on; not with --like]."),
     spec_accuracy: float = typer.Option(
         0.8, min=0.0, max=1.0, help="P(a spec slot equals the true next-layer expert)."
     ),
     seed: int = typer.Option(0, help="Seed of the numpy Generator."),
 ) -> None:
-    """Generate a synthetic trace with task-labelled prompts (see casmoe.synthetic for the model)."""
+    """Generate a synthetic trace with task-labelled prompts (see casmoe.synthetic for the model).
+
+    With --like TRACE the generator is fitted to TRACE's routing (per-layer popularity of prompt
+    and decode tokens, stickiness, drift, task groups, lengths; see casmoe.synthetic_fit) and
+    the knobs are not used.
+    """
+    if like is not None:
+        knobs = {"--model": model, "--layers": layers, "--experts": experts, "--top-k": top_k, "--zipf": zipf,
+                 "--stickiness": stickiness, "--task-affinity": task_affinity, "--task-experts": task_experts,
+                 "--prefill": prefill, "--decode": decode, "--spec": spec or None, "--logits": logits or None}
+        given = [name for name, value in knobs.items() if value is not None]
+        if given:
+            raise CasmoeError(f"--like fits the routing to the trace; drop {', '.join(given)}")
+        _synth_like(out, like, requests, tasks, task_shuffle, seed)
+        return
     from casmoe.output import check_file_target
     from casmoe.synthetic import SynthConfig, generate
 
@@ -71,22 +93,49 @@ def synth(
     geometry = _geometry(model, layers, experts, top_k)
     cfg = SynthConfig(
         requests=requests,
-        tasks=tasks,
-        zipf=zipf,
-        stickiness=stickiness,
-        task_affinity=task_affinity,
+        tasks=6 if tasks is None else tasks,
+        zipf=1.0 if zipf is None else zipf,
+        stickiness=0.3 if stickiness is None else stickiness,
+        task_affinity=0.6 if task_affinity is None else task_affinity,
         task_experts=task_experts,
-        prefill=parse_range(prefill, "prefill"),
-        decode=parse_range(decode, "decode"),
+        prefill=parse_range(prefill or "16:64", "prefill"),
+        decode=parse_range(decode or "32:96", "decode"),
         logits=logits,
-        spec=spec,
+        spec=True if spec is None else spec,
         spec_accuracy=spec_accuracy,
         seed=seed,
-        meta={"model_preset": model},
+        meta={"model_preset": model or "mixtral-8x7b"},
     )
     tr = generate(geometry, cfg)
     tr.save(out)
     typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {geometry.describe()}")
+
+
+def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_shuffle: float, seed: int) -> None:
+    """`synth --like`: fit, optionally split into tasks, generate, save with provenance."""
+    from casmoe import synthetic_fit
+    from casmoe.importers import read_specs
+
+    from casmoe.output import check_file_target
+
+    check_file_target(out, "trace")
+    [(name, source)] = read_specs([like])
+    typer.echo(f"fitting the generator to {like} ({len(source.requests)} requests, {source.tokens} tokens)", err=True)
+    fitted = synthetic_fit.fit(source, name, seed, progress=lambda what: typer.echo(f"  fitting {what}", err=True))
+    if tasks is not None:
+        fitted = synthetic_fit.with_tasks(fitted, tasks, task_shuffle, seed)
+    tr = synthetic_fit.generate(fitted, requests, seed)
+    tr.meta["synth_like"] = {
+        **fitted.summary(),
+        "requests": requests,
+        "seed": seed,
+        "tasks": tasks,
+        "task_shuffle": task_shuffle if tasks is not None else None,
+        "command": f"casmoe trace synth {out.name} --like {like} --requests {requests} --seed {seed}"
+        + (f" --tasks {tasks} --task-shuffle {task_shuffle:g}" if tasks is not None else ""),
+    }
+    tr.save(out)
+    typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {tr.geometry.describe()}")
 
 
 @trace_app.command("info")
@@ -219,3 +268,55 @@ def show(
             typer.echo(f"  output: {row['output']!r}" if row["output"] is not None else "  output: (not recorded)")
     shown = f"{len(rows)} of {len(tr.requests)} requests"
     typer.echo(f"{shown}; distinct-4-gram ratio of outputs: " + (f"{d4:.3f}" if d4 is not None else "-"))
+
+
+@trace_app.command("stats")
+def stats(
+    traces: Optional[list[str]] = typer.Argument(
+        None, help="Traces: .npz, route .csv or .json (PATH#KEY picks one entry); default: the shipped default trace."
+    ),
+    layers: bool = typer.Option(False, "--layers", help="Also print each trace's per-layer table (files always have it)."),
+    replay_requests: int = typer.Option(
+        100, min=0, help="Replay the hit rates on at most this many requests, spread evenly (0: all; slow on long traces)."
+    ),
+    band: bool = typer.Option(True, help="Compare with the realism band of the real traces in traces/real."),
+    as_json: bool = typer.Option(False, "--json", help="Print everything (per layer too) as JSON."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print long rows (trace, layer, statistic, value, band) as CSV."),
+) -> None:
+    """Routing statistics that decide how much a cache can help, beside the real models' band.
+
+    Per trace and layer: distinct experts of a request's first 32 decode tokens, exact-set reuse,
+    share of the previous token's experts kept, popularity skew, LRU and Belady hit rates at
+    k, 1.5k, 2k and 4k slots per layer, SRP at m = 16 (see casmoe.workload for the definitions).
+
+    Example: casmoe trace stats traces/tiny-olmoe.npz traces/real/qwen.route.csv
+    """
+    import sys
+
+    from tqdm import tqdm
+
+    from casmoe import workload
+    from casmoe.importers import read_specs
+    from casmoe.report import print_table, write_csv_to
+
+    loaded = read_specs(traces or [str(shipped(DEFAULT_TRACE))])
+    results = []
+    with tqdm(total=sum(tr.geometry.layers for _, tr in loaded), desc="replay", unit="layer", leave=False, disable=as_json or as_csv) as bar:
+        for name, tr in loaded:
+            results.append(workload.measure(tr, name, replay_requests, progress=bar.update))
+    ref = workload.realism_band() if band else None
+    if as_json:
+        typer.echo(json.dumps({"band": ref.to_dict() if ref else None, "traces": [s.to_dict() for s in results]}, indent=2))
+        return
+    if as_csv:
+        write_csv_to(sys.stdout, workload.long_records(results, ref))
+        return
+    rows = workload.comparison(results, ref)
+    print_table(rows, list(rows[0]), title="routing statistics (model level)" + (f"; band: {', '.join(ref.sources)}" if ref else ""))
+    for s in results:
+        if s.replayed_requests < s.requests:
+            typer.echo(f"{s.name}: hit rates replayed on {s.replayed_requests} of {s.requests} requests (--replay-requests)")
+    if layers:
+        for s in results:
+            recs = [{"layer": i, **{n: s.layers[n][i] for n in workload.STATS}} for i in range(len(s.layers[workload.STATS[0]]))]
+            print_table(recs, ["layer", *workload.STATS], title=f"{s.name}: per layer")

@@ -1,0 +1,377 @@
+"""How realistic a trace's routing is: the statistics `casmoe trace stats` prints, and the band
+that real models' routing spans.
+
+Every conclusion about caching depends on the routing replayed, so a trace's realism is measured,
+per MoE layer and model-wide, with the statistics the field uses:
+
+- `distinct32` experts a request's first 32 decode tokens use at a layer (fewer tokens if the
+  request decodes fewer), `distinct32_frac` = that / E, and `distinct32_norm` =
+  (d - k) / (min(E, n k) - k): 0 when every token reuses the first token's experts, 1 when no
+  expert repeats, so shapes compare;
+- `exact_reuse`: share of consecutive decode-token pairs whose expert *set* at the layer is
+  identical; `kept_share`: share of the previous token's k experts the next one uses again;
+- popularity skew within a request (its decode tokens): `topk_share`, the share of accesses on
+  the request's k hottest experts, and `gini`, the Gini coefficient of the E access counts;
+  `trace_topk_share` / `trace_gini` are the same over the whole trace's decode tokens (they also
+  grow with how differently requests route, so they have no band: the real traces are single
+  requests);
+- `lru@m` / `belady@m`: hit rates of the registered `lru` and `belady` policies replayed by
+  `casmoe.replay` (as `casmoe replay` does: one cache for the whole trace, prefill one step) at
+  round(m k) slots per layer, m in 1, 1.5, 2, 4;
+- `srp16`: SRP at m = 16 over all tokens (`casmoe lrc --m 16`'s figure).
+
+Model-level values average the per-layer ones, except the hit rates (pooled over layers: the
+replay's own total) and SRP (pooled histograms, as `casmoe lrc`). Token-layers a recording
+engine skipped (`NOT_COMPUTED`) are left out of every statistic.
+
+The realism band of each statistic is [min, max] over the three real traces shipped in
+`traces/real/` (Qwen3-30B-A3B, gemma-4-26B-A4B, gpt-oss-120b), computed from them here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from casmoe.cache import Capacity
+from casmoe.errors import CasmoeError
+from casmoe.trace import Request, Trace
+
+WINDOW = 32
+"""Decode tokens whose distinct experts `distinct32` counts."""
+SLOT_MULTIPLES = (1.0, 1.5, 2.0, 4.0)
+"""Per-layer cache sizes of the replayed hit rates, in multiples of k."""
+SRP_M = 16
+REAL_TRACES = ("qwen.route.csv", "gemma.route.csv", "gptoss.route.csv")
+"""The real traces under `traces/real/` whose spread defines the realism band."""
+
+
+def _mult(m: float) -> str:
+    return f"{m:g}k"
+
+
+STATS: tuple[str, ...] = (
+    "distinct32",
+    "distinct32_frac",
+    "distinct32_norm",
+    "exact_reuse",
+    "kept_share",
+    "topk_share",
+    "gini",
+    "trace_topk_share",
+    "trace_gini",
+    *(f"lru@{_mult(m)}" for m in SLOT_MULTIPLES),
+    *(f"belady@{_mult(m)}" for m in SLOT_MULTIPLES),
+    f"srp{SRP_M}",
+)
+NO_BAND = frozenset({"distinct32", "trace_topk_share", "trace_gini"})
+"""Statistics that do not compare across shapes or request counts: reported, never banded."""
+
+
+class WorkloadError(CasmoeError, ValueError):
+    """A trace these statistics cannot be measured on (no decode tokens, ...)."""
+
+
+def slots_for(multiple: float, k: int) -> int:
+    """Per-layer slots at `multiple` x k, rounded half up (1.5 x 1 = 2)."""
+    return int(np.floor(multiple * k + 0.5))
+
+
+def gini(counts: np.ndarray) -> np.ndarray:
+    """Gini coefficient over the last axis (0: uniform, 1 - 1/E: one expert takes all; NaN if empty)."""
+    x = np.sort(np.asarray(counts, dtype=np.float64), axis=-1)
+    n = x.shape[-1]
+    total = x.sum(axis=-1)
+    ranks = np.arange(1, n + 1, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g = 2.0 * (x * ranks).sum(axis=-1) / (n * total) - (n + 1.0) / n
+    return np.where(total > 0, g, np.nan)
+
+
+def topk_share(counts: np.ndarray, k: int) -> np.ndarray:
+    """Share of the accesses (last axis) that fall on the k most used experts (NaN if empty)."""
+    x = np.sort(np.asarray(counts, dtype=np.float64), axis=-1)
+    total = x.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, x[..., -k:].sum(axis=-1) / total, np.nan)
+
+
+def _decode_counts(topk: np.ndarray, E: int) -> np.ndarray:
+    """[L, E] accesses of each expert over `topk[T, L, k]` (gap rows skipped)."""
+    T, L, k = topk.shape
+    ids = topk.astype(np.int64)
+    flat = (ids + (np.arange(L, dtype=np.int64) * E)[None, :, None])[ids >= 0]
+    return np.bincount(flat, minlength=L * E).reshape(L, E)
+
+
+@dataclass
+class _Sums:
+    """Running per-layer numerators and denominators over requests."""
+
+    L: int
+    num: dict[str, np.ndarray] = field(default_factory=dict)
+    den: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, name: str, values: np.ndarray, weight: np.ndarray) -> None:
+        """Add per-layer `values` (summed already) with their `weight` (count of items)."""
+        self.num.setdefault(name, np.zeros(self.L))
+        self.den.setdefault(name, np.zeros(self.L))
+        self.num[name] += values
+        self.den[name] += weight
+
+    def mean(self, name: str) -> np.ndarray:
+        num, den = self.num.get(name, np.zeros(self.L)), self.den.get(name, np.zeros(self.L))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, num / np.maximum(den, 1e-300), np.nan)
+
+
+def token_stats(trace: Trace) -> dict[str, np.ndarray]:
+    """Per-layer values [L] of every statistic that reads decode tokens only."""
+    g = trace.geometry
+    L, E, k = g.layers, g.experts, g.top_k
+    sums = _Sums(L)
+    total = np.zeros((L, E), dtype=np.int64)
+    for r in trace.requests:
+        dec = r.topk[r.prefill :].astype(np.int64)  # [T, L, k]
+        if len(dec) == 0:
+            continue
+        live = dec[:, :, 0] >= 0  # [T, L]
+        counts = _decode_counts(dec, E)  # [L, E]
+        total += counts
+        has = counts.sum(axis=1) > 0
+        sums.add("topk_share", np.nan_to_num(topk_share(counts, k)), has)
+        sums.add("gini", np.nan_to_num(gini(counts)), has)
+        _window_stats(dec[:WINDOW], live[:WINDOW], E, k, sums)
+        if len(dec) > 1:
+            pair = live[1:] & live[:-1]  # [T-1, L]
+            srt = np.sort(dec, axis=2)
+            same = (srt[1:] == srt[:-1]).all(axis=2)
+            kept = (dec[1:, :, :, None] == dec[:-1, :, None, :]).any(axis=3).sum(axis=2) / k
+            sums.add("exact_reuse", (same & pair).sum(axis=0), pair.sum(axis=0))
+            sums.add("kept_share", np.where(pair, kept, 0).sum(axis=0), pair.sum(axis=0))
+    if not total.any():
+        raise WorkloadError("the trace has no decode tokens: its routing statistics are undefined")
+    out = {name: sums.mean(name) for name in ("distinct32", "distinct32_frac", "distinct32_norm", "exact_reuse", "kept_share", "topk_share", "gini")}
+    out["trace_topk_share"] = topk_share(total, k)
+    out["trace_gini"] = gini(total)
+    return out
+
+
+def _window_stats(win: np.ndarray, live: np.ndarray, E: int, k: int, sums: _Sums) -> None:
+    """Distinct experts of one request's first decode tokens `win[n, L, k]`, per layer."""
+    n_live = live.sum(axis=0)  # [L] computed tokens in the window
+    distinct = (_decode_counts(win, E) > 0).sum(axis=1).astype(np.float64)  # [L]
+    ok = n_live >= 2  # one token always uses exactly k: nothing to normalise
+    span = np.minimum(E, n_live * k) - k
+    norm = np.divide(distinct - k, span, out=np.zeros_like(distinct), where=ok & (span > 0))
+    sums.add("distinct32", np.where(ok, distinct, 0), ok)
+    sums.add("distinct32_frac", np.where(ok, distinct / E, 0), ok)
+    sums.add("distinct32_norm", np.where(ok, norm, 0), ok & (span > 0))
+
+
+def _srp(trace: Trace) -> tuple[np.ndarray, float]:
+    """SRP at m = SRP_M over all tokens: per layer [L] and model level."""
+    from casmoe.metrics.srp import segment_stats, srp_from_hist
+    from casmoe.metrics.tokens import TokenSelection, sequences
+
+    [st] = segment_stats(sequences(trace, TokenSelection.ALL), trace.geometry.experts, [SRP_M])
+    hist = st.hist.sum(axis=0)  # [L, m+1]
+    return srp_from_hist(hist, SRP_M).srp, float(srp_from_hist(hist.sum(axis=0), SRP_M).srp)
+
+
+def replay_sample(trace: Trace, limit: int) -> Trace:
+    """At most `limit` requests spread evenly over the trace (all of them when `limit` <= 0)."""
+    n = len(trace.requests)
+    if limit <= 0 or n <= limit:
+        return trace
+    idx = np.unique(np.linspace(0, n - 1, limit).round().astype(int))
+    return trace.subset(idx.tolist())
+
+
+def layer_trace(trace: Trace, layer: int) -> Trace:
+    """The routing of one MoE layer as a one-layer trace.
+
+    With a cache of per-layer pools, LRU's and Belady's decisions in one layer's pool depend on
+    that layer's accesses alone, so replaying each layer on its own gives the per-layer split of
+    the full replay's counters (tests check the sums)."""
+    g = trace.geometry.layer_slice(range(layer, layer + 1))
+    reqs = [Request(topk=r.topk[:, layer : layer + 1], weights=r.weights[:, layer : layer + 1], prefill=r.prefill) for r in trace.requests]
+    return Trace(g, reqs)
+
+
+def hit_rates(
+    trace: Trace, policies: Sequence[str] = ("lru", "belady"), progress: Callable[[int], object] | None = None
+) -> dict[str, tuple[np.ndarray, float]]:
+    """`policy@mk` -> (per-layer hit rates [L], pooled hit rate), replayed layer by layer."""
+    from casmoe.policies import get_policy
+    from casmoe.replay import replay
+
+    g = trace.geometry
+    L, k = g.layers, g.top_k
+    hits = {f"{p}@{_mult(m)}": np.zeros(L) for p in policies for m in SLOT_MULTIPLES}
+    accesses = np.zeros(L)
+    for layer in range(L):
+        sub = layer_trace(trace, layer)
+        steps = sub.steps()
+        for p in policies:
+            cls = get_policy(p)
+            for m in SLOT_MULTIPLES:
+                C = slots_for(m, k)
+                if C > g.experts:
+                    hits[f"{p}@{_mult(m)}"][layer] = np.nan
+                    continue
+                st = replay(sub, cls.create(sub.geometry, Capacity(C), trace=sub), steps=steps).stats
+                hits[f"{p}@{_mult(m)}"][layer] = st.hits + st.late_hits
+                accesses[layer] = st.accesses
+        if progress is not None:
+            progress(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {name: (h / accesses, float(h.sum() / accesses.sum())) for name, h in hits.items()}
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    """Every statistic of one trace, per layer (`layers[name]`: [L]) and model-wide (`model[name]`)."""
+
+    name: str
+    geometry_text: str
+    requests: int
+    tokens: int
+    replayed_requests: int
+    layers: dict[str, np.ndarray]
+    model: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trace": self.name,
+            "geometry": self.geometry_text,
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "replayed_requests": self.replayed_requests,
+            "model": {n: _num(v) for n, v in self.model.items()},
+            "layers": {n: [_num(x) for x in v] for n, v in self.layers.items()},
+        }
+
+
+def _num(x: Any) -> float | None:
+    x = float(x)
+    return None if np.isnan(x) else x
+
+
+def measure(
+    trace: Trace, name: str = "trace", replay_requests: int = 0, progress: Callable[[int], object] | None = None
+) -> WorkloadStats:
+    """All statistics of `trace`; the hit rates replay at most `replay_requests` requests (0: all).
+
+    `progress` is called once per replayed layer (`trace.geometry.layers` calls)."""
+    layers = token_stats(trace)
+    sample = replay_sample(trace, replay_requests)
+    model = {n: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for n, v in layers.items()}
+    for stat, (per_layer, pooled) in hit_rates(sample, progress=progress).items():
+        layers[stat], model[stat] = per_layer, pooled
+    layers[f"srp{SRP_M}"], model[f"srp{SRP_M}"] = _srp(trace)
+    return WorkloadStats(
+        name, trace.geometry.describe(), len(trace.requests), trace.tokens, len(sample.requests),
+        {n: layers[n] for n in STATS}, {n: model[n] for n in STATS},
+    )
+
+
+
+# ---- the realism band ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Band:
+    """Per statistic, the [low, high] that the real traces span (model-level values)."""
+
+    low: dict[str, float]
+    high: dict[str, float]
+    sources: tuple[str, ...]
+
+    def verdict(self, stat: str, value: float) -> str:
+        """'in', 'below' or 'above' the band; 'n/a' for unbanded statistics or undefined values."""
+        if stat in NO_BAND or stat not in self.low or np.isnan(value):
+            return "n/a"
+        if value < self.low[stat] - 1e-12:
+            return "below"
+        if value > self.high[stat] + 1e-12:
+            return "above"
+        return "in"
+
+    def describe(self, stat: str) -> str:
+        if stat in NO_BAND or stat not in self.low:
+            return "-"
+        return f"{self.low[stat]:.3f}-{self.high[stat]:.3f}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sources": list(self.sources),
+            "low": {n: v for n, v in self.low.items() if n not in NO_BAND},
+            "high": {n: v for n, v in self.high.items() if n not in NO_BAND},
+        }
+
+
+def band_from(stats: Sequence[WorkloadStats]) -> Band:
+    """[min, max] over `stats` of every model-level statistic that is defined on all of them."""
+    low, high = {}, {}
+    for name in STATS:
+        vals = [s.model[name] for s in stats]
+        if name in NO_BAND or any(np.isnan(v) for v in vals):
+            continue
+        low[name], high[name] = min(vals), max(vals)
+    return Band(low, high, tuple(s.name for s in stats))
+
+
+def real_stats() -> list[WorkloadStats]:
+    """The statistics of the three shipped real traces (computed once per process)."""
+    return list(_real_stats())
+
+
+@lru_cache(maxsize=1)
+def _real_stats() -> tuple[WorkloadStats, ...]:
+    from casmoe.importers import read_route_csv
+    from casmoe.shipped import shipped
+
+    return tuple(measure(read_route_csv(shipped(f"real/{name}")), name.split(".")[0]) for name in REAL_TRACES)
+
+
+def realism_band() -> Band:
+    """The band of the shipped real traces (`traces/real/`)."""
+    return band_from(real_stats())
+
+
+def comparison(stats: Sequence[WorkloadStats], band: Band | None) -> list[dict[str, Any]]:
+    """Display rows, one per statistic: the band, then per trace its model-level value and
+    where it falls ('0.850 above')."""
+    rows = []
+    for name in STATS:
+        row: dict[str, Any] = {"statistic": name}
+        if band is not None:
+            row["band"] = band.describe(name)
+        for s in stats:
+            v = s.model[name]
+            cell = "-" if np.isnan(v) else f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+            verdict = band.verdict(name, v) if band is not None else "n/a"
+            row[s.name] = cell if verdict == "n/a" else f"{cell} {verdict}"
+        rows.append(row)
+    return rows
+
+
+def long_records(stats: Sequence[WorkloadStats], band: Band | None) -> list[dict[str, Any]]:
+    """Long rows (trace, layer or 'model', statistic, value, band, verdict) for CSV and pandas."""
+    rows = []
+    for s in stats:
+        for name in STATS:
+            levels = [("model", s.model[name])] + [(str(i), v) for i, v in enumerate(s.layers[name])]
+            for level, value in levels:
+                row: dict[str, Any] = {"trace": s.name, "layer": level, "statistic": name, "value": _num(value)}
+                if band is not None:
+                    banded = name in band.low
+                    row["band_low"] = band.low[name] if banded else None
+                    row["band_high"] = band.high[name] if banded else None
+                    row["verdict"] = band.verdict(name, value) if level == "model" else None
+                rows.append(row)
+    return rows

@@ -1,0 +1,115 @@
+"""`casmoe trace synth --like` (casmoe.synthetic_fit): the fit recovers a hand-built trace's
+stickiness and popularity, its synthetic matches the real traces' caching statistics, and the
+pieces it rests on (stack distances, repelling stickiness, task relabelling) hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from casmoe.cache import Capacity
+from casmoe.cli import app
+from casmoe.geometry import Geometry
+from casmoe.importers import read_route_csv
+from casmoe.policies import get_policy
+from casmoe.replay import replay
+from casmoe.synthetic import SynthConfig, generate, route_request
+from casmoe.synthetic_fit import fit, generate as generate_like, inclusion, stack_distances, with_tasks
+from casmoe.trace import Request, Trace
+from casmoe.workload import measure
+from test_importers import REAL
+
+G = Geometry(layers=4, experts=16, top_k=2)
+
+
+def hand_built(stickiness: float = 0.4, seed: int = 3) -> Trace:
+    return generate(G, SynthConfig(requests=40, tasks=1, zipf=1.2, stickiness=stickiness, task_affinity=0.0,
+                                   prefill=(8, 8), decode=(48, 48), seed=seed))
+
+
+def decode_popularity(tr: Trace) -> np.ndarray:
+    counts = sum(inclusion(r.topk[r.prefill :], tr.geometry.experts)[0] for r in tr.requests)
+    return counts / counts.sum(axis=1, keepdims=True)
+
+
+def test_fit_recovers_stickiness_and_popularity_of_a_hand_built_trace():
+    src = hand_built()
+    model = fit(src, "src")
+    assert np.all(np.abs(model.decode.stickiness - 0.4) < 0.08)  # a little goes to the fitted drift
+    syn = generate_like(model, 40, seed=1)
+    a, b = measure(src).model, measure(syn).model
+    assert abs(a["kept_share"] - b["kept_share"]) < 0.03
+    assert abs(a["exact_reuse"] - b["exact_reuse"]) < 0.04
+    tv = 0.5 * np.abs(decode_popularity(src) - decode_popularity(syn)).sum(axis=1)
+    assert tv.max() < 0.08  # per-layer popularity: total variation distance
+    hot = decode_popularity(src).argmax(axis=1)
+    assert (decode_popularity(syn).argmax(axis=1) == hot).all()
+    # shape of the requests: lengths resampled from the source
+    assert {(r.prefill, r.decode_tokens) for r in syn.requests} == {(8, 48)}
+
+
+def test_fit_tells_a_sticky_trace_from_a_non_sticky_one():
+    loose = fit(hand_built(0.0, seed=4), "loose")
+    tight = fit(hand_built(0.7, seed=4), "tight")
+    assert tight.decode.stickiness.mean() > loose.decode.stickiness.mean() + 0.4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen", "gemma", "gptoss"])
+def test_synthetic_matches_the_real_traces_caching_within_003(name):
+    real = read_route_csv(REAL / f"{name}.route.csv")
+    want = measure(real, name).model
+    got = measure(generate_like(fit(real, name), 8, seed=0)).model
+    for stat in ("lru@1k", "lru@1.5k", "lru@2k", "lru@4k", "belady@1k", "belady@1.5k", "belady@2k", "belady@4k", "srp16"):
+        assert got[stat] == pytest.approx(want[stat], abs=0.03), stat
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), E=st.integers(2, 6), k=st.integers(1, 3), extra=st.integers(0, 3), T=st.integers(1, 30))
+def test_stack_distances_give_the_lru_replay_hit_rate(seed, E, k, extra, T):
+    E = max(E, k)
+    topk = np.argsort(np.random.default_rng(seed).random((T, 2, E)), axis=2)[:, :, :k]  # distinct per token
+    C = min(E, k + extra)
+    g = Geometry(layers=2, experts=E, top_k=k)
+    tr = Trace(g, [Request(topk=topk.astype(np.int16), weights=np.full(topk.shape, 1 / k, np.float32), prefill=0)])
+    hits = replay(tr, get_policy("lru").create(g, Capacity(C), trace=tr)).stats.hits
+    d = stack_distances(topk)
+    assert int(((d >= 0) & (d < C)).sum()) == hits
+
+
+def test_negative_stickiness_repels_the_previous_experts():
+    logq = np.zeros((3, 8))
+    topk, _, _ = route_request(logq, 50, 2, -1.0, np.random.default_rng(0))
+    shared = (topk[1:, :, :, None] == topk[:-1, :, None, :]).any(axis=3)
+    assert not shared.any()
+    keep, _, _ = route_request(logq, 50, 2, 1.0, np.random.default_rng(0))
+    assert (np.sort(keep[1:], axis=2) == np.sort(keep[:1], axis=2)).all()  # full stickiness: same set
+
+
+def test_tasks_relabel_experts_but_keep_each_request_s_statistics():
+    model = fit(hand_built(), "src")
+    split = with_tasks(model, 3, 0.5, seed=0)
+    assert [g.task for g in split.groups] == ["code", "math", "cooking"]
+    for w in split.decode.weights:  # a permutation of the fitted log-weights per layer
+        np.testing.assert_allclose(np.sort(w, axis=1), np.sort(model.decode.weights[0], axis=1))
+    assert not np.allclose(split.decode.weights[0], split.decode.weights[1])
+    syn = generate_like(split, 30, seed=2)
+    assert {r.task for r in syn.requests} == {"code", "math", "cooking"} and all(r.prompt for r in syn.requests)
+    with pytest.raises(Exception, match="own tasks"):
+        with_tasks(split, 2, 0.5, seed=0)
+
+
+def test_cli_synth_like(tmp_path):
+    src, out = tmp_path / "src.npz", tmp_path / "out.npz"
+    hand_built().save(src)
+    runner = CliRunner()
+    r = runner.invoke(app, ["trace", "synth", str(out), "--like", str(src), "--requests", "12", "--tasks", "2"])
+    assert r.exit_code == 0, r.output
+    tr = Trace.load(out)
+    assert len(tr.requests) == 12 and tr.geometry == hand_built().geometry
+    assert tr.meta["synth_like"]["source"] == "src" and len(tr.meta["synth_like"]["decode"]["stickiness"]) == 4
+    r = runner.invoke(app, ["trace", "synth", str(out), "--like", str(src), "--zipf", "2"])
+    assert r.exit_code != 0 and "--zipf" in str(r.exception or r.output)

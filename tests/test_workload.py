@@ -1,0 +1,199 @@
+"""`casmoe trace stats` (casmoe.workload): statistics with known answers on hand-built traces,
+the per-layer replay split, the realism band of the shipped real traces, and the CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from casmoe.cache import Capacity
+from casmoe.cli import app
+from casmoe.geometry import Geometry
+from casmoe.policies import get_policy
+from casmoe.replay import replay
+from casmoe.trace import NOT_COMPUTED, Request, Trace
+from casmoe.workload import (
+    REAL_TRACES,
+    STATS,
+    gini,
+    hit_rates,
+    measure,
+    real_stats,
+    realism_band,
+    replay_sample,
+    slots_for,
+    topk_share,
+)
+from test_trace import random_trace
+
+
+def build(rows: np.ndarray, E: int, prefill: int = 0, requests: int = 1) -> Trace:
+    """A trace of `requests` copies of one request whose token-layers route `rows[T, L, k]`."""
+    T, L, k = rows.shape
+    g = Geometry(layers=L, experts=E, top_k=k)
+    reqs = [Request(topk=rows.astype(np.int16), weights=np.full((T, L, k), 1.0 / k, np.float32), prefill=prefill) for _ in range(requests)]
+    return Trace(g, reqs)
+
+
+def sticky(T: int = 40, L: int = 2, E: int = 16, k: int = 2) -> Trace:
+    """Every token of every layer routes experts 0..k-1."""
+    return build(np.broadcast_to(np.arange(k), (T, L, k)).copy(), E)
+
+
+def cyclic(T: int = 40, L: int = 2, E: int = 128, k: int = 2) -> Trace:
+    """Token t routes experts t k .. t k + k - 1 (mod E): nothing repeats within E / k tokens."""
+    rows = (np.arange(T)[:, None, None] * k + np.arange(k)[None, None, :]) % E
+    return build(np.broadcast_to(rows, (T, L, k)).copy(), E)
+
+
+def test_all_sticky_trace():
+    T, k = 40, 2
+    s = measure(sticky(T, k=k))
+    m = s.model
+    assert m["exact_reuse"] == 1.0 and m["kept_share"] == 1.0
+    assert m["distinct32"] == k and m["distinct32_norm"] == 0.0 and m["distinct32_frac"] == k / 16
+    assert m["topk_share"] == 1.0
+    # k cold misses per layer, then every access hits, for LRU and Belady at every size
+    for stat in STATS:
+        if stat.startswith(("lru@", "belady@")):
+            assert m[stat] == pytest.approx((T - 1) / T)
+    assert m["srp16"] == pytest.approx(1.0)  # threshold 16 pre-routes exactly the used experts
+
+
+def test_never_sticky_trace():
+    T, E, k = 40, 128, 2
+    s = measure(cyclic(T, E=E, k=k))
+    m = s.model
+    assert m["exact_reuse"] == 0.0 and m["kept_share"] == 0.0
+    assert m["distinct32"] == 32 * k and m["distinct32_norm"] == 1.0
+    assert m["lru@4k"] == 0.0  # every expert is used once: no cache can hit
+    assert m["belady@4k"] == 0.0
+    # each window of 16 tokens uses 16 k experts once: best threshold 1, F1 = 2 x 16k / (16 x 16k + 16k)
+    assert m["srp16"] == pytest.approx(2 / 17)
+
+
+def test_lru_misses_a_cycle_longer_than_the_cache_and_belady_does_not():
+    s = measure(cyclic(T=64, E=8, k=2))  # period of 4 tokens over 8 experts
+    m = s.model
+    assert m["lru@1k"] == m["lru@1.5k"] == m["lru@2k"] == 0.0  # 2..4 slots < 8 experts in the cycle
+    assert m["lru@4k"] == pytest.approx(1 - 8 / 128)  # all 8 fit: only the first pass misses
+    assert m["belady@1.5k"] > 0 and m["belady@2k"] > m["belady@1.5k"]
+
+
+def test_uniform_and_one_hot_popularity():
+    E = 8
+    uniform = measure(cyclic(T=32, E=E, k=2))  # every expert 8 times per layer
+    assert uniform.model["gini"] == pytest.approx(0.0)
+    assert uniform.model["topk_share"] == pytest.approx(2 / E)
+    one_hot = measure(build(np.full((32, 3, 1), 5), E))  # top-1, always expert 5
+    assert one_hot.model["gini"] == pytest.approx(1 - 1 / E)
+    assert one_hot.model["topk_share"] == 1.0 and one_hot.model["trace_topk_share"] == 1.0
+
+
+def test_gini_and_topk_share_closed_forms():
+    assert gini(np.array([0, 0, 0, 4])) == pytest.approx(0.75)
+    assert gini(np.array([1, 1, 1, 1])) == pytest.approx(0.0)
+    assert gini(np.array([1, 3])) == pytest.approx(0.25)  # mean |xi - xj| / (2 mean) over all pairs
+    assert np.isnan(gini(np.zeros(4)))
+    assert topk_share(np.array([5, 1, 3, 1]), 2) == pytest.approx(0.8)
+
+
+def test_prefill_and_gaps_are_left_out_of_decode_statistics():
+    rows = np.broadcast_to(np.arange(2), (20, 2, 2)).copy()
+    rows[:5] = [[2, 3], [4, 5]]  # the prompt uses other experts
+    rows[10, 1] = NOT_COMPUTED  # a gap in layer 1
+    tr = build(rows, 16, prefill=5)
+    tr.requests[0].weights[10, 1] = 0
+    m = measure(tr).model
+    assert m["exact_reuse"] == 1.0 and m["kept_share"] == 1.0 and m["distinct32"] == 2
+
+
+def test_distinct_normalisation_uses_the_request_length():
+    # 3 decode tokens, each new experts: d = 3k = min(E, 3k) -> normalised 1 although n < 32
+    s = measure(cyclic(T=3, E=64, k=2))
+    assert s.model["distinct32"] == 6 and s.model["distinct32_norm"] == 1.0
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), L=st.integers(1, 3), k=st.integers(1, 3), extra=st.integers(0, 4))
+def test_per_layer_replays_add_up_to_the_full_replay(seed, L, k, extra):
+    rng = np.random.default_rng(seed)
+    tr = random_trace(rng, L, k + extra + 1, k, n=4, optional=False)
+    if not any(r.tokens for r in tr.requests):
+        return
+    per_layer = hit_rates(tr)
+    for policy in ("lru", "belady"):
+        C = slots_for(2.0, k)
+        if C > tr.geometry.experts:
+            continue
+        full = replay(tr, get_policy(policy).create(tr.geometry, Capacity(C), trace=tr)).stats
+        assert per_layer[f"{policy}@2k"][1] == pytest.approx(full.hit_rate)
+
+
+def test_replay_sample_spreads_evenly():
+    tr = sticky()
+    tr.requests = tr.requests * 10
+    sub = replay_sample(tr, 4)
+    assert len(sub.requests) == 4
+    assert replay_sample(tr, 0) is tr and replay_sample(tr, 50) is tr
+
+
+def test_slots_round_half_up():
+    assert [slots_for(m, 1) for m in (1, 1.5, 2, 4)] == [1, 2, 2, 4]
+    assert [slots_for(m, 6) for m in (1, 1.5, 2, 4)] == [6, 9, 12, 24]
+
+
+def test_real_traces_sit_inside_their_own_band():
+    band = realism_band()
+    assert band.sources == tuple(name.split(".")[0] for name in REAL_TRACES)
+    for s in real_stats():
+        for stat in band.low:
+            assert band.verdict(stat, s.model[stat]) == "in"
+    # the figures the issue quotes for the real traces
+    assert 0.005 < band.low["exact_reuse"] and band.high["exact_reuse"] < 0.04
+    assert 0.17 < band.low["kept_share"] and band.high["kept_share"] < 0.39
+    assert 0.23 < band.low["lru@2k"] and band.high["lru@2k"] < 0.49
+
+
+def test_sticky_trace_is_reported_above_the_band():
+    band = realism_band()
+    s = measure(sticky(T=40, E=128, k=6))
+    assert band.verdict("exact_reuse", s.model["exact_reuse"]) == "above"
+    assert band.verdict("distinct32_norm", s.model["distinct32_norm"]) == "below"
+    assert band.verdict("distinct32", s.model["distinct32"]) == "n/a"
+
+
+def test_cli_table_json_and_csv(tmp_path):
+    a = tmp_path / "sticky.npz"
+    sticky(T=40, E=16, k=2).save(a)
+    runner = CliRunner()
+    r = runner.invoke(app, ["trace", "stats", str(a), "traces/real/gptoss.route.csv"])
+    assert r.exit_code == 0, r.output
+    assert "exact_reuse" in r.output and "above" in r.output and "gptoss" in r.output
+    r = runner.invoke(app, ["trace", "stats", str(a), "--json", "--no-band"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["band"] is None and d["traces"][0]["model"]["exact_reuse"] == 1.0
+    assert len(d["traces"][0]["layers"]["kept_share"]) == 2
+    r = runner.invoke(app, ["trace", "stats", str(a), "--csv"])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(io.StringIO(r.output)))
+    model = {row["statistic"]: row for row in rows if row["layer"] == "model"}
+    assert model["exact_reuse"]["verdict"] == "above" and float(model["exact_reuse"]["value"]) == 1.0
+    assert len(rows) == len(STATS) * 3  # model + 2 layers
+
+
+def test_cli_one_line_error_for_a_missing_trace(tmp_path):
+    from casmoe.cli import main  # noqa: F401  (the handler the console script runs)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "casmoe", "trace", "stats", str(tmp_path / "nope.npz")], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "nope.npz" in out.stderr
