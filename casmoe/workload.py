@@ -206,16 +206,20 @@ def hit_rates(
     trace: Trace, policies: Sequence[str] = ("lru", "belady"), progress: Callable[[int], object] | None = None
 ) -> dict[str, tuple[np.ndarray, float]]:
     """`policy@mk` -> (per-layer hit rates [L], pooled hit rate), replayed layer by layer."""
+    from casmoe.compiled import COMPILE_WORTH
     from casmoe.policies import get_policy
     from casmoe.replay import replay
+    from casmoe.step_arrays import StepArrays
 
     g = trace.geometry
     L, k = g.layers, g.top_k
+    compiled = trace.tokens * L * k >= COMPILE_WORTH  # decided on the whole trace, as `replay` would
     hits = {f"{p}@{_mult(m)}": np.zeros(L) for p in policies for m in SLOT_MULTIPLES}
     accesses = np.zeros(L)
     for layer in range(L):
         sub = layer_trace(trace, layer)
-        steps = sub.steps()
+        steps = None if compiled else sub.steps()
+        arrays = StepArrays.from_trace(sub) if compiled else None
         for p in policies:
             cls = get_policy(p)
             for m in SLOT_MULTIPLES:
@@ -223,7 +227,8 @@ def hit_rates(
                 if C > g.experts:
                     hits[f"{p}@{_mult(m)}"][layer] = np.nan
                     continue
-                st = replay(sub, cls.create(sub.geometry, Capacity(C), trace=sub), steps=steps).stats
+                cache = cls.create(sub.geometry, Capacity(C), trace=sub)
+                st = replay(sub, cache, steps=steps, arrays=arrays, compiled=compiled).stats
                 hits[f"{p}@{_mult(m)}"][layer] = st.hits + st.late_hits
                 accesses[layer] = st.accesses
         if progress is not None:

@@ -277,7 +277,7 @@ def stats(
     ),
     layers: bool = typer.Option(False, "--layers", help="Also print each trace's per-layer table (files always have it)."),
     replay_requests: int = typer.Option(
-        100, min=0, help="Replay the hit rates on at most this many requests, spread evenly (0: all; slow on long traces)."
+        0, min=0, help="Replay the hit rates on at most this many requests, spread evenly (0: all of them)."
     ),
     band: bool = typer.Option(True, help="Compare with the realism band of the real traces in traces/real."),
     as_json: bool = typer.Option(False, "--json", help="Print everything (per layer too) as JSON."),
