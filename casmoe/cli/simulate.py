@@ -54,6 +54,24 @@ def _write_serving_report(out: Path, records: list[dict[str, Any]]) -> list[Path
     return written
 
 
+def _report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str, timeline: Optional[Path],
+            serving_title: str, timeliness: bool) -> None:
+    """Write the report folder, then print the records as JSON or as tables (and what was skipped)."""
+    from casmoe.report import print_simulation
+
+    written = _write_report(out, records) + _write_serving_report(out, records)
+    if as_json:
+        typer.echo(json.dumps(records, indent=2))
+        return
+    ran = [r for r in records if "skipped" not in r]
+    if ran:
+        print_simulation(ran, title, _details(written, timeline))
+    _print_serving(records, serving_title, timeliness)
+    for r in records:
+        if "skipped" in r:
+            typer.echo(f"skipped {r['policy']} @ {r['capacity_spec']}: {r['skipped']}")
+
+
 def _print_serving(records: list[dict[str, Any]], title: str, timeliness: bool) -> None:
     from casmoe.report import print_serving, print_tiers, print_timeliness
 
@@ -126,7 +144,6 @@ def simulate(
     from casmoe.options import capacity_specs
     from casmoe.output import check_dir_target, check_file_target
     from casmoe.policies import POLICIES, parse_policies
-    from casmoe.report import print_simulation
     from casmoe.shipped import shipped
     from casmoe.sim.serving import Workload
     from casmoe.sim.sweep import run_point
@@ -147,7 +164,7 @@ def simulate(
         typer.echo(plan.describe())
         for note in plan.notes:
             typer.echo(note)
-    records, skipped = [], []
+    records = []
     first = plan.points[0]
     recorder = None if timeline is None else Timeline(plan.trace.geometry.experts, plan.devices,
                                                       f"{first.policy.label} @ {first.capacity.label}")
@@ -157,20 +174,11 @@ def simulate(
         except CasmoeError as exc:
             if len(plan.points) == 1:
                 raise
-            skipped.append(f"skipped {p.policy.label} @ {p.capacity.label}: {exc}")
             records.append({**p.describe(), "skipped": str(exc)})
     if recorder is not None:
         recorder.write(timeline)
-    written = _write_report(out, records) + _write_serving_report(out, records)
-    if as_json:
-        typer.echo(json.dumps(records, indent=2))
-        return
-    ran = [r for r in records if "skipped" not in r]
-    if ran:
-        print_simulation(ran, f"{plan.preset.name} on {plan.hardware.name} x{plan.devices}", _details(written, timeline))
-    _print_serving(records, f"serving {workload.describe()}" if workload else "", timeliness)
-    for line in skipped:
-        typer.echo(line)
+    _report(out, records, as_json, f"{plan.preset.name} on {plan.hardware.name} x{plan.devices}", timeline,
+            f"serving {workload.describe()}" if workload else "", timeliness)
 
 
 @app.command()
@@ -239,20 +247,8 @@ def sweep(
     address = ray_address or ("local" if ray else None)
     records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=progress)
     bar.close()
-    written = _write_report(out, records) + _write_serving_report(out, records)
-    if as_json:
-        typer.echo(json.dumps(records, indent=2))
-        return
-    from casmoe.report import print_simulation
-
-    ran = [r for r in records if "skipped" not in r]
-    if ran:
-        print_simulation(ran, f"sweep: {len(points)} points, {computed} computed now", _details(written))
-    if any("arrival" in r for r in records):
-        _print_serving(records, "serving", False)
-    for r in records:
-        if "skipped" in r:
-            typer.echo(f"skipped {r['policy']} @ {r['capacity_spec']}: {r['skipped']}")
+    _report(out, records, as_json, f"sweep: {len(points)} points, {computed} computed now", None,
+            "serving" if any("arrival" in r for r in records) else "", False)
 
 
 @app.command()
