@@ -249,7 +249,13 @@ class Trace:
         }
 
     def subset(self, indices: Sequence[int]) -> Trace:
-        return Trace(self.geometry, [self.requests[i] for i in indices], dict(self.meta))
+        """The requests at `indices`, in that order; per-request metadata (`meta["splits"]`)
+        follows them, so a subset's split labels still name its own requests."""
+        indices, meta = list(indices), dict(self.meta)
+        splits = meta.get("splits")
+        if isinstance(splits, list) and len(splits) == len(self.requests):
+            meta["splits"] = [splits[i] for i in indices]
+        return Trace(self.geometry, [self.requests[i] for i in indices], meta)
 
     def layer_slice(self, layers: range) -> Trace:
         """The trace a device's cache sees: its `layers` only, numbered from 0."""

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casmoe.geometry import Geometry
-from casmoe.planner.evaluate import baselines, coverage_at, recall_at_k
+from casmoe.planner.evaluate import coverage_at, recall_at_k
+from casmoe.planner.fitdata import FitData
 from casmoe.planner.gate import Buffer, use_matcher
 from casmoe.planner.patterns import Phase, expert_patterns, normalise, request_pattern
 from casmoe.planner.planner import EAPConfig, PlannerConfig, PlannerError, heldout_split
@@ -123,7 +124,7 @@ def test_task_popularity_falls_back_to_popularity() -> None:
         r.task = "a" if i % 2 else "b"
     reqs[5].task = "unseen"
     fit, test = Trace(G, reqs[:4]), Trace(G, reqs[4:])
-    b = baselines(fit, test, Phase.DECODE, True)
+    b = FitData.of(fit, range(4), Phase.DECODE, True).baselines(test)
     pats = normalise(expert_patterns(fit))
     same_task = [1, 3] if reqs[4].task == "a" else [0, 2]
     np.testing.assert_allclose(b["task_popularity"][0], pats[same_task].mean(0))

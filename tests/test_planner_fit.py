@@ -73,7 +73,8 @@ def planner_dir(trace, tmp_path_factory):
 
 def test_saved_planner_predicts_and_uses_no_pickle(planner_dir, trace) -> None:
     files = sorted(p.name for p in planner_dir.iterdir())
-    assert files == ["eam.index", "eam_patterns.npy", "eap.safetensors", "planner.json"]
+    assert files == ["eam.index", "eam_patterns.npy", "eap.safetensors", "fit.npz", "planner.json"]
+    np.load(planner_dir / "fit.npz", allow_pickle=False)
     np.load(planner_dir / "eam_patterns.npy", allow_pickle=False)  # raises if it held objects
     planner = load_planner(planner_dir)
     assert planner.geometry == G
@@ -202,3 +203,122 @@ def test_casmoe_policy_feeds_served_prompts_to_the_planner_buffer(planner_dir, t
     assert len(planner.matcher) == size + 3
     for r in served.requests:
         assert planner.explain(r.prompt).similarity == pytest.approx(1.0, abs=1e-3)
+
+
+# ---- evaluation across traces and tasks (issue 10, item 7) ------------------------------------
+
+
+def _least_popular_trace(planner, requests: int = 6) -> Trace:
+    """Requests that route every token to each layer's two *least* popular experts of the
+    planner's fit data: their own popularity would score recall 1, the fit data's scores 0."""
+    cold = np.argsort(planner.fit_data.popularity, axis=-1, kind="stable")[:, :2]  # [L, 2]
+    reqs = []
+    for i in range(requests):
+        topk = np.broadcast_to(cold, (10, G.layers, 2)).astype(np.int16)
+        reqs.append(Request(topk, np.full(topk.shape, 0.5, np.float32), 3, prompt=f"cold prompt {i}", task="cold"))
+    return Trace(G, reqs)
+
+
+def test_cross_trace_eval_uses_the_planners_stored_baselines(planner_dir) -> None:
+    from casmoe.planner.evaluate import evaluate
+
+    planner = load_planner(planner_dir)
+    other = _least_popular_trace(planner)
+    ev = evaluate(planner, other)
+    assert ev.to_dict()["popularity"]["requests"] == 6  # every request of another trace
+    assert "not fitted on" in ev.scope
+    assert ev.scores["popularity"]["recall_at_k"] == 0.0  # the fit data's popularity, not this trace's
+    assert ev.scores["popularity"]["coverage_at_2k"] < 1.0
+    assert ev.scores["task_popularity"] == ev.scores["popularity"]  # task "cold" unseen: no data
+
+
+def test_eval_on_the_fit_trace_scores_only_requests_not_fitted_on(planner_dir, trace) -> None:
+    from casmoe.planner.evaluate import scored_requests
+
+    planner = load_planner(planner_dir)
+    idx, scope = scored_requests(planner, trace)
+    assert idx == list(range(4, 45, 5)) and "held-out" in scope
+    other = trace.subset(range(10))  # another trace (10 requests), even if it shares prompts
+    assert scored_requests(planner, other)[0] == list(range(10))
+
+
+@pytest.fixture(scope="module")
+def loto_dir(trace, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loto")
+    fit_planner(trace, PlannerConfig(exclude_tasks=("law",), eap=SMALL_EAP)).save(folder)
+    return folder
+
+
+def test_leave_one_task_out_scores_every_request_of_the_unseen_task(loto_dir, trace) -> None:
+    from casmoe.planner.evaluate import evaluate
+
+    planner = load_planner(loto_dir)
+    assert planner.config.exclude_tasks == ("law",) and planner.fit_data.tasks == ("code", "cooking")
+    assert planner.fit_data.requests == 24  # 36 train requests less law's 12
+    ev = evaluate(planner, trace, holdout_task="law")
+    assert len(ev.truth) == 15  # all of law's requests, train split included: none was fitted
+    assert ev.scores["task_popularity"] == ev.scores["popularity"]
+    with pytest.raises(PlannerError, match="fitted on task 'code'"):
+        evaluate(planner, trace, holdout_task="code")
+    with pytest.raises(PlannerError, match="no request of task 'gardening'"):
+        evaluate(planner, trace, holdout_task="gardening")
+
+
+@pytest.mark.filterwarnings("error")  # a clear error, not a RuntimeWarning and a nan baseline
+def test_empty_fit_or_heldout_split_is_a_clear_error(planner_dir, trace) -> None:
+    from casmoe.planner.evaluate import evaluate
+
+    labelled = trace.subset(range(len(trace.requests)))
+    labelled.meta["splits"] = ["heldout"] * len(trace.requests)
+    with pytest.raises(PlannerError, match="at least 2 requests"):
+        fit_planner(labelled, PlannerConfig(eap=SMALL_EAP))
+    with pytest.raises(PlannerError, match="at least 2 requests"):
+        fit_planner(trace, PlannerConfig(exclude_tasks=("law", "code", "cooking"), eap=SMALL_EAP))
+    with pytest.raises(PlannerError, match="excluded task 'gardening' has no request"):
+        fit_planner(trace, PlannerConfig(exclude_tasks=("gardening",), eap=SMALL_EAP))
+    planner = load_planner(planner_dir)
+    with pytest.raises(PlannerError, match="no held-out requests"):
+        evaluate(planner, Trace(G, []))
+
+
+def test_folder_without_stored_baselines_serves_but_refuses_eval(planner_dir, trace, tmp_path) -> None:
+    import shutil
+
+    from casmoe.planner.evaluate import evaluate
+
+    old = tmp_path / "old"
+    shutil.copytree(planner_dir, old)
+    (old / "fit.npz").unlink()
+    meta = json.loads((old / "planner.json").read_text())
+    del meta["fit"], meta["config"]["exclude_tasks"]  # as written before stored baselines
+    (old / "planner.json").write_text(json.dumps(meta))
+    planner = load_planner(old)
+    assert planner.fit_data is None and planner.predict(trace.requests[0].prompt).shape == (G.layers, G.experts)
+    with pytest.raises(PlannerError, match="predates stored fit baselines"):
+        evaluate(planner, trace)
+
+
+def test_cli_leave_one_task_out(trace, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from casmoe.cli.app import app
+
+    path, out = str(tmp_path / "t.npz"), str(tmp_path / "pl")
+    trace.save(path)
+    runner = CliRunner()
+    fit = ["planner", "fit", "--trace", path, "--out", out, "--epochs", "2", "--exclude-task", "law"]
+    res = runner.invoke(app, fit)
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["planner", "eval", "--planner", out, "--trace", path, "--holdout-task", "law", "--json"])
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.stdout)
+    assert {e["requests"] for e in result.values()} == {15}
+    res = runner.invoke(app, ["planner", "eval", "--planner", out, "--trace", path, "--holdout-task", "law"])
+    assert res.exit_code == 0 and "task 'law', unseen in the fit data" in res.output
+    cmd = [sys.executable, "-m", "casmoe", "planner", "eval", "--planner", out, "--trace", path, "--holdout-task", "code"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2, done.stderr
+    assert "fitted on task 'code'" in done.stderr and len(done.stderr.strip().splitlines()) == 1

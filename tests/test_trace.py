@@ -313,3 +313,17 @@ def test_arrival_is_for_every_request_or_none():
         r.arrival = None
     tr.validate()
     assert "arrival" not in tr._to_arrays() and "arrival" not in tr.summary()["optional"]
+
+
+@given(st.lists(st.sampled_from(["train", "heldout"]), min_size=1, max_size=12), st.data())
+def test_subset_keeps_split_labels_with_their_requests(labels: list[str], data) -> None:
+    rng = np.random.default_rng(len(labels))
+    g = Geometry(layers=2, experts=4, top_k=1)
+    reqs = [Request(rng.integers(0, 4, (3, 2, 1)).astype(np.int16), np.ones((3, 2, 1), np.float32), 1, task=str(i))
+            for i in range(len(labels))]
+    tr = Trace(g, reqs, {"splits": labels})
+    idx = data.draw(st.lists(st.integers(0, len(labels) - 1), max_size=len(labels), unique=True))
+    sub = tr.subset(iter(idx))  # any iterable of indices
+    assert [r.task for r in sub.requests] == [str(i) for i in idx]
+    assert sub.meta["splits"] == [labels[i] for i in idx]
+    assert tr.meta["splits"] == labels  # the original is untouched

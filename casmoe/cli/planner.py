@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -38,6 +38,9 @@ def fit(
         min=0,
         help="Hold out every N-th request for evaluation, or the trace's labelled split if any (0: fit on all).",
     ),
+    exclude_task: Optional[List[str]] = typer.Option(
+        None, help="Leave this task's requests out of the fit (repeatable): for leave-one-task-out eval."
+    ),
     alpha: float = typer.Option(_D.eap.alpha, min=0.0, help="Weight of the SimCSE contrastive loss in the predictor."),
     epochs: int = typer.Option(_D.eap.epochs, min=1, help="Predictor training epochs."),
     seed: int = typer.Option(_D.seed, help="Seed for the predictor's initialisation, dropout and batches."),
@@ -56,6 +59,7 @@ def fit(
         phase=phase,
         weighted=not counts,
         holdout_every=holdout_every,
+        exclude_tasks=tuple(exclude_task or ()),
         seed=seed,
         eap=EAPConfig(alpha=alpha, epochs=epochs),
     )
@@ -73,11 +77,15 @@ def evaluate(
     planner: Path = typer.Option(..., help="Planner folder written by `casmoe planner fit`."),
     trace: Optional[Path] = typer.Option(None, help=TRACE_HELP),
     epsilon: Optional[float] = typer.Option(None, help="Gate threshold for `cascade` (default: the planner's)."),
+    holdout_task: Optional[str] = typer.Option(
+        None, help="Score only this task's requests; the planner must have been fitted with --exclude-task on it."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one entry per method) instead of a table."),
     curve: Optional[Path] = typer.Option(None, help="Write the epsilon curve (CSV) here."),
     plot: Optional[Path] = typer.Option(None, help="Write the epsilon curve as a PNG here."),
 ) -> None:
-    """Score the planner (eam, eap, cascade) and baselines on the trace's held-out requests."""
+    """Score the planner (eam, eap, cascade) and its fit data's baselines: on the fit trace, the
+    requests it was not fitted on; on another trace of the same routing shape, every request."""
     from casmoe.planner import load_planner
     from casmoe.output import check_file_target
     from casmoe.planner.evaluate import evaluate as run_eval
@@ -87,7 +95,7 @@ def evaluate(
         if path is not None:
             check_file_target(path, what, create_parent=True)
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
-    ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json)
+    ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json, holdout_task=holdout_task)
     result = ev.to_dict()
     if curve or plot:
         points = ev.epsilon_curve([i / 20 for i in range(21)])
@@ -103,4 +111,4 @@ def evaluate(
     from casmoe.report import print_table
 
     records = [{"name": name, **entry} for name, entry in result.items()]
-    print_table(records, ["name", "recall_at_k", "coverage_at_2k", "requests"], title=f"held-out prompts, k={ev.k}")
+    print_table(records, ["name", "recall_at_k", "coverage_at_2k", "requests"], title=f"{ev.scope}, k={ev.k}")

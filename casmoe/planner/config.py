@@ -44,7 +44,9 @@ class EAPConfig:
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """Gate, matcher, label and split settings, the predictor's, and the seed of both."""
+    """Gate, matcher, label and split settings, the predictor's, and the seed of both.
+
+    `exclude_tasks`: requests of these tasks are left out of the fit (leave-one-task-out)."""
 
     epsilon: float = 0.8
     neighbours: int = 5
@@ -52,6 +54,7 @@ class PlannerConfig:
     phase: Phase = Phase.DECODE
     weighted: bool = True
     holdout_every: int = 5
+    exclude_tasks: tuple[str, ...] = ()
     seed: int = 0
     eap: EAPConfig = field(default_factory=EAPConfig)
 
@@ -68,4 +71,5 @@ class PlannerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlannerConfig:
-        return cls(**{**d, "phase": Phase(d["phase"]), "eap": EAPConfig(**d["eap"])})
+        extra = {"exclude_tasks": tuple(d.get("exclude_tasks", ()))}  # absent in folders of older versions
+        return cls(**{**d, **extra, "phase": Phase(d["phase"]), "eap": EAPConfig(**d["eap"])})

@@ -9,10 +9,16 @@ Metrics, per held-out request and MoE layer (layers with no decode tokens are sk
   on the predicted top-2k experts of their layer: what a per-layer prefetch of 2k slots
   would have served.
 
-Methods: `eam` (matcher alone), `eap` (predictor alone), `cascade` (gated at epsilon), and
-baselines fitted on the same fit split: `popularity` (mean normalised pattern),
-`task_popularity` (mean per task label of the trace; requests of unseen or missing tasks fall
-back to `popularity`; it reads the task label, which the planner never sees), `random`.
+Methods: `eam` (matcher alone), `eap` (predictor alone), `cascade` (gated at epsilon), and the
+baselines of the planner's own fit data (casmoe/planner/fitdata.py, never the evaluated trace's):
+`popularity` (mean normalised pattern), `task_popularity` (mean pattern of the request's task in
+the fit data; it reads the task label, which the planner never sees; for a task the fit data
+lacks it has nothing to go on and equals `popularity`), `random`.
+
+Which requests are scored: on the planner's fit trace, those it was not fitted on (the held-out
+split and any excluded task); on any other trace of the same routing shape, every request.
+`holdout_task` keeps only one task's requests, and must be a task the planner never saw
+(leave-one-task-out: `casmoe planner fit --exclude-task T`, then `eval --holdout-task T`).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from casmoe.planner.patterns import Phase, expert_patterns, normalise, request_pattern
-from casmoe.planner.planner import Answers, Planner, PlannerError, heldout_split
+from casmoe.planner.fitdata import fingerprint
+from casmoe.planner.patterns import Phase, expert_patterns, request_pattern
+from casmoe.planner.planner import Answers, Planner, PlannerError, fit_split
 from casmoe.trace import Trace
 
 METHODS = ("eam", "eap", "cascade", "popularity", "task_popularity", "random")
@@ -53,25 +60,6 @@ def coverage_at(pred: np.ndarray, counts: np.ndarray, b: int) -> float:
     return float((counts * _top(pred, b)).sum() / total) if total else 0.0
 
 
-def baselines(fit: Trace, test: Trace, phase: Phase, weighted: bool, seed: int = 0) -> dict[str, np.ndarray]:
-    """Popularity, per-task popularity and random scores [N_test, L, E]."""
-    g = fit.geometry
-    pats = normalise(expert_patterns(fit, phase, weighted))
-    pop = pats.mean(axis=0)
-    tasks: dict[str, list[int]] = {}
-    for i, r in enumerate(fit.requests):
-        if r.task is not None:
-            tasks.setdefault(r.task, []).append(i)
-    per_task = {t: pats[idx].mean(axis=0) for t, idx in tasks.items()}
-    n = len(test.requests)
-    rng = np.random.default_rng(seed)
-    return {
-        "popularity": np.broadcast_to(pop, (n, g.layers, g.experts)),
-        "task_popularity": np.stack([per_task.get(r.task, pop) for r in test.requests]) if n else pop[None][:0],
-        "random": rng.random((n, g.layers, g.experts)),
-    }
-
-
 def score(pred: np.ndarray, truth: np.ndarray, counts: np.ndarray, k: int) -> dict[str, float]:
     return {"recall_at_k": recall_at_k(pred, truth, k), "coverage_at_2k": coverage_at(pred, counts, 2 * k)}
 
@@ -82,6 +70,7 @@ class Evaluation:
 
     k: int
     epsilon: float
+    scope: str  # which requests were scored, in words
     scores: dict[str, dict[str, float]]
     answers: Answers
     truth: np.ndarray  # router-weighted decode patterns [N, L, E]
@@ -109,38 +98,69 @@ class Evaluation:
         return out
 
 
-def evaluate(
-    planner: Planner, trace: Trace, epsilon: float | None = None, progress: bool = False, seed: int = 0
-) -> Evaluation:
-    """Score the planner and the baselines on the trace's held-out requests."""
+def scored_requests(planner: Planner, trace: Trace, holdout_task: str | None = None) -> tuple[list[int], str]:
+    """Indices of the requests an evaluation scores (see the module docstring), and in words."""
     planner.check(trace)
-    cfg = planner.config
-    fit_idx, test_idx = heldout_split(trace, cfg.holdout_every)
-    if not test_idx:
+    fit = planner.fit_data
+    if fit is None:
         raise PlannerError(
-            "no held-out requests: the planner was fitted on every request (holdout_every=0) or the "
-            "trace's split labels hold none out; refit with --holdout-every N to evaluate"
+            "this planner folder predates stored fit baselines, so it cannot be evaluated; refit it with casmoe planner fit"
         )
-    if not trace.has_prompts:
-        raise PlannerError("evaluation needs prompt text for every request")
-    fit, test = trace.subset(fit_idx), trace.subset(test_idx)
+    n = len(trace.requests)
+    if fit.trace == fingerprint(trace):
+        fitted = set(fit_split(trace, planner.config))
+        idx, scope = [i for i in range(n) if i not in fitted], "held-out requests of the fit trace"
+    else:
+        idx, scope = list(range(n)), "every request of a trace the planner was not fitted on"
+    if holdout_task is not None:
+        if holdout_task in fit.tasks:
+            raise PlannerError(
+                f"the planner was fitted on task {holdout_task!r}; for a leave-one-task-out score fit "
+                f"with --exclude-task {holdout_task}"
+            )
+        idx = [i for i in idx if trace.requests[i].task == holdout_task]
+        if not idx:
+            tasks = ", ".join(sorted({str(r.task) for r in trace.requests}))
+            raise PlannerError(f"no request of task {holdout_task!r} to score (the trace's tasks: {tasks})")
+        scope = f"task {holdout_task!r}, unseen in the fit data: " + scope
+    if not idx:
+        raise PlannerError(
+            "no held-out requests: the planner was fitted on every request of this trace (holdout_every=0, "
+            "or split labels that hold none out); refit with --holdout-every N or --exclude-task T to evaluate"
+        )
+    return idx, scope
+
+
+def evaluate(
+    planner: Planner,
+    trace: Trace,
+    epsilon: float | None = None,
+    progress: bool = False,
+    seed: int = 0,
+    holdout_task: str | None = None,
+) -> Evaluation:
+    """Score the planner and its fit data's baselines on the trace's scored requests."""
+    idx, scope = scored_requests(planner, trace, holdout_task)
+    test = trace.subset(idx)
+    if not test.has_prompts:
+        raise PlannerError("evaluation needs prompt text for every scored request")
+    cfg = planner.config
     answers = planner.answers([r.prompt for r in test.requests], progress=progress)
     eps = cfg.epsilon if epsilon is None else epsilon
     preds = {"eam": answers.eam, "eap": answers.eap, "cascade": answers.cascade(eps)}
-    preds.update(baselines(fit, test, cfg.phase, cfg.weighted, seed))
+    preds.update(planner.fit_data.baselines(test, seed))
     truth = expert_patterns(test, Phase.DECODE, weighted=True)
     counts = expert_patterns(test, Phase.DECODE, weighted=False)
     k = planner.geometry.top_k
     scores = {name: score(preds[name], truth, counts, k) for name in METHODS}
-    return Evaluation(k, eps, scores, answers, truth, counts)
+    return Evaluation(k, eps, scope, scores, answers, truth, counts)
 
 
 def serve_online(planner: Planner, trace: Trace) -> np.ndarray:
-    """Cascade answers [N, L, E] for the held-out requests served in order, each observed after
-    its answer (the online buffer: with C = 30 a prompt helps the ones 30 or more after it).
-    Mutates `planner`'s index; pass a freshly loaded one."""
-    planner.check(trace)
-    _, test_idx = heldout_split(trace, planner.config.holdout_every)
+    """Cascade answers [N, L, E] for the scored requests (as `evaluate`) served in order, each
+    observed after its answer (the online buffer: with C = 30 a prompt helps the ones 30 or more
+    after it). Mutates `planner`'s index; pass a freshly loaded one."""
+    test_idx, _ = scored_requests(planner, trace)
     cfg = planner.config
     out = []
     for i in test_idx:

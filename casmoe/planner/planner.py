@@ -4,15 +4,17 @@
 prompt, before decoding, so a cache can prefetch. Behind it: the matcher (EAM), the predictor
 (EAP) and the epsilon gate between them; `observe` feeds served prompts to the online buffer.
 
-On disk a planner is a folder with no pickle anywhere: `planner.json` (geometry and config),
-`eam.index` (hnswlib's own format), `eam_patterns.npy` and `eap.safetensors`.
+On disk a planner is a folder with no pickle anywhere: `planner.json` (geometry, config, fit
+data summary), `eam.index` (hnswlib's own format), `eam_patterns.npy`, `eap.safetensors` and
+`fit.npz` (the fit data's popularity baselines, casmoe/planner/fitdata.py; folders written
+before it existed still load and serve, but cannot be evaluated).
 
 Held-out split: fitting leaves out the requests that evaluation scores. If the trace metadata
 labels every request (`meta["splits"]`, one "train" / "heldout" per request, as `casmoe record`
 writes from the prompt corpus), the "heldout" ones are held out; otherwise every
 `holdout_every`-th request (indices `holdout_every - 1, 2 * holdout_every - 1, ...`, i.e. 20%
 with the default 5) is. `holdout_every = 0` fits on every request, labels or not (a planner to
-deploy rather than to evaluate).
+deploy rather than to evaluate). Requests of `exclude_tasks` are never fitted on (`fit_split`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from casmoe.geometry import Geometry
 from casmoe.planner.config import EAPConfig, PlannerConfig, PlannerError
+from casmoe.planner.fitdata import FitData
 from casmoe.planner.gate import Buffer, Source, use_matcher
 from casmoe.planner.patterns import expert_patterns, normalise
 from casmoe.trace import Trace
@@ -54,6 +57,14 @@ def heldout_split(trace: Trace, holdout_every: int) -> tuple[list[int], list[int
     return [i for i in range(n) if i not in held], test
 
 
+def fit_split(trace: Trace, config: PlannerConfig) -> list[int]:
+    """Indices of the requests a planner with `config` fits on: the held-out rule's fit part,
+    less the requests of `config.exclude_tasks`."""
+    fit, _ = heldout_split(trace, config.holdout_every)
+    excluded = set(config.exclude_tasks)
+    return [i for i in fit if trace.requests[i].task not in excluded]
+
+
 @dataclass(frozen=True)
 class Prediction:
     """One prompt's answer: scores [L, E], which component gave them, the matcher's confidence."""
@@ -78,9 +89,12 @@ class Answers:
 class Planner:
     """Matcher + predictor + gate + buffer for one geometry."""
 
-    def __init__(self, geometry: Geometry, config: PlannerConfig, matcher: Matcher, predictor: EAP) -> None:
+    def __init__(
+        self, geometry: Geometry, config: PlannerConfig, matcher: Matcher, predictor: EAP, fit_data: FitData | None = None
+    ) -> None:
         self.geometry = geometry
         self.config = config
+        self.fit_data = fit_data  # None: loaded from a folder older than stored baselines
         self.matcher = matcher
         self.predictor = predictor
         self.buffer = Buffer(config.buffer)
@@ -152,6 +166,9 @@ class Planner:
             "geometry": self.geometry.to_dict(),
             "config": self.config.to_dict(),
         }
+        if self.fit_data is not None:
+            self.fit_data.save(folder)
+            meta["fit"] = self.fit_data.to_dict()
         from casmoe.output import write_text
 
         write_text(folder / "planner.json", json.dumps(meta, indent=2))  # last: marks the folder complete
@@ -164,15 +181,21 @@ def fit_planner(trace: Trace, config: PlannerConfig = PlannerConfig(), progress:
 
     if not trace.has_prompts:
         raise PlannerError("the planner learns from prompts, but this trace has requests without prompt text")
-    fit_idx, _ = heldout_split(trace, config.holdout_every)
+    present = {r.task for r in trace.requests}
+    missing = [t for t in config.exclude_tasks if t not in present]
+    if missing:
+        tasks = ", ".join(sorted(t for t in present if t is not None)) or "none"
+        raise PlannerError(f"excluded task {missing[0]!r} has no request in the trace (its tasks: {tasks})")
+    fit_idx = fit_split(trace, config)
     if len(fit_idx) < 2:
-        raise PlannerError(f"need at least 2 requests to fit a planner, the trace leaves {len(fit_idx)}")
+        raise PlannerError(f"need at least 2 requests to fit a planner, the trace and split leave {len(fit_idx)}")
     part = trace.subset(fit_idx)
     prompts = [r.prompt for r in part.requests]
     patterns = normalise(expert_patterns(part, config.phase, config.weighted))
     matcher = Matcher.build(embed(prompts, progress=progress), patterns, config.neighbours, config.seed)
     predictor = train(prompts, patterns, config.eap, config.seed, progress=progress)
-    return Planner(trace.geometry, config, matcher, predictor)
+    fit_data = FitData.of(trace, fit_idx, config.phase, config.weighted)
+    return Planner(trace.geometry, config, matcher, predictor, fit_data)
 
 
 def load_planner(path: str | Path) -> Planner:
@@ -203,4 +226,8 @@ def load_planner(path: str | Path) -> Planner:
             raise PlannerError(f"{folder}: missing {name}")
     matcher = Matcher.load(folder, config.neighbours)
     predictor = EAP.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
-    return Planner(geometry, config, matcher, predictor)
+    try:
+        fit_data = FitData.load(folder, meta.get("fit"))
+    except (KeyError, TypeError, ValueError, OSError) as exc:
+        raise PlannerError(f"{folder}: bad fit data ({exc}); refit with casmoe planner fit") from exc
+    return Planner(geometry, config, matcher, predictor, fit_data)

@@ -1,0 +1,93 @@
+"""What a planner keeps of the data it was fitted on, so that it can be scored on any trace.
+
+The baselines a planner is judged against (global popularity, per-task popularity) must be what
+was knowable from the *fit* data: computed from the evaluated trace instead, they would read the
+answers (a popularity of the evaluated requests themselves), and on a trace of unseen tasks they
+would not exist. So fitting stores them, with the task names it saw and a fingerprint of the fit
+trace, which tells evaluation whether it is scoring the fit trace (then only the requests not
+fitted on) or another one (then every request).
+
+On disk: `fit.npz` (float32 arrays `popularity` [L, E], `task_popularity` [T, L, E]; no pickle)
+and the `fit` entry of `planner.json` (fingerprint, request count, task names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from casmoe.planner.patterns import Phase, expert_patterns, normalise
+from casmoe.trace import Trace
+
+FILE = "fit.npz"
+
+
+def fingerprint(trace: Trace) -> str:
+    """A digest of the trace's routing, prompts and tasks: equal for the same trace file."""
+    h = hashlib.sha256(trace.geometry.describe().encode())
+    for r in trace.requests:
+        h.update(f"{r.prompt!r}|{r.task!r}|{r.prefill}|{r.tokens}".encode())
+        h.update(np.ascontiguousarray(r.topk, dtype=np.int16).tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class FitData:
+    """The fit trace's fingerprint, how many of its requests were fitted on, and their baselines."""
+
+    trace: str
+    requests: int
+    popularity: np.ndarray  # mean normalised pattern [L, E]
+    tasks: tuple[str, ...]
+    task_popularity: np.ndarray  # per task of `tasks`, its requests' mean pattern [T, L, E]
+
+    @classmethod
+    def of(cls, trace: Trace, fit_idx: Sequence[int], phase: Phase, weighted: bool) -> FitData:
+        """Baselines of `trace`'s requests `fit_idx` (at least one)."""
+        part = trace.subset(fit_idx)
+        pats = normalise(expert_patterns(part, phase, weighted))
+        tasks = sorted({r.task for r in part.requests if r.task is not None})
+        per_task = [pats[[i for i, r in enumerate(part.requests) if r.task == t]].mean(axis=0) for t in tasks]
+        g = trace.geometry
+        return cls(
+            trace=fingerprint(trace),
+            requests=len(fit_idx),
+            popularity=pats.mean(axis=0).astype(np.float32),
+            tasks=tuple(tasks),
+            task_popularity=np.array(per_task, dtype=np.float32).reshape(len(tasks), g.layers, g.experts),
+        )
+
+    def baselines(self, test: Trace, seed: int = 0) -> dict[str, np.ndarray]:
+        """Scores [N, L, E] for the test requests: `popularity`, `task_popularity` (the fit data's
+        pattern of the request's task; a task the fit data lacks, or no task, gets `popularity`:
+        for an unseen task the two coincide), `random`."""
+        n, (layers, experts) = len(test.requests), self.popularity.shape
+        index = {t: i for i, t in enumerate(self.tasks)}
+        per_task = [self.task_popularity[index[r.task]] if r.task in index else self.popularity for r in test.requests]
+        return {
+            "popularity": np.broadcast_to(self.popularity, (n, layers, experts)),
+            "task_popularity": np.stack(per_task) if n else self.popularity[None][:0],
+            "random": np.random.default_rng(seed).random((n, layers, experts)),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trace": self.trace, "requests": self.requests, "tasks": list(self.tasks)}
+
+    def save(self, folder: Path) -> None:
+        from casmoe.output import atomic_open
+
+        with atomic_open(folder / FILE, "wb") as fh:
+            np.savez(fh, popularity=self.popularity, task_popularity=self.task_popularity)
+
+    @classmethod
+    def load(cls, folder: Path, meta: dict[str, Any]) -> FitData | None:
+        """None for a folder written before planners kept their fit data."""
+        if not isinstance(meta, dict) or not (folder / FILE).exists():
+            return None
+        with np.load(folder / FILE, allow_pickle=False) as arrays:
+            pop, per_task = arrays["popularity"], arrays["task_popularity"]
+        return cls(str(meta["trace"]), int(meta["requests"]), pop, tuple(meta["tasks"]), per_task)
