@@ -24,6 +24,12 @@ Prompt tokens drift like decode tokens but keep their own stickiness, and route 
 own frequencies per group, widened until a prompt uses as many distinct experts as the
 trace's prompts (`prompt_phase`).
 
+Router weights are the trace's mean weight of each routing rank, per layer and phase: real
+routers' weights vary little around it (the real traces' per-rank standard deviation is
+0.02-0.1), the Gumbel draws' own softmax would be far sharper than real routing, and a
+constant per rank keeps a generated file compressible (its expert ids alone cost ~5 bytes per
+token-layer at 6 of 128).
+
 A trace with one group can be given `tasks` synthetic tasks: each relabels a random share
 `task_shuffle` of every layer's experts (a permutation among them), so a request's statistics
 are those fitted while different tasks prefer different experts, as prompt-level prediction
@@ -52,15 +58,18 @@ class Phase:
     stickiness: np.ndarray
     drift: float
     persistence: float
+    rank_weights: np.ndarray
+    """[L, k] router weight of each routing rank (the trace's mean)."""
 
     def summary(self) -> dict[str, Any]:
-        return {"stickiness": [round(float(x), 4) for x in self.stickiness], "drift": self.drift, "persistence": self.persistence}
+        return {"stickiness": [round(float(x), 4) for x in self.stickiness], "drift": self.drift, "persistence": self.persistence,
+                "rank_weights": [round(float(x), 4) for x in self.rank_weights.mean(axis=0)]}
 
     def route(self, group: int, tokens: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """topk and weights [tokens, L, k] of one request's tokens of this phase."""
         w = self.weights[group]
-        topk, weights, _ = route_request(w[None] + latent(tokens, w.shape, self.drift, self.persistence, rng), tokens, k, self.stickiness, rng)
-        return topk, weights
+        topk, _, _ = route_request(w[None] + latent(tokens, w.shape, self.drift, self.persistence, rng), tokens, k, self.stickiness, rng)
+        return topk, np.broadcast_to(self.rank_weights, topk.shape).astype(np.float32)
 
 FLOOR = 0.02
 """Pseudo-count of an expert the trace never routes (in tokens of its group)."""
@@ -174,6 +183,19 @@ def chance_kept(
     """[L] share of a token's experts that the next token, drawn without stickiness, routes again."""
     d = _draw(w, k, draws, rng, latent(draws, w.shape, drift, persistence, rng))
     return lag_overlap(d, k, 1)
+
+
+def rank_weights(topk: list[np.ndarray], weights: list[np.ndarray], k: int) -> np.ndarray:
+    """[L, k] mean router weight of each rank (weights sorted descending) over the computed
+    token-layers of token sequences `topk` / `weights` ([T, L, k] each); 1/k where a layer
+    has none."""
+    L = topk[0].shape[1]
+    total, count = np.zeros((L, k)), np.zeros(L)
+    for ids, w in zip(topk, weights):
+        live = ids[:, :, 0] >= 0  # [T, L]
+        total += np.where(live[:, :, None], -np.sort(-w.astype(np.float64), axis=2), 0).sum(axis=0)
+        count += live.sum(axis=0)
+    return np.where(count[:, None] > 0, total / np.maximum(count, 1)[:, None], 1.0 / k)
 
 
 def _groups(trace: Trace) -> dict[str | None, list[int]]:
@@ -298,9 +320,12 @@ def kept_share(seqs: list[np.ndarray], k: int) -> np.ndarray:
         return np.nan_to_num(np.asarray(num / den))
 
 
-def fit_phase(seqs: dict[str | None, list[np.ndarray]], E: int, k: int, rng: np.random.Generator, say: Callable[[str], object]) -> Phase:
-    """Fit one phase's routing to its token sequences per group (see the module docstring); a
-    group without tokens of this phase gets uniform log-weights (it never draws any)."""
+def fit_phase(
+    seqs: dict[str | None, list[np.ndarray]], E: int, k: int, rng: np.random.Generator, say: Callable[[str], object], rank_w: np.ndarray
+) -> Phase:
+    """Fit one phase's routing to its token sequences per group (see the module docstring), with
+    router weights `rank_w` [L, k]; a group without tokens of this phase gets uniform
+    log-weights (it never draws any)."""
     everything = [x for group in seqs.values() for x in group if len(x)]
     kept = kept_share(everything, k)
     largest = max(seqs, key=lambda t: sum(len(x) for x in seqs[t]))
@@ -318,7 +343,7 @@ def fit_phase(seqs: dict[str | None, list[np.ndarray]], E: int, k: int, rng: np.
         weights.append(w)
         sticks.append(stick)
         sizes.append(size)
-    return Phase(tuple(weights), np.average(sticks, axis=0, weights=sizes), drift, rho)
+    return Phase(tuple(weights), np.average(sticks, axis=0, weights=sizes), drift, rho, rank_w)
 
 
 def union_width(seqs: list[np.ndarray], E: int) -> np.ndarray:
@@ -326,7 +351,9 @@ def union_width(seqs: list[np.ndarray], E: int) -> np.ndarray:
     return np.mean([(inclusion(x, E)[0] > 0).sum(axis=1) for x in seqs if len(x)], axis=0)
 
 
-def prompt_phase(decode: Phase, seqs: dict[str | None, list[np.ndarray]], E: int, k: int, rng: np.random.Generator) -> Phase:
+def prompt_phase(
+    decode: Phase, seqs: dict[str | None, list[np.ndarray]], E: int, k: int, rng: np.random.Generator, rank_w: np.ndarray
+) -> Phase:
     """Prompt tokens: the decode tokens' drift, their own stickiness (their own kept share), and
     per group their own frequencies blended with uniform until simulated prompts of the group's
     lengths use as many distinct experts per layer as the trace's. Resampling a few tokens'
@@ -342,7 +369,7 @@ def prompt_phase(decode: Phase, seqs: dict[str | None, list[np.ndarray]], E: int
         live = [(w, g) for w, g in zip(weights, seqs.values()) if any(len(x) for x in g)]
         w, g = max(live, key=lambda wg: sum(len(x) for x in wg[1]))
         stick, _ = tune_stickiness(w, kept, decode.drift, decode.persistence, search_lengths([len(x) for x in g], FIT_TOKENS), k, rng, 3)
-    return replace(decode, weights=tuple(weights), stickiness=stick)
+    return replace(decode, weights=tuple(weights), stickiness=stick, rank_weights=rank_w)
 
 
 def _widen(group: list[np.ndarray], E: int, k: int, stick: np.ndarray, decode: Phase, rng: np.random.Generator) -> np.ndarray:
@@ -386,12 +413,15 @@ def fit(trace: Trace, source: str = "trace", seed: int = 0, progress: Callable[[
     say = progress or (lambda _: None)
     parts = _groups(trace)
     reqs = {t: [trace.requests[i] for i in idx] for t, idx in parts.items()}
+    every = trace.requests
     say("decode tokens")
-    decode = fit_phase({t: [r.topk[r.prefill :] for r in rs] for t, rs in reqs.items()}, g.experts, g.top_k, rng, say)
+    rank_w = rank_weights([r.topk[r.prefill :] for r in every], [r.weights[r.prefill :] for r in every], g.top_k)
+    decode = fit_phase({t: [r.topk[r.prefill :] for r in rs] for t, rs in reqs.items()}, g.experts, g.top_k, rng, say, rank_w)
     if any(r.prefill for r in trace.requests):
         say("prompt tokens")
         prompts = {t: [r.topk[: r.prefill] for r in rs] for t, rs in reqs.items()}
-        prompt = prompt_phase(decode, prompts, g.experts, g.top_k, rng)
+        rank_w = rank_weights([r.topk[: r.prefill] for r in every], [r.weights[: r.prefill] for r in every], g.top_k)
+        prompt = prompt_phase(decode, prompts, g.experts, g.top_k, rng, rank_w)
     else:
         prompt = decode
     gaps = prompt_gaps(trace)

@@ -51,6 +51,17 @@ def test_fit_recovers_stickiness_and_popularity_of_a_hand_built_trace():
     assert {(r.prefill, r.decode_tokens) for r in syn.requests} == {(8, 48)}
 
 
+def test_router_weights_are_the_source_s_mean_per_rank_and_phase():
+    src = hand_built()
+    for r in src.requests:  # prompt tokens weigh 0.9 / 0.1, decode tokens 0.6 / 0.4 or 0.8 / 0.2
+        r.weights[: r.prefill] = [0.9, 0.1]
+        r.weights[r.prefill :] = np.where(np.arange(r.decode_tokens)[:, None, None] % 2, [0.4, 0.6], [0.8, 0.2])
+    syn = generate_like(fit(src, "src"), 5, seed=1)
+    for r in syn.requests:
+        np.testing.assert_allclose(r.weights[: r.prefill], np.broadcast_to([0.9, 0.1], (r.prefill, 4, 2)), atol=1e-6)
+        np.testing.assert_allclose(r.weights[r.prefill :], np.broadcast_to([0.7, 0.3], (r.decode_tokens, 4, 2)), atol=1e-6)
+
+
 def test_fit_tells_a_sticky_trace_from_a_non_sticky_one():
     loose = fit(hand_built(0.0, seed=4), "loose")
     tight = fit(hand_built(0.7, seed=4), "tight")
