@@ -79,6 +79,21 @@ def test_never_sticky_trace():
     assert m["srp16"] == pytest.approx(2 / 17)
 
 
+def test_half_sticky_trace():
+    # tokens route {0, 1}, {0, 1}, {0, 2}, {0, 2}, {0, 1}, ...: every other pair repeats the set,
+    # the others keep expert 0 only, so exact-set reuse and kept share part ways
+    T = 40
+    rows = np.array([[0, 1 + (t // 2) % 2] for t in range(T)])[:, None, :]
+    m = measure(build(np.broadcast_to(rows, (T, 2, 2)).copy(), 16)).model
+    assert m["exact_reuse"] == pytest.approx(20 / 39)  # pairs (0,1), (2,3), ... of 39
+    assert m["kept_share"] == pytest.approx((20 + 19 * 0.5) / 39)
+    assert m["distinct32"] == 3 and m["distinct32_norm"] == pytest.approx(1 / 14)
+    assert m["topk_share"] == pytest.approx(60 / 80)  # expert 0 40 times, experts 1 and 2 20 each
+    # 2 slots: 2 cold misses, then a repeating token hits twice and a switching one once
+    assert m["lru@1k"] == m["belady@1k"] == pytest.approx((2 + 19 * 2 + 19) / 80)
+    assert m["lru@1.5k"] == m["belady@4k"] == pytest.approx(1 - 3 / 80)  # 3 slots hold all 3
+
+
 def test_lru_misses_a_cycle_longer_than_the_cache_and_belady_does_not():
     s = measure(cyclic(T=64, E=8, k=2))  # period of 4 tokens over 8 experts
     m = s.model
