@@ -13,6 +13,7 @@ import pytest
 from casmoe.policies import PolicySpec, PolicySpecError
 from casmoe.options import CapacitySpec, OptionError
 from casmoe.sim.sweep import Grid, Point, SweepError, file_digest, run_grid
+from casmoe.trace import Trace
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "traces" / "synthetic-mixtral.npz"
@@ -74,6 +75,21 @@ def _headline_checks(stdout: str, records: list[dict]) -> None:
         assert f"{sig(best['decode_tokens_per_s'] / ondemand['decode_tokens_per_s'])}x ondemand" in line
         for r in group:  # the table cell of every policy
             assert sig(r["decode_tokens_per_s"]) in stdout
+
+
+def test_simulate_the_shipped_qwen3_synthetic_out_of_the_box(tmp_path):
+    """traces/synthetic-qwen3.npz (fitted to the real Qwen3-30B-A3B trace) simulates with no
+    --model: the preset of its shape, priced at the bytes its source recorded (Q4_K_M)."""
+    trace = REPO / "traces" / "synthetic-qwen3.npz"
+    args = ["simulate", "--trace", str(trace), "--hardware", "rtx4090x4", "--requests", "2"]
+    proc = casmoe(*args, "--policy", "lru", "--policy", "belady", "--capacity", "6", "--capacity", "12", "--out", "rep", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = check_report(tmp_path / "rep")
+    assert {r["model"] for r in records} == {"qwen3-30b-a3b"} and {r["quant"] for r in records} == {"trace"}
+    recorded = 6 * sum(Trace.load(trace).geometry.layer_expert_bytes) / 1e9  # the source's Q4_K_M bytes
+    assert all(r["capacity_gb"] == pytest.approx(recorded) for r in records if r["capacity_slots"] == 6)
+    rate = {(r["policy"], r["capacity_slots"]): r["hit_rate"] for r in records}
+    assert 0 < rate["lru", 6] < rate["lru", 12] < rate["belady", 12] < 1  # realistic routing: caches differ
 
 
 @needs_trace
