@@ -1,6 +1,6 @@
 """Time `casmoe trace stats` (casmoe.workload.measure) and `synth --like` (casmoe.synthetic_fit).
 
-    python bench/bench_workload.py [--repeat 2] [--fit] [--fit-only]
+    python bench/bench_workload.py [--repeat 2] [--fit] [--fit-only] [--fit-seeds 0,1,2]
 
 Prints, per shipped trace, CPU seconds of the statistics (best of --repeat), with the hit
 rates replayed on all requests and on a sample of 100; with --fit, the time to
@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--fit", action="store_true", help="also time synth --like on the real traces")
     ap.add_argument("--fit-only", action="store_true", help="only the --fit part")
+    ap.add_argument("--fit-seeds", default="0", help="comma-separated seeds of the fit (one line each)")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}")
     paths = sorted(TRACES.glob("*.npz")) + [TRACES / "real" / f"{n}.route.csv" for n in ("qwen", "gemma", "gptoss")]
@@ -52,19 +53,20 @@ def main() -> None:
             line += f"; --replay-requests {SAMPLE}: {part:.2f} s, largest hit-rate change {dev:.4f}"
         print(line, flush=True)
     if args.fit or args.fit_only:
-        fit_report(paths[-1])
+        fit_report(paths[-1], tuple(int(x) for x in args.fit_seeds.split(",")))
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 
-def fit_report(any_real: Path, seeds: tuple[int, ...] = (0, 1, 2), requests: int = 8) -> None:
-    """Per real trace: fit time, generation time, and synthetic - real of every caching
-    statistic for `requests` generated requests under each seed in `seeds` (worst seed shown)."""
+def fit_report(any_real: Path, fit_seeds: tuple[int, ...], seeds: tuple[int, ...] = (0, 1, 2), requests: int = 8) -> None:
+    """Per real trace and fit seed: fit time, generation time, and synthetic - real of every
+    caching statistic for `requests` generated requests under each seed in `seeds` (worst seed
+    shown)."""
     from casmoe.synthetic_fit import fit, generate
 
     keys = [k for k in measure(import_trace([any_real])).model if k.startswith(("lru@", "belady@", "srp"))]
-    for name in ("qwen", "gemma", "gptoss"):
+    for name, fit_seed in ((n, f) for n in ("qwen", "gemma", "gptoss") for f in fit_seeds):
         tr = import_trace([TRACES / "real" / f"{name}.route.csv"])
-        secs, model = cpu(lambda: fit(tr, name), 1)
+        secs, model = cpu(lambda: fit(tr, name, fit_seed), 1)
         real = measure(tr).model
         diffs, gen = [], 0.0
         for seed in seeds:
@@ -73,10 +75,11 @@ def fit_report(any_real: Path, seeds: tuple[int, ...] = (0, 1, 2), requests: int
             diffs.append([measure(syn).model[k] - real[k] for k in keys])
         worst = np.array(diffs)[np.abs(diffs).argmax(axis=0), range(len(keys))]
         d = model.decode
-        print(f"fit {name}: {secs:.1f} s, generate {requests} requests {gen:.2f} s; decode drift {d.drift}, "
+        print(f"fit {name} (seed {fit_seed}): {secs:.1f} s, generate {requests} requests {gen:.2f} s; decode drift {d.drift}, "
               f"persistence {d.persistence}; synthetic - real (worst of seeds {list(seeds)}): "
               + ", ".join(f"{k} {v:+.3f}" for k, v in zip(keys, worst))
-              + f"; max |diff| {np.abs(worst).max():.3f}", flush=True)
+              + f"; max |diff| {np.abs(worst).max():.4f}", flush=True)
+
 
 if __name__ == "__main__":
     main()
