@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from casmoe.cache import CacheStats, ExpertCache, Load, MissMode
+from casmoe.cache import Access, CacheStats, ExpertCache, Load, MissMode
 from casmoe.geometry import ExpertId
 from casmoe.sim.compute import ComputeModel
-from casmoe.sim.decide import Decider, StepDecisions
+from casmoe.sim.decide import Decider, StepDecisions, Visit
 from casmoe.sim.link import Link
 from casmoe.sim.timeline import Timeline
 from casmoe.sim.tiers import HostTier
@@ -137,111 +137,113 @@ class StepTimer:
     def step(self, s: int, work: StepWork, steps: Sequence[Step], decisions: Sequence[StepDecisions] | None,
              t: float) -> float:
         """Price step `s` (`steps`: its view per shard) from `t`; returns when it is done.
-        `decisions` None: ask the caches layer by layer (substitute mode)."""
-        compute = self.compute
-        timeline = self.timeline
-        timeliness = self.timeliness
-        stall_by_layer = self.stall_by_layer
-        late_by_layer = self.late_by_layer
-        device_busy = self.device_busy
-        load_mode = self.miss_mode is MissMode.LOAD
-        cpu_mode = self.miss_mode is MissMode.CPU
-        interleaved = decisions is None
-        host_s = self.load_host_s
-        wake_s = self.wake_s
-        multi = len(self.links) > 1
-        E = self.E
-        T = work.tokens
-        dense = work.dense
-        busy_total, stall_late, stall_demand, late_total = self.compute_s, self.stall_late, self.stall_demand, self.late
+        `decisions` None: ask the caches layer by layer (substitute mode). The shards' layers
+        run in order, each on its device; the LM head ends the step on the last one."""
         on_device = 0
         for i, shard in enumerate(self.shards):
-            sub = steps[i]
-            counts = sub.counts
-            exp_time = shard.expert_time
-            links = shard.links
-            first = shard.first
-            if interleaved:
-                decide = shard.decider.visit
-                landed: Callable[[ExpertId], None] = shard.cache.arrived
-            else:
-                visits = iter(decisions[i].visits)
-                landed = _ignore
-            for ll, experts in enumerate(sub.experts):
-                if not experts:
-                    continue
-                if multi and shard.device[ll] != on_device:
-                    on_device = shard.device[ll]
-                    t += compute.handover(T)
-                link = links[ll]
-                if link.queue or (link.heap and link.heap[0][0] <= t):
-                    link.land(t, landed)  # only this layer's experts are observed next
-                pre, acc = decide(s, ll, experts) if interleaved else next(visits)
-                if pre:
-                    self._issue(shard, t, pre)
-                start = t
-                late_until = t
-                from_storage = False
-                tokens = link.tokens
-                if tokens:
-                    late = 0
-                    for e in experts:
-                        if e in tokens:
-                            late += 1
-                            a = link.need(t, e)
-                            if a > late_until:
-                                late_until = a
-                    if late:
-                        late_total += late
-                        late_by_layer[first + ll] += late
-                        start = late_until
-                if acc.loads:
-                    nb = shard.expert_bytes[ll]
-                    for ld in acc.loads:
-                        if ld.victim >= 0:
-                            links[ld.victim // E].cancel(t, ld.victim)
-                        a = link.demand(t, ld.expert, nb)
-                        if a > start:
-                            start = a
-                            from_storage = link.last_from_storage
-                    if interleaved:
-                        for ld in acc.loads:  # landed by `start`, before the next cache event
-                            landed(ld.expert)
-                if acc.background:
-                    self._issue(shard, t, acc.background)
-                if timeliness is not None and (acc.loads or timeliness.unused):  # before the stall: compute clock
-                    timeliness.visit(first, ll, on_device, t - stall_late - stall_demand, experts, acc)
-                if start > t:
-                    if wake_s:
-                        if late_until == start:
-                            late_until += wake_s
-                        start += wake_s
-                    stall_late += late_until - t
-                    stall_demand += start - late_until
-                    stall_by_layer[first + ll] += start - t
-                    if from_storage:
-                        self.stall_storage += start - t
-                    if timeline is not None:
-                        timeline.stall(on_device, t, start, first + ll)
-                if counts is None and load_mode:
-                    busy = dense + len(experts) * exp_time[ll]
-                else:
-                    busy = dense + self._experts_time(
-                        shard, ll, experts, None if counts is None else counts[ll], acc.cpu if cpu_mode else ()
-                    )
-                if host_s:
-                    busy += host_s * (len(pre) + len(acc.loads) + len(acc.background))
-                t = start + busy
-                busy_total += busy
-                device_busy[on_device] += busy
-                if timeline is not None:
-                    timeline.compute(on_device, start, t, first + ll)
+            visits = None if decisions is None else decisions[i].visits
+            t, on_device = self._walk(s, work, shard, steps[i], visits, t, on_device)
         head = work.head
-        t += head
-        busy_total += head
-        device_busy[on_device] += head
-        self.compute_s, self.stall_late, self.stall_demand, self.late = busy_total, stall_late, stall_demand, late_total
-        return t
+        self.compute_s += head
+        self.device_busy[on_device] += head
+        return t + head
+
+    def _walk(self, s: int, work: StepWork, shard: Shard, sub: Step, visits: list[Visit] | None, t: float,
+              on_device: int) -> tuple[float, int]:
+        """Run `shard`'s layers of step `s` from `t`, each once its device is free and its
+        experts have arrived (`_wait`); returns when the last is done, and on which device."""
+        compute, timeline, timeliness, device_busy = self.compute, self.timeline, self.timeliness, self.device_busy
+        interleaved = visits is None
+        cpu_mode = self.miss_mode is MissMode.CPU
+        counts = sub.counts
+        multi = len(self.links) > 1
+        host_s = self.load_host_s
+        T, dense = work.tokens, work.dense
+        links, first, exp_time = shard.links, shard.first, shard.expert_time
+        decide = shard.decider.visit
+        landed: Callable[[ExpertId], None] = shard.cache.arrived if interleaved else _ignore
+        visit_iter = iter(visits or ())
+        busy_total = self.compute_s
+        for ll, experts in enumerate(sub.experts):
+            if not experts:
+                continue
+            if multi and shard.device[ll] != on_device:
+                on_device = shard.device[ll]
+                t += compute.handover(T)
+            link = links[ll]
+            if link.queue or (link.heap and link.heap[0][0] <= t):
+                link.land(t, landed)  # only this layer's experts are observed next
+            pre, acc = decide(s, ll, experts) if interleaved else next(visit_iter)
+            if pre:
+                self._issue(shard, t, pre)
+            start = t
+            if acc.loads or link.tokens or acc.background or (timeliness is not None and timeliness.unused):
+                start = self._wait(shard, link, ll, experts, acc, t, on_device, interleaved)
+            if counts is None and not (cpu_mode and acc.cpu):  # one token per routed expert, all on the GPU
+                busy = dense + len(experts) * exp_time[ll]
+            else:
+                cpu = acc.cpu if cpu_mode else ()
+                busy = dense + self._experts_time(shard, ll, experts, None if counts is None else counts[ll], cpu)
+            if host_s:
+                busy += host_s * (len(pre) + len(acc.loads) + len(acc.background))
+            t = start + busy
+            busy_total += busy
+            device_busy[on_device] += busy
+            if timeline is not None:
+                timeline.compute(on_device, start, t, first + ll)
+        self.compute_s = busy_total
+        return t, on_device
+
+    def _wait(self, shard: Shard, link: Link, ll: int, experts: Sequence[ExpertId], acc: Access, t: float,
+              on_device: int, interleaved: bool) -> float:
+        """When the layer can start: once its late hits (experts still in flight, promoted to demand
+        priority) and its demand loads (ahead of queued prefetches; the loads of the experts they
+        evict are cancelled) have arrived. The stall is `late prefetch` up to the last late hit,
+        `demand miss` beyond; a layer that stalled resumes `wake_s` after the last arrival."""
+        layer = shard.first + ll
+        late_until = t
+        tokens = link.tokens
+        if tokens:
+            late = 0
+            for e in experts:
+                if e in tokens:
+                    late += 1
+                    a = link.need(t, e)
+                    if a > late_until:
+                        late_until = a
+            if late:
+                self.late += late
+                self.late_by_layer[layer] += late
+        start = late_until
+        from_storage = False
+        loads = acc.loads
+        for ld in loads:
+            if ld.victim >= 0 and ld.victim in shard.links[ld.victim // self.E].tokens:  # its load in flight
+                shard.links[ld.victim // self.E].cancel(t, ld.victim)
+            a = link.demand(t, ld.expert, shard.expert_bytes[ll])
+            if a > start:
+                start, from_storage = a, link.last_from_storage
+        if interleaved:
+            for ld in loads:  # landed by `start`, before the next cache event
+                shard.cache.arrived(ld.expert)
+        if acc.background:
+            self._issue(shard, t, acc.background)
+        timeliness = self.timeliness
+        if timeliness is not None and (loads or timeliness.unused):  # before the stall: compute clock
+            timeliness.visit(shard.first, ll, on_device, t - self.stall_late - self.stall_demand, experts, acc)
+        if start > t:
+            if self.wake_s:  # a host thread that blocked wakes up after the last copy landed
+                if late_until == start:
+                    late_until += self.wake_s
+                start += self.wake_s
+            self.stall_late += late_until - t
+            self.stall_demand += start - late_until
+            self.stall_by_layer[layer] += start - t
+            if from_storage:
+                self.stall_storage += start - t
+            if self.timeline is not None:
+                self.timeline.stall(on_device, t, start, layer)
+        return start
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -257,7 +259,7 @@ class StepTimer:
         nbytes = shard.expert_bytes
         E = self.E
         for ld in loads:
-            if ld.victim >= 0:
+            if ld.victim >= 0 and ld.victim in links[ld.victim // E].tokens:  # its load in flight
                 links[ld.victim // E].cancel(t, ld.victim)
             layer = ld.expert // E
             links[layer].prefetch(t, ld.expert, nbytes[layer])
