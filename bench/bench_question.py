@@ -21,6 +21,20 @@ planner with the `casmoe planner fit` defaults (timed), then reports
   sch and ondemand at k, 1.5k and 2k slots per layer.
 
 Records are appended to `--json` after every setting, so a long run keeps what it finished.
+
+`--improve` reads the planners a run kept (`--planners DIR`) and tries the cheap improvements
+the issue names, with no refit (records in `--json`, one per setting):
+
+- per-layer: recall@k per layer of cascade and popularity, and the best of the two per layer
+  chosen *on the evaluated data* (an optimistic bound on any per-layer calibration);
+- the request's own prefill routing as the decode prediction (known once the prompt has run,
+  before decode: how much of decode's routing the prompt's routing already shows), alone and
+  averaged with the cascade;
+- gate-blended popularity prior: (1 - w) cascade + w popularity with w = 1 - similarity of the
+  matcher's best match (an unfamiliar prompt leans on popularity);
+- decode-time adaptation (`AdaptiveCasMoE`): evicts by (1 - a) planner score + a share of the
+  layer's accesses each expert took so far in the request; hit rates by replay (the planner's
+  answers precomputed, no online buffer; `casmoe-static` is a = 0 under the same conditions).
 """
 
 from __future__ import annotations
@@ -46,6 +60,7 @@ from casmoe.planner import EAPConfig, PlannerConfig, fit_planner  # noqa: E402
 from casmoe.planner.evaluate import score  # noqa: E402
 from casmoe.planner.patterns import Phase, expert_patterns, normalise  # noqa: E402
 from casmoe.policies import get_policy  # noqa: E402
+from casmoe.policies.casmoe import CasMoE  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
 from casmoe.trace import Trace  # noqa: E402
 
@@ -92,29 +107,102 @@ def accuracy(planner, test: Trace) -> dict[str, dict[str, float]]:
     return out
 
 
-def policies(planner, test: Trace, simulate: bool) -> list[dict[str, Any]]:
+def policies(folder: Path, test: Trace, simulate: bool) -> list[dict[str, Any]]:
+    """Replay (and simulate) every policy; `casmoe` loads the planner saved in `folder` afresh
+    for each run (serving feeds its online buffer)."""
     g = test.geometry
     sim = _simulator(g) if simulate else None
     records = []
-    with tempfile.TemporaryDirectory() as tmp:
-        planner.save(tmp)
-        for slots in sorted({g.top_k, (3 * g.top_k) // 2, 2 * g.top_k}):
-            cap = Capacity(slots)
-            for label in POLICIES:
-                name = "casmoe" if label.startswith("casmoe") else label
-                opts: dict[str, Any] = {"casmoe": {"planner": tmp}, "casmoe-oracle": {"predictor": "exact"}}.get(label, {})
-                cache = get_policy(name).create(g, cap, trace=test, **opts)
-                rec: dict[str, Any] = {"policy": label, "slots_per_layer": slots}
-                rec["hit_rate"] = replay(test, cache).stats.hit_rate
-                if sim is not None:
-                    res = sim(test, get_policy(name), cap, opts)
-                    rec["decode_tokens_per_s"] = res.decode_tokens_per_s
-                    rec["sim_model"] = res.model
-                records.append(rec)
+    for slots in sorted({g.top_k, (3 * g.top_k) // 2, 2 * g.top_k}):
+        cap = Capacity(slots)
+        for label in POLICIES:
+            name = "casmoe" if label.startswith("casmoe") else label
+            opts: dict[str, Any] = {"casmoe": {"planner": str(folder)}, "casmoe-oracle": {"predictor": "exact"}}.get(label, {})
+            cache = get_policy(name).create(g, cap, trace=test, **opts)
+            rec: dict[str, Any] = {"policy": label, "slots_per_layer": slots}
+            rec["hit_rate"] = replay(test, cache).stats.hit_rate
+            if sim is not None:
+                res = sim(test, get_policy(name), cap, opts)
+                rec["decode_tokens_per_s"] = res.decode_tokens_per_s
+                rec["sim_model"] = res.model
+            records.append(rec)
     return records
 
 
-def run_setting(trace: Trace, setting: str, simulate: bool, epochs: int) -> dict[str, Any]:
+class AdaptiveCasMoE(CasMoE):
+    """casmoe evicting by a blend of the planner's scores and the request's own access shares so
+    far at that layer (a bench-only subclass: it runs the Python hooks, not the compiled twin)."""
+
+    name = "casmoe-adapt"
+
+    def __init__(self, *args: Any, adapt: float, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.adapt = adapt
+
+    def victim(self, layer: int, candidates) -> int:
+        e = self.geometry.experts
+        served, scores, last, a = self._served, self._scores, self._last, self.adapt
+        total = served[layer * e : (layer + 1) * e].sum() or 1.0
+        return min(candidates, key=lambda x: ((1 - a) * scores[x] + a * served[x] / total, last[x]))
+
+
+ADAPT = (0.0, 0.5, 0.8, 1.0)
+SIMULATED_ADAPT = (0.0, 0.8)
+
+
+def improve(folder: Path, trace: Trace, setting: str) -> dict[str, Any]:
+    """The no-refit improvements of the module docstring, for one kept planner."""
+    from casmoe.planner import load_planner
+    from casmoe.planner.evaluate import _top
+
+    planner = load_planner(folder)
+    test = trace.subset(split(trace, setting)[1])
+    g, k = test.geometry, test.geometry.top_k
+    answers = planner.answers([r.prompt for r in test.requests])
+    cascade = answers.cascade(planner.config.epsilon)
+    pop = planner.fit_data.baselines(test)["popularity"]
+    truth = expert_patterns(test, Phase.DECODE, weighted=True)
+    counts = expert_patterns(test, Phase.DECODE, weighted=False)
+    live = (truth > 0).any(-1)  # [N, L]
+
+    def per_layer(pred: np.ndarray) -> np.ndarray:
+        hit = (_top(pred, k) & _top(truth, k) & (truth > 0)).sum(-1) / np.minimum((truth > 0).sum(-1), k).clip(1)
+        return np.array([hit[live[:, layer], layer].mean() for layer in range(g.layers)])
+
+    pl_c, pl_p = per_layer(cascade), per_layer(pop)
+    w = (1.0 - answers.similarity).clip(0, 1)[:, None, None]
+    prefill = normalise(expert_patterns(test, Phase.PREFILL, True))
+    out: dict[str, Any] = {
+        "setting": setting,
+        "per_layer_cascade": pl_c.tolist(),
+        "per_layer_popularity": pl_p.tolist(),
+        "layers_cascade_better": int((pl_c > pl_p).sum()),
+        "per_layer_best_bound": float(np.maximum(pl_c, pl_p).mean()),
+        "similarity_mean": float(answers.similarity.mean()),
+        "gate_blend": score((1 - w) * cascade + w * pop, truth, counts, k),
+        "cascade": score(cascade, truth, counts, k),
+        "popularity": score(pop, truth, counts, k),
+        "prefill_pattern": score(prefill, truth, counts, k),
+        "cascade_plus_prefill": score(0.5 * cascade + 0.5 * prefill, truth, counts, k),
+    }
+    preds = {r.prompt: c for r, c in zip(test.requests, cascade)}
+    sim = _simulator(g)
+    hits = []
+    for slots in sorted({k, (3 * k) // 2, 2 * k}):
+        cap = Capacity(slots)
+        for a in ADAPT:
+            opts = {"predictor": lambda r: preds[r.prompt], "adapt": a}
+            rec = {"policy": f"casmoe-adapt{a}", "slots_per_layer": slots}
+            rec["hit_rate"] = replay(test, AdaptiveCasMoE.create(g, cap, **opts)).stats.hit_rate
+            if a in SIMULATED_ADAPT and sim is not None:
+                rec["decode_tokens_per_s"] = sim(test, AdaptiveCasMoE, cap, opts).decode_tokens_per_s
+            hits.append(rec)
+    out["adapt"] = hits
+    return out
+
+
+def run_setting(trace: Trace, setting: str, simulate: bool, epochs: int, folder: Path) -> dict[str, Any]:
+    """Fit (saved to `folder`), score, replay and simulate one setting."""
     fit_idx, test_idx = split(trace, setting)
     fit, test = trace.subset(fit_idx), trace.subset(test_idx)
     fit.meta.pop("splits", None)  # the fit subset is all fit data (holdout_every=0)
@@ -122,9 +210,10 @@ def run_setting(trace: Trace, setting: str, simulate: bool, epochs: int) -> dict
     t = time.perf_counter()
     planner = fit_planner(fit, PlannerConfig(holdout_every=0, eap=EAPConfig(epochs=epochs)))
     fit_s = time.perf_counter() - t
+    planner.save(folder)
     t = time.perf_counter()
     acc = accuracy(planner, test)
-    pol = policies(planner, test, simulate)
+    pol = policies(folder, test, simulate)
     return {
         "setting": setting,
         "fit_requests": len(fit_idx),
@@ -147,15 +236,27 @@ def main() -> None:
     ap.add_argument("--no-sim", action="store_true", help="replay hit rates only")
     ap.add_argument("--epochs", type=int, default=EAPConfig().epochs, help="EAP epochs (default: the fit default)")
     ap.add_argument("--json", type=Path, required=True, help="records are appended here after every setting")
+    ap.add_argument("--improve", action="store_true", help="try the no-refit improvements on kept --planners")
+    ap.add_argument("--planners", type=Path, help="keep the fitted planners here, one folder per setting (default: temporary)")
     args = ap.parse_args()
     trace = Trace.load(args.trace)
     tasks = sorted({r.task for r in trace.requests}, key=lambda t: -sum(r.task == t for r in trace.requests))
     settings = args.settings.split(",") if args.settings else ["insplit", *tasks]
     done: list[dict[str, Any]] = json.loads(args.json.read_text()) if args.json.exists() else []
+    if args.improve:
+        for setting in settings:
+            folder = args.planners / f"{args.trace.stem}-{setting}"
+            if (folder / "planner.json").exists() and not any(d["setting"] == setting for d in done):
+                done.append({"trace": args.trace.name, **improve(folder, trace, setting)})
+                args.json.write_text(json.dumps(done, indent=2))
+                print(f"{args.trace.name} {setting}: improve done", flush=True)
+        return
     for setting in settings:
         if any(d["setting"] == setting for d in done):
             continue
-        rec = {"trace": args.trace.name, **run_setting(trace, setting, not args.no_sim, args.epochs)}
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = (args.planners or Path(tmp)) / f"{args.trace.stem}-{setting}"
+            rec = {"trace": args.trace.name, **run_setting(trace, setting, not args.no_sim, args.epochs, folder)}
         done.append(rec)
         args.json.write_text(json.dumps(done, indent=2))
         acc = rec["accuracy"]
@@ -166,5 +267,87 @@ def main() -> None:
         )
 
 
+# ---- markdown (`--markdown MAIN.json [IMPROVE.json]`) ----------------------------------------
+
+
+def _cell(acc: dict[str, dict[str, float]], name: str) -> str:
+    return f"{acc[name]['recall_at_k']:.3f} / {acc[name]['coverage_at_2k']:.3f}"
+
+
+ACC_ROWS = ("cascade", "eam", "eap", "popularity", "task_popularity", "same_task_others", "blend_w0.5", "random")
+
+
+def markdown(main_json: Path, improve_json: Path | None) -> str:
+    runs = json.loads(main_json.read_text())
+    trace = runs[0]["trace"]
+    loto = [r for r in runs if r["setting"] != "insplit"]
+    out = [f"#### {trace}: recall@k / coverage@2k\n"]
+    cols = [f"{r['setting']} ({r['eval_requests']})" for r in runs]
+    out.append("| method | " + " | ".join(cols) + " |")
+    out.append("|---|" + "---|" * len(runs))
+    for name in ACC_ROWS:
+        out.append(f"| {name} | " + " | ".join(_cell(r["accuracy"], name) for r in runs) + " |")
+    lead = [r["accuracy"]["cascade"]["recall_at_k"] - r["accuracy"]["popularity"]["recall_at_k"] for r in runs]
+    out.append("| **cascade - popularity (recall)** | " + " | ".join(f"**{x:+.3f}**" for x in lead) + " |")
+    if loto:
+        mean = np.mean(lead[1:] if runs[0]["setting"] == "insplit" else lead)
+        out.append(f"\nLeave-one-task-out, mean over {len(loto)} tasks of cascade - popularity recall@k: {mean:+.3f}")
+    out.append(f"\n#### {trace}: hit rate / simulated decode tok/s ({runs[0]['policies'][0].get('sim_model', '-')} sizes)\n")
+    slots = sorted({p["slots_per_layer"] for p in runs[0]["policies"]})
+    for title, group in (("in-split (heldout)", runs[:1]), (f"leave-one-task-out, mean over {len(loto)} tasks", loto)):
+        if not group or (title.startswith("in") and group[0]["setting"] != "insplit"):
+            continue
+        out.append(f"{title}:\n")
+        out.append("| policy | " + " | ".join(f"{c} slots/layer" for c in slots) + " |")
+        out.append("|---|" + "---|" * len(slots))
+        for pol in POLICIES:
+            cells = []
+            for c in slots:
+                recs = [p for r in group for p in r["policies"] if p["policy"] == pol and p["slots_per_layer"] == c]
+                hit = np.mean([p["hit_rate"] for p in recs])
+                tps = np.mean([p.get("decode_tokens_per_s", np.nan) for p in recs])
+                cells.append(f"{hit:.3f} / {tps:.3g}")
+            out.append(f"| {pol} | " + " | ".join(cells) + " |")
+        out.append("")
+    if loto:
+        out.append("casmoe - max(lru, lfu) hit rate per unseen task:\n")
+        out.append("| task (requests) | " + " | ".join(f"{c} slots" for c in slots) + " | oracle - max(lru, lfu) at 2k |")
+        out.append("|---|" + "---|" * (len(slots) + 1))
+        for r in loto:
+            hit = {(p["policy"], p["slots_per_layer"]): p["hit_rate"] for p in r["policies"]}
+            d = [hit["casmoe", c] - max(hit["lru", c], hit["lfu", c]) for c in slots]
+            o = hit["casmoe-oracle", slots[-1]] - max(hit["lru", slots[-1]], hit["lfu", slots[-1]])
+            out.append(f"| {r['setting']} ({r['eval_requests']}) | " + " | ".join(f"{x:+.3f}" for x in d) + f" | {o:+.3f} |")
+    fits = ", ".join(f"{r['setting']} {r['fit_s']:.0f} s (load {r['loadavg_1m_start']:.1f})" for r in runs)
+    out.append(f"\nfit times: {fits}")
+    if improve_json is not None and improve_json.exists():
+        out.append(_improve_markdown(json.loads(improve_json.read_text()), runs))
+    return "\n".join(out)
+
+
+def _improve_markdown(recs: list[dict[str, Any]], runs: list[dict[str, Any]]) -> str:
+    main = {r["setting"]: r for r in runs}
+    out = ["\nno-refit improvements (recall@k; hit rates by replay, planner answers precomputed):\n"]
+    slots = sorted({a["slots_per_layer"] for a in recs[0]["adapt"]})
+    head = ["setting", "cascade", "gate blend", "per-layer best (bound)", "layers cascade > pop", "popularity"]
+    head += ["prefill pattern", "cascade + prefill"]
+    head += [f"adapt {a} @{c}" for c in slots[1:] for a in (0.0, 0.8)] + [f"max(lru,lfu) @{c}" for c in slots[1:]]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|---|" + "---|" * (len(head) - 1))
+    for r in recs:
+        hit = {(a["policy"], a["slots_per_layer"]): a["hit_rate"] for a in r["adapt"]}
+        base = {(p["policy"], p["slots_per_layer"]): p["hit_rate"] for p in main[r["setting"]]["policies"]}
+        cells = [r["setting"], f"{r['cascade']['recall_at_k']:.3f}", f"{r['gate_blend']['recall_at_k']:.3f}"]
+        cells += [f"{r['per_layer_best_bound']:.3f}", str(r["layers_cascade_better"]), f"{r['popularity']['recall_at_k']:.3f}"]
+        cells += [f"{r[m]['recall_at_k']:.3f}" for m in ("prefill_pattern", "cascade_plus_prefill")]
+        cells += [f"{hit[f'casmoe-adapt{a}', c]:.3f}" for c in slots[1:] for a in (0.0, 0.8)]
+        cells += [f"{max(base['lru', c], base['lfu', c]):.3f}" for c in slots[1:]]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--markdown":
+        print(markdown(Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None))
+    else:
+        main()
