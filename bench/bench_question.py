@@ -34,7 +34,10 @@ the issue names, with no refit (records in `--json`, one per setting):
   matcher's best match (an unfamiliar prompt leans on popularity);
 - decode-time adaptation (`AdaptiveCasMoE`): evicts by (1 - a) planner score + a share of the
   layer's accesses each expert took so far in the request; hit rates by replay (the planner's
-  answers precomputed, no online buffer; `casmoe-static` is a = 0 under the same conditions).
+  answers precomputed, no online buffer; a = 0 is casmoe under the same conditions);
+- the online buffer on the unseen task: its requests served in trace order, each joining the
+  planner's buffer after its answer (C = 30), at the fit epsilon 0.8 and lower ones that let
+  the matcher answer from the task's served prompts (recall; and hit rate with a = 0.8).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +64,7 @@ from casmoe.planner import EAPConfig, PlannerConfig, fit_planner  # noqa: E402
 from casmoe.planner.evaluate import score  # noqa: E402
 from casmoe.planner.patterns import Phase, expert_patterns, normalise  # noqa: E402
 from casmoe.policies import get_policy  # noqa: E402
-from casmoe.policies.casmoe import CasMoE  # noqa: E402
+from casmoe.policies.casmoe import CasMoE, PlannerPredictor  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
 from casmoe.trace import Trace  # noqa: E402
 
@@ -147,13 +151,14 @@ class AdaptiveCasMoE(CasMoE):
 
 
 ADAPT = (0.0, 0.5, 0.8, 1.0)
+ONLINE_EPSILONS = (0.8, 0.5, 0.3)
 SIMULATED_ADAPT = (0.0, 0.8)
 
 
 def improve(folder: Path, trace: Trace, setting: str) -> dict[str, Any]:
     """The no-refit improvements of the module docstring, for one kept planner."""
     from casmoe.planner import load_planner
-    from casmoe.planner.evaluate import _top
+    from casmoe.planner.evaluate import _top, serve_online
 
     planner = load_planner(folder)
     test = trace.subset(split(trace, setting)[1])
@@ -185,6 +190,10 @@ def improve(folder: Path, trace: Trace, setting: str) -> dict[str, Any]:
         "prefill_pattern": score(prefill, truth, counts, k),
         "cascade_plus_prefill": score(0.5 * cascade + 0.5 * prefill, truth, counts, k),
     }
+    for eps in ONLINE_EPSILONS:  # served in trace order, each observed after its answer (buffer C)
+        online = load_planner(folder)
+        online.config = replace(online.config, epsilon=eps)
+        out[f"online_eps{eps}"] = score(serve_online(online, test), truth, counts, k)
     preds = {r.prompt: c for r, c in zip(test.requests, cascade)}
     sim = _simulator(g)
     hits = []
@@ -197,6 +206,12 @@ def improve(folder: Path, trace: Trace, setting: str) -> dict[str, Any]:
             if a in SIMULATED_ADAPT and sim is not None:
                 rec["decode_tokens_per_s"] = sim(test, AdaptiveCasMoE, cap, opts).decode_tokens_per_s
             hits.append(rec)
+        for eps in ONLINE_EPSILONS:
+            predictor = PlannerPredictor(str(folder), g)
+            predictor.planner.config = replace(predictor.planner.config, epsilon=eps)
+            cache = AdaptiveCasMoE.create(g, cap, predictor=predictor, adapt=0.8)
+            rec = {"policy": f"casmoe-online{eps}-adapt0.8", "slots_per_layer": slots}
+            hits.append({**rec, "hit_rate": replay(test, cache).stats.hit_rate})
     out["adapt"] = hits
     return out
 
@@ -330,8 +345,10 @@ def _improve_markdown(recs: list[dict[str, Any]], runs: list[dict[str, Any]]) ->
     out = ["\nno-refit improvements (recall@k; hit rates by replay, planner answers precomputed):\n"]
     slots = sorted({a["slots_per_layer"] for a in recs[0]["adapt"]})
     head = ["setting", "cascade", "gate blend", "per-layer best (bound)", "layers cascade > pop", "popularity"]
-    head += ["prefill pattern", "cascade + prefill"]
-    head += [f"adapt {a} @{c}" for c in slots[1:] for a in (0.0, 0.8)] + [f"max(lru,lfu) @{c}" for c in slots[1:]]
+    head += ["prefill pattern", "cascade + prefill"] + [f"online eps {e}" for e in ONLINE_EPSILONS]
+    head += [f"adapt {a} @{c}" for c in slots[1:] for a in (0.0, 0.8)]
+    head += [f"online eps {e} + adapt 0.8 @{c}" for c in slots[1:] for e in ONLINE_EPSILONS[1:]]
+    head += [f"max(lru,lfu) @{c}" for c in slots[1:]]
     out.append("| " + " | ".join(head) + " |")
     out.append("|---|" + "---|" * (len(head) - 1))
     for r in recs:
@@ -340,7 +357,9 @@ def _improve_markdown(recs: list[dict[str, Any]], runs: list[dict[str, Any]]) ->
         cells = [r["setting"], f"{r['cascade']['recall_at_k']:.3f}", f"{r['gate_blend']['recall_at_k']:.3f}"]
         cells += [f"{r['per_layer_best_bound']:.3f}", str(r["layers_cascade_better"]), f"{r['popularity']['recall_at_k']:.3f}"]
         cells += [f"{r[m]['recall_at_k']:.3f}" for m in ("prefill_pattern", "cascade_plus_prefill")]
+        cells += [f"{r[f'online_eps{e}']['recall_at_k']:.3f}" for e in ONLINE_EPSILONS]
         cells += [f"{hit[f'casmoe-adapt{a}', c]:.3f}" for c in slots[1:] for a in (0.0, 0.8)]
+        cells += [f"{hit[f'casmoe-online{e}-adapt0.8', c]:.3f}" for c in slots[1:] for e in ONLINE_EPSILONS[1:]]
         cells += [f"{max(base['lru', c], base['lfu', c]):.3f}" for c in slots[1:]]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
