@@ -2,7 +2,9 @@
 reactive caching, in-split and on tasks the planner never saw?
 
     python bench/bench_question.py --trace traces/tiny-mixtral.npz --json out.json \
-        [--settings insplit,quote,arithmetic,...] [--no-sim]
+        [--settings insplit,quote,arithmetic,...] [--no-sim] [--planners DIR]
+    python bench/bench_question.py --trace traces/tiny-mixtral.npz --improve --planners DIR --json improve.json
+    python bench/bench_question.py --markdown out.json [improve.json]      # the RESULTS.md tables
 
 Settings: `insplit` fits on the trace's `meta["splits"]` train requests and scores its heldout
 ones; a task name T is leave-one-task-out: fit on the train requests of every other task, score
@@ -356,27 +358,49 @@ def markdown(main_json: Path, improve_json: Path | None) -> str:
 
 def _improve_markdown(recs: list[dict[str, Any]], runs: list[dict[str, Any]]) -> str:
     main = {r["setting"]: r for r in runs}
-    out = ["\nno-refit improvements (recall@k; hit rates by replay, planner answers precomputed):\n"]
-    slots = [0] + sorted({a["slots_per_layer"] for a in recs[0]["adapt"]})  # k itself is not run
-    head = ["setting", "cascade", "gate blend", "per-layer best (bound)", "layers cascade > pop", "popularity"]
-    head += ["prefill pattern", "cascade + prefill"] + [f"online eps {e}" for e in ONLINE_EPSILONS]
-    head += [f"adapt {a} @{c}" for c in slots[1:] for a in (0.0, 0.8)] + [f"adapt 0.8 carry {CARRY} @{c}" for c in slots[1:]]
-    head += [f"online eps {e} + adapt 0.8 @{c}" for c in slots[1:] for e in ONLINE_EPSILONS[1:]]
-    head += [f"max(lru,lfu) @{c}" for c in slots[1:]]
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|---|" + "---|" * (len(head) - 1))
-    for r in recs:
+    recs = sorted(recs, key=lambda r: r["setting"] != "insplit")
+    slots = sorted({a["slots_per_layer"] for a in recs[0]["adapt"]})  # k itself is not run
+    acc_cols = {
+        "cascade": lambda r: r["cascade"]["recall_at_k"],
+        "gate blend": lambda r: r["gate_blend"]["recall_at_k"],
+        "per-layer best (bound)": lambda r: r["per_layer_best_bound"],
+        "layers cascade > pop": lambda r: r["layers_cascade_better"],
+        "prefill pattern": lambda r: r["prefill_pattern"]["recall_at_k"],
+        "cascade + prefill": lambda r: r["cascade_plus_prefill"]["recall_at_k"],
+        **{f"online eps {e}": (lambda r, e=e: r[f"online_eps{e}"]["recall_at_k"]) for e in ONLINE_EPSILONS},
+        "popularity": lambda r: r["popularity"]["recall_at_k"],
+    }
+    hit_cols = [("casmoe (a = 0)", "casmoe-adapt0.0"), ("adapt 0.8", "casmoe-adapt0.8"),
+                (f"adapt 0.8 carry {CARRY}", "casmoe-adapt0.8-carry")]
+    hit_cols += [(f"online eps {e} + adapt 0.8", f"casmoe-online{e}-adapt0.8") for e in ONLINE_EPSILONS[1:]]
+
+    def hit_row(r: dict[str, Any]) -> list[float]:
         hit = {(a["policy"], a["slots_per_layer"]): a["hit_rate"] for a in r["adapt"]}
         base = {(p["policy"], p["slots_per_layer"]): p["hit_rate"] for p in main[r["setting"]]["policies"]}
-        cells = [r["setting"], f"{r['cascade']['recall_at_k']:.3f}", f"{r['gate_blend']['recall_at_k']:.3f}"]
-        cells += [f"{r['per_layer_best_bound']:.3f}", str(r["layers_cascade_better"]), f"{r['popularity']['recall_at_k']:.3f}"]
-        cells += [f"{r[m]['recall_at_k']:.3f}" for m in ("prefill_pattern", "cascade_plus_prefill")]
-        cells += [f"{r[f'online_eps{e}']['recall_at_k']:.3f}" for e in ONLINE_EPSILONS]
-        cells += [f"{hit[f'casmoe-adapt{a}', c]:.3f}" for c in slots[1:] for a in (0.0, 0.8)]
-        cells += [f"{hit['casmoe-adapt0.8-carry', c]:.3f}" for c in slots[1:]]
-        cells += [f"{hit[f'casmoe-online{e}-adapt0.8', c]:.3f}" for c in slots[1:] for e in ONLINE_EPSILONS[1:]]
-        cells += [f"{max(base['lru', c], base['lfu', c]):.3f}" for c in slots[1:]]
-        out.append("| " + " | ".join(cells) + " |")
+        return [hit[key, c] for c in slots for _, key in hit_cols] + [max(base["lru", c], base["lfu", c]) for c in slots]
+
+    def fmt(v: float) -> str:
+        return str(v) if isinstance(v, int) else f"{v:.3f}"
+
+    loto = [r for r in recs if r["setting"] != "insplit"]
+    out = ["\nno-refit improvements, recall@k:\n", "| setting | " + " | ".join(acc_cols) + " |"]
+    out.append("|---|" + "---|" * len(acc_cols))
+    for r in recs:
+        out.append(f"| {r['setting']} | " + " | ".join(fmt(f(r)) for f in acc_cols.values()) + " |")
+    means = [float(np.mean([f(r) for r in loto])) for f in acc_cols.values()]
+    out.append(f"| **LOTO mean ({len(loto)})** | " + " | ".join(f"**{m:.3f}**" for m in means) + " |")
+    names = [f"{n} @{c}" for c in slots for n, _ in hit_cols] + [f"max(lru, lfu) @{c}" for c in slots]
+    out += ["\nno-refit improvements, hit rate (replay; planner answers precomputed except online):\n"]
+    out.append("| setting | " + " | ".join(names) + " |")
+    out.append("|---|" + "---|" * len(names))
+    for r in recs:
+        out.append(f"| {r['setting']} | " + " | ".join(fmt(v) for v in hit_row(r)) + " |")
+    means = np.mean([hit_row(r) for r in loto], axis=0)
+    out.append(f"| **LOTO mean ({len(loto)})** | " + " | ".join(f"**{m:.3f}**" for m in means) + " |")
+    tps = [(a["policy"], a["slots_per_layer"], a["decode_tokens_per_s"]) for r in loto for a in r["adapt"] if "decode_tokens_per_s" in a]
+    for pol in sorted({t[0] for t in tps}):
+        v = [t[2] for t in tps if t[0] == pol]
+        out.append(f"\n{pol} at {slots[-1]} slots, simulated decode tok/s, LOTO mean: {np.mean(v):.3g}")
     return "\n".join(out)
 
 
