@@ -364,7 +364,7 @@ def _improve_markdown(recs: list[dict[str, Any]], runs: list[dict[str, Any]]) ->
         "cascade": lambda r: r["cascade"]["recall_at_k"],
         "gate blend": lambda r: r["gate_blend"]["recall_at_k"],
         "per-layer best (bound)": lambda r: r["per_layer_best_bound"],
-        "layers cascade > pop": lambda r: r["layers_cascade_better"],
+        "layers where cascade > pop": lambda r: r["layers_cascade_better"],
         "prefill pattern": lambda r: r["prefill_pattern"]["recall_at_k"],
         "cascade + prefill": lambda r: r["cascade_plus_prefill"]["recall_at_k"],
         **{f"online eps {e}": (lambda r, e=e: r[f"online_eps{e}"]["recall_at_k"]) for e in ONLINE_EPSILONS},
