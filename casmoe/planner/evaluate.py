@@ -17,6 +17,7 @@ lacks it has nothing to go on and equals `popularity`), `random`.
 
 Which requests are scored: on the planner's fit trace, those it was not fitted on (the held-out
 split and any excluded task); on any other trace of the same routing shape, every request.
+The scope says how many scored requests of another trace share a prompt with the fit data.
 `holdout_task` keeps only one task's requests, and must be a task the planner never saw
 (leave-one-task-out: `casmoe planner fit --exclude-task T`, then `eval --holdout-task T`).
 """
@@ -106,8 +107,8 @@ def scored_requests(planner: Planner, trace: Trace, holdout_task: str | None = N
         raise PlannerError(
             "this planner folder predates stored fit baselines, so it cannot be evaluated; refit it with casmoe planner fit"
         )
-    n = len(trace.requests)
-    if fit.trace == fingerprint(trace):
+    n, same = len(trace.requests), fit.trace == fingerprint(trace)
+    if same:
         fitted = set(fit_split(trace, planner.config))
         idx, scope = [i for i in range(n) if i not in fitted], "held-out requests of the fit trace"
     else:
@@ -123,6 +124,9 @@ def scored_requests(planner: Planner, trace: Trace, holdout_task: str | None = N
             tasks = ", ".join(sorted({str(r.task) for r in trace.requests}))
             raise PlannerError(f"no request of task {holdout_task!r} to score (the trace's tasks: {tasks})")
         scope = f"task {holdout_task!r}, unseen in the fit data: " + scope
+    seen = 0 if same else fit.fitted_prompts(trace, idx)
+    if seen:
+        scope += f" ({seen} of them with a prompt it was fitted on)"
     if not idx:
         raise PlannerError(
             "no held-out requests: the planner was fitted on every request of this trace (holdout_every=0, "

@@ -7,8 +7,13 @@ would not exist. So fitting stores them, with the task names it saw and a finger
 trace, which tells evaluation whether it is scoring the fit trace (then only the requests not
 fitted on) or another one (then every request).
 
-On disk: `fit.npz` (float32 arrays `popularity` [L, E], `task_popularity` [T, L, E]; no pickle)
-and the `fit` entry of `planner.json` (fingerprint, request count, task names).
+It also keeps a 64-bit digest of every fitted prompt, so that an evaluation on another trace
+can say how many of the requests it scores have a prompt the planner was fitted on (a
+re-recording of the same prompts, say).
+
+On disk: `fit.npz` (float32 arrays `popularity` [L, E], `task_popularity` [T, L, E], uint64
+`prompts` [N]; no pickle) and the `fit` entry of `planner.json` (fingerprint, request count,
+task names).
 """
 
 from __future__ import annotations
@@ -24,6 +29,14 @@ from casmoe.planner.patterns import Phase, expert_patterns, normalise
 from casmoe.trace import Trace
 
 FILE = "fit.npz"
+
+
+def prompt_digests(prompts: Sequence[str | None]) -> np.ndarray:
+    """A uint64 digest per prompt (None hashes as the empty prompt)."""
+    return np.array(
+        [int.from_bytes(hashlib.blake2b((p or "").encode(), digest_size=8).digest(), "little") for p in prompts],
+        dtype=np.uint64,
+    )
 
 
 def fingerprint(trace: Trace) -> str:
@@ -44,6 +57,7 @@ class FitData:
     popularity: np.ndarray  # mean normalised pattern [L, E]
     tasks: tuple[str, ...]
     task_popularity: np.ndarray  # per task of `tasks`, its requests' mean pattern [T, L, E]
+    prompts: np.ndarray  # digests of the fitted prompts [N] (prompt_digests)
 
     @classmethod
     def of(cls, trace: Trace, fit_idx: Sequence[int], phase: Phase, weighted: bool) -> FitData:
@@ -59,7 +73,13 @@ class FitData:
             popularity=pats.mean(axis=0).astype(np.float32),
             tasks=tuple(tasks),
             task_popularity=np.array(per_task, dtype=np.float32).reshape(len(tasks), g.layers, g.experts),
+            prompts=prompt_digests([r.prompt for r in part.requests]),
         )
+
+    def fitted_prompts(self, trace: Trace, indices: Sequence[int]) -> int:
+        """How many of the requests at `indices` have a prompt the planner was fitted on."""
+        seen = prompt_digests([trace.requests[i].prompt for i in indices])
+        return int(np.isin(seen, self.prompts).sum())
 
     def baselines(self, test: Trace, seed: int = 0) -> dict[str, np.ndarray]:
         """Scores [N, L, E] for the test requests: `popularity`, `task_popularity` (the fit data's
@@ -81,7 +101,7 @@ class FitData:
         from casmoe.output import atomic_open
 
         with atomic_open(folder / FILE, "wb") as fh:
-            np.savez(fh, popularity=self.popularity, task_popularity=self.task_popularity)
+            np.savez(fh, popularity=self.popularity, task_popularity=self.task_popularity, prompts=self.prompts)
 
     @classmethod
     def load(cls, folder: Path, meta: dict[str, Any]) -> FitData | None:
@@ -90,4 +110,5 @@ class FitData:
             return None
         with np.load(folder / FILE, allow_pickle=False) as arrays:
             pop, per_task = arrays["popularity"], arrays["task_popularity"]
-        return cls(str(meta["trace"]), int(meta["requests"]), pop, tuple(meta["tasks"]), per_task)
+            prompts = arrays["prompts"] if "prompts" in arrays.files else np.zeros(0, np.uint64)  # first fit.npz had none
+        return cls(str(meta["trace"]), int(meta["requests"]), pop, tuple(meta["tasks"]), per_task, prompts)
