@@ -222,6 +222,7 @@ class Setup:
             timeliness = Timeliness(g.layers, g.experts, devices, copy)
         timer = StepTimer(
             shards, links, self.compute, self.miss_mode, g.layers, g.experts, load_host_s=hw.load_host_us * 1e-6,
+            load_layer_s=hw.load_layer_us * 1e-6,
             wake_s=hw.wake_us * 1e-6,
             timeline=self.timeline, timeliness=timeliness, tier=tier, requests=self.trace.requests,
         )

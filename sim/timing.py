@@ -4,7 +4,7 @@ A layer may start once the previous one is done (plus an activation hand-over wh
 device) and every expert it runs has arrived; the wait is a stall, charged to `late prefetch`
 up to the last arrival of an expert already in flight when the layer was reached (a late hit),
 and to `demand miss` beyond. Compute then takes the dense part + the routed experts
-(`compute.py`), plus the host time of the loads the layer issued (`load_host_us`); a layer that
+(`compute.py`), plus the host time of the loads the layer issued (`load_host_us` each, `load_layer_us` once); a layer that
 waited resumes `wake_us` after its last copy landed (a blocked host thread). Loads go onto
 the link of their layer's device (`link.py`); which experts are still in flight is the link's
 to say, so the same walk prices decisions made in advance (`decide.py`) or, in the substitute
@@ -73,6 +73,7 @@ class StepTimer:
         experts: int,
         *,
         load_host_s: float = 0.0,
+        load_layer_s: float = 0.0,
         wake_s: float = 0.0,
         timeline: Timeline | None = None,
         timeliness: Timeliness | None = None,
@@ -86,6 +87,7 @@ class StepTimer:
         self.interleaved = miss_mode is MissMode.SUBSTITUTE
         self.E = experts
         self.load_host_s = load_host_s
+        self.load_layer_s = load_layer_s
         self.wake_s = wake_s
         self.timeline = timeline
         self.timeliness = timeliness
@@ -115,9 +117,9 @@ class StepTimer:
             if loads:
                 self._issue(shard, t, loads)
                 issued += len(loads)
-        if not (self.load_host_s and issued):
+        if not ((self.load_host_s or self.load_layer_s) and issued):
             return t
-        host = self.load_host_s * issued
+        host = self.load_host_s * issued + self.load_layer_s
         self.compute_s += host
         self.device_busy[0] += host
         return t + host
@@ -157,7 +159,7 @@ class StepTimer:
         cpu_mode = self.miss_mode is MissMode.CPU
         counts = sub.counts
         multi = len(self.links) > 1
-        host_s = self.load_host_s
+        host_s, layer_s = self.load_host_s, self.load_layer_s
         T, dense = work.tokens, work.dense
         links, first, exp_time = shard.links, shard.first, shard.expert_time
         decide = shard.decider.visit
@@ -184,8 +186,10 @@ class StepTimer:
             else:
                 cpu = acc.cpu if cpu_mode else ()
                 busy = dense + self._experts_time(shard, ll, experts, None if counts is None else counts[ll], cpu)
-            if host_s:
-                busy += host_s * (len(pre) + len(acc.loads) + len(acc.background))
+            if host_s or layer_s:
+                issued = len(pre) + len(acc.loads) + len(acc.background)
+                if issued:
+                    busy += host_s * issued + layer_s
             t = start + busy
             busy_total += busy
             device_busy[on_device] += busy

@@ -66,6 +66,22 @@ def test_ondemand_with_zero_compute_is_the_sum_of_copy_times():
     assert res.link_bytes == res.stats.bytes_loaded == 6 * 2 * sum(g.layer_expert_bytes)
 
 
+def test_host_cost_is_charged_per_load_and_once_per_layer_that_issues_loads():
+    # On-demand with zero compute: each layer issues k = 2 loads, so on top of the copies it
+    # costs 2 x load_host_us + load_layer_us of compute, in sequence (issue, then wait).
+    g = Geometry(3, 4, 2, layer_expert_bytes=(1_000_000, 3_000_000, 7_000_000))
+    rows = random_rows(np.random.default_rng(1), g, 6)
+    hw = dataclasses.replace(HW, load_host_us=7.0, load_layer_us=40.0)
+    base = run(trace_of(g, rows), "ondemand", 2, compute=FixedCompute())
+    res = run(trace_of(g, rows), "ondemand", 2, hw=hw, compute=FixedCompute())
+    host = 6 * 3 * (2 * 7e-6 + 40e-6)
+    assert res.compute_s == pytest.approx(host, rel=1e-12)
+    assert res.sim_time_s == pytest.approx(base.sim_time_s + host, rel=1e-12)
+    # Every expert resident after a warm-up: layers that issue nothing pay nothing.
+    warm = run(trace_of(g, rows[:1] * 5), "lru", 2, hw=hw, compute=FixedCompute())
+    assert warm.compute_s == pytest.approx(3 * (2 * 7e-6 + 40e-6), rel=1e-12)
+
+
 def test_every_expert_resident_takes_exactly_the_compute_time():
     # Request 0 is prefill only and touches every expert; request 1 then decodes with all of
     # them resident, so each of its tokens takes L x (layer + k x expert) and never stalls.
