@@ -4,11 +4,12 @@ A layer may start once the previous one is done (plus an activation hand-over wh
 device) and every expert it runs has arrived; the wait is a stall, charged to `late prefetch`
 up to the last arrival of an expert already in flight when the layer was reached (a late hit),
 and to `demand miss` beyond. Compute then takes the dense part + the routed experts
-(`compute.py`), plus the host time of the loads the layer issued (`load_host_us` each, `load_layer_us` once); a layer that
-waited resumes `wake_us` after its last copy landed (a blocked host thread). Loads go onto
-the link of their layer's device (`link.py`); which experts are still in flight is the link's
-to say, so the same walk prices decisions made in advance (`decide.py`) or, in the substitute
-miss mode, made layer by layer as it goes (its substitutes must have arrived).
+(`compute.py`), plus the host time of the loads the layer issued (`load_host_us` each,
+`load_layer_us` once if it issued any); a layer that waited resumes `wake_us` after its last
+copy landed (a blocked host thread). Loads go onto the link of their layer's device
+(`link.py`); which experts are still in flight is the link's to say, so the same walk prices
+decisions made in advance (`decide.py`) or, in the substitute miss mode, made layer by layer as
+it goes (its substitutes must have arrived).
 
 Within a step no other process acts, so the walk is arithmetic: one step costs no SimPy event.
 """
@@ -117,9 +118,9 @@ class StepTimer:
             if loads:
                 self._issue(shard, t, loads)
                 issued += len(loads)
-        if not ((self.load_host_s or self.load_layer_s) and issued):
+        host = self._host_time(issued)
+        if not host:
             return t
-        host = self.load_host_s * issued + self.load_layer_s
         self.compute_s += host
         self.device_busy[0] += host
         return t + host
@@ -159,7 +160,7 @@ class StepTimer:
         cpu_mode = self.miss_mode is MissMode.CPU
         counts = sub.counts
         multi = len(self.links) > 1
-        host_s, layer_s = self.load_host_s, self.load_layer_s
+        host_cost = self.load_host_s or self.load_layer_s
         T, dense = work.tokens, work.dense
         links, first, exp_time = shard.links, shard.first, shard.expert_time
         decide = shard.decider.visit
@@ -186,10 +187,8 @@ class StepTimer:
             else:
                 cpu = acc.cpu if cpu_mode else ()
                 busy = dense + self._experts_time(shard, ll, experts, None if counts is None else counts[ll], cpu)
-            if host_s or layer_s:
-                issued = len(pre) + len(acc.loads) + len(acc.background)
-                if issued:
-                    busy += host_s * issued + layer_s
+            if host_cost:
+                busy += self._host_time(len(pre) + len(acc.loads) + len(acc.background))
             t = start + busy
             busy_total += busy
             device_busy[on_device] += busy
@@ -250,6 +249,10 @@ class StepTimer:
         return start
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _host_time(self, issued: int) -> float:
+        """Host time of issuing `issued` loads at once (one layer's, or a request start's)."""
+        return self.load_host_s * issued + self.load_layer_s if issued else 0.0
 
     def _land_all(self, shard: Shard, t: float) -> None:
         landed = shard.cache.arrived if self.interleaved else _ignore
