@@ -10,14 +10,12 @@ What is measured, on the backend's own code paths:
 - one expert for one token computed on the host the way the `cpu` miss mode computes it; the
   profile's host memory bandwidth is fitted to it (at one token the host expert is memory-bound),
   so the simulator prices `--miss-mode cpu` at the backend's own cost;
-- copies through the backend's loader (its link cap, if any): batches of 1 and of k copies
-  submitted together and waited for, as a layer that misses does, at two sizes, each after one
-  layer's worth of the model's own expert compute (as in a run: a thread that has just computed
-  is woken later by the OS than one that idles); the mean times fit
-  t = k (latency + bytes / bandwidth) + wake, where `wake` is how long after its last copy lands
-  the waiting thread runs again (on a loaded machine, the OS's wake-up latency: most of what a
-  miss costs beyond the link), and the median time to submit one load is the per-load host cost.
-  Means, not medians: a token's latency sums many loads, so a load's cost enters it by its mean.
+- copies through the backend's loader (its link cap, if any), `LoaderProbe`: batches of k
+  copies submitted together and waited for, as a layer that misses does. Median batch times at
+  two sizes give the line t = k (latency + bytes / bandwidth); batches that follow one layer's
+  worth of the model's own expert compute give `wake`, the mean excess over the line (a thread
+  that has just computed is woken later by the OS than one that idles; a mean, because a token's
+  latency sums many waits); the median time to submit one load is the per-load host cost.
 - the compute-thread time a layer that loads costs the runtime beyond the submits (routing
   bookkeeping, tickets, handing over to the woken copy thread, its own bookkeeping): an
   on-demand run (every routed expert of every layer loads) on the calibrated link against the
