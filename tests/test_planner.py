@@ -124,8 +124,8 @@ def test_task_popularity_falls_back_to_popularity() -> None:
         r.task = "a" if i % 2 else "b"
     reqs[5].task = "unseen"
     fit, test = Trace(G, reqs[:4]), Trace(G, reqs[4:])
-    b = FitData.of(fit, range(4), Phase.DECODE, True).baselines(test)
     pats = normalise(expert_patterns(fit))
+    b = FitData.of(fit, fit, pats).baselines(test)
     same_task = [1, 3] if reqs[4].task == "a" else [0, 2]
     np.testing.assert_allclose(b["task_popularity"][0], pats[same_task].mean(0))
     np.testing.assert_allclose(b["task_popularity"][1], b["popularity"][1])

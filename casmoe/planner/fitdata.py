@@ -25,7 +25,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from casmoe.planner.patterns import Phase, expert_patterns, normalise
 from casmoe.trace import Trace
 
 FILE = "fit.npz"
@@ -60,17 +59,16 @@ class FitData:
     prompts: np.ndarray  # digests of the fitted prompts [N] (prompt_digests)
 
     @classmethod
-    def of(cls, trace: Trace, fit_idx: Sequence[int], phase: Phase, weighted: bool) -> FitData:
-        """Baselines of `trace`'s requests `fit_idx` (at least one)."""
-        part = trace.subset(fit_idx)
-        pats = normalise(expert_patterns(part, phase, weighted))
+    def of(cls, trace: Trace, part: Trace, patterns: np.ndarray) -> FitData:
+        """Baselines of `part`, the requests of `trace` fitted on (at least one), from their
+        normalised patterns [N, L, E] (the ones the planner was fitted to)."""
         tasks = sorted({r.task for r in part.requests if r.task is not None})
-        per_task = [pats[[i for i, r in enumerate(part.requests) if r.task == t]].mean(axis=0) for t in tasks]
+        per_task = [patterns[[i for i, r in enumerate(part.requests) if r.task == t]].mean(axis=0) for t in tasks]
         g = trace.geometry
         return cls(
             trace=fingerprint(trace),
-            requests=len(fit_idx),
-            popularity=pats.mean(axis=0).astype(np.float32),
+            requests=len(part.requests),
+            popularity=patterns.mean(axis=0).astype(np.float32),
             tasks=tuple(tasks),
             task_popularity=np.array(per_task, dtype=np.float32).reshape(len(tasks), g.layers, g.experts),
             prompts=prompt_digests([r.prompt for r in part.requests]),

@@ -194,7 +194,7 @@ def fit_planner(trace: Trace, config: PlannerConfig = PlannerConfig(), progress:
     patterns = normalise(expert_patterns(part, config.phase, config.weighted))
     matcher = Matcher.build(embed(prompts, progress=progress), patterns, config.neighbours, config.seed)
     predictor = train(prompts, patterns, config.eap, config.seed, progress=progress)
-    fit_data = FitData.of(trace, fit_idx, config.phase, config.weighted)
+    fit_data = FitData.of(trace, part, patterns)
     return Planner(trace.geometry, config, matcher, predictor, fit_data)
 
 
