@@ -65,7 +65,7 @@ from bench_planner import _simulator  # noqa: E402
 
 from casmoe.cache import Capacity  # noqa: E402
 from casmoe.planner import EAPConfig, PlannerConfig, fit_planner  # noqa: E402
-from casmoe.planner.evaluate import score  # noqa: E402
+from casmoe.planner.evaluate import evaluate, score  # noqa: E402
 from casmoe.planner.patterns import Phase, expert_patterns, normalise  # noqa: E402
 from casmoe.policies import get_policy  # noqa: E402
 from casmoe.policies.casmoe import CasMoE, PlannerPredictor  # noqa: E402
@@ -100,18 +100,15 @@ def same_task_others(test: Trace) -> np.ndarray:
 
 
 def accuracy(planner, test: Trace) -> dict[str, dict[str, float]]:
-    cfg = planner.config
-    answers = planner.answers([r.prompt for r in test.requests])
-    preds = {"eam": answers.eam, "eap": answers.eap, "cascade": answers.cascade(cfg.epsilon)}
-    preds.update(planner.fit_data.baselines(test))
-    preds["same_task_others"] = same_task_others(test)
+    """`casmoe planner eval`'s scores (every request of `test`: the planner was fitted on
+    another trace), the cascade's matcher share and the two references of the docstring."""
+    ev = evaluate(planner, test)
+    out = ev.scores
+    out["cascade"]["eam_share"] = float(np.mean(ev.answers.similarity > ev.epsilon))
+    out["same_task_others"] = score(same_task_others(test), ev.truth, ev.counts, ev.k)
+    cascade, pop = ev.answers.cascade(ev.epsilon), planner.fit_data.baselines(test)["popularity"]
     for w in BLENDS:
-        preds[f"blend_w{w}"] = (1 - w) * preds["cascade"] + w * preds["popularity"]
-    truth = expert_patterns(test, Phase.DECODE, weighted=True)
-    counts = expert_patterns(test, Phase.DECODE, weighted=False)
-    k = planner.geometry.top_k
-    out = {name: score(p, truth, counts, k) for name, p in preds.items()}
-    out["cascade"]["eam_share"] = float(np.mean(answers.similarity > cfg.epsilon))
+        out[f"blend_w{w}"] = score((1 - w) * cascade + w * pop, ev.truth, ev.counts, ev.k)
     return out
 
 
@@ -176,11 +173,10 @@ def improve(folder: Path, trace: Trace, setting: str) -> dict[str, Any]:
     planner = load_planner(folder)
     test = trace.subset(split(trace, setting)[1])
     g, k = test.geometry, test.geometry.top_k
-    answers = planner.answers([r.prompt for r in test.requests])
-    cascade = answers.cascade(planner.config.epsilon)
+    ev = evaluate(planner, test)
+    answers, truth, counts = ev.answers, ev.truth, ev.counts
+    cascade = answers.cascade(ev.epsilon)
     pop = planner.fit_data.baselines(test)["popularity"]
-    truth = expert_patterns(test, Phase.DECODE, weighted=True)
-    counts = expert_patterns(test, Phase.DECODE, weighted=False)
     live = (truth > 0).any(-1)  # [N, L]
 
     def per_layer(pred: np.ndarray) -> np.ndarray:
@@ -198,8 +194,8 @@ def improve(folder: Path, trace: Trace, setting: str) -> dict[str, Any]:
         "per_layer_best_bound": float(np.maximum(pl_c, pl_p).mean()),
         "similarity_mean": float(answers.similarity.mean()),
         "gate_blend": score((1 - w) * cascade + w * pop, truth, counts, k),
-        "cascade": score(cascade, truth, counts, k),
-        "popularity": score(pop, truth, counts, k),
+        "cascade": ev.scores["cascade"],
+        "popularity": ev.scores["popularity"],
         "prefill_pattern": score(prefill, truth, counts, k),
         "cascade_plus_prefill": score(0.5 * cascade + 0.5 * prefill, truth, counts, k),
     }
