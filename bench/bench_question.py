@@ -232,7 +232,6 @@ def run_setting(trace: Trace, setting: str, simulate: bool, epochs: int, folder:
     """Fit (saved to `folder`), score, replay and simulate one setting."""
     fit_idx, test_idx = split(trace, setting)
     fit, test = trace.subset(fit_idx), trace.subset(test_idx)
-    fit.meta.pop("splits", None)  # the fit subset is all fit data (holdout_every=0)
     load0 = os.getloadavg()[0]
     t = time.perf_counter()
     planner = fit_planner(fit, PlannerConfig(holdout_every=0, eap=EAPConfig(epochs=epochs)))
