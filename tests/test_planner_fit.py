@@ -323,3 +323,10 @@ def test_cli_leave_one_task_out(trace, tmp_path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2, done.stderr
     assert "fitted on task 'code'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    # a task name the trace lacks: one line, exit 2, for fit and eval alike
+    bad = [["fit", "--trace", path, "--out", str(tmp_path / "p2"), "--exclude-task", "nope"],
+           ["eval", "--planner", out, "--trace", path, "--holdout-task", "nope"]]
+    for args in bad:
+        done = subprocess.run([*cmd[:4], *args], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 2, done.stderr
+        assert "task 'nope'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
