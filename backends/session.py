@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from casmoe.cache import CacheStats, RequestStart
-from casmoe.errors import CasmoeError
 from casmoe.trace import Request, Trace
 
 from casmoe.backends.copier import Ticket
 from casmoe.backends.generate import forced, generate
 
-
-class SessionError(CasmoeError, ValueError):
-    """A request the session cannot serve."""
-
+if TYPE_CHECKING:  # annotations only: runtime.py imports this module
+    from casmoe.backends.device import DeviceRuntime
+    from casmoe.backends.hostcache import HostCache
+    from casmoe.backends.runtime import OffloadedModel, Prompt
 
 @dataclass
 class RequestTiming:
@@ -101,9 +100,7 @@ class Session:
     def serve(self, prompts: Sequence[Prompt], max_new_tokens: int, keep_logits: bool = False, *, batch: int = 1,
               full: bool = False, follow: Sequence[Sequence[int]] | None = None) -> list[list[torch.Tensor]]:
         """Generate for `prompts`, `batch` at a time; returns their kept logits (each step's last
-        position, or every position of a prefill with `full`)."""
-        if max_new_tokens < 1:
-            raise SessionError("max_new_tokens must be >= 1")
+        position, or every position of a prefill with `full`); `generate` checks the arguments."""
         om = self.om
         hooks = _Passes(self, prompts, keep_logits or full, full)
         t0 = time.perf_counter()

@@ -19,6 +19,7 @@ from casmoe.backends.copier import EmulatedLink, Loader, Ticket  # noqa: E402
 from casmoe.backends.kernels import UnsupportedExperts  # noqa: E402
 from casmoe.backends.runtime import BackendError, OffloadedModel, Prompt  # noqa: E402
 from casmoe.cache import CacheConfigError, Capacity, MissMode  # noqa: E402
+from casmoe.errors import CasmoeError  # noqa: E402
 from casmoe.policies import POLICIES, get_policy  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
 from casmoe.trace import Trace  # noqa: E402
@@ -239,6 +240,14 @@ def test_trace_of_another_geometry_is_a_clear_error(mixtral, tmp_path):
     other = OffloadedModel(tiny("olmoe", layers=2)).reference(SHORT, 2).trace
     with pytest.raises(BackendError, match="does not match the model"):
         om.run(SHORT, get_policy("static"), 2, trace=other)
+
+
+def test_zero_new_tokens_is_a_clear_error_and_leaves_the_model_usable(mixtral):
+    om = OffloadedModel(copy.deepcopy(mixtral[0]))
+    with pytest.raises(CasmoeError, match="max_new_tokens"):
+        om.run(SHORT, get_policy("lru"), 2, max_new_tokens=0)
+    assert om._run is None  # the session let go of the model: a reference pass is un-offloaded
+    assert om.run(SHORT, get_policy("lru"), 2, max_new_tokens=1).generated == len(SHORT)
 
 
 @pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-olmoe"])
