@@ -59,15 +59,15 @@ class ExpertStore:
         nobody routed to)."""
         if out is None:
             out = self.empty_rows(self.experts, device)
+        staging = None if next(iter(out.values())).device.type == "cpu" else self.empty_rows()
         for e in range(self.experts) if experts is None else experts:
             row = {n: t[e] for n, t in out.items()}
-            if out[next(iter(out))].device.type == "cpu":
+            if staging is None:
                 self.read(layer, e, row)
-            else:  # through host memory
-                host = self.empty_rows()
-                self.read(layer, e, host)
+            else:  # through one host row
+                self.read(layer, e, staging)
                 for n, t in row.items():
-                    t.copy_(host[n])
+                    t.copy_(staging[n])
         return out
 
 
