@@ -87,7 +87,7 @@ def what_if(
     check_geometry(whole.geometry, preset)
     hw = load_profile(hardware)
     n_dev = devices or hw.gpus
-    parse_miss_mode(miss_mode)
+    miss_mode = parse_miss_mode(miss_mode).value  # " LOAD" and "load" are one point (one key)
     nbytes = expert_bytes_for(whole, preset, parse_quant(quant))
     if workload is not None and batch != 1:
         raise CasmoeError("--batch makes static batches of back-to-back requests; with --arrival or --users use --max-batch")
