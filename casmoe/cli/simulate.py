@@ -15,6 +15,7 @@ from casmoe.cli.app import app
 from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE
 
+
 def _write_report(out: Path, records: list[dict[str, Any]]) -> list[Path]:
     """results.json (every record), results.csv (the runs), decode_vs_capacity.png and
     stall_by_layer.png (at the smallest cache, where stalls differ most)."""
@@ -29,11 +30,6 @@ def _write_report(out: Path, records: list[dict[str, Any]]) -> list[Path]:
         smallest = min(r["capacity_gb"] for r in ran)
         written.append(plot_stall_by_layer(out / "stall_by_layer.png", [r for r in ran if r["capacity_gb"] == smallest]))
     return written
-
-
-def _details(written: list[Path], extra: Optional[Path] = None) -> str:
-    files = [str(w) for w in written] + ([str(extra)] if extra else [])
-    return "every measurement (latency percentiles, TTFT, stalls, bytes moved) is in " + ", ".join(files)
 
 
 def _write_serving_report(out: Path, records: list[dict[str, Any]]) -> list[Path]:
@@ -65,7 +61,8 @@ def _report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str,
         return
     ran = [r for r in records if "skipped" not in r]
     if ran:
-        print_simulation(ran, title, _details(written, timeline))
+        files = ", ".join(str(p) for p in [*written, *([timeline] if timeline else [])])
+        print_simulation(ran, title, f"every measurement (latency percentiles, TTFT, stalls, bytes moved) is in {files}")
     _print_serving(records, serving_title, timeliness)
     for r in records:
         if "skipped" in r:
