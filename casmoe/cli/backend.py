@@ -206,7 +206,7 @@ def calibrate(
 def validate(
     model: str = MODEL,
     policy: Optional[list[str]] = typer.Option(
-        None, help="Policies to compare, NAME or NAME[key=value,...], repeatable (default: ondemand, lru, semoe, casmoe)."
+        None, help=f"Policies to compare, NAME or NAME[key=value,...], repeatable (default: {', '.join(FIDELITY_POLICIES)})."
     ),
     miss_mode: Optional[list[str]] = typer.Option(
         None, help="Miss modes to compare each policy in, repeatable: load (default), cpu, substitute."
