@@ -286,12 +286,11 @@ class Grid:
             load_profile(h)
         for p in self.policies:
             get_policy(p.name)
-        for m in self.miss_modes:
-            parse_miss_mode(m, "miss mode")
+        miss_modes = [parse_miss_mode(m, "miss mode").value for m in self.miss_modes]  # points keyed canonically
         parse_quant(self.quant, "quant")
         out = []
         for t, m, h, p, c, b, mm, w in itertools.product(
-            self.traces, self.models, self.hardware, self.policies, self.capacities, self.batch, self.miss_modes,
+            self.traces, self.models, self.hardware, self.policies, self.capacities, self.batch, miss_modes,
             self.workloads(),
         ):
             out.append(

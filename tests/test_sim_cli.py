@@ -284,3 +284,13 @@ def test_sweep_file_takes_rates_and_serving_keys(tmp_path):
     (tmp_path / "bad.toml").write_text((tmp_path / "g.toml").read_text().replace('"chunked"', '"fifo"'))
     with pytest.raises(Exception, match="unknown --schedule"):
         Grid.from_toml(tmp_path / "bad.toml").points()
+
+
+def test_sweep_points_carry_the_parsed_miss_mode(tmp_path):
+    """" LOAD" in a sweep file is the miss mode "load": same point key as when written so."""
+    body = (f'traces = ["{TRACE}"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4"]\npolicies = ["lru"]\n'
+            'capacities = [4]\n')
+    (tmp_path / "a.toml").write_text(body + 'miss_modes = [" LOAD"]\n')
+    (tmp_path / "b.toml").write_text(body + 'miss_modes = ["load"]\n')
+    a, b = (Grid.from_toml(tmp_path / f"{n}.toml").points() for n in "ab")
+    assert [p.miss_mode for p in a] == ["load"] and [p.key() for p in a] == [p.key() for p in b]
