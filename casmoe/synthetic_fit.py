@@ -46,7 +46,7 @@ import numpy as np
 
 from casmoe.geometry import Geometry
 from casmoe.synthetic import TASKS, SynthError, make_prompt, route_request
-from casmoe.trace import NOT_COMPUTED, Request, Trace
+from casmoe.trace import NOT_COMPUTED, Request, Trace, expert_counts
 
 
 @dataclass(frozen=True)
@@ -121,11 +121,7 @@ class RoutingModel:
 
 def inclusion(topk: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray]:
     """Per layer, how many computed tokens route to each expert [L, E], and computed tokens [L]."""
-    T, L, k = topk.shape
-    ids = topk.astype(np.int64)
-    live = ids[:, :, 0] >= 0
-    flat = (ids + (np.arange(L, dtype=np.int64) * E)[None, :, None])[ids >= 0]
-    return np.bincount(flat, minlength=L * E).reshape(L, E).astype(np.float64), live.sum(axis=0).astype(np.float64)
+    return expert_counts(topk, E).astype(np.float64), (topk[:, :, 0] >= 0).sum(axis=0).astype(np.float64)
 
 
 def latent(n: int, shape: tuple[int, ...], scale: float, persistence: float, rng: np.random.Generator) -> np.ndarray:

@@ -104,6 +104,14 @@ class Request:
         return steps
 
 
+def expert_counts(topk: np.ndarray, experts: int) -> np.ndarray:
+    """[L, E] int64: how many of the tokens `topk[T, L, k]` route to each expert (gaps skipped)."""
+    L = topk.shape[1]
+    ids = topk.astype(np.int64)
+    flat = (ids + (np.arange(L, dtype=np.int64) * experts)[None, :, None])[ids >= 0]
+    return np.bincount(flat, minlength=L * experts).reshape(L, experts)
+
+
 def prefill_step(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray, E: int) -> Step:
     """Union of the prompt tokens' experts per layer, heaviest total router weight first."""
     T, L, k = topk.shape
@@ -203,13 +211,10 @@ class Trace:
     def popularity(self) -> np.ndarray:
         """[L, E] int64: how many computed token-layers routed to each expert (gaps skipped)."""
         g = self.geometry
-        counts = np.zeros(g.layers * g.experts, dtype=np.int64)
-        offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
+        counts = np.zeros((g.layers, g.experts), dtype=np.int64)
         for r in self.requests:
-            ids = r.topk.astype(np.int64)
-            flat = (ids + offsets)[ids >= 0]
-            counts += np.bincount(flat, minlength=counts.size)
-        return counts.reshape(g.layers, g.experts)
+            counts += expert_counts(r.topk, g.experts)
+        return counts
 
     def summary(self, top: int = 4) -> dict[str, Any]:
         """Counts and per-layer popularity (`routed`, `distinct` experts, share of the `top`

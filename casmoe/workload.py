@@ -38,7 +38,7 @@ import numpy as np
 
 from casmoe.cache import Capacity
 from casmoe.errors import CasmoeError
-from casmoe.trace import Request, Trace
+from casmoe.trace import Request, Trace, expert_counts
 
 WINDOW = 32
 """Decode tokens whose distinct experts `distinct32` counts."""
@@ -99,14 +99,6 @@ def topk_share(counts: np.ndarray, k: int) -> np.ndarray:
         return np.where(total > 0, x[..., -k:].sum(axis=-1) / total, np.nan)
 
 
-def _decode_counts(topk: np.ndarray, E: int) -> np.ndarray:
-    """[L, E] accesses of each expert over `topk[T, L, k]` (gap rows skipped)."""
-    T, L, k = topk.shape
-    ids = topk.astype(np.int64)
-    flat = (ids + (np.arange(L, dtype=np.int64) * E)[None, :, None])[ids >= 0]
-    return np.bincount(flat, minlength=L * E).reshape(L, E)
-
-
 @dataclass
 class _Sums:
     """Running per-layer numerators and denominators over requests."""
@@ -139,7 +131,7 @@ def token_stats(trace: Trace) -> dict[str, np.ndarray]:
         if len(dec) == 0:
             continue
         live = dec[:, :, 0] >= 0  # [T, L]
-        counts = _decode_counts(dec, E)  # [L, E]
+        counts = expert_counts(dec, E)  # [L, E]
         total += counts
         has = counts.sum(axis=1) > 0
         sums.add("topk_share", np.nan_to_num(topk_share(counts, k)), has)
@@ -163,7 +155,7 @@ def token_stats(trace: Trace) -> dict[str, np.ndarray]:
 def _window_stats(win: np.ndarray, live: np.ndarray, E: int, k: int, sums: _Sums) -> None:
     """Distinct experts of one request's first decode tokens `win[n, L, k]`, per layer."""
     n_live = live.sum(axis=0)  # [L] computed tokens in the window
-    distinct = (_decode_counts(win, E) > 0).sum(axis=1).astype(np.float64)  # [L]
+    distinct = (expert_counts(win, E) > 0).sum(axis=1).astype(np.float64)  # [L]
     ok = n_live >= 2  # one token always uses exactly k: nothing to normalise
     span = np.minimum(E, n_live * k) - k
     norm = np.divide(distinct - k, span, out=np.zeros_like(distinct), where=ok & (span > 0))
