@@ -47,6 +47,7 @@ import numpy as np
 from casmoe.geometry import Geometry
 from casmoe.synthetic import TASKS, SynthError, make_prompt, route_request
 from casmoe.trace import NOT_COMPUTED, Request, Trace, expert_counts
+from casmoe.workload import SLOT_MULTIPLES, SRP_M, slots_for
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,6 @@ SEARCH_TOKENS = 1024
 SEARCH_REQUESTS = 16
 BISECTIONS = 10
 PERSISTENCES = (0.8, 0.9, 0.95, 0.98)
-PROFILE_MULTIPLES = (1.0, 1.5, 2.0, 4.0)
-SRP_M = 16
-"""Cache sizes, in multiples of k, of the reuse-distance profile the drift fit matches."""
 
 
 @dataclass(frozen=True)
@@ -229,14 +227,15 @@ def stack_distances(topk: np.ndarray) -> np.ndarray:
 
 def profile(seqs: list[np.ndarray], E: int, k: int) -> np.ndarray:
     """What the drift fit matches, over requests' routing `[T, L, k]`: the share of accesses
-    whose LRU stack distance is below C, for C at `PROFILE_MULTIPLES` of k (the LRU curve of the
-    tokens one by one, a fresh cache per request), then SRP at m = 16 (how well one expert set
-    serves each 16-token stretch; NaN when no request is that long)."""
+    whose LRU stack distance is below C, for the cache sizes C of `casmoe trace stats`
+    (`slots_for` each of `SLOT_MULTIPLES`: the LRU curve of the tokens one by one, a fresh cache
+    per request), then SRP at m = 16 (how well one expert set serves each 16-token stretch; NaN
+    when no request is that long)."""
     from casmoe.metrics.srp import segment_stats, srp_from_hist
 
     d = np.concatenate([stack_distances(x).ravel() for x in seqs])
     d = d[d != -2]
-    lru = [float(np.mean((d >= 0) & (d < max(k, round(m * k))))) for m in PROFILE_MULTIPLES]
+    lru = [float(np.mean((d >= 0) & (d < slots_for(m, k)))) for m in SLOT_MULTIPLES]
     [st] = segment_stats([x.astype(np.int64) for x in seqs], E, [SRP_M])
     return np.array(lru + [float(srp_from_hist(st.hist.sum(axis=(0, 1)), SRP_M).srp)])
 
