@@ -572,6 +572,8 @@ def read_specs(specs: Sequence[str]) -> list[tuple[str, Trace]]:
     names = [name for name, _ in loaded]
     return [(f"{n}[{i}]" if names.count(n) > 1 else n, tr) for i, (n, (_, tr)) in enumerate(zip(names, loaded))]
 
+
+
 def _is_casmoe_npz(path: Path) -> bool:
     import zipfile
 

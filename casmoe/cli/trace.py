@@ -115,7 +115,6 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
     """`synth --like`: fit, optionally split into tasks, generate, save with provenance."""
     from casmoe import synthetic_fit
     from casmoe.importers import read_specs
-
     from casmoe.output import check_file_target
 
     check_file_target(out, "trace")
@@ -275,7 +274,7 @@ def stats(
     traces: Optional[list[str]] = typer.Argument(
         None, help="Traces: .npz, route .csv or .json (PATH#KEY picks one entry); default: the shipped default trace."
     ),
-    layers: bool = typer.Option(False, "--layers", help="Also print each trace's per-layer table (files always have it)."),
+    layers: bool = typer.Option(False, "--layers", help="Also print each trace's per-layer table (--json and --csv always include it)."),
     replay_requests: int = typer.Option(
         0, min=0, help="Replay the hit rates on at most this many requests, spread evenly (0: all of them)."
     ),
