@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from casmoe.importers import import_trace
-from casmoe.workload import measure
+from casmoe.workload import REAL_TRACES, STATS, measure
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 SAMPLE = 100
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--fit-seeds", default="0", help="comma-separated seeds of the fit (one line each)")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}")
-    paths = sorted(TRACES.glob("*.npz")) + [TRACES / "real" / f"{n}.route.csv" for n in ("qwen", "gemma", "gptoss")]
+    paths = sorted(TRACES.glob("*.npz")) + [TRACES / "real" / n for n in REAL_TRACES]
     for path in [] if args.fit_only else paths:
         tr = import_trace([path])
         full, f = cpu(lambda: measure(tr, path.stem), args.repeat)
@@ -53,19 +53,20 @@ def main() -> None:
             line += f"; --replay-requests {SAMPLE}: {part:.2f} s, largest hit-rate change {dev:.4f}"
         print(line, flush=True)
     if args.fit or args.fit_only:
-        fit_report(paths[-1], tuple(int(x) for x in args.fit_seeds.split(",")))
+        fit_report(tuple(int(x) for x in args.fit_seeds.split(",")))
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 
-def fit_report(any_real: Path, fit_seeds: tuple[int, ...], seeds: tuple[int, ...] = (0, 1, 2), requests: int = 8) -> None:
+def fit_report(fit_seeds: tuple[int, ...], seeds: tuple[int, ...] = (0, 1, 2), requests: int = 8) -> None:
     """Per real trace and fit seed: fit time, generation time, and synthetic - real of every
     caching statistic for `requests` generated requests under each seed in `seeds` (worst seed
     shown)."""
     from casmoe.synthetic_fit import fit, generate
 
-    keys = [k for k in measure(import_trace([any_real])).model if k.startswith(("lru@", "belady@", "srp"))]
-    for name, fit_seed in ((n, f) for n in ("qwen", "gemma", "gptoss") for f in fit_seeds):
-        tr = import_trace([TRACES / "real" / f"{name}.route.csv"])
+    keys = [k for k in STATS if k.startswith(("lru@", "belady@", "srp"))]
+    for file, fit_seed in ((n, f) for n in REAL_TRACES for f in fit_seeds):
+        name = file.split(".")[0]
+        tr = import_trace([TRACES / "real" / file])
         secs, model = cpu(lambda: fit(tr, name, fit_seed), 1)
         real = measure(tr).model
         diffs, gen = [], 0.0
