@@ -17,9 +17,9 @@ from casmoe.importers import read_route_csv
 from casmoe.policies import get_policy
 from casmoe.replay import replay
 from casmoe.synthetic import SynthConfig, generate, route_request
-from casmoe.synthetic_fit import fit, generate as generate_like, inclusion, stack_distances, with_tasks
+from casmoe.synthetic_fit import fit, generate as generate_like, inclusion, profile, stack_distances, with_tasks
 from casmoe.trace import Request, Trace
-from casmoe.workload import measure
+from casmoe.workload import SLOT_MULTIPLES, measure
 from test_importers import REAL
 
 G = Geometry(layers=4, experts=16, top_k=2)
@@ -89,6 +89,16 @@ def test_stack_distances_give_the_lru_replay_hit_rate(seed, E, k, extra, T):
     hits = replay(tr, get_policy("lru").create(g, Capacity(C), trace=tr)).stats.hits
     d = stack_distances(topk)
     assert int(((d >= 0) & (d < C)).sum()) == hits
+
+
+def test_profile_matches_trace_stats_lru_hit_rates_at_odd_k():
+    """The drift fit's profile and `casmoe trace stats` size the caches alike (1.5k = 5 slots at k = 3)."""
+    g = Geometry(layers=2, experts=16, top_k=3)
+    topk = np.argsort(np.random.default_rng(5).random((80, 2, 16)), axis=2)[:, :, :3]
+    tr = Trace(g, [Request(topk=topk.astype(np.int16), weights=np.full(topk.shape, 1 / 3, np.float32), prefill=0)])
+    stats = measure(tr).model
+    got = profile([topk], g.experts, g.top_k)[: len(SLOT_MULTIPLES)]
+    assert got == pytest.approx([stats[f"lru@{m:g}k"] for m in SLOT_MULTIPLES], abs=1e-12)
 
 
 def test_negative_stickiness_repels_the_previous_experts():
