@@ -10,18 +10,18 @@ What is measured, on the backend's own code paths:
 - one expert for one token computed on the host the way the `cpu` miss mode computes it; the
   profile's host memory bandwidth is fitted to it (at one token the host expert is memory-bound),
   so the simulator prices `--miss-mode cpu` at the backend's own cost;
-- copies through the backend's loader (its link cap, if any), `LoaderProbe`: batches of k
-  copies submitted together and waited for, as a layer that misses does. Median batch times at
-  two sizes give the line t = k (latency + bytes / bandwidth); batches that follow one layer's
-  worth of the model's own expert compute give `wake`, the mean excess over the line (a thread
-  that has just computed is woken later by the OS than one that idles; a mean, because a token's
-  latency sums many waits); the median time to submit one load is the per-load host cost.
-- the compute-thread time a layer that loads costs the runtime beyond the submits (routing
-  bookkeeping, tickets, handing over to the woken copy thread, its own bookkeeping): an
-  on-demand run (every routed expert of every layer loads) on the calibrated link against the
-  all-resident baseline, request by request; the extra time not spent waiting, per layer, less
-  k submits. Charged once per layer that issues loads: profiled, it does not grow with the
-  number of loads (lru layers issuing ~1.5 loads cost about what on-demand's 2 do).
+- copies through the backend's loader (its link cap, if any), `LoaderProbe`: batches of n
+  copies submitted together and waited for, as a layer that misses does, timed from the first
+  submit. Median batch times at two sizes and two counts give the line
+  t = fixed + n (latency + bytes / bandwidth); batches that follow one layer's worth of the
+  model's own expert compute give `wake`: `fixed` plus the mean excess over the line (a thread
+  that has just computed is woken later by the OS than one that idles; a mean, because a
+  token's latency sums many waits);
+- the compute thread's own costs of loads, `host_costs`: an on-demand run (every decode layer
+  loads its k experts and waits) on the calibrated link against the all-resident baseline. The
+  runtime times its issuing (a burst's first load, which wakes the copy thread, and the rest);
+  the decode layers' extra time not spent waiting, beyond issuing, is `resume`, charged once
+  per layer that waited (profiled: the compute after a blocked wait runs slower).
 
 The roofline parts (FLOPs / rate, bytes / bandwidth) use the measured achieved rates, so the
 efficiencies are 1 by construction; what the roofline misses (Python and kernel-launch cost)
@@ -60,6 +60,20 @@ def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> 
 
 
 @dataclass(frozen=True)
+class HostCosts:
+    """Compute-thread seconds of loads (the simulator's `load_host_us`, `load_layer_us`,
+    `resume_us`): issuing them overlaps their copies, resuming after a wait does not."""
+
+    per_load: float
+    per_burst: float
+    resume: float
+
+    def scaled(self, factor: float) -> HostCosts:
+        """The same costs on a machine `factor` times slower (they are compute-thread time)."""
+        return HostCosts(self.per_load * factor, self.per_burst * factor, self.resume * factor)
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Measured figures (seconds, bytes/s, FLOP/s) and the fitted simulator overheads."""
 
@@ -77,12 +91,12 @@ class Calibration:
     link: EmulatedLink
     host_expert_s: float = 0.0  # one expert on the host for one token (cpu miss mode); 0: not measured
     wake: float = 0.0  # a waiting thread runs again this long after its last copy lands
-    load_issue: float = 0.0  # host time to submit one load
-    load_layer: float = 0.0  # host time of a layer that issues loads, beyond `load_issue` per load
+    loads: HostCosts = HostCosts(0.0, 0.0, 0.0)  # compute-thread time of issuing loads and resuming
     cpu_hop: float = 0.0  # activations of one token between the device and the host, one way
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k != "link"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("link", "loads")}
+        d.update(load_issue=self.loads.per_load, load_burst=self.loads.per_burst, resume=self.loads.resume)
         d["link_bandwidth"] = self.link.bandwidth
         d["link_latency"] = self.link.latency
         return d
@@ -122,9 +136,10 @@ class Calibration:
             storage_read_gbs=0.0,
             storage_latency_us=0.0,
             host_ram_gib=round(ram, 2),
-            load_host_us=self.load_issue * 1e6,
-            load_layer_us=self.load_layer * 1e6,
+            load_host_us=self.loads.per_load * 1e6,
+            load_layer_us=self.loads.per_burst * 1e6,
             wake_us=self.wake * 1e6,
+            resume_us=self.loads.resume * 1e6,
             cpu_hop_us=self.cpu_hop * 1e6,
         )
         sources = dict(
@@ -150,10 +165,12 @@ class Calibration:
             storage_read_gbs="not measured: the backend's store is in RAM",
             storage_latency_us="not measured: the backend's store is in RAM",
             host_ram_gib=f"{host}: physical memory (sysconf)",
-            load_host_us=f"{host}: median time to submit one load to the backend's loader",
-            load_layer_us=(f"{host}: on-demand run on the calibrated link against the all-resident baseline, "
-                           "extra compute-thread time per layer beyond load_host_us per load"),
-            wake_us=f"{host}: loader batches of k copies after a layer's compute, mean excess over the copy line",
+            load_host_us=f"{host}: on-demand run, the runtime's time issuing each load after the first of a burst",
+            load_layer_us=f"{host}: on-demand run, what a burst's first load cost beyond load_host_us",
+            wake_us=(f"{host}: loader batches of copies, the per-wait term of the copy line plus its mean excess "
+                     "after a layer's compute"),
+            resume_us=(f"{host}: on-demand run against the all-resident baseline, compute-thread time per "
+                       "waiting layer beyond issuing"),
             cpu_hop_us=f"{host}: one token's activations moved to the host and back, halved",
         )
         return HardwareProfile(**values, sources=sources)
@@ -206,16 +223,18 @@ class CopyCosts:
     bandwidth: float
     latency: float  # per copy, on the link
     wake: float  # once per wait, after the last copy lands
-    issue: float  # host time to submit one load
 
 
 class LoaderProbe:
-    """Times the backend `Loader` the way a layer that misses uses it: k demand copies
-    submitted together, then waited for. `line()` gives bandwidth and per-copy latency (median
-    times at two sizes: the link itself is steady); `wake(n)` samples, after one layer's worth
-    of the model's compute each, how much longer than the line a batch takes (the OS wake-up of
-    the waiting thread, heavy-tailed on a loaded machine: its mean is what a run pays, so a run
-    interleaves samples with its requests). Close it when done."""
+    """Times the backend `Loader` the way a layer that misses uses it: n demand copies
+    submitted together, then waited for, from the first submit (when the copy clock starts).
+    `line()` fits t = fixed + n (latency + bytes / bandwidth) to median batch times at two sizes
+    and two counts (the link itself is steady); `fixed` is paid once per wait: the copy thread's
+    sleep overshoot and the waiting thread's wake-up. `wake(n)` samples, after one layer's worth
+    of the model's compute each, how much longer than the line a batch takes (the OS wakes a
+    thread that has just computed later than an idle one, heavy-tailed on a loaded machine: its
+    mean is what a run pays, so a run interleaves samples with its requests). Close it when
+    done."""
 
     def __init__(self, om: OffloadedModel, device: torch.device, link: EmulatedLink, layer_s: float) -> None:
         self.k = max(2, om.geometry.top_k)
@@ -223,25 +242,25 @@ class LoaderProbe:
         self.device = device
         self.copier = Loader(device, link=link)
         self.work = _layer_work(om, device, layer_s)
-        self.issue: list[float] = []
         self.excess: list[float] = []
-        self.line_s = 0.0  # one batch of expert-sized copies, by the line
-        self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.fixed = 0.0  # once per wait, by the line
+        self.line_s = 0.0  # one batch of k quarter-expert copies, by the line
+        self._buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def line(self, reps: int) -> tuple[float, float]:
-        """(bandwidth, per-copy latency) through two median batch times."""
-        k = self.k
-        idle = lambda: None  # noqa: E731
-        (b1, t1), (b4, t4) = [
-            (k * n * 4, float(np.median(self._batches(n, idle, reps)))) for n in (self.nbytes // 16, self.nbytes // 4)
-        ]
-        bandwidth = (b4 - b1) / max(t4 - t1, 1e-9)
+        """(bandwidth, per-copy latency) from median batch times of k and 2k copies of two sizes."""
+        k, idle = self.k, (lambda: None)
+        small, big = self.nbytes // 16, self.nbytes // 4
+        t1, t4, t4x2 = (float(np.median(self._batches(k * m, n, idle, reps))) for m, n in ((1, small), (1, big), (2, big)))
+        bandwidth = k * 4 * (big - small) / max(t4 - t1, 1e-9)
+        per_copy = max((t4x2 - t4) / k, 4 * big / bandwidth)
+        self.fixed = max(t4 - k * per_copy, 0.0)
         self.line_s = t4
-        return bandwidth, max(t1 - b1 / bandwidth, 0.0) / k
+        return bandwidth, per_copy - 4 * big / bandwidth
 
     def wake(self, reps: int) -> None:
         """Add `reps` wake samples (after `line()`)."""
-        self.excess += [t - self.line_s for t in self._batches(self.nbytes // 4, self.work, reps)]
+        self.excess += [t - self.line_s for t in self._batches(self.k, self.nbytes // 4, self.work, reps)]
 
     def costs(self, reps: int) -> CopyCosts:
         """Everything at once: the line, then `reps` wake samples."""
@@ -250,31 +269,28 @@ class LoaderProbe:
         return self.result(bandwidth, latency)
 
     def result(self, bandwidth: float, latency: float) -> CopyCosts:
-        return CopyCosts(bandwidth, latency, max(float(np.mean(self.excess)), 0.0), float(np.median(self.issue)))
+        return CopyCosts(bandwidth, latency, max(self.fixed + float(np.mean(self.excess)), 0.0))
 
     def close(self) -> None:
         self.copier.close()
 
-    def _batches(self, n: int, before: Callable[[], None], reps: int) -> list[float]:
-        k, copier = self.k, self.copier
-        if n not in self._buffers:
+    def _batches(self, count: int, n: int, before: Callable[[], None], reps: int) -> list[float]:
+        copier = self.copier
+        if (count, n) not in self._buffers:
             cuda = self.device.type == "cuda"
-            src = torch.randn(k, n).pin_memory() if cuda else torch.randn(k, n)
-            self._buffers[n] = (src, torch.empty(k, n, device=self.device))
-        src, dst = self._buffers[n]
+            src = torch.randn(count, n).pin_memory() if cuda else torch.randn(count, n)
+            self._buffers[count, n] = (src, torch.empty(count, n, device=self.device))
+        src, dst = self._buffers[count, n]
         spent = []
         for rep in range(reps + 1):
             before()
-            t = time.perf_counter()
-            tickets = [Ticket(i, i, True, {"w": dst[i]}, n * 4, src={"w": src[i]}) for i in range(k)]
+            tickets = [Ticket(i, i, True, {"w": dst[i]}, n * 4, src={"w": src[i]}) for i in range(count)]
             for tk in tickets:
                 copier.submit(tk)
-            submitted = time.perf_counter()
             for tk in tickets:
                 copier.wait(tk)
             if rep:  # the first batch warms up
-                spent.append(time.perf_counter() - t)
-                self.issue.append((submitted - t) / k)
+                spent.append(time.perf_counter() - tickets[0].submitted)
         return spent
 
 
@@ -323,21 +339,21 @@ def calibrate(
     try:
         with responsive_copies():
             c = probe.costs(reps)
-            per_layer = load_layer_cost(om, prompts, max_new_tokens, c.issue)
+            loads = host_costs(om, prompts, max_new_tokens)
     finally:
         probe.close()
     cal = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, c.bandwidth, c.latency,
-                      0.0, 0.0, om.link, host_s, c.wake, c.issue, per_layer, hop)
+                      0.0, 0.0, om.link, host_s, c.wake, loads, hop)
     return refit(cal, om, step, prompts, max_new_tokens)
 
 
-def load_layer_cost(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int, per_load: float) -> float:
-    """Compute-thread seconds of a layer that issues loads, beyond `per_load` each: on-demand
-    (every decode layer loads its k experts) on `om`'s own link, each request after an
-    all-resident baseline request of the same prompt; the difference of their median decode
-    steps' time not spent waiting, per layer, less k loads. Measured per layer because most of
-    it is handing over to the woken copy thread, which a layer pays once however many loads it
-    issues (profiled: lru layers issuing ~1.5 loads cost as much as on-demand's 2)."""
+def host_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> HostCosts:
+    """On-demand (every decode layer loads its k experts in one burst and waits for them) on
+    `om`'s own link, each request after an all-resident baseline request of the same prompt.
+    Issuing is timed by the runtime itself (`IssueCost`); what the decode layers' time not spent
+    waiting exceeds the baseline's by beyond issuing is charged to resuming after the wait
+    (profiled: the following compute runs slower after the thread blocked, and a burst's first
+    load costs more than the rest: it wakes the copy thread)."""
     g = om.geometry
     with om.session(get_policy("ondemand"), Capacity(g.top_k), prompts, max_new_tokens=max_new_tokens,
                     link=om.link) as od, baseline(om, prompts, max_new_tokens) as base:
@@ -346,7 +362,10 @@ def load_layer_cost(om: OffloadedModel, prompts: Sequence[Prompt], max_new_token
             od.request(p, max_new_tokens)
         busy = [float(np.median([x - y for r in s.timings for x, y in zip(r.token_latency, r.token_stall)]))
                 for s in (od, base)]
-    return max((busy[0] - busy[1]) / g.layers - g.top_k * per_load, 0.0)
+        issues = od.devs[0].issues
+        per_load, per_burst = issues.per_load, issues.per_burst
+    issuing = per_burst + g.top_k * per_load
+    return HostCosts(per_load, per_burst, max((busy[0] - busy[1]) / g.layers - issuing, 0.0))
 
 
 def resident_step(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> float:

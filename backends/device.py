@@ -13,6 +13,7 @@ the store, while the device runs the rest.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -47,21 +48,20 @@ class DeviceRuntime:
         self.step = 0
         self.stall = 0.0  # seconds waiting for copies
         self.host_s = 0.0  # seconds computing experts on the host (cpu miss mode)
+        self.issues = IssueCost()
         self.direct = device.type == "cpu" and getattr(store, "tensors", None) is not None
 
     # ---- cache events --------------------------------------------------------------------
 
     def begin_request(self, request: Any) -> None:
-        for ld in self.cache.begin_request(request):
-            self.issue(ld)
+        self.issue_all(self.cache.begin_request(request))
 
     def before_layer(self, step: int, local: int) -> None:
         self.step = step
         if not self.cache.prefetches_per_layer:
             return  # route() releases the previous layer itself
         self.drain()
-        for ld in self.cache.before_layer(step, local):
-            self.issue(ld)
+        self.issue_all(self.cache.before_layer(step, local))
 
     def end_request(self) -> None:
         self.cache.end_request()
@@ -81,11 +81,8 @@ class DeviceRuntime:
                 self.loader.promote(t)
         routed = set(experts)
         deferred = [ld for ld in acc.loads if ld.victim in routed]
-        for ld in acc.loads:
-            if ld.victim not in routed:
-                self.issue(ld)
-        for ld in acc.background:  # not waited for: the tokens after this one may hit it
-            self.issue(ld)
+        # background loads are not waited for: the tokens after this one may hit them
+        self.issue_all([ld for ld in acc.loads if ld.victim not in routed] + list(acc.background))
         base = local * self.geometry.experts
         use = {x: base + x for x in plan.experts}  # routed expert -> the expert whose slot computes it
         for missed, sub in acc.substitutes:
@@ -106,9 +103,10 @@ class DeviceRuntime:
                 raise RuntimeError(f"layer {local}: experts {sorted(use)} are neither resident nor on their way")
             plan.compute(ready, [slot_of(use[x]) - first for x in ready], weights)
             computed = {use.pop(x) for x in ready}
-            for ld in [ld for ld in deferred if ld.victim in computed]:
+            now = [ld for ld in deferred if ld.victim in computed]
+            for ld in now:
                 deferred.remove(ld)
-                self.issue(ld)
+            self.issue_all(now)
 
     def _on_host(self, plan: Plan, x: int, local: int) -> None:
         """The `cpu` miss mode: expert `x` of this layer computed on the host, from its RAM-tier
@@ -130,6 +128,17 @@ class DeviceRuntime:
         self.host_s += time.perf_counter() - t0
 
     # ---- copies --------------------------------------------------------------------------
+
+    def issue_all(self, loads: Sequence[Load]) -> None:
+        """Issue the loads one cache event asked for, timing the compute thread's part."""
+        if not loads:
+            return
+        t0 = time.perf_counter()
+        self.issue(loads[0])
+        t1 = time.perf_counter()
+        for ld in loads[1:]:
+            self.issue(ld)
+        self.issues.add(len(loads), t1 - t0, time.perf_counter() - t1)
 
     def issue(self, ld: Load) -> None:
         """Start the copy a cache `Load` asks for; cancel what it overwrites."""
@@ -194,6 +203,35 @@ class DeviceRuntime:
             self.store.read(self.layers.start + local, x, want)
             for name, t in self.pool.row(s).items():
                 assert torch.equal(t.cpu(), want[name]), f"slot {s} does not hold expert {e}'s {name}"
+
+
+@dataclass
+class IssueCost:
+    """Compute-thread seconds spent issuing loads, in bursts (the loads of one cache event):
+    the first load of a burst also wakes the copy thread, which then competes for the
+    interpreter, so it costs more than the others (`calibrate` separates the two)."""
+
+    bursts: int = 0
+    loads: int = 0
+    first_s: float = 0.0  # the first load of each burst
+    rest_s: float = 0.0  # the others
+
+    def add(self, loads: int, first: float, rest: float) -> None:
+        self.bursts += 1
+        self.loads += loads
+        self.first_s += first
+        self.rest_s += rest
+
+    @property
+    def per_load(self) -> float:
+        """A load after the first of its burst (all loads if bursts are single)."""
+        more = self.loads - self.bursts
+        return self.rest_s / more if more else self.first_s / max(self.bursts, 1)
+
+    @property
+    def per_burst(self) -> float:
+        """What the first load of a burst costs beyond `per_load`."""
+        return max(self.first_s / self.bursts - self.per_load, 0.0) if self.bursts else 0.0
 
 
 def _layer_weights(pool: SlotPool, capacity: Capacity, layers: int) -> list[tuple[dict[str, torch.Tensor], int]]:

@@ -153,9 +153,8 @@ def _validate(
                 probe.close()
             c = probe.result(bandwidth, latency)
             # compute-thread costs scale with the machine's speed, measured by the paired baseline
-            issue = max(cal.load_issue * step / cal.step_s, c.issue)
-            now = replace(cal, copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake, load_issue=issue,
-                          load_layer=cal.load_layer * step / cal.step_s)
+            now = replace(cal, copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake,
+                          loads=cal.loads.scaled(step / cal.step_s))
             busy = float(np.median([x - y for r in run.requests for x, y in zip(r.token_latency, r.token_stall)]))
             paired = refit(now, om, step, prompts, max_new_tokens).profile("validate")
             sims = tuple(

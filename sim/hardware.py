@@ -44,13 +44,14 @@ class HardwareProfile:
 
     The fields after `cpu_mem_bw_gbs` are optional in a TOML file (0 when absent, sourced as
     such): the storage tier under host RAM (`storage_read_gbs`, `storage_latency_us`: one NVMe
-    device or array shared by every GPU), the host RAM size (`host_ram_gib`), and two host costs
-    of the thread that runs the model: `load_host_us` per load it issues (cache bookkeeping,
-    submitting the copy) plus `load_layer_us` once per layer that issues any (handing over to
-    the copy thread), added to the layer's compute, and `wake_us` once per layer that waits
-    for a copy (the blocked thread runs again that long after the copy lands), added to its stall;
-    and `cpu_hop_us`, the fixed cost of moving one expert's activations between the GPU and the
-    host in the cpu miss mode (each way).
+    device or array shared by every GPU), the host RAM size (`host_ram_gib`), the costs of the thread
+    that runs the model: issuing loads takes `load_host_us` per load plus `load_layer_us` once
+    per burst (the loads of one cache event; the first wakes the copy thread), compute-thread
+    time during which the copies already run; a layer that waits for a copy resumes `wake_us`
+    after it lands (the blocked thread's wake-up, part of the stall) and then computes
+    `resume_us` longer (what the compute loses after blocking); and `cpu_hop_us`, the fixed cost
+    of moving one expert's activations between the GPU and the host in the cpu miss mode (each
+    way).
     """
 
     name: str
@@ -80,6 +81,7 @@ class HardwareProfile:
     load_host_us: float = 0.0
     load_layer_us: float = 0.0
     wake_us: float = 0.0
+    resume_us: float = 0.0
     cpu_hop_us: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -193,7 +195,7 @@ class HardwareProfile:
 
 OPTIONAL = {
     "storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0, "load_layer_us": 0.0,
-    "wake_us": 0.0,
+    "wake_us": 0.0, "resume_us": 0.0,
     "cpu_hop_us": 0.0,
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""

@@ -1,15 +1,18 @@
 """The timing pass: what one step's cache decisions cost on the machine, layer by layer.
 
-A layer may start once the previous one is done (plus an activation hand-over when it changes
-device) and every expert it runs has arrived; the wait is a stall, charged to `late prefetch`
-up to the last arrival of an expert already in flight when the layer was reached (a late hit),
-and to `demand miss` beyond. Compute then takes the dense part + the routed experts
-(`compute.py`), plus the host time of the loads the layer issued (`load_host_us` each,
-`load_layer_us` once if it issued any); a layer that waited resumes `wake_us` after its last
-copy landed (a blocked host thread). Loads go onto the link of their layer's device
-(`link.py`); which experts are still in flight is the link's to say, so the same walk prices
-decisions made in advance (`decide.py`) or, in the substitute miss mode, made layer by layer as
-it goes (its substitutes must have arrived).
+A layer starts once the previous one is done (plus an activation hand-over when it changes
+device). It issues its `before_layer` prefetches, computes its dense part (attention and the
+router: the experts are known only after it), issues the loads routing asks for, and computes
+its routed experts (`compute.py`) once every one of them has arrived: a copy in flight keeps
+landing while the dense part runs. Issuing takes host time (`load_host_us` per load,
+`load_layer_us` per burst) while the copies already run. The wait beyond the host's own work
+is a stall, charged to `late prefetch` up to the last arrival of an expert already in flight
+when the router chose it (a late hit), and to `demand miss` beyond; a layer that waited
+resumes `wake_us` after its last copy landed (a blocked host thread) and computes `resume_us`
+longer. Loads go onto the link of their layer's device (`link.py`); which experts are still in
+flight is the link's to say, so the same walk prices decisions made in advance (`decide.py`)
+or, in the substitute miss mode, made layer by layer as it goes (its substitutes must have
+arrived).
 
 Within a step no other process acts, so the walk is arithmetic: one step costs no SimPy event.
 """
@@ -76,6 +79,7 @@ class StepTimer:
         load_host_s: float = 0.0,
         load_layer_s: float = 0.0,
         wake_s: float = 0.0,
+        resume_s: float = 0.0,
         timeline: Timeline | None = None,
         timeliness: Timeliness | None = None,
         tier: HostTier | None = None,
@@ -90,6 +94,7 @@ class StepTimer:
         self.load_host_s = load_host_s
         self.load_layer_s = load_layer_s
         self.wake_s = wake_s
+        self.resume_s = resume_s
         self.timeline = timeline
         self.timeliness = timeliness
         self.tier = tier  # the RAM tier the links read through, told of request boundaries
@@ -153,14 +158,17 @@ class StepTimer:
 
     def _walk(self, s: int, work: StepWork, shard: Shard, sub: Step, visits: list[Visit] | None, t: float,
               on_device: int) -> tuple[float, int]:
-        """Run `shard`'s layers of step `s` from `t`, each once its device is free and its
-        experts have arrived (`_wait`); returns when the last is done, and on which device."""
+        """Run `shard`'s layers of step `s` from `t`, each once its device is free; returns when
+        the last is done, and on which device. A layer issues its `before_layer` prefetches, runs
+        its dense part (the router needs it), issues the loads routing asks for, and computes its
+        experts once they have arrived (`_wait`): a copy in flight overlaps the dense part."""
         compute, timeline, timeliness, device_busy = self.compute, self.timeline, self.timeliness, self.device_busy
         interleaved = visits is None
         cpu_mode = self.miss_mode is MissMode.CPU
         counts = sub.counts
         multi = len(self.links) > 1
         host_cost = self.load_host_s or self.load_layer_s
+        resume = self.resume_s
         T, dense = work.tokens, work.dense
         links, first, exp_time = shard.links, shard.first, shard.expert_time
         decide = shard.decider.visit
@@ -177,43 +185,59 @@ class StepTimer:
             if link.queue or (link.heap and link.heap[0][0] <= t):
                 link.land(t, landed)  # only this layer's experts are observed next
             pre, acc = decide(s, ll, experts) if interleaved else next(visit_iter)
+            routed = t + dense
             if pre:
                 self._issue(shard, t, pre)
-            start = t
+                if host_cost:
+                    routed += self._host_time(len(pre))
+            ready = routed
+            if host_cost and (acc.loads or acc.background):
+                ready += self._host_time(len(acc.loads) + len(acc.background))
+            start = ready
             if acc.loads or link.tokens or acc.background or (timeliness is not None and timeliness.unused):
-                start = self._wait(shard, link, ll, experts, acc, t, on_device, interleaved)
+                start = self._wait(shard, link, ll, experts, acc, routed, ready, on_device, interleaved)
             if counts is None and not (cpu_mode and acc.cpu):  # one token per routed expert, all on the GPU
-                busy = dense + len(experts) * exp_time[ll]
+                run = len(experts) * exp_time[ll]
             else:
                 cpu = acc.cpu if cpu_mode else ()
-                busy = dense + self._experts_time(shard, ll, experts, None if counts is None else counts[ll], cpu)
-            if host_cost:
-                busy += self._host_time(len(pre) + len(acc.loads) + len(acc.background))
-            t = start + busy
+                run = self._experts_time(shard, ll, experts, None if counts is None else counts[ll], cpu)
+            if start > ready:
+                run += resume
+            busy = ready - t + run
+            end = start + run
             busy_total += busy
             device_busy[on_device] += busy
             if timeline is not None:
-                timeline.compute(on_device, start, t, first + ll)
+                layer = first + ll
+                if start > ready:
+                    timeline.compute(on_device, t, ready, layer)
+                    timeline.compute(on_device, start, end, layer)
+                else:
+                    timeline.compute(on_device, t, end, layer)
+            t = end
         self.compute_s = busy_total
         return t, on_device
 
-    def _wait(self, shard: Shard, link: Link, ll: int, experts: Sequence[ExpertId], acc: Access, t: float,
-              on_device: int, interleaved: bool) -> float:
-        """When the layer can start: once its late hits (experts still in flight, promoted to demand
-        priority) and its demand loads (ahead of queued prefetches; the loads of the experts they
-        evict are cancelled) have arrived. The stall is `late prefetch` up to the last late hit,
-        `demand miss` beyond; a layer that stalled resumes `wake_s` after the last arrival."""
+    def _wait(self, shard: Shard, link: Link, ll: int, experts: Sequence[ExpertId], acc: Access, routed: float,
+              ready: float, on_device: int, interleaved: bool) -> float:
+        """When the layer's experts can start, the router having chosen at `routed` and the host
+        being done issuing at `ready`: once its late hits (experts still in flight, promoted to
+        demand priority) and its demand loads (issued at `routed`, ahead of queued prefetches;
+        the loads of the experts they evict are cancelled) have arrived. The stall is `late
+        prefetch` up to the last late hit, `demand miss` beyond; a layer that stalled resumes
+        `wake_s` after the last arrival."""
         layer = shard.first + ll
-        late_until = t
+        late_until = ready
         tokens = link.tokens
         if tokens:
             late = 0
             for e in experts:
                 if e in tokens:
-                    late += 1
-                    a = link.need(t, e)
-                    if a > late_until:
-                        late_until = a
+                    a = link.need(routed, e)
+                    if a > routed:  # still on its way when the router chose it
+                        late += 1
+                        if a > late_until:
+                            late_until = a
             if late:
                 self.late += late
                 self.late_by_layer[layer] += late
@@ -222,30 +246,30 @@ class StepTimer:
         loads = acc.loads
         for ld in loads:
             if ld.victim >= 0 and ld.victim in shard.links[ld.victim // self.E].tokens:  # its load in flight
-                shard.links[ld.victim // self.E].cancel(t, ld.victim)
-            a = link.demand(t, ld.expert, shard.expert_bytes[ll])
+                shard.links[ld.victim // self.E].cancel(routed, ld.victim)
+            a = link.demand(routed, ld.expert, shard.expert_bytes[ll])
             if a > start:
                 start, from_storage = a, link.last_from_storage
         if interleaved:
             for ld in loads:  # landed by `start`, before the next cache event
                 shard.cache.arrived(ld.expert)
         if acc.background:
-            self._issue(shard, t, acc.background)
+            self._issue(shard, routed, acc.background)
         timeliness = self.timeliness
         if timeliness is not None and (loads or timeliness.unused):  # before the stall: compute clock
-            timeliness.visit(shard.first, ll, on_device, t - self.stall_late - self.stall_demand, experts, acc)
-        if start > t:
+            timeliness.visit(shard.first, ll, on_device, routed - self.stall_late - self.stall_demand, experts, acc)
+        if start > ready:
             if self.wake_s:  # a host thread that blocked wakes up after the last copy landed
                 if late_until == start:
                     late_until += self.wake_s
                 start += self.wake_s
-            self.stall_late += late_until - t
+            self.stall_late += late_until - ready
             self.stall_demand += start - late_until
-            self.stall_by_layer[layer] += start - t
+            self.stall_by_layer[layer] += start - ready
             if from_storage:
-                self.stall_storage += start - t
+                self.stall_storage += start - ready
             if self.timeline is not None:
-                self.timeline.stall(on_device, t, start, layer)
+                self.timeline.stall(on_device, ready, start, layer)
         return start
 
     # ---- helpers -------------------------------------------------------------------------------

@@ -4,8 +4,11 @@
 the engine at commit c214424 (the last one before the serving rewrite, issue 12), on every
 shipped trace; the tiny-mixtral and tiny-olmoe cases were recomputed (those fields only) when
 the two traces were re-recorded (issue 10), by the engine proven identical to c214424's on the
-old traces and, still, on synthetic-mixtral. `tests/test_sim_golden.py` recomputes the cases and requires equality to the
-last bit (floats round-trip exactly through JSON). Regenerate only when a semantic change is
+old traces and, still, on synthetic-mixtral. All cases were recomputed, every field, when the
+layer's timing changed on purpose (fidelity, issue 12: experts wait for their copies after the
+dense part, issuing overlaps the copies, a layer that waited resumes slower); before that
+commit the engine still gave c214424's values. `tests/test_sim_golden.py` recomputes the cases
+and requires equality to the last bit (floats round-trip exactly through JSON). Regenerate only when a semantic change is
 intended, and say so in the commit:
 
     python tests/sim_golden.py            # default-suite cases (first requests of each trace)

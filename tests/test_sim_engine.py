@@ -66,20 +66,44 @@ def test_ondemand_with_zero_compute_is_the_sum_of_copy_times():
     assert res.link_bytes == res.stats.bytes_loaded == 6 * 2 * sum(g.layer_expert_bytes)
 
 
-def test_host_cost_is_charged_per_load_and_once_per_layer_that_issues_loads():
-    # On-demand with zero compute: each layer issues k = 2 loads, so on top of the copies it
-    # costs 2 x load_host_us + load_layer_us of compute, in sequence (issue, then wait).
+def test_issuing_overlaps_the_copies_and_a_layer_that_waited_resumes_slower():
+    # On-demand with zero compute: each layer issues its k = 2 loads in one burst, host time
+    # 2 x load_host_us + load_layer_us during which the copies already run, then waits for the
+    # rest of the copies; a layer that waited computes resume_us more.
     g = Geometry(3, 4, 2, layer_expert_bytes=(1_000_000, 3_000_000, 7_000_000))
     rows = random_rows(np.random.default_rng(1), g, 6)
-    hw = dataclasses.replace(HW, load_host_us=7.0, load_layer_us=40.0)
+    hw = dataclasses.replace(HW, load_host_us=7.0, load_layer_us=40.0, resume_us=30.0)
     base = run(trace_of(g, rows), "ondemand", 2, compute=FixedCompute())
     res = run(trace_of(g, rows), "ondemand", 2, hw=hw, compute=FixedCompute())
-    host = 6 * 3 * (2 * 7e-6 + 40e-6)
-    assert res.compute_s == pytest.approx(host, rel=1e-12)
-    assert res.sim_time_s == pytest.approx(base.sim_time_s + host, rel=1e-12)
+    layers, issuing = 6 * 3, 2 * 7e-6 + 40e-6
+    assert res.compute_s == pytest.approx(layers * (issuing + 30e-6), rel=1e-12)
+    assert res.sim_time_s == pytest.approx(base.sim_time_s + layers * 30e-6, rel=1e-12)  # issuing is hidden
+    assert res.stall_s == pytest.approx(base.stall_s - layers * issuing, rel=1e-12)
+    # Copies shorter than issuing: the layer takes the host's time, and nothing waits or resumes.
+    tiny = Geometry(3, 4, 2, layer_expert_bytes=(1000, 1000, 1000))
+    quick = run(trace_of(tiny, rows), "ondemand", 2, hw=dataclasses.replace(hw, copy_latency_us=0.0),
+                compute=FixedCompute())
+    assert quick.stall_s == 0 and quick.sim_time_s == pytest.approx(layers * issuing, rel=1e-12)
     # Every expert resident after a warm-up: layers that issue nothing pay nothing.
     warm = run(trace_of(g, rows[:1] * 5), "lru", 2, hw=hw, compute=FixedCompute())
-    assert warm.compute_s == pytest.approx(3 * (2 * 7e-6 + 40e-6), rel=1e-12)
+    assert warm.compute_s == pytest.approx(3 * (issuing + 30e-6), rel=1e-12)
+
+
+def test_a_prefetch_may_land_while_the_dense_part_runs():
+    # semoe prefetches layer l + 1's experts (E = k = 2: both) when layer l starts (2 copies of x);
+    # layer l + 1 needs them once its dense part is done, 2 layers later (the router chooses
+    # after it). With layer_s = 1.5x: layer 0's demand loads (issued after its dense part, at
+    # 1.5x) queue behind the prefetches on the wire until 2x, land at 4x (stall 2.5x). Layers
+    # 1-4 never wait: each prefetch lands by the end of its layer's dense part (layer 4's just
+    # then: the wire, busy 2x per 1.5x layer, falls behind), so 4x + 4 x 1.5x. Waiting from the
+    # layer's start instead would stall layers 2-4.
+    g = Geometry(5, 2, 2, hidden=8, intermediate=4, layer_expert_bytes=(8_000_000,) * 5)
+    x = HW.copy_latency_us * 1e-6 + 8_000_000 / (HW.h2d_pinned_gbs * 1e9)
+    rows = random_rows(np.random.default_rng(5), g, 1)
+    res = run(trace_of(g, rows), "semoe", g.experts, compute=FixedCompute(layer_s=1.5 * x))
+    assert res.stall_by_layer_s[0] == pytest.approx(2.5 * x, rel=1e-12)
+    assert res.stall_by_layer_s[1:] == pytest.approx([0.0] * 4, abs=1e-12)
+    assert res.sim_time_s == pytest.approx(10 * x, rel=1e-12)
 
 
 def test_every_expert_resident_takes_exactly_the_compute_time():

@@ -16,8 +16,9 @@ LAT = 1e-6
 
 def reference(ops):
     """Arrival times by a direct model of the queue: whenever the wire frees, the oldest queued
-    demand starts, else the oldest queued prefetch; a cancelled queued load never starts; a
-    needed prefetch joins the demand queue. `ops` are (time, kind, expert, bytes)."""
+    demand starts, else the oldest queued prefetch; a cancelled queued prefetch never starts; a
+    needed prefetch joins the demand queue, whose loads are committed: cancelling one only voids
+    its arrival (the caller's business). `ops` are (time, kind, expert, bytes)."""
     wire = 0.0
     demands: deque = deque()
     prefetches: deque = deque()
@@ -37,11 +38,10 @@ def reference(ops):
 
     for now, kind, expert, nbytes in ops:
         run_until(now, False)
-        if kind == "cancel":
-            for q in (demands, prefetches):
-                for item in list(q):
-                    if item[0] == expert:
-                        q.remove(item)
+        if kind == "cancel":  # a demand (or needed prefetch) is committed at once: it still runs
+            for item in list(prefetches):
+                if item[0] == expert:
+                    prefetches.remove(item)
         elif kind == "need":
             for item in list(prefetches):
                 if item[0] == expert:

@@ -49,13 +49,20 @@ def test_on_demand_with_no_compute_is_all_bandwidth():
     assert res.stall_bound_s == pytest.approx(res.stall_s, rel=1e-12)
 
 
-def test_with_ample_compute_the_bound_is_only_the_first_loads():
-    # Compute far longer than a copy: a perfect prefetcher hides all but the very first loads.
+def test_the_bound_is_zero_with_ample_compute_and_the_link_deficit_without():
+    # Compute far longer than a copy: a perfect prefetcher hides every load, even the first
+    # (its copy runs while layer 0's dense part does, before the router chooses). With one
+    # copy 1.5 layers long the link falls behind by copy / 3 a layer: 24 layers, 8 copies.
     g = Geometry(4, 4, 1, layer_expert_bytes=(1_000_000,) * 4)
     rows = np.tile(np.arange(4, dtype=np.int16)[None, :, None] % 4, (6, 1, 1))
     rows = (rows + np.arange(6, dtype=np.int16)[:, None, None]) % 4
     tr = Trace(g, [Request(rows, np.ones(rows.shape, np.float32), prefill=0)])
     copy = HW.copy_latency_us * 1e-6 + 1_000_000 / (HW.h2d_pinned_gbs * 1e9)
-    res = simulate(tr, get_policy("lru"), Capacity(1), HW, preset_for(g), compute=FixedCompute(layer_s=10 * copy), detail=True)
-    assert res.stall_bound_s == pytest.approx(copy, rel=1e-9)  # layer 0 of token 0 waits one copy
-    assert res.stall_s > 5 * res.stall_bound_s  # lru fetches on demand: it loses by timing, not bandwidth
+    ample = simulate(tr, get_policy("lru"), Capacity(1), HW, preset_for(g), compute=FixedCompute(layer_s=10 * copy),
+                     detail=True)
+    assert ample.stall_bound_s == 0
+    assert ample.stall_s == pytest.approx(4 * 6 * copy, rel=1e-9)  # lru loads every layer on demand
+    res = simulate(tr, get_policy("lru"), Capacity(1), HW, preset_for(g), compute=FixedCompute(layer_s=copy / 1.5),
+                   detail=True)
+    assert res.stall_bound_s == pytest.approx(8 * copy, rel=1e-9)
+    assert res.stall_s > 2 * res.stall_bound_s  # lru fetches on demand: it loses by timing too
