@@ -17,7 +17,12 @@ What is measured, on the backend's own code paths:
   model's own expert compute give `wake`: `fixed` plus the mean excess over the line (a thread
   that has just computed is woken later by the OS than one that idles; a mean, because a
   token's latency sums many waits);
-- the compute thread's own costs of loads, `host_costs`: an on-demand run (every decode layer
+- the fixed cost of a layer's device pass over its experts (`expert_pass`: a layer whose
+  experts all run on the host in the cpu miss mode skips it), timed by the runtime on the
+  all-resident baseline's one-token passes less their experts' marginal time; and the host
+  path's fixed cost per expert (`cpu_hop`, each way), timed by the runtime in an on-demand run
+  in the cpu miss mode less the host expert's own compute;
+- the compute thread's own costs of loads, `runtime_costs`: an on-demand run (every decode layer
   loads its k experts and waits) on the calibrated link against the all-resident baseline. The
   runtime times its issuing (a burst's first load, which wakes the copy thread, and the rest);
   the decode layers' extra time not spent waiting, beyond issuing, is `resume`, charged once
@@ -43,7 +48,7 @@ import torch
 from casmoe.backends.copier import EmulatedLink, Loader, Ticket, responsive_copies
 from casmoe.backends.experts import SlotView, model_preset
 from casmoe.backends.runtime import OffloadedModel, Prompt
-from casmoe.cache import Capacity
+from casmoe.cache import Capacity, MissMode
 from casmoe.policies import get_policy
 
 
@@ -67,10 +72,11 @@ class HostCosts:
     per_load: float
     per_burst: float
     resume: float
+    per_stall: float = 0.0  # resume time per second stalled
 
     def scaled(self, factor: float) -> HostCosts:
         """The same costs on a machine `factor` times slower (they are compute-thread time)."""
-        return HostCosts(self.per_load * factor, self.per_burst * factor, self.resume * factor)
+        return HostCosts(self.per_load * factor, self.per_burst * factor, self.resume * factor, self.per_stall)
 
 
 @dataclass(frozen=True)
@@ -92,11 +98,22 @@ class Calibration:
     host_expert_s: float = 0.0  # one expert on the host for one token (cpu miss mode); 0: not measured
     wake: float = 0.0  # a waiting thread runs again this long after its last copy lands
     loads: HostCosts = HostCosts(0.0, 0.0, 0.0)  # compute-thread time of issuing loads and resuming
-    cpu_hop: float = 0.0  # activations of one token between the device and the host, one way
+    cpu_hop: float = 0.0  # one host expert's fixed cost, each way (activations, the host path's glue)
+    expert_pass: float = 0.0  # fixed cost of a layer's pass over its device experts
+
+    def at_speed(self, step_s: float) -> Calibration:
+        """The compute-thread and host figures on a machine whose resident decode step now takes
+        `step_s` (a shared machine's speed drifts); `refit` then refits the overheads."""
+        from dataclasses import replace
+
+        f = step_s / self.step_s
+        return replace(self, loads=self.loads.scaled(f), cpu_hop=self.cpu_hop * f, expert_pass=self.expert_pass * f,
+                       host_expert_s=self.host_expert_s * f, cpu_mem_bw=self.cpu_mem_bw / f)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("link", "loads")}
-        d.update(load_issue=self.loads.per_load, load_burst=self.loads.per_burst, resume=self.loads.resume)
+        d.update(load_issue=self.loads.per_load, load_burst=self.loads.per_burst, resume=self.loads.resume,
+                 resume_per_stall=self.loads.per_stall)
         d["link_bandwidth"] = self.link.bandwidth
         d["link_latency"] = self.link.latency
         return d
@@ -140,7 +157,10 @@ class Calibration:
             load_layer_us=self.loads.per_burst * 1e6,
             wake_us=self.wake * 1e6,
             resume_us=self.loads.resume * 1e6,
+            resume_per_stall=self.loads.per_stall,
             cpu_hop_us=self.cpu_hop * 1e6,
+            expert_pass_us=self.expert_pass * 1e6,
+            cpu_serial=0.0 if cuda else 1.0,
         )
         sources = dict(
             gpus="one device measured",
@@ -169,9 +189,16 @@ class Calibration:
             load_layer_us=f"{host}: on-demand run, what a burst's first load cost beyond load_host_us",
             wake_us=(f"{host}: loader batches of copies, the per-wait term of the copy line plus its mean excess "
                      "after a layer's compute"),
-            resume_us=(f"{host}: on-demand run against the all-resident baseline, compute-thread time per "
-                       "waiting layer beyond issuing"),
-            cpu_hop_us=f"{host}: one token's activations moved to the host and back, halved",
+            resume_us=(f"{host}: on-demand runs against the all-resident baseline, compute-thread time per "
+                       "waiting layer beyond issuing, at zero stall (line through two link speeds)"),
+            resume_per_stall=(f"{host}: on-demand runs on the link and on one twice as fast, growth of the "
+                              "resume time with the layer's stall"),
+            cpu_hop_us=(f"{host}: on-demand run in the cpu miss mode, the runtime's time per one-token host "
+                        "expert beyond its compute and activation bytes, halved"),
+            expert_pass_us=(f"{host}: all-resident baseline run, the runtime's one-token expert pass less "
+                            "its experts' marginal time"),
+            cpu_serial=("1: the device is this CPU, host experts run on the same thread" if not cuda else
+                        "0: host experts run on the CPU beside the GPU's"),
         )
         return HardwareProfile(**values, sources=sources)
 
@@ -331,41 +358,78 @@ def calibrate(
     cpu_flops, cpu_bw = (flops, mem_bw) if not cuda else _rates(torch.device("cpu"), dtype, lambda: None, reps)
     expert_s = _expert_time(om, device, sync, reps)
     host_s = _host_expert_time(om, reps)
-    h = torch.randn(1, om.geometry.hidden, device=device, dtype=dtype)
-    hop = _median_time(lambda: h.to("cpu").to(device), reps, sync) / 2
     cpu_bw = om.store.expert_bytes(0) / host_s  # the simulator's host expert is memory-bound at one token
     step = resident_step(om, prompts, max_new_tokens)
     probe = LoaderProbe(om, device, om.link, step / om.geometry.layers)
     try:
         with responsive_copies():
             c = probe.costs(reps)
-            loads = host_costs(om, prompts, max_new_tokens)
+            rt = runtime_costs(om, prompts, max_new_tokens, step)
     finally:
         probe.close()
-    cal = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, 0.0, c.bandwidth, c.latency,
-                      0.0, 0.0, om.link, host_s, c.wake, loads, hop)
+    hop = max((rt.host_expert - host_s) / 2 - 2 * om.geometry.hidden * 4 / c.bandwidth, 0.0)
+    cal = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, step, c.bandwidth, c.latency,
+                      0.0, 0.0, om.link, host_s, c.wake, rt.loads, hop, max(rt.expert_pass - rt.pass_experts * expert_s, 0.0))
     return refit(cal, om, step, prompts, max_new_tokens)
 
 
-def host_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> HostCosts:
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """What the runtime's own timers saw in `runtime_costs` (seconds)."""
+
+    loads: HostCosts
+    expert_pass: float  # one one-token device pass of the baseline
+    pass_experts: float  # experts per such pass
+    host_expert: float  # one one-token expert on the host, the whole path
+
+
+def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int, step_s: float) -> RuntimeCosts:
     """On-demand (every decode layer loads its k experts in one burst and waits for them) on
-    `om`'s own link, each request after an all-resident baseline request of the same prompt.
-    Issuing is timed by the runtime itself (`IssueCost`); what the decode layers' time not spent
-    waiting exceeds the baseline's by beyond issuing is charged to resuming after the wait
-    (profiled: the following compute runs slower after the thread blocked, and a burst's first
-    load costs more than the rest: it wakes the copy thread)."""
+    `om`'s own link and on one twice as fast, each request beside an all-resident baseline
+    request of the same prompt and an on-demand one in the cpu miss mode (every routed expert
+    computed on the host). Issuing is timed by the runtime itself (`IssueCost`); what the decode
+    layers' time not spent waiting exceeds the baseline's by beyond issuing is charged to
+    resuming after the wait, as a line in the layer's stall through the two links (profiled: the
+    compute after a blocked wait runs slower, the more the longer it idled; and a burst's first
+    load costs more than the rest: it wakes the copy thread). Medians over requests of each
+    request's differences, so a drift of the machine's speed between requests cancels. The baseline's
+    device passes and the cpu run's host experts are timed by the runtime too (`PassCost`).
+    Every figure is scaled to a machine whose resident decode step takes `step_s` (the
+    calibration's), by the baseline's speed during these runs."""
     g = om.geometry
-    with om.session(get_policy("ondemand"), Capacity(g.top_k), prompts, max_new_tokens=max_new_tokens,
-                    link=om.link) as od, baseline(om, prompts, max_new_tokens) as base:
+    ondemand = get_policy("ondemand")
+    link = om.link
+    fast = link if om.devices[0].type == "cuda" or not link.bandwidth else EmulatedLink(2 * link.bandwidth, link.latency)
+
+    def on_demand(lk: EmulatedLink, mode: MissMode = MissMode.LOAD) -> Any:
+        return om.session(ondemand, Capacity(g.top_k), prompts, max_new_tokens=max_new_tokens, link=lk, miss_mode=mode)
+
+    with on_demand(link) as od, on_demand(fast) as od2, baseline(om, prompts, max_new_tokens) as base, on_demand(
+        link, MissMode.CPU
+    ) as cpu:
+        points: list[list[tuple[float, float]]] = [[], []]  # per link, per request: (extra busy, stall) per layer
         for p in prompts:
             base.request(p, max_new_tokens)
-            od.request(p, max_new_tokens)
-        busy = [float(np.median([x - y for r in s.timings for x, y in zip(r.token_latency, r.token_stall)]))
-                for s in (od, base)]
-        issues = od.devs[0].issues
-        per_load, per_burst = issues.per_load, issues.per_burst
-    issuing = per_burst + g.top_k * per_load
-    return HostCosts(per_load, per_burst, max((busy[0] - busy[1]) / g.layers - issuing, 0.0))
+            cpu.request(p, max_new_tokens)
+            for run, pts in zip((od, od2), points):
+                run.request(p, max_new_tokens)
+                r = run.timings[-1]
+                pts.append(((_median_busy(r) - _median_busy(base.timings[-1])) / g.layers,
+                            float(np.median(r.token_stall)) / g.layers))
+        speed = step_s / float(np.median([x for r in base.timings for x in r.token_latency]))
+        issues, passes, host = od.devs[0].issues, base.devs[0].passes, cpu.devs[0].host_passes
+    issuing = issues.per_burst + g.top_k * issues.per_load
+    (extra, stall), (extra2, stall2) = [np.median(np.asarray(pts), axis=0) for pts in points]
+    per_stall = max((extra - extra2) / (stall - stall2), 0.0) if fast is not link and stall > stall2 else 0.0
+    resume = max(float(extra - issuing - per_stall * stall), 0.0)
+    loads = HostCosts(issues.per_load, issues.per_burst, resume, float(per_stall))
+    return RuntimeCosts(loads.scaled(speed), passes.mean * speed, passes.experts / max(passes.passes, 1),
+                        host.mean * speed)
+
+
+def _median_busy(r: Any) -> float:
+    """A request's median decode-step time not spent waiting for copies."""
+    return float(np.median([x - y for x, y in zip(r.token_latency, r.token_stall)]))
 
 
 def resident_step(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> float:
@@ -385,7 +449,7 @@ def baseline(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int)
 
 def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence[Prompt], max_new_tokens: int) -> Calibration:
     """`cal` with the simulator's overheads fitted to a decode step of `step_s` seconds:
-    L * (dense(1) + k * expert(1)) + head(1) = step_s, with the roofline parts from `cal` and
+    L * (dense(1) + pass + k * expert(1)) + head(1) = step_s, with the roofline parts from `cal` and
     expert(1) as the simulator charges it (the roofline's memory term can exceed the measured
     marginal expert time: an expert small enough to stay in cache streams faster than DRAM)."""
     from dataclasses import replace
@@ -398,5 +462,5 @@ def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence
     expert_overhead = max(cal.expert_s - roof.expert(0, 1), 0.0)
     expert = roof.expert(0, 1) + expert_overhead  # what the simulator charges per expert, token
     context = int(np.mean([len(p.ids) for p in prompts])) + max_new_tokens // 2
-    rest = step_s - g.layers * (roof.dense(1, context, context) + g.top_k * expert) - roof.head(1)
+    rest = step_s - g.layers * (roof.dense(1, context, context) + cal.expert_pass + g.top_k * expert) - roof.head(1)
     return replace(base, layer_overhead=max(rest / (g.layers + 1), 0.0), expert_overhead=expert_overhead)

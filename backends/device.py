@@ -49,6 +49,8 @@ class DeviceRuntime:
         self.stall = 0.0  # seconds waiting for copies
         self.host_s = 0.0  # seconds computing experts on the host (cpu miss mode)
         self.issues = IssueCost()
+        self.passes = PassCost()  # the device's one-token expert passes
+        self.host_passes = PassCost()  # one-token experts computed on the host
         self.direct = device.type == "cpu" and getattr(store, "tensors", None) is not None
 
     # ---- cache events --------------------------------------------------------------------
@@ -96,12 +98,16 @@ class DeviceRuntime:
     def _rounds(self, plan: Plan, local: int, use: dict[int, int], deferred: list[Load]) -> None:
         weights, first = self.weights[local]
         slot_of = self.pool.slot_of
+        one_token = plan.hidden.shape[0] == 1
         while use:
             self.wait([e for e in use.values() if e in self.tickets])
             ready = [x for x, e in use.items() if slot_of(e) is not None and e not in self.tickets]
             if not ready:
                 raise RuntimeError(f"layer {local}: experts {sorted(use)} are neither resident nor on their way")
+            t0 = time.perf_counter()
             plan.compute(ready, [slot_of(use[x]) - first for x in ready], weights)
+            if one_token:
+                self.passes.add(len(ready), time.perf_counter() - t0)
             computed = {use.pop(x) for x in ready}
             now = [ld for ld in deferred if ld.victim in computed]
             for ld in now:
@@ -120,12 +126,16 @@ class DeviceRuntime:
                 rows = self.store.empty_rows()
                 self.loader.read(layer, x, rows)
                 row = None
-            out = host_expert(self.template, plan.host_inputs(x).to("cpu"), rows)
+            inputs = plan.host_inputs(x)
+            out = host_expert(self.template, inputs.to("cpu"), rows)
         finally:
             if row is not None:
                 self.host.release(row)
         plan.put(x, out)
-        self.host_s += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        self.host_s += spent
+        if inputs.shape[0] == 1:
+            self.host_passes.add(1, spent)
 
     # ---- copies --------------------------------------------------------------------------
 
@@ -232,6 +242,26 @@ class IssueCost:
     def per_burst(self) -> float:
         """What the first load of a burst costs beyond `per_load`."""
         return max(self.first_s / self.bursts - self.per_load, 0.0) if self.bursts else 0.0
+
+
+@dataclass
+class PassCost:
+    """Seconds of expert passes for one token: on the device, one `Plan.compute` call (the
+    experts function over the experts resident at that point); on the host, one expert of the
+    cpu miss mode. `calibrate` reads their fixed costs from them."""
+
+    passes: int = 0
+    experts: int = 0
+    seconds: float = 0.0
+
+    def add(self, experts: int, seconds: float) -> None:
+        self.passes += 1
+        self.experts += experts
+        self.seconds += seconds
+
+    @property
+    def mean(self) -> float:
+        return self.seconds / self.passes if self.passes else 0.0
 
 
 def _layer_weights(pool: SlotPool, capacity: Capacity, layers: int) -> list[tuple[dict[str, torch.Tensor], int]]:

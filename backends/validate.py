@@ -153,8 +153,7 @@ def _validate(
                 probe.close()
             c = probe.result(bandwidth, latency)
             # compute-thread costs scale with the machine's speed, measured by the paired baseline
-            now = replace(cal, copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake,
-                          loads=cal.loads.scaled(step / cal.step_s))
+            now = replace(cal.at_speed(step), copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake)
             busy = float(np.median([x - y for r in run.requests for x, y in zip(r.token_latency, r.token_stall)]))
             paired = refit(now, om, step, prompts, max_new_tokens).profile("validate")
             sims = tuple(

@@ -42,6 +42,8 @@ class RooflineCompute:
     expert_overhead: float
     handover_latency: float
     p2p: float
+    expert_pass: float = 0.0  # fixed cost of a layer's pass over its device experts
+    cpu_serial: float = 0.0  # 0: host experts run beside the device's; 1: on the same thread
 
     @classmethod
     def build(
@@ -71,6 +73,8 @@ class RooflineCompute:
             expert_overhead=hw.expert_overhead_us * 1e-6,
             handover_latency=hw.handover_us * 1e-6,
             p2p=hw.p2p_gbs * 1e9,
+            expert_pass=hw.expert_pass_us * 1e-6,
+            cpu_serial=hw.cpu_serial,
         )
 
     def dense(self, tokens: int, attn_pairs: int, kv_tokens: int) -> float:
@@ -108,6 +112,8 @@ class FixedCompute:
     expert_s: float = 0.0
     cpu_expert_s: float = 0.0
     handover_s: float = 0.0
+    expert_pass: float = 0.0
+    cpu_serial: float = 0.0
 
     def dense(self, tokens: int, attn_pairs: int, kv_tokens: int) -> float:
         return self.layer_s

@@ -224,6 +224,7 @@ class Setup:
             shards, links, self.compute, self.miss_mode, g.layers, g.experts, load_host_s=hw.load_host_us * 1e-6,
             load_layer_s=hw.load_layer_us * 1e-6,
             wake_s=hw.wake_us * 1e-6, resume_s=hw.resume_us * 1e-6,
+            resume_rate=hw.resume_per_stall,
             timeline=self.timeline, timeliness=timeliness, tier=tier, requests=self.trace.requests,
         )
         return Machine(links, shards, timer, tier, timeliness)

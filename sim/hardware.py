@@ -49,9 +49,14 @@ class HardwareProfile:
     per burst (the loads of one cache event; the first wakes the copy thread), compute-thread
     time during which the copies already run; a layer that waits for a copy resumes `wake_us`
     after it lands (the blocked thread's wake-up, part of the stall) and then computes
-    `resume_us` longer (what the compute loses after blocking); and `cpu_hop_us`, the fixed cost
-    of moving one expert's activations between the GPU and the host in the cpu miss mode (each
-    way).
+    `resume_us` + `resume_per_stall` x its stall longer (what the compute loses after blocking:
+    more the longer it idled). In the cpu miss mode,
+    `cpu_hop_us` is the fixed cost of moving one expert's activations between the GPU and the
+    host (each way), and `cpu_serial` says how the host's experts add to the device's: 0, beside
+    them (a GPU box: the layer takes the longer), 1, on the same thread (a CPU-only backend: the
+    sum). `expert_pass_us` is the fixed cost of a layer's routed-experts pass on the device (one
+    call of the experts function: launches, gathers), paid when any of its experts runs there:
+    a layer whose experts all run on the host skips it.
     """
 
     name: str
@@ -82,7 +87,10 @@ class HardwareProfile:
     load_layer_us: float = 0.0
     wake_us: float = 0.0
     resume_us: float = 0.0
+    resume_per_stall: float = 0.0
     cpu_hop_us: float = 0.0
+    expert_pass_us: float = 0.0
+    cpu_serial: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +113,8 @@ class HardwareProfile:
         for n in numbers:
             if getattr(self, n) < 0:
                 raise HardwareError(f"profile {self.name!r}: {n} must be >= 0")
+        if self.cpu_serial > 1:
+            raise HardwareError(f"profile {self.name!r}: cpu_serial must be in [0, 1]")
         for n in ("matmul_efficiency", "mem_efficiency"):
             if not 0 < getattr(self, n) <= 1:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in (0, 1]")
@@ -195,8 +205,8 @@ class HardwareProfile:
 
 OPTIONAL = {
     "storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0, "load_layer_us": 0.0,
-    "wake_us": 0.0, "resume_us": 0.0,
-    "cpu_hop_us": 0.0,
+    "wake_us": 0.0, "resume_us": 0.0, "resume_per_stall": 0.0,
+    "cpu_hop_us": 0.0, "expert_pass_us": 0.0, "cpu_serial": 0.0,
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
 ABSENT = "not given in the profile (0: not modelled)"

@@ -9,7 +9,7 @@ landing while the dense part runs. Issuing takes host time (`load_host_us` per l
 is a stall, charged to `late prefetch` up to the last arrival of an expert already in flight
 when the router chose it (a late hit), and to `demand miss` beyond; a layer that waited
 resumes `wake_us` after its last copy landed (a blocked host thread) and computes `resume_us`
-longer. Loads go onto the link of their layer's device (`link.py`); which experts are still in
+longer, plus `resume_per_stall` of the time it waited. Loads go onto the link of their layer's device (`link.py`); which experts are still in
 flight is the link's to say, so the same walk prices decisions made in advance (`decide.py`)
 or, in the substitute miss mode, made layer by layer as it goes (its substitutes must have
 arrived).
@@ -80,6 +80,7 @@ class StepTimer:
         load_layer_s: float = 0.0,
         wake_s: float = 0.0,
         resume_s: float = 0.0,
+        resume_rate: float = 0.0,
         timeline: Timeline | None = None,
         timeliness: Timeliness | None = None,
         tier: HostTier | None = None,
@@ -95,6 +96,7 @@ class StepTimer:
         self.load_layer_s = load_layer_s
         self.wake_s = wake_s
         self.resume_s = resume_s
+        self.resume_rate = resume_rate
         self.timeline = timeline
         self.timeliness = timeliness
         self.tier = tier  # the RAM tier the links read through, told of request boundaries
@@ -168,7 +170,8 @@ class StepTimer:
         counts = sub.counts
         multi = len(self.links) > 1
         host_cost = self.load_host_s or self.load_layer_s
-        resume = self.resume_s
+        resume, resume_rate = self.resume_s, self.resume_rate
+        expert_pass = compute.expert_pass
         T, dense = work.tokens, work.dense
         links, first, exp_time = shard.links, shard.first, shard.expert_time
         decide = shard.decider.visit
@@ -197,12 +200,12 @@ class StepTimer:
             if acc.loads or link.tokens or acc.background or (timeliness is not None and timeliness.unused):
                 start = self._wait(shard, link, ll, experts, acc, routed, ready, on_device, interleaved)
             if counts is None and not (cpu_mode and acc.cpu):  # one token per routed expert, all on the GPU
-                run = len(experts) * exp_time[ll]
+                run = expert_pass + len(experts) * exp_time[ll]
             else:
                 cpu = acc.cpu if cpu_mode else ()
                 run = self._experts_time(shard, ll, experts, None if counts is None else counts[ll], cpu)
             if start > ready:
-                run += resume
+                run += resume + resume_rate * (start - ready)
             busy = ready - t + run
             end = start + run
             busy_total += busy
@@ -298,25 +301,31 @@ class StepTimer:
             self.timeliness.issued(shard.first, loads)
 
     def _experts_time(self, shard: Shard, ll: int, experts, counts, cpu) -> float:
-        """Routed-expert time when tokens per expert vary or some experts run on the host
-        (which works alongside the GPU: the layer takes the longer of the two)."""
+        """Routed-expert time when tokens per expert vary or some experts run on the host:
+        the device's pass (if any expert runs there) and the host's work combine as the
+        profile's `cpu_serial` says (the longer of the two beside a GPU, their sum on one thread)."""
         layer = shard.first + ll
-        expert = self.compute.expert
+        compute = self.compute
+        expert = compute.expert
         if counts is None:
             counts = [1] * len(experts)
         if not cpu:
             if len(counts) == 1 or counts.count(1) == len(counts):
-                return len(counts) * shard.expert_time[ll]
-            return sum(expert(layer, c) for c in counts)
+                return compute.expert_pass + len(counts) * shard.expert_time[ll]
+            return compute.expert_pass + sum(expert(layer, c) for c in counts)
         on_host = set(cpu)
         gpu = host = 0.0
-        cpu_expert = self.compute.cpu_expert
+        on_gpu = False
+        cpu_expert = compute.cpu_expert
         for e, c in zip(experts, counts):
             if e in on_host:
                 host += cpu_expert(layer, c)
             else:
                 gpu += expert(layer, c)
-        return max(gpu, host)
+                on_gpu = True
+        if on_gpu:
+            gpu += compute.expert_pass
+        return max(gpu, host) + compute.cpu_serial * min(gpu, host)
 
     def stats(self, parts: Sequence[CacheStats]) -> CacheStats:
         """The caches' counters with late hits as the links saw them (decisions made in advance

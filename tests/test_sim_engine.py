@@ -18,6 +18,7 @@ from casmoe.replay import replay
 from casmoe.sim.compute import FixedCompute, RooflineCompute
 from casmoe.sim.engine import SimConfigError, StepPlan, max_slots, simulate
 from casmoe.sim.hardware import HardwareError, load_profile
+from casmoe.sim.timing import Shard, StepTimer
 from casmoe.testing import cases, traces
 from casmoe.trace import Request, Trace
 
@@ -69,7 +70,7 @@ def test_ondemand_with_zero_compute_is_the_sum_of_copy_times():
 def test_issuing_overlaps_the_copies_and_a_layer_that_waited_resumes_slower():
     # On-demand with zero compute: each layer issues its k = 2 loads in one burst, host time
     # 2 x load_host_us + load_layer_us during which the copies already run, then waits for the
-    # rest of the copies; a layer that waited computes resume_us more.
+    # rest of the copies; a layer that waited computes resume_us (+ resume_per_stall x its wait) more.
     g = Geometry(3, 4, 2, layer_expert_bytes=(1_000_000, 3_000_000, 7_000_000))
     rows = random_rows(np.random.default_rng(1), g, 6)
     hw = dataclasses.replace(HW, load_host_us=7.0, load_layer_us=40.0, resume_us=30.0)
@@ -87,6 +88,11 @@ def test_issuing_overlaps_the_copies_and_a_layer_that_waited_resumes_slower():
     # Every expert resident after a warm-up: layers that issue nothing pay nothing.
     warm = run(trace_of(g, rows[:1] * 5), "lru", 2, hw=hw, compute=FixedCompute())
     assert warm.compute_s == pytest.approx(3 * (issuing + 30e-6), rel=1e-12)
+    # Resuming also grows with the time a layer waited.
+    longer = run(trace_of(g, rows), "ondemand", 2, hw=dataclasses.replace(hw, resume_per_stall=0.25),
+                 compute=FixedCompute())
+    assert longer.stall_s == pytest.approx(res.stall_s, rel=1e-12)
+    assert longer.compute_s == pytest.approx(res.compute_s + 0.25 * res.stall_s, rel=1e-12)
 
 
 def test_a_prefetch_may_land_while_the_dense_part_runs():
@@ -124,11 +130,32 @@ def test_every_expert_resident_takes_exactly_the_compute_time():
     for q in ("p50", "p90", "p99"):
         assert getattr(res, f"token_latency_{q}_s") == pytest.approx(per_token, rel=1e-12)
     assert res.decode_tokens_per_s == pytest.approx(1 / per_token, rel=1e-12)
+    # A fixed cost per device pass over a layer's experts: once per layer.
+    passing = simulate(Trace(g, reqs), get_policy("lru"), Capacity(3), HW, preset_for(g),
+                       compute=dataclasses.replace(compute, expert_pass=3e-4))
+    assert passing.token_latency_p50_s == pytest.approx(per_token + g.layers * 3e-4, rel=1e-12)
     # Split over 2 devices: each token pays one activation hand-over more.
     handover = dataclasses.replace(compute, handover_s=5e-5)
     split = simulate(Trace(g, reqs), get_policy("lru"), Capacity(3), HW, preset_for(g), compute=handover, devices=2)
     assert split.token_latency_p50_s == pytest.approx(per_token + 5e-5, rel=1e-12)
     assert res.stats.misses == g.total_experts  # only the warm-up's cold misses
+
+
+def test_the_expert_pass_is_paid_by_device_experts_only_and_host_experts_add_as_cpu_serial_says():
+    g = Geometry(3, 4, 2, hidden=8, intermediate=4)
+    rows = random_rows(np.random.default_rng(7), g, 5)
+    compute = FixedCompute(layer_s=1e-3, expert_s=1e-4, cpu_expert_s=3e-4, expert_pass=2e-4)
+    # ondemand in the cpu miss mode: every routed expert runs on the host, no pass, no copy
+    host = run(trace_of(g, rows), "ondemand", 2, compute=compute, miss_mode=MissMode.CPU)
+    assert host.stats.cpu_computed == 5 * 3 * 2 and host.stall_s == 0
+    assert host.sim_time_s == pytest.approx(5 * 3 * (1e-3 + 2 * 3e-4), rel=1e-12)
+    # a layer with experts on both sides: the longer of the two beside a GPU, the sum on one thread
+    timer = StepTimer([], [], compute, MissMode.CPU, 1, 4)
+    shard = Shard(None, 0, [], [0], [1], [1e-4])
+    assert timer._experts_time(shard, 0, [0, 1, 2], [1, 1, 1], [2]) == pytest.approx(4e-4)  # max(2e-4 + 2 x 1e-4, 3e-4)
+    timer.compute = dataclasses.replace(compute, cpu_serial=1.0)
+    assert timer._experts_time(shard, 0, [0, 1, 2], [1, 1, 1], [2]) == pytest.approx(7e-4)
+    assert timer._experts_time(shard, 0, [0, 1], [1, 1], [0, 1]) == pytest.approx(6e-4)  # all on the host: no pass
 
 
 def test_semoe_with_long_compute_hides_every_transfer_but_the_first_layers():
