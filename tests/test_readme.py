@@ -98,12 +98,19 @@ def test_readme_command_runs(command, clone, monkeypatch, capsys):
             done = subprocess.run(["bash", "-c", part], cwd=REPO, capture_output=True, text=True)
             assert done.returncode == 0, f"{part}: exit {done.returncode}: {done.stderr[-2000:]}"
             continue
+        out = None
+        if ">" in argv:  # `casmoe ... > file`: what the shell would write
+            argv, out = argv[: argv.index(">")], argv[argv.index(">") + 1]
         monkeypatch.setattr(sys, "argv", argv)
+        code = None
         try:
             main()
         except SystemExit as exc:
-            _, err = capsys.readouterr()
-            assert exc.code in (0, None), f"{part}: exit {exc.code}: {err[-2000:]}"
+            code = exc.code
+        printed, err = capsys.readouterr()
+        assert code in (0, None), f"{part}: exit {code}: {err[-2000:]}"
+        if out is not None:
+            (clone / out).write_text(printed)
 
 
 def _python_param(i: int, code: str) -> pytest.param:
