@@ -16,7 +16,10 @@ What is measured, on the backend's own code paths:
   t = fixed + n (latency + bytes / bandwidth); batches that follow one layer's worth of the
   model's own expert compute give `wake`: `fixed` plus the mean excess over the line (a thread
   that has just computed is woken later by the OS than one that idles; a mean, because a
-  token's latency sums many waits);
+  token's latency sums many waits); and `beside`, what a prefetch copy running while the
+  model computes costs that compute (k copies submitted before a few layers' worth of the
+  model's own compute, against the same compute alone: the copy thread's wake-ups take the
+  GIL from it);
 - the fixed cost of a layer's device pass over its experts (`expert_pass`: a layer whose
   experts all run on the host in the cpu miss mode skips it), timed by the runtime on the
   all-resident baseline's one-token passes less their experts' marginal time; and the host
@@ -25,8 +28,9 @@ What is measured, on the backend's own code paths:
 - the compute thread's own costs of loads, `runtime_costs`: an on-demand run (every decode layer
   loads its k experts and waits) on the calibrated link against the all-resident baseline. The
   runtime times its issuing (a burst's first load, which wakes the copy thread, and the rest);
-  the decode layers' extra time not spent waiting, beyond issuing, is `resume`, charged once
-  per layer that waited (profiled: the compute after a blocked wait runs slower).
+  the decode layers' extra time not spent waiting, beyond issuing, is resuming after the wait,
+  proportional to the stall (runs on the link and on one twice as fast; profiled: the compute
+  after a blocked wait runs slower, the more the longer it idled).
 
 The roofline parts (FLOPs / rate, bytes / bandwidth) use the measured achieved rates, so the
 efficiencies are 1 by construction; what the roofline misses (Python and kernel-launch cost)
@@ -38,7 +42,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
@@ -66,17 +70,16 @@ def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> 
 
 @dataclass(frozen=True)
 class HostCosts:
-    """Compute-thread seconds of loads (the simulator's `load_host_us`, `load_layer_us`,
-    `resume_us`): issuing them overlaps their copies, resuming after a wait does not."""
+    """Compute-thread costs of loads (the simulator's `load_host_us`, `load_layer_us`,
+    `resume_per_stall`): issuing them overlaps their copies, resuming after a wait does not."""
 
-    per_load: float
-    per_burst: float
-    resume: float
-    per_stall: float = 0.0  # resume time per second stalled
+    per_load: float  # seconds
+    per_burst: float  # seconds
+    per_stall: float  # seconds of slower compute per second stalled
 
     def scaled(self, factor: float) -> HostCosts:
         """The same costs on a machine `factor` times slower (they are compute-thread time)."""
-        return HostCosts(self.per_load * factor, self.per_burst * factor, self.resume * factor, self.per_stall)
+        return HostCosts(self.per_load * factor, self.per_burst * factor, self.per_stall)
 
 
 @dataclass(frozen=True)
@@ -100,20 +103,18 @@ class Calibration:
     loads: HostCosts = HostCosts(0.0, 0.0, 0.0)  # compute-thread time of issuing loads and resuming
     cpu_hop: float = 0.0  # one host expert's fixed cost, each way (activations, the host path's glue)
     expert_pass: float = 0.0  # fixed cost of a layer's pass over its device experts
+    beside: float = 0.0  # compute-thread time lost per copy running beside the compute
 
     def at_speed(self, step_s: float) -> Calibration:
         """The compute-thread and host figures on a machine whose resident decode step now takes
         `step_s` (a shared machine's speed drifts); `refit` then refits the overheads."""
-        from dataclasses import replace
-
         f = step_s / self.step_s
         return replace(self, loads=self.loads.scaled(f), cpu_hop=self.cpu_hop * f, expert_pass=self.expert_pass * f,
-                       host_expert_s=self.host_expert_s * f, cpu_mem_bw=self.cpu_mem_bw / f)
+                       host_expert_s=self.host_expert_s * f, cpu_mem_bw=self.cpu_mem_bw / f, beside=self.beside * f)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("link", "loads")}
-        d.update(load_issue=self.loads.per_load, load_burst=self.loads.per_burst, resume=self.loads.resume,
-                 resume_per_stall=self.loads.per_stall)
+        d.update(load_issue=self.loads.per_load, load_burst=self.loads.per_burst, resume_per_stall=self.loads.per_stall)
         d["link_bandwidth"] = self.link.bandwidth
         d["link_latency"] = self.link.latency
         return d
@@ -156,8 +157,8 @@ class Calibration:
             load_host_us=self.loads.per_load * 1e6,
             load_layer_us=self.loads.per_burst * 1e6,
             wake_us=self.wake * 1e6,
-            resume_us=self.loads.resume * 1e6,
             resume_per_stall=self.loads.per_stall,
+            copy_beside_us=self.beside * 1e6,
             cpu_hop_us=self.cpu_hop * 1e6,
             expert_pass_us=self.expert_pass * 1e6,
             cpu_serial=0.0 if cuda else 1.0,
@@ -189,10 +190,10 @@ class Calibration:
             load_layer_us=f"{host}: on-demand run, what a burst's first load cost beyond load_host_us",
             wake_us=(f"{host}: loader batches of copies, the per-wait term of the copy line plus its mean excess "
                      "after a layer's compute"),
-            resume_us=(f"{host}: on-demand runs against the all-resident baseline, compute-thread time per "
-                       "waiting layer beyond issuing, at zero stall (line through two link speeds)"),
-            resume_per_stall=(f"{host}: on-demand runs on the link and on one twice as fast, growth of the "
-                              "resume time with the layer's stall"),
+            resume_per_stall=(f"{host}: on-demand runs on the link and on one twice as fast against the "
+                              "all-resident baseline, compute-thread time beyond issuing per time stalled (through 0)"),
+            copy_beside_us=(f"{host}: k prefetch copies through the backend's loader beside the model's own "
+                            "compute, the compute's extra time per copy"),
             cpu_hop_us=(f"{host}: on-demand run in the cpu miss mode, the runtime's time per one-token host "
                         "expert beyond its compute and activation bytes, halved"),
             expert_pass_us=(f"{host}: all-resident baseline run, the runtime's one-token expert pass less "
@@ -250,6 +251,7 @@ class CopyCosts:
     bandwidth: float
     latency: float  # per copy, on the link
     wake: float  # once per wait, after the last copy lands
+    beside: float = 0.0  # compute-thread time lost per copy that runs while it computes
 
 
 class LoaderProbe:
@@ -269,6 +271,7 @@ class LoaderProbe:
         self.device = device
         self.copier = Loader(device, link=link)
         self.work = _layer_work(om, device, layer_s)
+        self.long_work = _layer_work(om, device, 2 * self.k * max(layer_s, self.nbytes / (link.bandwidth or 1e12)))
         self.excess: list[float] = []
         self.fixed = 0.0  # once per wait, by the line
         self.line_s = 0.0  # one batch of k quarter-expert copies, by the line
@@ -290,13 +293,37 @@ class LoaderProbe:
         self.excess += [t - self.line_s for t in self._batches(self.k, self.nbytes // 4, self.work, reps)]
 
     def costs(self, reps: int) -> CopyCosts:
-        """Everything at once: the line, then `reps` wake samples."""
+        """Everything at once: the line, `reps` wake samples, the cost of copies beside compute."""
         bandwidth, latency = self.line(reps)
         self.wake(reps)
-        return self.result(bandwidth, latency)
+        return replace(self.result(bandwidth, latency), beside=self.beside(reps))
 
     def result(self, bandwidth: float, latency: float) -> CopyCosts:
         return CopyCosts(bandwidth, latency, max(self.fixed + float(np.mean(self.excess)), 0.0))
+
+    def beside(self, reps: int) -> float:
+        """Compute-thread seconds lost per copy that runs while it computes: k expert-sized
+        prefetch copies submitted, then several layers' worth of the model's compute (longer
+        than the copies), against the same compute alone; the submitting is not counted."""
+        k, n = self.k, self.nbytes // 4
+        src, dst = torch.randn(k, n), torch.empty(k, n, device=self.device)
+        alone, lost = [], []
+        for rep in range(reps + 1):
+            t = time.perf_counter()
+            self.long_work()
+            plain = time.perf_counter() - t
+            tickets = [Ticket(i, i, False, {"w": dst[i]}, n * 4, src={"w": src[i]}) for i in range(k)]
+            for tk in tickets:
+                self.copier.submit(tk)
+            t = time.perf_counter()
+            self.long_work()
+            spent = time.perf_counter() - t
+            for tk in tickets:
+                self.copier.wait(tk)
+            if rep:
+                alone.append(plain)
+                lost.append(spent)
+        return max(float(np.median(lost) - np.median(alone)) / k, 0.0)
 
     def close(self) -> None:
         self.copier.close()
@@ -369,7 +396,8 @@ def calibrate(
         probe.close()
     hop = max((rt.host_expert - host_s) / 2 - 2 * om.geometry.hidden * 4 / c.bandwidth, 0.0)
     cal = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, step, c.bandwidth, c.latency,
-                      0.0, 0.0, om.link, host_s, c.wake, rt.loads, hop, max(rt.expert_pass - rt.pass_experts * expert_s, 0.0))
+                      0.0, 0.0, om.link, host_s, c.wake, rt.loads, hop, max(rt.expert_pass - rt.pass_experts * expert_s, 0.0),
+                      c.beside)
     return refit(cal, om, step, prompts, max_new_tokens)
 
 
@@ -387,15 +415,16 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
     """On-demand (every decode layer loads its k experts in one burst and waits for them) on
     `om`'s own link and on one twice as fast, each request beside an all-resident baseline
     request of the same prompt and an on-demand one in the cpu miss mode (every routed expert
-    computed on the host). Issuing is timed by the runtime itself (`IssueCost`); what the decode
-    layers' time not spent waiting exceeds the baseline's by beyond issuing is charged to
-    resuming after the wait, as a line in the layer's stall through the two links (profiled: the
-    compute after a blocked wait runs slower, the more the longer it idled; and a burst's first
-    load costs more than the rest: it wakes the copy thread). Medians over requests of each
-    request's differences, so a drift of the machine's speed between requests cancels. The baseline's
-    device passes and the cpu run's host experts are timed by the runtime too (`PassCost`).
-    Every figure is scaled to a machine whose resident decode step takes `step_s` (the
-    calibration's), by the baseline's speed during these runs."""
+    computed on the host). Issuing is timed by the runtime itself (`IssueCost`; a burst's first
+    load costs more than the rest: it wakes the copy thread). What the decode layers' time not
+    spent waiting exceeds the baseline's by, beyond issuing, is resuming after the wait: per
+    request, the difference of medians against the interleaved baseline (a drift of the
+    machine's speed between requests cancels), then the median request on each link, and a
+    line through 0 in the layer's stall (profiled: the compute after a blocked wait runs
+    slower, the more the longer it idled). The baseline's device passes and the cpu run's host
+    experts are timed by the runtime too (`PassCost`). Every figure is scaled to a machine whose
+    resident decode step takes `step_s` (the calibration's), by the baseline's speed during
+    these runs."""
     g = om.geometry
     ondemand = get_policy("ondemand")
     link = om.link
@@ -419,10 +448,12 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
         speed = step_s / float(np.median([x for r in base.timings for x in r.token_latency]))
         issues, passes, host = od.devs[0].issues, base.devs[0].passes, cpu.devs[0].host_passes
     issuing = issues.per_burst + g.top_k * issues.per_load
-    (extra, stall), (extra2, stall2) = [np.median(np.asarray(pts), axis=0) for pts in points]
-    per_stall = max((extra - extra2) / (stall - stall2), 0.0) if fast is not link and stall > stall2 else 0.0
-    resume = max(float(extra - issuing - per_stall * stall), 0.0)
-    loads = HostCosts(issues.per_load, issues.per_burst, resume, float(per_stall))
+    # resuming per layer against the layer's stall, the median request on each link: a line through 0
+    # (an uncapped link barely stalls: nothing to measure it by)
+    x, y = np.asarray([[stall, extra - issuing] for extra, stall in (np.nanmedian(pts, axis=0) for pts in points)]).T
+    capped = om.devices[0].type == "cuda" or bool(link.bandwidth)
+    slope = float(x @ y / (x @ x)) if capped and x @ x > 0 else 0.0
+    loads = HostCosts(issues.per_load, issues.per_burst, slope if slope > 0 and np.isfinite(slope) else 0.0)
     return RuntimeCosts(loads.scaled(speed), passes.mean * speed, passes.experts / max(passes.passes, 1),
                         host.mean * speed)
 
@@ -452,8 +483,6 @@ def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence
     L * (dense(1) + pass + k * expert(1)) + head(1) = step_s, with the roofline parts from `cal` and
     expert(1) as the simulator charges it (the roofline's memory term can exceed the measured
     marginal expert time: an expert small enough to stay in cache streams faster than DRAM)."""
-    from dataclasses import replace
-
     from casmoe.sim.compute import RooflineCompute
 
     g = om.geometry

@@ -223,8 +223,8 @@ class Setup:
         timer = StepTimer(
             shards, links, self.compute, self.miss_mode, g.layers, g.experts, load_host_s=hw.load_host_us * 1e-6,
             load_layer_s=hw.load_layer_us * 1e-6,
-            wake_s=hw.wake_us * 1e-6, resume_s=hw.resume_us * 1e-6,
-            resume_rate=hw.resume_per_stall,
+            wake_s=hw.wake_us * 1e-6,
+            resume_rate=hw.resume_per_stall, beside_s=hw.copy_beside_us * 1e-6,
             timeline=self.timeline, timeliness=timeliness, tier=tier, requests=self.trace.requests,
         )
         return Machine(links, shards, timer, tier, timeliness)

@@ -49,8 +49,10 @@ class HardwareProfile:
     per burst (the loads of one cache event; the first wakes the copy thread), compute-thread
     time during which the copies already run; a layer that waits for a copy resumes `wake_us`
     after it lands (the blocked thread's wake-up, part of the stall) and then computes
-    `resume_us` + `resume_per_stall` x its stall longer (what the compute loses after blocking:
-    more the longer it idled). In the cpu miss mode,
+    `resume_per_stall` x its stall longer (what the compute loses after blocking: more the
+    longer it idled); a copy that runs beside the compute (a prefetch or background
+    load, not waited for where it is issued) costs the compute thread `copy_beside_us` (the
+    copy thread's own work competes with it). In the cpu miss mode,
     `cpu_hop_us` is the fixed cost of moving one expert's activations between the GPU and the
     host (each way), and `cpu_serial` says how the host's experts add to the device's: 0, beside
     them (a GPU box: the layer takes the longer), 1, on the same thread (a CPU-only backend: the
@@ -86,8 +88,8 @@ class HardwareProfile:
     load_host_us: float = 0.0
     load_layer_us: float = 0.0
     wake_us: float = 0.0
-    resume_us: float = 0.0
     resume_per_stall: float = 0.0
+    copy_beside_us: float = 0.0
     cpu_hop_us: float = 0.0
     expert_pass_us: float = 0.0
     cpu_serial: float = 0.0
@@ -205,7 +207,7 @@ class HardwareProfile:
 
 OPTIONAL = {
     "storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0, "load_layer_us": 0.0,
-    "wake_us": 0.0, "resume_us": 0.0, "resume_per_stall": 0.0,
+    "wake_us": 0.0, "resume_per_stall": 0.0, "copy_beside_us": 0.0,
     "cpu_hop_us": 0.0, "expert_pass_us": 0.0, "cpu_serial": 0.0,
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""

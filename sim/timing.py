@@ -5,12 +5,13 @@ device). It issues its `before_layer` prefetches, computes its dense part (atten
 router: the experts are known only after it), issues the loads routing asks for, and computes
 its routed experts (`compute.py`) once every one of them has arrived: a copy in flight keeps
 landing while the dense part runs. Issuing takes host time (`load_host_us` per load,
-`load_layer_us` per burst) while the copies already run. The wait beyond the host's own work
+`load_layer_us` per burst) while the copies already run; a copy not waited for where it is
+issued (a prefetch) costs the compute `copy_beside_us` too. The wait beyond the host's own work
 is a stall, charged to `late prefetch` up to the last arrival of an expert already in flight
 when the router chose it (a late hit), and to `demand miss` beyond; a layer that waited
-resumes `wake_us` after its last copy landed (a blocked host thread) and computes `resume_us`
-longer, plus `resume_per_stall` of the time it waited. Loads go onto the link of their layer's device (`link.py`); which experts are still in
-flight is the link's to say, so the same walk prices decisions made in advance (`decide.py`)
+resumes `wake_us` after its last copy landed (a blocked host thread) and computes longer by
+`resume_per_stall` of the time it waited. Loads go onto the link of their layer's device
+(`link.py`); which experts are still in flight is the link's to say, so the same walk prices decisions made in advance (`decide.py`)
 or, in the substitute miss mode, made layer by layer as it goes (its substitutes must have
 arrived).
 
@@ -79,8 +80,8 @@ class StepTimer:
         load_host_s: float = 0.0,
         load_layer_s: float = 0.0,
         wake_s: float = 0.0,
-        resume_s: float = 0.0,
         resume_rate: float = 0.0,
+        beside_s: float = 0.0,
         timeline: Timeline | None = None,
         timeliness: Timeliness | None = None,
         tier: HostTier | None = None,
@@ -95,8 +96,8 @@ class StepTimer:
         self.load_host_s = load_host_s
         self.load_layer_s = load_layer_s
         self.wake_s = wake_s
-        self.resume_s = resume_s
         self.resume_rate = resume_rate
+        self.beside_s = beside_s
         self.timeline = timeline
         self.timeliness = timeliness
         self.tier = tier  # the RAM tier the links read through, told of request boundaries
@@ -125,7 +126,7 @@ class StepTimer:
             if loads:
                 self._issue(shard, t, loads)
                 issued += len(loads)
-        host = self._host_time(issued)
+        host = self._host_time(issued, issued)  # prefetches: the compute runs beside them
         if not host:
             return t
         self.compute_s += host
@@ -169,8 +170,8 @@ class StepTimer:
         cpu_mode = self.miss_mode is MissMode.CPU
         counts = sub.counts
         multi = len(self.links) > 1
-        host_cost = self.load_host_s or self.load_layer_s
-        resume, resume_rate = self.resume_s, self.resume_rate
+        host_cost = self.load_host_s or self.load_layer_s or self.beside_s
+        resume_rate = self.resume_rate
         expert_pass = compute.expert_pass
         T, dense = work.tokens, work.dense
         links, first, exp_time = shard.links, shard.first, shard.expert_time
@@ -192,10 +193,10 @@ class StepTimer:
             if pre:
                 self._issue(shard, t, pre)
                 if host_cost:
-                    routed += self._host_time(len(pre))
+                    routed += self._host_time(len(pre), len(pre))
             ready = routed
             if host_cost and (acc.loads or acc.background):
-                ready += self._host_time(len(acc.loads) + len(acc.background))
+                ready += self._host_time(len(acc.loads) + len(acc.background), len(acc.background))
             start = ready
             if acc.loads or link.tokens or acc.background or (timeliness is not None and timeliness.unused):
                 start = self._wait(shard, link, ll, experts, acc, routed, ready, on_device, interleaved)
@@ -205,7 +206,7 @@ class StepTimer:
                 cpu = acc.cpu if cpu_mode else ()
                 run = self._experts_time(shard, ll, experts, None if counts is None else counts[ll], cpu)
             if start > ready:
-                run += resume + resume_rate * (start - ready)
+                run += resume_rate * (start - ready)
             busy = ready - t + run
             end = start + run
             busy_total += busy
@@ -277,9 +278,10 @@ class StepTimer:
 
     # ---- helpers -------------------------------------------------------------------------------
 
-    def _host_time(self, issued: int) -> float:
-        """Host time of issuing `issued` loads at once (one layer's, or a request start's)."""
-        return self.load_host_s * issued + self.load_layer_s if issued else 0.0
+    def _host_time(self, issued: int, beside: int = 0) -> float:
+        """Compute-thread time of issuing `issued` loads at once (one burst: a layer's, or a
+        request start's), `beside` of which copy while the compute runs."""
+        return self.load_host_s * issued + self.load_layer_s + self.beside_s * beside if issued else 0.0
 
     def _land_all(self, shard: Shard, t: float) -> None:
         landed = shard.cache.arrived if self.interleaved else _ignore

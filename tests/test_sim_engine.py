@@ -70,29 +70,40 @@ def test_ondemand_with_zero_compute_is_the_sum_of_copy_times():
 def test_issuing_overlaps_the_copies_and_a_layer_that_waited_resumes_slower():
     # On-demand with zero compute: each layer issues its k = 2 loads in one burst, host time
     # 2 x load_host_us + load_layer_us during which the copies already run, then waits for the
-    # rest of the copies; a layer that waited computes resume_us (+ resume_per_stall x its wait) more.
+    # rest of the copies; a layer that waited computes resume_per_stall x its wait more.
     g = Geometry(3, 4, 2, layer_expert_bytes=(1_000_000, 3_000_000, 7_000_000))
     rows = random_rows(np.random.default_rng(1), g, 6)
-    hw = dataclasses.replace(HW, load_host_us=7.0, load_layer_us=40.0, resume_us=30.0)
+    hw = dataclasses.replace(HW, load_host_us=7.0, load_layer_us=40.0)
     base = run(trace_of(g, rows), "ondemand", 2, compute=FixedCompute())
     res = run(trace_of(g, rows), "ondemand", 2, hw=hw, compute=FixedCompute())
     layers, issuing = 6 * 3, 2 * 7e-6 + 40e-6
-    assert res.compute_s == pytest.approx(layers * (issuing + 30e-6), rel=1e-12)
-    assert res.sim_time_s == pytest.approx(base.sim_time_s + layers * 30e-6, rel=1e-12)  # issuing is hidden
+    assert res.compute_s == pytest.approx(layers * issuing, rel=1e-12)
+    assert res.sim_time_s == pytest.approx(base.sim_time_s, rel=1e-12)  # issuing is hidden by the copies
     assert res.stall_s == pytest.approx(base.stall_s - layers * issuing, rel=1e-12)
+    slower = run(trace_of(g, rows), "ondemand", 2, hw=dataclasses.replace(hw, resume_per_stall=0.25),
+                 compute=FixedCompute())
+    assert slower.stall_s == pytest.approx(res.stall_s, rel=1e-12)
+    assert slower.compute_s == pytest.approx(res.compute_s + 0.25 * res.stall_s, rel=1e-12)
+    assert slower.sim_time_s == pytest.approx(res.sim_time_s + 0.25 * res.stall_s, rel=1e-12)
     # Copies shorter than issuing: the layer takes the host's time, and nothing waits or resumes.
     tiny = Geometry(3, 4, 2, layer_expert_bytes=(1000, 1000, 1000))
-    quick = run(trace_of(tiny, rows), "ondemand", 2, hw=dataclasses.replace(hw, copy_latency_us=0.0),
+    quick = run(trace_of(tiny, rows), "ondemand", 2, hw=dataclasses.replace(hw, copy_latency_us=0.0, resume_per_stall=0.25),
                 compute=FixedCompute())
     assert quick.stall_s == 0 and quick.sim_time_s == pytest.approx(layers * issuing, rel=1e-12)
     # Every expert resident after a warm-up: layers that issue nothing pay nothing.
     warm = run(trace_of(g, rows[:1] * 5), "lru", 2, hw=hw, compute=FixedCompute())
-    assert warm.compute_s == pytest.approx(3 * (issuing + 30e-6), rel=1e-12)
-    # Resuming also grows with the time a layer waited.
-    longer = run(trace_of(g, rows), "ondemand", 2, hw=dataclasses.replace(hw, resume_per_stall=0.25),
-                 compute=FixedCompute())
-    assert longer.stall_s == pytest.approx(res.stall_s, rel=1e-12)
-    assert longer.compute_s == pytest.approx(res.compute_s + 0.25 * res.stall_s, rel=1e-12)
+    assert warm.compute_s == pytest.approx(3 * issuing, rel=1e-12)
+
+
+def test_a_prefetch_costs_the_compute_it_runs_beside():
+    # semoe prefetches the next layer's 4 experts at each layer's start (capacity 4 = E): with
+    # copy_beside_us, each of those loads adds its cost to the compute that issued it.
+    g = Geometry(3, 4, 2, hidden=8, intermediate=4)
+    rows = random_rows(np.random.default_rng(2), g, 4)
+    plain = run(trace_of(g, rows), "semoe", 4, compute=FixedCompute(layer_s=1e-2))
+    beside = run(trace_of(g, rows), "semoe", 4, hw=dataclasses.replace(HW, copy_beside_us=50.0),
+                 compute=FixedCompute(layer_s=1e-2))
+    assert beside.compute_s == pytest.approx(plain.compute_s + plain.stats.prefetch_loads * 50e-6, rel=1e-12)
 
 
 def test_a_prefetch_may_land_while_the_dense_part_runs():
