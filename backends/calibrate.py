@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
@@ -274,7 +275,7 @@ class LoaderProbe:
         self.long_work = _layer_work(om, device, 2 * self.k * max(layer_s, self.nbytes / (link.bandwidth or 1e12)))
         self.excess: list[float] = []
         self.fixed = 0.0  # once per wait, by the line
-        self.line_s = 0.0  # one batch of k quarter-expert copies, by the line
+        self.line_s = 0.0  # one batch of k expert-sized copies, by the line
         self._buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def line(self, reps: int) -> tuple[float, float]:
@@ -305,16 +306,13 @@ class LoaderProbe:
         """Compute-thread seconds lost per copy that runs while it computes: k expert-sized
         prefetch copies submitted, then several layers' worth of the model's compute (longer
         than the copies), against the same compute alone; the submitting is not counted."""
-        k, n = self.k, self.nbytes // 4
-        src, dst = torch.randn(k, n), torch.empty(k, n, device=self.device)
+        k = self.k
         alone, lost = [], []
         for rep in range(reps + 1):
             t = time.perf_counter()
             self.long_work()
             plain = time.perf_counter() - t
-            tickets = [Ticket(i, i, False, {"w": dst[i]}, n * 4, src={"w": src[i]}) for i in range(k)]
-            for tk in tickets:
-                self.copier.submit(tk)
+            tickets = self._submit(k, self.nbytes // 4, demand=False)
             t = time.perf_counter()
             self.long_work()
             spent = time.perf_counter() - t
@@ -328,21 +326,25 @@ class LoaderProbe:
     def close(self) -> None:
         self.copier.close()
 
-    def _batches(self, count: int, n: int, before: Callable[[], None], reps: int) -> list[float]:
-        copier = self.copier
+    def _submit(self, count: int, n: int, demand: bool = True) -> list[Ticket]:
+        """`count` copies of `n` float32 values each, submitted together."""
         if (count, n) not in self._buffers:
             cuda = self.device.type == "cuda"
             src = torch.randn(count, n).pin_memory() if cuda else torch.randn(count, n)
             self._buffers[count, n] = (src, torch.empty(count, n, device=self.device))
         src, dst = self._buffers[count, n]
+        tickets = [Ticket(i, i, demand, {"w": dst[i]}, n * 4, src={"w": src[i]}) for i in range(count)]
+        for tk in tickets:
+            self.copier.submit(tk)
+        return tickets
+
+    def _batches(self, count: int, n: int, before: Callable[[], None], reps: int) -> list[float]:
         spent = []
         for rep in range(reps + 1):
             before()
-            tickets = [Ticket(i, i, True, {"w": dst[i]}, n * 4, src={"w": src[i]}) for i in range(count)]
+            tickets = self._submit(count, n)
             for tk in tickets:
-                copier.submit(tk)
-            for tk in tickets:
-                copier.wait(tk)
+                self.copier.wait(tk)
             if rep:  # the first batch warms up
                 spent.append(time.perf_counter() - tickets[0].submitted)
         return spent
@@ -413,7 +415,7 @@ class RuntimeCosts:
 
 def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int, step_s: float) -> RuntimeCosts:
     """On-demand (every decode layer loads its k experts in one burst and waits for them) on
-    `om`'s own link and on one twice as fast, each request beside an all-resident baseline
+    `om`'s own link and on one twice as fast (once, on a CUDA or uncapped link), each request beside an all-resident baseline
     request of the same prompt and an on-demand one in the cpu miss mode (every routed expert
     computed on the host). Issuing is timed by the runtime itself (`IssueCost`; a burst's first
     load costs more than the rest: it wakes the copy thread). What the decode layers' time not
@@ -433,20 +435,21 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
     def on_demand(lk: EmulatedLink, mode: MissMode = MissMode.LOAD) -> Any:
         return om.session(ondemand, Capacity(g.top_k), prompts, max_new_tokens=max_new_tokens, link=lk, miss_mode=mode)
 
-    with on_demand(link) as od, on_demand(fast) as od2, baseline(om, prompts, max_new_tokens) as base, on_demand(
-        link, MissMode.CPU
-    ) as cpu:
-        points: list[list[tuple[float, float]]] = [[], []]  # per link, per request: (extra busy, stall) per layer
+    with ExitStack() as stack:
+        runs = [stack.enter_context(on_demand(lk)) for lk in ((link,) if fast is link else (link, fast))]
+        base = stack.enter_context(baseline(om, prompts, max_new_tokens))
+        cpu = stack.enter_context(on_demand(link, MissMode.CPU))
+        points: list[list[tuple[float, float]]] = [[] for _ in runs]  # per link, per request: (extra busy, stall) per layer
         for p in prompts:
             base.request(p, max_new_tokens)
             cpu.request(p, max_new_tokens)
-            for run, pts in zip((od, od2), points):
+            for run, pts in zip(runs, points):
                 run.request(p, max_new_tokens)
                 r = run.timings[-1]
-                pts.append(((_median_busy(r) - _median_busy(base.timings[-1])) / g.layers,
+                pts.append(((median_busy([r]) - median_busy(base.timings[-1:])) / g.layers,
                             float(np.median(r.token_stall)) / g.layers))
         speed = step_s / float(np.median([x for r in base.timings for x in r.token_latency]))
-        issues, passes, host = od.devs[0].issues, base.devs[0].passes, cpu.devs[0].host_passes
+        issues, passes, host = runs[0].devs[0].issues, base.devs[0].passes, cpu.devs[0].host_passes
     issuing = issues.per_burst + g.top_k * issues.per_load
     # resuming per layer against the layer's stall, the median request on each link: a line through 0
     # (an uncapped link barely stalls: nothing to measure it by)
@@ -458,9 +461,9 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
                         host.mean * speed)
 
 
-def _median_busy(r: Any) -> float:
-    """A request's median decode-step time not spent waiting for copies."""
-    return float(np.median([x - y for x, y in zip(r.token_latency, r.token_stall)]))
+def median_busy(timings: Sequence[Any]) -> float:
+    """The requests' median decode-step time not spent waiting for copies."""
+    return float(np.median([x - y for r in timings for x, y in zip(r.token_latency, r.token_stall)]))
 
 
 def resident_step(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> float:

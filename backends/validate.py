@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from casmoe.backends.calibrate import Calibration, LoaderProbe, baseline, calibrate, refit, resident_step
+from casmoe.backends.calibrate import Calibration, LoaderProbe, baseline, calibrate, median_busy, refit, resident_step
 from casmoe.backends.copier import EmulatedLink, responsive_copies
 from casmoe.backends.experts import model_preset
 from casmoe.backends.runtime import OffloadedModel, Prompt
@@ -154,7 +154,7 @@ def _validate(
             c = probe.result(bandwidth, latency)
             # compute-thread costs scale with the machine's speed, measured by the paired baseline
             now = replace(cal.at_speed(step), copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake)
-            busy = float(np.median([x - y for r in run.requests for x, y in zip(r.token_latency, r.token_stall)]))
+            busy = median_busy(run.requests)
             paired = refit(now, om, step, prompts, max_new_tokens).profile("validate")
             sims = tuple(
                 simulate(run.trace, cls, capacity, profile, preset, options=options, miss_mode=mode)

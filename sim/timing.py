@@ -11,9 +11,9 @@ is a stall, charged to `late prefetch` up to the last arrival of an expert alrea
 when the router chose it (a late hit), and to `demand miss` beyond; a layer that waited
 resumes `wake_us` after its last copy landed (a blocked host thread) and computes longer by
 `resume_per_stall` of the time it waited. Loads go onto the link of their layer's device
-(`link.py`); which experts are still in flight is the link's to say, so the same walk prices decisions made in advance (`decide.py`)
-or, in the substitute miss mode, made layer by layer as it goes (its substitutes must have
-arrived).
+(`link.py`); which experts are still in flight is the link's to say, so the same walk prices
+decisions made in advance (`decide.py`) or, in the substitute miss mode, made layer by layer as
+it goes (its substitutes must have arrived).
 
 Within a step no other process acts, so the walk is arithmetic: one step costs no SimPy event.
 """
