@@ -415,9 +415,9 @@ class RuntimeCosts:
 
 def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int, step_s: float) -> RuntimeCosts:
     """On-demand (every decode layer loads its k experts in one burst and waits for them) on
-    `om`'s own link and on one twice as fast (once, on a CUDA or uncapped link), each request beside an all-resident baseline
-    request of the same prompt and an on-demand one in the cpu miss mode (every routed expert
-    computed on the host). Issuing is timed by the runtime itself (`IssueCost`; a burst's first
+    `om`'s own link and on one twice as fast (once, on a CUDA or uncapped link), each request
+    beside an all-resident baseline request of the same prompt and an on-demand one in the cpu
+    miss mode (every routed expert computed on the host). Issuing is timed by the runtime itself (`IssueCost`; a burst's first
     load costs more than the rest: it wakes the copy thread). What the decode layers' time not
     spent waiting exceeds the baseline's by, beyond issuing, is resuming after the wait: per
     request, the difference of medians against the interleaved baseline (a drift of the
