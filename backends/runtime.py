@@ -217,8 +217,7 @@ class OffloadedModel:
                           None if trace is None else trace.layer_slice(layers).requests)
             for device, layers, cache in zip(self.devices, self.chunks, caches)
         ]
-        self._want_scores = miss_mode is MissMode.SUBSTITUTE
-        return Session(self, devs, ram)
+        return Session(self, devs, ram, want_scores=miss_mode is MissMode.SUBSTITUTE)
 
     def run(self, prompts: Sequence[Prompt], policy: type[ExpertCache], capacity: int | Capacity, *,
             max_new_tokens: int = 16, keep_logits: bool = False, batch: int = 1, **kw: Any) -> RunResult:

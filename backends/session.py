@@ -83,10 +83,12 @@ class Session:
     and what was measured so far. Sessions may alternate requests: `validate` pairs a policy
     with an all-resident baseline so that both see the same machine load."""
 
-    def __init__(self, om: OffloadedModel, devs: list[DeviceRuntime] | None, host: HostCache | None = None) -> None:
+    def __init__(self, om: OffloadedModel, devs: list[DeviceRuntime] | None, host: HostCache | None = None,
+                 want_scores: bool = False) -> None:
         self.om = om
         self.devs = devs
         self.host = host
+        self.want_scores = want_scores  # the substitute miss mode reads the router's scores
         self.step = 0
         self.timings: list[RequestTiming] = []
         self.requests: list[Request] = []
@@ -104,7 +106,7 @@ class Session:
         om = self.om
         hooks = _Passes(self, prompts, keep_logits or full, full)
         t0 = time.perf_counter()
-        om._run = self.devs
+        om._run, om._want_scores = self.devs, self.want_scores
         try:
             tokens = generate(om.model, [p.ids for p in prompts], max_new_tokens, batch=batch, device=om.devices[0],
                               hooks=hooks, **({} if follow is None else {"pick": forced(follow)}))
