@@ -12,7 +12,8 @@ What is measured, on the backend's own code paths:
   so the simulator prices `--miss-mode cpu` at the backend's own cost;
 - copies through the backend's loader (its link cap, if any), `LoaderProbe`: batches of n
   copies submitted together and waited for, as a layer that misses does, timed from the first
-  submit. Median batch times at two sizes and two counts give the line
+  submit. Median batch times at two sizes (on a capped link, long enough to stand out of the
+  wake-up noise) and two counts give the line
   t = fixed + n (latency + bytes / bandwidth); batches that follow one layer's worth of the
   model's own expert compute give `wake`: `fixed` plus the mean excess over the line (a thread
   that has just computed is woken later by the OS than one that idles; a mean, because a
@@ -23,8 +24,10 @@ What is measured, on the backend's own code paths:
 - the fixed cost of a layer's device pass over its experts (`expert_pass`: a layer whose
   experts all run on the host in the cpu miss mode skips it), timed by the runtime on the
   all-resident baseline's one-token passes less their experts' marginal time; and the host
-  path's fixed cost per expert (`cpu_hop`, each way), timed by the runtime in an on-demand run
-  in the cpu miss mode less the host expert's own compute;
+  path's fixed cost per expert (`cpu_hop`, each way): how much longer an on-demand run's decode
+  layer takes in the cpu miss mode than the baseline's (difference of per-request medians),
+  plus the pass it skips, per expert, less what the simulator charges for the host expert's
+  compute and its activations (with its own price of the skipped pass: `_host_hop`);
 - the compute thread's own costs of loads, `runtime_costs`: an on-demand run (every decode layer
   loads its k experts and waits) on the calibrated link against the all-resident baseline. The
   runtime times its issuing (a burst's first load, which wakes the copy thread, and the rest);
@@ -195,8 +198,8 @@ class Calibration:
                               "all-resident baseline, compute-thread time beyond issuing per time stalled (through 0)"),
             copy_beside_us=(f"{host}: k prefetch copies through the backend's loader beside the model's own "
                             "compute, the compute's extra time per copy"),
-            cpu_hop_us=(f"{host}: on-demand run in the cpu miss mode, the runtime's time per one-token host "
-                        "expert beyond its compute and activation bytes, halved"),
+            cpu_hop_us=(f"{host}: on-demand run in the cpu miss mode against the all-resident baseline, "
+                        "per one-token host expert beyond the simulator's host compute and activation bytes, halved"),
             expert_pass_us=(f"{host}: all-resident baseline run, the runtime's one-token expert pass less "
                             "its experts' marginal time"),
             cpu_serial=("1: the device is this CPU, host experts run on the same thread" if not cuda else
@@ -255,6 +258,10 @@ class CopyCosts:
     beside: float = 0.0  # compute-thread time lost per copy that runs while it computes
 
 
+LINE_SPAN_S = 4e-3
+"""Least link time of the loader probe's big batches (see `LoaderProbe.big`)."""
+
+
 class LoaderProbe:
     """Times the backend `Loader` the way a layer that misses uses it: n demand copies
     submitted together, then waited for, from the first submit (when the copy clock starts).
@@ -269,19 +276,22 @@ class LoaderProbe:
     def __init__(self, om: OffloadedModel, device: torch.device, link: EmulatedLink, layer_s: float) -> None:
         self.k = max(2, om.geometry.top_k)
         self.nbytes = om.store.expert_bytes(0)
+        # float32 values per copy of the line's big batches: an expert, or on a capped link enough
+        # that k of them take LINE_SPAN_S (a small expert's copy time drowns in wake-up noise)
+        self.big = max(self.nbytes // 4, int(LINE_SPAN_S * (link.bandwidth or 0) / 4 / self.k))
         self.device = device
         self.copier = Loader(device, link=link)
         self.work = _layer_work(om, device, layer_s)
         self.long_work = _layer_work(om, device, 2 * self.k * max(layer_s, self.nbytes / (link.bandwidth or 1e12)))
         self.excess: list[float] = []
         self.fixed = 0.0  # once per wait, by the line
-        self.line_s = 0.0  # one batch of k expert-sized copies, by the line
+        self.line_s = 0.0  # one batch of k big copies, by the line
         self._buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def line(self, reps: int) -> tuple[float, float]:
         """(bandwidth, per-copy latency) from median batch times of k and 2k copies of two sizes."""
         k, idle = self.k, (lambda: None)
-        small, big = self.nbytes // 16, self.nbytes // 4
+        small, big = self.big // 4, self.big
         t1, t4, t4x2 = (float(np.median(self._batches(k * m, n, idle, reps))) for m, n in ((1, small), (1, big), (2, big)))
         bandwidth = k * 4 * (big - small) / max(t4 - t1, 1e-9)
         per_copy = max((t4x2 - t4) / k, 4 * big / bandwidth)
@@ -291,7 +301,7 @@ class LoaderProbe:
 
     def wake(self, reps: int) -> None:
         """Add `reps` wake samples (after `line()`)."""
-        self.excess += [t - self.line_s for t in self._batches(self.k, self.nbytes // 4, self.work, reps)]
+        self.excess += [t - self.line_s for t in self._batches(self.k, self.big, self.work, reps)]
 
     def costs(self, reps: int) -> CopyCosts:
         """Everything at once: the line, `reps` wake samples, the cost of copies beside compute."""
@@ -396,11 +406,22 @@ def calibrate(
             rt = runtime_costs(om, prompts, max_new_tokens, step)
     finally:
         probe.close()
-    hop = max((rt.host_expert - host_s) / 2 - 2 * om.geometry.hidden * 4 / c.bandwidth, 0.0)
     cal = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, step, c.bandwidth, c.latency,
-                      0.0, 0.0, om.link, host_s, c.wake, rt.loads, hop, max(rt.expert_pass - rt.pass_experts * expert_s, 0.0),
+                      0.0, 0.0, om.link, host_s, c.wake, rt.loads, 0.0, max(rt.expert_pass - rt.pass_experts * expert_s, 0.0),
                       c.beside)
-    return refit(cal, om, step, prompts, max_new_tokens)
+    return refit(replace(cal, cpu_hop=_host_hop(cal, om, rt.host_expert)), om, step, prompts, max_new_tokens)
+
+
+def _host_hop(cal: Calibration, om: OffloadedModel, host_expert: float) -> float:
+    """The host path's fixed cost each way (`cpu_hop`) with which the simulator's layer whose
+    experts all run on the host is as much shorter than its resident layer as the runtime's:
+    priced with the simulator's own charges for a device expert (the roofline's, when longer
+    than the measured marginal time) and for the host expert and its activations' transfers."""
+    from casmoe.sim.compute import RooflineCompute
+
+    roof = RooflineCompute.build(cal.profile(), model_preset(om.model, om.geometry), om.geometry.layer_expert_bytes)
+    charged = max(roof.expert(0, 1), cal.expert_s)
+    return max((host_expert + charged - cal.expert_s - roof.cpu_expert(0, 1)) / 2, 0.0)
 
 
 @dataclass(frozen=True)
@@ -410,21 +431,25 @@ class RuntimeCosts:
     loads: HostCosts
     expert_pass: float  # one one-token device pass of the baseline
     pass_experts: float  # experts per such pass
-    host_expert: float  # one one-token expert on the host, the whole path
+    host_expert: float  # one one-token expert on the host, as a decode layer pays for it
 
 
 def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int, step_s: float) -> RuntimeCosts:
-    """On-demand (every decode layer loads its k experts in one burst and waits for them) on
-    `om`'s own link and on one twice as fast (once, on a CUDA or uncapped link), each request
-    beside an all-resident baseline request of the same prompt and an on-demand one in the cpu
-    miss mode (every routed expert computed on the host). Issuing is timed by the runtime itself (`IssueCost`; a burst's first
-    load costs more than the rest: it wakes the copy thread). What the decode layers' time not
-    spent waiting exceeds the baseline's by, beyond issuing, is resuming after the wait: per
-    request, the difference of medians against the interleaved baseline (a drift of the
-    machine's speed between requests cancels), then the median request on each link, and a
-    line through 0 in the layer's stall (profiled: the compute after a blocked wait runs
-    slower, the more the longer it idled). The baseline's device passes and the cpu run's host
-    experts are timed by the runtime too (`PassCost`). Every figure is scaled to a machine whose
+    """On-demand (every decode layer loads its k experts in one burst and waits for them) in the
+    cpu miss mode (every routed expert computed on the host), on `om`'s own link, and on one
+    twice as fast (once, on a CUDA or uncapped link); per prompt, each run's request follows
+    an all-resident baseline request of the same prompt and is followed by another, as in
+    `validate` (a request runs measurably faster or slower after another session's than after
+    its own: the comparison must be made in the same order the validated runs see). Issuing
+    is timed by the runtime itself (`IssueCost`; a burst's first load costs more than the
+    rest: it wakes the copy thread). What the decode layers' time not spent waiting exceeds
+    the baseline's by, beyond issuing, is resuming after the wait: per request, the difference
+    of medians against the mean of the baseline either side (a drift of the machine's speed
+    cancels), then the median request on each link, and a line through 0 in the layer's stall
+    (profiled: the compute after a blocked wait runs slower, the more the longer it idled).
+    The baseline's device passes are timed by the runtime too (`PassCost`); a host expert is
+    what a cpu-run decode layer takes beyond the baseline's, plus the device pass it skips, per
+    expert (the same difference of medians). Every figure is scaled to a machine whose
     resident decode step takes `step_s` (the calibration's), by the baseline's speed during
     these runs."""
     g = om.geometry
@@ -437,19 +462,22 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
 
     with ExitStack() as stack:
         runs = [stack.enter_context(on_demand(lk)) for lk in ((link,) if fast is link else (link, fast))]
-        base = stack.enter_context(baseline(om, prompts, max_new_tokens))
         cpu = stack.enter_context(on_demand(link, MissMode.CPU))
-        points: list[list[tuple[float, float]]] = [[] for _ in runs]  # per link, per request: (extra busy, stall) per layer
+        base = stack.enter_context(baseline(om, [p for p in prompts for _ in range(len(runs) + 2)], max_new_tokens))
+        # per run, per request: (extra busy, stall) per decode layer against the baseline either side
+        points: list[list[tuple[float, float]]] = [[] for _ in (cpu, *runs)]
         for p in prompts:
-            base.request(p, max_new_tokens)
-            cpu.request(p, max_new_tokens)
-            for run, pts in zip(runs, points):
-                run.request(p, max_new_tokens)
-                r = run.timings[-1]
-                pts.append(((median_busy([r]) - median_busy(base.timings[-1:])) / g.layers,
-                            float(np.median(r.token_stall)) / g.layers))
+            before = median_busy([base.request(p, max_new_tokens)])
+            for run, pts in zip((cpu, *runs), points):
+                r = run.request(p, max_new_tokens)
+                after = median_busy([base.request(p, max_new_tokens)])
+                pts.append(((median_busy([r]) - (before + after) / 2) / g.layers, float(np.median(r.token_stall)) / g.layers))
+                before = after
         speed = step_s / float(np.median([x for r in base.timings for x in r.token_latency]))
-        issues, passes, host = runs[0].devs[0].issues, base.devs[0].passes, cpu.devs[0].host_passes
+        issues, passes = runs[0].devs[0].issues, base.devs[0].passes
+    on_host, *points = points  # how much longer a decode layer takes with its experts on the host
+    # a layer with its k experts on the host skips the device's pass and runs them one after another
+    host = (float(np.median([extra for extra, _ in on_host])) + passes.mean) / g.top_k
     issuing = issues.per_burst + g.top_k * issues.per_load
     # resuming per layer against the layer's stall, the median request on each link: a line through 0
     # (an uncapped link barely stalls: nothing to measure it by)
@@ -458,7 +486,7 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
     slope = float(x @ y / (x @ x)) if capped and x @ x > 0 else 0.0
     loads = HostCosts(issues.per_load, issues.per_burst, slope if slope > 0 and np.isfinite(slope) else 0.0)
     return RuntimeCosts(loads.scaled(speed), passes.mean * speed, passes.experts / max(passes.passes, 1),
-                        host.mean * speed)
+                        max(host, 0.0) * speed)
 
 
 def median_busy(timings: Sequence[Any]) -> float:

@@ -50,7 +50,6 @@ class DeviceRuntime:
         self.host_s = 0.0  # seconds computing experts on the host (cpu miss mode)
         self.issues = IssueCost()
         self.passes = PassCost()  # the device's one-token expert passes
-        self.host_passes = PassCost()  # one-token experts computed on the host
         self.direct = device.type == "cpu" and getattr(store, "tensors", None) is not None
 
     # ---- cache events --------------------------------------------------------------------
@@ -132,10 +131,7 @@ class DeviceRuntime:
             if row is not None:
                 self.host.release(row)
         plan.put(x, out)
-        spent = time.perf_counter() - t0
-        self.host_s += spent
-        if inputs.shape[0] == 1:
-            self.host_passes.add(1, spent)
+        self.host_s += time.perf_counter() - t0
 
     # ---- copies --------------------------------------------------------------------------
 
@@ -246,9 +242,9 @@ class IssueCost:
 
 @dataclass
 class PassCost:
-    """Seconds of expert passes for one token: on the device, one `Plan.compute` call (the
-    experts function over the experts resident at that point); on the host, one expert of the
-    cpu miss mode. `calibrate` reads their fixed costs from them."""
+    """Seconds of the device's expert passes for one token: one `Plan.compute` call (the
+    experts function over the experts resident at that point). `calibrate` reads their fixed
+    cost from them."""
 
     passes: int = 0
     experts: int = 0
