@@ -14,6 +14,7 @@ model" or "the compute model".
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -25,10 +26,11 @@ from casmoe.backends.experts import model_preset
 from casmoe.backends.runtime import OffloadedModel, Prompt
 from casmoe.cache import Capacity, MissMode
 from casmoe.policies.spec import PolicySpec
+from casmoe.sim.latency import LatencyLog
 
 
-WAKE_SAMPLES = 8
-"""Loader wake samples taken before each request of a validated run (see `LoaderProbe`)."""
+WAKE_SAMPLES = 16
+"""Loader wake samples taken before each round of the validated runs (see `LoaderProbe`)."""
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,13 @@ class Fidelity:
     sim_stall: float
     hit_rate: float
     sim_hit_rate: float
+    sim_median_pooled: float  # every request at the baseline's median step over all rounds
     sim_median_upfront: float  # with the one calibration made before all runs
     sim_median_inrun: float  # compute fitted to this run's own stall-free step time (diagnostic)
-    resident_step: float  # median decode step of the all-resident baseline interleaved with this run
+    resident_step: float  # median decode step of the all-resident baseline, all rounds
     backend_compute: float  # the whole run, not stalled
     sim_compute: float
-    wake: float  # measured beside this run: a waiting thread resumes this long after its copy lands
+    wake: float  # measured beside the runs: a waiting thread resumes this long after its copy lands
 
     @property
     def median_error(self) -> float:
@@ -60,6 +63,10 @@ class Fidelity:
     @property
     def ttft_error(self) -> float:
         return abs(self.sim_ttft - self.backend_ttft) / self.backend_ttft
+
+    @property
+    def median_error_pooled(self) -> float:
+        return abs(self.sim_median_pooled - self.backend_median) / self.backend_median
 
     @property
     def median_error_upfront(self) -> float:
@@ -73,6 +80,7 @@ class Fidelity:
         d = dict(self.__dict__)
         d["median_error"] = self.median_error
         d["ttft_error"] = self.ttft_error
+        d["median_error_pooled"] = self.median_error_pooled
         d["median_error_upfront"] = self.median_error_upfront
         d["median_error_inrun"] = self.median_error_inrun
         return d
@@ -84,23 +92,36 @@ def balanced_link(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
     return EmulatedLink(bandwidth=om.store.expert_bytes(0) / (step / om.geometry.layers))
 
 
-def _paired(
-    om: OffloadedModel, prompts: Sequence[Prompt], policy: Any, capacity: Capacity, max_new_tokens: int,
-    options: dict[str, Any], miss_mode: MissMode, probe: LoaderProbe,
-) -> tuple[Any, float]:
-    """The policy's run, with an all-resident baseline request of the same prompt before and
-    after each of its requests (a drift in the machine's speed cancels to first order) and
-    loader wake samples before each; returns the run and the baseline's median decode step."""
-    with om.session(policy, capacity, prompts, max_new_tokens=max_new_tokens, options=options,
-                    miss_mode=miss_mode) as run, baseline(
-        om, [p for p in prompts for _ in (0, 1)], max_new_tokens
-    ) as base:
-        for p in prompts:
+def _interleaved(
+    om: OffloadedModel, prompts: Sequence[Prompt], runs: Sequence[tuple[Any, dict[str, Any], MissMode]],
+    capacity: Capacity, max_new_tokens: int, probe: LoaderProbe, progress: Callable[[str], None] | None,
+) -> tuple[list[Any], list[list[float]], float]:
+    """Every run's requests in rounds, one prompt per round: loader wake samples, then an
+    all-resident baseline request of the prompt, then each run's request followed by another
+    baseline one (the runs take turns going first). Returns the runs' results, each request's
+    resident step (the mean of the baseline medians either side of it: the machine's speed
+    drifts by tens of percent within seconds, and a request's latency follows its neighbours')
+    and the baseline's median step over all rounds."""
+    with ExitStack() as stack:
+        sessions = [
+            stack.enter_context(om.session(cls, capacity, prompts, max_new_tokens=max_new_tokens, options=options,
+                                           miss_mode=mode))
+            for cls, options, mode in runs
+        ]
+        base = stack.enter_context(baseline(om, [p for p in prompts for _ in range(len(runs) + 1)], max_new_tokens))
+        steps: list[list[float]] = [[] for _ in runs]
+        for i, p in enumerate(prompts):
             probe.wake(WAKE_SAMPLES)
-            base.request(p, max_new_tokens)
-            run.request(p, max_new_tokens)
-            base.request(p, max_new_tokens)
-        return run.result(), float(np.median([x for r in base.timings for x in r.token_latency]))
+            before = float(np.median(base.request(p, max_new_tokens).token_latency))
+            turn = i % len(runs)
+            for j in [*range(turn, len(runs)), *range(turn)]:
+                sessions[j].request(p, max_new_tokens)
+                after = float(np.median(base.request(p, max_new_tokens).token_latency))
+                steps[j].append((before + after) / 2)
+                before = after
+            if progress is not None:
+                progress(f"prompt {i + 1}")
+        return [s.result() for s in sessions], steps, float(np.median([x for r in base.timings for x in r.token_latency]))
 
 
 def validate(
@@ -115,16 +136,20 @@ def validate(
     miss_modes: Sequence[MissMode] = (MissMode.LOAD,),
 ) -> tuple[list[Fidelity], Calibration]:
     """Run each policy on the backend (its `om.link`), replay its trace in the simulator with the
-    calibrated profile, and compare. Calibrates `om` first unless `calibration` is given.
+    calibrated profile, and compare. Calibrates `om` first unless `calibration` is given;
+    `progress` hears of each prompt's round.
 
-    On a shared machine the compute speed drifts with other load (by several times within
-    minutes), so each policy request is paired with an all-resident baseline request of the same
-    prompt just before it (room for every expert, no link cap), and the profile's overheads are refitted to the baseline's median
-    decode step (`sim_median`); the loader's copy costs (bandwidth, per-copy latency, the wake-up
-    of a waiting thread, which grows with the machine's load) are measured again just before
-    each run. `sim_median_upfront` keeps the single up-front calibration for comparison, and
-    `sim_median_inrun` fits compute to the run's own stall-free step time, which isolates the
-    error of the link and stall model."""
+    On a shared machine the compute speed drifts with other load (by tens of percent within
+    seconds, several times within minutes), so the runs' requests are interleaved in rounds
+    with all-resident baseline requests of the same prompt (room for every expert, no link
+    cap), and each request is simulated on the machine its neighbours saw: the profile's
+    compute-thread figures scaled, and its overheads refitted, to the mean of the baseline
+    medians just before and after it (`sim_median`); the loader's copy costs (bandwidth,
+    per-copy latency, the wake-up of a waiting thread, which grows with the machine's load)
+    are measured beside the rounds. Diagnostics: `sim_median_pooled` simulates every request at
+    the baseline's median over all rounds, `sim_median_upfront` with the single up-front
+    calibration, and `sim_median_inrun` fits compute to the run's own stall-free step time,
+    which isolates the error of the link and stall model."""
     with responsive_copies():
         return _validate(om, prompts, policies, capacity, max_new_tokens, calibration, progress, miss_modes)
 
@@ -138,53 +163,61 @@ def _validate(
     cal = calibration or calibrate(om, prompts, max_new_tokens=max_new_tokens)
     upfront = cal.profile("validate")
     preset = model_preset(om.model, om.geometry)
+    specs = [(spec, mode) for spec in map(PolicySpec.parse, policies) for mode in miss_modes]
+    probe = LoaderProbe(om, om.devices[0], om.link, cal.step_s / om.geometry.layers)
+    try:
+        bandwidth, latency = probe.line(20)
+        results, steps, step = _interleaved(om, prompts, [(spec.cls, dict(spec.options), mode) for spec, mode in specs],
+                                            capacity, max_new_tokens, probe, progress)
+    finally:
+        probe.close()
+    c = probe.result(bandwidth, latency)
+
+    def profile(step_s: float) -> Any:
+        """The machine at a resident decode step of `step_s`: compute-thread costs scale with its
+        speed, the loader's are as measured beside the rounds."""
+        now = replace(cal.at_speed(step_s), copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake)
+        return refit(now, om, step_s, prompts, max_new_tokens).profile("validate")
+
     out = []
-    for text in policies:
-        spec = PolicySpec.parse(text)
-        if progress is not None:
-            progress(spec.label)
-        cls, options = spec.cls, dict(spec.options)
-        for mode in miss_modes:
-            probe = LoaderProbe(om, om.devices[0], om.link, cal.step_s / om.geometry.layers)
-            try:
-                bandwidth, latency = probe.line(20)
-                run, step = _paired(om, prompts, cls, capacity, max_new_tokens, options, mode, probe)
-            finally:
-                probe.close()
-            c = probe.result(bandwidth, latency)
-            # compute-thread costs scale with the machine's speed, measured by the paired baseline
-            now = replace(cal.at_speed(step), copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake)
-            busy = median_busy(run.requests)
-            paired = refit(now, om, step, prompts, max_new_tokens).profile("validate")
-            sims = tuple(
-                simulate(run.trace, cls, capacity, profile, preset, options=options, miss_mode=mode)
-                for profile in (paired, upfront, refit(now, om, busy, prompts, max_new_tokens).profile("validate"))
-            )
-            out.append(_fidelity(spec.label, capacity, mode, run, step, sims, c.wake))
+    for (spec, mode), run, speeds in zip(specs, results, steps):
+        def sim(hw: Any, log: LatencyLog | None = None) -> Any:
+            return simulate(run.trace, spec.cls, capacity, hw, preset, options=dict(spec.options), miss_mode=mode,
+                            latency=log)
+
+        per_request = [_request_latencies(sim, profile(s), i, run.requests) for i, s in enumerate(speeds)]
+        lat = [x for tokens, _ in per_request for x in tokens]
+        pooled, at_upfront, inrun = sim(profile(step)), sim(upfront), sim(profile(median_busy(run.requests)))
+        out.append(Fidelity(
+            policy=spec.label,
+            capacity=capacity.describe(),
+            miss_mode=mode.value,
+            backend_median=float(np.median([x for r in run.requests for x in r.token_latency])),
+            sim_median=float(np.median(lat)),
+            backend_ttft=float(np.mean([r.ttft for r in run.requests])),
+            sim_ttft=float(np.mean([ttft for _, ttft in per_request])),
+            backend_stall=run.stall,
+            sim_stall=pooled.stall_s,
+            hit_rate=run.stats.hit_rate,
+            sim_hit_rate=pooled.stats.hit_rate,
+            sim_median_pooled=pooled.token_latency_p50_s,
+            sim_median_upfront=at_upfront.token_latency_p50_s,
+            sim_median_inrun=inrun.token_latency_p50_s,
+            resident_step=step,
+            backend_compute=sum(r.ttft + sum(r.token_latency) for r in run.requests) - run.stall,
+            sim_compute=pooled.compute_s,
+            wake=c.wake,
+        ))
     return out, cal
 
 
-def _fidelity(label: str, capacity: Capacity, mode: MissMode, run: Any, step: float, sims: tuple[Any, ...],
-              wake: float) -> Fidelity:
-    sim, sim0, sim1 = sims
-    lat = [x for r in run.requests for x in r.token_latency]
-    total = sum(r.ttft + sum(r.token_latency) for r in run.requests)
-    return Fidelity(
-        policy=label,
-        capacity=capacity.describe(),
-        miss_mode=mode.value,
-        backend_median=float(np.median(lat)),
-        sim_median=sim.token_latency_p50_s,
-        backend_ttft=float(np.mean([r.ttft for r in run.requests])),
-        sim_ttft=sim.ttft_mean_s,
-        backend_stall=run.stall,
-        sim_stall=sim.stall_s,
-        hit_rate=run.stats.hit_rate,
-        sim_hit_rate=sim.stats.hit_rate,
-        sim_median_upfront=sim0.token_latency_p50_s,
-        sim_median_inrun=sim1.token_latency_p50_s,
-        resident_step=step,
-        backend_compute=total - run.stall,
-        sim_compute=sim.compute_s,
-        wake=wake,
-    )
+def _request_latencies(sim: Callable[..., Any], hw: Any, i: int, requests: Sequence[Any]) -> tuple[list[float], float]:
+    """Request `i`'s decode-step latencies and TTFT in a simulated run of all the requests on
+    `hw` (the decode steps of requests one after another are in request order)."""
+    log = LatencyLog()
+    sim(hw, log)
+    counts = [len(r.token_latency) for r in requests]
+    if len(log.token_latency) != sum(counts):
+        raise RuntimeError(f"the simulator took {len(log.token_latency)} decode steps, the backend {sum(counts)}")
+    first = sum(counts[:i])
+    return log.token_latency[first:first + counts[i]], log.ttft[i]

@@ -308,13 +308,15 @@ def simulate(
     host_cache: HostCache | None = None,
     detail: bool = False,
     compiled: bool | None = None,
+    latency: LatencyLog | None = None,
 ) -> SimResult:
     """Run `trace` through `policy` caches on `hardware`; see the module docstring.
     `workload` (`serving.Workload`) serves the requests as they arrive instead of one after
     another; `detail` adds the per-layer timeliness figures and the perfect-prefetch bound (off
     by default, like the timeline: the hot loop stays bare; the CLI and sweeps turn it on).
     `compiled` chooses the offline decision pass as `casmoe.replay.replay` chooses its path
-    (built-in policies' compiled twins; identical results either way)."""
+    (built-in policies' compiled twins; identical results either way). `latency`, a log to fill
+    instead of a fresh one, gives a caller every step's time (requests one after another only)."""
     check_geometry(trace.geometry, preset)
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)
@@ -351,10 +353,13 @@ def simulate(
     if workload is not None:
         from casmoe.sim.serving import serve
 
+        if latency is not None:
+            raise SimConfigError("a latency log is filled by requests one after another only, not by a workload")
+
         with no_gc():
             return serve(setup, workload, describe)
     machine = setup.machine(plan.shard_steps)
-    log = LatencyLog()
+    log = LatencyLog() if latency is None else latency
     with no_gc():
         end = run_offline(plan, machine, setup, log, compiled)
     workload_text = "back-to-back" if batch == 1 else f"static batches of {batch}"

@@ -213,7 +213,7 @@ def validate(
     ),
     capacity: Optional[str] = typer.Option(None, help="Slots per MoE layer (4) or expert memory (512MB); default: 2 x top_k."),
     prompts: Optional[Path] = PROMPTS,
-    num_prompts: int = typer.Option(6, min=1, help="Prompts per run."),
+    num_prompts: int = typer.Option(12, min=1, help="Prompts per run (the runs take them in rounds)."),
     max_prompt_tokens: int = typer.Option(24, min=1, help="Prompts are cut to this many tokens."),
     max_new_tokens: int = typer.Option(24, min=2, help="Tokens generated per prompt."),
     link_gbps: Optional[float] = typer.Option(
@@ -242,7 +242,7 @@ def validate(
         cal.profile("validate").write(profile_out)
     names = policy or list(FIDELITY_POLICIES)
     cap = one_capacity(capacity, None, om.geometry)
-    with _progress(len(names), "validate") as bar:
+    with _progress(len(reqs), "validate") as bar:
         results, _ = compare(om, reqs, names, cap, max_new_tokens=max_new_tokens, calibration=cal,
                              progress=lambda _policy: bar.update(), miss_modes=modes)
     measured = {f"calibrated_{k}": v for k, v in cal.to_dict().items() if k not in ("link_bandwidth", "link_latency")}
