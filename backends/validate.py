@@ -9,7 +9,8 @@ reports under 9%).
 
 Where the error comes from is reported beside it: the whole run's stall and compute (time not
 stalled) in the backend and in the simulator, so a residual can be read as "the link/stall
-model" or "the compute model".
+model" or "the compute model"; and the backend's own repeatability (its first run repeated in
+the same rounds), under which an error is noise.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Fidelity:
     backend_compute: float  # the whole run, not stalled
     sim_compute: float
     wake: float  # measured beside the runs: a waiting thread resumes this long after its copy lands
+    repeat_error: float  # the first run's backend median against a repeat of it in the same rounds: the noise floor
 
     @property
     def median_error(self) -> float:
@@ -149,7 +151,9 @@ def validate(
     are measured beside the rounds. Diagnostics: `sim_median_pooled` simulates every request at
     the baseline's median over all rounds, `sim_median_upfront` with the single up-front
     calibration, and `sim_median_inrun` fits compute to the run's own stall-free step time,
-    which isolates the error of the link and stall model."""
+    which isolates the error of the link and stall model. The first run is repeated in the
+    rounds (not simulated): `repeat_error`, how far the backend's own median moves for the same
+    work, is the floor under which an error says nothing."""
     with responsive_copies():
         return _validate(om, prompts, policies, capacity, max_new_tokens, calibration, progress, miss_modes)
 
@@ -167,11 +171,12 @@ def _validate(
     probe = LoaderProbe(om, om.devices[0], om.link, cal.step_s / om.geometry.layers)
     try:
         bandwidth, latency = probe.line(20)
-        results, steps, step = _interleaved(om, prompts, [(spec.cls, dict(spec.options), mode) for spec, mode in specs],
-                                            capacity, max_new_tokens, probe, progress)
+        runs = [(spec.cls, dict(spec.options), mode) for spec, mode in specs]
+        results, steps, step = _interleaved(om, prompts, runs + runs[:1], capacity, max_new_tokens, probe, progress)
     finally:
         probe.close()
     c = probe.result(bandwidth, latency)
+    repeat, first = (float(np.median([x for r in run.requests for x in r.token_latency])) for run in (results.pop(), results[0]))
 
     def profile(step_s: float) -> Any:
         """The machine at a resident decode step of `step_s`: compute-thread costs scale with its
@@ -207,6 +212,7 @@ def _validate(
             backend_compute=sum(r.ttft + sum(r.token_latency) for r in run.requests) - run.stall,
             sim_compute=pooled.compute_s,
             wake=c.wake,
+            repeat_error=abs(repeat - first) / first,
         ))
     return out, cal
 

@@ -99,6 +99,10 @@ def test_validate_json_gives_a_median_error_per_policy(model_dir):
     by = {(r["policy"], r["miss_mode"]): r for r in recs}
     assert by["ondemand", "load"]["hit_rate"] == 0.0 < by["lru", "load"]["hit_rate"]  # ondemand keeps nothing
     assert by["ondemand", "load"]["sim_stall"] > 0 and by["ondemand", "cpu"]["sim_stall"] == 0  # cpu mode never waits
+    # lru in the cpu mode never loads either: the same work as on-demand's, simulated on the same machine
+    assert by["lru", "cpu"]["hit_rate"] == 0.0
+    assert len({r["repeat_error"] for r in recs}) == 1 and recs[0]["repeat_error"] >= 0  # lru load, run twice
+    assert by["lru", "cpu"]["sim_median_pooled"] == pytest.approx(by["ondemand", "cpu"]["sim_median_pooled"])
 
 
 @pytest.mark.parametrize("args, message", [

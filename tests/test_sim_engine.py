@@ -289,6 +289,28 @@ def test_same_inputs_same_result():
     assert a.to_dict() == b.to_dict()
 
 
+def test_a_callers_latency_log_holds_each_decode_step_in_request_order():
+    from casmoe.sim.latency import LatencyLog
+    from casmoe.sim.serving import Arrival, Workload
+
+    g = Geometry(2, 4, 2)
+    rng = np.random.default_rng(3)
+    requests = [Request(np.asarray(random_rows(rng, g, n), np.int16), np.full((n, 2, 2), 0.5, np.float32), 2, prompt="p")
+                for n in (5, 3)]
+    tr = Trace(g, requests)
+    log = LatencyLog()
+    res = run(tr, "ondemand", 2, compute=FixedCompute(), latency=log)
+    # prompts of 2: a prefill (its first token), then the rest decode one step each
+    assert len(log.token_latency) == res.decode_tokens == (5 - 2) + (3 - 2)
+    assert sorted(log.ttft) == [0, 1] and log.ttft[1] > log.ttft[0]
+    # on-demand without compute: every step copies k experts per layer, the same time each
+    assert log.token_latency == pytest.approx([log.token_latency[0]] * 4, rel=1e-12)
+    assert log.token_latency[0] > 2 * g.layers * HW.copy_latency_us * 1e-6 * (1 - 1e-9)
+    assert np.median(log.token_latency) == pytest.approx(res.token_latency_p50_s)
+    with pytest.raises(SimConfigError, match="one after another"):
+        run(tr, "lru", 2, latency=LatencyLog(), workload=Workload(Arrival.CLOSED, users=1))
+
+
 def test_roofline_decode_is_bound_by_weight_streaming():
     p = get_preset("mixtral-8x7b")
     c = RooflineCompute.build(HW, p, p.geometry.bytes_per_layer())

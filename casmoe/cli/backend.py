@@ -260,4 +260,5 @@ def validate(
          "compute s backend/sim": f"{r['backend_compute']:.3g} / {r['sim_compute']:.3g}", "hit rate": r["hit_rate"]}
         for r in records
     ]
-    print_table(rows, list(rows[0]), title=f"simulator vs backend, {model}, link {om.link.bandwidth / 1e9:.3g} GB/s")
+    print_table(rows, list(rows[0]), title=f"simulator vs backend, {model}, link {om.link.bandwidth / 1e9:.3g} GB/s "
+                f"(the backend's first run repeated: {records[0]['repeat_error']:.1%} apart)")
