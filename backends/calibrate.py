@@ -437,10 +437,10 @@ class RuntimeCosts:
 def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int, step_s: float) -> RuntimeCosts:
     """On-demand (every decode layer loads its k experts in one burst and waits for them) in the
     cpu miss mode (every routed expert computed on the host), on `om`'s own link, and on one
-    twice as fast (once, on a CUDA or uncapped link); per prompt, each run's request follows
-    an all-resident baseline request of the same prompt and is followed by another, as in
-    `validate` (a request runs measurably faster or slower after another session's than after
-    its own: the comparison must be made in the same order the validated runs see). Issuing
+    twice as fast (once, on a CUDA or uncapped link); per prompt, each run's request between
+    two all-resident baseline requests of the same prompt, as in `validate`
+    (`between_baselines`: a request runs measurably faster or slower after another session's
+    than after its own, so calibration measures in the order the validated runs see). Issuing
     is timed by the runtime itself (`IssueCost`; a burst's first load costs more than the
     rest: it wakes the copy thread). What the decode layers' time not spent waiting exceeds
     the baseline's by, beyond issuing, is resuming after the wait: per request, the difference
@@ -467,13 +467,9 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
         # per run, per request: (extra busy, stall) per decode layer against the baseline either side
         points: list[list[tuple[float, float]]] = [[] for _ in (cpu, *runs)]
         for p in prompts:
-            before = median_busy([base.request(p, max_new_tokens)])
-            for run, pts in zip((cpu, *runs), points):
-                r = run.request(p, max_new_tokens)
-                after = median_busy([base.request(p, max_new_tokens)])
-                pts.append(((median_busy([r]) - (before + after) / 2) / g.layers, float(np.median(r.token_stall)) / g.layers))
-                before = after
-        speed = step_s / float(np.median([x for r in base.timings for x in r.token_latency]))
+            for (r, step), pts in zip(between_baselines(base, (cpu, *runs), p, max_new_tokens), points):
+                pts.append(((median_busy([r]) - step) / g.layers, float(np.median(r.token_stall)) / g.layers))
+        speed = step_s / median_step(base.timings)
         issues, passes = runs[0].devs[0].issues, base.devs[0].passes
     on_host, *points = points  # how much longer a decode layer takes with its experts on the host
     # a layer with its k experts on the host skips the device's pass and runs them one after another
@@ -489,6 +485,27 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
                         max(host, 0.0) * speed)
 
 
+def between_baselines(base: Any, runs: Sequence[Any], p: Prompt, max_new_tokens: int) -> list[tuple[Any, float]]:
+    """`p` through each of `runs` in turn, with a request of the all-resident `base` session
+    before the first and after each: every run's request timing and the mean of the baseline's
+    median steps either side of it (a shared machine's speed drifts by tens of percent within
+    seconds, and a request's latency follows its neighbours'; the order of sessions matters too,
+    so `calibrate` and `validate` measure in this one)."""
+    before = median_step([base.request(p, max_new_tokens)])
+    out = []
+    for run in runs:
+        r = run.request(p, max_new_tokens)
+        after = median_step([base.request(p, max_new_tokens)])
+        out.append((r, (before + after) / 2))
+        before = after
+    return out
+
+
+def median_step(timings: Sequence[Any]) -> float:
+    """The requests' median decode-step time."""
+    return float(np.median([x for r in timings for x in r.token_latency]))
+
+
 def median_busy(timings: Sequence[Any]) -> float:
     """The requests' median decode-step time not spent waiting for copies."""
     return float(np.median([x - y for r in timings for x, y in zip(r.token_latency, r.token_stall)]))
@@ -500,7 +517,7 @@ def resident_step(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
     with baseline(om, prompts, max_new_tokens) as s:
         for p in prompts:
             s.request(p, max_new_tokens)
-        return float(np.median([x for r in s.timings for x in r.token_latency]))
+        return median_step(s.timings)
 
 
 def baseline(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> Any:

@@ -125,8 +125,7 @@ class DeviceRuntime:
                 rows = self.store.empty_rows()
                 self.loader.read(layer, x, rows)
                 row = None
-            inputs = plan.host_inputs(x)
-            out = host_expert(self.template, inputs.to("cpu"), rows)
+            out = host_expert(self.template, plan.host_inputs(x).to("cpu"), rows)
         finally:
             if row is not None:
                 self.host.release(row)

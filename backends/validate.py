@@ -21,7 +21,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from casmoe.backends.calibrate import Calibration, LoaderProbe, baseline, calibrate, median_busy, refit, resident_step
+from casmoe.backends.calibrate import (
+    Calibration, LoaderProbe, baseline, between_baselines, calibrate, median_busy, median_step, refit, resident_step,
+)
 from casmoe.backends.copier import EmulatedLink, responsive_copies
 from casmoe.backends.experts import model_preset
 from casmoe.backends.runtime import OffloadedModel, Prompt
@@ -98,12 +100,10 @@ def _interleaved(
     om: OffloadedModel, prompts: Sequence[Prompt], runs: Sequence[tuple[Any, dict[str, Any], MissMode]],
     capacity: Capacity, max_new_tokens: int, probe: LoaderProbe, progress: Callable[[str], None] | None,
 ) -> tuple[list[Any], list[list[float]], float]:
-    """Every run's requests in rounds, one prompt per round: loader wake samples, then an
-    all-resident baseline request of the prompt, then each run's request followed by another
-    baseline one (the runs take turns going first). Returns the runs' results, each request's
-    resident step (the mean of the baseline medians either side of it: the machine's speed
-    drifts by tens of percent within seconds, and a request's latency follows its neighbours')
-    and the baseline's median step over all rounds."""
+    """Every run's requests in rounds, one prompt per round: loader wake samples, then the
+    runs' requests between baseline ones (`between_baselines`; the runs take turns going
+    first). Returns the runs' results, each request's resident step (its neighbours') and the
+    baseline's median step over all rounds."""
     with ExitStack() as stack:
         sessions = [
             stack.enter_context(om.session(cls, capacity, prompts, max_new_tokens=max_new_tokens, options=options,
@@ -114,16 +114,13 @@ def _interleaved(
         steps: list[list[float]] = [[] for _ in runs]
         for i, p in enumerate(prompts):
             probe.wake(WAKE_SAMPLES)
-            before = float(np.median(base.request(p, max_new_tokens).token_latency))
             turn = i % len(runs)
-            for j in [*range(turn, len(runs)), *range(turn)]:
-                sessions[j].request(p, max_new_tokens)
-                after = float(np.median(base.request(p, max_new_tokens).token_latency))
-                steps[j].append((before + after) / 2)
-                before = after
+            order = [*range(turn, len(runs)), *range(turn)]
+            for j, (_, step) in zip(order, between_baselines(base, [sessions[j] for j in order], p, max_new_tokens)):
+                steps[j].append(step)
             if progress is not None:
                 progress(f"prompt {i + 1}")
-        return [s.result() for s in sessions], steps, float(np.median([x for r in base.timings for x in r.token_latency]))
+        return [s.result() for s in sessions], steps, median_step(base.timings)
 
 
 def validate(
@@ -176,7 +173,7 @@ def _validate(
     finally:
         probe.close()
     c = probe.result(bandwidth, latency)
-    repeat, first = (float(np.median([x for r in run.requests for x in r.token_latency])) for run in (results.pop(), results[0]))
+    repeat, first = median_step(results.pop().requests), median_step(results[0].requests)
 
     def profile(step_s: float) -> Any:
         """The machine at a resident decode step of `step_s`: compute-thread costs scale with its
@@ -197,7 +194,7 @@ def _validate(
             policy=spec.label,
             capacity=capacity.describe(),
             miss_mode=mode.value,
-            backend_median=float(np.median([x for r in run.requests for x in r.token_latency])),
+            backend_median=median_step(run.requests),
             sim_median=float(np.median(lat)),
             backend_ttft=float(np.mean([r.ttft for r in run.requests])),
             sim_ttft=float(np.mean([ttft for _, ttft in per_request])),
