@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from casmoe.geometry import Geometry, GeometryError
-from casmoe.importers.checks import exact_int
+from casmoe.importers.checks import exact_int, unique_pairs
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
 
 
@@ -71,8 +71,8 @@ def read_json(path: str | Path, key: str | None = None) -> Trace:
     """Plain JSON routing -> Trace (see the module docstring for the accepted shapes)."""
     where = str(path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        with open(path, encoding="utf-8-sig") as fh:
+            doc = json.load(fh, object_pairs_hook=lambda pairs: unique_pairs(pairs, where))
     except FileNotFoundError:
         raise TraceError(f"{where}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

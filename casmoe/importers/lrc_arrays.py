@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from casmoe.geometry import Geometry, GeometryError
+from casmoe.importers.checks import positive_option
 from casmoe.trace import Request, Trace, TraceError
 
 ARRAY_SUFFIXES = (".npy", ".npz", ".safetensors")
@@ -89,6 +90,8 @@ def _to_topk(
         if not np.issubdtype(a.dtype, np.integer):
             raise TraceError(f"{where}: expert ids must be integers, not {a.dtype}")
         k = a.shape[-1]
+        if top_k is not None and top_k != k:
+            raise TraceError(f"{where}: --top-k {top_k}, but the expert-id arrays hold {k} ids per token")
         return a.astype(np.int64), np.full(a.shape, 1.0 / k, dtype=np.float32), None, None
     if kind not in ("rank", "logits"):
         raise TraceError(f"unknown array kind {kind!r} (auto, topk, logits, rank)")
@@ -119,6 +122,8 @@ def read_lrc_arrays(
     keep_logits: bool = False,
 ) -> Trace:
     """Per-layer moe-lrc arrays -> one request per sequence."""
+    positive_option(num_experts, "--num-experts")
+    positive_option(top_k, "--top-k")
     files = _layer_files(sources)
     layers = [_to_topk(_read_arrays(f), kind, num_experts, top_k, str(f)) for f in files]
     where = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
@@ -126,9 +131,13 @@ def read_lrc_arrays(
     if len(shapes) != 1:
         raise TraceError(f"{where}: layers disagree on [sequences, tokens, k]: {sorted(shapes)}")
     S, T, k = shapes.pop()
+    if S == 0:
+        raise TraceError(f"{where}: the arrays hold no sequences; nothing to import")
     seen_E = {e for _, _, _, e in layers if e is not None}
     if len(seen_E) > 1:
         raise TraceError(f"{where}: layers disagree on the expert count {sorted(seen_E)}")
+    if num_experts is not None and seen_E and seen_E != {num_experts}:
+        raise TraceError(f"{where}: --num-experts {num_experts}, but the arrays have {seen_E.pop()} columns (one per expert)")
     if num_experts is None:
         if not seen_E:
             raise TraceError(f"{where}: expert-id arrays need --num-experts")
