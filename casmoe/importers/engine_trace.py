@@ -101,7 +101,7 @@ def build_trace(
             t, layer = (int(x[0]) for x in np.nonzero(partial))
             raise TraceError(f"{r.where}: token {t}, MoE layer {layer}: fewer than top_k={k} experts routed")
         rows[blank] = NOT_COMPUTED
-        weights = np.where(blank[:, :, None], 0.0, 1.0 / k).astype(np.float32)
+        weights = np.where(blank[:, :, None], 0.0, np.full(rows.shape, 1.0 / k)).astype(np.float32)
         out.append(Request(topk=rows.astype(np.int16), weights=weights, prefill=len(r.prompt_rows),
                            prompt=r.prompt, output=r.output, output_ids=r.output_ids, arrival=r.arrival))
     arrivals = [r.arrival for r in out]
