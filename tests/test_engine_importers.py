@@ -7,7 +7,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +22,13 @@ from casmoe.trace import NOT_COMPUTED, Trace, TraceError
 from test_fuzz import assert_one_line, cli
 from test_trace import assert_same
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "engine-dumps"
+
 torch = pytest.importorskip("torch")
+sys.path.insert(0, str(EXAMPLES))
+from make_examples import REQUESTS, sglang_record, to_physical, write_sglang, write_trtllm  # noqa: E402
+
+sys.path.remove(str(EXAMPLES))
 
 L_ALL, DENSE, E, K = 4, 0, 6, 2  # an engine's 4 decoder layers; layer 0 is dense, 1-3 are MoE
 MOE = [1, 2, 3]
@@ -35,7 +43,6 @@ def routing(rng: np.random.Generator, tokens: int) -> np.ndarray:
 
 # physical experts 0..7: a permutation of the 6 logical experts plus replicas of logical 0 and 3
 PHYS_TO_LOG = np.array([[2, 0, 5, 1, 3, 4, 0, 3]] * L_ALL)
-FORWARD = {"extend": 1, "decode": 2, "mixed": 3, "idle": 4}
 
 
 @dataclass
@@ -51,31 +58,18 @@ class SgReq:
 
 
 def sglang_dump(passes, reqs, rng, path, rank=0):
-    """Write what SGLang's _DetailAccumulator dumps: per pass the batch's input ids, positions,
-    extend lengths and physical top-k ids [layers, tokens, 8] padded with -1, and the map."""
+    """Write what SGLang's _DetailAccumulator dumps for `passes` of `reqs` (see make_examples)."""
     records = []
     for fid, (mode, segments) in enumerate(passes):
-        ids, pos, lens, cols = [], [], [], []
+        batch = []
         for r, start, n in segments:  # request, first position, tokens
             req = reqs[r]
-            for p in range(start, start + n):
-                t = p - req.cached
-                ids.append(int(req.ids[t]))
-                pos.append(p)
-                phys = np.full((L_ALL, 8), -1)
-                for j, layer in enumerate(MOE):
-                    for s, logical in enumerate(req.rows[t, j]):
-                        copies = np.nonzero(PHYS_TO_LOG[layer] == logical)[0]
-                        phys[layer, s] = rng.choice(copies)
-                cols.append(phys)
-            lens.append(n)
-        topk = torch.tensor(np.stack(cols, axis=1) if cols else np.zeros((L_ALL, 0, 8)), dtype=torch.int32)
-        records.append({
-            "forward_pass_id": fid, "rank": rank, "gatherer_key": "primary", "input_ids": ids, "positions": pos,
-            "extend_seq_lens": lens if mode in ("extend", "mixed") else None, "forward_mode": FORWARD[mode],
-            "topk_ids_of_layer": topk, "misc_objects": [],
-        })
-    torch.save({"records": records, "last_physical_to_logical_map": torch.tensor(PHYS_TO_LOG)}, path)
+            t = np.arange(start, start + n) - req.cached
+            rows = np.full((n, L_ALL, K), -1)
+            rows[:, MOE] = req.rows[t]
+            batch.append((start, to_physical(rows, PHYS_TO_LOG, rng), req.ids[t]))
+        records.append(sglang_record(fid, mode, batch, L_ALL, rank))
+    write_sglang(path, records, PHYS_TO_LOG)
 
 
 def sglang_workload(rng):
@@ -300,19 +294,17 @@ def test_vllm_faults_are_refused(tmp_path, fault):
 
 
 def trtllm_folder(path, rng, layers=(3, 4, 5), ranks=2, iters=range(50, 53)):
+    """Two ranks' statistics of MoE layers 3-5 (of a model whose first layers are dense), and
+    the per-token files TensorRT-LLM writes beside them (not counts: not read)."""
     from safetensors.torch import save_file
 
     path.mkdir()
-    (path / "meta_info.json").write_text(json.dumps({"num_experts": 8, "num_experts_per_token": 2}))
     total = np.zeros((len(layers), 8))
     for r in range(ranks):
-        tensors = {}
-        for it in iters:
-            for j, layer in enumerate(layers):
-                counts = rng.integers(0, 20, 8)
-                tensors[f"{it}_{layer}"] = torch.tensor(counts, dtype=torch.int64)  # torch.bincount's dtype
-                total[j] += counts
-        save_file(tensors, str(path / f"rank{r}.safetensors"))
+        counts = {(it, layer): rng.integers(0, 20, 8) for it in iters for layer in layers}
+        for (_, layer), c in counts.items():
+            total[layers.index(layer)] += c
+        write_trtllm(path, counts, 8, 2, rank=r)
         save_file({"50_3": torch.zeros(4, 2, dtype=torch.int32)}, str(path / f"rank{r}_raw.safetensors"))
     return total
 
@@ -429,3 +421,23 @@ def test_gap_rows_of_an_engine_dump_stay_gaps(tmp_path):
     [req] = import_trace([tmp_path / "a.npz"]).requests
     assert (req.topk[2, 0] == NOT_COMPUTED).all() and (req.weights[2, 0] == 0).all()
     np.testing.assert_array_equal(req.topk[3:], moe[3:])
+
+
+def test_the_shipped_engine_examples_give_back_tiny_mixtrals_routing(tmp_path):
+    """examples/engine-dumps holds tiny-mixtral's recorded routing in each engine's format; each
+    import gives back the source's expert ids, prompt lengths and counts."""
+    source = Trace.load(EXAMPLES.parents[1] / "traces" / "tiny-mixtral.npz")
+    reqs = [source.requests[i] for i in REQUESTS]
+    vllm = import_trace([EXAMPLES / "vllm"], num_experts=8)
+    sglang = import_trace([EXAMPLES / "sglang"])
+    for tr, want in ((vllm, reqs), (sglang, reqs[:2])):
+        assert len(tr.requests) == len(want)
+        for got, r in zip(tr.requests, want):
+            np.testing.assert_array_equal(got.topk, r.topk)
+            assert got.prefill == r.prefill
+    assert [r.output for r in vllm.requests] == [r.output for r in reqs]
+    [csv] = import_trace([EXAMPLES / "my-engine.csv"]).requests
+    np.testing.assert_array_equal(csv.topk, reqs[0].topk)
+    counts = Trace(source.geometry, reqs).popularity()
+    for fmt, path in (("trtllm", "trtllm"), ("sglang-stat", "sglang-stat.pt"), ("ktransformers", "ktransformers-frequency.pt")):
+        np.testing.assert_array_equal(import_profile([EXAMPLES / path], fmt).counts, counts)
