@@ -131,9 +131,27 @@ class OffloadedModel:
             run = self._run
             if run is not None:
                 d = run[self._device_of[layer]]
-                d.before_layer(self._step, layer - d.layers.start)
+                local = layer - d.layers.start
+                guess = getattr(d.cache, "guess", None)  # a speculative policy takes the live guess
+                if guess is not None and local > 0:
+                    guess(local, self.router_pick(layer, args[0]))
+                d.before_layer(self._step, local)
 
         return hook
+
+    def router_pick(self, layer: int, hidden: torch.Tensor) -> np.ndarray:
+        """[tokens, k]: the experts MoE layer `layer`'s router picks from `hidden` (the previous
+        layer's output) through the layer's pre-MoE norm: the speculative guess, as
+        backends/record.py records it in `spec`."""
+        block = self.blocks[layer]
+        norm = getattr(_decoder(self.model).layers[block.decoder_index], "post_attention_layernorm", torch.nn.Identity())
+        want, self._want_scores = self._want_scores, False  # the guess is not the layer's routing
+        try:
+            with torch.no_grad():
+                picked = block.gate(norm(hidden.reshape(-1, hidden.shape[-1])))[2]
+        finally:
+            self._want_scores = want
+        return picked.cpu().numpy()
 
     def _make_scores(self, layer: int) -> Callable[..., None]:
         def hook(module: Any, args: Any, out: Any) -> None:
