@@ -28,7 +28,7 @@ import torch
 from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.geometry import split_layers
-from casmoe.trace import Future, Trace, prefill_step
+from casmoe.trace import NOT_COMPUTED, Future, Trace, prefill_step
 
 from casmoe.backends.adapters import adapter_for
 from casmoe.backends.copier import EmulatedLink
@@ -97,6 +97,7 @@ class OffloadedModel:
         self._prefill = False
         self._scores: list[np.ndarray | None] = [None] * len(blocks)
         self._rows: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(blocks)
+        self._guesses: list[np.ndarray | None] = [None] * len(blocks)  # this pass's live guesses, per layer
         self._want_scores = False
         self._reference: dict[torch.device, dict[str, torch.Tensor]] = {}  # per device: one layer's experts
         self.on_layer: Callable[[OffloadedModel, int], None] | None = None
@@ -151,7 +152,21 @@ class OffloadedModel:
                 picked = block.gate(norm(hidden.reshape(-1, hidden.shape[-1])))[2]
         finally:
             self._want_scores = want
-        return picked.cpu().numpy()
+        self._guesses[layer] = rows = picked.cpu().numpy()
+        return rows
+
+    def take_guesses(self) -> np.ndarray | None:
+        """[tokens, L, k] of the pass that just ran, as `spec` stores them (row l: layer l+1's
+        guess; NOT_COMPUTED where none was made), or None when the policy took no guesses."""
+        made = [(layer, g) for layer, g in enumerate(self._guesses) if g is not None]
+        if not made:
+            return None
+        first = made[0][1]
+        spec = np.full((len(first), len(self._guesses), first.shape[1]), NOT_COMPUTED, dtype=np.int64)
+        for layer, g in made:
+            spec[:, layer - 1] = g
+        self._guesses = [None] * len(self._guesses)
+        return spec
 
     def _make_scores(self, layer: int) -> Callable[..., None]:
         def hook(module: Any, args: Any, out: Any) -> None:
