@@ -10,6 +10,7 @@ import typer
 
 from casmoe.cache import MissMode
 from casmoe.cli.app import app
+from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE, shipped
 
 @app.command()
@@ -46,7 +47,15 @@ def replay(
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     cap = one_capacity(capacity, global_capacity, tr.geometry)
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
-    caches = [spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr) for spec in specs]  # fail before work
+    caches, skipped = [], []
+    for spec in list(specs):  # fail before work; of every policy (no --policy), those this trace can run
+        try:
+            caches.append(spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr))
+        except CasmoeError as exc:
+            if policy and policy != ["all"]:
+                raise
+            specs.remove(spec)
+            skipped.append(f"skipped {spec.label}: {exc}")
     steps, arrays = None, None  # built once, for the policies that run in Python / compiled
     records = []
     for spec, cache in zip(tqdm(specs, desc="replay", unit="policy", disable=len(specs) < 2 or as_json), caches):
@@ -62,3 +71,5 @@ def replay(
     from casmoe.report import print_replay
 
     print_replay(records, f"{tr.geometry.describe()}, {len(tr.requests)} requests, {tr.tokens} tokens")
+    for note in skipped:
+        typer.echo(note)
