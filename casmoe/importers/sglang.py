@@ -35,8 +35,8 @@ import numpy as np
 
 from casmoe.importers.engine_trace import EngineRequest, build_trace
 from casmoe.importers.ktransformers import frequency_table
-from casmoe.importers.torch_file import as_int_array, load_torch_file
-from casmoe.importers.dump_files import b64_bytes, engine_files, json_records, text_field
+from casmoe.importers.torch_file import load_torch_file
+from casmoe.importers.dump_files import as_int_array, b64_bytes, engine_files, json_records, text_field
 from casmoe.profile import Profile, ProfileError, from_engine_counts
 from casmoe.trace import Trace, TraceError
 
