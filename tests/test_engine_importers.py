@@ -243,7 +243,7 @@ def test_vllm_openai_responses_in_every_array_encoding(tmp_path):
     doc = {"id": "chatcmpl-1", "created": 1700000000, "prompt_token_ids": list(range(4)), "choices": choices,
            "prompt_routed_experts": base64.b64encode(buf.getvalue()).decode(), "usage": {"prompt_tokens": 4}}
     (tmp_path / "resp.json").write_text(json.dumps(doc))
-    tr = import_trace([tmp_path / "resp.json"], num_experts=8)
+    tr = import_trace([tmp_path], num_experts=8)  # a folder of responses, told apart by content
     assert tr.geometry.experts == 8 and not tr.meta["experts_inferred"]
     for got, rows, c in zip(tr.requests, want, range(2)):
         np.testing.assert_array_equal(got.topk, rows)
