@@ -112,6 +112,9 @@ def test_sglang_per_token_dump_recovers_every_request(tmp_path):
         np.testing.assert_array_equal(got.output_ids, want.ids[computed_prompt:])
     assert tr.meta["prefix_cached_tokens"] == [0, 0, 0, 0, 2]
     assert tr.meta["started_before_recording"] == 1
+    tr.save(tmp_path / "t.npz")  # and through casmoe's own formats, unchanged
+    write_route_csv(Trace.load(tmp_path / "t.npz"), tmp_path / "t.csv")
+    assert_same(read_route_csv(tmp_path / "t.csv"), tr)
 
 
 def test_sglang_tensor_parallel_ranks_count_once_and_data_parallel_ranks_add(tmp_path):
