@@ -210,7 +210,7 @@ def test_vllm_response_fields_of_any_type(tmp_path, prompt, routed, ids, created
 SGLANG_FIELDS = ["forward_pass_id", "input_ids", "positions", "extend_seq_lens", "forward_mode", "topk_ids_of_layer"]
 
 
-@FUZZ
+@settings(FUZZ, max_examples=15)  # each example saves and loads a torch file
 @given(field=st.sampled_from(SGLANG_FIELDS), value=JSON_VALUE, record=st.integers(0, 3))
 def test_sglang_record_fields_of_any_type(tmp_path, field, value, record):
     torch = pytest.importorskip("torch")
@@ -227,7 +227,7 @@ def test_sglang_record_fields_of_any_type(tmp_path, field, value, record):
     tr.validate()
 
 
-@FUZZ
+@settings(FUZZ, max_examples=20)
 @given(name=st.sampled_from(["sglang", "vllm/request-1.npz", "sglang-stat.pt"]), cut=st.integers(1, 4000),
        flip=st.integers(0, 4000))
 def test_damaged_engine_dumps_raise_one_error(tmp_path, name, cut, flip):

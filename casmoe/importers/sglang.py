@@ -125,9 +125,9 @@ def _requests(records: list[dict[str, Any]], k: int, where: str, rank: Any) -> l
     done: list[_Open] = []
     by_next: dict[int, list[_Open]] = {}  # next position -> open requests, first seen first
 
-    def take(pos: int, decoding: bool | None) -> _Open | None:
+    def take(pos: int, decoding: bool) -> _Open | None:
         for r in by_next.get(pos, []):
-            if decoding is None or r.decoding == decoding:
+            if r.decoding == decoding:
                 by_next[pos].remove(r)
                 return r
         return None
