@@ -240,6 +240,20 @@ class ExpertCache:
         return cls.needs_future
 
     @classmethod
+    def fitted_requests(cls, options: dict[str, Any], trace: Any) -> set[int]:
+        """Indices of `trace`'s requests that what this policy was fitted on (a profile, a
+        planner's fit) saw: scoring it on them reads the answers. Empty: nothing fitted on them
+        (`casmoe.selection` then need not hold any request out)."""
+        return set()
+
+    @classmethod
+    def bind(cls, options: dict[str, Any], trace: Any) -> dict[str, Any]:
+        """`options` completed from `trace`, the whole trace the scored requests come from
+        (before any selection): a policy that fits something on a trace by default fits it on
+        the requests `fitted_requests` names. Runtimes call it once per run."""
+        return options
+
+    @classmethod
     def create(
         cls,
         geometry: Geometry,

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 from casmoe.errors import CasmoeError
 from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.output import write_text
-from casmoe.policies import PolicySpec, get_policy
+from casmoe.policies import POLICIES, PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
 from casmoe.sim.engine import StepPlan, check_geometry, expert_bytes_for, simulate
 from casmoe.sim.hardware import load_profile
@@ -60,11 +60,15 @@ class Point:
     devices: int = 0  # 0: every GPU of the profile
     quant: str = ""  # "": the trace's measured bytes, else bf16
     pinned: bool = True
-    requests: int = 0  # 0: all requests of the trace, else the first N
+    requests: tuple[int, ...] = ()  # the scored requests (indices into the trace); (): all
     trace_digest: str = ""
     workload: Workload | None = None  # None: requests back to back (or in static batches)
     host_cache: str = ""  # "": every expert in host RAM; else the RAM tier's size (40GB or experts)
     host_policy: str = "lru"
+    inputs: str = ""  # digest of everything else the result depends on (`input_digest`)
+    fitted: bool = False  # the policy was fitted on some of the scored requests: starred
+    scored: str = ""  # the selection in words, for the record
+    overcommit: bool = False  # the user allows capacities and devices the profile does not have
 
     def key(self) -> str:
         blob = json.dumps({"v": RESULT_VERSION, **asdict(self)}, sort_keys=True, default=str)
@@ -77,7 +81,8 @@ class Point:
             "hardware": self.hardware,
             "policy": self.policy.label,
             "capacity_spec": self.capacity.label,
-            "oracle": self.policy.oracle,
+            "oracle": self.policy.oracle or self.fitted,
+            "scored": self.scored,
             **self._load(),
             "key": self.key(),
         }
@@ -98,18 +103,66 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
-@lru_cache(maxsize=4)
-def _load_trace(path: str, digest: str, requests: int) -> Trace:
-    """One parse per trace file and process (the digest keys a changed file apart); `requests`
-    > 0 keeps the first N requests."""
-    trace = Trace.load(path)
-    if requests:
-        trace = trace.subset(range(min(requests, len(trace.requests))))
-    return trace
+def input_digest(hardware: str, model: str, policy: PolicySpec) -> str:
+    """What a point's result depends on beyond its own fields and the trace's bytes: the
+    profile's numbers and the preset (by content, whether named or a file), every file or
+    folder an option names, a user's policy module with its package, casmoe's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        casmoe_version = version("casmoe")
+    except PackageNotFoundError:
+        casmoe_version = "source"
+    profile = {k: v for k, v in load_profile(hardware).to_dict().items() if k != "sources"}
+    parts = [casmoe_version, json.dumps(profile, sort_keys=True), repr(get_preset(model))]
+    for _, value in policy.options:
+        if isinstance(value, str) and Path(value).exists():
+            parts.append(path_digest(value))
+    if policy.name not in POLICIES:
+        parts += [path_digest(p) for p in _user_sources(policy.name)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def path_digest(path: str | Path) -> str:
+    """A file's content digest, or a folder's: every file below it, by relative name."""
+    path = Path(path)
+    if not path.is_dir():
+        return file_digest(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}:{file_digest(f)}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _user_sources(spec: str) -> list[Path]:
+    """The files of a user's policy `pkg.mod:Class`: its module, and every module of its
+    top-level package (a helper it imports may change the result)."""
+    import sys
+
+    get_policy(spec)  # imports it, with the user's folder on the path
+    module = sys.modules[spec.partition(":")[0]]
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    files = [Path(module.__file__)] if getattr(module, "__file__", None) else []
+    if getattr(top, "__path__", None):
+        files += [p for d in top.__path__ for p in sorted(Path(d).rglob("*.py"))]
+    return sorted(set(files))
 
 
 @lru_cache(maxsize=4)
-def _plan(path: str, digest: str, requests: int, batch: int, devices: int, cache_per_device: bool) -> StepPlan:
+def _load_whole(path: str, digest: str) -> Trace:
+    """One parse per trace file and process (the digest keys a changed file apart)."""
+    return Trace.load(path)
+
+
+@lru_cache(maxsize=4)
+def _load_trace(path: str, digest: str, requests: tuple[int, ...]) -> Trace:
+    """The trace's `requests` (all when empty)."""
+    whole = _load_whole(path, digest)
+    return whole.subset(requests) if requests else whole
+
+
+@lru_cache(maxsize=4)
+def _plan(path: str, digest: str, requests: tuple[int, ...], batch: int, devices: int, cache_per_device: bool) -> StepPlan:
     return StepPlan.build(_load_trace(path, digest, requests), batch, devices, cache_per_device)
 
 
@@ -135,7 +188,7 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
         capacity,
         hardware,
         preset,
-        options=dict(point.policy.options),
+        options=point.policy.bound(_load_whole(point.trace, point.trace_digest)),
         label=point.policy.label,
         batch=point.batch,
         miss_mode=miss_mode,

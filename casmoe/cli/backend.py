@@ -12,7 +12,7 @@ from typing import Any, Optional
 import typer
 
 from casmoe.cache import MissMode
-from casmoe.cli.app import app
+from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
 
 FIDELITY_POLICIES = ("ondemand", "lru", "semoe", "casmoe[predictor=exact]")
@@ -67,9 +67,7 @@ def _prompts(tokenizer: Any, prompts: Optional[Path], count: int, max_tokens: in
 
 
 def _progress(total: int, desc: str) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="req", leave=False)
+    return progress(total=total, desc=desc, unit="req", leave=False)
 
 
 MODEL = typer.Option(..., "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a local model folder.")

@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 import typer
 
-from casmoe.cli.app import app
+from casmoe.cli import requests as choose
+from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE
 
@@ -98,8 +99,12 @@ def simulate(
     quant: Optional[str] = typer.Option(None, help="Expert precision: bf16, fp16, int8, int4 (default: trace bytes or bf16)."),
     devices: int = typer.Option(0, min=0, help="GPUs the layers are split over (0: every GPU of the profile)."),
     pageable: bool = typer.Option(False, "--pageable", help="Copy from pageable host memory instead of pinned."),
-    requests: Optional[int] = typer.Option(
-        None, min=0, help="Simulate only the first N requests (0: all). Default: 12 for the shipped trace, else all."
+    requests: Optional[int] = choose.requests_option("Default: 12 for the shipped trace, else all."),
+    split: str = choose.SPLIT,
+    task: Optional[list[str]] = choose.TASK,
+    span: Optional[str] = choose.RANGE,
+    allow_overcommit: bool = typer.Option(
+        False, "--allow-overcommit", help="Simulate capacities, devices or RAM the profile does not have (else refused)."
     ),
     out: Path = typer.Option(Path("casmoe-sim"), help="Report folder: results.json, results.csv, PNG plots."),
     timeline: Optional[Path] = typer.Option(None, help="Write a Chrome/Perfetto trace (of the first run) here."),
@@ -136,11 +141,10 @@ def simulate(
     per cache size and a policies x sizes table of decode tokens/s, writes every measurement to
     --out.
     """
-    from tqdm import tqdm
-
     from casmoe.options import capacity_specs
     from casmoe.output import check_dir_target, check_file_target
     from casmoe.policies import POLICIES, parse_policies
+    from casmoe.selection import Selection
     from casmoe.shipped import shipped
     from casmoe.sim.serving import Workload
     from casmoe.sim.sweep import run_point
@@ -148,14 +152,17 @@ def simulate(
     from casmoe.sim.whatif import what_if
 
     check_dir_target(out, "--out")
+    source = trace or shipped(DEFAULT_TRACE)
     if timeline is not None:
         check_file_target(timeline, "--timeline", create_parent=True)
+        if timeline.resolve() == Path(source).resolve():
+            raise CasmoeError(f"--timeline {timeline} is the trace being simulated; write the timeline elsewhere")
     workload = Workload.from_options(arrival, rate, users, think, max_batch, schedule, chunk, seed)
     plan = what_if(
-        trace or shipped(DEFAULT_TRACE), parse_policies(policy, POLICIES), capacity_specs(capacity, global_capacity),
+        source, parse_policies(policy, POLICIES), capacity_specs(capacity, global_capacity),
         shipped=trace is None, model=model, hardware=hardware, batch=batch, miss_mode=miss_mode, quant=quant,
-        devices=devices, pinned=not pageable, requests=requests, workload=workload, host_cache=host_cache,
-        host_policy=host_policy,
+        devices=devices, pinned=not pageable, requests=requests, selection=Selection.of(split, task, span),
+        workload=workload, host_cache=host_cache, host_policy=host_policy, overcommit=allow_overcommit,
     )
     if not as_json:
         typer.echo(plan.describe())
@@ -165,7 +172,7 @@ def simulate(
     first = plan.points[0]
     recorder = None if timeline is None else Timeline(plan.trace.geometry.experts, plan.devices,
                                                       f"{first.policy.label} @ {first.capacity.label}")
-    for i, p in enumerate(tqdm(plan.points, desc="simulate", unit="run", disable=as_json or len(plan.points) < 2)):
+    for i, p in enumerate(progress(plan.points, desc="simulate", unit="run", quiet=as_json or len(plan.points) < 2)):
         try:
             records.append(run_point(p, recorder if i == 0 else None))
         except CasmoeError as exc:
@@ -174,7 +181,7 @@ def simulate(
             records.append({**p.describe(), "skipped": str(exc)})
     if recorder is not None:
         recorder.write(timeline)
-    _report(out, records, as_json, f"{plan.preset.name} on {plan.hardware.name} x{plan.devices}", timeline,
+    _report(out, records, as_json, f"{plan.preset.name} on {plan.box()}", timeline,
             f"serving {workload.describe()}" if workload else "", timeliness)
 
 
@@ -200,8 +207,6 @@ def sweep(
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
 ) -> None:
     """Run a grid of simulations in parallel; results merge into one table (results.csv)."""
-    from tqdm import tqdm
-
     from casmoe.policies import POLICIES
     from casmoe.shipped import shipped
     from casmoe.policies import parse_policies
@@ -231,7 +236,7 @@ def sweep(
         grid.max_batch = max_batch
     grid.fill_defaults(str(shipped(DEFAULT_TRACE)))
     points = grid.points()
-    bar = tqdm(total=len(points), desc="sweep", unit="run", disable=as_json)
+    bar = progress(total=len(points), desc="sweep", unit="run", quiet=as_json)
 
     def progress(done: int, total: int) -> None:
         if done == 0:

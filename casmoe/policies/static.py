@@ -39,11 +39,35 @@ class Static(LRU):
         self.pinned: frozenset[ExpertId] = frozenset(int(e) for e in pinned if popularity[e] > 0)
 
     @classmethod
+    def fitted_requests(cls, options: dict[str, Any], trace: Trace) -> set[int]:
+        """Without a profile: the trace's train split (`bind` profiles on it). With a profile
+        of the same routing as `trace`: every request."""
+        from casmoe.planner.fitdata import fingerprint
+        from casmoe.selection import split_indices
+
+        profile = options.get("profile")
+        if profile is None:
+            return set(split_indices(trace, "train"))
+        if fingerprint(_profile_trace(profile)) == fingerprint(trace):
+            return set(range(len(trace.requests)))
+        return set()
+
+    @classmethod
+    def bind(cls, options: dict[str, Any], trace: Trace) -> dict[str, Any]:
+        """No profile given: the popularity of the trace's train split, never of the scored requests."""
+        if options.get("profile") is not None:
+            return options
+        from casmoe.selection import split_indices
+
+        return {**options, "profile": trace.subset(split_indices(trace, "train"))}
+
+    @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | str | None = None, **kw: Any) -> ExpertCache:
         """Popularity from `profile`, else from the trace being run (an offline profile of the
-        same workload: an upper bound on what a static placement achieves)."""
-        if profile is not None and not isinstance(profile, Trace):
-            profile = Trace.load(os.fspath(profile) if isinstance(profile, os.PathLike) else str(profile))
+        very requests it is scored on: an upper bound on what a static placement achieves; the
+        command line and sweeps `bind` a profile of the train split instead)."""
+        if profile is not None:
+            profile = _profile_trace(profile)
         source = profile if profile is not None else trace
         if source is None:
             raise CacheConfigError("static needs a profile trace (static[profile=FILE.npz]) to rank experts")
@@ -59,3 +83,7 @@ class Static(LRU):
         pinned = self.pinned
         unpinned = next((e for e in self.recency(layer) if e in candidates and e not in pinned), None)
         return unpinned if unpinned is not None else super().victim(layer, candidates)
+
+
+def _profile_trace(profile: Trace | str | os.PathLike[str]) -> Trace:
+    return profile if isinstance(profile, Trace) else Trace.load(os.fspath(profile))
