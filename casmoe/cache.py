@@ -19,6 +19,7 @@ same decisions as the count-only replay; timing only turns hits into late hits.
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, NamedTuple, Sequence
 
@@ -82,6 +83,15 @@ class Capacity:
 
     slots: int
     per_layer: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            slots = operator.index(self.slots)  # ints and numpy ints; not 4.7, "4" or True
+        except TypeError:
+            slots = None
+        if slots is None or isinstance(self.slots, bool):
+            raise CacheConfigError(f"capacity must be a whole number of slots, got {self.slots!r}")
+        object.__setattr__(self, "slots", slots)
 
     def total(self, geometry: Geometry) -> int:
         return self.slots * geometry.layers if self.per_layer else self.slots
@@ -194,7 +204,7 @@ class ExpertCache:
         miss_mode: MissMode = MissMode.LOAD,
         expert_bytes: Sequence[int] | None = None,
     ) -> None:
-        cap = capacity if isinstance(capacity, Capacity) else Capacity(int(capacity))
+        cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
         cap = cap.clamped(geometry)
         if cap.slots < geometry.top_k:
             flag = "--capacity" if cap.per_layer else "--global-capacity"
@@ -452,6 +462,11 @@ class ExpertCache:
 
     def stats(self) -> CacheStats:
         return CacheStats(**self._n)
+
+    @property
+    def has_run(self) -> bool:
+        """Whether any runtime event has reached this cache (a fresh one is empty and counts 0)."""
+        return bool(self._slot_of) or any(self._n.values())
 
     # ---- mechanics -----------------------------------------------------------------------
 

@@ -467,6 +467,8 @@ def print_timeliness(records: Sequence[dict[str, Any]], title: str) -> None:
                 "policy": _label(r),
                 "stall": _s(stall),
                 "bandwidth-bound stall": _s(bound),
+                **({"bound per device": " ".join(_s(b) for b in r["stall_bound_by_device_s"])}
+                   if len(r.get("stall_bound_by_device_s") or ()) > 1 else {}),
                 "lost to timing/prediction": f"{(stall - bound) / stall:.0%}" if stall else "-",
                 "late hits": r["late_hits"],
                 "wasted prefetches": r["prefetch_wasted"],

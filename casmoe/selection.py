@@ -5,8 +5,9 @@ A policy that carries something fitted on a trace (a planner's fit, a static pro
 which of its requests it saw (`ExpertCache.fitted_requests`). Scoring it on those requests
 reads the answers, like an oracle. So `split="auto"` (the default of replay, simulate and
 sweep) scores every request unless a policy was fitted on some of them, and then only the
-requests none of the policies saw; an explicit `--split` is obeyed, and a policy that saw some
-of the requests it is scored on is starred beside the oracles.
+requests none of the policies saw (all of them, if none is left: a trace too short to hold any
+out); an explicit `--split` is obeyed; a policy that saw some of the requests it is scored on
+is starred beside the oracles.
 
 The held-out rule is the planner's (`casmoe.planner.planner.heldout_split`): the trace's
 `meta["splits"]` labels when it has them, else every fifth request.
@@ -93,12 +94,9 @@ class Selection:
         if split == "auto":
             seen = set().union(*fitted.values())
             chosen = [i for i in pool if i not in seen]
-            if fitted and not chosen:
-                raise SelectionError(
-                    f"{', '.join(fitted)} saw every selected request of this trace; score another trace, or give "
-                    "--split all to score them anyway (those policies are then starred)"
-                )
             why = f"the requests {', '.join(fitted)} never saw" if fitted else ""
+            if fitted and not chosen:  # nothing unseen to score: score them all, the fitted starred
+                chosen, why = list(pool), ""
         else:
             in_split = set(split_indices(trace, split))
             chosen = [i for i in pool if i in in_split]

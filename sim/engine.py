@@ -40,7 +40,7 @@ from casmoe.compiled import uses_twin
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Quant, split_layers
 from casmoe.presets import ModelPreset, load_presets
-from casmoe.replay import starts_and_ends
+from casmoe.replay import check_replayable, starts_and_ends
 from casmoe.sim.compute import ComputeModel, RooflineCompute
 from casmoe.sim.decide import CompiledDecider, Decider, StepDecisions
 from casmoe.sim.hardware import HardwareProfile
@@ -276,6 +276,7 @@ class Machine:
             wasted_by_layer=tuple(tl.wasted_by_layer) if tl is not None else (),
             stall_bound_s=tl.bound if tl is not None else 0.0,
             stall_bound_by_layer_s=tuple(tl.bound_by_layer) if tl is not None else (),
+            stall_bound_by_device_s=tuple(tl.bound_by_device) if tl is not None else (),
             host_cache_gb=setup.host_cache.nbytes(setup.expert_bytes) / 1e9 if setup.host_cache is not None else 0.0,
             host_hits=tier_stats.hits if tier_stats is not None else 0,
             host_misses=tier_stats.misses if tier_stats is not None else 0,
@@ -317,6 +318,12 @@ def simulate(
     `compiled` chooses the offline decision pass as `casmoe.replay.replay` chooses its path
     (built-in policies' compiled twins; identical results either way). `latency`, a log to fill
     instead of a fresh one, gives a caller every step's time (requests one after another only)."""
+    if not (isinstance(policy, type) and issubclass(policy, ExpertCache)):
+        raise SimConfigError(
+            f"simulate takes a policy class (each run builds fresh caches), e.g. LRU, not {type(policy).__name__} "
+            "object; casmoe.sim.api.simulate takes names"
+        )
+    check_replayable(trace)
     check_geometry(trace.geometry, preset)
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)

@@ -195,7 +195,13 @@ def sweep(
     capacity: Optional[list[str]] = typer.Option(None, help="Capacities per layer in slots or memory (6GB), repeatable."),
     global_capacity: Optional[list[str]] = typer.Option(None, help="Global-pool capacities, repeatable."),
     batch: Optional[list[int]] = typer.Option(None, help="Batch sizes, repeatable."),
-    requests: Optional[int] = typer.Option(None, min=0, help="Only the first N requests of each trace (0: all)."),
+    requests: Optional[int] = choose.requests_option(""),
+    split: Optional[str] = typer.Option(None, help=choose.SPLIT.help),
+    task: Optional[list[str]] = choose.TASK,
+    span: Optional[str] = choose.RANGE,
+    allow_overcommit: bool = typer.Option(
+        False, "--allow-overcommit", help="Simulate capacities, devices or RAM the profiles do not have (else skipped)."
+    ),
     rate: Optional[list[float]] = typer.Option(
         None, min=0.0, help="Poisson arrival rates (requests/s), repeatable: a grid axis; plots latency vs load."
     ),
@@ -230,6 +236,13 @@ def sweep(
         grid.batch = batch
     if requests is not None:
         grid.requests = requests
+    if split is not None:
+        grid.split = split
+    if task:
+        grid.tasks = task
+    if span is not None:
+        grid.range = span
+    grid.allow_overcommit = grid.allow_overcommit or allow_overcommit
     if rate:
         grid.rates = rate
     if max_batch is not None:
@@ -238,7 +251,7 @@ def sweep(
     points = grid.points()
     bar = progress(total=len(points), desc="sweep", unit="run", quiet=as_json)
 
-    def progress(done: int, total: int) -> None:
+    def advance(done: int, total: int) -> None:
         if done == 0:
             bar.update(len(points) - total)  # already stored
             if total < len(points):
@@ -247,7 +260,7 @@ def sweep(
             bar.update(1)
 
     address = ray_address or ("local" if ray else None)
-    records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=progress)
+    records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=advance)
     bar.close()
     _report(out, records, as_json, f"sweep: {len(points)} points, {computed} computed now", None,
             "serving" if any("arrival" in r for r in records) else "", False)
