@@ -124,7 +124,8 @@ def simulate(
     chunk: int = typer.Option(512, min=1, help="Serving, chunked: tokens per step (decode tokens + a prompt chunk)."),
     seed: int = typer.Option(0, help="Seed of the Poisson arrivals."),
     host_cache: Optional[str] = typer.Option(
-        None, "--host-cache", help="RAM tier between storage and the GPUs: memory (40GB) or experts; default: all experts in RAM."
+        None, "--host-cache", help="RAM tier between storage and the GPUs: memory (40GB) or experts; default: every expert in RAM "
+        "if they fit the profile's host RAM, else a RAM tier of all of it."
     ),
     host_policy: str = typer.Option("lru", help="Policy managing the RAM tier (any that does not read the future)."),
     timeliness: bool = typer.Option(
@@ -141,15 +142,9 @@ def simulate(
     per cache size and a policies x sizes table of decode tokens/s, writes every measurement to
     --out.
     """
-    from casmoe.options import capacity_specs
     from casmoe.output import check_dir_target, check_file_target
-    from casmoe.policies import POLICIES, parse_policies
-    from casmoe.selection import Selection
     from casmoe.shipped import shipped
-    from casmoe.sim.serving import Workload
-    from casmoe.sim.sweep import run_point
-    from casmoe.sim.timeline import Timeline
-    from casmoe.sim.whatif import what_if
+    from casmoe.sim.api import simulate as run
 
     check_dir_target(out, "--out")
     source = trace or shipped(DEFAULT_TRACE)
@@ -157,31 +152,30 @@ def simulate(
         check_file_target(timeline, "--timeline", create_parent=True)
         if timeline.resolve() == Path(source).resolve():
             raise CasmoeError(f"--timeline {timeline} is the trace being simulated; write the timeline elsewhere")
-    workload = Workload.from_options(arrival, rate, users, think, max_batch, schedule, chunk, seed)
-    plan = what_if(
-        source, parse_policies(policy, POLICIES), capacity_specs(capacity, global_capacity),
-        shipped=trace is None, model=model, hardware=hardware, batch=batch, miss_mode=miss_mode, quant=quant,
-        devices=devices, pinned=not pageable, requests=requests, selection=Selection.of(split, task, span),
-        workload=workload, host_cache=host_cache, host_policy=host_policy, overcommit=allow_overcommit,
+    bar = None
+
+    def advance(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress(total=total, desc="simulate", unit="run", quiet=as_json or total < 2)
+        bar.update(1)
+
+    res = run(
+        trace, policy, capacity, global_capacities=global_capacity, model=model, hardware=hardware, batch=batch,
+        miss_mode=miss_mode, quant=quant, devices=devices, pinned=not pageable, requests=requests, split=split,
+        tasks=task or (), span=span or "", arrival=arrival, rate=rate, users=users, think=think, max_batch=max_batch,
+        schedule=schedule, chunk=chunk, seed=seed, host_cache=host_cache, host_policy=host_policy,
+        allow_overcommit=allow_overcommit, timeline=timeline, progress=advance,
     )
+    if bar is not None:
+        bar.close()
+    plan = res.plan
     if not as_json:
         typer.echo(plan.describe())
         for note in plan.notes:
             typer.echo(note)
-    records = []
-    first = plan.points[0]
-    recorder = None if timeline is None else Timeline(plan.trace.geometry.experts, plan.devices,
-                                                      f"{first.policy.label} @ {first.capacity.label}")
-    for i, p in enumerate(progress(plan.points, desc="simulate", unit="run", quiet=as_json or len(plan.points) < 2)):
-        try:
-            records.append(run_point(p, recorder if i == 0 else None))
-        except CasmoeError as exc:
-            if len(plan.points) == 1:
-                raise
-            records.append({**p.describe(), "skipped": str(exc)})
-    if recorder is not None:
-        recorder.write(timeline)
-    _report(out, records, as_json, f"{plan.preset.name} on {plan.box()}", timeline,
+    workload = plan.points[0].workload
+    _report(out, res.records, as_json, f"{plan.preset.name} on {plan.box()}", timeline,
             f"serving {workload.describe()}" if workload else "", timeliness)
 
 
@@ -264,6 +258,36 @@ def sweep(
     bar.close()
     _report(out, records, as_json, f"sweep: {len(points)} points, {computed} computed now", None,
             "serving" if any("arrival" in r for r in records) else "", False)
+
+
+@app.command()
+def presets(
+    as_json: bool = typer.Option(False, "--json", help="Print the presets' full geometry as JSON."),
+) -> None:
+    """List the model presets (`--model NAME`): the geometry and dense shape each run prices."""
+    from casmoe.geometry import Quant
+    from casmoe.presets import PRESETS_FILE, load_presets
+
+    loaded = load_presets()
+    if as_json:
+        typer.echo(json.dumps({n: {"source": p.source, **p.geometry.to_dict()} for n, p in loaded.items()}, indent=2))
+        return
+    from casmoe.report import human_bytes, print_table
+
+    rows = [
+        {
+            "name": name,
+            "layers": p.geometry.layers,
+            "experts": p.geometry.experts,
+            "top_k": p.geometry.top_k,
+            "shared": p.geometry.shared_experts,
+            "hidden": p.geometry.hidden,
+            "experts bf16": human_bytes(sum(p.geometry.bytes_per_layer(Quant.BF16)) * p.geometry.experts),
+        }
+        for name, p in loaded.items()
+    ]
+    print_table(rows, list(rows[0]), title="model presets")
+    typer.echo(f"defined in {PRESETS_FILE} (each with its source: --json); pass --model NAME")
 
 
 @app.command()
