@@ -3,7 +3,6 @@
 One `ExpertCache` interface for every cache policy, a count-only replay, a SimPy simulator
 (`casmoe.sim`) and a torch backend (`casmoe.backends`) that run the same policy objects.
 Importing this package imports nothing heavy (no torch, transformers or matplotlib).
-`casmoe.simulate(...)` is `casmoe simulate` as a function (`casmoe.sim.api`, loaded on first use).
 """
 
 import importlib
@@ -12,14 +11,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from casmoe.cache import Access, CacheStats, Capacity, ExpertCache, Load, LoadReason, MissMode
     from casmoe.geometry import ExpertId, Geometry, Quant
-    from casmoe.sim.api import simulate
     from casmoe.trace import Future, Request, Step, Trace, TraceError
 
 _HOME = {
     **dict.fromkeys(("Access", "CacheStats", "Capacity", "ExpertCache", "Load", "LoadReason", "MissMode"), "casmoe.cache"),
     **dict.fromkeys(("ExpertId", "Geometry", "Quant"), "casmoe.geometry"),
     **dict.fromkeys(("Future", "Request", "Step", "Trace", "TraceError"), "casmoe.trace"),
-    "simulate": "casmoe.sim.api",  # the simulator's what-if API, above this package: loaded on first use
 }
 
 
@@ -49,5 +46,4 @@ __all__ = [
     "Step",
     "Trace",
     "TraceError",
-    "simulate",
 ]

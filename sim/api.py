@@ -1,4 +1,4 @@
-"""What-ifs from Python: `casmoe.simulate(...)` is `casmoe simulate` as a function.
+"""What-ifs from Python: `casmoe.sim.simulate(...)` is `casmoe simulate` as a function.
 
 Same defaults (the shipped trace's first requests, every GPU of the profile, every policy, the
 cache sizes the box holds, the requests no fitted policy saw), same validation (a capacity, a
@@ -7,8 +7,8 @@ command line takes them (`quant="bf16"`, `capacities=[4, "24GB"]`, `policies=["l
 "casmoe[predictor=noisy]"]`). The answer holds one record per run, as `results.json`, and a
 pandas DataFrame of them:
 
-    >>> import casmoe
-    >>> res = casmoe.simulate(policies=["lru", "lfu"], capacities=[2, 4], requests=2)
+    >>> import casmoe.sim
+    >>> res = casmoe.sim.simulate(policies=["lru", "lfu"], capacities=[2, 4], requests=2)
     >>> res.frame()[["policy", "capacity", "decode_tokens_per_s"]]  # doctest: +SKIP
 """
 

@@ -32,7 +32,8 @@ from casmoe.output import write_text
 from casmoe.policies import POLICIES, PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
 from casmoe.selection import Selection
-from casmoe.sim.engine import StepPlan, check_geometry, expert_bytes_for, max_slots, simulate
+from casmoe.sim.assembly import StepPlan, check_geometry, expert_bytes_for, max_slots
+from casmoe.sim.engine import simulate
 from casmoe.sim.fits import check_capacity, check_devices, default_host_cache
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Workload

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import casmoe
+import casmoe.sim
 from casmoe.cache import CacheConfigError, Capacity
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
@@ -117,7 +117,7 @@ def test_a_user_policy_edit_and_a_new_profile_file_change_the_key(tmp_path, monk
     assert key("mine.pol:Mine") != before
     profile = tmp_path / "profile.npz"
     spec = PolicySpec.parse(f"static[profile={profile}]")
-    with pytest.raises(TraceError, match="no such file"):  # refused before any point runs
+    with pytest.raises(CasmoeError, match="no such file"):  # refused before any point runs
         _grid(SHIPPED, "rtx4090x4", [spec.label]).points()
     missing = input_digest("rtx4090x4", "mixtral-8x7b", spec)
     Trace.load(SHIPPED).subset(range(3)).save(profile)  # the file appears: another input
@@ -169,14 +169,14 @@ def test_static_without_a_profile_is_profiled_on_the_train_split_and_scored_on_t
 
 
 def test_the_main_headline_never_calls_an_oracle_best_without_an_oracle():
-    res = casmoe.simulate(policies=["lfu", "static", "belady"], capacities=[4], requests=4)
+    res = casmoe.sim.simulate(policies=["lfu", "static", "belady"], capacities=[4], requests=4)
     (line,) = res.headline()
     assert "belady*" in line and "best without an oracle" in line
     best_real = line.split("best without an oracle: ")[1]
     assert not best_real.startswith("static*")
     static = next(r for r in res.records if r["policy"] == "static")
     assert not static["oracle"] and "static never saw" in static["scored"]
-    starred = casmoe.simulate(policies=["lfu", "static"], capacities=[4], requests=4, split="train")
+    starred = casmoe.sim.simulate(policies=["lfu", "static"], capacities=[4], requests=4, split="train")
     assert next(r for r in starred.records if r["policy"] == "static")["oracle"]
 
 
@@ -248,17 +248,17 @@ def test_capacities_and_devices_the_box_lacks_are_refused_unless_overcommitted(t
 
 def test_experts_beyond_host_ram_get_a_ram_tier(tmp_path):
     small_ram = box(tmp_path, "ram64", host_ram_gib=64.0)  # Mixtral's bf16 experts are about 90 GB
-    res = casmoe.simulate(hardware=str(small_ram), policies=["lru"], capacities=[4], requests=2)
+    res = casmoe.sim.simulate(hardware=str(small_ram), policies=["lru"], capacities=[4], requests=2)
     assert any("do not fit the 64 GiB of host RAM" in n for n in res.notes)
     (rec,) = res.records
     assert rec["host_cache_gb"] == pytest.approx(64 * 2**30 / 1e9, rel=0.01) and rec["storage_bytes"] > 0
-    full = casmoe.simulate(policies=["lru"], capacities=[4], requests=2)  # 256 GiB: every expert in RAM
+    full = casmoe.sim.simulate(policies=["lru"], capacities=[4], requests=2)  # 256 GiB: every expert in RAM
     assert full.records[0]["host_cache_gb"] == 0 and full.notes == []
     no_storage = box(tmp_path, "ram64nvme0", host_ram_gib=64.0, storage_read_gbs=0.0)
     with pytest.raises(CasmoeError, match="no storage tier"):
-        casmoe.simulate(hardware=str(no_storage), policies=["lru"], capacities=[4], requests=2)
+        casmoe.sim.simulate(hardware=str(no_storage), policies=["lru"], capacities=[4], requests=2)
     with pytest.raises(CasmoeError, match="exceeds the 64 GiB"):
-        casmoe.simulate(hardware=str(small_ram), policies=["lru"], capacities=[4], requests=2, host_cache="70GB")
+        casmoe.sim.simulate(hardware=str(small_ram), policies=["lru"], capacities=[4], requests=2, host_cache="70GB")
 
 
 def test_timeliness_bound_per_device_on_four_gpus():
@@ -307,14 +307,14 @@ def test_replay_refuses_what_would_count_wrong():
 
 
 def test_the_python_api_takes_the_cli_options_and_defaults():
-    res = casmoe.simulate(policies="lru", capacities=[2, "24GB"], quant="bf16", requests=2)
+    res = casmoe.sim.simulate(policies="lru", capacities=[2, "24GB"], quant="bf16", requests=2)
     frame = res.frame()
     assert list(frame["policy"]) == ["lru", "lru"] and set(frame["devices"]) == {4}  # every GPU of the profile
     assert list(frame["capacity"]) == ["2/layer", "2/layer"]  # 24 GB of bf16 Mixtral experts: 2 per layer
     with pytest.raises(CasmoeError, match="unknown --quant"):
-        casmoe.simulate(policies="lru", capacities=[2], quant="fp3", requests=2)
+        casmoe.sim.simulate(policies="lru", capacities=[2], quant="fp3", requests=2)
     with pytest.raises(CasmoeError, match="batch must be"):
-        casmoe.simulate(policies="lru", capacities=[2], batch=0, requests=2)
+        casmoe.sim.simulate(policies="lru", capacities=[2], batch=0, requests=2)
 
 
 # ---- serving flags, files -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Static placement: pin the experts that a profile trace routes to most, LRU for the rest.
+"""Static placement: pin the experts that a popularity profile routes to most, LRU for the rest.
 
 This is the placement of llama.cpp and kTransformers: popular experts live on the GPU for
 good, the remaining slots (at least `top_k` per pool, so misses can load) rotate in LRU order.
@@ -41,14 +41,14 @@ class Static(LRU):
     @classmethod
     def fitted_requests(cls, options: dict[str, Any], trace: Trace) -> set[int]:
         """Without a profile: the trace's train split (`bind` profiles on it). With a profile
-        of the same routing as `trace`: every request."""
-        from casmoe.planner.fitdata import fingerprint
+        of this very trace (the same popularity): every request."""
         from casmoe.selection import split_indices
 
         profile = options.get("profile")
         if profile is None:
             return set(split_indices(trace, "train"))
-        if fingerprint(_profile_trace(profile)) == fingerprint(trace):
+        counts = _counts(profile)
+        if counts.shape == (trace.geometry.layers, trace.geometry.experts) and np.array_equal(counts, trace.popularity()):
             return set(range(len(trace.requests)))
         return set()
 
@@ -63,21 +63,23 @@ class Static(LRU):
 
     @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | str | None = None, **kw: Any) -> ExpertCache:
-        """Popularity from `profile`, else from the trace being run (an offline profile of the
-        very requests it is scored on: an upper bound on what a static placement achieves; the
-        command line and sweeps `bind` a profile of the train split instead)."""
+        """Popularity from `profile` (a profile file of `casmoe profile import`, a trace file or
+        a Trace), else from the trace being run (an offline profile of the very requests it is
+        scored on: an upper bound on what a static placement achieves; the command line and
+        sweeps `bind` a profile of the train split instead)."""
         if profile is not None:
-            profile = _profile_trace(profile)
-        source = profile if profile is not None else trace
-        if source is None:
-            raise CacheConfigError("static needs a profile trace (static[profile=FILE.npz]) to rank experts")
-        shape = (source.geometry.layers, source.geometry.experts)
+            counts = _counts(profile)
+        elif trace is not None:
+            counts = trace.popularity()
+        else:
+            raise CacheConfigError("static needs a profile (static[profile=FILE.npz]: a profile or a trace) to rank experts")
+        shape = counts.shape
         if shape != (geometry.layers, geometry.experts):
             raise CacheConfigError(
                 f"static profile has {shape[0]} layers x {shape[1]} experts, the run {geometry.layers} x "
                 f"{geometry.experts}; profile a trace of the same model"
             )
-        return cls(geometry, capacity, popularity=source.popularity().ravel(), **kw)
+        return cls(geometry, capacity, popularity=counts.ravel(), **kw)
 
     def victim(self, layer: int, candidates) -> ExpertId:
         pinned = self.pinned
@@ -85,5 +87,9 @@ class Static(LRU):
         return unpinned if unpinned is not None else super().victim(layer, candidates)
 
 
-def _profile_trace(profile: Trace | str | os.PathLike[str]) -> Trace:
-    return profile if isinstance(profile, Trace) else Trace.load(os.fspath(profile))
+def _counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
+    if isinstance(profile, Trace):
+        return profile.popularity()
+    from casmoe.profile import load_profile
+
+    return load_profile(os.fspath(profile))
