@@ -80,7 +80,10 @@ def policies(workload: Workload, planner: str | None = None) -> list[PolicySpec]
     return out
 
 
-def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str] | None = None) -> list[Point]:
+def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str] | None = None,
+           overcommit: bool = False) -> list[Point]:
+    """Every policy x cache size of every workload; a size beyond what the GPUs hold is skipped
+    (n/a, with the reason) unless `overcommit` simulates it anyway."""
     out = []
     for w in workloads:
         trace = Trace.load(w.scored)
@@ -88,7 +91,7 @@ def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str
         digest = file_digest(w.scored)
         for cap in capacities(trace.geometry.top_k):
             for spec in policies(w, (planners or {}).get(w.name)):
-                out.append(Point(str(w.scored), model, hardware, spec, cap, trace_digest=digest))
+                out.append(Point(str(w.scored), model, hardware, spec, cap, trace_digest=digest, overcommit=overcommit))
     return out
 
 
