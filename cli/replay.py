@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from casmoe.cache import MissMode
+from casmoe.cache import ExpertCache, MissMode
 from casmoe.cli import requests as choose
 from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
@@ -54,6 +54,7 @@ def replay(
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
     scored = Selection.of(split, task, span, requests).resolve(whole, specs)
     tr = scored.pick(whole)
+    ExpertCache(tr.geometry, cap)  # a capacity no policy can use fails here, whichever policies run
     caches, skipped = [], []
     for spec in list(specs):  # fail before work; of every policy (no --policy), those this trace can run
         try:
