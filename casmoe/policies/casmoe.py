@@ -17,8 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from casmoe.cache import CacheConfigError, ExpertCache
+from casmoe.cache import CacheConfigError, ExpertCache, TwinState
 from casmoe.geometry import ExpertId
+from casmoe.kernels.kinds import Kind
 from casmoe.trace import Request
 
 ExpertScorer = Callable[[Request], np.ndarray]
@@ -69,6 +70,7 @@ class PlannerPredictor:
 
 class CasMoE(ExpertCache):
     name = "casmoe"
+    compiled_kind = Kind.CASMOE
 
     def __init__(self, *args, predictor: ExpertScorer, oracle: bool = False, **kw) -> None:
         super().__init__(*args, **kw)
@@ -145,6 +147,12 @@ class CasMoE(ExpertCache):
         else:
             chosen = np.sort(np.argsort(-self._scores, kind="stable")[: cap.slots])  # flat ids sort by layer
         return [int(e) for e in chosen if self._scores[e] > 0]
+
+    def twin_state(self) -> TwinState:
+        return TwinState(served=self._served)  # the kernel counts uses here; on_request_end reads them
+
+    def twin_request_key(self) -> np.ndarray:
+        return self._scores
 
     def on_access(self, expert: ExpertId) -> None:
         self._tick += 1

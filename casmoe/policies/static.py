@@ -13,14 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from casmoe.cache import CacheConfigError, ExpertCache
+from casmoe.cache import CacheConfigError, ExpertCache, TwinState
 from casmoe.geometry import ExpertId
+from casmoe.kernels.kinds import Kind
 from casmoe.policies.lru import LRU
 from casmoe.trace import Trace
 
 
 class Static(LRU):
     name = "static"
+    compiled_kind = Kind.STATIC
 
     def __init__(self, *args, popularity: np.ndarray, remainder: int | None = None, **kw) -> None:
         super().__init__(*args, **kw)
@@ -80,6 +82,9 @@ class Static(LRU):
                 f"{geometry.experts}; profile a trace of the same model"
             )
         return cls(geometry, capacity, popularity=counts.ravel(), **kw)
+
+    def twin_state(self) -> TwinState:
+        return TwinState(pinned=tuple(sorted(self.pinned)))
 
     def victim(self, layer: int, candidates) -> ExpertId:
         pinned = self.pinned
