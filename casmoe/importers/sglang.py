@@ -203,8 +203,11 @@ def read_per_token(files: Sequence[Path], where: str) -> Trace:
     for f in files:
         doc = load_torch_file(f)
         if not isinstance(doc, dict) or "records" not in doc:
-            hint = " (a stat dump: counts only, use `casmoe profile import --format sglang-stat`)" \
-                if isinstance(doc, dict) and "logical_count" in doc else ""
+            hint = ""
+            if isinstance(doc, dict) and "logical_count" in doc:
+                hint = " (a stat dump: counts only, use `casmoe profile import --format sglang-stat`)"
+            elif isinstance(doc, np.ndarray):
+                hint = " (a counts table: use `casmoe profile import --format ktransformers`)"
             raise TraceError(f"{f}: not an SGLang per_token dump (a dict with 'records'){hint}")
         if not isinstance(doc["records"], list):
             raise TraceError(f"{f}: 'records' must be a list")
