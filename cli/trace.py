@@ -115,9 +115,10 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
     """`synth --like`: fit, optionally split into tasks, generate, save with provenance."""
     from casmoe import synthetic_fit
     from casmoe.importers import read_specs
-    from casmoe.output import check_file_target
+    from casmoe.output import check_file_target, check_not_input
 
     check_file_target(out, "trace")
+    check_not_input(out, [like.partition("#")[0]], "trace")
     [(name, source)] = read_specs([like])
     typer.echo(f"fitting the generator to {like} ({len(source.requests)} requests, {source.tokens} tokens)", err=True)
     fitted = synthetic_fit.fit(source, name, seed, progress=lambda what: typer.echo(f"  fitting {what}", err=True))
