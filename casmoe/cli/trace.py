@@ -278,15 +278,18 @@ def stats(
     replay_requests: int = typer.Option(
         0, min=0, help="Replay the hit rates on at most this many requests, spread evenly (0: all of them)."
     ),
-    band: bool = typer.Option(True, help="Compare with the realism band of the real traces in traces/real."),
+    band: bool = typer.Option(True, help="Judge each trace against the band of the real traces of its "
+                                          "shape in traces/real (16 experts: GRIN, Jamba; 128: Qwen3, gemma, gpt-oss)."),
     as_json: bool = typer.Option(False, "--json", help="Print everything (per layer too) as JSON."),
     as_csv: bool = typer.Option(False, "--csv", help="Print long rows (trace, layer, statistic, value, band) as CSV."),
 ) -> None:
     """Routing statistics that decide how much a cache can help, beside the real models' band.
 
-    Per trace and layer: distinct experts of a request's first 32 decode tokens, exact-set reuse,
-    share of the previous token's experts kept, popularity skew, LRU and Belady hit rates at
-    k, 1.5k, 2k and 4k slots per layer, SRP at m = 16 (see casmoe.workload for the definitions).
+    Per trace and layer: distinct experts of a request's first 32 decode tokens, exact-set reuse
+    and its lift over random routing, share of the previous token's experts kept and its lift
+    over the request's own mix shuffled and over random routing with the trace's popularity,
+    the hottest expert's load, within-request popularity skew (Gini), LRU and Belady hit rates
+    at k, 1.5k, 2k and 4k slots per layer, SRP at m = 16 (see casmoe.workload for the definitions).
 
     Example: casmoe trace stats traces/tiny-olmoe.npz traces/real/qwen.route.csv
     """
@@ -303,15 +306,23 @@ def stats(
     with tqdm(total=sum(tr.geometry.layers for _, tr in loaded), desc="replay", unit="layer", leave=False, disable=as_json or as_csv) as bar:
         for name, tr in loaded:
             results.append(workload.measure(tr, name, replay_requests, progress=bar.update))
-    ref = workload.realism_band() if band else None
+    bands = [workload.band_for(tr.geometry.experts) if band else None for _, tr in loaded]
     if as_json:
-        typer.echo(json.dumps({"band": ref.to_dict() if ref else None, "traces": [s.to_dict() for s in results]}, indent=2))
+        shapes = {b.shape: b.to_dict() for b in bands if b is not None}
+        traces = [{**s.to_dict(), "band": b.shape if b else None, "band_note": b.note if b else None}
+                  for s, b in zip(results, bands)]
+        typer.echo(json.dumps({"band": shapes or None, "traces": traces}, indent=2))
         return
     if as_csv:
-        write_csv_to(sys.stdout, workload.long_records(results, ref))
+        write_csv_to(sys.stdout, workload.long_records(results, bands))
         return
-    rows = workload.comparison(results, ref)
-    print_table(rows, list(rows[0]), title="routing statistics (model level)" + (f"; band: {', '.join(ref.sources)}" if ref else ""))
+    rows = workload.comparison(results, bands)
+    used = {b.shape: b for b in bands if b is not None}
+    print_table(rows, list(rows[0]), title="routing statistics (model level)" + "".join(
+        f"; band {shape}: {', '.join(b.sources)}" for shape, b in used.items()))
+    for s, b in zip(results, bands):
+        if b is not None and b.note:
+            typer.echo(f"{s.name}: {b.note}")
     for s in results:
         if s.replayed_requests < s.requests:
             typer.echo(f"{s.name}: hit rates replayed on {s.replayed_requests} of {s.requests} requests (--replay-requests)")
