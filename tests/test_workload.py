@@ -25,10 +25,12 @@ from casmoe.workload import (
     gini,
     hit_rates,
     measure,
+    model_level,
     real_stats,
     realism_band,
     replay_sample,
     slots_for,
+    token_stats,
     topk_share,
 )
 from test_trace import random_trace
@@ -256,22 +258,12 @@ def test_uniform_routing_has_lift_one_even_on_short_requests():
     for _ in range(n):
         rows = np.argsort(rng.random((T, 1, E)), axis=2)[:, :, :k].astype(np.int16)
         reqs.append(Request(topk=rows, weights=np.full((T, 1, k), 0.5, np.float32), prefill=0))
-    m = token_stats_model(Trace(g, reqs))
+    m = model_level(token_stats(Trace(g, reqs)))
     assert m["lift_shuffled"] == pytest.approx(1.0, abs=0.03)
     assert m["lift_popularity"] == pytest.approx(1.0, abs=0.03)
     assert m["exact_lift"] == pytest.approx(1.0, abs=0.08)
     assert m["kept_popularity"] == pytest.approx(k / E, abs=0.005)
     assert m["hot_load"] < 1.1
-
-
-def token_stats_model(trace: Trace) -> dict[str, float]:
-    from casmoe.workload import RATIOS, token_stats
-
-    layers = token_stats(trace)
-    model = {n: float(np.nanmean(v)) for n, v in layers.items()}
-    for lift, (value, base) in RATIOS.items():
-        model[lift] = model[value] / model[base]
-    return model
 
 
 def test_sticky_trace_loads_two_experts_of_sixteen():

@@ -46,7 +46,9 @@ def synth(
     model: Optional[str] = typer.Option(None, help="Model preset whose geometry (and bytes per expert) to use [default: mixtral-8x7b]."),
     layers: Optional[int] = typer.Option(None, help="Override the preset's MoE layer count."),
     experts: Optional[int] = typer.Option(None, help="Override the preset's experts per layer."),
-    top_k: Optional[int] = typer.Option(None, help="Override the preset's routed experts per token."),
+    top_k: Optional[int] = typer.Option(None, help="Override the preset's routed experts per token; with "
+                                        "--like, extrapolate the fitted routing to this many (the same "
+                                        "expert ranking, its first K; see casmoe.synthetic_fit)."),
     requests: int = typer.Option(300, min=0, help="Number of requests."),
     tasks: Optional[int] = typer.Option(
         None, min=1, help="Task clusters (code, math, cooking, ...) [default: 6; with --like: the trace's own labels]."
@@ -78,13 +80,13 @@ def synth(
     the knobs are not used.
     """
     if like is not None:
-        knobs = {"--model": model, "--layers": layers, "--experts": experts, "--top-k": top_k, "--zipf": zipf,
+        knobs = {"--model": model, "--layers": layers, "--experts": experts, "--zipf": zipf,
                  "--stickiness": stickiness, "--task-affinity": task_affinity, "--task-experts": task_experts,
                  "--prefill": prefill, "--decode": decode, "--spec": spec or None, "--logits": logits or None}
         given = [name for name, value in knobs.items() if value is not None]
         if given:
             raise CasmoeError(f"--like fits the routing to the trace; drop {', '.join(given)}")
-        _synth_like(out, like, requests, tasks, task_shuffle, seed)
+        _synth_like(out, like, requests, tasks, task_shuffle, seed, top_k)
         return
     from casmoe.output import check_file_target
     from casmoe.synthetic import SynthConfig, generate
@@ -111,7 +113,8 @@ def synth(
     typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {geometry.describe()}")
 
 
-def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_shuffle: float, seed: int) -> None:
+def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_shuffle: float, seed: int,
+                top_k: Optional[int] = None) -> None:
     """`synth --like`: fit, optionally split into tasks, generate, save with provenance."""
     from casmoe import synthetic_fit
     from casmoe.importers import read_specs
@@ -119,10 +122,15 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
 
     check_file_target(out, "trace")
     [(name, source)] = read_specs([like])
+    if top_k is not None and not 1 <= top_k <= source.geometry.experts:
+        raise CasmoeError(f"--top-k must be in [1, {source.geometry.experts}] for {like}, not {top_k}")
     typer.echo(f"fitting the generator to {like} ({len(source.requests)} requests, {source.tokens} tokens)", err=True)
     fitted = synthetic_fit.fit(source, name, seed, progress=lambda what: typer.echo(f"  fitting {what}", err=True))
     if tasks is not None:
         fitted = synthetic_fit.with_tasks(fitted, tasks, task_shuffle, seed)
+    fitted_k = fitted.geometry.top_k
+    if top_k is not None:
+        fitted = synthetic_fit.with_top_k(fitted, top_k)
     tr = synthetic_fit.generate(fitted, requests, seed)
     tr.meta["synth_like"] = {
         **fitted.summary(),
@@ -130,8 +138,10 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
         "seed": seed,
         "tasks": tasks,
         "task_shuffle": task_shuffle if tasks is not None else None,
+        "top_k": {"fitted": fitted_k, "generated": tr.geometry.top_k},
         "command": f"casmoe trace synth {out.name} --like {like} --requests {requests} --seed {seed}"
-        + (f" --tasks {tasks} --task-shuffle {task_shuffle:g}" if tasks is not None else ""),
+        + (f" --tasks {tasks} --task-shuffle {task_shuffle:g}" if tasks is not None else "")
+        + (f" --top-k {top_k}" if top_k is not None else ""),
     }
     tr.save(out)
     typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {tr.geometry.describe()}")
