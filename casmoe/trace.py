@@ -28,6 +28,7 @@ import numpy as np
 
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, GeometryError
+from casmoe.npz import check_sizes
 
 FORMAT_NAME = "casmoe-trace"
 FORMAT_VERSION = 1
@@ -328,6 +329,7 @@ class Trace:
                     f"{where}: not an .npz file (a casmoe trace is a zip of .npy arrays); "
                     "convert other formats with `casmoe trace import`"
                 )
+            check_sizes(io.BytesIO(data), where, TraceError)  # before anything is inflated
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in npz.files}
         except FileNotFoundError:
