@@ -182,18 +182,17 @@ class HardwareProfile:
             values[n] = float(v) if f.type == "float" else v
         if not isinstance(values["sources"], dict):
             raise HardwareError(f"{where}: [sources] must be a table")
-        return cls(**values)
+        try:
+            return cls(**values)
+        except HardwareError as exc:  # name the user's file, not the `name` it copied from a shipped one
+            msg, subject = str(exc), f"profile {values['name']!r}: "
+            raise HardwareError(f"{where}: {msg.removeprefix(subject)}") from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> HardwareProfile:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise HardwareError(f"{path}: cannot read hardware profile: {exc.strerror}") from exc
-        except UnicodeDecodeError as exc:
-            raise HardwareError(f"{path}: not a text (UTF-8) TOML file: {exc.reason} at byte {exc.start}") from exc
-        return cls.from_toml(text, str(path))
+        from casmoe.userfile import read_text
+
+        return cls.from_toml(read_text(path, "hardware profile", HardwareError), str(path))
 
     def with_values(self, sources: dict[str, str] | None = None, **values: Any) -> HardwareProfile:
         """A copy with some numbers replaced (e.g. measured ones), each with its new source."""

@@ -9,13 +9,10 @@ re-run with more points only computes the new ones. Points run on local processe
 
 from __future__ import annotations
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 import hashlib
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -27,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from casmoe.errors import CasmoeError
-from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
+from casmoe.options import CapacitySpec, OptionError, parse_miss_mode, parse_quant
 from casmoe.output import write_text
 from casmoe.policies import PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
@@ -207,12 +204,9 @@ class Grid:
         """Keys: traces, models, hardware, policies, capacities (slots or "6GB"),
         global_capacities, batch, miss_modes, rates (lists) and devices, quant, pinned, requests,
         arrival, users, think, max_batch, schedule, chunk, seed, host_cache, host_policy."""
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except OSError as exc:
-            raise SweepError(f"{path}: cannot read sweep file: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise SweepError(f"{path}: not valid TOML: {exc}") from exc
+        from casmoe.userfile import read_toml
+
+        raw = read_toml(path, "sweep file", SweepError)
         unknown = sorted(set(raw) - set(cls._AXES) - set(cls._SCALARS))
         if unknown:
             raise SweepError(f"{path}: unknown keys {unknown}; known: {sorted({**cls._AXES, **cls._SCALARS})}")
@@ -220,11 +214,16 @@ class Grid:
         for key, kind in cls._AXES.items():
             v = raw.get(key, [])
             v = v if isinstance(v, list) else [v]
-            if not all(_fits(x, kind) or (kind is str and isinstance(x, int)) for x in v):
-                raise SweepError(f"{path}: {key} must be a list of {kind.__name__}")
+            bad = [x for x in v if not (_fits(x, kind) or (kind is str and _fits(x, int)))]
+            if bad:
+                raise SweepError(f"{path}: {key} = {v!r}: {bad[0]!r} is not {_AXIS_HINTS.get(key, _KINDS[kind])}")
             axes[key] = [kind(x) if kind in (str, float) else x for x in v]
         base = Path(path).parent
-        caps = [CapacitySpec(c) for c in axes["capacities"]] + [CapacitySpec(c, False) for c in axes["global_capacities"]]
+        try:
+            caps = [CapacitySpec(c) for c in axes["capacities"]]
+            caps += [CapacitySpec(c, False) for c in axes["global_capacities"]]
+        except OptionError as exc:
+            raise SweepError(f"{path}: {exc}") from None
         for key in ("traces", "models", "hardware", "policies"):
             if not axes[key]:
                 raise SweepError(f"{path}: {key} is empty; list at least one")
@@ -233,7 +232,7 @@ class Grid:
         scalars = {k: raw[k] for k in cls._SCALARS if k in raw}
         for k, kind in cls._SCALARS.items():
             if k in scalars and not _fits(scalars[k], kind):
-                raise SweepError(f"{path}: {k} must be {kind.__name__}")
+                raise SweepError(f"{path}: {k} = {scalars[k]!r} is not {_KINDS[kind]}")
             if k in scalars and kind is float:
                 scalars[k] = float(scalars[k])
         traces = [str(base / t) if not Path(t).is_absolute() and (base / t).exists() else t for t in axes["traces"]]
@@ -300,10 +299,20 @@ class Grid:
         return out
 
 
+_KINDS = {str: "a string", int: "a whole number", float: "a finite number", bool: "true or false"}
+_AXIS_HINTS = {
+    "capacities": 'a capacity: whole slots per layer (4) or memory as a string ("6GB")',
+    "global_capacities": 'a capacity: whole slots (64) or memory as a string ("6GB")',
+}
+
+
 def _fits(value: Any, kind: type) -> bool:
-    """A TOML value of the wanted kind (an integer is a fine float; a boolean is no number)."""
+    """A TOML value of the wanted kind (an integer is a fine float; a boolean is no number;
+    TOML's nan and inf are no number either)."""
     if isinstance(value, bool):
         return kind is bool
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
     return isinstance(value, kind) or (kind is float and isinstance(value, int))
 
 
