@@ -149,6 +149,11 @@ def write_folder(path: str | os.PathLike[str], kind: str, marker: str | None = N
                 old = None
             raise
         _fsync_dir(path.parent)
+    except OSError as exc:  # name the folder the user asked for, not the temporary one
+        inside = exc.filename is not None and Path(exc.filename).is_relative_to(tmp)
+        if not inside:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path / Path(exc.filename).relative_to(tmp))) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:

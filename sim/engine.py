@@ -318,11 +318,8 @@ def simulate(
     (built-in policies' compiled twins; identical results either way). `latency`, a log to fill
     instead of a fresh one, gives a caller every step's time (requests one after another only)."""
     check_geometry(trace.geometry, preset)
-    if miss_mode is MissMode.CPU and compute is None and min(hardware.cpu_tflops, hardware.cpu_mem_bw_gbs) <= 0:
-        raise SimConfigError(
-            f"miss mode cpu computes missed experts on the host, but profile {hardware.name!r} gives cpu_tflops = "
-            f"{hardware.cpu_tflops:g} and cpu_mem_bw_gbs = {hardware.cpu_mem_bw_gbs:g}; give both (> 0) in the profile"
-        )
+    if miss_mode is MissMode.CPU and compute is None:
+        hardware.check_host_compute()
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)
     cache_per_device = devices > 1 and not capacity.per_layer

@@ -127,6 +127,15 @@ class HardwareProfile:
     def numeric_fields(cls) -> list[str]:
         return [f.name for f in fields(cls) if f.type in ("int", "float")]
 
+    def check_host_compute(self, where: str | None = None) -> None:
+        """The cpu miss mode prices a missed expert with cpu_tflops and cpu_mem_bw_gbs: refuse
+        a profile without them before any run (a 0 would divide by zero mid-simulation)."""
+        if min(self.cpu_tflops, self.cpu_mem_bw_gbs) <= 0:
+            raise HardwareError(
+                f"{where or f'profile {self.name!r}'}: miss mode cpu computes missed experts on the host, but "
+                f"cpu_tflops = {self.cpu_tflops:g} and cpu_mem_bw_gbs = {self.cpu_mem_bw_gbs:g}; give both (> 0)"
+            )
+
     def h2d_gbs(self, pinned: bool = True) -> float:
         return self.h2d_pinned_gbs if pinned else self.h2d_pageable_gbs
 

@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from casmoe.cache import MissMode
 from casmoe.errors import CasmoeError
 from casmoe.options import CapacitySpec, OptionError, parse_miss_mode, parse_quant
 from casmoe.output import write_text
@@ -281,11 +282,13 @@ class Grid:
             digests[t] = file_digest(t)
         for m in self.models:
             get_preset(m)
+        miss_modes = [parse_miss_mode(m, "miss mode").value for m in self.miss_modes]  # points keyed canonically
         for h in self.hardware:
-            load_profile(h)
+            hw = load_profile(h)
+            if MissMode.CPU.value in miss_modes:
+                hw.check_host_compute(h)
         for p in self.policies:
             get_policy(p.name)
-        miss_modes = [parse_miss_mode(m, "miss mode").value for m in self.miss_modes]  # points keyed canonically
         parse_quant(self.quant, "quant")
         out = []
         for t, m, h, p, c, b, mm, w in itertools.product(

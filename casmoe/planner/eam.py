@@ -111,7 +111,7 @@ class Matcher:
             shape = getattr(patterns, "shape", "?")
             raise PlannerError(
                 f"{where}: patterns of shape {shape}, expected float32 [N, {layers}, "
-                f"{experts}] for this planner's geometry; refit with casmoe planner fit"
+                f"{experts}] for the geometry in planner.json; refit with casmoe planner fit"
             )
         if not len(patterns) or not np.isfinite(patterns).all():
             raise PlannerError(f"{where}: {'no patterns' if not len(patterns) else 'non-finite patterns'}; refit")
