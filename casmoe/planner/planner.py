@@ -36,6 +36,7 @@ from casmoe.planner.patterns import expert_patterns, normalise
 from casmoe.trace import Trace
 
 if TYPE_CHECKING:
+    from casmoe.folder import Manifest
     from casmoe.planner.eam import Matcher
     from casmoe.planner.eap import EAP
 
@@ -207,11 +208,35 @@ def load_planner(path: str | Path) -> Planner:
     """Read a planner folder written by `Planner.save`: the manifest first (a mixed, truncated
     or damaged folder is refused naming the file), then every component checked against
     `planner.json` and each other; a clear error for anything else."""
-    from casmoe.folder import FolderError, read_folder
     from casmoe.planner.eam import INDEX, PATTERNS, Matcher
     from casmoe.planner.eap import EAP
 
     folder = Path(path)
+    meta, manifest = _read_meta(folder)
+    geometry = _geometry(folder, meta)
+    try:
+        config = PlannerConfig.from_dict(meta.get("config"))
+    except (KeyError, TypeError, ValueError) as exc:  # PlannerError is a ValueError
+        raise PlannerError(f"{folder / META}: bad config: {exc}") from None
+    for name in (INDEX, PATTERNS, "eap.safetensors"):
+        if name not in manifest:
+            raise PlannerError(f"{folder}: missing {name}")
+    matcher = Matcher.load(folder, config.neighbours, geometry.layers, geometry.experts)
+    predictor = EAP.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
+    return Planner(geometry, config, matcher, predictor, _fit_data(folder, meta, geometry))
+
+
+def read_fit_data(path: str | Path) -> FitData | None:
+    """A planner folder's fit data alone (which prompts it saw), without loading its models."""
+    folder = Path(path)
+    meta, _ = _read_meta(folder)
+    return _fit_data(folder, meta, _geometry(folder, meta))
+
+
+def _read_meta(folder: Path) -> tuple[dict[str, Any], Manifest]:
+    """`planner.json` of a folder whose manifest checks out (casmoe/folder.py), and the manifest."""
+    from casmoe.folder import FolderError, read_folder
+
     if not folder.is_dir():
         raise PlannerError(f"{folder}: not a planner folder; write one with casmoe planner fit --out {folder}")
     try:
@@ -227,18 +252,15 @@ def load_planner(path: str | Path) -> Planner:
         raise PlannerError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise PlannerError(f"{folder}: not a {FORMAT} v{VERSION} folder")
+    return meta, manifest
+
+
+def _geometry(folder: Path, meta: dict[str, Any]) -> Geometry:
     try:
-        geometry = Geometry.from_dict(meta.get("geometry"))
+        return Geometry.from_dict(meta.get("geometry"))
     except (TypeError, ValueError) as exc:  # GeometryError is a ValueError
-        raise PlannerError(f"{where}: bad geometry: {exc}") from None
-    try:
-        config = PlannerConfig.from_dict(meta.get("config"))
-    except (KeyError, TypeError, ValueError) as exc:  # PlannerError is a ValueError
-        raise PlannerError(f"{where}: bad config: {exc}") from None
-    for name in (INDEX, PATTERNS, "eap.safetensors"):
-        if name not in manifest:
-            raise PlannerError(f"{folder}: missing {name}")
-    matcher = Matcher.load(folder, config.neighbours, geometry.layers, geometry.experts)
-    predictor = EAP.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
-    fit_data = FitData.load(folder, meta.get("fit"), geometry.layers, geometry.experts)
-    return Planner(geometry, config, matcher, predictor, fit_data)
+        raise PlannerError(f"{folder / META}: bad geometry: {exc}") from None
+
+
+def _fit_data(folder: Path, meta: dict[str, Any], geometry: Geometry) -> FitData | None:
+    return FitData.load(folder, meta.get("fit"), geometry.layers, geometry.experts)

@@ -59,3 +59,11 @@ def finite_floats(command: Any) -> Any:
     for sub in getattr(command, "commands", {}).values():
         finite_floats(sub)
     return command
+
+
+def progress(iterable=None, *, quiet: bool = False, **kw):
+    """A tqdm progress bar on stderr, shown only on a terminal (never in a pipe or a log file)
+    and never when `quiet` (JSON or CSV on stdout, a single run)."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, disable=True if quiet else None, **kw)
