@@ -3,7 +3,8 @@ issue 14, and issue 19's damaged planner folders, non-atomic writes and unclear 
 with one or more concrete inputs. Prints one row per probe and the counts per kind.
 
     python bench/probe_hardening.py            # all probes (~2 min on 2 cores)
-    python bench/probe_hardening.py --skip-slow  # without the recording and kill probes
+    python bench/probe_hardening.py --skip-slow  # without the recording, fitting and kill probes
+    python bench/probe_hardening.py --issue 19   # issue 19's probes only
 
 A probe of a *traceback* class passes when casmoe exits 2 with one `casmoe: error:` line and no
 traceback (and leaves no partial file). A *non-atomic* probe passes when an interrupted or
@@ -509,6 +510,11 @@ def grid(extra: str, with_bom: bool = False) -> Callable[[Path], None]:
     return write("g.toml", bom(text) if with_bom else text)
 
 
+def whole_or_refused(p: subprocess.CompletedProcess, d: Path) -> str:
+    """Exit 0: the old output was used whole; exit 2: refused in one line; else what went wrong."""
+    return "" if p.returncode == 0 else (one_line_error(p, d) if p.returncode == 2 else p.stderr)
+
+
 def accepted(p: subprocess.CompletedProcess, d: Path) -> str:
     """The input is legal: casmoe must do the work (exit 0)."""
     if p.returncode == 0:
@@ -589,9 +595,10 @@ def probes_19() -> list[Probe]:
               ["record", "-m", "tiny-mixtral", "-p", "p.txt", "-o", "r.npz", "-n", "1", "--threads", "1"],
               setup=write("p.txt", "caf\u00e9 au lait\n".encode("latin-1"))),
         Probe(f"{TB} 18 prompt files", "BOM-prefixed prompts for record",
-              ["record", "-m", "tiny-mixtral", "-p", "p.txt", "-o", "r.npz", "-n", "1", "--threads", "1"],
+              ["record", "-m", "tiny-mixtral", "-p", "p.txt", "-o", "r.npz", "-n", "1", "--threads", "1",
+               "--decode", "sample"],
               setup=write("p.txt", bom(b"the cat sat on the mat\n")), check=record_bom_prompt, slow=True),
-        Probe(f"{TB} 19 splits", "meta splits shorter than the requests", ["trace", "requests", "t.npz"],
+        Probe(f"{TB} 19 splits", "meta splits shorter than the requests", ["trace", "show", "t.npz"],
               setup=lambda d: npz_meta(d, lambda m: m.update(splits=["train"]))),
         Probe(f"{TB} 20 lrc numbers", "lrc --rho nan", ["lrc", *T, "--rho", "nan", "--replicates", "5"]),
         Probe(f"{TB} 20 lrc numbers", "lrc --rho inf", ["lrc", *T, "--rho", "inf", "--replicates", "5"]),
@@ -603,7 +610,8 @@ def probes_19() -> list[Probe]:
         Probe(f"{TB} 22 nan options", "grid rates = [nan]", ["sweep", "g.toml", "--out", "sw"], setup=grid("rates = [nan]\ncapacities = [4]")),
         Probe(f"{TB} 22 nan options", "sweep think = inf", ["sweep", "g.toml", "--out", "sw"],
               setup=grid("capacities = [4]\nusers = 1\nthink = inf")),
-        Probe(f"{NA} 1 planner folder", "a killed save leaves the old planner whole", [], check=refused, slow=True),
+        Probe(f"{NA} 1 planner folder", "a killed save leaves the old planner whole", [], check=whole_or_refused,
+              slow=True),
         Probe(f"{NA} 1 planner folder", "a mixed folder is not served", serve, setup=mixed_planner),
         Probe(f"{UE} 1 BOM", "BOM in a profile TOML", sim + ["--hardware", "hw.toml", "--policy", "lru"],
               setup=lambda d: (hardware()(d), (d / "hw.toml").write_bytes(bom((d / "hw.toml").read_bytes()))),
@@ -679,11 +687,13 @@ def probe_record(d: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-slow", action="store_true")
-    ap.add_argument("--only", default="", help="run probes whose name contains this")
+    ap.add_argument("--only", default="", help="run probes whose name or class contains this")
+    ap.add_argument("--issue", choices=("14", "19"), help="only that issue's probes (default: both)")
     a = ap.parse_args()
     counts: dict[str, list[int]] = {}
-    for pr in probes() + probes_19():
-        if (a.skip_slow and pr.slow) or a.only not in pr.name:
+    chosen = {"14": probes(), "19": probes_19(), None: probes() + probes_19()}[a.issue]
+    for pr in chosen:
+        if (a.skip_slow and pr.slow) or (a.only not in pr.name and a.only not in pr.klass):
             continue
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp)
