@@ -87,8 +87,8 @@ def check_folder_target(path: str | os.PathLike[str], kind: str, what: str = "--
     folder of something else (it would be replaced), or its parent cannot be written."""
     from casmoe.output import check_dir_target
 
-    path = Path(path)
     check_dir_target(path, what)
+    path = Path(path)
     if path.is_dir() and any(path.iterdir()):
         found = _kind_of(path, marker)
         if found not in (kind, "legacy"):
@@ -118,8 +118,8 @@ def write_folder(path: str | os.PathLike[str], kind: str, marker: str | None = N
     succeeds (see the module docstring). Only plain files directly inside it are allowed."""
     from casmoe.output import remove_orphans, temporary_sibling
 
-    path = Path(path)
-    check_folder_target(path, kind, marker=marker)
+    shown, path = Path(path), Path(os.path.abspath(path))  # errors name the folder as the user wrote it
+    check_folder_target(shown, kind, marker=marker)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_orphans(path)
     tmp = temporary_sibling(path)
@@ -130,7 +130,7 @@ def write_folder(path: str | os.PathLike[str], kind: str, marker: str | None = N
         files = {}
         for f in sorted(tmp.iterdir()):
             if not f.is_file() or f.is_symlink():
-                raise FolderError(f"{path}: only plain files go in a {kind} folder, not {f.name}")
+                raise FolderError(f"{shown}: only plain files go in a {kind} folder, not {f.name}")
             with open(f, "rb+") as fh:
                 os.fsync(fh.fileno())
             files[f.name] = {"bytes": f.stat().st_size, "sha256": _digest(f)}
@@ -153,7 +153,7 @@ def write_folder(path: str | os.PathLike[str], kind: str, marker: str | None = N
         inside = exc.filename is not None and Path(exc.filename).is_relative_to(tmp)
         if not inside:
             raise
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path / Path(exc.filename).relative_to(tmp))) from exc
+        raise OSError(exc.errno, exc.strerror or str(exc), str(shown / Path(exc.filename).relative_to(tmp))) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
