@@ -677,7 +677,10 @@ def probe_record(d: Path) -> str:
     deadline = time.time() + 120
     while time.time() < deadline and not (d / "r.partial.npz").exists() and proc.poll() is None:
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the recording ended before it could be killed
+        pass
     proc.communicate()
     if not (d / "r.partial.npz").exists():
         return "setup: no partial file was written"
