@@ -149,12 +149,12 @@ def _umask() -> int:
 
 
 def check_not_input(out: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]], what: str = "output") -> None:
-    """Refuse an output path that is one of the inputs (a link to it too): writing it would
-    replace the data it is made from."""
+    """Refuse an output path that is one of the inputs (a link to it, or an existing file inside
+    an input folder, too): writing it would replace the data it is made from."""
     target = Path(out).resolve()
     for src in inputs:
         src = Path(src).resolve()
-        if target == src:
+        if target == src or (src.is_dir() and target.exists() and target.is_relative_to(src)):
             raise OutputError(f"{what} {out} is also an input; write somewhere else")
         if target.exists() and src.exists() and os.path.samefile(target, src):
             raise OutputError(f"{what} {out} is the same file as the input {src}; write somewhere else")

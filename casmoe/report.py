@@ -444,7 +444,7 @@ def print_serving(records: Sequence[dict[str, Any]], title: str) -> None:
             "e2e p50": _s(r["e2e_p50_s"]),
             "e2e p99": _s(r["e2e_p99_s"]),
             "req/s": f"{r['requests_per_s']:.3g}",
-            "tok/s": f"{r['throughput_tokens_per_s']:.3g}",
+            "run tok/s": f"{r['throughput_tokens_per_s']:.3g}",
             "batch": f"{r['mean_batch']:.3g}",
             "queue mean/max": f"{r['queue_mean']:.3g} / {r['queue_max']}",
             "GPU busy": " ".join(f"{u:.0%}" for u in r["compute_utilisation"]),
@@ -454,6 +454,8 @@ def print_serving(records: Sequence[dict[str, Any]], title: str) -> None:
     ]
     if rows:
         print_table(rows, list(rows[0]), title=title)
+        print("run tok/s: output tokens over the whole run (prefill, idle and queueing included); the decode "
+              "tokens/s above count the time spent in decode steps only")
 
 
 def print_timeliness(records: Sequence[dict[str, Any]], title: str) -> None:

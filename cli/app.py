@@ -12,7 +12,10 @@ from casmoe.errors import CasmoeError
 
 app = typer.Typer(
     name="casmoe",
-    help="Expert offloading for MoE models: traces, cache policies, simulator, backend, planner, metrics.",
+    help="Expert offloading for MoE models: traces, cache policies, simulator, backend, planner, metrics.\n\n"
+    "Shipped data (the default trace, tiny models, prompt corpus, real route CSVs) is read from $CASMOE_DATA "
+    "if set, else from traces/ of a source checkout, else from the installed package's casmoe/data/ folder. "
+    "Errors you can fix print one line and exit with code 2.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -22,7 +25,7 @@ app = typer.Typer(
 
 @app.callback()
 def _root() -> None:
-    """Expert offloading for MoE models: traces, cache policies, simulator, backend, planner, metrics."""
+    """Expert offloading for MoE models (the help text is the app's)."""
 
 
 def _is_float(param: Any) -> bool:

@@ -11,6 +11,7 @@ import typer
 
 from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
+from casmoe.shipped import DEFAULT_TRACE, shipped
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -35,8 +36,10 @@ def _floats(text: str, what: str) -> list[float]:
 
 @app.command()
 def lrc(
-    trace: list[str] = typer.Option(
-        ..., "--trace", "-t", help="Trace: .npz, route .csv or .json; PATH#KEY picks one entry of a JSON file (an existing file's name is read whole, # and all). Repeat to compare."
+    trace: Optional[list[str]] = typer.Option(
+        None, "--trace", "-t", help="Trace: .npz, route .csv or .json; PATH#KEY picks one entry of a JSON file (an "
+        "existing file's name is read whole, # and all). Repeat to compare. "
+        f"Default: the shipped {DEFAULT_TRACE}."
     ),
     m: str = typer.Option("4,16,64,256", "--m", help="Segment lengths / lookahead in tokens, comma-separated."),
     rho: str = typer.Option("1,2,4", "--rho", help="Cache sizes C / active experts for the table and baselines."),
@@ -80,7 +83,7 @@ def lrc(
         get_policy(p)  # unknown names fail before any work
     from casmoe.importers import read_specs
 
-    loaded = read_specs(trace)
+    loaded = read_specs(trace or [str(shipped(DEFAULT_TRACE))])
     labels = [name for name, _ in loaded]
     total = sum(work_units(tr, ms, rhos, policies, selection) for _, tr in loaded)
     results = []

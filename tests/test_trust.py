@@ -336,3 +336,21 @@ def test_serving_and_file_flags_are_refused_in_one_line(args, needle, tmp_path):
 
 def test_bench_refuses_a_nan_link(tmp_path):
     one_line_error(cli("bench", "--model", "tiny-mixtral", "--link-gbps", "nan", cwd=tmp_path), "--link-gbps must be")
+
+
+def test_a_planner_on_a_trace_without_prompts_is_refused(tmp_path):
+    tr = Trace.load(SHIPPED).subset(range(2))
+    for r in tr.requests:
+        r.prompt = None
+    spec = PolicySpec.parse(f"casmoe[planner={tmp_path}]")
+    with pytest.raises(CacheConfigError, match="2 of the trace's 2 requests have no prompt text"):
+        spec.create(tr.geometry, Capacity(4), trace=tr)
+
+
+def test_presets_lists_every_model_preset(tmp_path):
+    from casmoe.presets import load_presets
+
+    proc = cli("presets", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    listed = json.loads(proc.stdout)
+    assert set(listed) == set(load_presets()) and listed["mixtral-8x7b"]["experts"] == 8

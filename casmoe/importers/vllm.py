@@ -60,8 +60,9 @@ def _completion(prompt_part: dict[str, Any], out: dict[str, Any], where: str, na
     prompt_ids = token_ids(prompt_part.get("prompt_token_ids"), where, "prompt_token_ids")
     out_ids = token_ids(out.get("token_ids", out.get("output_token_ids")), where, "token_ids")
     usage = prompt_part.get("usage") if isinstance(prompt_part.get("usage"), dict) else {}
-    n_prompt = len(prompt_ids) if prompt_ids is not None else usage.get("prompt_tokens")
-    n_out = len(out_ids) if out_ids is not None else usage.get("completion_tokens")
+    counted = {n: v for n, v in usage.items() if type(v) is int and v >= 0}  # token counts, when they are counts
+    n_prompt = len(prompt_ids) if prompt_ids is not None else counted.get("prompt_tokens")
+    n_out = len(out_ids) if out_ids is not None else counted.get("completion_tokens")
     rows_p, rows_d = _split(decode_array(prompt_part.get("prompt_routed_experts"), where),
                             decode_array(out.get("routed_experts"), where), n_prompt, n_out, where)
     message = out.get("message")
