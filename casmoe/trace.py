@@ -28,6 +28,7 @@ import numpy as np
 
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, GeometryError
+from casmoe.npz import check_sizes
 
 FORMAT_NAME = "casmoe-trace"
 FORMAT_VERSION = 1
@@ -328,6 +329,7 @@ class Trace:
                     f"{where}: not an .npz file (a casmoe trace is a zip of .npy arrays); "
                     "convert other formats with `casmoe trace import`"
                 )
+            check_sizes(io.BytesIO(data), where, TraceError)  # before anything is inflated
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in npz.files}
         except FileNotFoundError:
@@ -417,6 +419,7 @@ class Trace:
             )
         for name in ("format", "version", "geometry", "requests"):
             meta.pop(name, None)
+        _check_splits(meta, n, where)
         trace = cls(geometry, requests, meta)
         trace._validate_arrays(where, topk, weights, offsets, optional)
         _arrivals(requests, where)
@@ -427,6 +430,7 @@ class Trace:
     def validate(self, where: str = "<trace>") -> None:
         """Raise `TraceError` for any inconsistency, naming the request and the fault."""
         g = self.geometry
+        _check_splits(self.meta, len(self.requests), where)
         for i, r in enumerate(self.requests):
             for name in ("topk", "weights", "logits", "spec"):
                 arr = getattr(r, name)
@@ -624,3 +628,14 @@ class Future:
         if not lst:
             return 0
         return bisect_right(lst, until_visit) - bisect_right(lst, after_visit)
+
+
+def _check_splits(meta: dict[str, Any], n: int, where: str) -> None:
+    """`meta["splits"]`, when present, labels every request: a shorter list would silently
+    fall back to another held-out rule (or index past its end)."""
+    splits = meta.get("splits")
+    if splits is not None and (
+        not isinstance(splits, list) or len(splits) != n or not all(isinstance(s, str) for s in splits)
+    ):
+        count = len(splits) if isinstance(splits, list) else type(splits).__name__
+        raise TraceError(f"{where}: metadata 'splits' must be one label (a string) per request: {count} for {n} requests")

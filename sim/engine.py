@@ -92,6 +92,8 @@ def simulate(
         )
     check_replayable(trace)
     check_geometry(trace.geometry, preset)
+    if miss_mode is MissMode.CPU and compute is None:
+        hardware.check_host_compute()
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)
     cache_per_device = devices > 1 and not capacity.per_layer
