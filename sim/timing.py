@@ -60,6 +60,25 @@ class StepWork(NamedTuple):
     head: float
 
 
+def work_for(prefill: bool, T: int, requests: Sequence[int], pos: list[int], compute: ComputeModel) -> StepWork:
+    """Dense and head time of a prefill (one request, all its `T` prompt tokens) or a decode
+    step (one token per request), from the requests' context lengths (`pos`, updated)."""
+    if prefill:
+        (r,) = requests
+        pairs = T * (T + 1) // 2
+        kv = T
+        pos[r] += T
+        head = compute.head(1)
+    else:
+        pairs = 0
+        for r in requests:
+            pos[r] += 1
+            pairs += pos[r]
+        kv = pairs
+        head = compute.head(T)
+    return StepWork(T, compute.dense(T, pairs, kv), head)
+
+
 def _ignore(expert: ExpertId) -> None:
     """Arrivals of decisions made in advance: nothing to tell the cache."""
 
