@@ -159,7 +159,7 @@ def _state(tk: Any, machine: Any, setup: Any, arrays: StepArrays) -> Any:
 
 def _tables(compute: Any, L: int, counts: np.ndarray, cpu_mode: bool) -> tuple[np.ndarray, np.ndarray]:
     """`compute.expert(layer, c)` (and `cpu_expert`) for every token count the steps route."""
-    uniq = np.union1d(np.unique(counts), [1]).tolist()
+    uniq = [1] + np.unique(counts[counts > 1]).tolist()
     exp_tab = np.zeros((L, uniq[-1] + 1))
     cpu_tab = np.zeros((L, uniq[-1] + 1) if cpu_mode else (L, 2))
     for layer in range(L):
