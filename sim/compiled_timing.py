@@ -14,6 +14,7 @@ After the run it writes the kernel's state back into the `StepTimer`, the links 
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -215,3 +216,80 @@ def _write_back(tk: Any, st: Any, machine: Any) -> None:
         tl.wasted_by_layer = st.wasted_by_layer.tolist()
         tl.bound_by_layer = st.bound_by_layer.tolist()
         tl.bound = float(st.acc[tk.A_BOUND])
+
+
+class ServingPass:
+    """Both passes compiled for the serving scheduler (`serving.Server`), one step at a time:
+    the steps are known only as the scheduler forms them, so each is turned into arrays, decided
+    by the twin and priced by the kernel. For a fresh built-in policy that does not read the
+    future (oracles re-run on the previous run's steps: they keep the Python pass)."""
+
+    def __init__(self, machine: Any, setup: Any, max_batch: int) -> None:
+        from casmoe.compiled import Twin
+        from casmoe.sim import timing_kernel as tk
+
+        shard = machine.shards[0]
+        g = shard.cache.geometry
+        self.tk, self.machine, self.setup = tk, machine, setup
+        self.L = g.layers
+        empty = StepArrays(g.layers, np.zeros(1, np.int64), *(np.zeros(0, np.int64),) * 3, np.zeros(0, np.int64),
+                           np.zeros(0, np.bool_))
+        budget = getattr(shard.cache, "_budget", 0) if shard.cache.prefetches_per_layer else 0
+        rows = g.total_experts * (max_batch + 2) + budget * g.layers
+        self.twin = Twin(shard.cache, empty, log_rows=rows, decide=True)
+        self.st = _state(tk, machine, setup, empty)
+        self.multi = len(machine.links) > 1
+        self.marks = np.zeros((g.layers, 5), np.int64)
+        self.one = np.zeros(1, np.int64)
+        self.out = np.zeros(2)
+
+    @staticmethod
+    def fits(machine: Any, setup: Any, compiled: bool | None) -> bool:
+        from casmoe.compiled import uses_twin
+
+        caches = [shard.cache for shard in machine.shards]
+        return (
+            len(caches) == 1 and not machine.timer.interleaved and setup.timeline is None and machine.tier is None
+            and not caches[0].needs_future and uses_twin(caches[0], setup.trace, compiled)
+        )
+
+    def step(self, step: Any, starting: Sequence[int], ending: int, work: Any, start: float) -> float:
+        """Decide and price one step from `start` (requests `starting` begin with it, `ending`
+        finish with it); returns when it is done."""
+        twin, tk = self.twin, self.tk
+        mc, km = twin.mc, twin.km
+        ptr = np.zeros(self.L + 1, np.int64)
+        ptr[1:] = np.cumsum([len(e) for e in step.experts])
+        experts = np.fromiter(chain.from_iterable(step.experts), np.int64, int(ptr[-1]))
+        weighted = step.counts is not None
+        counts = np.fromiter(chain.from_iterable(step.counts), np.int64, len(experts)) if weighted else experts
+        mc.reg[km.R_LOG] = 0
+        for r in starting:
+            twin.begin(self.setup.trace.requests[r])
+        begin_a, begin_b = np.array([0 if starting else -1]), np.array([mc.reg[km.R_LOG]])
+        twin.arrays = StepArrays(self.L, ptr, experts, self.one, self.one, counts, np.array([weighted]))
+        twin.run(0, 1, self.marks)
+        for _ in range(ending):
+            twin.end()
+        if weighted:
+            self._tables(counts)
+        rows = mc.log[: mc.reg[km.R_LOG]]
+        self.st = _room(tk, self.st, len(rows))
+        handover = np.array([self.setup.compute.handover(work.tokens) if self.multi else 0.0])
+        tk.run_steps(self.st, ptr, experts, counts, twin.arrays.weighted, rows, self.marks, 0, 1, begin_a, begin_b,
+                     np.array([ending > 0]), np.array([work.dense]), np.array([work.head]), handover, start,
+                     self.out[:1], self.out[1:])
+        return float(self.out[1])
+
+    def _tables(self, counts: np.ndarray) -> None:
+        """Widen the per-count expert times to this step's counts."""
+        top = int(counts.max())
+        if top >= self.st.exp_tab.shape[1]:
+            cpu_mode = bool(self.st.cfg[self.tk.C_CPU_MODE])
+            exp_tab, cpu_tab = _tables(self.setup.compute, self.L, np.arange(1, 2 * top + 1), cpu_mode)
+            self.st = self.st._replace(exp_tab=exp_tab, cpu_tab=cpu_tab)
+
+    def finish(self) -> None:
+        """The run's counters into the cache, the timer, the links and the timeliness."""
+        self.twin.sync()
+        _write_back(self.tk, self.st, self.machine)

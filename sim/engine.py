@@ -358,7 +358,7 @@ def simulate(
             raise SimConfigError("a latency log is filled by requests one after another only, not by a workload")
 
         with no_gc():
-            return serve(setup, workload, describe)
+            return serve(setup, workload, describe, compiled)
     machine = setup.machine(plan.shard_steps)
     log = LatencyLog() if latency is None else latency
     with no_gc():

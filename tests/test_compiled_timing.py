@@ -22,6 +22,7 @@ from casmoe.shipped import SYNTHETIC_TRACE, shipped
 from casmoe.sim import engine
 from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
+from casmoe.sim.serving import Arrival, Schedule, Workload
 from casmoe.testing import cases
 from casmoe.trace import Trace
 from test_compiled_sim import VARIANTS, preset_for
@@ -91,3 +92,37 @@ def test_compiled_timing_on_the_shipped_trace(monkeypatch, policy):
     want, got, used = _both(monkeypatch, run)
     assert got == want and used
     assert want["late_hits"] > 0 or policy == "lru"
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(
+    variant=st.sampled_from([v for v in VARIANTS if not get_policy(v[0]).needs_future and v[1].get("predictor") != "exact"]),
+    case=cases(),
+    mode=st.sampled_from([MissMode.LOAD, MissMode.CPU]),
+    devices=st.integers(1, 2),
+    slow_link=st.booleans(),
+    rate=st.floats(0.5, 500.0),
+    max_batch=st.integers(1, 4),
+    schedule=st.sampled_from(list(Schedule)),
+    chunk=st.integers(1, 6),
+)
+def test_compiled_serving_to_the_last_bit(variant, case, mode, devices, slow_link, rate, max_batch, schedule, chunk):
+    """The serving scheduler's steps (continuous batching, chunked prompts) decided by the twin
+    and priced by the kernel, one at a time: the Python passes' result to the last bit."""
+    name, options = variant
+    g = case.trace.geometry
+    hw = load_profile("rtx4090x4")
+    if slow_link:
+        hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, wake_us=2.0,
+                                  resume_per_stall=0.1, copy_beside_us=4.0)
+    wl = Workload(Arrival.POISSON, rate=rate, max_batch=max_batch, schedule=schedule, chunk=chunk)
+
+    def run(compiled: bool):
+        try:
+            return simulate(case.trace, get_policy(name), case.capacity, hw, preset_for(g), options=options,
+                            miss_mode=mode, devices=min(devices, g.layers), workload=wl, compiled=compiled,
+                            detail=True).to_dict()
+        except CacheConfigError as exc:
+            return str(exc)
+
+    assert run(True) == run(False)
