@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200, help="first N requests of each trace")
     ap.add_argument("--policy", default="lru")
     ap.add_argument("--slots", type=int, default=12, help="slots per layer at the Qwen3 shape")
-    ap.add_argument("--tiny-slots", type=int, default=4)
+    ap.add_argument("--tiny-slots", type=int, default=0, help="slots per layer at the tiny shapes; 0: twice top_k")
     ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals, requests/s")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
@@ -51,10 +51,10 @@ def main() -> None:
     print("\n| trace | run | CPU s | M accesses/s | vs replay |")
     print("|---|---|---|---|---|")
     for name, model in SHAPES:
-        trace = Trace.load(shipped(name)).subset(range(args.requests))
+        trace = Trace.load(shipped(name))
         trace = trace.subset(range(min(args.requests, len(trace.requests))))
         preset = get_preset(model)
-        cap = Capacity(args.slots if "qwen" in name else args.tiny_slots)
+        cap = Capacity(args.slots if "qwen" in name else args.tiny_slots or 2 * trace.geometry.top_k)
         arrays, plan = StepArrays.from_trace(trace), StepPlan.build(trace, 1, 1)
         fns = {
             "replay (compiled)": lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), arrays=arrays, compiled=True),

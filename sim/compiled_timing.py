@@ -14,7 +14,7 @@ After the run it writes the kernel's state back into the `StepTimer`, the links 
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -220,9 +220,10 @@ def _write_back(tk: Any, st: Any, machine: Any) -> None:
 
 class ServingPass:
     """Both passes compiled for the serving scheduler (`serving.Server`), one step at a time:
-    the steps are known only as the scheduler forms them, so each is turned into arrays, decided
-    by the twin and priced by the kernel. For a fresh built-in policy that does not read the
-    future (oracles re-run on the previous run's steps: they keep the Python pass)."""
+    the steps are known only as the scheduler forms them, so each is turned into arrays and
+    decided by the twin and priced by the kernel in one call. For a fresh built-in policy that
+    does not read the future (oracles re-run on the previous run's steps: they keep the Python
+    passes)."""
 
     def __init__(self, machine: Any, setup: Any, max_batch: int) -> None:
         from casmoe.compiled import Twin
@@ -232,15 +233,18 @@ class ServingPass:
         g = shard.cache.geometry
         self.tk, self.machine, self.setup = tk, machine, setup
         self.L = g.layers
-        empty = StepArrays(g.layers, np.zeros(1, np.int64), *(np.zeros(0, np.int64),) * 3, np.zeros(0, np.int64),
-                           np.zeros(0, np.bool_))
-        budget = getattr(shard.cache, "_budget", 0) if shard.cache.prefetches_per_layer else 0
-        rows = g.total_experts * (max_batch + 2) + budget * g.layers
+        one, none = np.zeros(1, np.int64), np.zeros(0, np.int64)
+        empty = StepArrays(g.layers, one, none, none, none, none, np.zeros(0, np.bool_))
+        self.budget = (getattr(shard.cache, "_budget", 0) if shard.cache.prefetches_per_layer else 0) * g.layers
+        rows = g.total_experts * (max_batch + 2) + self.budget
         self.twin = Twin(shard.cache, empty, log_rows=rows, decide=True)
         self.st = _state(tk, machine, setup, empty)
+        self.room = 0  # log rows the rings take before they must be checked again
         self.multi = len(machine.links) > 1
         self.marks = np.zeros((g.layers, 5), np.int64)
-        self.one = np.zeros(1, np.int64)
+        self.begin_a, self.begin_b, self.ending = np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.bool_)
+        self.weighted = np.zeros(1, np.bool_)
+        self.work = np.zeros(3)  # dense, head, hand-over
         self.out = np.zeros(2)
 
     @staticmethod
@@ -258,28 +262,37 @@ class ServingPass:
         finish with it); returns when it is done."""
         twin, tk = self.twin, self.tk
         mc, km = twin.mc, twin.km
-        ptr = np.zeros(self.L + 1, np.int64)
-        ptr[1:] = np.cumsum([len(e) for e in step.experts])
+        ptr = np.fromiter(accumulate(map(len, step.experts), initial=0), np.int64, self.L + 1)
         experts = np.fromiter(chain.from_iterable(step.experts), np.int64, int(ptr[-1]))
         weighted = step.counts is not None
         counts = np.fromiter(chain.from_iterable(step.counts), np.int64, len(experts)) if weighted else experts
+        if weighted:
+            self._tables(counts)
         mc.reg[km.R_LOG] = 0
         for r in starting:
             twin.begin(self.setup.trace.requests[r])
-        begin_a, begin_b = np.array([0 if starting else -1]), np.array([mc.reg[km.R_LOG]])
-        twin.arrays = StepArrays(self.L, ptr, experts, self.one, self.one, counts, np.array([weighted]))
-        twin.run(0, 1, self.marks)
+        begin = int(mc.reg[km.R_LOG])
+        self._room(begin + len(experts) + self.budget)
+        self.begin_a[0], self.begin_b[0], self.ending[0], self.weighted[0] = (0 if starting else -1), begin, ending > 0, weighted
+        self.work[0], self.work[1] = work.dense, work.head
+        if self.multi:
+            self.work[2] = self.setup.compute.handover(work.tokens)
+        tk.serve_step(mc, self.st, ptr, experts, counts, self.weighted, self.marks, self.begin_a, self.begin_b,
+                      self.ending, self.work, start, self.out)
         for _ in range(ending):
             twin.end()
-        if weighted:
-            self._tables(counts)
-        rows = mc.log[: mc.reg[km.R_LOG]]
-        self.st = _room(tk, self.st, len(rows))
-        handover = np.array([self.setup.compute.handover(work.tokens) if self.multi else 0.0])
-        tk.run_steps(self.st, ptr, experts, counts, twin.arrays.weighted, rows, self.marks, 0, 1, begin_a, begin_b,
-                     np.array([ending > 0]), np.array([work.dense]), np.array([work.head]), handover, start,
-                     self.out[:1], self.out[1:])
         return float(self.out[1])
+
+    def _room(self, rows: int) -> None:
+        """Grow the rings before a step that may issue `rows` loads, checking their fill only
+        when the loads issued since the last check could have used up the room it found."""
+        if rows > self.room:
+            st = self.st
+            self.st = _room(self.tk, st, 2 * rows)
+            queued = int((self.st.q_tail - self.st.q_head).max())
+            free = min(self.st.q_expert.shape[1] - queued, self.st.h_time.shape[1] - int(self.st.h_size.max()) - queued)
+            self.room = free
+        self.room -= rows
 
     def _tables(self, counts: np.ndarray) -> None:
         """Widen the per-count expert times to this step's counts."""

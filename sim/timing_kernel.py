@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from casmoe.kernels.cache_machine import LOG_CPU, M_END, M_PRE, M_ROUTE
+from casmoe.kernels.cache_machine import LOG_CPU, M_END, M_PRE, M_ROUTE, R_LOG, replay_steps
 
 # cfg slots (int64)
 C_E, C_L, C_D, C_MULTI, C_CPU_MODE, C_DETAIL, C_HOST_CAP, C_HOST_COST = range(8)
@@ -467,3 +467,13 @@ def run_steps(st, visit_ptr, experts, counts, weighted, log, marks, first, last,
         if ending[j]:
             _land_all(st, t)
     return now
+
+
+@_kernel
+def serve_step(mc, st, visit_ptr, experts, counts, weighted, marks, begin_a, begin_b, ending, work, now, out):
+    """One serving step (`visit_ptr` over its L visits): the twin's decisions (`mc`, in
+    decision mode, its request starts already logged), then their price from `now`;
+    `work` holds the step's dense, head and hand-over times, `out` gets its start and end."""
+    replay_steps(mc, visit_ptr, experts, 0, 1, marks)
+    run_steps(st, visit_ptr, experts, counts, weighted, mc.log[: mc.reg[R_LOG]], marks, 0, 1, begin_a, begin_b,
+              ending, work[0:1], work[1:2], work[2:3], now, out[0:1], out[1:2])
