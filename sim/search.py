@@ -27,11 +27,12 @@ from typing import Any, Callable, Sequence
 from casmoe.errors import CasmoeError
 from casmoe.options import CapacitySpec, parse_quant
 from casmoe.policies import PolicySpec
-from casmoe.presets import get_preset
+from casmoe.presets import ModelPreset, get_preset
 from casmoe.sim.engine import expert_bytes_for, max_slots
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Workload
 from casmoe.sim.sweep import Point, _load_trace, file_digest, run_grid
+from casmoe.trace import Trace
 
 METRICS = {
     "tok/s": ("decode_tokens_per_s", ">="),
@@ -164,6 +165,14 @@ def configs(hardware: Sequence[str], gpus: Sequence[int], policies: Sequence[Pol
     return out
 
 
+def slot_range(trace: Trace, preset: ModelPreset, config: Config) -> tuple[int, int]:
+    """The cache sizes a config can have: from top_k slots per layer to the most the GPUs hold
+    beside the dense weights (at most every expert)."""
+    nbytes = expert_bytes_for(trace, preset, parse_quant(config.quant))
+    g = trace.geometry
+    return g.top_k, min(max_slots(load_profile(config.hardware), preset, nbytes, config.devices), g.experts)
+
+
 def search(
     trace: str,
     model: str,
@@ -184,12 +193,11 @@ def search(
     preset = get_preset(model)
     states, infeasible = [], []
     for c in candidates:
-        nbytes = expert_bytes_for(tr, preset, parse_quant(c.quant))
-        hi = min(max_slots(load_profile(c.hardware), preset, nbytes, c.devices), tr.geometry.experts)
-        if hi < tr.geometry.top_k:
-            infeasible.append((c, f"the GPUs hold {hi} slots per layer, below top_k={tr.geometry.top_k}"))
+        lo, hi = slot_range(tr, preset, c)
+        if hi < lo:
+            infeasible.append((c, f"the GPUs hold {hi} slots per layer, below top_k={lo}"))
         else:
-            states.append(_Bisect(c, tr.geometry.top_k, hi))
+            states.append(_Bisect(c, lo, hi))
     grid = sum(s.hi - s.lo + 1 for s in states)
 
     def point(c: Config, slots: int) -> Point:
