@@ -36,8 +36,8 @@ import numpy as np
 import simpy
 
 from casmoe.errors import CasmoeError
+from casmoe.sim.assembly import Machine, Setup
 from casmoe.sim.compiled_timing import ServingPass
-from casmoe.sim.engine import Machine, Setup
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import StepWork
 from casmoe.trace import Request, Step, merge_steps, prefill_step

@@ -31,7 +31,8 @@ from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.output import write_text
 from casmoe.policies import PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
-from casmoe.sim.engine import StepPlan, check_geometry, expert_bytes_for, simulate
+from casmoe.sim.assembly import StepPlan, check_geometry, expert_bytes_for
+from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Workload
 from casmoe.sim.tiers import HostCache

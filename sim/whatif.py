@@ -15,7 +15,7 @@ from casmoe.errors import CasmoeError
 from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.policies import PolicySpec
 from casmoe.presets import ModelPreset, get_preset
-from casmoe.sim.engine import check_geometry, expert_bytes_for, max_slots
+from casmoe.sim.assembly import check_geometry, expert_bytes_for, max_slots
 from casmoe.sim.hardware import HardwareProfile, load_profile
 from casmoe.sim.serving import Workload
 from casmoe.sim.sweep import Point, file_digest, preset_for

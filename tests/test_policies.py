@@ -16,7 +16,8 @@ from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode, Poli
 from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy, PolicyNotFound
 from casmoe.replay import replay
-from casmoe.testing import check_policy, geometries, traces
+from casmoe.sim.testing import check_policy
+from casmoe.testing import geometries, traces
 from casmoe.trace import Request, Trace
 
 OPTIONS = {"casmoe": [{"predictor": "exact"}, {"predictor": "noisy", "noise": 0.5}], "sch": [{"m": 1}, {"m": 4}]}

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from casmoe.cache import ExpertCache
 from casmoe.errors import CasmoeError
+from casmoe.policies.registry import get_policy
 
 
 class PolicySpecError(CasmoeError, ValueError):
@@ -94,8 +95,6 @@ class PolicySpec:
 
     @property
     def cls(self) -> type[ExpertCache]:
-        from casmoe.policies import get_policy
-
         return get_policy(self.name)
 
     @property

@@ -1,4 +1,4 @@
-"""Static placement: pin the experts that a profile trace routes to most, LRU for the rest.
+"""Static placement: pin the experts that a popularity profile routes to most, LRU for the rest.
 
 This is the placement of llama.cpp and kTransformers: popular experts live on the GPU for
 good, the remaining slots (at least `top_k` per pool, so misses can load) rotate in LRU order.
@@ -40,20 +40,26 @@ class Static(LRU):
 
     @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | str | None = None, **kw: Any) -> ExpertCache:
-        """Popularity from `profile`, else from the trace being run (an offline profile of the
-        same workload: an upper bound on what a static placement achieves)."""
-        if profile is not None and not isinstance(profile, Trace):
-            profile = Trace.load(os.fspath(profile) if isinstance(profile, os.PathLike) else str(profile))
-        source = profile if profile is not None else trace
-        if source is None:
-            raise CacheConfigError("static needs a profile trace (static[profile=FILE.npz]) to rank experts")
-        shape = (source.geometry.layers, source.geometry.experts)
+        """Popularity from `profile` (a profile file of `casmoe profile import`, a trace file or
+        a Trace), else from the trace being run (an offline profile of the same workload: an
+        upper bound on what a static placement achieves)."""
+        if isinstance(profile, Trace):
+            counts = profile.popularity()
+        elif profile is not None:
+            from casmoe.profile import load_profile
+
+            counts = load_profile(os.fspath(profile))
+        elif trace is not None:
+            counts = trace.popularity()
+        else:
+            raise CacheConfigError("static needs a profile (static[profile=FILE.npz]: a profile or a trace) to rank experts")
+        shape = counts.shape
         if shape != (geometry.layers, geometry.experts):
             raise CacheConfigError(
                 f"static profile has {shape[0]} layers x {shape[1]} experts, the run {geometry.layers} x "
                 f"{geometry.experts}; profile a trace of the same model"
             )
-        return cls(geometry, capacity, popularity=source.popularity().ravel(), **kw)
+        return cls(geometry, capacity, popularity=counts.ravel(), **kw)
 
     def victim(self, layer: int, candidates) -> ExpertId:
         pinned = self.pinned
