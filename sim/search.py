@@ -28,7 +28,7 @@ from casmoe.errors import CasmoeError
 from casmoe.options import CapacitySpec, parse_quant
 from casmoe.policies import PolicySpec
 from casmoe.presets import ModelPreset, get_preset
-from casmoe.sim.engine import expert_bytes_for, max_slots
+from casmoe.sim.assembly import expert_bytes_for, max_slots
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Workload
 from casmoe.sim.sweep import Point, _load_trace, file_digest, run_grid

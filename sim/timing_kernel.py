@@ -37,6 +37,10 @@ N_LATE, N_UNUSED = range(2)
 
 _kernel = numba.njit(cache=True, nogil=True, _nrt=False)
 _inlined = numba.njit(cache=True, nogil=True, _nrt=False, inline="always")
+"""A layer's steps are inlined by numba into the step loop, the rarer ones (the queue's advance,
+a burst of prefetches, a request start, counts that vary, timeliness) are calls: a call copies
+the state (38 arrays, passed by value), and with every step called the timing pass was about 3x
+slower; with every step inlined numba took minutes to compile it."""
 
 
 class State(NamedTuple):
@@ -114,7 +118,7 @@ def _heap_swap(st, d, i, j):
     st.h_expert[d, i], st.h_expert[d, j] = st.h_expert[d, j], st.h_expert[d, i]
 
 
-@_kernel
+@_inlined
 def _heap_push(st, d, time, token, expert):
     i = st.h_size[d]
     st.h_time[d, i], st.h_token[d, i], st.h_expert[d, i] = time, token, expert
@@ -124,7 +128,7 @@ def _heap_push(st, d, time, token, expert):
         i = (i - 1) // 2
 
 
-@_kernel
+@_inlined
 def _heap_pop(st, d):
     """Drop the earliest arrival (read it at index 0 first)."""
     last = st.h_size[d] - 1
@@ -143,7 +147,7 @@ def _heap_pop(st, d):
         i = c
 
 
-@_kernel
+@_inlined
 def _commit(st, d, expert, nbytes, token, start):
     """`Link._commit`: a tracked load on the wire; its arrival lands later."""
     end = _wire(st, d, nbytes, start)
@@ -171,7 +175,7 @@ def _advance(st, d, now):
         _commit(st, d, e, st.q_nbytes[d, i], st.q_token[d, i], start)
 
 
-@_kernel
+@_inlined
 def _land(st, d, now):
     """`Link.land`, for decisions made in advance (nothing to tell the cache)."""
     if st.q_head[d] < st.q_tail[d]:
@@ -184,7 +188,7 @@ def _land(st, d, now):
             st.ntokens[d] -= 1
 
 
-@_kernel
+@_inlined
 def _prefetch(st, d, now, expert, nbytes):
     """`Link.prefetch`: queue behind every earlier copy."""
     Q = st.q_expert.shape[1]
@@ -200,7 +204,7 @@ def _prefetch(st, d, now, expert, nbytes):
     st.token[expert] = st.seq[d]
 
 
-@_kernel
+@_inlined
 def _demand(st, d, now, expert, nbytes):
     """`Link.demand` without a tier: commit ahead of the queued prefetches, untracked."""
     if st.q_head[d] < st.q_tail[d]:
@@ -209,7 +213,7 @@ def _demand(st, d, now, expert, nbytes):
     return _wire(st, d, nbytes, bu if bu > now else now)
 
 
-@_kernel
+@_inlined
 def _need(st, d, now, expert):
     """`Link.need`: the arrival of an in-flight expert, a queued prefetch promoted to demand."""
     if st.q_head[d] < st.q_tail[d]:
@@ -228,7 +232,7 @@ def _need(st, d, now, expert):
     return _commit(st, d, expert, st.q_nbytes[d, i], st.q_token[d, i], start)
 
 
-@_kernel
+@_inlined
 def _cancel(st, d, now, expert):
     """`Link.cancel`: drop the queued load of an evicted expert, or ignore its arrival."""
     if st.token[expert] == 0:
@@ -247,7 +251,7 @@ def _cancel(st, d, now, expert):
 # ---- timeliness ----------------------------------------------------------------------------
 
 
-@_kernel
+@_inlined
 def _evicted(st, expert):
     if st.unused[expert]:
         st.unused[expert] = False
@@ -281,7 +285,7 @@ def _timeliness_visit(st, ll, device, clock, experts, lo, hi, log, a, nloads):
 # ---- the timing pass -----------------------------------------------------------------------
 
 
-@_kernel
+@_inlined
 def _host_time(st, issued, beside):
     if not issued:
         return 0.0
@@ -327,7 +331,7 @@ def _begin(st, t, log, a, b):
     return t + host
 
 
-@_kernel
+@_inlined
 def _wait(st, d, ll, on_device, experts, lo, hi, log, a, nloads, routed, ready):
     """`StepTimer._wait`: when the layer's experts can start (late hits, then demand loads)."""
     late_until = ready
@@ -402,7 +406,7 @@ def _experts_time(st, ll, experts, counts, weighted, lo, hi, log, a, ncpu):
     return most + st.par[P_CPU_SERIAL] * least
 
 
-@_kernel
+@_inlined
 def _layer(st, ll, on_device, t, dense, experts, counts, weighted, lo, hi, log, mark):
     """One computed layer of `StepTimer._walk` from `t`; returns when it is done."""
     pre, a, b = mark[M_PRE], mark[M_ROUTE], mark[M_END]
