@@ -47,17 +47,17 @@ def run(plan: Any, machine: Any, setup: Any, log: LatencyLog, decider: CompiledD
     meta = _step_meta(plan, arrays)
     starts, finishing = meta[3], meta[4]
     st = _state(tk, machine, setup, arrays)
-    pos = [0] * len(setup.trace.requests)
+    dense, head, handover = _work(plan, meta, setup.compute, len(machine.links) > 1)
     now = 0.0
     S = arrays.steps
     for c0 in range(0, S, chunk_steps):
         c1 = min(S, c0 + chunk_steps)
         rows, marks, begin_rows = decider.decide(c0, c1, starts, finishing)
         st = _room(tk, st, int(np.count_nonzero(rows[:, 0] == LOG_PREFETCH)))
-        per_step = _per_step(meta, c0, c1, pos, setup.compute, begin_rows, len(machine.links) > 1)
         out_start, out_end = np.empty(c1 - c0), np.empty(c1 - c0)
         now = tk.run_steps(st, arrays.visit_ptr, arrays.experts, arrays.counts, arrays.weighted, rows, marks, c0, c1,
-                           *per_step, now, out_start, out_end)
+                           *_per_step(meta, c0, c1, begin_rows), dense[c0:c1], head[c0:c1], handover[c0:c1], now,
+                           out_start, out_end)
         _log(log, meta, plan.batch, c0, c1, out_start.tolist(), out_end.tolist())
     _write_back(tk, st, machine)
     return now
@@ -88,24 +88,40 @@ def _step_meta(plan: Any, arrays: StepArrays) -> tuple[list[bool], list[int], li
     return prefill, tokens, requests, starts, finishing
 
 
-def _per_step(meta: tuple, c0: int, c1: int, pos: list[int], compute: Any, begin_rows: dict[int, tuple[int, int]],
-              multi: bool) -> tuple[np.ndarray, ...]:
-    """The chunk's per-step inputs of `run_steps`: request-start log rows, finishing flags,
-    dense, head and hand-over times (`pos` advances)."""
-    prefill, tokens, requests, starts, finishing = meta
+def _work(plan: Any, meta: tuple, compute: Any, multi: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every step's dense, head and hand-over times (`work_for`'s), from the requests' context
+    lengths; at batch 1 over arrays (`dense_many`: the same bits, no Python per step)."""
+    prefill, tokens, requests = meta[:3]
+    S = len(prefill)
+    if plan.batch != 1:
+        pos = [0] * len(plan.trace.requests)
+        works = [work_for(prefill[s], tokens[s], requests[s], pos, compute) for s in range(S)]
+        dense, head = np.array([w.dense for w in works]), np.array([w.head for w in works])
+    else:  # a request's prefill step (T tokens) attends T(T + 1)/2 pairs, its i-th decode token P + i
+        T, is_prefill = np.array(tokens, np.int64), np.array(prefill, np.bool_)
+        req = np.array([r for (r,) in requests], np.int64)
+        first = np.searchsorted(req, req)  # each step's request's first step (requests in order)
+        P = np.array([r.prefill for r in plan.trace.requests], np.int64)[req]
+        context = P + np.arange(S) - first + (P == 0)  # a decode step's position, counting itself
+        pairs = np.where(is_prefill, T * (T + 1) // 2, context)
+        dense, head = compute.dense_many(T, pairs, np.where(is_prefill, T, context)), np.full(S, compute.head(1))
+    handover = np.zeros(S)
+    if multi:
+        per_tokens = {t: compute.handover(t) for t in set(tokens)}
+        handover = np.array([per_tokens[t] for t in tokens])
+    return dense, head, handover
+
+
+def _per_step(meta: tuple, c0: int, c1: int, begin_rows: dict[int, tuple[int, int]]) -> tuple[np.ndarray, ...]:
+    """The chunk's request-start log rows and finishing flags, for `run_steps`."""
+    starts, finishing = meta[3], meta[4]
     n = c1 - c0
     begin_a, begin_b = np.full(n, -1, np.int64), np.zeros(n, np.int64)
     for s in starts:
         if c0 <= s < c1:
             begin_a[s - c0], begin_b[s - c0] = begin_rows[s]
     ending = np.array([s in finishing for s in range(c0, c1)], np.bool_)
-    dense, head, handover = np.empty(n), np.empty(n), np.zeros(n)
-    for j, s in enumerate(range(c0, c1)):
-        work = work_for(prefill[s], tokens[s], requests[s], pos, compute)
-        dense[j], head[j] = work.dense, work.head
-        if multi:
-            handover[j] = compute.handover(work.tokens)
-    return begin_a, begin_b, ending, dense, head, handover
+    return begin_a, begin_b, ending
 
 
 def _log(log: LatencyLog, meta: tuple, batch: int, c0: int, c1: int, start: list[float], end: list[float]) -> None:
