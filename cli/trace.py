@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from casmoe.cli.app import app
+from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
 from casmoe.shipped import DEFAULT_TRACE, shipped
@@ -320,15 +320,13 @@ def stats(
     """
     import sys
 
-    from tqdm import tqdm
-
     from casmoe import workload
     from casmoe.importers import read_specs
     from casmoe.report import print_table, write_csv_to
 
     loaded = read_specs(traces or [str(shipped(DEFAULT_TRACE))])
     results = []
-    with tqdm(total=sum(tr.geometry.layers for _, tr in loaded), desc="replay", unit="layer", leave=False, disable=as_json or as_csv) as bar:
+    with progress(total=sum(tr.geometry.layers for _, tr in loaded), desc="replay", unit="layer", leave=False, quiet=as_json or as_csv) as bar:
         for name, tr in loaded:
             results.append(workload.measure(tr, name, replay_requests, progress=bar.update))
     ref = workload.realism_band() if band else None

@@ -167,7 +167,7 @@ def _state(tk: Any, machine: Any, setup: Any, arrays: StepArrays) -> Any:
         exp_tab=exp_tab, cpu_tab=cpu_tab, copy_s=np.asarray(tl.copy_s if tl is not None else [0.0] * L),
         stall_by_layer=zf(L), late_by_layer=zi(L), wasted_by_layer=zi(L), bound_by_layer=zf(L),
         busy_until=zf(D), busy=zf(D), moved=zi(D), cancelled=zi(D), seq=zi(D), ntokens=zi(D), device_busy=zf(D),
-        copied=zf(D), q_head=zi(D), q_tail=zi(D), q_expert=zi(D, RING), q_nbytes=zi(D, RING), q_token=zi(D, RING),
+        copied=zf(D), bound_by_device=zf(D), q_head=zi(D), q_tail=zi(D), q_expert=zi(D, RING), q_nbytes=zi(D, RING), q_token=zi(D, RING),
         q_enq=zf(D, RING), q_alive=np.zeros((D, RING), np.bool_), h_size=zi(D), h_time=zf(D, RING),
         h_token=zi(D, RING), h_expert=zi(D, RING), token=zi(N), pending=np.full(N, -1, np.int64), arrival=zf(N),
         unused=np.zeros(N, np.bool_), on_host=np.zeros(N, np.bool_),
@@ -232,6 +232,7 @@ def _write_back(tk: Any, st: Any, machine: Any) -> None:
         tl.wasted_by_layer = st.wasted_by_layer.tolist()
         tl.bound_by_layer = st.bound_by_layer.tolist()
         tl.bound = float(st.acc[tk.A_BOUND])
+        tl.bound_by_device = st.bound_by_device.tolist()
 
 
 class ServingPass:
@@ -251,7 +252,7 @@ class ServingPass:
         self.L = g.layers
         one, none = np.zeros(1, np.int64), np.zeros(0, np.int64)
         empty = StepArrays(g.layers, one, none, none, none, none, np.zeros(0, np.bool_))
-        self.budget = (getattr(shard.cache, "_budget", 0) if shard.cache.prefetches_per_layer else 0) * g.layers
+        self.budget = shard.cache.twin_state().next_layer_budget * g.layers
         rows = g.total_experts * (max_batch + 2) + self.budget
         self.twin = Twin(shard.cache, empty, log_rows=rows, decide=True)
         self.st = _state(tk, machine, setup, empty)

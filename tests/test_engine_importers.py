@@ -112,6 +112,9 @@ def test_sglang_per_token_dump_recovers_every_request(tmp_path):
         np.testing.assert_array_equal(got.output_ids, want.ids[computed_prompt:])
     assert tr.meta["prefix_cached_tokens"] == [0, 0, 0, 0, 2]
     assert tr.meta["started_before_recording"] == 1
+    tr.save(tmp_path / "t.npz")  # and through casmoe's own formats, unchanged
+    write_route_csv(Trace.load(tmp_path / "t.npz"), tmp_path / "t.csv")
+    assert_same(read_route_csv(tmp_path / "t.csv"), tr)
 
 
 def test_sglang_tensor_parallel_ranks_count_once_and_data_parallel_ranks_add(tmp_path):
@@ -243,7 +246,7 @@ def test_vllm_openai_responses_in_every_array_encoding(tmp_path):
     doc = {"id": "chatcmpl-1", "created": 1700000000, "prompt_token_ids": list(range(4)), "choices": choices,
            "prompt_routed_experts": base64.b64encode(buf.getvalue()).decode(), "usage": {"prompt_tokens": 4}}
     (tmp_path / "resp.json").write_text(json.dumps(doc))
-    tr = import_trace([tmp_path / "resp.json"], num_experts=8)
+    tr = import_trace([tmp_path], num_experts=8)  # a folder of responses, told apart by content
     assert tr.geometry.experts == 8 and not tr.meta["experts_inferred"]
     for got, rows, c in zip(tr.requests, want, range(2)):
         np.testing.assert_array_equal(got.topk, rows)

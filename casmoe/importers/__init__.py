@@ -49,7 +49,10 @@ def detect_format(sources: Sequence[Path]) -> str:
         if ".pt" in suffixes:
             return "sglang"
         npz = sorted(p for p in first.iterdir() if p.suffix == ".npz")
-        return "vllm" if npz and _npz_kind(npz[0]) == "vllm" else "arrays"
+        if npz:
+            return "vllm" if _npz_kind(npz[0]) == "vllm" else "arrays"
+        docs = sorted(p for p in first.iterdir() if p.suffix in (".json", ".jsonl"))
+        return _json_kind(docs[0]) if docs else "arrays"
     if first.suffix == ".pt":
         return "sglang"
     if first.suffix in (".npy", ".safetensors"):

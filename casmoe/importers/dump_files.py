@@ -81,11 +81,18 @@ def b64_bytes(text: Any, where: str) -> bytes:
 
 
 def token_ids(value: Any, where: str, what: str) -> np.ndarray | None:
-    if value is None:
-        return None
-    arr = np.asarray(value)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise TraceError(f"{where}: {what} must be a list of token ids")
+    return None if value is None else as_int_array(value, where, what, 1)
+
+
+def as_int_array(value: Any, where: str, what: str, ndim: int) -> np.ndarray:
+    """`value` as an integer array of `ndim` dimensions, or one line saying what it is instead."""
+    try:
+        arr = np.asarray(value) if isinstance(value, (list, np.ndarray)) else None
+    except (ValueError, TypeError, OverflowError):  # ragged or mixed lists
+        arr = None
+    if arr is None or arr.ndim != ndim or (arr.size and not np.issubdtype(arr.dtype, np.integer)) or arr.dtype == bool:
+        got = f"{arr.dtype} {arr.shape}" if arr is not None else type(value).__name__
+        raise TraceError(f"{where}: {what} must be an integer array of {ndim} dimensions, got {got}")
     return arr.astype(np.int64)
 
 

@@ -35,8 +35,8 @@ import numpy as np
 
 from casmoe.importers.engine_trace import EngineRequest, build_trace
 from casmoe.importers.ktransformers import frequency_table
-from casmoe.importers.torch_file import as_int_array, load_torch_file
-from casmoe.importers.dump_files import b64_bytes, engine_files, json_records, text_field
+from casmoe.importers.torch_file import load_torch_file
+from casmoe.importers.dump_files import as_int_array, b64_bytes, engine_files, json_records, text_field
 from casmoe.profile import Profile, ProfileError, from_engine_counts
 from casmoe.trace import Trace, TraceError
 
@@ -125,9 +125,9 @@ def _requests(records: list[dict[str, Any]], k: int, where: str, rank: Any) -> l
     done: list[_Open] = []
     by_next: dict[int, list[_Open]] = {}  # next position -> open requests, first seen first
 
-    def take(pos: int, decoding: bool | None) -> _Open | None:
+    def take(pos: int, decoding: bool) -> _Open | None:
         for r in by_next.get(pos, []):
-            if decoding is None or r.decoding == decoding:
+            if r.decoding == decoding:
                 by_next[pos].remove(r)
                 return r
         return None

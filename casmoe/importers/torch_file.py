@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from casmoe.trace import TraceError
 
@@ -49,12 +48,3 @@ def load_torch_file(path: str | Path) -> Any:
     except Exception as exc:  # zip, EOF and torch's own errors for a damaged or foreign file
         raise TraceError(f"{where}: not a readable torch.save file: {type(exc).__name__}: {str(exc)[:160]}") from None
     return _to_numpy(obj)
-
-
-def as_int_array(value: Any, where: str, what: str, ndim: int) -> np.ndarray:
-    """`value` as an integer array of `ndim` dimensions, or one line saying what it is instead."""
-    arr = np.asarray(value) if isinstance(value, (list, np.ndarray)) else None
-    if arr is None or arr.ndim != ndim or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        got = f"{arr.dtype} {arr.shape}" if arr is not None else type(value).__name__
-        raise TraceError(f"{where}: {what} must be an integer array of {ndim} dimensions, got {got}")
-    return arr.astype(np.int64)

@@ -17,8 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from casmoe.cache import CacheConfigError, ExpertCache
+from casmoe.cache import CacheConfigError, ExpertCache, TwinState
 from casmoe.geometry import ExpertId
+from casmoe.kernels.kinds import Kind
 from casmoe.trace import Request
 
 ExpertScorer = Callable[[Request], np.ndarray]
@@ -69,6 +70,7 @@ class PlannerPredictor:
 
 class CasMoE(ExpertCache):
     name = "casmoe"
+    compiled_kind = Kind.CASMOE
 
     def __init__(self, *args, predictor: ExpertScorer, oracle: bool = False, **kw) -> None:
         super().__init__(*args, **kw)
@@ -85,6 +87,21 @@ class CasMoE(ExpertCache):
     def reads_future(cls, options: dict[str, Any]) -> bool:
         """The `exact` and `noisy` predictors read the request's own routing; a planner does not."""
         return options.get("planner") is None and not callable(options.get("predictor"))
+
+    @classmethod
+    def fitted_requests(cls, options: dict[str, Any], trace: Any) -> set[int]:
+        """With a planner: the requests whose prompt it was fitted on (its stored fit data)."""
+        folder = options.get("planner")
+        if folder is None:
+            return set()
+        from casmoe.planner.fitdata import prompt_digests
+        from casmoe.planner.planner import read_fit_data
+
+        fit = read_fit_data(folder)
+        if fit is None:
+            return set()
+        seen = np.isin(prompt_digests([r.prompt for r in trace.requests]), fit.prompts)
+        return {int(i) for i in np.flatnonzero(seen)}
 
     @classmethod
     def create(
@@ -124,6 +141,12 @@ class CasMoE(ExpertCache):
         else:
             chosen = np.sort(np.argsort(-self._scores, kind="stable")[: cap.slots])  # flat ids sort by layer
         return [int(e) for e in chosen if self._scores[e] > 0]
+
+    def twin_state(self) -> TwinState:
+        return TwinState(served=self._served)  # the kernel counts uses here; on_request_end reads them
+
+    def twin_request_key(self) -> np.ndarray:
+        return self._scores
 
     def on_access(self, expert: ExpertId) -> None:
         self._tick += 1

@@ -1,9 +1,13 @@
 """The policy registry: one name per built-in policy, and `package.module:Class` for users'.
 
-The classes listed here are the definitions, one module each. For long replays each built-in
-class also has a compiled twin (`casmoe/compiled.py`, `casmoe/kernels/cache_machine.py`) that
-tests/test_compiled_replay.py holds to identical decisions; users' classes, and subclasses of
-the built-in ones, always run their Python hooks.
+The classes listed here are the definitions, one module each. A built-in class that runs
+compiled declares its twin in its own module (`compiled_kind`, `twin_state`; see
+`casmoe.cache`), and tests/test_compiled_replay.py holds the two to identical decisions; users'
+classes, and subclasses of the built-in ones, always run their Python hooks.
+
+Adding a built-in policy: write `casmoe/policies/NAME.py` (an `ExpertCache` subclass with a
+unique `name`, and its twin's declaration if it is to run compiled) and add the class to
+`POLICIES` below; nothing else names it.
 """
 
 from __future__ import annotations
@@ -16,15 +20,18 @@ from casmoe.cache import ExpertCache
 from casmoe.errors import CasmoeError
 from casmoe.policies.belady import Belady
 from casmoe.policies.casmoe import CasMoE
+from casmoe.policies.least_stale import LeastStale
 from casmoe.policies.lfu import LFU
 from casmoe.policies.lru import LRU
+from casmoe.policies.moe_infinity import MoEInfinity
 from casmoe.policies.ondemand import OnDemand
 from casmoe.policies.sch import SCH
 from casmoe.policies.semoe import SEMoE
+from casmoe.policies.speculative import Speculative
 from casmoe.policies.static import Static
 
 POLICIES: dict[str, type[ExpertCache]] = {
-    cls.name: cls for cls in (OnDemand, LRU, LFU, SEMoE, Static, Belady, SCH, CasMoE)
+    cls.name: cls for cls in (OnDemand, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, Belady, SCH, CasMoE)
 }
 
 
