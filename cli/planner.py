@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -46,11 +47,12 @@ def fit(
     seed: int = typer.Option(_D.seed, help="Seed for the predictor's initialisation, dropout and batches."),
 ) -> None:
     """Fit matcher and predictor on a trace's prompts and write the planner folder."""
-    from casmoe.output import check_dir_target
+    from casmoe.folder import check_folder_target
     from casmoe.planner import fit_planner
+    from casmoe.planner.planner import FORMAT, META
     from casmoe.trace import Trace
 
-    check_dir_target(out, "--out")
+    check_folder_target(out, FORMAT, "--out", marker=META)  # before the fit: an unwritable --out fails now
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     cfg = PlannerConfig(
         epsilon=epsilon,
@@ -63,7 +65,7 @@ def fit(
         seed=seed,
         eap=EAPConfig(alpha=alpha, epochs=epochs),
     )
-    planner = fit_planner(tr, cfg, progress=True)
+    planner = fit_planner(tr, cfg, progress=sys.stderr.isatty())  # bars on a terminal only
     planner.save(out)
     sizes = planner.nbytes()
     typer.echo(
@@ -95,7 +97,8 @@ def evaluate(
         if path is not None:
             check_file_target(path, what, create_parent=True)
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
-    ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json, holdout_task=holdout_task)
+    ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json and sys.stderr.isatty(),
+                  holdout_task=holdout_task)
     result = ev.to_dict()
     if curve or plot:
         points = ev.epsilon_curve([i / 20 for i in range(21)])

@@ -103,7 +103,7 @@ def test_batch_one_arrays_equal_the_step_objects(trace, gaps):
     trace = trace if gaps is None else with_gaps(trace, gaps)
     g = trace.geometry
     fast, slow = StepArrays.from_trace(trace), StepArrays.from_steps(trace.steps(), g.layers, len(trace.requests))
-    for name in ("visit_ptr", "experts", "first_step", "last_step"):
+    for name in ("visit_ptr", "experts", "first_step", "last_step", "counts", "weighted"):
         np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
 
 

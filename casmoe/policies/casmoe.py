@@ -117,6 +117,12 @@ class CasMoE(ExpertCache):
         **kw: Any,
     ) -> ExpertCache:
         if planner is not None:
+            missing = 0 if trace is None else sum(not r.prompt for r in trace.requests)
+            if missing:
+                raise CacheConfigError(
+                    f"{missing} of the trace's {len(trace.requests)} requests have no prompt text, and a planner predicts "
+                    "from the prompt; use a trace recorded with prompts, or casmoe[predictor=exact|noisy] for the bounds"
+                )
             return cls(geometry, capacity, predictor=PlannerPredictor(planner, geometry), **kw)
         if callable(predictor):
             return cls(geometry, capacity, predictor=predictor, **kw)
