@@ -99,11 +99,13 @@ def test_simulate_with_no_arguments(tmp_path):
     assert proc.returncode == 0, proc.stderr
     records = check_report(tmp_path / "casmoe-sim", tmp_path / "tl.json")
     policies = {r["policy"] for r in records}
-    assert {"ondemand", "lru", "casmoe[predictor=exact]", "casmoe[predictor=noisy]"} <= policies
-    # static ranks experts by a profile: of the train split, so only held-out requests are scored
-    assert "tiny-mixtral.npz: 12 of 800 requests (the first 12 of the requests static never saw)" in proc.stdout
-    assert {r["scored"] for r in records} == {"12 of 800 requests (the first 12 of the requests static never saw)"}
-    assert not any(r["oracle"] for r in records if r["policy"] == "static")
+    assert {"ondemand", "lru", "semoe", "speculative", "moe-infinity", "casmoe[predictor=exact]",
+            "casmoe[predictor=noisy]"} <= policies
+    # static's profile and moe-infinity's collection come from the train split: only held-out requests are scored
+    seen = "the first 12 of the requests moe-infinity, static never saw"
+    assert f"tiny-mixtral.npz: 12 of 800 requests ({seen})" in proc.stdout
+    assert {r["scored"] for r in records} == {f"12 of 800 requests ({seen})"}
+    assert not any(r["oracle"] for r in records if r["policy"] in ("static", "moe-infinity"))
     assert "model mixtral-8x7b" in proc.stdout
     _headline_checks(proc.stdout, records)
     assert "e+0" not in proc.stdout  # three significant digits, never exponents
