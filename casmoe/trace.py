@@ -114,27 +114,21 @@ def expert_counts(topk: np.ndarray, experts: int) -> np.ndarray:
 
 
 def prefill_step(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray, E: int) -> Step:
-    """Union of the prompt tokens' experts per layer, heaviest total router weight first."""
+    """Union of the prompt tokens' experts per layer, heaviest total router weight first (ties:
+    lower id), with how many tokens routed to each. Vectorised over layers: an expert's weights
+    are summed in token order either way, so the sums are the per-layer ones."""
     T, L, k = topk.shape
-    flat = np.where(topk >= 0, topk.astype(np.int64) + offsets, -1)  # [T, L, k]
-    experts: list[list[int]] = []
-    counts: list[list[int]] = []
-    for layer in range(L):
-        ids = flat[:, layer, :].ravel()
-        w = weights[:, layer, :].ravel().astype(np.float64)
-        keep = ids >= 0
-        ids, w = ids[keep], w[keep]
-        if ids.size == 0:
-            experts.append([])
-            counts.append([])
-            continue
-        uniq, inv = np.unique(ids, return_inverse=True)
-        wsum = np.bincount(inv, weights=w)
-        cnt = np.bincount(inv)
-        order = np.lexsort((uniq, -wsum))
-        experts.append(uniq[order].tolist())
-        counts.append(cnt[order].tolist())
-    return Step(True, T, experts, counts)
+    flat = np.where(topk >= 0, topk.astype(np.int64) + offsets, -1).ravel()  # [T * L * k]
+    w = weights.ravel().astype(np.float64)
+    keep = flat >= 0
+    uniq, inv = np.unique(flat[keep], return_inverse=True)
+    wsum = np.bincount(inv, weights=w[keep], minlength=len(uniq))
+    cnt = np.bincount(inv, minlength=len(uniq))
+    layer = uniq // E - offsets.ravel()[0] // E  # offsets start the first layer's ids
+    order = np.lexsort((uniq, -wsum, layer))
+    bounds = np.searchsorted(layer[order], np.arange(L + 1)).tolist()
+    ids, counts = uniq[order].tolist(), cnt[order].tolist()
+    return Step(True, T, [ids[a:b] for a, b in zip(bounds, bounds[1:])], [counts[a:b] for a, b in zip(bounds, bounds[1:])])
 
 
 @dataclass(slots=True)

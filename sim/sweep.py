@@ -1,7 +1,9 @@
 """Grids of simulations: policies x capacities x hardware x models x traces (x arrival rates).
 
-A `Point` is one fully specified run; its `key()` hashes everything that determines the result
-(including the trace file's contents), and `run_grid` stores each finished point as
+A `Point` is one fully specified run; its `key()` hashes everything that determines the result:
+its fields, the trace file's contents, the scored requests, and `input_digest` (the profile's
+numbers, the preset, every file or folder an option names, a user's policy module and its
+package, casmoe's version), so a changed input is a new point; `run_grid` stores each finished point as
 `points/<key>.json` in the output folder, so an interrupted sweep resumes where it stopped and a
 re-run with more points only computes the new ones. Points run on local processes
 (`concurrent.futures`) or, for users who outgrow one machine, on a Ray cluster.
@@ -273,7 +275,8 @@ class Grid:
     def from_toml(cls, path: str | Path) -> Grid:
         """Keys: traces, models, hardware, policies, capacities (slots or "6GB"),
         global_capacities, batch, miss_modes, rates (lists) and devices, quant, pinned, requests,
-        arrival, users, think, max_batch, schedule, chunk, seed, host_cache, host_policy."""
+        arrival, users, think, max_batch, schedule, chunk, seed, host_cache, host_policy; the
+        scored requests: split, tasks (a list), range (`casmoe.selection`); allow_overcommit."""
         from casmoe.userfile import read_toml
 
         raw = read_toml(path, "sweep file", SweepError)
