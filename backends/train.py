@@ -14,7 +14,12 @@ expert *index* i over the whole stack, and each layer may keep one hot expert as
 different layers pick different ones; the first tiny models trained with it sent 38% of a
 layer's top-2 slots to one expert, and consecutive tokens of real text reused the same expert
 pair 37% of the time. Balanced per layer over a batch, a layer may still route by topic (every
-token of a text to the same experts); balanced per row, it must route by token.
+token of a text to the same experts); balanced per row, it must route by token. `--balance
+global` counts the loads over the last `balance_window` batches (Qwen's global-batch balance,
+arXiv 2501.11873) for models meant to keep a request on its experts; bench/RESULTS.md (issue 21)
+has what it did at 80 steps. DeepSeek-V3's auxiliary-loss-free bias is not offered: it biases
+the router's scores for selection only, which transformers' Mixtral and OLMoE routers cannot
+hold, so such a model would not load in the classes the backend runs.
 """
 
 from __future__ import annotations

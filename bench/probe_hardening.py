@@ -671,7 +671,7 @@ def probe_record(d: Path) -> str:
     --max-prompt-tokens: the partial file must be refused, not silently continued."""
     (d / "p.txt").write_text("\n".join(f"the cat sat on mat number {i} and then some more words" for i in range(40)))
     base = ["record", "-m", "tiny-mixtral", "-p", "p.txt", "-n", "8", "-o", "r.npz", "--batch", "1",
-            "--checkpoint-every", "1", "--threads", "1"]
+            "--checkpoint-every", "1", "--threads", "1", "--decode", "sample"]  # plain prompts: no continuation
     proc = subprocess.Popen([sys.executable, "-m", "casmoe", *base, "--max-prompt-tokens", "4"], cwd=d,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_limits,
                             env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})

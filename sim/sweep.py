@@ -471,10 +471,11 @@ def _run_pair(point: Point) -> tuple[Point, dict[str, Any]]:
     return point, _run_or_skip(point)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """Worker initializer: a sweep that is killed outright (SIGKILL) takes its workers with it,
-    through Linux's parent-death signal or, elsewhere, a thread watching the parent."""
-    parent = os.getppid()
+    through Linux's parent-death signal or, elsewhere, a thread watching the parent. `parent`
+    is the sweep's pid as the sweep saw it: a worker whose start-up outlasted the sweep sees
+    another parent already and leaves at once (reading `getppid` here would adopt the new one)."""
     try:
         import ctypes
 
@@ -502,7 +503,7 @@ def _run_local(points: Sequence[Point], jobs: int, _: str | None) -> Iterator[tu
     # error) terminates the workers instead of waiting for their points. Spawned, not forked:
     # a fork of a process with threads (torch, numba) can inherit a held lock and hang.
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(min(jobs, len(points)) or 1, initializer=_die_with_parent) as pool:
+    with ctx.Pool(min(jobs, len(points)) or 1, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         yield from pool.imap_unordered(_run_pair, points)
 
 

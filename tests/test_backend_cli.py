@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,6 +14,7 @@ pytest.importorskip("transformers")
 from backend_models import one_thread, tiny  # noqa: E402,F401  (one_thread: autouse)
 from typer.testing import CliRunner  # noqa: E402
 
+from casmoe.backends.validate import NOISE_LIMIT, baseline_spread, relative_error  # noqa: E402
 from casmoe.cli import app  # noqa: E402
 
 TEXTS = ["the cat sat on the mat", "def add(a, b): return a + b", "what is 12 plus 30?", "to be or not to be"]
@@ -195,9 +198,10 @@ def test_validate_above_its_noise_floor_says_so_in_one_line(model_dir, monkeypat
     monkeypatch.setattr(sys, "argv", ["casmoe", "validate", "--model", str(model_dir / "m"), "--prompts",
                                       str(model_dir / "prompts.txt"), "--num-prompts", "2", "--max-new-tokens", "3",
                                       "--policy", "lru"])
-    main()
+    with pytest.raises(SystemExit) as done:
+        main()
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1].startswith("too noisy to judge the simulator") and "error" not in out[-1]
+    assert done.value.code == 0 and out[-1].startswith("too noisy to judge the simulator") and "error" not in out[-1]
 
 
 def test_baseline_spread_is_the_median_step_between_neighbours():

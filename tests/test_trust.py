@@ -181,14 +181,17 @@ def test_the_main_headline_never_calls_an_oracle_best_without_an_oracle():
 
 
 def _planner_folder(trace: Trace, fitted: list[int], folder: Path) -> Path:
-    """The parts of a planner folder that say what it saw: planner.json and fit.npz (FitData)."""
-    from casmoe.planner.planner import FORMAT, VERSION
+    """The parts of a planner folder that say what it saw: planner.json and fit.npz (FitData),
+    written as a planner writes its folder (casmoe/folder.py: a manifest, all at once)."""
+    from casmoe.folder import write_folder
+    from casmoe.planner.planner import FORMAT, META, VERSION
 
     part = trace.subset(fitted)
     fit = FitData.of(trace, part, normalise(expert_patterns(part)))
-    folder.mkdir()
-    fit.save(folder)
-    (folder / "planner.json").write_text(json.dumps({"format": FORMAT, "version": VERSION, "fit": fit.to_dict()}))
+    with write_folder(folder, FORMAT, marker=META) as tmp:
+        fit.save(tmp)
+        meta = {"format": FORMAT, "version": VERSION, "geometry": trace.geometry.to_dict(), "fit": fit.to_dict()}
+        (tmp / META).write_text(json.dumps(meta))
     return folder
 
 

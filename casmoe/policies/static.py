@@ -101,6 +101,8 @@ class Static(LRU):
 def _counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
     if isinstance(profile, Trace):
         return profile.popularity()
+    if not isinstance(profile, (str, os.PathLike)):  # static[profile=0]: a number, not a file
+        raise CacheConfigError(f"static's profile must be a file (a profile or a trace), not {profile!r}")
     from casmoe.profile import load_profile
 
     return load_profile(os.fspath(profile))
