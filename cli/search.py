@@ -52,7 +52,7 @@ def search(
     path = str(trace or shipped(DEFAULT_TRACE))
     if not Path(path).exists():
         raise typer.BadParameter(f"trace {path} not found", param_hint="--trace")
-    preset = preset_for(_load_trace(path, file_digest(path), 1), model)
+    preset = preset_for(_load_trace(path, file_digest(path), (0,)), model)
     candidates = configs(hardware or ["rtx4090x4"], gpus or [], parse_policies(policy or ["lru", "semoe"], POLICIES),
                          quant or [], [("" if t == "none" else t) for t in host_cache or []])
     workload = Workload.from_options(None, rate, None, max_batch=max_batch) if rate is not None else None

@@ -187,9 +187,11 @@ def search(
     ray_address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
-    """Bisect each config's cache size; the rounds of all configs run as one grid each."""
+    """Bisect each config's cache size (on the first `requests` requests, 0: all); the rounds
+    of all configs run as one grid each."""
     digest = file_digest(trace)
-    tr = _load_trace(trace, digest, requests)
+    scored = tuple(range(min(requests, len(_load_trace(trace, digest, ()).requests)))) if requests else ()
+    tr = _load_trace(trace, digest, scored)
     preset = get_preset(model)
     states, infeasible = [], []
     for c in candidates:
@@ -202,7 +204,7 @@ def search(
 
     def point(c: Config, slots: int) -> Point:
         return Point(trace, model, c.hardware, c.policy, CapacitySpec(str(slots)), 1, miss_mode, c.devices, c.quant,
-                     True, requests, digest, workload, c.host_cache)
+                     True, scored, digest, workload, c.host_cache)
 
     simulated = probed = 0
     records = []

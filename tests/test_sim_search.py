@@ -29,7 +29,7 @@ def brute_force(tmp_path, target_text=None):
     trace, preset = Trace.load(TRACE), get_preset("mixtral-8x7b")
     sizes = {c: range(slot_range(trace, preset, c)[0], slot_range(trace, preset, c)[1] + 1) for c in CONFIGS}
     grid = {(c, s): Point(TRACE, "mixtral-8x7b", c.hardware, c.policy, CapacitySpec(str(s)), 1, "load", c.devices,
-                          c.quant, True, 3, digest) for c in CONFIGS for s in sizes[c]}
+                          c.quant, True, (0, 1, 2), digest) for c in CONFIGS for s in sizes[c]}
     records, _ = run_grid(list(grid.values()), tmp_path / "grid")
     by = dict(zip(grid, records))
     metric = [r["decode_tokens_per_s"] for r in records if "skipped" not in r]
