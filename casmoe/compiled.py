@@ -38,7 +38,7 @@ before numba has even loaded (about a second per process; see bench/RESULTS.md).
 
 def has_twin(cache: ExpertCache) -> bool:
     """Whether `cache` is a fresh instance of a built-in policy (exactly that class)."""
-    return type(cache) in _KINDS and not cache._slot_of and cache._n["accesses"] == 0
+    return type(cache) in _KINDS and getattr(cache, "has_twin", True) and not cache._slot_of and cache._n["accesses"] == 0
 
 
 def uses_twin(cache: ExpertCache, trace: Trace, compiled: bool | None = None) -> bool:
