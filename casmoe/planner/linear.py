@@ -27,14 +27,17 @@ class LinearEAP:
 
     @classmethod
     def fit(cls, embeddings: np.ndarray, patterns: np.ndarray, l2: float = 1.0) -> LinearEAP:
-        """Ridge on centred targets (the intercept is the mean pattern, not shrunk)."""
+        """Ridge on centred inputs and targets (the intercept is not shrunk)."""
         N, L, E = patterns.shape
         mean = patterns.mean(axis=0)
         X = np.asarray(embeddings, dtype=np.float64)
+        x_mean = X.mean(axis=0)
+        X = X - x_mean
         Y = patterns.reshape(N, -1).astype(np.float64) - mean.reshape(1, -1)
         alpha = np.linalg.solve(X @ X.T + l2 * np.eye(N), Y)  # [N, L*E]
         W = X.T @ alpha  # [D, L*E]
-        return cls(np.vstack([W, mean.reshape(1, -1)]).astype(np.float32), mean.astype(np.float32))
+        intercept = mean.reshape(1, -1) - x_mean[None] @ W
+        return cls(np.vstack([W, intercept]).astype(np.float32), mean.astype(np.float32))
 
     def predict(self, embeddings: np.ndarray) -> np.ndarray:
         """Normalised patterns float32 [N, L, E] (rows sum to 1)."""
