@@ -350,3 +350,59 @@ def test_cli_leave_one_task_out(trace, tmp_path) -> None:
         done = subprocess.run([*cmd[:4], *args], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert done.returncode == 2, done.stderr
         assert "task 'nope'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_prompt_free_trace_is_served_by_the_trajectory_stage(trace, tmp_path) -> None:
+    """A trace without prompts (an imported route CSV) fits the trajectory stage alone; the
+    planner answers popularity before a request routes, and casmoe follows the routing."""
+    from typer.testing import CliRunner
+
+    from casmoe.cli.app import app
+    from casmoe.planner.gate import Source
+
+    bare = Trace(G, [Request(r.topk, r.weights, r.prefill, task=r.task) for r in trace.requests])
+    bare.save(tmp_path / "bare.npz")
+    runner = CliRunner()
+    res = runner.invoke(app, ["planner", "fit", "--trace", str(tmp_path / "bare.npz"), "--out", str(tmp_path / "pl")])
+    assert res.exit_code == 0, res.output
+    assert "trajectory stage alone" in res.output
+    planner = load_planner(tmp_path / "pl")
+    assert planner.stages == ["trajectory"] and not planner.serves_prompts
+    ans = planner.explain(None)
+    assert ans.source is Source.POPULARITY
+    np.testing.assert_allclose(ans.scores, planner.fit_data.popularity, atol=1e-6)
+    res = runner.invoke(app, ["planner", "eval", "--planner", str(tmp_path / "pl"), "--trace", str(tmp_path / "bare.npz"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert set(json.loads(res.stdout)) == {"trajectory", "popularity", "task_popularity", "random"}
+    res = runner.invoke(
+        app, ["replay", "--trace", str(tmp_path / "bare.npz"), "--policy", "casmoe", "--policy", "lru",
+              "--planner", str(tmp_path / "pl"), "--capacity", "3", "--json"],
+    )
+    assert res.exit_code == 0, res.output
+    # a planner with prompt stages serves a prompt-free request from the trajectory stage too
+    full = load_planner(tmp_path / "pl")
+    assert full.predict(None).shape == (G.layers, G.experts)
+
+
+@pytest.mark.slow
+def test_cli_planner_bench_chooses_on_fit_data_only(trace, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from casmoe.cli.app import app
+
+    tagged = Trace(trace.geometry, trace.requests, {"splits": ["heldout" if i % 5 == 4 else "train" for i in range(len(trace.requests))]})
+    tagged.save(tmp_path / "t.npz")
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(
+        app, ["planner", "bench", "--trace", str(tmp_path / "t.npz"), "--out", str(out), "--setting", "mixed:code",
+              "--grid", "2,4", "--slots", "3"],
+    )
+    assert res.exit_code == 0, res.output
+    records = json.loads((out / "results.json").read_text())
+    assert [r["setting"] for r in records] == ["mixed:code"]
+    rec = records[0]
+    assert "code" not in rec["chosen_on"] and rec["horizon"] in (2, 4)
+    assert set(rec["validation_hit_rate"]) == {"2", "4"}
+    row = rec["policies"][0]
+    assert row["slots_per_layer"] == 3 and all(0 <= row[p] <= 1 for p in ("casmoe", "casmoe_static", "lru", "lfu"))
+    assert "horizon" in res.output and "chosen on validation fold" in res.output

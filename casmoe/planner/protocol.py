@@ -75,8 +75,7 @@ def settings(trace: Trace, config: PlannerConfig, eval_traces: Sequence[tuple[st
         unknown = [n for n in only if n not in {s.name for s in out}]
         if unknown:
             raise PlannerError(f"unknown setting {unknown[0]!r}; this trace has: {', '.join(s.name for s in out)}")
-        keep = set(only) | {s.planner_of for s in out if s.name in only}
-        out = [s for s in out if s.name in keep]
+        out = [s for s in out if s.name in only]  # a reused planner is fitted from the setting's own fit indices
     return out
 
 
