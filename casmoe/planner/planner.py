@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -102,6 +102,7 @@ class Answers:
 
 
 Predictor = Union["EAP", LinearEAP]
+Embeddings = Mapping[str, np.ndarray]
 
 
 class Planner:
@@ -284,10 +285,13 @@ def _out_of_fold(
     return Answers(eam, eap, sim)
 
 
-def fit_planner(trace: Trace, config: PlannerConfig = PlannerConfig(), progress: bool = False) -> Planner:
+def fit_planner(
+    trace: Trace, config: PlannerConfig = PlannerConfig(), progress: bool = False, *, embeddings: Embeddings | None = None
+) -> Planner:
     """Fit every stage on the trace's non-held-out requests: matcher, predictor and confidence
     gate from the prompts, the trajectory stage from the routing. A trace without prompts fits
-    the trajectory stage alone (a prompt-free planner, served by that stage)."""
+    the trajectory stage alone (a prompt-free planner, served by that stage). `embeddings`
+    (prompt -> its `embed` vector) spares re-embedding prompts a caller fits on repeatedly."""
     from casmoe.planner.trajectory import fit_trajectory
 
     with_prompts = [r.prompt is not None for r in trace.requests]
@@ -304,7 +308,7 @@ def fit_planner(trace: Trace, config: PlannerConfig = PlannerConfig(), progress:
     part = trace.subset(fit_idx)
     patterns = normalise(expert_patterns(part, config.phase, config.weighted))
     fit_data = FitData.of(trace, part, patterns)
-    stages = fit_prompt_stages(part, config, progress) if trace.has_prompts else None
+    stages = fit_prompt_stages(part, config, progress, embeddings=embeddings) if trace.has_prompts else None
     traj = fit_trajectory(
         part, None if stages is None else stages.answers, horizon=config.horizon, cadence=config.cadence,
         neighbours=config.neighbours, seed=config.seed,
@@ -325,17 +329,28 @@ class PromptStages:
     answers: np.ndarray
 
 
-def fit_prompt_stages(part: Trace, config: PlannerConfig, progress: bool = False) -> PromptStages:
+def embed_prompts(prompts: Sequence[str], known: Embeddings | None = None, progress: bool = False) -> np.ndarray:
+    """`embed(prompts)`, taking the vectors `known` already holds."""
+    from casmoe.planner.eam import embed
+
+    if not known:
+        return embed(prompts, progress=progress)
+    todo = sorted({p for p in prompts if p not in known})
+    fresh = dict(zip(todo, embed(todo, progress=progress))) if todo else {}
+    return np.stack([known[p] if p in known else fresh[p] for p in prompts])
+
+
+def fit_prompt_stages(part: Trace, config: PlannerConfig, progress: bool = False, *, embeddings: Embeddings | None = None) -> PromptStages:
     """Matcher, predictor and confidence gate on every request of `part` (all with prompts)."""
-    from casmoe.planner.eam import Matcher, embed
+    from casmoe.planner.eam import Matcher
 
     patterns = normalise(expert_patterns(part, config.phase, config.weighted))
     prompts = [r.prompt for r in part.requests]
-    embeddings = embed(prompts, progress=progress)
-    oof = _out_of_fold(part, config, prompts, embeddings, patterns)
+    vectors = embed_prompts(prompts, embeddings, progress)
+    oof = _out_of_fold(part, config, prompts, vectors, patterns)
     gate = ConfidenceGate.fit(oof.eam, oof.eap, oof.similarity, patterns)
-    matcher = Matcher.build(embeddings, patterns, config.neighbours, config.seed)
-    predictor = _fit_predictor(config, prompts, embeddings, patterns, progress)
+    matcher = Matcher.build(vectors, patterns, config.neighbours, config.seed)
+    predictor = _fit_predictor(config, prompts, vectors, patterns, progress)
     return PromptStages(matcher, predictor, gate, gate.blend(oof.eam, oof.eap, oof.similarity))
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from casmoe.cache import Capacity
 from casmoe.planner.config import PlannerConfig, PlannerError
-from casmoe.planner.planner import fit_planner, heldout_split, validation_folds
+from casmoe.planner.planner import Embeddings, embed_prompts, fit_planner, heldout_split, validation_folds
 from casmoe.trace import Trace
 
 BASELINES = ("lru", "lfu")
@@ -90,7 +90,8 @@ MAX_VALID = 120
 
 
 def choose(
-    part: Trace, config: PlannerConfig, grid: Sequence[int], cap: Capacity, folder: Path, max_valid: int = MAX_VALID
+    part: Trace, config: PlannerConfig, grid: Sequence[int], cap: Capacity, folder: Path, max_valid: int = MAX_VALID,
+    embeddings: Embeddings | None = None,
 ) -> dict[str, Any]:
     """The grid value of `horizon` with the best casmoe hit rate on the first validation fold
     of `part` (the fit data; its first `max_valid` requests), fitted on the other folds; with
@@ -105,7 +106,7 @@ def choose(
     from casmoe.planner.planner import Planner, fit_prompt_stages
     from casmoe.planner.trajectory import fit_trajectory
 
-    stages = fit_prompt_stages(train, config) if train.has_prompts else None
+    stages = fit_prompt_stages(train, config, embeddings=embeddings) if train.has_prompts else None
     fit_data = FitData.of(train, train, _patterns(train, config))
     scores = {}
     for h in grid:
@@ -144,14 +145,18 @@ def run(
 
     caps = [Capacity(s) for s in slots]
     planners: dict[str, tuple[Path, dict[str, Any], float]] = {}
+    known: dict[str, np.ndarray] = {}  # every fit here embeds the same prompts: once
+    if trace.has_prompts:
+        prompts = sorted({r.prompt for r in trace.requests})
+        known = dict(zip(prompts, embed_prompts(prompts)))
     for s in settings(trace, config, eval_traces, only):
         if s.planner_of not in planners:
             part = trace.subset(list(s.fit))
             cfg = replace(config, holdout_every=0, exclude_tasks=())
             t0 = time.perf_counter()
-            chosen = choose(part, cfg, list(grid), caps[0], folder / "choose" / s.planner_of.replace(":", "-"))
+            chosen = choose(part, cfg, list(grid), caps[0], folder / "choose" / s.planner_of.replace(":", "-"), embeddings=known)
             cfg = replace(cfg, horizon=int(chosen["horizon"]))
-            planner = fit_planner(part, cfg)
+            planner = fit_planner(part, cfg, embeddings=known)
             fit_s = time.perf_counter() - t0
             path = folder / s.planner_of.replace(":", "-")
             planner.save(path)
