@@ -21,7 +21,8 @@ from casmoe.cache import Capacity
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim.engine import StepPlan, simulate
+from casmoe.sim.assembly import StepPlan
+from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Arrival, Workload
 from casmoe.trace import Trace

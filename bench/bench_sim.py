@@ -25,7 +25,8 @@ from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim.engine import StepPlan, simulate
+from casmoe.sim.assembly import StepPlan
+from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.trace import Trace
 from side_by_side import interleaved, load_average

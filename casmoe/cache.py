@@ -9,6 +9,22 @@ chooses, through a few hooks:
 - `victim(layer, candidates)`: which resident to evict (candidates are set-like);
 - `on_access`, `on_insert`, `on_evict`: bookkeeping for the policy's own order.
 
+A policy is one file. A built-in one that also runs compiled declares its twin there, in three
+parts, and nothing outside the policy reads its fields:
+
+- `compiled_kind = Kind.X`: the branch of `casmoe/kernels/cache_machine.py` whose decisions
+  equal the class's hooks (`casmoe.kernels.kinds`). Only the class that declares it runs
+  compiled: a subclass (a user's `HotNextLayer(LRU)`) inherits the hooks, not the twin, and
+  runs in Python unless it declares its own;
+- `twin_state()`: the settings that branch reads (a next-layer budget, a lookahead, pinned
+  experts) and any array of the policy's own that the kernel fills (`TwinState`);
+- `twin_request_key()`: after the policy's own `prefetch_request`, the victim order for the
+  request (casmoe's scores), if its branch orders by one.
+
+The compiled run hands the counters back through `take_stats`. Adding a built-in policy is its
+module plus its name in `casmoe/policies/registry.py`; to compile it, one `Kind` and one branch
+of `cache_machine._victim_key` (tests/test_compiled_replay.py then holds the two equal).
+
 Runtimes call the events in this order per request: `begin_request`, then per step and layer
 `before_layer`, `route`, and `arrived` whenever a load completes; finally `end_request`.
 Every event returns the `Load`s to perform. Decisions never depend on *when* loads arrive
@@ -19,6 +35,7 @@ same decisions as the count-only replay; timing only turns hits into late hits.
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, NamedTuple, Sequence
 
@@ -28,6 +45,7 @@ from casmoe.geometry import ExpertId, Geometry
 if TYPE_CHECKING:
     import numpy as np
 
+    from casmoe.kernels.kinds import Kind
     from casmoe.trace import Future, Request
 
 
@@ -82,6 +100,15 @@ class Capacity:
 
     slots: int
     per_layer: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            slots = operator.index(self.slots)  # ints and numpy ints; not 4.7, "4" or True
+        except TypeError:
+            slots = None
+        if slots is None or isinstance(self.slots, bool):
+            raise CacheConfigError(f"capacity must be a whole number of slots, got {self.slots!r}")
+        object.__setattr__(self, "slots", slots)
 
     def total(self, geometry: Geometry) -> int:
         return self.slots * geometry.layers if self.per_layer else self.slots
@@ -155,6 +182,15 @@ class RequestStart:
     prefill: int
 
 
+class TwinState(NamedTuple):
+    """What a built-in policy hands its compiled twin (`ExpertCache.twin_state`)."""
+
+    next_layer_budget: int = 0  # experts of the next layer prefetched before each layer (semoe)
+    lookahead: int = 0  # tokens of future routing an expert's priority counts (sch's m)
+    pinned: tuple[ExpertId, ...] = ()  # evicted only when nothing else is evictable (static)
+    served: np.ndarray | None = None  # float64 [L x E] of the policy's own, + 1 per routed use (casmoe)
+
+
 class _Candidates:
     """Set-like view of the evictable experts of one pool: resident and not protected."""
 
@@ -185,6 +221,8 @@ class ExpertCache:
     needs_future: ClassVar[bool] = False
     keeps_experts: ClassVar[bool] = True
     """False: a layer's experts are released when the next layer starts (on-demand loading)."""
+    compiled_kind: ClassVar[Kind | None] = None
+    """The compiled twin's branch, for the class that declares it (see the module docstring)."""
 
     def __init__(
         self,
@@ -194,7 +232,7 @@ class ExpertCache:
         miss_mode: MissMode = MissMode.LOAD,
         expert_bytes: Sequence[int] | None = None,
     ) -> None:
-        cap = capacity if isinstance(capacity, Capacity) else Capacity(int(capacity))
+        cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
         cap = cap.clamped(geometry)
         if cap.slots < geometry.top_k:
             flag = "--capacity" if cap.per_layer else "--global-capacity"
@@ -234,10 +272,60 @@ class ExpertCache:
         self._n = dict.fromkeys(CacheStats.__dataclass_fields__, 0)
 
     @classmethod
+    def twin_kind(cls) -> Kind | None:
+        """`compiled_kind` if this very class declares it: a subclass's own hooks would not
+        be in the kernel, so it runs in Python."""
+        return cls.__dict__.get("compiled_kind")
+
+    def runs_compiled(self) -> bool:
+        """Whether this cache, with the options it was built with, makes the decisions of its
+        class's twin (True unless a policy says otherwise: casmoe's updating form runs only in
+        Python)."""
+        return True
+
+    def twin_state(self) -> TwinState:
+        """What the compiled twin's branch reads from this policy (called once, on a fresh cache)."""
+        return TwinState()
+
+    def twin_request_key(self) -> np.ndarray | None:
+        """In a compiled run, after this policy's `prefetch_request`: the key [L x E] its
+        branch orders this request's victims by, or None when the branch keeps its own."""
+        return None
+
+    def take_stats(self, stats: CacheStats) -> None:
+        """The counters of a run made by this cache's compiled twin become its `stats()`; its
+        residency and policy order are not mirrored back (the cache is good for `stats()` only)."""
+        self._n.update(asdict(stats))
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing loaded or routed yet: the state a compiled twin starts from."""
+        return not self._slot_of and self._n["accesses"] == 0
+
+    @property
+    def layer_bytes(self) -> list[int]:
+        """Bytes one expert of each layer moves when it loads."""
+        return self._layer_bytes
+
+    @classmethod
     def reads_future(cls, options: dict[str, Any]) -> bool:
         """Whether this policy with these options is an oracle (reads the trace's future):
         a bound to compare with, not something a server can run."""
         return cls.needs_future
+
+    @classmethod
+    def fitted_requests(cls, options: dict[str, Any], trace: Any) -> set[int]:
+        """Indices of `trace`'s requests that what this policy was fitted on (a profile, a
+        planner's fit) saw: scoring it on them reads the answers. Empty: nothing fitted on them
+        (`casmoe.selection` then need not hold any request out)."""
+        return set()
+
+    @classmethod
+    def bind(cls, options: dict[str, Any], trace: Any) -> dict[str, Any]:
+        """`options` completed from `trace`, the whole trace the scored requests come from
+        (before any selection): a policy that fits something on a trace by default fits it on
+        the requests `fitted_requests` names. Runtimes call it once per run."""
+        return options
 
     @classmethod
     def create(
@@ -438,6 +526,11 @@ class ExpertCache:
 
     def stats(self) -> CacheStats:
         return CacheStats(**self._n)
+
+    @property
+    def has_run(self) -> bool:
+        """Whether any runtime event has reached this cache (a fresh one is empty and counts 0)."""
+        return bool(self._slot_of) or any(self._n.values())
 
     # ---- mechanics -----------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
-"""Replay through the compiled twin of a built-in policy (`casmoe/kernels/cache_machine.py`).
+"""Replay through the compiled twin a policy declares (`casmoe/kernels/cache_machine.py`).
 
-Only the exact built-in classes have a twin: a subclass (a user's `HotNextLayer(LRU)`) or any
-other policy runs the Python path, unchanged. The per-access work (route, admit, evict, the
-policy's bookkeeping and victim) runs compiled; the per-request hooks stay the policy's own
-Python methods, called between kernel calls: `prefetch_request` (a planner's prediction) and
-`on_request_end` (its online update), which reads the same `_served` array the kernel fills.
+A class that declares `compiled_kind` has a twin (see `casmoe.cache`); a subclass that does not
+declare its own (a user's `HotNextLayer(LRU)`), or any other policy, runs the Python path,
+unchanged. This module names no policy: it reads the declaration and the policy's `twin_state`.
+The per-access work (route, admit, evict, the policy's bookkeeping and victim) runs compiled;
+the per-request hooks stay the policy's own Python methods, called between kernel calls:
+`prefetch_request` (a planner's prediction) and `on_request_end` (its online update), which
+reads the array of its own it handed the kernel to fill (`TwinState.served`).
 
 After a compiled replay the cache object's counters (`stats()`) are the run's; its residency
 and policy order are not mirrored back, so a compiled replay needs a fresh cache and leaves
@@ -16,19 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from casmoe.cache import CacheStats, ExpertCache, MissMode, PolicyError
-from casmoe.policies.belady import Belady
-from casmoe.policies.casmoe import CasMoE
-from casmoe.policies.lfu import LFU
-from casmoe.policies.lru import LRU
-from casmoe.policies.ondemand import OnDemand
-from casmoe.policies.sch import SCH
-from casmoe.policies.semoe import SEMoE
-from casmoe.policies.static import Static
+from casmoe.kernels.kinds import READS_USES
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import Request, Trace
 
-# the kinds of casmoe.kernels.cache_machine (kept here so that choosing a path imports no numba)
-_KINDS: dict[type[ExpertCache], int] = {OnDemand: 0, LRU: 0, SEMoE: 0, Static: 1, LFU: 2, Belady: 3, SCH: 4, CasMoE: 5}
 _MISS = {MissMode.LOAD: 0, MissMode.SUBSTITUTE: 1, MissMode.CPU: 2}
 _NO_MARKS = np.zeros((0, 5), np.int64)
 COMPILE_WORTH = 200_000
@@ -37,8 +30,9 @@ before numba has even loaded (about a second per process; see bench/RESULTS.md).
 
 
 def has_twin(cache: ExpertCache) -> bool:
-    """Whether `cache` is a fresh instance of a built-in policy (exactly that class)."""
-    return type(cache) in _KINDS and getattr(cache, "has_twin", True) and not cache._slot_of and cache._n["accesses"] == 0
+    """Whether `cache` is fresh, its class declares a compiled twin itself, and its options keep
+    it to that twin's decisions (`runs_compiled`)."""
+    return type(cache).twin_kind() is not None and cache.runs_compiled() and cache.fresh
 
 
 def uses_twin(cache: ExpertCache, trace: Trace, compiled: bool | None = None) -> bool:
@@ -81,14 +75,14 @@ class Twin:
 
     def sync(self) -> None:
         """The run's counters into the cache object (its `stats()`)."""
-        self.cache._n.update(zip(CacheStats.__dataclass_fields__, self.mc.n.tolist()))
+        self.cache.take_stats(CacheStats(*self.mc.n.tolist()))
 
 
 def replay_compiled(trace: Trace, cache: ExpertCache, arrays: StepArrays, log: list | None = None) -> CacheStats:
     """The counts `casmoe.replay.replay` gives, from the twin; `log` (a list) receives the
     decision rows `(what, expert, slot or stand-in, victim)` of `cache_machine.LOG_*`."""
     N = cache.geometry.total_experts
-    budget = cache._budget if isinstance(cache, SEMoE) else 0
+    budget = cache.twin_state().next_layer_budget
     # decisions are at most: a demand load or a stand-in and its background load per access,
     # the next-layer budget per visit, and every expert per request start
     rows = 2 * arrays.accesses + budget * (len(arrays.visit_ptr) - 1) + N * len(arrays.first_step)
@@ -124,8 +118,9 @@ def _prefetch_request(cache: ExpertCache, request: Request, mc) -> np.ndarray:
     experts = np.asarray(cache.prefetch_request(cache.request_view(request)), dtype=np.int64).ravel()
     if experts.size and not 0 <= int(experts.min()) <= int(experts.max()) < N:
         raise PolicyError(f"{type(cache).__name__}.prefetch_request returned expert ids outside [0, {N})")
-    if isinstance(cache, CasMoE):
-        mc.key[:] = cache._scores  # the victim order of this request
+    key = cache.twin_request_key()
+    if key is not None:
+        mc.key[:] = key  # the victim order of this request
     return experts
 
 
@@ -133,20 +128,21 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
     g, cap = cache.geometry, cache.capacity
     N, L, E, slots = g.total_experts, g.layers, g.experts, cap.slots
     pools = cache.pools
-    kind = _KINDS[type(cache)]
+    kind = type(cache).twin_kind()
+    state = cache.twin_state()
     cfg = np.zeros(11, np.int64)
     cfg[[km.C_E, km.C_L, km.C_SLOTS, km.C_PER_LAYER, km.C_KIND, km.C_MISS, km.C_KEEPS]] = (
         E, L, slots, cap.per_layer, kind, _MISS[cache.miss_mode], cache.keeps_experts,
     )
-    cfg[km.C_NEXT_LAYER_BUDGET] = cache._budget if isinstance(cache, SEMoE) else 0
-    cfg[km.C_SCH_M] = cache.m if isinstance(cache, SCH) else 0
+    cfg[km.C_NEXT_LAYER_BUDGET] = state.next_layer_budget
+    cfg[km.C_SCH_M] = state.lookahead
     cfg[km.C_LOG] = log_rows > 0
     cfg[km.C_DECIDE] = decide
     free = np.array([list(reversed(range(p * slots, (p + 1) * slots))) for p in range(pools)], np.int64)
     pinned = np.zeros(N, np.bool_)
-    if isinstance(cache, Static) and cache.pinned:
-        pinned[list(cache.pinned)] = True
-    if kind in (_KINDS[Belady], _KINDS[SCH]):
+    if state.pinned:
+        pinned[list(state.pinned)] = True
+    if kind in READS_USES:
         use_ptr, use_visit = arrays.uses(N)
     else:
         use_ptr, use_visit = np.zeros(N + 1, np.int64), np.zeros(0, np.int64)
@@ -167,10 +163,10 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
         unused=np.zeros(N, np.bool_),
         last=np.zeros(N, np.int64),
         count=np.zeros(N, np.int64),
-        served=cache._served if isinstance(cache, CasMoE) else np.zeros(N),
+        served=state.served if state.served is not None else np.zeros(N),
         key=np.zeros(N),
         pinned=pinned,
-        layer_bytes=np.asarray(cache._layer_bytes, np.int64),
+        layer_bytes=np.asarray(cache.layer_bytes, np.int64),
         use_ptr=use_ptr,
         use_visit=use_visit,
         issued=np.zeros(N + 2 * E + 2, np.int64),

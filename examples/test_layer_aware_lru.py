@@ -5,7 +5,7 @@ import numpy as np
 from casmoe.cache import Capacity
 from casmoe.geometry import Geometry
 from casmoe.replay import replay
-from casmoe.testing import check_policy
+from casmoe.sim.testing import check_policy
 from casmoe.trace import Request, Trace
 from examples.layer_aware_lru import HotNextLayer
 

@@ -11,7 +11,7 @@ only tells a late hit from a hit, and the timing pass reads that from the links.
 `Decider` is the one place that calls the cache; the timing pass calls its `begin`, `visit` and
 `end` itself, layer by layer, where decisions do depend on time (the substitute miss mode picks
 among arrived experts). `CompiledDecider` makes the same decisions for a fresh built-in policy
-through its compiled twin (`casmoe.compiled`), a chunk of steps per kernel call; the records it
+through the compiled twin it declares (`casmoe.compiled`), a chunk of steps per kernel call; the records it
 returns carry what the timing pass reads (loads, background loads, host-computed misses, hit
 counts) and leave `Access.late` empty (lateness is the links' to say).
 """
@@ -87,7 +87,7 @@ class CompiledDecider:
         L = cache.geometry.layers
         ptr = arrays.visit_ptr
         per_chunk = max((int(ptr[min(c + chunk_steps, arrays.steps) * L] - ptr[c * L]) for c in range(0, arrays.steps, chunk_steps)), default=0)
-        budget = getattr(cache, "_budget", 0) if cache.prefetches_per_layer else 0
+        budget = cache.twin_state().next_layer_budget
         starts_per_chunk = max(np.bincount(arrays.first_step[arrays.first_step >= 0] // chunk_steps).max(initial=0), 0)
         # a demand load (or a host-computed miss) per access, the next-layer budget per visit,
         # every expert per request start

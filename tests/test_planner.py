@@ -12,7 +12,8 @@ from casmoe.planner.evaluate import coverage_at, recall_at_k
 from casmoe.planner.fitdata import FitData
 from casmoe.planner.gate import Buffer, use_matcher
 from casmoe.planner.patterns import Phase, expert_patterns, normalise, request_pattern
-from casmoe.planner.planner import EAPConfig, PlannerConfig, PlannerError, heldout_split
+from casmoe.planner.config import EAPConfig, PlannerConfig, PlannerError
+from casmoe.planner.planner import heldout_split
 from casmoe.trace import NOT_COMPUTED, Request, Trace
 
 G = Geometry(layers=3, experts=6, top_k=2)

@@ -16,7 +16,8 @@ from casmoe.policies import POLICIES, get_policy
 from casmoe.presets import ModelPreset, get_preset
 from casmoe.replay import replay
 from casmoe.sim.compute import FixedCompute, RooflineCompute
-from casmoe.sim.engine import SimConfigError, StepPlan, max_slots, simulate
+from casmoe.sim.assembly import SimConfigError, StepPlan, max_slots
+from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import HardwareError, load_profile
 from casmoe.sim.timing import Shard, StepTimer
 from casmoe.testing import cases, traces

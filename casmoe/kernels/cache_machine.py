@@ -4,7 +4,9 @@ Everything here mirrors Python that stays the definition: the mechanics of `casm
 (`route`, `_admit`, `_evict`, `_prefetch`, `_release`, `_substitute`), the per-access hooks
 of the built-in policies in `casmoe/policies/`, and the event order of `casmoe/replay.py`.
 Per-request hooks (`prefetch_request`, `on_request_end`) are not duplicated: the driver in
-`casmoe/compiled.py` calls the policy's own Python methods between kernel calls.
+`casmoe/compiled.py` calls the policy's own Python methods between kernel calls. Each policy
+declares the branch it equals (`compiled_kind`, a `kinds.Kind`) and hands over the state that
+branch reads (`twin_state`); a new compiled policy adds one branch to `_victim_key`.
 tests/test_compiled_replay.py keeps the twins equal: same loads, victims, slots,
 substitutions and counters as the Python classes on random traces, for every built-in policy,
 pool kind and miss mode.
@@ -21,8 +23,10 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-# policy kinds: how `_victim_key` orders candidates (ondemand and semoe evict in LRU order)
-LRU, STATIC, LFU, BELADY, SCH, CASMOE = range(6)
+from casmoe.kernels.kinds import Kind
+
+# policy kinds, as the policies declare them (`kinds.Kind`): how `_victim_key` orders candidates
+LRU, STATIC, LFU, BELADY, SCH, CASMOE = map(int, (Kind.LRU, Kind.STATIC, Kind.LFU, Kind.BELADY, Kind.SCH, Kind.CASMOE))
 # miss modes, as `casmoe.cache.MissMode`
 LOAD, SUBSTITUTE, CPU = range(3)
 # cfg slots

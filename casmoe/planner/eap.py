@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from casmoe.planner.planner import EAPConfig
+from casmoe.planner.config import EAPConfig
 from casmoe.planner.threads import one_thread
 
 PAD, UNK = 0, 1

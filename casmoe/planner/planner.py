@@ -357,18 +357,7 @@ def fit_prompt_stages(part: Trace, config: PlannerConfig, progress: bool = False
 def load_planner(path: str | Path) -> Planner:
     """Read a planner folder written by `Planner.save`; a clear error for anything else."""
     folder = Path(path)
-    if not folder.is_dir():
-        raise PlannerError(f"{folder}: not a planner folder; write one with casmoe planner fit --out {folder}")
-    try:
-        meta = json.loads((folder / "planner.json").read_text())
-    except FileNotFoundError:
-        raise PlannerError(
-            f"{folder}: not a planner folder (no planner.json); write one with casmoe planner fit"
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise PlannerError(f"{folder}/planner.json is not valid JSON: {exc}") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") not in (1, VERSION):
-        raise PlannerError(f"{folder}: not a {FORMAT} v1 or v{VERSION} folder")
+    meta = _read_meta(folder)
     geometry = Geometry.from_dict(meta.get("geometry"))
     try:
         config = PlannerConfig.from_dict(meta["config"])
@@ -398,7 +387,35 @@ def load_planner(path: str | Path) -> Planner:
             from casmoe.planner.trajectory import Trajectory
 
             trajectory = Trajectory.load(folder)
-        fit_data = FitData.load(folder, meta.get("fit"))
     except (KeyError, TypeError, ValueError, OSError) as exc:
         raise PlannerError(f"{folder}: bad planner data ({exc}); refit with casmoe planner fit") from exc
-    return Planner(geometry, config, matcher, predictor, fit_data, gate, trajectory)
+    return Planner(geometry, config, matcher, predictor, _fit_data(folder, meta), gate, trajectory)
+
+
+def read_fit_data(path: str | Path) -> FitData | None:
+    """A planner folder's fit data alone (which prompts it saw), without loading its models."""
+    folder = Path(path)
+    return _fit_data(folder, _read_meta(folder))
+
+
+def _read_meta(folder: Path) -> dict[str, Any]:
+    if not folder.is_dir():
+        raise PlannerError(f"{folder}: not a planner folder; write one with casmoe planner fit --out {folder}")
+    try:
+        meta = json.loads((folder / "planner.json").read_text())
+    except FileNotFoundError:
+        raise PlannerError(
+            f"{folder}: not a planner folder (no planner.json); write one with casmoe planner fit"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise PlannerError(f"{folder}/planner.json is not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") not in (1, VERSION):
+        raise PlannerError(f"{folder}: not a {FORMAT} v1 or v{VERSION} folder")
+    return meta
+
+
+def _fit_data(folder: Path, meta: dict[str, Any]) -> FitData | None:
+    try:
+        return FitData.load(folder, meta.get("fit"))
+    except (KeyError, TypeError, ValueError, OSError) as exc:
+        raise PlannerError(f"{folder}: bad fit data ({exc}); refit with casmoe planner fit") from exc

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from casmoe.cache import CacheConfigError, ExpertCache
+from casmoe.cache import CacheConfigError, ExpertCache, TwinState
 from casmoe.geometry import ExpertId
+from casmoe.kernels.kinds import Kind
 from casmoe.trace import Request
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ class PlannerPredictor:
 
 class CasMoE(ExpertCache):
     name = "casmoe"
+    compiled_kind = Kind.CASMOE  # the static form (`runs_compiled`)
 
     def __init__(
         self, *args, predictor: ExpertScorer, oracle: bool = False, trajectory: Trajectory | None = None,
@@ -118,15 +120,29 @@ class CasMoE(ExpertCache):
             self._begin_state(0)
         self.prefetches_per_layer = trajectory is not None
 
-    @property
-    def has_twin(self) -> bool:
-        """Only the static form has a compiled twin."""
+    def runs_compiled(self) -> bool:
+        """Only the static form is what the compiled twin computes."""
         return self.trajectory is None
 
     @classmethod
     def reads_future(cls, options: dict[str, Any]) -> bool:
         """The `exact` and `noisy` predictors read the request's own routing; a planner does not."""
         return options.get("planner") is None and not callable(options.get("predictor"))
+
+    @classmethod
+    def fitted_requests(cls, options: dict[str, Any], trace: Any) -> set[int]:
+        """With a planner: the requests whose prompt it was fitted on (its stored fit data)."""
+        folder = options.get("planner")
+        if folder is None:
+            return set()
+        from casmoe.planner.fitdata import prompt_digests
+        from casmoe.planner.planner import read_fit_data
+
+        fit = read_fit_data(folder)
+        if fit is None:
+            return set()
+        seen = np.isin(prompt_digests([r.prompt for r in trace.requests]), fit.prompts)
+        return {int(i) for i in np.flatnonzero(seen)}
 
     @classmethod
     def create(
@@ -257,6 +273,12 @@ class CasMoE(ExpertCache):
         self._now_scores = s
 
     # ---- hooks ---------------------------------------------------------------------------
+
+    def twin_state(self) -> TwinState:
+        return TwinState(served=self._served)  # the kernel counts uses here; on_request_end reads them
+
+    def twin_request_key(self) -> np.ndarray:
+        return self._scores
 
     def on_access(self, expert: ExpertId) -> None:
         self._tick += 1

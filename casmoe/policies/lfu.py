@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from casmoe.cache import ExpertCache
 from casmoe.geometry import ExpertId
+from casmoe.kernels.kinds import Kind
 from casmoe.policies.lazy_heap import LazyHeaps
 
 
 class LFU(ExpertCache):
     name = "lfu"
+    compiled_kind = Kind.LFU
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)

@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 from casmoe.cache import ExpertCache
 from casmoe.geometry import ExpertId
+from casmoe.kernels.kinds import Kind
 
 
 class LRU(ExpertCache):
@@ -15,6 +16,7 @@ class LRU(ExpertCache):
     """
 
     name = "lru"
+    compiled_kind = Kind.LRU
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)

@@ -8,9 +8,11 @@ used of them makes room.
 
 from __future__ import annotations
 
+from casmoe.kernels.kinds import Kind
 from casmoe.policies.lru import LRU
 
 
 class OnDemand(LRU):
     name = "ondemand"
+    compiled_kind = Kind.LRU
     keeps_experts = False

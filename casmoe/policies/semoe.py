@@ -7,12 +7,15 @@ are replaced in LRU order. After the last layer it prefetches layer 0 of the nex
 
 from __future__ import annotations
 
+from casmoe.cache import TwinState
 from casmoe.geometry import ExpertId
+from casmoe.kernels.kinds import Kind
 from casmoe.policies.lru import LRU
 
 
 class SEMoE(LRU):
     name = "semoe"
+    compiled_kind = Kind.LRU
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
@@ -20,6 +23,9 @@ class SEMoE(LRU):
         per_layer = self.capacity.slots if self.capacity.per_layer else self.capacity.slots // g.layers
         self._budget = max(1, min(g.experts, per_layer))
         self._uses = [0] * g.total_experts
+
+    def twin_state(self) -> TwinState:
+        return TwinState(next_layer_budget=self._budget)
 
     def on_access(self, expert: ExpertId) -> None:
         super().on_access(expert)

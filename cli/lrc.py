@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from casmoe.cli.app import app
+from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
 
 
@@ -55,8 +55,6 @@ def lrc(
     Example: casmoe lrc -t a.npz -t b.npz --m 4,16,64 --plots out/
     """
     import numpy as np
-    from tqdm import tqdm
-
     from casmoe.metrics.lrc import measure, work_units
     from casmoe.metrics.tokens import TokenSelection
     from casmoe.policies import get_policy
@@ -83,7 +81,7 @@ def lrc(
     labels = [name for name, _ in loaded]
     total = sum(work_units(tr, ms, rhos, policies, selection) for _, tr in loaded)
     results = []
-    with tqdm(total=total, desc="lrc", unit="tok", leave=False, disable=as_json) as bar:
+    with progress(total=total, desc="lrc", unit="tok", leave=False, quiet=as_json) as bar:
         for label, (_, tr) in zip(labels, loaded):
             results.append(
                 measure(

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from casmoe.cli.app import app
+from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
 from casmoe.shipped import DEFAULT_TRACE, shipped
@@ -183,29 +183,55 @@ def info(
 
 @trace_app.command("import")
 def import_(
-    sources: list[Path] = typer.Argument(..., help="Route CSV, JSON, or per-layer array files / a directory of them."),
+    sources: list[Path] = typer.Argument(
+        ..., help="Route CSV, JSON, per-layer arrays, vLLM or SGLang dumps: files, or a folder of them."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Output trace (.npz)."),
-    fmt: str = typer.Option("auto", "--format", help="auto, csv, json, arrays or npz."),
+    fmt: str = typer.Option(
+        "auto", "--format", help="auto (by suffix and content), csv, json, arrays, npz, vllm or sglang."
+    ),
+    model: Optional[str] = typer.Option(
+        None, help="Model preset the data must match (MoE layers, experts, top-k); the trace takes its expert sizes."
+    ),
     key: Optional[str] = typer.Option(None, help="JSON with named entries: import only this one."),
     kind: str = typer.Option("auto", help="Arrays: topk (expert ids), logits, rank (moe-lrc int8 ranks) or auto."),
-    num_experts: Optional[int] = typer.Option(None, help="Arrays of expert ids: experts per layer."),
-    top_k: Optional[int] = typer.Option(None, help="Arrays of logits or ranks: routed experts per token."),
+    num_experts: Optional[int] = typer.Option(
+        None, help="Experts per layer, where the data does not say (expert-id arrays, vLLM); checked where it does."
+    ),
+    top_k: Optional[int] = typer.Option(
+        None, help="Routed experts per token, where the data does not say (logits, ranks, SGLang responses); checked where it does."
+    ),
     prefill: int = typer.Option(0, min=0, help="Arrays: leading tokens of each sequence that are the prompt."),
     keep_logits: bool = typer.Option(False, help="Arrays of logits: store them in the trace."),
 ) -> None:
-    """Convert an external routing trace into casmoe's .npz format."""
+    """Convert an external routing trace into casmoe's .npz format.
+
+    Several files or a folder become one trace. vLLM (--enable-return-routed-experts) and SGLang
+    (per_token recorder dumps, return_routed_experts responses) keep only MoE layers; the
+    geometry is printed. A route CSV needs only a '# n_layer=L n_expert=E n_expert_used=K'
+    line and the columns turn,step,layer,expert (README: "Bring your own routing").
+    """
     from casmoe.importers import import_trace
-    from casmoe.output import check_file_target
+    from casmoe.output import check_file_target, check_not_input
+    from casmoe.presets import get_preset
 
     check_file_target(out, "--out")
+    check_not_input(out, sources, "--out")
+    geometry = get_preset(model).geometry if model is not None else None
     tr = import_trace(
-        sources, fmt, key=key, kind=kind, num_experts=num_experts, top_k=top_k, prefill=prefill, keep_logits=keep_logits
+        sources, fmt, model=geometry, key=key, kind=kind, num_experts=num_experts, top_k=top_k, prefill=prefill,
+        keep_logits=keep_logits,
     )
     tr.save(out)
     gaps = sum(int((~r.computed).sum()) for r in tr.requests)
+    dropped = tr.meta.get("engine_layers", tr.geometry.layers) - tr.geometry.layers
     typer.echo(
         f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {tr.geometry.describe()}, "
         f"{gaps} token-layers not computed"
+        + (f"; {dropped} of the engine's {tr.meta['engine_layers']} layers had no routing (dense) and were dropped"
+           if dropped else "")
+        + ("; experts per layer taken as the largest id + 1 (give --num-experts or --model if the model has more)"
+           if tr.meta.get("experts_inferred") else "")
     )
 
 
@@ -214,12 +240,14 @@ def export(
     trace: Path = typer.Argument(..., help="Trace (.npz)."),
     out: Path = typer.Argument(..., help="Output long routing CSV (route_trace v1)."),
 ) -> None:
-    """Write a trace as the long routing CSV (one row per routed expert; imports back)."""
+    """Write a trace as the long routing CSV (one row per routed expert; imports back with
+    everything but router logits and spec)."""
     from casmoe.importers import write_route_csv
-    from casmoe.output import check_file_target
+    from casmoe.output import check_file_target, check_not_input
     from casmoe.trace import Trace
 
     check_file_target(out, "CSV")
+    check_not_input(out, [trace], "CSV")
     tr = Trace.load(trace)
     write_route_csv(tr, out, progress=True)
     typer.echo(f"wrote {out}: {len(tr.requests)} turns, {tr.tokens} tokens")
@@ -292,15 +320,13 @@ def stats(
     """
     import sys
 
-    from tqdm import tqdm
-
     from casmoe import workload
     from casmoe.importers import read_specs
     from casmoe.report import print_table, write_csv_to
 
     loaded = read_specs(traces or [str(shipped(DEFAULT_TRACE))])
     results = []
-    with tqdm(total=sum(tr.geometry.layers for _, tr in loaded), desc="replay", unit="layer", leave=False, disable=as_json or as_csv) as bar:
+    with progress(total=sum(tr.geometry.layers for _, tr in loaded), desc="replay", unit="layer", leave=False, quiet=as_json or as_csv) as bar:
         for name, tr in loaded:
             results.append(workload.measure(tr, name, replay_requests, progress=bar.update))
     ref = workload.realism_band() if band else None

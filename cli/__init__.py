@@ -17,12 +17,13 @@ import traceback
 from pathlib import Path
 from types import TracebackType
 
-from casmoe.cli import backend, lrc, planner, record, replay, simulate, trace  # noqa: F401  (register commands)
+from casmoe.cli import backend, leaderboard, lrc, planner, profile, record, replay, simulate, trace  # noqa: F401  (register commands)
 from casmoe.cli.app import app
 from casmoe.errors import CasmoeError
 
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-"""The checkout (or site-packages folder) holding casmoe, casmoe.sim and casmoe.backends."""
+_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout holding casmoe/, sim/, backends/ and cli/ (an installed copy lives in
+site-packages, which `_is_user_code` rules out by itself)."""
 _STDLIB = Path(os.__file__).resolve().parent
 
 _OS_HINTS = {
@@ -49,7 +50,7 @@ def _is_user_code(filename: str) -> bool:
     path = Path(filename).resolve()
     if "site-packages" in path.parts or "dist-packages" in path.parts or path.is_relative_to(_STDLIB):
         return False
-    return not any(path.is_relative_to(_PACKAGE_ROOT / part) for part in ("casmoe", "sim", "backends"))
+    return not any(path.is_relative_to(_PACKAGE_ROOT / part) for part in ("casmoe", "sim", "backends", "cli"))
 
 
 def _user_frame(tb: TracebackType | None) -> str | None:

@@ -17,3 +17,11 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Expert offloading for MoE models: traces, cache policies, simulator, backend, planner, metrics."""
+
+
+def progress(iterable=None, *, quiet: bool = False, **kw):
+    """A tqdm progress bar on stderr, shown only on a terminal (never in a pipe or a log file)
+    and never when `quiet` (JSON or CSV on stdout, a single run)."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, disable=True if quiet else None, **kw)

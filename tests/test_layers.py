@@ -1,0 +1,200 @@
+"""The layering DESIGN promises, read from the source: every module's imports (function-local
+ones, `importlib.import_module("...")` and `__import__` included) form a graph with no cycle,
+and every edge points down the stack core (`casmoe/`) < simulator (`sim/`) < backend
+(`backends/`, which validates against the simulator) < command line (`cli/`).
+
+A cycle hidden behind a function-local import still runs (the second module is half-built when
+the first needs it) and still makes the two modules one thing to change; an upward import makes
+the core need the packages built on it. Imports under `if TYPE_CHECKING:` never run, so they
+count for the layers but not for cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"casmoe": ROOT / "casmoe", "casmoe.sim": ROOT / "sim", "casmoe.backends": ROOT / "backends", "casmoe.cli": ROOT / "cli"}
+"""Import name -> source folder, as pyproject.toml's package-dir maps them."""
+LAYERS = ("casmoe", "casmoe.sim", "casmoe.backends", "casmoe.cli")
+"""Bottom to top: a module may import its own layer and the ones before it."""
+SCRIPTS = {"casmoe.__main__"}
+"""`python -m casmoe`: a script that runs the command line (as the console script does), imported
+by no module, so it sits at the top whatever folder holds it."""
+
+
+def modules(packages: dict[str, Path]) -> dict[str, Path]:
+    """Import name -> file of every module under the mapped folders (a folder mapped to its
+    own name wins over the same path reached through a parent's folder)."""
+    found: dict[str, Path] = {}
+    for name, folder in sorted(packages.items(), key=lambda kv: len(kv[0])):
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((name, *parts))] = path
+    return found
+
+
+def _under_type_checking(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside `if TYPE_CHECKING:` blocks."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for stmt in node.body:
+                hidden.update(id(n) for n in ast.walk(stmt))
+    return hidden
+
+
+def imports(name: str, path: Path, known: set[str]) -> dict[str, bool]:
+    """The internal modules `name` imports -> whether only under TYPE_CHECKING. A name the
+    module passes to `import_module` through a variable is matched by its string constants:
+    every literal that names a known module counts (casmoe/__init__.py's lazy table)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    hidden = _under_type_checking(tree)
+    found: dict[str, bool] = {}
+
+    def add(target: str, node: ast.AST) -> None:
+        while target and target not in known:  # `import casmoe.sim.engine.x` -> the module part
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found[target] = found.get(target, True) and id(node) in hidden
+
+    dynamic = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                add(sub if sub in known else base, node)
+        elif isinstance(node, ast.Call) and (ast.unparse(node.func).endswith("import_module") or ast.unparse(node.func) == "__import__"):
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                add(arg.value, node)
+            else:
+                dynamic = True
+    if dynamic:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known:
+                add(node.value, node)
+    return found
+
+
+def graph(packages: dict[str, Path]) -> dict[str, dict[str, bool]]:
+    files = modules(packages)
+    return {name: imports(name, path, set(files)) for name, path in files.items()}
+
+
+def cycles(edges: dict[str, dict[str, bool]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's), over imports that run."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w, typing_only in edges.get(v, {}).items():
+            if typing_only:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def layer(name: str, layers: tuple[str, ...]) -> int:
+    """The highest layer whose package holds `name` (`casmoe.sim.x` is the simulator's)."""
+    return max(i for i, top in enumerate(layers) if name == top or name.startswith(top + "."))
+
+
+def upward(edges: dict[str, dict[str, bool]], layers: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{a} -> {b}" for a, targets in edges.items() for b in targets if layer(b, layers) > layer(a, layers)
+    )
+
+
+def test_no_import_cycle():
+    groups = cycles(graph(PACKAGES))
+    assert not groups, "import cycles (each group imports itself through the others):\n" + "\n".join(map(" <-> ".join, groups))
+
+
+def test_imports_point_down_the_layers():
+    edges = graph(PACKAGES)
+    assert not any(s in targets for targets in edges.values() for s in SCRIPTS), "a module imports a script"
+    bad = upward({a: t for a, t in edges.items() if a not in SCRIPTS}, LAYERS)
+    assert not bad, "imports up the stack core < sim < backends < cli:\n" + "\n".join(bad)
+
+
+def test_the_checker_reads_every_package():
+    """Guards the guard: a package-dir mapping the test does not know would go unchecked."""
+    text = (ROOT / "pyproject.toml").read_text()
+    for name, folder in PACKAGES.items():
+        assert f'"{name}" = "{folder.name}"' in text, f"pyproject.toml does not map {name} to {folder.name}/"
+    files = modules(PACKAGES)
+    assert {"casmoe.cache", "casmoe.sim.engine", "casmoe.backends.session", "casmoe.cli.replay"} <= set(files)
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "from pkg.b import f\n",  # at module level
+        "def g():\n    from pkg.b import f\n    return f\n",  # hidden in a function
+        "def g():\n    from . import b\n    return b\n",  # relative
+        "import importlib\ndef g():\n    return importlib.import_module('pkg.b')\n",
+        "import importlib\n_HOME = {'f': 'pkg.b'}\ndef g(n):\n    return importlib.import_module(_HOME[n])\n",
+    ],
+)
+def test_a_reintroduced_cycle_fails(tmp_path, how):
+    """The checker on a synthetic package where a imports b and b imports a back, written
+    each way the tree's own cycles were hidden; and the same package without the back edge."""
+    _write(tmp_path / "pkg", {"__init__.py": "", "a.py": "from pkg.b import f\n", "b.py": "def f():\n    return 1\n"})
+    assert cycles(graph({"pkg": tmp_path / "pkg"})) == []
+    _write(tmp_path / "pkg", {"b.py": how.replace("pkg.b", "pkg.a").replace("import b", "import a").replace("return b", "return a") + "def f():\n    return 1\n"})
+    assert cycles(graph({"pkg": tmp_path / "pkg"})) == [["pkg.a", "pkg.b"]]
+
+
+def test_type_checking_imports_are_no_cycle_but_still_a_layer(tmp_path):
+    _write(tmp_path / "core", {"__init__.py": "", "a.py": "from core.b import f\n",
+                               "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from core.a import X\n    from core.top.c import Y\ndef f(): ...\n"})
+    _write(tmp_path / "top", {"__init__.py": "", "c.py": "from core.a import f\n"})
+    edges = graph({"core": tmp_path / "core", "core.top": tmp_path / "top"})
+    assert cycles(edges) == []
+    assert upward(edges, ("core", "core.top")) == ["core.b -> core.top.c"]

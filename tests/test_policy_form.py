@@ -1,0 +1,101 @@
+"""A policy is one file: each built-in policy's module is its whole definition, its compiled
+twin included (`casmoe.cache`'s docstring), and nothing else names it or reads its fields.
+
+The runtimes (replay, the compiled driver, the simulator, the backend, the CLI) reach policies
+through the registry and the declaration, so a new built-in policy is its own module plus its
+line in `casmoe/policies/registry.py` (tests/test_compiled_replay.py holds the twins equal).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from casmoe.cache import ExpertCache, TwinState
+from casmoe.geometry import Geometry
+from casmoe.kernels.kinds import Kind
+from casmoe.policies import POLICIES
+from test_layers import PACKAGES, graph, modules
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICY_HOME = ROOT / "casmoe" / "policies"
+OWNERS = {ROOT / "casmoe" / "cache.py", ROOT / "casmoe" / "testing.py", *POLICY_HOME.glob("*.py")}
+"""Where a cache's private fields may be read: the base, the policies (subclasses), and the
+contract's checking subclass."""
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_a_built_in_policy_is_its_own_module(name):
+    cls = POLICIES[name]
+    assert cls.__module__ == f"casmoe.policies.{name}"
+    module = importlib.import_module(cls.__module__)
+    defined = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, ExpertCache) and v.__module__ == module.__name__]
+    assert defined == [cls], f"{module.__name__} defines {defined}"
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_the_twin_is_declared_by_the_class_itself(name):
+    cls = POLICIES[name]
+    kind = cls.twin_kind()
+    assert isinstance(kind, Kind), f"{name} declares no compiled twin"
+    g = Geometry(2, 4, 2, hidden=8, intermediate=4)
+    needs = {"static": {"popularity": [1.0] * g.total_experts}, "casmoe": {"predictor": lambda request: None}}
+    cache = cls(g, 2, **needs.get(name, {}))
+    assert isinstance(cache.twin_state(), TwinState)
+
+    class Mine(cls):  # a user's subclass: its hooks are not in the kernel
+        pass
+
+    assert Mine.twin_kind() is None
+
+
+def test_no_runtime_names_a_policy():
+    """Outside casmoe/policies, no module imports a policy's own module (only the registry
+    and the spec), and none asks `isinstance` of a policy class."""
+    policy_modules = {f"casmoe.policies.{p.stem}" for p in POLICY_HOME.glob("*.py")} - {
+        "casmoe.policies.__init__", "casmoe.policies.registry", "casmoe.policies.spec"}
+    classes = {cls.__name__ for cls in POLICIES.values()}
+    bad = []
+    for name, targets in graph(PACKAGES).items():
+        if not name.startswith("casmoe.policies"):
+            bad += [f"{name} imports {t}" for t in targets if t in policy_modules]
+    for name, path in modules(PACKAGES).items():
+        if path.parent == POLICY_HOME:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("isinstance", "issubclass"):
+                if any(n.id in classes for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)):
+                    bad.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, "\n".join(bad)
+
+
+def _private_fields(paths) -> set[str]:
+    """`self._x` attributes the classes in `paths` set."""
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and ast.unparse(node.value) == "self":
+                if node.attr.startswith("_") and not node.attr.startswith("__"):
+                    names.add(node.attr)
+    return names
+
+
+def test_nothing_outside_a_policy_reads_its_fields():
+    """No `x._field` of the cache base's or a policy's private fields outside them. A name
+    that other classes also use for their own fields (`_step`, `_scores`) cannot be told apart
+    by reading the source, so only the caches' own names are checked."""
+    files = modules(PACKAGES)
+    others = _private_fields(p for p in files.values() if p not in OWNERS)
+    fields = _private_fields([ROOT / "casmoe" / "cache.py", *POLICY_HOME.glob("*.py")]) - others
+    assert {"_n", "_served", "_budget", "_pool_members", "_layer_bytes"} <= fields  # what compiled.py used to read
+    bad = []
+    for name, path in files.items():
+        if path in OWNERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in fields and ast.unparse(node.value) not in ("self", "cls"):
+                bad.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, "private cache fields read from outside the policy:\n" + "\n".join(bad)
