@@ -24,7 +24,8 @@ from casmoe.planner.trajectory import (
 )
 from casmoe.policies.casmoe import CasMoE
 from casmoe.replay import replay
-from casmoe.testing import check_policy, traces
+from casmoe.sim.testing import check_policy
+from casmoe.testing import traces
 from casmoe.trace import Request, Trace, prefill_step
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
