@@ -28,6 +28,7 @@ import numpy as np
 
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, GeometryError
+from casmoe.npz import check_sizes
 
 FORMAT_NAME = "casmoe-trace"
 FORMAT_VERSION = 1
@@ -113,27 +114,21 @@ def expert_counts(topk: np.ndarray, experts: int) -> np.ndarray:
 
 
 def prefill_step(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray, E: int) -> Step:
-    """Union of the prompt tokens' experts per layer, heaviest total router weight first."""
+    """Union of the prompt tokens' experts per layer, heaviest total router weight first (ties:
+    lower id), with how many tokens routed to each. Vectorised over layers: an expert's weights
+    are summed in token order either way, so the sums are the per-layer ones."""
     T, L, k = topk.shape
-    flat = np.where(topk >= 0, topk.astype(np.int64) + offsets, -1)  # [T, L, k]
-    experts: list[list[int]] = []
-    counts: list[list[int]] = []
-    for layer in range(L):
-        ids = flat[:, layer, :].ravel()
-        w = weights[:, layer, :].ravel().astype(np.float64)
-        keep = ids >= 0
-        ids, w = ids[keep], w[keep]
-        if ids.size == 0:
-            experts.append([])
-            counts.append([])
-            continue
-        uniq, inv = np.unique(ids, return_inverse=True)
-        wsum = np.bincount(inv, weights=w)
-        cnt = np.bincount(inv)
-        order = np.lexsort((uniq, -wsum))
-        experts.append(uniq[order].tolist())
-        counts.append(cnt[order].tolist())
-    return Step(True, T, experts, counts)
+    flat = np.where(topk >= 0, topk.astype(np.int64) + offsets, -1).ravel()  # [T * L * k]
+    w = weights.ravel().astype(np.float64)
+    keep = flat >= 0
+    uniq, inv = np.unique(flat[keep], return_inverse=True)
+    wsum = np.bincount(inv, weights=w[keep], minlength=len(uniq))
+    cnt = np.bincount(inv, minlength=len(uniq))
+    layer = uniq // E - offsets.ravel()[0] // E  # offsets start the first layer's ids
+    order = np.lexsort((uniq, -wsum, layer))
+    bounds = np.searchsorted(layer[order], np.arange(L + 1)).tolist()
+    ids, counts = uniq[order].tolist(), cnt[order].tolist()
+    return Step(True, T, [ids[a:b] for a, b in zip(bounds, bounds[1:])], [counts[a:b] for a, b in zip(bounds, bounds[1:])])
 
 
 @dataclass(slots=True)
@@ -328,6 +323,7 @@ class Trace:
                     f"{where}: not an .npz file (a casmoe trace is a zip of .npy arrays); "
                     "convert other formats with `casmoe trace import`"
                 )
+            check_sizes(io.BytesIO(data), where, TraceError)  # before anything is inflated
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in npz.files}
         except FileNotFoundError:
@@ -417,6 +413,7 @@ class Trace:
             )
         for name in ("format", "version", "geometry", "requests"):
             meta.pop(name, None)
+        _check_splits(meta, n, where)
         trace = cls(geometry, requests, meta)
         trace._validate_arrays(where, topk, weights, offsets, optional)
         _arrivals(requests, where)
@@ -427,6 +424,7 @@ class Trace:
     def validate(self, where: str = "<trace>") -> None:
         """Raise `TraceError` for any inconsistency, naming the request and the fault."""
         g = self.geometry
+        _check_splits(self.meta, len(self.requests), where)
         for i, r in enumerate(self.requests):
             for name in ("topk", "weights", "logits", "spec"):
                 arr = getattr(r, name)
@@ -624,3 +622,14 @@ class Future:
         if not lst:
             return 0
         return bisect_right(lst, until_visit) - bisect_right(lst, after_visit)
+
+
+def _check_splits(meta: dict[str, Any], n: int, where: str) -> None:
+    """`meta["splits"]`, when present, labels every request: a shorter list would silently
+    fall back to another held-out rule (or index past its end)."""
+    splits = meta.get("splits")
+    if splits is not None and (
+        not isinstance(splits, list) or len(splits) != n or not all(isinstance(s, str) for s in splits)
+    ):
+        count = len(splits) if isinstance(splits, list) else type(splits).__name__
+        raise TraceError(f"{where}: metadata 'splits' must be one label (a string) per request: {count} for {n} requests")

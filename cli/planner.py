@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -56,11 +57,12 @@ def fit(
     """Fit the cascade (matcher, predictor, confidence gate, trajectory stage) on a trace and
     write the planner folder. A trace without prompts (an imported route CSV) fits the
     trajectory stage alone: a prompt-free planner that serves from the routing it sees."""
-    from casmoe.output import check_dir_target
+    from casmoe.folder import check_folder_target
     from casmoe.planner import fit_planner
+    from casmoe.planner.planner import FORMAT, META
     from casmoe.trace import Trace
 
-    check_dir_target(out, "--out")
+    check_folder_target(out, FORMAT, "--out", marker=META)  # before the fit: an unwritable --out fails now
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     cfg = PlannerConfig(
         epsilon=epsilon,
@@ -76,7 +78,7 @@ def fit(
         cadence=cadence,
         eap=EAPConfig(kind=predictor, alpha=alpha, epochs=epochs),
     )
-    planner = fit_planner(tr, cfg, progress=True)
+    planner = fit_planner(tr, cfg, progress=sys.stderr.isatty())  # bars on a terminal only
     planner.save(out)
     sizes = planner.nbytes()
     what = f"{len(planner.matcher)} prompts indexed" if planner.serves_prompts else "no prompts: trajectory stage alone"
@@ -111,7 +113,8 @@ def evaluate(
         if path is not None:
             check_file_target(path, what, create_parent=True)
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
-    ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json, holdout_task=holdout_task)
+    ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json and sys.stderr.isatty(),
+                  holdout_task=holdout_task)
     result = ev.to_dict()
     if curve or plot:
         points = ev.epsilon_curve([i / 20 for i in range(21)])

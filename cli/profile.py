@@ -11,7 +11,7 @@ import typer
 from casmoe.cli.app import app
 
 profile_app = typer.Typer(
-    help="Popularity profiles (routed counts per layer and expert) from counts-only engine dumps.",
+    help="Popularity profiles (routed counts per layer and expert) from counts-only engine dumps; hardware profiles are `casmoe profiles`.",
     no_args_is_help=True,
 )
 app.add_typer(profile_app, name="profile")

@@ -46,7 +46,9 @@ def synth(
     model: Optional[str] = typer.Option(None, help="Model preset whose geometry (and bytes per expert) to use [default: mixtral-8x7b]."),
     layers: Optional[int] = typer.Option(None, help="Override the preset's MoE layer count."),
     experts: Optional[int] = typer.Option(None, help="Override the preset's experts per layer."),
-    top_k: Optional[int] = typer.Option(None, help="Override the preset's routed experts per token."),
+    top_k: Optional[int] = typer.Option(None, help="Override the preset's routed experts per token; with "
+                                        "--like, extrapolate the fitted routing to this many (the same "
+                                        "expert ranking, its first K; see casmoe.synthetic_fit)."),
     requests: int = typer.Option(300, min=0, help="Number of requests."),
     tasks: Optional[int] = typer.Option(
         None, min=1, help="Task clusters (code, math, cooking, ...) [default: 6; with --like: the trace's own labels]."
@@ -78,13 +80,13 @@ def synth(
     the knobs are not used.
     """
     if like is not None:
-        knobs = {"--model": model, "--layers": layers, "--experts": experts, "--top-k": top_k, "--zipf": zipf,
+        knobs = {"--model": model, "--layers": layers, "--experts": experts, "--zipf": zipf,
                  "--stickiness": stickiness, "--task-affinity": task_affinity, "--task-experts": task_experts,
                  "--prefill": prefill, "--decode": decode, "--spec": spec or None, "--logits": logits or None}
         given = [name for name, value in knobs.items() if value is not None]
         if given:
             raise CasmoeError(f"--like fits the routing to the trace; drop {', '.join(given)}")
-        _synth_like(out, like, requests, tasks, task_shuffle, seed)
+        _synth_like(out, like, requests, tasks, task_shuffle, seed, top_k)
         return
     from casmoe.output import check_file_target
     from casmoe.synthetic import SynthConfig, generate
@@ -111,18 +113,25 @@ def synth(
     typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {geometry.describe()}")
 
 
-def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_shuffle: float, seed: int) -> None:
+def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_shuffle: float, seed: int,
+                top_k: Optional[int] = None) -> None:
     """`synth --like`: fit, optionally split into tasks, generate, save with provenance."""
     from casmoe import synthetic_fit
     from casmoe.importers import read_specs
-    from casmoe.output import check_file_target
+    from casmoe.output import check_file_target, check_not_input
 
     check_file_target(out, "trace")
+    check_not_input(out, [like.partition("#")[0]], "trace")
     [(name, source)] = read_specs([like])
+    if top_k is not None and not 1 <= top_k <= source.geometry.experts:
+        raise CasmoeError(f"--top-k must be in [1, {source.geometry.experts}] for {like}, not {top_k}")
     typer.echo(f"fitting the generator to {like} ({len(source.requests)} requests, {source.tokens} tokens)", err=True)
     fitted = synthetic_fit.fit(source, name, seed, progress=lambda what: typer.echo(f"  fitting {what}", err=True))
     if tasks is not None:
         fitted = synthetic_fit.with_tasks(fitted, tasks, task_shuffle, seed)
+    fitted_k = fitted.geometry.top_k
+    if top_k is not None:
+        fitted = synthetic_fit.with_top_k(fitted, top_k)
     tr = synthetic_fit.generate(fitted, requests, seed)
     tr.meta["synth_like"] = {
         **fitted.summary(),
@@ -130,8 +139,10 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
         "seed": seed,
         "tasks": tasks,
         "task_shuffle": task_shuffle if tasks is not None else None,
+        "top_k": {"fitted": fitted_k, "generated": tr.geometry.top_k},
         "command": f"casmoe trace synth {out.name} --like {like} --requests {requests} --seed {seed}"
-        + (f" --tasks {tasks} --task-shuffle {task_shuffle:g}" if tasks is not None else ""),
+        + (f" --tasks {tasks} --task-shuffle {task_shuffle:g}" if tasks is not None else "")
+        + (f" --top-k {top_k}" if top_k is not None else ""),
     }
     tr.save(out)
     typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {tr.geometry.describe()}")
@@ -306,15 +317,18 @@ def stats(
     replay_requests: int = typer.Option(
         0, min=0, help="Replay the hit rates on at most this many requests, spread evenly (0: all of them)."
     ),
-    band: bool = typer.Option(True, help="Compare with the realism band of the real traces in traces/real."),
+    band: bool = typer.Option(True, help="Judge each trace against the band of the real traces of its "
+                                          "shape in traces/real (16 experts: GRIN, Jamba; 128: Qwen3, gemma, gpt-oss)."),
     as_json: bool = typer.Option(False, "--json", help="Print everything (per layer too) as JSON."),
     as_csv: bool = typer.Option(False, "--csv", help="Print long rows (trace, layer, statistic, value, band) as CSV."),
 ) -> None:
     """Routing statistics that decide how much a cache can help, beside the real models' band.
 
-    Per trace and layer: distinct experts of a request's first 32 decode tokens, exact-set reuse,
-    share of the previous token's experts kept, popularity skew, LRU and Belady hit rates at
-    k, 1.5k, 2k and 4k slots per layer, SRP at m = 16 (see casmoe.workload for the definitions).
+    Per trace and layer: distinct experts of a request's first 32 decode tokens, exact-set reuse
+    and its lift over random routing, share of the previous token's experts kept and its lift
+    over the request's own mix shuffled and over random routing with the trace's popularity,
+    the hottest expert's load, within-request popularity skew (Gini), LRU and Belady hit rates
+    at k, 1.5k, 2k and 4k slots per layer, SRP at m = 16 (see casmoe.workload for the definitions).
 
     Example: casmoe trace stats traces/tiny-olmoe.npz traces/real/qwen.route.csv
     """
@@ -329,15 +343,23 @@ def stats(
     with progress(total=sum(tr.geometry.layers for _, tr in loaded), desc="replay", unit="layer", leave=False, quiet=as_json or as_csv) as bar:
         for name, tr in loaded:
             results.append(workload.measure(tr, name, replay_requests, progress=bar.update))
-    ref = workload.realism_band() if band else None
+    bands = [workload.band_for(tr.geometry.experts) if band else None for _, tr in loaded]
     if as_json:
-        typer.echo(json.dumps({"band": ref.to_dict() if ref else None, "traces": [s.to_dict() for s in results]}, indent=2))
+        shapes = {b.shape: b.to_dict() for b in bands if b is not None}
+        traces = [{**s.to_dict(), "band": b.shape if b else None, "band_note": b.note if b else None}
+                  for s, b in zip(results, bands)]
+        typer.echo(json.dumps({"band": shapes or None, "traces": traces}, indent=2))
         return
     if as_csv:
-        write_csv_to(sys.stdout, workload.long_records(results, ref))
+        write_csv_to(sys.stdout, workload.long_records(results, bands))
         return
-    rows = workload.comparison(results, ref)
-    print_table(rows, list(rows[0]), title="routing statistics (model level)" + (f"; band: {', '.join(ref.sources)}" if ref else ""))
+    rows = workload.comparison(results, bands)
+    used = {b.shape: b for b in bands if b is not None}
+    print_table(rows, list(rows[0]), title="routing statistics (model level)" + "".join(
+        f"; band {shape}: {', '.join(b.sources)}" for shape, b in used.items()))
+    for s, b in zip(results, bands):
+        if b is not None and b.note:
+            typer.echo(f"{s.name}: {b.note}")
     for s in results:
         if s.replayed_requests < s.requests:
             typer.echo(f"{s.name}: hit rates replayed on {s.replayed_requests} of {s.requests} requests (--replay-requests)")

@@ -39,6 +39,7 @@ import simpy
 
 from casmoe.errors import CasmoeError
 from casmoe.sim.assembly import Machine, Setup
+from casmoe.sim.compiled_timing import ServingPass
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import StepWork
 from casmoe.trace import Request, Step, merge_steps, prefill_step
@@ -184,7 +185,7 @@ class Server:
     """The scheduler and the devices of one run."""
 
     def __init__(self, env: simpy.Environment, setup: Setup, machine: Machine, workload: Workload,
-                 log: LatencyLog) -> None:
+                 log: LatencyLog, compiled: bool | None = None) -> None:
         self.env = env
         self.setup = setup
         self.machine = machine
@@ -199,6 +200,8 @@ class Server:
         g = setup.trace.geometry
         self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self._E = g.experts
+        self.compiled = ServingPass(machine, setup, workload.max_batch) if ServingPass.fits(machine, setup, compiled) else None
+        """Both passes compiled for a built-in policy (`compiled_timing.ServingPass`), else None."""
 
     def submit(self, r: int) -> simpy.Event:
         """Request `r` arrives now; the event fires with its last token."""
@@ -231,12 +234,15 @@ class Server:
             self.steps.append(plan.step)
             subs = self._views(plan.step)
             starting = [job.r for job in admitted]
-            decisions = None
-            if not timer.interleaved:
-                decisions = [d.step(s, subs[i].experts, starting, len(plan.finishing)) for i, d in enumerate(deciders)]
             start = env.now
-            t = timer.begin(start, starting, decisions) if starting else start
-            t = timer.step(s, plan.work, subs, decisions, t)
+            if self.compiled is not None:
+                t = self.compiled.step(plan.step, starting, len(plan.finishing), plan.work, start)
+            else:
+                decisions = None
+                if not timer.interleaved:
+                    decisions = [d.step(s, subs[i].experts, starting, len(plan.finishing)) for i, d in enumerate(deciders)]
+                t = timer.begin(start, starting, decisions) if starting else start
+                t = timer.step(s, plan.work, subs, decisions, t)
             requests = [gpu.stream.request() for gpu in self.gpus]
             yield simpy.AllOf(env, requests)
             yield env.timeout(t - env.now)
@@ -352,11 +358,12 @@ def user(env: simpy.Environment, server: Server, queue: Iterator[int], think_s: 
             yield env.timeout(think_s)
 
 
-def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None) -> tuple[Machine, LatencyLog, float, list[Step]]:
+def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None,
+             compiled: bool | None = None) -> tuple[Machine, LatencyLog, float, list[Step]]:
     env = simpy.Environment()
     machine = setup.machine(futures)
     log = LatencyLog()
-    server = Server(env, setup, machine, workload, log)
+    server = Server(env, setup, machine, workload, log, compiled)
     n = len(setup.trace.requests)
     if workload.arrival is Arrival.CLOSED:
         queue = iter(range(n))
@@ -366,17 +373,20 @@ def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]]
         env.process(open_loop(env, server, workload.arrival_times(setup.trace.requests)))
     env.process(server.scheduler())
     env.run()
+    if server.compiled is not None:
+        server.compiled.finish()
     return machine, log, server.clock, server.steps
 
 
-def serve(setup: Setup, workload: Workload, describe: dict[str, Any]) -> Any:
-    """Serve the trace's requests under `workload`; the result of the last run."""
+def serve(setup: Setup, workload: Workload, describe: dict[str, Any], compiled: bool | None = None) -> Any:
+    """Serve the trace's requests under `workload`; the result of the last run. `compiled`
+    chooses the passes as `simulate` does (a built-in policy's twin and the compiled timing)."""
     futures = None
     previous: list[Step] | None = None
     runs = 0
     while True:
         runs += 1
-        machine, log, end, steps = run_once(setup, workload, futures)
+        machine, log, end, steps = run_once(setup, workload, futures, compiled)
         reads_future = any(shard.cache.needs_future for shard in machine.shards)
         if not reads_future or runs == MAX_FUTURE_RUNS or (previous is not None and _same(previous, steps)):
             break

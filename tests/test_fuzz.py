@@ -195,6 +195,7 @@ ENGINE_EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "engine-dum
 @given(prompt=JSON_VALUE, routed=JSON_VALUE, ids=JSON_VALUE, created=JSON_VALUE, text=JSON_VALUE)
 def test_vllm_response_fields_of_any_type(tmp_path, prompt, routed, ids, created, text):
     doc = {"prompt_routed_experts": prompt, "prompt_token_ids": ids, "created": created,
+           "usage": {"prompt_tokens": created, "completion_tokens": text},
            "choices": [{"routed_experts": routed, "token_ids": ids, "text": text}]}
     (tmp_path / "r.json").write_text(json.dumps(doc))
     from casmoe.importers.vllm import read_vllm

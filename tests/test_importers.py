@@ -461,7 +461,8 @@ def test_traces_without_requests_are_refused(tmp_path):
 
 @pytest.mark.parametrize("argv", [["trace", "export", "t.npz", "t.npz"], ["trace", "import", "t.csv", "-o", "t.csv"],
                                   ["trace", "import", "t.csv", "-o", "x.npz", "--top-k", "0"],
-                                  ["trace", "import", "t.csv", "-o", "x.npz", "--num-experts", "8"]])
+                                  ["trace", "import", "t.csv", "-o", "x.npz", "--num-experts", "8"],
+                                  ["trace", "import", ".", "-o", "t.npz"], ["trace", "synth", "t.npz", "--like", "t.npz"]])
 def test_commands_refuse_to_overwrite_their_input_or_contradict_it(tmp_path, monkeypatch, capsys, argv):
     from test_fuzz import assert_one_line, cli
 

@@ -181,14 +181,17 @@ def test_the_main_headline_never_calls_an_oracle_best_without_an_oracle():
 
 
 def _planner_folder(trace: Trace, fitted: list[int], folder: Path) -> Path:
-    """The parts of a planner folder that say what it saw: planner.json and fit.npz (FitData)."""
-    from casmoe.planner.planner import FORMAT, VERSION
+    """The parts of a planner folder that say what it saw: planner.json and fit.npz (FitData),
+    written as a planner writes its folder (casmoe/folder.py: a manifest, all at once)."""
+    from casmoe.folder import write_folder
+    from casmoe.planner.planner import FORMAT, META, VERSION
 
     part = trace.subset(fitted)
     fit = FitData.of(trace, part, normalise(expert_patterns(part)))
-    folder.mkdir()
-    fit.save(folder)
-    (folder / "planner.json").write_text(json.dumps({"format": FORMAT, "version": VERSION, "fit": fit.to_dict()}))
+    with write_folder(folder, FORMAT, marker=META) as tmp:
+        fit.save(tmp)
+        meta = {"format": FORMAT, "version": VERSION, "geometry": trace.geometry.to_dict(), "fit": fit.to_dict()}
+        (tmp / META).write_text(json.dumps(meta))
     return folder
 
 
@@ -336,3 +339,34 @@ def test_serving_and_file_flags_are_refused_in_one_line(args, needle, tmp_path):
 
 def test_bench_refuses_a_nan_link(tmp_path):
     one_line_error(cli("bench", "--model", "tiny-mixtral", "--link-gbps", "nan", cwd=tmp_path), "--link-gbps must be")
+
+
+def test_a_planner_on_a_trace_without_prompts_is_refused(tmp_path):
+    tr = Trace.load(SHIPPED).subset(range(2))
+    for r in tr.requests:
+        r.prompt = None
+    spec = PolicySpec.parse(f"casmoe[planner={tmp_path}]")
+    with pytest.raises(CacheConfigError, match="2 of the trace's 2 requests have no prompt text"):
+        spec.create(tr.geometry, Capacity(4), trace=tr)
+
+
+def test_presets_lists_every_model_preset(tmp_path):
+    from casmoe.presets import load_presets
+
+    proc = cli("presets", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    listed = json.loads(proc.stdout)
+    assert set(listed) == set(load_presets()) and listed["mixtral-8x7b"]["experts"] == 8
+
+
+def test_a_static_profile_holding_scored_requests_marks_them_seen(small, tmp_path):
+    whole = Trace.load(small)
+    profile = tmp_path / "first3.npz"
+    whole.subset(range(3)).save(profile)
+    spec = PolicySpec.parse(f"static[profile={profile}]")
+    assert spec.fitted_requests(whole) == {0, 1, 2}
+    assert Selection().resolve(whole, [spec]).indices == tuple(range(3, 10))
+    assert Selection("all").resolve(whole, [spec]).starred == (spec.label,)
+    other = tmp_path / "other.npz"
+    Trace.load(SHIPPED).subset(range(2)).save(other)  # another model's routing: nothing seen
+    assert PolicySpec.parse(f"static[profile={other}]").fitted_requests(whole) == set()

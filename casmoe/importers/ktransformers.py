@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from casmoe.importers.dump_files import engine_files
 from casmoe.importers.torch_file import load_torch_file
 from casmoe.profile import Profile, ProfileError, from_engine_counts
 
@@ -32,8 +33,8 @@ def frequency_table(obj: object, where: str) -> np.ndarray:
 
 
 def read_ktransformers(sources: Sequence[str | Path], *, model_layers: int | None = None) -> Profile:
-    """One or more `.pt` frequency files (summed) -> Profile."""
-    paths = [Path(s) for s in sources]
+    """One or more `.pt` frequency files, or their folder (summed) -> Profile."""
+    paths = engine_files(sources, (".pt",), "KTransformers")
     tables = [frequency_table(load_torch_file(p), str(p)) for p in paths]
     if len({t.shape for t in tables}) != 1:
         raise ProfileError(f"the files disagree on [layers, experts]: {sorted({t.shape for t in tables})}")

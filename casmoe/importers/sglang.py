@@ -19,7 +19,9 @@ passes (tensor parallelism) count once; others (data-parallel attention) add the
 
 **responses** (`"return_routed_experts": true`): `meta_info.routed_experts` is base64 int32
 ordered (token, layer, k) over prompt + completion - 1 tokens, -1 in non-MoE layers; `text`
-and `output_ids` come along. The ids hold no shape, so `top_k` (columns per layer) is needed.
+and `output_ids` come along. The ids hold no shape, so `top_k` (columns per layer) is needed;
+with shared-expert fusion SGLang adds a column per fused shared expert (ids beyond the routed
+ones): serve with `--disable-shared-experts-fusion` to record routed experts only.
 
 `stat` dumps hold only counts: `read_sglang_counts` makes them popularity profiles (so does it
 for per_pass and per_token dumps).
@@ -201,8 +203,11 @@ def read_per_token(files: Sequence[Path], where: str) -> Trace:
     for f in files:
         doc = load_torch_file(f)
         if not isinstance(doc, dict) or "records" not in doc:
-            hint = " (a stat dump: counts only, use `casmoe profile import --format sglang-stat`)" \
-                if isinstance(doc, dict) and "logical_count" in doc else ""
+            hint = ""
+            if isinstance(doc, dict) and "logical_count" in doc:
+                hint = " (a stat dump: counts only, use `casmoe profile import --format sglang-stat`)"
+            elif isinstance(doc, np.ndarray):
+                hint = " (a counts table: use `casmoe profile import --format ktransformers`)"
             raise TraceError(f"{f}: not an SGLang per_token dump (a dict with 'records'){hint}")
         if not isinstance(doc["records"], list):
             raise TraceError(f"{f}: 'records' must be a list")

@@ -32,6 +32,7 @@ import numpy as np
 
 from casmoe.importers.dump_files import decode_array, engine_files, json_records, seconds, text_field, token_ids
 from casmoe.importers.engine_trace import EngineRequest, build_trace
+from casmoe.npz import read_npz
 from casmoe.trace import Trace, TraceError
 
 SUFFIXES = (".npz", ".json", ".jsonl")
@@ -59,8 +60,9 @@ def _completion(prompt_part: dict[str, Any], out: dict[str, Any], where: str, na
     prompt_ids = token_ids(prompt_part.get("prompt_token_ids"), where, "prompt_token_ids")
     out_ids = token_ids(out.get("token_ids", out.get("output_token_ids")), where, "token_ids")
     usage = prompt_part.get("usage") if isinstance(prompt_part.get("usage"), dict) else {}
-    n_prompt = len(prompt_ids) if prompt_ids is not None else usage.get("prompt_tokens")
-    n_out = len(out_ids) if out_ids is not None else usage.get("completion_tokens")
+    counted = {n: v for n, v in usage.items() if type(v) is int and v >= 0}  # token counts, when they are counts
+    n_prompt = len(prompt_ids) if prompt_ids is not None else counted.get("prompt_tokens")
+    n_out = len(out_ids) if out_ids is not None else counted.get("completion_tokens")
     rows_p, rows_d = _split(decode_array(prompt_part.get("prompt_routed_experts"), where),
                             decode_array(out.get("routed_experts"), where), n_prompt, n_out, where)
     message = out.get("message")
@@ -87,13 +89,7 @@ def _record(doc: Any, where: str) -> list[EngineRequest]:
 
 def _npz_records(path: Path) -> list[EngineRequest]:
     where = str(path)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {n: npz[n] for n in npz.files}
-    except FileNotFoundError:
-        raise TraceError(f"{where}: no such file") from None
-    except Exception as exc:  # zip, zlib and numpy errors for a damaged file
-        raise TraceError(f"{where}: not a readable .npz: {type(exc).__name__}: {exc}") from None
+    arrays = read_npz(path, TraceError)  # declared sizes checked before anything is inflated
     groups: dict[str, dict[str, Any]] = {}
     for key, value in arrays.items():
         name, _, field = key.rpartition("/")

@@ -11,7 +11,9 @@ On disk a planner is a folder with no pickle anywhere: `planner.json` (geometry,
 stages, the gate's weights, fit data summary), `eam.index` (hnswlib's own format),
 `eam_patterns.npy`, `eap_linear.npz` (or `eap.safetensors` for the transformer predictor),
 `trajectory.npz` and `fit.npz` (the fit data's popularity baselines, casmoe/planner/fitdata.py;
-folders written before it existed still load and serve, but cannot be evaluated).
+folders written before it existed still load and serve, but cannot be evaluated), and
+`manifest.json` (every file's size and SHA-256: the folder is written all at once and checked
+on load, casmoe/folder.py; folders from before manifests load with each component's own checks).
 
 Held-out split: fitting leaves out the requests that evaluation scores. If the trace metadata
 labels every request (`meta["splits"]`, one "train" / "heldout" per request, as `casmoe record`
@@ -41,6 +43,7 @@ from casmoe.planner.trajectory import FILE as TRAJECTORY_FILE
 from casmoe.trace import Trace
 
 if TYPE_CHECKING:
+    from casmoe.folder import Manifest
     from casmoe.planner.eam import Matcher
     from casmoe.planner.eap import EAP
     from casmoe.planner.trajectory import Trajectory
@@ -49,6 +52,7 @@ FORMAT = "casmoe-planner"
 VERSION = 2
 """v2: stages listed in planner.json (a prompt-free planner has the trajectory alone), the
 confidence gate, the linear predictor; v1 folders (matcher + transformer, epsilon gate) load."""
+META = "planner.json"
 EMBED_CACHE = 256
 """Prompts whose embeddings are kept, so `observe` after `predict` does not embed twice."""
 
@@ -216,31 +220,33 @@ class Planner:
         return out
 
     def save(self, folder: str | Path) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        if self.serves_prompts:
-            self.matcher.save(folder)
-            if isinstance(self.predictor, LinearEAP):
-                self.predictor.save(folder)
-            else:
-                self.predictor.save(folder / "eap.safetensors")
-        if self.trajectory is not None:
-            self.trajectory.save(folder)
-        meta: dict[str, Any] = {
-            "format": FORMAT,
-            "version": VERSION,
-            "geometry": self.geometry.to_dict(),
-            "config": self.config.to_dict(),
-            "stages": self.stages,
-        }
-        if self.gate is not None:
-            meta["gate"] = self.gate.to_dict()
-        if self.fit_data is not None:
-            self.fit_data.save(folder)
-            meta["fit"] = self.fit_data.to_dict()
+        """Write the planner folder all at once (casmoe/folder.py): a failed or killed save
+        leaves the old folder, never one fit's index beside another's weights."""
+        from casmoe.folder import write_folder
         from casmoe.output import write_text
 
-        write_text(folder / "planner.json", json.dumps(meta, indent=2))  # last: marks the folder complete
+        with write_folder(folder, FORMAT, marker=META) as tmp:
+            if self.serves_prompts:
+                self.matcher.save(tmp)
+                if isinstance(self.predictor, LinearEAP):
+                    self.predictor.save(tmp)
+                else:
+                    self.predictor.save(tmp / "eap.safetensors")
+            if self.trajectory is not None:
+                self.trajectory.save(tmp)
+            meta: dict[str, Any] = {
+                "format": FORMAT,
+                "version": VERSION,
+                "geometry": self.geometry.to_dict(),
+                "config": self.config.to_dict(),
+                "stages": self.stages,
+            }
+            if self.gate is not None:
+                meta["gate"] = self.gate.to_dict()
+            if self.fit_data is not None:
+                self.fit_data.save(tmp)
+                meta["fit"] = self.fit_data.to_dict()
+            write_text(tmp / META, json.dumps(meta, indent=2))
 
 
 def validation_folds(part: Trace, folds: int) -> list[np.ndarray]:
@@ -355,28 +361,30 @@ def fit_prompt_stages(part: Trace, config: PlannerConfig, progress: bool = False
 
 
 def load_planner(path: str | Path) -> Planner:
-    """Read a planner folder written by `Planner.save`; a clear error for anything else."""
+    """Read a planner folder written by `Planner.save`: the manifest first (a mixed, truncated
+    or damaged folder is refused naming the file), then every component checked against
+    `planner.json` and each other; a clear error for anything else."""
+    from casmoe.planner.eam import INDEX, PATTERNS, Matcher
+
     folder = Path(path)
-    meta = _read_meta(folder)
-    geometry = Geometry.from_dict(meta.get("geometry"))
+    meta, manifest = _read_meta(folder)
+    geometry = _geometry(folder, meta)
     try:
-        config = PlannerConfig.from_dict(meta["config"])
+        config = PlannerConfig.from_dict(meta.get("config"))
         stages = meta.get("stages", ["eam", "eap"])  # v1: the two prompt stages
         gate = ConfidenceGate.from_dict(meta["gate"]) if "gate" in meta else None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlannerError(f"{folder}/planner.json: bad config: {exc}") from exc
+    except (KeyError, TypeError, ValueError) as exc:  # PlannerError is a ValueError
+        raise PlannerError(f"{folder / META}: bad config: {exc}") from None
     linear = config.eap.kind == "linear"
-    need = (["eam.index", "eam_patterns.npy", LINEAR_FILE if linear else "eap.safetensors"] if "eam" in stages else [])
+    need = ([INDEX, PATTERNS, LINEAR_FILE if linear else "eap.safetensors"] if "eam" in stages else [])
     need += [TRAJECTORY_FILE] if "trajectory" in stages else []
     for name in need:
-        if not (folder / name).exists():
+        if name not in manifest:
             raise PlannerError(f"{folder}: missing {name}")
     matcher = predictor = trajectory = None
     try:
         if "eam" in stages:
-            from casmoe.planner.eam import Matcher
-
-            matcher = Matcher.load(folder, config.neighbours)
+            matcher = Matcher.load(folder, config.neighbours, geometry.layers, geometry.experts)
             if linear:
                 predictor = LinearEAP.load(folder)
             else:
@@ -387,35 +395,48 @@ def load_planner(path: str | Path) -> Planner:
             from casmoe.planner.trajectory import Trajectory
 
             trajectory = Trajectory.load(folder)
+    except PlannerError:
+        raise
     except (KeyError, TypeError, ValueError, OSError) as exc:
         raise PlannerError(f"{folder}: bad planner data ({exc}); refit with casmoe planner fit") from exc
-    return Planner(geometry, config, matcher, predictor, _fit_data(folder, meta), gate, trajectory)
+    return Planner(geometry, config, matcher, predictor, _fit_data(folder, meta, geometry), gate, trajectory)
 
 
 def read_fit_data(path: str | Path) -> FitData | None:
     """A planner folder's fit data alone (which prompts it saw), without loading its models."""
     folder = Path(path)
-    return _fit_data(folder, _read_meta(folder))
+    meta, _ = _read_meta(folder)
+    return _fit_data(folder, meta, _geometry(folder, meta))
 
 
-def _read_meta(folder: Path) -> dict[str, Any]:
+def _read_meta(folder: Path) -> tuple[dict[str, Any], Manifest]:
+    """`planner.json` of a folder whose manifest checks out (casmoe/folder.py), and the manifest."""
+    from casmoe.folder import FolderError, read_folder
+
     if not folder.is_dir():
         raise PlannerError(f"{folder}: not a planner folder; write one with casmoe planner fit --out {folder}")
     try:
-        meta = json.loads((folder / "planner.json").read_text())
-    except FileNotFoundError:
-        raise PlannerError(
-            f"{folder}: not a planner folder (no planner.json); write one with casmoe planner fit"
-        ) from None
+        manifest = read_folder(folder, FORMAT, "planner (casmoe planner fit)")
+    except FolderError as exc:
+        raise PlannerError(str(exc)) from None
+    where = folder / META
+    if META not in manifest:
+        raise PlannerError(f"{folder}: not a planner folder (no {META}); write one with casmoe planner fit")
+    try:
+        meta = json.loads(where.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise PlannerError(f"{folder}/planner.json is not valid JSON: {exc}") from exc
+        raise PlannerError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") not in (1, VERSION):
         raise PlannerError(f"{folder}: not a {FORMAT} v1 or v{VERSION} folder")
-    return meta
+    return meta, manifest
 
 
-def _fit_data(folder: Path, meta: dict[str, Any]) -> FitData | None:
+def _geometry(folder: Path, meta: dict[str, Any]) -> Geometry:
     try:
-        return FitData.load(folder, meta.get("fit"))
-    except (KeyError, TypeError, ValueError, OSError) as exc:
-        raise PlannerError(f"{folder}: bad fit data ({exc}); refit with casmoe planner fit") from exc
+        return Geometry.from_dict(meta.get("geometry"))
+    except (TypeError, ValueError) as exc:  # GeometryError is a ValueError
+        raise PlannerError(f"{folder / META}: bad geometry: {exc}") from None
+
+
+def _fit_data(folder: Path, meta: dict[str, Any], geometry: Geometry) -> FitData | None:
+    return FitData.load(folder, meta.get("fit"), geometry.layers, geometry.experts)
