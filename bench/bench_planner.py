@@ -115,7 +115,7 @@ def latency(paths: list[Path]) -> list[dict[str, Any]]:
         timings = {
             "embed": lambda: embed([pick()]),
             "eam_query": lambda: planner.matcher.query(emb),
-            "eap": lambda: planner.predictor.predict([pick()]),
+            "eap": lambda: planner._predictor_answers([pick()], emb),  # linear: from the embedding
             "planner_predict": lambda: planner.predict(pick() + f" #{next(cycle)}"),  # novel: embed + gate
         }
         repeats = {"embed": 100, "eam_query": 2000, "eap": 200, "planner_predict": 100}

@@ -277,6 +277,12 @@ class ExpertCache:
         be in the kernel, so it runs in Python."""
         return cls.__dict__.get("compiled_kind")
 
+    def runs_compiled(self) -> bool:
+        """Whether this cache, with the options it was built with, makes the decisions of its
+        class's twin (True unless a policy says otherwise: casmoe's updating form runs only in
+        Python)."""
+        return True
+
     def twin_state(self) -> TwinState:
         """What the compiled twin's branch reads from this policy (called once, on a fresh cache)."""
         return TwinState()

@@ -30,8 +30,9 @@ before numba has even loaded (about a second per process; see bench/RESULTS.md).
 
 
 def has_twin(cache: ExpertCache) -> bool:
-    """Whether `cache` is fresh and its class declares a compiled twin itself."""
-    return type(cache).twin_kind() is not None and cache.fresh
+    """Whether `cache` is fresh, its class declares a compiled twin itself, and its options keep
+    it to that twin's decisions (`runs_compiled`)."""
+    return type(cache).twin_kind() is not None and cache.runs_compiled() and cache.fresh
 
 
 def uses_twin(cache: ExpertCache, trace: Trace, compiled: bool | None = None) -> bool:

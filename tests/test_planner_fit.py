@@ -73,7 +73,9 @@ def planner_dir(trace, tmp_path_factory):
 
 def test_saved_planner_predicts_and_uses_no_pickle(planner_dir, trace) -> None:
     files = sorted(p.name for p in planner_dir.iterdir())
-    assert files == ["eam.index", "eam_patterns.npy", "eap.safetensors", "fit.npz", "manifest.json", "planner.json"]
+    assert files == ["eam.index", "eam_patterns.npy", "eap_linear.npz", "fit.npz", "manifest.json", "planner.json", "trajectory.npz"]
+    for name in ("eap_linear.npz", "trajectory.npz"):
+        np.load(planner_dir / name, allow_pickle=False)
     np.load(planner_dir / "fit.npz", allow_pickle=False)
     np.load(planner_dir / "eam_patterns.npy", allow_pickle=False)  # raises if it held objects
     planner = load_planner(planner_dir)
@@ -84,27 +86,45 @@ def test_saved_planner_predicts_and_uses_no_pickle(planner_dir, trace) -> None:
     # a held-out prompt close to its task's prompts: the matcher answers with the task's experts
     held = trace.requests[4]
     ans = planner.explain(held.prompt)
-    assert ans.source is Source.EAM and ans.similarity > 0.6
+    assert ans.source is Source.BLEND and ans.similarity > 0.6
     truth = request_pattern(held, G)
     top_pred = np.argsort(-ans.scores, -1)[:, :2]
     top_true = np.argsort(-truth, -1)[:, :2]
     assert all(set(p) == set(t) for p, t in zip(top_pred, top_true))
 
 
-def test_gate_falls_back_to_predictor_for_unrelated_prompt(planner_dir) -> None:
+def test_gate_blends_the_stages_by_their_measured_weight(planner_dir) -> None:
     planner = load_planner(planner_dir)
     prompt = "Quantum chromodynamics lattice simulation of gluon fields"
     ans = planner.explain(prompt)
-    assert ans.source is Source.EAP and ans.similarity <= planner.config.epsilon
-    np.testing.assert_allclose(ans.scores, planner.predictor.predict([prompt])[0])
+    vec = planner._embed(prompt)[None]
+    eam, sim = planner.matcher.query(vec)
+    w = float(planner.gate.matcher_weight(sim)[0])
+    expect = w * eam[0] + (1 - w) * planner.predictor.predict(vec)[0]
+    assert ans.source is Source.BLEND and ans.similarity == pytest.approx(float(sim[0]))
+    np.testing.assert_allclose(ans.scores, expect, rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(planner.predict(prompt), ans.scores)
+
+
+def test_seed_gate_and_transformer_predictor_still_fit_and_serve(trace, tmp_path) -> None:
+    """`--predictor transformer` keeps the seed's encoder; `--epsilon` in eval keeps its gate."""
+    from casmoe.planner.evaluate import evaluate
+
+    cfg = PlannerConfig(epsilon=0.6, eap=EAPConfig(kind="transformer", layers=2, epochs=2, batch_size=16))
+    fit_planner(trace, cfg).save(tmp_path)
+    assert (tmp_path / "eap.safetensors").exists() and not (tmp_path / "eap_linear.npz").exists()
+    planner = load_planner(tmp_path)
+    prompt = "Quantum chromodynamics lattice simulation of gluon fields"
+    assert planner.predict(prompt).shape == (G.layers, G.experts)
+    ev = evaluate(planner, trace, epsilon=0.6)
+    assert ev.to_dict()["cascade"]["epsilon"] == 0.6
 
 
 def test_buffer_flush_makes_novel_prompt_a_close_match(planner_dir, trace) -> None:
     planner = load_planner(planner_dir)
     novel = "Translate the poems of Pablo Neruda into Finnish verse"
     before = planner.explain(novel)
-    assert before.source is Source.EAP
+    assert before.similarity < 0.9
     size = len(planner.matcher)
     pattern = request_pattern(trace.requests[0], G)
     assert planner.observe(novel, pattern) is False  # served once: waits in the buffer
@@ -113,7 +133,7 @@ def test_buffer_flush_makes_novel_prompt_a_close_match(planner_dir, trace) -> No
     assert planner.observe("A third about medieval architecture", pattern) is True  # C = 3: flush
     assert len(planner.matcher) == size + 3
     after = planner.explain(novel)
-    assert after.source is Source.EAM and after.similarity > before.similarity
+    assert after.similarity > before.similarity
     assert after.similarity == pytest.approx(1.0, abs=1e-3)
 
 
@@ -153,7 +173,7 @@ def test_cli_fit_and_eval(trace, tmp_path) -> None:
     res = runner.invoke(app, ["planner", "eval", "--planner", out, "--trace", path, "--json", "--curve", csv])
     assert res.exit_code == 0, res.output
     result = json.loads(res.stdout)
-    assert set(result) == {"eam", "eap", "cascade", "popularity", "task_popularity", "random"}
+    assert set(result) == {"eam", "eap", "cascade", "trajectory", "popularity", "task_popularity", "random"}
     for entry in result.values():
         assert 0.0 <= entry["recall_at_k"] <= 1.0 and 0.0 <= entry["coverage_at_2k"] <= 1.0
         assert entry["requests"] == 9  # every 5th of 45
@@ -331,3 +351,59 @@ def test_cli_leave_one_task_out(trace, tmp_path) -> None:
         done = subprocess.run([*cmd[:4], *args], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert done.returncode == 2, done.stderr
         assert "task 'nope'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_prompt_free_trace_is_served_by_the_trajectory_stage(trace, tmp_path) -> None:
+    """A trace without prompts (an imported route CSV) fits the trajectory stage alone; the
+    planner answers popularity before a request routes, and casmoe follows the routing."""
+    from typer.testing import CliRunner
+
+    from casmoe.cli.app import app
+    from casmoe.planner.gate import Source
+
+    bare = Trace(G, [Request(r.topk, r.weights, r.prefill, task=r.task) for r in trace.requests])
+    bare.save(tmp_path / "bare.npz")
+    runner = CliRunner()
+    res = runner.invoke(app, ["planner", "fit", "--trace", str(tmp_path / "bare.npz"), "--out", str(tmp_path / "pl")])
+    assert res.exit_code == 0, res.output
+    assert "trajectory stage alone" in res.output
+    planner = load_planner(tmp_path / "pl")
+    assert planner.stages == ["trajectory"] and not planner.serves_prompts
+    ans = planner.explain(None)
+    assert ans.source is Source.POPULARITY
+    np.testing.assert_allclose(ans.scores, planner.fit_data.popularity, atol=1e-6)
+    res = runner.invoke(app, ["planner", "eval", "--planner", str(tmp_path / "pl"), "--trace", str(tmp_path / "bare.npz"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert set(json.loads(res.stdout)) == {"trajectory", "popularity", "task_popularity", "random"}
+    res = runner.invoke(
+        app, ["replay", "--trace", str(tmp_path / "bare.npz"), "--policy", "casmoe", "--policy", "lru",
+              "--planner", str(tmp_path / "pl"), "--capacity", "3", "--json"],
+    )
+    assert res.exit_code == 0, res.output
+    # a planner with prompt stages serves a prompt-free request from the trajectory stage too
+    full = load_planner(tmp_path / "pl")
+    assert full.predict(None).shape == (G.layers, G.experts)
+
+
+@pytest.mark.slow
+def test_cli_planner_bench_chooses_on_fit_data_only(trace, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from casmoe.cli.app import app
+
+    tagged = Trace(trace.geometry, trace.requests, {"splits": ["heldout" if i % 5 == 4 else "train" for i in range(len(trace.requests))]})
+    tagged.save(tmp_path / "t.npz")
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(
+        app, ["planner", "bench", "--trace", str(tmp_path / "t.npz"), "--out", str(out), "--setting", "mixed:code",
+              "--grid", "2,4", "--slots", "3"],
+    )
+    assert res.exit_code == 0, res.output
+    records = json.loads((out / "results.json").read_text())
+    assert [r["setting"] for r in records] == ["mixed:code"]
+    rec = records[0]
+    assert "code" not in rec["chosen_on"] and rec["horizon"] in (2, 4)
+    assert set(rec["validation_hit_rate"]) == {"2", "4"}
+    row = rec["policies"][0]
+    assert row["slots_per_layer"] == 3 and all(0 <= row[p] <= 1 for p in ("casmoe", "casmoe_static", "lru", "lfu"))
+    assert "horizon" in res.output and "chosen on validation fold" in res.output

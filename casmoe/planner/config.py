@@ -23,10 +23,17 @@ class PlannerError(CasmoeError, ValueError):
     """A planner that cannot be fitted, read, or applied to the given trace."""
 
 
+PREDICTORS = ("linear", "transformer")
+
+
 @dataclass(frozen=True)
 class EAPConfig:
-    """The predictor's architecture and training knobs (defaults: the seed paper's encoder)."""
+    """The predictor: `kind` "linear" (ridge on the prompt's sentence embedding, penalty
+    `ridge`: the default, no torch) or "transformer" (the seed paper's encoder, trained with
+    the knobs below; it needs torch to fit and to serve)."""
 
+    kind: str = "linear"
+    ridge: float = 1.0
     hidden: int = 64
     layers: int = 6
     heads: int = 4
@@ -45,9 +52,16 @@ class EAPConfig:
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """Gate, matcher, label and split settings, the predictor's, and the seed of both.
+    """Gate, matcher, label and split settings, the predictor's, the trajectory stage's, and
+    the seed of all.
 
-    `exclude_tasks`: requests of these tasks are left out of the fit (leave-one-task-out)."""
+    `exclude_tasks`: requests of these tasks are left out of the fit (leave-one-task-out).
+    `folds`: the fit data is cut into this many validation folds (by task when it has two or
+    more tasks, else by request), whose out-of-fold answers fit the confidence gate and train
+    the trajectory stage. `epsilon` is the seed's fixed gate, used by planners fitted before
+    the confidence gate and by `casmoe planner eval --epsilon`. `horizon`: the trajectory
+    stage predicts use within this many decode tokens (0: it regresses the log distance to
+    the next use instead); `cadence`: it re-matches the routing path every this many."""
 
     epsilon: float = 0.8
     neighbours: int = 5
@@ -57,9 +71,16 @@ class PlannerConfig:
     holdout_every: int = 5
     exclude_tasks: tuple[str, ...] = ()
     seed: int = 0
+    folds: int = 4
+    horizon: int = 8
+    cadence: int = 8
     eap: EAPConfig = field(default_factory=EAPConfig)
 
     def __post_init__(self) -> None:
+        if self.eap.kind not in PREDICTORS:
+            raise PlannerError(f"predictor kind must be one of {', '.join(PREDICTORS)}, got {self.eap.kind!r}")
+        if self.folds < 2 or self.horizon < 0 or self.cadence < 1:
+            raise PlannerError("folds must be >= 2, horizon >= 0 and cadence >= 1")
         if self.holdout_every < 0 or self.holdout_every == 1:
             raise PlannerError("holdout_every must be 0 (no hold-out) or >= 2")
         if self.neighbours < 1 or self.buffer < 1:
@@ -74,6 +95,10 @@ class PlannerConfig:
     def from_dict(cls, d: Any) -> PlannerConfig:
         """From `to_dict`'s form, every field checked against its default's type (planner.json
         is a file a user can edit: `"epsilon": "0.8"` is refused, not compared as a string)."""
+        if isinstance(d, dict):  # fields later versions added, absent from older folders
+            d = {"folds": 4, "horizon": 8, "cadence": 8, **d}
+            if isinstance(d.get("eap"), dict):  # before the linear predictor: a transformer
+                d["eap"] = {"kind": "transformer", "ridge": 1.0, **d["eap"]}
         d = dict(_typed(cls, d, "config"))
         d.setdefault("exclude_tasks", ())  # absent in folders of older versions
         try:
@@ -106,13 +131,15 @@ def _typed(cls: type, d: Any, where: str) -> dict[str, Any]:
             ok = isinstance(value, int) and not isinstance(value, bool)
         elif isinstance(want, float):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        elif isinstance(want, str):
+            ok = isinstance(value, str)
         elif isinstance(want, tuple):
             ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
         else:  # a nested dataclass: checked by its own call
             ok = isinstance(value, dict)
         if not ok:
-            kinds = [(enum.Enum, "a string"), (bool, "true or false"), (int, "an integer"), (float, "a finite number"),
-                     (tuple, "a list of strings")]
+            kinds = [(enum.Enum, "a string"), (str, "a string"), (bool, "true or false"), (int, "an integer"),
+                     (float, "a finite number"), (tuple, "a list of strings")]
             kind = next((k for t, k in kinds if isinstance(want, t)), "a mapping")
             raise PlannerError(f"{where}.{name} must be {kind}, not {value!r}")
     return d

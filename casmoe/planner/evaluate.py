@@ -9,7 +9,11 @@ Metrics, per held-out request and MoE layer (layers with no decode tokens are sk
   on the predicted top-2k experts of their layer: what a per-layer prefetch of 2k slots
   would have served.
 
-Methods: `eam` (matcher alone), `eap` (predictor alone), `cascade` (gated at epsilon), and the
+Methods: `eam` (matcher alone), `eap` (predictor alone), `cascade` (the confidence gate's blend,
+or the seed's epsilon rule for planners before it or when `epsilon` is given), `trajectory`
+(the trajectory stage once the request's prefill has run, before any decode token: the
+cascade's answer refined by the request's own prefill routing and the path match; the stream
+features read the fit data's popularity), and the
 baselines of the planner's own fit data (casmoe/planner/fitdata.py, never the evaluated trace's):
 `popularity` (mean normalised pattern), `task_popularity` (mean pattern of the request's task in
 the fit data; it reads the task label, which the planner never sees; for a task the fit data
@@ -34,7 +38,8 @@ from casmoe.planner.patterns import Phase, expert_patterns, request_pattern
 from casmoe.planner.planner import Answers, Planner, PlannerError, fit_split
 from casmoe.trace import Trace
 
-METHODS = ("eam", "eap", "cascade", "popularity", "task_popularity", "random")
+METHODS = ("eam", "eap", "cascade", "trajectory", "popularity", "task_popularity", "random")
+PROMPT_METHODS = ("eam", "eap", "cascade")
 
 
 def _top(scores: np.ndarray, b: int) -> np.ndarray:
@@ -70,16 +75,18 @@ class Evaluation:
     """Scores of every method on the held-out requests, plus the raw answers for curves."""
 
     k: int
-    epsilon: float
+    epsilon: float | None  # None: the confidence gate
     scope: str  # which requests were scored, in words
     scores: dict[str, dict[str, float]]
-    answers: Answers
+    answers: Answers | None  # None: a prompt-free planner
     truth: np.ndarray  # router-weighted decode patterns [N, L, E]
     counts: np.ndarray  # decode selection counts [N, L, E]
 
     def epsilon_curve(self, epsilons: Sequence[float]) -> list[dict[str, float]]:
         """Per epsilon: share of prompts the matcher answers, and the cascade's accuracy."""
-        out = []
+        out: list[dict[str, float]] = []
+        if self.answers is None:
+            return out
         for eps in epsilons:
             share = float(np.mean(self.answers.similarity > eps)) if len(self.truth) else 0.0
             scores = score(self.answers.cascade(eps), self.truth, self.counts, self.k)
@@ -89,12 +96,18 @@ class Evaluation:
     def to_dict(self) -> dict[str, Any]:
         """One entry per method (pandas: `DataFrame.from_dict(d, orient="index")`)."""
         n = len(self.truth)
-        share = float(np.mean(self.answers.similarity > self.epsilon)) if n else 0.0
         out: dict[str, Any] = {}
         for name in METHODS:
+            if name not in self.scores:
+                continue
             entry: dict[str, Any] = {**self.scores[name], "k": self.k, "requests": n}
-            if name == "cascade":
-                entry.update(epsilon=self.epsilon, eam_share=share)
+            if name == "cascade" and self.answers is not None:
+                if self.epsilon is None:
+                    w = self.answers.gate.matcher_weight(self.answers.similarity) if n else np.zeros(0)
+                    entry.update(gate="confidence", eam_weight=float(w.mean()) if n else 0.0)
+                else:
+                    share = float(np.mean(self.answers.similarity > self.epsilon)) if n else 0.0
+                    entry.update(epsilon=self.epsilon, eam_share=share)
             out[name] = entry
         return out
 
@@ -146,17 +159,27 @@ def evaluate(
     """Score the planner and its fit data's baselines on the trace's scored requests."""
     idx, scope = scored_requests(planner, trace, holdout_task)
     test = trace.subset(idx)
-    if not test.has_prompts:
-        raise PlannerError("evaluation needs prompt text for every scored request")
-    cfg = planner.config
-    answers = planner.answers([r.prompt for r in test.requests], progress=progress)
-    eps = cfg.epsilon if epsilon is None else epsilon
-    preds = {"eam": answers.eam, "eap": answers.eap, "cascade": answers.cascade(eps)}
-    preds.update(planner.fit_data.baselines(test, seed))
+    preds: dict[str, np.ndarray] = dict(planner.fit_data.baselines(test, seed))
+    answers = None
+    eps = epsilon if epsilon is not None or planner.gate is not None else planner.config.epsilon
+    g = planner.geometry
+    if planner.serves_prompts:
+        if not test.has_prompts:
+            raise PlannerError("evaluation needs prompt text for every scored request")
+        answers = planner.answers([r.prompt for r in test.requests], progress=progress)
+        preds.update(eam=answers.eam, eap=answers.eap, cascade=answers.cascade(eps))
+    if planner.trajectory is not None:
+        from casmoe.planner.trajectory import after_prefill
+
+        prompt = preds["cascade"] if answers is not None else np.broadcast_to(planner.popularity(), (len(idx), g.layers, g.experts))
+        stream = planner.fit_data.popularity * g.experts
+        preds["trajectory"] = np.stack(
+            [after_prefill(planner.trajectory, r, g, p, stream) for r, p in zip(test.requests, prompt)]
+        ) if idx else prompt
     truth = expert_patterns(test, Phase.DECODE, weighted=True)
     counts = expert_patterns(test, Phase.DECODE, weighted=False)
-    k = planner.geometry.top_k
-    scores = {name: score(preds[name], truth, counts, k) for name in METHODS}
+    k = g.top_k
+    scores = {name: score(preds[name], truth, counts, k) for name in METHODS if name in preds}
     return Evaluation(k, eps, scope, scores, answers, truth, counts)
 
 
@@ -165,6 +188,8 @@ def serve_online(planner: Planner, trace: Trace) -> np.ndarray:
     observed after its answer (the online buffer: with C = 30 a prompt helps the ones 30 or more
     after it). Mutates `planner`'s index; pass a freshly loaded one."""
     test_idx, _ = scored_requests(planner, trace)
+    if not planner.serves_prompts:
+        raise PlannerError("a prompt-free planner has no online buffer to serve")
     cfg = planner.config
     out = []
     for i in test_idx:

@@ -1,8 +1,12 @@
 """The confidence gate between matcher and predictor, and the online buffer that grows the index.
 
 The matcher is cheap and exact near prompts it has seen, but guesses far from them; the
-predictor generalises but blurs. The gate trusts the matcher when its best cosine similarity
-exceeds epsilon. Served prompts, with the patterns observed while serving them, wait in a
+predictor generalises but blurs. The seed's gate trusts the matcher when its best cosine
+similarity exceeds epsilon (`use_matcher`, kept for planners fitted before `ConfidenceGate`).
+`ConfidenceGate` weighs the two by what they measured: the fit data's out-of-fold answers are
+binned by the matcher's similarity, and in each bin the matcher's weight is the least-squares
+blend of the two answers against the true pattern (clipped to [0, 1]); a query takes its bin's
+weight. The trajectory stage joins later, once the request has routed (trajectory.py). Served prompts, with the patterns observed while serving them, wait in a
 buffer of `capacity` entries and join the index together when it fills (the seed paper's
 online update): batching the inserts keeps them off the per-prompt path.
 """
@@ -10,6 +14,7 @@ online update): batching the inserts keeps them off the per-prompt path.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,11 +22,55 @@ import numpy as np
 class Source(enum.Enum):
     EAM = "eam"
     EAP = "eap"
+    BLEND = "blend"  # the confidence gate's weighted answer
+    POPULARITY = "popularity"  # no prompt stage: the fit data's mean pattern
 
 
 def use_matcher(similarity: np.ndarray, epsilon: float) -> np.ndarray:
     """Bool per query: whether the gate answers with the matcher."""
     return np.asarray(similarity) > epsilon
+
+
+@dataclass(frozen=True)
+class ConfidenceGate:
+    """Matcher weight per similarity bin; `edges` [B - 1] split the bins, `weights` [B]."""
+
+    edges: np.ndarray
+    weights: np.ndarray
+
+    @classmethod
+    def fit(cls, eam: np.ndarray, eap: np.ndarray, similarity: np.ndarray, truth: np.ndarray, bins: int = 5) -> ConfidenceGate:
+        """From out-of-fold answers [N, L, E] of both stages, their similarity [N] and the true
+        normalised patterns [N, L, E]."""
+        sim = np.asarray(similarity, dtype=np.float64)
+        bins = max(1, min(bins, len(sim) // 20))  # at least about 20 prompts a bin
+        edges = np.quantile(sim, np.linspace(0, 1, bins + 1)[1:-1]) if bins > 1 else np.zeros(0)
+        which = np.searchsorted(edges, sim, side="right")
+        weights = np.zeros(bins)
+        for b in range(bins):
+            m = which == b
+            d = (eam[m] - eap[m]).astype(np.float64)
+            denom = float((d * d).sum())
+            weights[b] = np.clip(float((d * (truth[m] - eap[m])).sum()) / denom, 0.0, 1.0) if denom > 0 else 0.0
+        return cls(edges, weights)
+
+    def matcher_weight(self, similarity: np.ndarray) -> np.ndarray:
+        return self.weights[np.searchsorted(self.edges, np.asarray(similarity, dtype=np.float64), side="right")]
+
+    def blend(self, eam: np.ndarray, eap: np.ndarray, similarity: np.ndarray) -> np.ndarray:
+        """[N, L, E]: per query, its bin's weight on the matcher, the rest on the predictor."""
+        w = self.matcher_weight(similarity).astype(np.float32)[:, None, None]
+        return w * eam + (1.0 - w) * eap
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {"edges": self.edges.tolist(), "weights": self.weights.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, list[float]]) -> ConfidenceGate:
+        edges, weights = np.asarray(d["edges"], dtype=np.float64), np.asarray(d["weights"], dtype=np.float64)
+        if weights.ndim != 1 or len(weights) != len(edges) + 1:
+            raise ValueError("gate needs one more weight than edges")
+        return cls(edges, weights)
 
 
 class Buffer:

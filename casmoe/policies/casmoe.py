@@ -1,9 +1,26 @@
-"""CasMoE: prefetch every layer's predicted experts once per prompt, before decoding.
+"""CasMoE: prefetch every layer's predicted experts at request start, then follow the request.
 
 A predictor maps a request's prompt to scores [L, E] (the planner of `casmoe.planner`, or a
 test predictor). At request start the policy fetches the highest-scored experts of every layer
-within the budget, in layer order so that early layers arrive first; misses load on demand;
-the lowest-scored resident is evicted (least recently used among equals).
+within the budget, in layer order so that early layers arrive first; misses load on demand.
+
+Eviction, with a fitted planner (`planner=DIR`, the default `update=True`): the planner's
+trajectory stage (casmoe/planner/trajectory.py) scores every resident by the log-odds that it
+is routed within the next few decode tokens, from the current prompt-level prediction, the
+routing path match (re-matched after prefill and every `cadence` decode tokens, default the
+planner's), this request's own use (recency at three time scales, share of its decode tokens,
+prefill rank) and the stream's access share across requests (what LFU counts); the lowest is
+evicted, least recently used among equals. The weights were fitted on held-out fit data, so
+a stale guess never outweighs the evidence the request shows. After prefill the policy tops
+up every layer with the re-matched prediction's best experts, as deep as the match is unsure
+(FineMoE's rule, `trajectory.prefetch_depth`), never evicting more than it brings in
+(`prefill_prefetch=False` turns it off). With `update=False`, or an oracle predictor, the
+prediction is fixed for the request and the lowest-scored resident is evicted (the static
+policy of the seed paper; that form has a compiled twin, `casmoe/compiled.py`). The
+updating form runs its Python hooks; it keeps one request's state, so run it at batch 1.
+
+A request without a prompt, or a planner fitted on a trace without prompts, is served by the
+trajectory stage alone (its prompt-level prediction is the fit data's popularity).
 
 Predictors by option: `planner=DIR` (a fitted planner, which also learns online from the
 routing each served request showed), `predictor="exact"` (the request's own
@@ -13,7 +30,7 @@ decode pattern: an oracle, so the policy then declares it reads the future) or
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -21,6 +38,9 @@ from casmoe.cache import CacheConfigError, ExpertCache, TwinState
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
 from casmoe.trace import Request
+
+if TYPE_CHECKING:
+    from casmoe.planner.trajectory import Trajectory
 
 ExpertScorer = Callable[[Request], np.ndarray]
 
@@ -60,28 +80,49 @@ class PlannerPredictor:
         if (g.layers, g.experts, g.top_k) != (geometry.layers, geometry.experts, geometry.top_k):
             raise CacheConfigError(f"planner at {path} was fitted on {g.describe()}, the trace is {geometry.describe()}")
 
+    @property
+    def trajectory(self) -> Trajectory | None:
+        return self.planner.trajectory
+
     def __call__(self, request) -> np.ndarray:
-        return self.planner.predict(request.prompt or "")
+        return self.planner.predict(request.prompt)
 
     def observe(self, prompt: str | None, pattern: np.ndarray) -> None:
-        if prompt and pattern.any():
+        if prompt and pattern.any() and self.planner.serves_prompts:
             self.planner.observe(prompt, pattern)
 
 
 class CasMoE(ExpertCache):
     name = "casmoe"
-    compiled_kind = Kind.CASMOE
+    compiled_kind = Kind.CASMOE  # the static form (`runs_compiled`)
 
-    def __init__(self, *args, predictor: ExpertScorer, oracle: bool = False, **kw) -> None:
+    def __init__(
+        self, *args, predictor: ExpertScorer, oracle: bool = False, trajectory: Trajectory | None = None,
+        cadence: int | None = None, prefill_prefetch: bool = True, **kw,
+    ) -> None:
         super().__init__(*args, **kw)
         self.predictor = predictor
         self.needs_future = oracle  # an oracle predictor reads the request's own routing
+        self.trajectory = trajectory  # None: the static policy (fixed scores per request)
         g = self.geometry
         self._scores = np.zeros(g.total_experts)
         self._last: dict[ExpertId, int] = {}
         self._tick = 0
         self._prompt: str | None = None
         self._served = np.zeros(g.total_experts)  # routed uses seen while serving this request
+        if trajectory is not None:
+            self.cadence = max(1, cadence or trajectory.cadence)
+            self.prefill_prefetch = prefill_prefetch
+            self._weights = trajectory.weights
+            self._stream = np.zeros(g.total_experts)  # accesses across requests (LFU's counts)
+            self._recent = np.zeros(g.total_experts)  # the same, decayed per request
+            self._confidence = 0.0
+            self._begin_state(0)
+        self.prefetches_per_layer = trajectory is not None
+
+    def runs_compiled(self) -> bool:
+        """Only the static form is what the compiled twin computes."""
+        return self.trajectory is None
 
     @classmethod
     def reads_future(cls, options: dict[str, Any]) -> bool:
@@ -113,17 +154,18 @@ class CasMoE(ExpertCache):
         predictor: str | ExpertScorer = "exact",
         noise: float = 0.3,
         planner: str | None = None,
+        update: bool = True,
+        cadence: int | None = None,
+        prefill_prefetch: bool = True,
         seed: int = 0,
         **kw: Any,
     ) -> ExpertCache:
+        if cadence is not None and cadence < 1:
+            raise CacheConfigError(f"cadence must be >= 1 decode token, got {cadence}")
         if planner is not None:
-            missing = 0 if trace is None else sum(not r.prompt for r in trace.requests)
-            if missing:
-                raise CacheConfigError(
-                    f"{missing} of the trace's {len(trace.requests)} requests have no prompt text, and a planner predicts "
-                    "from the prompt; use a trace recorded with prompts, or casmoe[predictor=exact|noisy] for the bounds"
-                )
-            return cls(geometry, capacity, predictor=PlannerPredictor(planner, geometry), **kw)
+            pp = PlannerPredictor(planner, geometry)
+            traj = pp.trajectory if update else None
+            return cls(geometry, capacity, predictor=pp, trajectory=traj, cadence=cadence, prefill_prefetch=prefill_prefetch, **kw)
         if callable(predictor):
             return cls(geometry, capacity, predictor=predictor, **kw)
         if predictor == "exact":
@@ -141,12 +183,96 @@ class CasMoE(ExpertCache):
         self._scores = scores.ravel()
         self._prompt = request.prompt
         self._served[:] = 0
+        if self.trajectory is not None:
+            self._begin_state(request.prefill)
         if cap.per_layer:
             top = np.argsort(-scores, axis=1, kind="stable")[:, : cap.slots]
             chosen = (top + (np.arange(g.layers) * g.experts)[:, None]).ravel()
         else:
             chosen = np.sort(np.argsort(-self._scores, kind="stable")[: cap.slots])  # flat ids sort by layer
         return [int(e) for e in chosen if self._scores[e] > 0]
+
+    # ---- the updating form: the request's state, as the trajectory stage reads it ----------
+
+    def _begin_state(self, prefill: int) -> None:
+        N, E = self.geometry.total_experts, self.geometry.experts
+        self._step_seen = -1  # the runtime's step index last seen
+        self._in_prefill = bool(prefill)
+        self._prefill_begun = False
+        self._tokens = 0  # decode tokens begun; the current one is _n - 1
+        self._decode_last = np.full(N, -np.inf)
+        self._decode_uses = np.zeros(N)
+        self._prefill = np.zeros(N)
+        self._rank = [0] * self.geometry.layers
+        norm = self._scores.reshape(-1, E)
+        total = norm.sum(axis=1, keepdims=True)
+        self._prompt_feat = (np.divide(norm, total, out=np.zeros_like(norm), where=total > 0) * E).ravel()
+        from casmoe.planner.trajectory import STREAM_CARRY, stream_share
+
+        self._share = stream_share(self._stream.reshape(-1, E)).ravel()
+        self._recent_share = stream_share(self._recent.reshape(-1, E)).ravel()
+        self._recent *= STREAM_CARRY
+        self._path = self._prompt_feat.copy()
+        self._refresh()
+
+    def _rematch(self) -> np.ndarray:
+        """Re-match the routing path (prefill and the decode tokens done); the match [L, E]."""
+        g = self.geometry
+        L, E = g.layers, g.experts
+        pred, self._confidence = self.trajectory.paths.match(
+            self._prefill.reshape(L, E), self._decode_uses.reshape(L, E), max(self._tokens - 1, 0)
+        )
+        self._path = (pred * E).ravel()
+        return pred
+
+    def _new_step(self, step: int) -> bool:
+        """A runtime step begins: the prefill, or a decode token. True when it ends a prefill."""
+        self._step_seen = step
+        if self._in_prefill and not self._prefill_begun:
+            self._prefill_begun = True
+            return False
+        after_prefill, self._in_prefill = self._in_prefill, False
+        self._tokens += 1
+        if after_prefill or (self._tokens - 1) % self.cadence == 0:
+            self._rematch()
+        self._refresh()
+        return after_prefill
+
+    def prefetch_layer(self, step: int, layer: int) -> list[ExpertId]:
+        """When decode begins after a prefill: the re-matched prediction's top-up (see the
+        module docstring); nothing otherwise."""
+        if step == self._step_seen or not self._new_step(step) or not self.prefill_prefetch or not self.capacity.per_layer:
+            return []
+        from casmoe.planner.trajectory import prefetch_depth
+
+        E, slots = self.geometry.experts, self.capacity.slots
+        pred = self._path.reshape(-1, E)
+        out = []
+        for lay in range(len(pred)):
+            off = lay * E
+            scores = self._now_scores[off : off + E]
+            held = np.array([self.is_resident(off + e) for e in range(E)])
+            floors = np.sort(scores[held])  # each top-up evicts the next lowest-scored resident
+            floors = np.concatenate([np.full(slots - len(floors), -np.inf), floors])
+            want = [int(e) for e in np.argsort(-pred[lay], kind="stable")[: prefetch_depth(pred[lay], self._confidence, slots)]]
+            new = [e for e in want if not held[e]]
+            out += [off + e for e, floor in zip(new, floors) if scores[e] > floor]
+        return out
+
+    def _refresh(self) -> None:
+        """The learned map's scores of every expert in the state before the current token
+        (`now`: the tokens before it); kept for the step, since within a step only the running
+        layer's routed experts change state, and those are protected from eviction."""
+        w, now = self._weights, self._tokens - 2
+        age = now - self._decode_last
+        s = w[0] * np.exp(-age) + w[1] * np.exp(-age / 4.0) + w[2] * np.exp(-age / 16.0)
+        if now >= 0:
+            s += w[3] * self._decode_uses / (now + 1.0)
+        s += w[4] * self._prefill + w[5] * self._share + w[6] * self._recent_share
+        s += w[7] * self._prompt_feat + w[8] * self._path
+        self._now_scores = s
+
+    # ---- hooks ---------------------------------------------------------------------------
 
     def twin_state(self) -> TwinState:
         return TwinState(served=self._served)  # the kernel counts uses here; on_request_end reads them
@@ -158,6 +284,21 @@ class CasMoE(ExpertCache):
         self._tick += 1
         self._last[expert] = self._tick
         self._served[expert] += 1
+        if self.trajectory is None:
+            return
+        if self._step != self._step_seen:
+            self._new_step(self._step)
+        self._stream[expert] += 1
+        self._recent[expert] += 1
+        if self._in_prefill:  # experts arrive heaviest first per layer
+            layer = expert // self.geometry.experts
+            if not self._prefill[expert]:
+                self._prefill[expert] = np.exp(-self._rank[layer] / self.geometry.top_k)
+                self._rank[layer] += 1
+                self._decode_last[expert] = -1.0
+        else:
+            self._decode_last[expert] = self._tokens - 1
+            self._decode_uses[expert] += 1
 
     def on_insert(self, expert: ExpertId) -> None:
         self._tick += 1
@@ -170,5 +311,9 @@ class CasMoE(ExpertCache):
             observe(self._prompt, self._served.reshape(g.layers, g.experts))
 
     def victim(self, layer: int, candidates) -> ExpertId:
-        scores, last = self._scores, self._last
+        last = self._last
+        if self.trajectory is None:
+            scores = self._scores
+            return min(candidates, key=lambda e: (scores[e], last[e]))
+        scores = self._now_scores
         return min(candidates, key=lambda e: (scores[e], last[e]))

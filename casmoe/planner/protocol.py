@@ -1,0 +1,183 @@
+"""The fair protocol for a fitted cascade: every score on requests the planner never saw, every
+hyperparameter chosen on the fit data alone (`casmoe planner bench`).
+
+Settings, on one trace with task labels (and `meta["splits"]`, else the held-out rule of
+casmoe/planner/planner.py):
+
+- `insplit`: fit on the fit split, score its held-out requests;
+- `loto:T` (leave-one-task-out, for every task T): fit on the fit split less task T, score every
+  request of T (fit and held out alike: the planner saw none);
+- `mixed:T`: the `loto:T` planner on one stream in which T's requests alternate with the
+  held-out requests of the other tasks (one unseen task among seen ones);
+- `domain:NAME`: the `insplit` planner on every request of another trace of the same routing
+  shape (held-out-domain evaluation traces).
+
+Hyperparameters (the trajectory stage's `horizon`, over `grid`) are chosen per setting on a
+declared validation split of that setting's own fit data: its first validation fold
+(`validation_folds`: whole tasks), scored by replayed casmoe hit rate at the first capacity
+with a planner fitted on the rest; the record names the fold's tasks and size. Evaluation
+tasks never enter the choice: they are not in the fit data.
+
+Each setting reports recall@k / coverage@2k (casmoe/planner/evaluate.py: the cascade, the
+trajectory stage after prefill, the fit data's popularity), replay hit rates of casmoe (the
+fitted planner, as served), of `casmoe_static` (the same planner with `update=False`: the
+request-start prediction pinned, the seed's policy), LRU and LFU at each capacity, and, given a `simulate` callable
+(the CLI passes the simulator: `casmoe/` does not import it), simulated decode tokens/s.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from casmoe.cache import Capacity
+from casmoe.planner.config import PlannerConfig, PlannerError
+from casmoe.planner.planner import Embeddings, embed_prompts, fit_planner, heldout_split, validation_folds
+from casmoe.trace import Trace
+
+BASELINES = ("lru", "lfu")
+Simulate = Callable[[Trace, str, Capacity, dict[str, Any]], float]
+"""(trace, policy name, capacity, options) -> simulated decode tokens/s."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    fit: tuple[int, ...]  # request indices of the main trace fitted on
+    scored: Trace  # the requests scored, in serving order
+    planner_of: str  # the setting whose planner serves it (mixed and domain reuse one)
+
+
+def settings(trace: Trace, config: PlannerConfig, eval_traces: Sequence[tuple[str, Trace]] = (), only: Sequence[str] = ()) -> list[Setting]:
+    """Every setting of the module docstring, in that order (`only`: these names)."""
+    fit, held = heldout_split(trace, config.holdout_every or 5)
+    tasks = sorted({r.task for r in trace.requests if r.task is not None})
+    out = [Setting("insplit", tuple(fit), trace.subset(held), "insplit")]
+    for t in tasks if len(tasks) >= 2 else []:
+        others = tuple(i for i in fit if trace.requests[i].task != t)
+        unseen = [i for i, r in enumerate(trace.requests) if r.task == t]
+        out.append(Setting(f"loto:{t}", others, trace.subset(unseen), f"loto:{t}"))
+    for t in tasks if len(tasks) >= 2 else []:
+        unseen = [i for i, r in enumerate(trace.requests) if r.task == t]
+        seen = [i for i in held if trace.requests[i].task != t]
+        stream = [i for pair in zip(unseen, seen) for i in pair] + unseen[len(seen):] + seen[len(unseen):]
+        out.append(Setting(f"mixed:{t}", tuple(i for i in fit if trace.requests[i].task != t), trace.subset(stream), f"loto:{t}"))
+    for name, other in eval_traces:
+        g, h = trace.geometry, other.geometry
+        if (g.layers, g.experts, g.top_k) != (h.layers, h.experts, h.top_k):
+            raise PlannerError(f"evaluation trace {name} has {h.describe()}, the fit trace {g.describe()}")
+        out.append(Setting(f"domain:{name}", tuple(fit), other, "insplit"))
+    if only:
+        unknown = [n for n in only if n not in {s.name for s in out}]
+        if unknown:
+            raise PlannerError(f"unknown setting {unknown[0]!r}; this trace has: {', '.join(s.name for s in out)}")
+        out = [s for s in out if s.name in only]  # a reused planner is fitted from the setting's own fit indices
+    return out
+
+
+def _hit_rate(trace: Trace, policy: str, cap: Capacity, options: dict[str, Any]) -> float:
+    from casmoe.policies import get_policy
+    from casmoe.replay import replay
+
+    return replay(trace, get_policy(policy).create(trace.geometry, cap, trace=trace, **options)).stats.hit_rate
+
+
+MAX_VALID = 120
+
+
+def choose(
+    part: Trace, config: PlannerConfig, grid: Sequence[int], cap: Capacity, folder: Path, max_valid: int = MAX_VALID,
+    embeddings: Embeddings | None = None,
+) -> dict[str, Any]:
+    """The grid value of `horizon` with the best casmoe hit rate on the first validation fold
+    of `part` (the fit data; its first `max_valid` requests), fitted on the other folds; with
+    what data chose it."""
+    folds = validation_folds(part, config.folds)
+    if len(grid) < 2 or len(folds) < 2:
+        return {"horizon": grid[0] if grid else config.horizon, "chosen_on": "nothing (one candidate or one fold)"}
+    val = folds[0][:max_valid]
+    rest = np.setdiff1d(np.arange(len(part.requests)), folds[0])
+    train, valid = part.subset(rest.tolist()), part.subset(val.tolist())
+    from casmoe.planner.fitdata import FitData
+    from casmoe.planner.planner import Planner, fit_prompt_stages
+    from casmoe.planner.trajectory import fit_trajectory
+
+    stages = fit_prompt_stages(train, config, embeddings=embeddings) if train.has_prompts else None
+    fit_data = FitData.of(train, train, _patterns(train, config))
+    scores = {}
+    for h in grid:
+        traj = fit_trajectory(
+            train, None if stages is None else stages.answers, horizon=h, cadence=config.cadence,
+            neighbours=config.neighbours, seed=config.seed,
+        )
+        prompt_parts = (stages.matcher, stages.predictor) if stages is not None else (None, None)
+        planner = Planner(train.geometry, replace(config, horizon=h), *prompt_parts, fit_data, stages and stages.gate, traj)
+        sub = folder / f"h{h}"
+        planner.save(sub)
+        scores[h] = _hit_rate(valid, "casmoe", cap, {"planner": str(sub)})
+    best = max(grid, key=lambda h: (scores[h], -grid.index(h)))
+    tasks = sorted({r.task for r in valid.requests if r.task is not None})
+    return {
+        "horizon": best,
+        "chosen_on": f"validation fold of the fit data: {len(val)} requests ({', '.join(tasks) or 'no task labels'}), "
+        f"planner fitted on the other folds' {len(rest)}",
+        "validation_hit_rate": {str(h): s for h, s in scores.items()},
+    }
+
+
+def _patterns(part: Trace, config: PlannerConfig) -> np.ndarray:
+    from casmoe.planner.patterns import expert_patterns, normalise
+
+    return normalise(expert_patterns(part, config.phase, config.weighted))
+
+
+def run(
+    trace: Trace, config: PlannerConfig, slots: Sequence[int], folder: Path, *, eval_traces: Sequence[tuple[str, Trace]] = (),
+    grid: Sequence[int] = (), only: Sequence[str] = (), simulate: Simulate | None = None,
+) -> Iterator[dict[str, Any]]:
+    """One record per setting (see the module docstring), as each finishes; planners are kept
+    under `folder/<setting>`."""
+    from casmoe.planner.evaluate import evaluate
+
+    caps = [Capacity(s) for s in slots]
+    planners: dict[str, tuple[Path, dict[str, Any], float]] = {}
+    known: dict[str, np.ndarray] = {}  # every fit here embeds the same prompts: once
+    if trace.has_prompts:
+        prompts = sorted({r.prompt for r in trace.requests})
+        known = dict(zip(prompts, embed_prompts(prompts)))
+    for s in settings(trace, config, eval_traces, only):
+        if s.planner_of not in planners:
+            part = trace.subset(list(s.fit))
+            cfg = replace(config, holdout_every=0, exclude_tasks=())
+            t0 = time.perf_counter()
+            chosen = choose(part, cfg, list(grid), caps[0], folder / "choose" / s.planner_of.replace(":", "-"), embeddings=known)
+            cfg = replace(cfg, horizon=int(chosen["horizon"]))
+            planner = fit_planner(part, cfg, embeddings=known)
+            fit_s = time.perf_counter() - t0
+            path = folder / s.planner_of.replace(":", "-")
+            planner.save(path)
+            planners[s.planner_of] = (path, chosen, fit_s)
+        path, chosen, fit_s = planners[s.planner_of]
+        from casmoe.planner import load_planner
+
+        ev = evaluate(load_planner(path), s.scored)
+        rec: dict[str, Any] = {
+            "setting": s.name, "fit_requests": len(s.fit), "scored_requests": len(s.scored.requests),
+            "fit_and_choose_s": round(fit_s, 1), **chosen,
+            "accuracy": ev.to_dict(),
+        }
+        rows = []
+        for cap in caps:
+            row: dict[str, Any] = {"slots_per_layer": cap.slots}
+            runs = [("casmoe", "casmoe", {"planner": str(path)}), ("casmoe_static", "casmoe", {"planner": str(path), "update": False})]
+            for label, name, opts in [*runs, *((b, b, {}) for b in BASELINES)]:
+                row[label] = _hit_rate(s.scored, name, cap, opts)
+                if simulate is not None and label != "casmoe_static":
+                    row[f"{label}_tok_s"] = simulate(s.scored, name, cap, opts)
+            rows.append(row)
+        rec["policies"] = rows
+        yield rec
