@@ -61,7 +61,7 @@ def fit_report(fit_seeds: tuple[int, ...], seeds: tuple[int, ...] = (0, 1, 2), r
     """Per real trace and fit seed: fit time, generation time, and synthetic - real of every
     caching statistic for `requests` generated requests under each seed in `seeds` (worst seed
     shown)."""
-    from casmoe.synthetic_fit import fit, generate
+    from casmoe.synthetic_fit import fit, sample
 
     keys = [k for k in STATS if k.startswith(("lru@", "belady@", "srp"))]
     for file, fit_seed in ((n, f) for n in REAL_TRACES for f in fit_seeds):
@@ -71,7 +71,7 @@ def fit_report(fit_seeds: tuple[int, ...], seeds: tuple[int, ...] = (0, 1, 2), r
         real = measure(tr).model
         diffs, gen = [], 0.0
         for seed in seeds:
-            g, syn = cpu(lambda: generate(model, requests, seed), 1)
+            g, syn = cpu(lambda: sample(model, requests, seed), 1)
             gen = max(gen, g)
             diffs.append([measure(syn).model[k] - real[k] for k in keys])
         worst = np.array(diffs)[np.abs(diffs).argmax(axis=0), range(len(keys))]

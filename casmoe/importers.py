@@ -31,7 +31,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from casmoe.geometry import Geometry, GeometryError
-from casmoe.machine import check_allocation
+from casmoe.resources import check_allocation
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
 
 CSV_COLUMNS = ("turn", "phase", "step", "layer", "slot", "expert", "weight")

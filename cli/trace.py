@@ -123,7 +123,7 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
     fitted = synthetic_fit.fit(source, name, seed, progress=lambda what: typer.echo(f"  fitting {what}", err=True))
     if tasks is not None:
         fitted = synthetic_fit.with_tasks(fitted, tasks, task_shuffle, seed)
-    tr = synthetic_fit.generate(fitted, requests, seed)
+    tr = synthetic_fit.sample(fitted, requests, seed)
     tr.meta["synth_like"] = {
         **fitted.summary(),
         "requests": requests,

@@ -1,6 +1,6 @@
 """The simulator: routing traces through real `ExpertCache` objects on a modelled machine.
 
-One machine model (`assembly.py`: `Machine`, each device's link and compute, the caches, the timing pass of
+One machine model (`assembly.py`: a `RunState` holds each device's link and compute, the caches, the timing pass of
 `timing.py`) and two drivers:
 
 - offline (`workload=None`): the requests one after another, or in static batches of `batch`
@@ -39,7 +39,7 @@ from casmoe.compiled import uses_twin
 from casmoe.geometry import Quant, split_layers
 from casmoe.presets import ModelPreset
 from casmoe.replay import starts_and_ends
-from casmoe.sim.assembly import Machine, Setup, SimConfigError, StepPlan, check_geometry, expert_bytes_for
+from casmoe.sim.assembly import RunState, Setup, SimConfigError, StepPlan, check_geometry, expert_bytes_for
 from casmoe.sim.compute import ComputeModel, RooflineCompute
 from casmoe.sim.decide import CompiledDecider, Decider, StepDecisions
 from casmoe.sim.hardware import HardwareProfile
@@ -126,12 +126,12 @@ def simulate(
 
         with no_gc():
             return serve(setup, workload, describe)
-    machine = setup.machine(plan.shard_steps)
+    state = setup.start(plan.shard_steps)
     log = LatencyLog() if latency is None else latency
     with no_gc():
-        end = run_offline(plan, machine, setup, log, compiled)
+        end = run_offline(plan, state, setup, log, compiled)
     workload_text = "back-to-back" if batch == 1 else f"static batches of {batch}"
-    return machine.result(setup, log, end, batch=batch, workload=workload_text, max_batch=batch, **describe)
+    return state.result(setup, log, end, batch=batch, workload=workload_text, max_batch=batch, **describe)
 
 
 @contextmanager
@@ -148,20 +148,20 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def run_offline(plan: StepPlan, machine: Machine, setup: Setup, log: LatencyLog, compiled: bool | None = None) -> float:
+def run_offline(plan: StepPlan, state: RunState, setup: Setup, log: LatencyLog, compiled: bool | None = None) -> float:
     """The fast path: requests one after another (or in static batches), each chunk of steps
     decided first, then priced. Returns the makespan."""
     steps = plan.steps
     batch = plan.batch
     starts, finishing = starts_and_ends(steps)
     compute = setup.compute
-    timer = machine.timer
+    timer = state.timer
     interleaved = timer.interleaved
     deciders: list[Decider | CompiledDecider] = [
         CompiledDecider(shard.cache, plan.shard_traces[i].requests, plan.arrays(i), CHUNK_STEPS)
         if not interleaved and uses_twin(shard.cache, plan.shard_traces[i], compiled)
         else shard.decider
-        for i, shard in enumerate(machine.shards)
+        for i, shard in enumerate(state.shards)
     ]
     shard_steps = plan.shard_steps
     pos = [0] * len(setup.trace.requests)  # tokens each request has processed

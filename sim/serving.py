@@ -36,7 +36,7 @@ import numpy as np
 import simpy
 
 from casmoe.errors import CasmoeError
-from casmoe.sim.assembly import Machine, Setup
+from casmoe.sim.assembly import RunState, Setup
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import StepWork
 from casmoe.trace import Request, Step, merge_steps, prefill_step
@@ -44,7 +44,7 @@ from casmoe.trace import Request, Step, merge_steps, prefill_step
 MAX_FUTURE_RUNS = 5
 
 
-class WorkloadError(CasmoeError, ValueError):
+class ServingError(CasmoeError, ValueError):
     """A workload that cannot run (no arrival times in the trace, a rate <= 0, ...)."""
 
 
@@ -74,9 +74,9 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.arrival is Arrival.POISSON and not self.rate > 0:
-            raise WorkloadError(f"--rate must be > 0 requests/s for poisson arrivals (got {self.rate})")
+            raise ServingError(f"--rate must be > 0 requests/s for poisson arrivals (got {self.rate})")
         if self.users < 1 or self.max_batch < 1 or self.chunk < 1 or not self.think_s >= 0:
-            raise WorkloadError("--users, --max-batch and --chunk must be >= 1 and --think >= 0")
+            raise ServingError("--users, --max-batch and --chunk must be >= 1 and --think >= 0")
 
     @classmethod
     def from_options(
@@ -93,7 +93,7 @@ class Workload:
         """From the command line or a sweep file; None: no serving options (requests back to
         back). `users` means a closed loop; `rate` alone means Poisson arrivals."""
         if users is not None and (arrival not in (None, Arrival.CLOSED.value) or rate is not None):
-            raise WorkloadError("give either --arrival (open loop) or --users (closed loop), not both")
+            raise ServingError("give either --arrival (open loop) or --users (closed loop), not both")
         if arrival is None:
             if users is None and rate is None:
                 return None
@@ -101,11 +101,11 @@ class Workload:
         kinds = {a.value: a for a in Arrival}
         schedules = {x.value: x for x in Schedule}
         if arrival not in kinds:
-            raise WorkloadError(f"unknown --arrival {arrival!r}; one of {[a for a in kinds if a != 'closed']} (or --users N)")
+            raise ServingError(f"unknown --arrival {arrival!r}; one of {[a for a in kinds if a != 'closed']} (or --users N)")
         if schedule not in schedules:
-            raise WorkloadError(f"unknown --schedule {schedule!r}; one of {list(schedules)}")
+            raise ServingError(f"unknown --schedule {schedule!r}; one of {list(schedules)}")
         if kinds[arrival] is Arrival.POISSON and rate is None:
-            raise WorkloadError("--arrival poisson needs --rate (requests per second)")
+            raise ServingError("--arrival poisson needs --rate (requests per second)")
         return cls(kinds[arrival], rate or 0.0, users or 1, think_s, max_batch, schedules[schedule], chunk, seed)
 
     def describe(self) -> str:
@@ -125,7 +125,7 @@ class Workload:
         if self.arrival is Arrival.TRACE:
             times = [r.arrival for r in requests]
             if any(t is None for t in times):
-                raise WorkloadError("--arrival trace needs a trace with per-request arrival times")
+                raise ServingError("--arrival trace needs a trace with per-request arrival times")
             return [float(t) for t in times]  # type: ignore[arg-type]
         gaps = np.random.default_rng(self.seed).exponential(1.0 / self.rate, len(requests))
         return np.cumsum(gaps).tolist()
@@ -158,7 +158,7 @@ class GPU:
 
 
 @dataclass
-class Plan:
+class ScheduledStep:
     """The next step: its parts, what it costs besides experts, who finishes."""
 
     step: Step
@@ -172,14 +172,14 @@ class Plan:
 class Server:
     """The scheduler and the devices of one run."""
 
-    def __init__(self, env: simpy.Environment, setup: Setup, machine: Machine, workload: Workload,
+    def __init__(self, env: simpy.Environment, setup: Setup, state: RunState, workload: Workload,
                  log: LatencyLog) -> None:
         self.env = env
         self.setup = setup
-        self.machine = machine
+        self.state = state
         self.workload = workload
         self.log = log
-        self.gpus = [GPU(env, i, link) for i, link in enumerate(machine.links)]
+        self.gpus = [GPU(env, i, link) for i, link in enumerate(state.links)]
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.wake = env.event()
@@ -207,8 +207,8 @@ class Server:
 
     def scheduler(self) -> Iterator[simpy.Event]:
         env = self.env
-        timer = self.machine.timer
-        deciders = [shard.decider for shard in self.machine.shards]
+        timer = self.state.timer
+        deciders = [shard.decider for shard in self.state.shards]
         while True:
             if not self.waiting and not self.running:
                 self.wake = env.event()
@@ -245,7 +245,7 @@ class Server:
             self.log.queue_length(self.env.now, len(self.waiting))
         return admitted
 
-    def _next_step(self) -> Plan:
+    def _next_step(self) -> ScheduledStep:
         """Prefill-first: the oldest unprefilled prompt alone, else one decode token of every
         running request. Chunked: decode tokens plus a chunk of the oldest prompt."""
         wl = self.workload
@@ -263,7 +263,7 @@ class Server:
             return self._plan(decoding, job, (job.pos, end))
         return self._plan(decoding, None, (0, 0))
 
-    def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> Plan:
+    def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> ScheduledStep:
         parts: list[Step] = []
         requests: list[int] = []
         pairs = kv = 0
@@ -296,7 +296,7 @@ class Server:
         tokens = sum(p.tokens for p in parts)
         compute = self.setup.compute
         work = StepWork(tokens, compute.dense(tokens, pairs, kv), compute.head(heads))
-        return Plan(step, work, decoding, prefill, chunk, finishing)
+        return ScheduledStep(step, work, decoding, prefill, chunk, finishing)
 
     def _views(self, step: Step) -> list[Step]:
         """The step as each cache sees it (a device's layers, with a global pool per device)."""
@@ -305,7 +305,7 @@ class Server:
             return [step]
         return [step.layer_slice(layers, self._E) for layers in shards]
 
-    def _account(self, plan: Plan, start: float, t: float) -> None:
+    def _account(self, plan: ScheduledStep, start: float, t: float) -> None:
         log = self.log
         if plan.prefill is not None:
             job = plan.prefill
@@ -322,7 +322,7 @@ class Server:
                 self.running.remove(job)
                 log.finished(job.r, t)
                 job.done.succeed()
-            self.machine.timer.end(t, len(plan.finishing))
+            self.state.timer.end(t, len(plan.finishing))
 
 
 def open_loop(env: simpy.Environment, server: Server, times: Sequence[float]) -> Iterator[simpy.Event]:
@@ -341,11 +341,11 @@ def user(env: simpy.Environment, server: Server, queue: Iterator[int], think_s: 
             yield env.timeout(think_s)
 
 
-def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None) -> tuple[Machine, LatencyLog, float, list[Step]]:
+def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None) -> tuple[RunState, LatencyLog, float, list[Step]]:
     env = simpy.Environment()
-    machine = setup.machine(futures)
+    state = setup.start(futures)
     log = LatencyLog()
-    server = Server(env, setup, machine, workload, log)
+    server = Server(env, setup, state, workload, log)
     n = len(setup.trace.requests)
     if workload.arrival is Arrival.CLOSED:
         queue = iter(range(n))
@@ -355,7 +355,7 @@ def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]]
         env.process(open_loop(env, server, workload.arrival_times(setup.trace.requests)))
     env.process(server.scheduler())
     env.run()
-    return machine, log, server.clock, server.steps
+    return state, log, server.clock, server.steps
 
 
 def serve(setup: Setup, workload: Workload, describe: dict[str, Any]) -> Any:
@@ -365,14 +365,14 @@ def serve(setup: Setup, workload: Workload, describe: dict[str, Any]) -> Any:
     runs = 0
     while True:
         runs += 1
-        machine, log, end, steps = run_once(setup, workload, futures)
-        reads_future = any(shard.cache.needs_future for shard in machine.shards)
+        state, log, end, steps = run_once(setup, workload, futures)
+        reads_future = any(shard.cache.needs_future for shard in state.shards)
         if not reads_future or runs == MAX_FUTURE_RUNS or (previous is not None and _same(previous, steps)):
             break
         previous = steps
         E = setup.trace.geometry.experts
         futures = [steps] if len(setup.shards) == 1 else [[s.layer_slice(r, E) for s in steps] for r in setup.shards]
-    return machine.result(
+    return state.result(
         setup, log, end, batch=workload.max_batch, workload=workload.describe(), max_batch=workload.max_batch,
         future_runs=runs, **describe,
     )
