@@ -223,14 +223,73 @@ def build_corpus(fortune_dir: Path, humaneval_gz: Path, seed: int = 0) -> list[C
     by_task["docstring"] = list(_stdlib("docstring"))
     by_task["pysource"] = list(_stdlib("pysource"))
     by_task["arithmetic"] = list(_arithmetic(rng, PER_TASK_CAP["arithmetic"]))
+    by_task["code"] = [t[:MAX_CHARS] for t in by_task["code"]]  # HumanEval runs long: its head
+    return _entries(by_task, rng, PER_TASK_CAP, HELDOUT_FRACTION)
+
+
+def _entries(by_task: dict[str, list[str]], rng: np.random.Generator, caps: dict[str, int],
+             heldout_fraction: float) -> list[CorpusEntry]:
+    """Each task's distinct 40-MAX_CHARS-character texts, sampled up to its cap in a seeded
+    order, the first `heldout_fraction` of them held out, each cut by `split_document`."""
     prompts: list[CorpusEntry] = []
     for task, texts in by_task.items():
-        if task == "code":  # HumanEval prompts run long: keep their head (signature + doc)
-            texts = [t[:MAX_CHARS] for t in texts]
         texts = sorted({t for t in texts if 40 <= len(t) <= MAX_CHARS})
-        order = rng.permutation(len(texts))[: PER_TASK_CAP.get(task, len(texts))]
-        n_held = max(1, round(HELDOUT_FRACTION * len(order)))
+        order = rng.permutation(len(texts))[: caps.get(task, len(texts))]
+        n_held = max(1, round(heldout_fraction * len(order)))
         for rank, i in enumerate(order):
             prompt, continuation = split_document(texts[i], task)
             prompts.append(CorpusEntry(prompt, task, HELDOUT if rank < n_held else TRAIN, continuation))
     return prompts
+
+
+# ---------------------------------------------------------------- held-out domains (issue 21)
+
+HELDOUT_DOMAINS_CAP = 150  # documents per held-out domain
+TZDATA_LINES = 8  # consecutive rule lines of the time zone database per document
+
+
+def heldout_domains_path() -> Path:
+    return data_dir() / "corpus" / "heldout-domains.jsonl"
+
+
+def _reference_topics() -> Iterator[str]:
+    """Paragraphs of the Python documentation's reference topics (`pydoc_data.topics`, what
+    `help('if')` prints): technical prose with code, a register neither the docstrings nor the
+    fortunes have."""
+    from pydoc_data.topics import topics
+
+    for name in sorted(topics):
+        for para in re.split(r"\n\s*\n", topics[name]):
+            if para.strip() and not set(para.strip()) <= set("=-*"):
+                yield para.strip("\n")
+
+
+def _idle_news() -> Iterator[str]:
+    """Entries of IDLE's change logs (`idlelib/NEWS.txt`, `NEWS2x.txt`): release notes."""
+    root = Path(sysconfig.get_paths()["stdlib"]) / "idlelib"
+    for name in ("NEWS.txt", "NEWS2x.txt"):
+        for block in re.split(r"\n\s*\n", (root / name).read_text(encoding="utf-8")):
+            lines = [ln for ln in block.strip("\n").splitlines()
+                     if not ln.startswith(("What's New", "=", "(since", "Released"))]
+            if lines:
+                yield "\n".join(lines)
+
+
+def _tzdata(path: Path) -> Iterator[str]:
+    """Runs of `TZDATA_LINES` consecutive rule and zone lines of the tz database's compact zic
+    input (`tzdata.zi`, public domain): structured data, no prose at all."""
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln and not ln.startswith("#")]
+    for i in range(0, len(lines) - TZDATA_LINES + 1, TZDATA_LINES):
+        yield "\n".join(lines[i:i + TZDATA_LINES])
+
+
+def build_heldout_domains(tzdata: Path = Path("/usr/share/zoneinfo/tzdata.zi"),
+                          seed: int = 0) -> list[CorpusEntry]:
+    """The evaluation corpus of three domains the tiny models never saw in training and no fit
+    may use (every row `heldout`): `reference` (Python reference prose), `changelog` (IDLE's
+    release notes), `tzdata` (time zone rules). Sources and licences:
+    `traces/corpus/LICENSES.md`. Deterministic for a seed."""
+    by_task = {"reference": list(_reference_topics()), "changelog": list(_idle_news()),
+               "tzdata": list(_tzdata(Path(tzdata)))}
+    caps = dict.fromkeys(by_task, HELDOUT_DOMAINS_CAP)
+    return _entries(by_task, np.random.default_rng(seed), caps, heldout_fraction=1.0)

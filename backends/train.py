@@ -54,6 +54,7 @@ class Balance(str, enum.Enum):
 
     SEQUENCE = "sequence"  # each training row alone: balanced within a text
     BATCH = "batch"  # the whole batch (Switch Transformer's): a layer may route by topic
+    GLOBAL = "global"  # the last `balance_window` batches together (Qwen's global-batch balance)
 
 
 BALANCE = {"tiny-mixtral": Balance.SEQUENCE, "tiny-olmoe": Balance.BATCH}
@@ -75,6 +76,8 @@ class TrainSettings:
     seed: int = 0
     threads: int = 1
     balance: Balance | None = None  # None: the model's own (`BALANCE`)
+    balance_window: int = 8  # Balance.GLOBAL: batches whose expert loads count together
+    balance_coef: float | None = None  # None: the config's `router_aux_loss_coef`
 
 
 @dataclass(frozen=True)
@@ -158,19 +161,37 @@ def _lr_at(step: int, s: TrainSettings) -> float:
     return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def layer_balance_loss(router_logits, top_k: int, sequences: int = 1):
+def expert_counts(router_logits, top_k: int):
+    """Top-k assignments per MoE layer and expert of one batch: [L, E] (no gradient)."""
+    import torch
+
+    with torch.no_grad():
+        return torch.stack([torch.zeros_like(z, dtype=torch.float32).scatter_(
+            1, z.topk(top_k, dim=-1).indices, 1.0).sum(0) for z in router_logits])
+
+
+def layer_balance_loss(router_logits, top_k: int, sequences: int = 1, loads=None):
     """Switch Transformer's load-balancing loss E * sum_i f_i P_i (f_i: share of the top-k
     assignments that go to expert i, summing to k; P_i: mean router probability of i), taken
     per MoE layer and per sequence (each layer's [sequences * T, E] logits are cut into
     `sequences` equal groups, DeepSeek-V3's sequence-wise balance) and averaged: k when every
-    layer routes every sequence uniformly."""
+    layer routes every sequence uniformly.
+
+    `loads` ([L, E], each row summing to k) replaces the batch's own f with loads counted over
+    more tokens than the batch holds: Qwen's global-batch balance ("Demons in the Detail",
+    arXiv 2501.11873), where f comes from the whole global batch and P from the micro-batch, so
+    a micro-batch of one domain may route all its tokens to that domain's experts as long as
+    the global batch spreads them."""
     import torch
 
     losses = []
-    for z in router_logits:  # one [sequences * T, E] per MoE layer
+    for layer, z in enumerate(router_logits):  # one [sequences * T, E] per MoE layer
         probs = torch.softmax(z.float(), dim=-1).reshape(sequences, -1, z.shape[-1])  # [S, T, E]
-        chosen = torch.zeros_like(probs).scatter_(2, probs.topk(top_k, dim=-1).indices, 1.0)
-        losses.append(z.shape[-1] * (chosen.mean(1) * probs.mean(1)).sum(-1))  # [S]
+        if loads is None:
+            f = torch.zeros_like(probs).scatter_(2, probs.topk(top_k, dim=-1).indices, 1.0).mean(1)
+        else:
+            f = loads[layer][None]  # [1, E]
+        losses.append(z.shape[-1] * (f * probs.mean(1)).sum(-1))  # [S]
     return torch.stack(losses).mean()
 
 
@@ -182,7 +203,13 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
     import torch
     from tqdm import tqdm
 
+    from collections import deque
+
     coef = getattr(model.config, "router_aux_loss_coef", 0.0) if model.config.output_router_logits else 0.0
+    if settings.balance_coef is not None and model.config.output_router_logits:
+        coef = settings.balance_coef
+    top_k = model.config.num_experts_per_tok
+    window: deque = deque(maxlen=settings.balance_window)  # Balance.GLOBAL: recent [L, E] counts
 
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01,
                             betas=(0.9, 0.95))
@@ -197,8 +224,13 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
         logits = out.logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                                  x[:, 1:].reshape(-1))
-        if coef:
-            loss = loss + coef * layer_balance_loss(out.router_logits, model.config.num_experts_per_tok,
+        if coef and settings.balance is Balance.GLOBAL:
+            window.append(expert_counts(out.router_logits, top_k))
+            counts = torch.stack(tuple(window)).sum(0)  # [L, E] over the window's tokens
+            loads = top_k * counts / counts.sum(-1, keepdim=True)
+            loss = loss + coef * layer_balance_loss(out.router_logits, top_k, loads=loads)
+        elif coef:
+            loss = loss + coef * layer_balance_loss(out.router_logits, top_k,
                                                     sequences=len(x) if settings.balance is Balance.SEQUENCE else 1)
         opt.zero_grad(set_to_none=True)
         loss.backward()

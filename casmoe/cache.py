@@ -35,6 +35,7 @@ same decisions as the count-only replay; timing only turns hits into late hits.
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, NamedTuple, Sequence
 
@@ -99,6 +100,15 @@ class Capacity:
 
     slots: int
     per_layer: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            slots = operator.index(self.slots)  # ints and numpy ints; not 4.7, "4" or True
+        except TypeError:
+            slots = None
+        if slots is None or isinstance(self.slots, bool):
+            raise CacheConfigError(f"capacity must be a whole number of slots, got {self.slots!r}")
+        object.__setattr__(self, "slots", slots)
 
     def total(self, geometry: Geometry) -> int:
         return self.slots * geometry.layers if self.per_layer else self.slots
@@ -222,7 +232,7 @@ class ExpertCache:
         miss_mode: MissMode = MissMode.LOAD,
         expert_bytes: Sequence[int] | None = None,
     ) -> None:
-        cap = capacity if isinstance(capacity, Capacity) else Capacity(int(capacity))
+        cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
         cap = cap.clamped(geometry)
         if cap.slots < geometry.top_k:
             flag = "--capacity" if cap.per_layer else "--global-capacity"
@@ -296,6 +306,20 @@ class ExpertCache:
         """Whether this policy with these options is an oracle (reads the trace's future):
         a bound to compare with, not something a server can run."""
         return cls.needs_future
+
+    @classmethod
+    def fitted_requests(cls, options: dict[str, Any], trace: Any) -> set[int]:
+        """Indices of `trace`'s requests that what this policy was fitted on (a profile, a
+        planner's fit) saw: scoring it on them reads the answers. Empty: nothing fitted on them
+        (`casmoe.selection` then need not hold any request out)."""
+        return set()
+
+    @classmethod
+    def bind(cls, options: dict[str, Any], trace: Any) -> dict[str, Any]:
+        """`options` completed from `trace`, the whole trace the scored requests come from
+        (before any selection): a policy that fits something on a trace by default fits it on
+        the requests `fitted_requests` names. Runtimes call it once per run."""
+        return options
 
     @classmethod
     def create(
@@ -496,6 +520,11 @@ class ExpertCache:
 
     def stats(self) -> CacheStats:
         return CacheStats(**self._n)
+
+    @property
+    def has_run(self) -> bool:
+        """Whether any runtime event has reached this cache (a fresh one is empty and counts 0)."""
+        return bool(self._slot_of) or any(self._n.values())
 
     # ---- mechanics -----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import os
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterable, Iterator
 
 from casmoe.errors import CasmoeError
 
@@ -110,3 +110,15 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def check_not_input(out: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]], what: str = "output") -> None:
+    """Refuse an output path that is one of the inputs (a link to it, or an existing file inside
+    an input folder, too): writing it would replace the data it is made from."""
+    target = Path(out).resolve()
+    for src in inputs:
+        src = Path(src).resolve()
+        if target == src or (src.is_dir() and target.exists() and target.is_relative_to(src)):
+            raise OutputError(f"{what} {out} is also an input; write somewhere else")
+        if target.exists() and src.exists() and os.path.samefile(target, src):
+            raise OutputError(f"{what} {out} is the same file as the input {src}; write somewhere else")

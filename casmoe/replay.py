@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from casmoe.cache import CacheStats, ExpertCache, Load
+import numpy as np
+
+from casmoe.cache import CacheConfigError, CacheStats, ExpertCache, Load
 from casmoe.compiled import replay_compiled, uses_twin
 from casmoe.step_arrays import StepArrays
-from casmoe.trace import Future, Step, Trace
+from casmoe.trace import NOT_COMPUTED, Future, Step, Trace, TraceError
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,37 @@ def starts_and_ends(steps: list[Step]) -> tuple[dict[int, list[int]], dict[int, 
     return starts, ends
 
 
+def check_replayable(trace: Trace, cache: ExpertCache | None = None) -> None:
+    """Refuse what would replay silently wrong from Python: a policy class where a cache
+    object belongs, a cache that has run before (its counts and residents would carry over),
+    a cache of another geometry, routing that is not expert ids of this geometry (a hand-built
+    `Trace`; `Trace.load` checks files more thoroughly)."""
+    if cache is not None:
+        if isinstance(cache, type):
+            raise CacheConfigError(
+                f"replay takes a cache object, e.g. {cache.__name__}(trace.geometry, 4), not the class {cache.__name__}"
+            )
+        if not isinstance(cache, ExpertCache):
+            raise CacheConfigError(f"replay takes an ExpertCache, not {type(cache).__name__}")
+        if cache.has_run:
+            raise CacheConfigError(
+                "this cache has already replayed (its counts and residents would carry over); build a fresh one per run"
+            )
+        g, c = trace.geometry, cache.geometry
+        if (g.layers, g.experts, g.top_k) != (c.layers, c.experts, c.top_k):
+            raise CacheConfigError(f"the cache was built for {c.describe()}, the trace is {g.describe()}")
+    g = trace.geometry
+    for i, r in enumerate(trace.requests):
+        topk = r.topk
+        if not isinstance(topk, np.ndarray) or topk.dtype.kind not in "iu":
+            raise TraceError(f"request {i}: topk must be an integer array of expert ids, not {getattr(topk, 'dtype', type(topk))}")
+        if topk.ndim != 3 or topk.shape[1:] != (g.layers, g.top_k):
+            raise TraceError(f"request {i}: topk has shape {topk.shape}, expected [tokens, {g.layers}, {g.top_k}]")
+        if topk.size and (topk.min() < NOT_COMPUTED or topk.max() >= g.experts):
+            bad = int(topk.max() if topk.max() >= g.experts else topk.min())
+            raise TraceError(f"request {i}: expert id {bad} outside [0, {g.experts}) ({g.describe()})")
+
+
 def replay(
     trace: Trace,
     cache: ExpertCache,
@@ -61,6 +94,7 @@ def replay(
     `cache`. A fresh built-in policy runs its compiled twin (`casmoe.compiled`, identical
     decisions and counts) when `compiled` is True, or when None and the run is long enough to
     repay loading numba; anything else runs this Python loop, the reference."""
+    check_replayable(trace, cache)
     if uses_twin(cache, trace, compiled):
         if arrays is None:
             g = trace.geometry

@@ -16,6 +16,10 @@ from typing import IO, Any, Callable, Sequence
 from casmoe.output import atomic_open, write_text
 
 
+ORACLE_NOTE = ("* an oracle: reads the trace's future, or was fitted on requests it is scored on "
+               "(a bound, not a deployable policy)")
+
+
 def sig(x: float, digits: int = 3) -> str:
     """`x` to `digits` significant digits, never in exponent form: 0.00123, 1.23, 123, 12,300."""
     if not math.isfinite(x) or x == 0:
@@ -107,7 +111,7 @@ def print_replay(records: Sequence[dict[str, Any]], title: str) -> None:
     ]
     print_table(rows, ["policy", "capacity", *(_REPLAY_COLUMNS[k][0] for k in cols)], title=title)
     if any(r.get("oracle") for r in records):
-        print("* an oracle: reads the trace's future (a bound, not a deployable policy)")
+        print(ORACLE_NOTE)
 
 
 # ---- the simulator's summaries ----------------------------------------------------------------
@@ -204,7 +208,7 @@ def print_simulation(records: Sequence[dict[str, Any]], title: str, details: str
         console.print("  " + line, markup=False)
     print_capacity_table(records, title="decode tokens/s by policy and expert-cache size")
     if any(r.get("oracle") for r in records):
-        console.print("* an oracle: reads the trace's future (a bound, not a deployable policy)", markup=False)
+        console.print(ORACLE_NOTE, markup=False)
     console.print(details, markup=False)
 
 
@@ -300,7 +304,7 @@ def plot_decode_vs_capacity(path: Path, records: Sequence[dict[str, Any]]) -> Pa
         axs[0][1].set_ylabel("decode tokens/s vs LRU (%; below -50% cut off)")
     axs[0][-1].legend(fontsize="x-small", loc="best")
     if any(r.get("oracle") for r in records):
-        fig.text(0.01, 0.01, "* oracle (reads the future)", fontsize="x-small")
+        fig.text(0.01, 0.01, "* oracle (reads the future, or fitted on the requests it is scored on)", fontsize="x-small")
     return _save(fig, path)
 
 
@@ -440,7 +444,7 @@ def print_serving(records: Sequence[dict[str, Any]], title: str) -> None:
             "e2e p50": _s(r["e2e_p50_s"]),
             "e2e p99": _s(r["e2e_p99_s"]),
             "req/s": f"{r['requests_per_s']:.3g}",
-            "tok/s": f"{r['throughput_tokens_per_s']:.3g}",
+            "run tok/s": f"{r['throughput_tokens_per_s']:.3g}",
             "batch": f"{r['mean_batch']:.3g}",
             "queue mean/max": f"{r['queue_mean']:.3g} / {r['queue_max']}",
             "GPU busy": " ".join(f"{u:.0%}" for u in r["compute_utilisation"]),
@@ -450,6 +454,8 @@ def print_serving(records: Sequence[dict[str, Any]], title: str) -> None:
     ]
     if rows:
         print_table(rows, list(rows[0]), title=title)
+        print("run tok/s: output tokens over the whole run (prefill, idle and queueing included); the decode "
+              "tokens/s above count the time spent in decode steps only")
 
 
 def print_timeliness(records: Sequence[dict[str, Any]], title: str) -> None:
@@ -463,6 +469,8 @@ def print_timeliness(records: Sequence[dict[str, Any]], title: str) -> None:
                 "policy": _label(r),
                 "stall": _s(stall),
                 "bandwidth-bound stall": _s(bound),
+                **({"bound per device": " ".join(_s(b) for b in r["stall_bound_by_device_s"])}
+                   if len(r.get("stall_bound_by_device_s") or ()) > 1 else {}),
                 "lost to timing/prediction": f"{(stall - bound) / stall:.0%}" if stall else "-",
                 "late hits": r["late_hits"],
                 "wasted prefetches": r["prefetch_wasted"],

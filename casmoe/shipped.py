@@ -1,7 +1,8 @@
-"""Where the data shipped with the repository lives (traces, corpus, tiny models).
+"""Where the data shipped with casmoe lives (traces, corpus, tiny models, real route CSVs).
 
-`traces/` sits beside the package in a source checkout (the README installs editable);
-`CASMOE_DATA` points elsewhere, e.g. for a regular install.
+In order: `CASMOE_DATA` if set; `traces/` beside the package in a source checkout (an editable
+install); else the installed package's own copy, `casmoe/data/` (a wheel holds all of traces/
+but its two largest traces, see setup.py). `casmoe --help` says so.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ SYNTHETIC_TRACE = "synthetic-mixtral.npz"
 
 def data_dir() -> Path:
     env = os.environ.get("CASMOE_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "traces"
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent
+    checkout = here.parent / "traces"
+    return checkout if (here.parent / "pyproject.toml").exists() and checkout.is_dir() else here / "data"
 
 
 def shipped(name: str) -> Path:
@@ -26,7 +31,7 @@ def shipped(name: str) -> Path:
     path = data_dir() / name
     if not path.exists():
         raise FileNotFoundError(
-            f"shipped file {name!r} not found under {data_dir()}; run from a source checkout "
-            "(pip install -e .) or set CASMOE_DATA to the repository's traces/ folder"
+            f"shipped file {name!r} not found under {data_dir()}; set CASMOE_DATA to a folder that holds it "
+            "(a source checkout's traces/; an installed wheel leaves out its largest traces)"
         )
     return path

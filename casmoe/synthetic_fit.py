@@ -30,6 +30,17 @@ routers' weights vary little around it (the real traces' per-rank standard devia
 constant per rank keeps a generated file compressible (its expert ids alone cost ~5 bytes per
 token-layer at 6 of 128).
 
+**Another k** (`with_top_k`, `casmoe trace synth --like REAL --top-k K`): a router's scores do
+not depend on how many experts it takes, and the generator's routing is a ranking of the
+experts (Gumbel-top-k over the fitted log-weights plus drift draws the first k of a
+Plackett-Luce ranking), so the extrapolation keeps every fitted score and takes the first K of
+the same ranking: the per-group log-weights, the drift and its persistence, and the stickiness
+per expert (each of the previous token's experts recurs with that probability, now K of them).
+Router weights per rank extend the fitted ranks' log-linear decay over rank (or drop the last
+ranks) and keep each layer's total weight. Checked on the real Qwen3 trace
+(bench/RESULTS.md, "Qwen3 at its native top-8"): fitted on its first 4 ranks, extrapolated to
+6, against the real top-6 routing and a fit at 6.
+
 A trace with one group can be given `tasks` synthetic tasks: each relabels a random share
 `task_shuffle` of every layer's experts (a permutation among them), so a request's statistics
 are those fitted while different tasks prefer different experts, as prompt-level prediction
@@ -458,6 +469,34 @@ def with_tasks(model: RoutingModel, tasks: int, shuffle: float, seed: int) -> Ro
     [base] = model.groups
     groups = tuple(Group(TASKS[t], 1.0 / tasks, base.lengths, ()) for t in range(tasks))
     return replace(model, groups=groups, prompt=split(model.prompt), decode=split(model.decode))
+
+
+def extend_rank_weights(rank_w: np.ndarray, k: int) -> np.ndarray:
+    """[L, k] router weight per rank from fitted `rank_w` [L, k0]: the first k ranks, or the k0
+    ranks followed by their least-squares log-linear decay over rank; each layer's total kept."""
+    L, k0 = rank_w.shape
+    if k <= k0:
+        out = rank_w[:, :k].astype(np.float64)
+    else:
+        ranks = np.arange(k0, dtype=np.float64)
+        logw = np.log(np.maximum(rank_w.astype(np.float64), 1e-9))
+        slope = np.polyfit(ranks, logw.T, 1)[0] if k0 > 1 else np.zeros(L)  # [L]
+        slope = np.minimum(slope, 0.0)  # weights never grow with rank
+        extra = logw[:, -1:] + slope[:, None] * np.arange(1, k - k0 + 1)[None, :]
+        out = np.concatenate([rank_w, np.exp(extra)], axis=1)
+    return out * (rank_w.sum(axis=1, keepdims=True) / out.sum(axis=1, keepdims=True))
+
+
+def with_top_k(model: RoutingModel, k: int) -> RoutingModel:
+    """The fitted routing with `k` experts per token (see the module docstring, "Another k")."""
+    E = model.geometry.experts
+    if not 1 <= k <= E:
+        raise SynthError(f"--top-k must be in [1, {E}] for {E} experts, not {k}")
+
+    def phase(ph: PhaseRouting) -> PhaseRouting:
+        return replace(ph, rank_weights=extend_rank_weights(ph.rank_weights, k))
+
+    return replace(model, geometry=replace(model.geometry, top_k=k), prompt=phase(model.prompt), decode=phase(model.decode))
 
 
 def sample(model: RoutingModel, requests: int, seed: int = 0) -> Trace:

@@ -82,8 +82,21 @@ def traces(draw: st.DrawFn, geometry: Geometry | None = None, max_requests: int 
             [[rng.choice(hot, g.top_k, replace=False) for _ in range(g.layers)] for _ in range(tokens)]
         ).astype(np.int16)
         weights = rng.dirichlet(np.ones(g.top_k), size=(tokens, g.layers)).astype(np.float32)
-        requests.append(Request(topk, weights, prefill, prompt=f"request {i} seed {seed}", task=f"t{i % 2}"))
+        requests.append(Request(topk, weights, prefill, prompt=f"request {i} seed {seed}", task=f"t{i % 2}",
+                                spec=_spec(topk, g, rng)))
     return Trace(g, requests, {"source": "casmoe.testing"})
+
+
+def _spec(topk: np.ndarray, g: Geometry, rng: np.random.Generator) -> np.ndarray:
+    """A recorded-like next-layer guess: `spec[t, l]` is layer l+1's routing, one row in four
+    replaced by random experts (a guess is often, not always, right); the last layer has none."""
+    spec = np.full_like(topk, -1)
+    spec[:, :-1] = topk[:, 1:]
+    wrong = rng.random(spec.shape[:2]) < 0.25
+    wrong[:, -1] = False
+    for t, layer in zip(*np.nonzero(wrong)):
+        spec[t, layer] = rng.choice(g.experts, g.top_k, replace=False)
+    return spec
 
 
 @st.composite

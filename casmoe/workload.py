@@ -10,6 +10,21 @@ per MoE layer and model-wide, with the statistics the field uses:
   expert repeats, so shapes compare;
 - `exact_reuse`: share of consecutive decode-token pairs whose expert *set* at the layer is
   identical; `kept_share`: share of the previous token's k experts the next one uses again;
+- locality against two baselines that keep everything but the order: `kept_shuffled`, the
+  expected kept share if each request's decode tokens came in random order (closed form: a
+  random pair of distinct tokens of the request shares sum_e c_e (c_e - 1) / (n (n - 1)) experts,
+  c_e the request's count of expert e over its n tokens), and `kept_popularity`, the kept share of
+  tokens routed independently with the trace's per-layer popularity (sum_e q_e^2 / k, q_e the
+  share of decode tokens that route e: exact for any independent draw with those marginals);
+  `lift_shuffled` and `lift_popularity` are kept_share over each. The real 128-expert routers'
+  lifts are 1.41-1.58 and 1.27-1.54 (one request each, so their popularity baseline is the
+  request's own mix drawn with replacement, which pairs a token with itself and reads lower
+  than a shuffle): consecutive tokens reuse experts more than the request's own mix explains. `exact_random` is exact-set reuse between two random decode tokens of the trace at
+  the layer (random routing drawn from the trace's own per-layer set popularity) and
+  `exact_lift` = exact_reuse / exact_random: exact-set reuse against its own random baseline,
+  which for 2 of 8 experts is at least 1/28 and for 6 of 128 near nothing;
+- `hot_load`: the hottest expert's share of the whole trace's decode accesses at the layer over
+  its fair share 1/E (1: perfectly balanced); model level the worst layer (global balance);
 - popularity skew within a request (its decode tokens): `topk_share`, the share of accesses on
   the request's k hottest experts, and `gini`, the Gini coefficient of the E access counts;
   `trace_topk_share` / `trace_gini` are the same over the whole trace's decode tokens (they also
@@ -21,16 +36,19 @@ per MoE layer and model-wide, with the statistics the field uses:
 - `srp16`: SRP at m = 16 over all tokens (`casmoe lrc --m 16`'s figure).
 
 Model-level values average the per-layer ones, except the hit rates (pooled over layers: the
-replay's own total) and SRP (pooled histograms, as `casmoe lrc`). Token-layers a recording
+replay's own total), SRP (pooled histograms, as `casmoe lrc`), the lifts (model-level value
+over model-level baseline) and `hot_load` (the worst layer). Token-layers a recording
 engine skipped (`NOT_COMPUTED`) are left out of every statistic.
 
-The realism band of each statistic is [min, max] over the three real traces shipped in
-`traces/real/` (Qwen3-30B-A3B, gemma-4-26B-A4B, gpt-oss-120b), computed from them here.
+The realism band of each statistic is [min, max] over real traces of the trace's own shape
+(`REFERENCES`, `band_for`): the three 128-expert traces shipped in `traces/real/`
+(Qwen3-30B-A3B, gemma-4-26B-A4B, gpt-oss-120b) for many-expert models, the GRIN-MoE and
+Jamba-Mini 16-expert masks for 8-32-expert models, computed from them here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
@@ -58,7 +76,14 @@ STATS: tuple[str, ...] = (
     "distinct32_frac",
     "distinct32_norm",
     "exact_reuse",
+    "exact_random",
+    "exact_lift",
     "kept_share",
+    "kept_shuffled",
+    "kept_popularity",
+    "lift_shuffled",
+    "lift_popularity",
+    "hot_load",
     "topk_share",
     "gini",
     "trace_topk_share",
@@ -67,8 +92,13 @@ STATS: tuple[str, ...] = (
     *(f"belady@{_mult(m)}" for m in SLOT_MULTIPLES),
     f"srp{SRP_M}",
 )
-NO_BAND = frozenset({"distinct32", "trace_topk_share", "trace_gini"})
-"""Statistics that do not compare across shapes or request counts: reported, never banded."""
+NO_BAND = frozenset({"distinct32", "trace_topk_share", "trace_gini", "exact_random", "kept_shuffled",
+                     "kept_popularity", "hot_load"})
+"""Statistics that do not compare across shapes or request counts (or are baselines, or a
+training property the single-request real traces cannot show): reported, never banded."""
+RATIOS = {"exact_lift": ("exact_reuse", "exact_random"), "lift_shuffled": ("kept_share", "kept_shuffled"),
+          "lift_popularity": ("kept_share", "kept_popularity")}
+"""Each lift and its (value, baseline): per layer and model-wide the one over the other."""
 
 
 class WorkloadError(CasmoeError, ValueError):
@@ -126,6 +156,7 @@ def token_stats(trace: Trace) -> dict[str, np.ndarray]:
     L, E, k = g.layers, g.experts, g.top_k
     sums = _Sums(L)
     total = np.zeros((L, E), dtype=np.int64)
+    sets: list[np.ndarray] = []  # each request's sorted decode expert sets [T, L, k]
     for r in trace.requests:
         dec = r.topk[r.prefill :].astype(np.int64)  # [T, L, k]
         if len(dec) == 0:
@@ -133,6 +164,7 @@ def token_stats(trace: Trace) -> dict[str, np.ndarray]:
         live = dec[:, :, 0] >= 0  # [T, L]
         counts = expert_counts(dec, E)  # [L, E]
         total += counts
+        sets.append(np.sort(dec, axis=2))
         has = counts.sum(axis=1) > 0
         sums.add("topk_share", np.nan_to_num(topk_share(counts, k)), has)
         sums.add("gini", np.nan_to_num(gini(counts)), has)
@@ -144,11 +176,38 @@ def token_stats(trace: Trace) -> dict[str, np.ndarray]:
             kept = (dec[1:, :, :, None] == dec[:-1, :, None, :]).any(axis=3).sum(axis=2) / k
             sums.add("exact_reuse", (same & pair).sum(axis=0), pair.sum(axis=0))
             sums.add("kept_share", np.where(pair, kept, 0).sum(axis=0), pair.sum(axis=0))
+            n = live.sum(axis=0).astype(np.float64)  # [L]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                shuffled = (counts * (counts - 1.0)).sum(axis=1) / (k * n * (n - 1))  # [L]
+            sums.add("kept_shuffled", np.where(n >= 2, shuffled, 0) * pair.sum(axis=0), pair.sum(axis=0))
     if not total.any():
         raise WorkloadError("the trace has no decode tokens: its routing statistics are undefined")
-    out = {name: sums.mean(name) for name in ("distinct32", "distinct32_frac", "distinct32_norm", "exact_reuse", "kept_share", "topk_share", "gini")}
+    out = {name: sums.mean(name) for name in ("distinct32", "distinct32_frac", "distinct32_norm", "exact_reuse", "kept_share", "kept_shuffled", "topk_share", "gini")}
+    tokens = total.sum(axis=1) / k  # [L] live decode tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = total / tokens[:, None]  # [L, E] share of tokens routing each expert
+        out["kept_popularity"] = np.where(tokens > 0, (q**2).sum(axis=1) / k, np.nan)
+        out["hot_load"] = total.max(axis=1) * E / total.sum(axis=1)
+    out["exact_random"] = set_collision(np.concatenate(sets))
     out["trace_topk_share"] = topk_share(total, k)
     out["trace_gini"] = gini(total)
+    for name, (value, base) in RATIOS.items():
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[name] = out[value] / out[base]
+    return out
+
+
+def set_collision(sets: np.ndarray) -> np.ndarray:
+    """Per layer [L], the chance that two distinct tokens of `sets[N, L, k]` (sorted expert ids,
+    NOT_COMPUTED rows skipped) route the same set: sum_S n_S (n_S - 1) / (N (N - 1))."""
+    out = np.full(sets.shape[1], np.nan)
+    for layer in range(sets.shape[1]):
+        rows = sets[:, layer]
+        rows = rows[rows[:, 0] >= 0]  # NOT_COMPUTED is negative and sorts first
+        N = len(rows)
+        if N >= 2:
+            n = np.unique(rows, axis=0, return_counts=True)[1].astype(np.float64)
+            out[layer] = (n * (n - 1)).sum() / (N * (N - 1.0))
     return out
 
 
@@ -172,6 +231,18 @@ def _srp(trace: Trace) -> tuple[np.ndarray, float]:
     [st] = segment_stats(sequences(trace, TokenSelection.ALL), trace.geometry.experts, [SRP_M])
     hist = st.hist.sum(axis=0)  # [L, m+1]
     return srp_from_hist(hist, SRP_M).srp, float(srp_from_hist(hist.sum(axis=0), SRP_M).srp)
+
+
+def model_level(layers: dict[str, np.ndarray]) -> dict[str, float]:
+    """Model-level values of per-layer statistics: the mean over layers, the lifts as the
+    model-level value over the model-level baseline, `hot_load` the worst layer."""
+    model = {n: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for n, v in layers.items()}
+    for lift, (value, base) in RATIOS.items():
+        if lift in model:
+            model[lift] = model[value] / model[base] if model[base] > 0 else float("nan")
+    if "hot_load" in model:
+        model["hot_load"] = float(np.nanmax(layers["hot_load"]))
+    return model
 
 
 def replay_sample(trace: Trace, limit: int) -> Trace:
@@ -266,7 +337,7 @@ def measure(
     `progress` is called once per replayed layer (`trace.geometry.layers` calls)."""
     layers = token_stats(trace)
     sample = replay_sample(trace, replay_requests)
-    model = {n: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for n, v in layers.items()}
+    model = model_level(layers)
     for stat, (per_layer, pooled) in hit_rates(sample, progress=progress).items():
         layers[stat], model[stat] = per_layer, pooled
     layers[f"srp{SRP_M}"], model[f"srp{SRP_M}"] = _srp(trace)
@@ -280,12 +351,41 @@ def measure(
 
 
 @dataclass(frozen=True)
+class Reference:
+    """Real traces that judge the traces of one range of shapes (expert counts)."""
+
+    shape: str
+    traces: tuple[str, ...]  # files under traces/real/, PATH or PATH#KEY
+    experts: int  # the reference traces' own expert count
+    max_experts: int  # judges traces with at most this many experts (the first that fits)
+
+
+REFERENCES = (
+    Reference("16 experts", ("moe_lrc_case_traces.json#grin", "moe_lrc_case_traces.json#jamba"), 16, 32),
+    Reference("128 experts", REAL_TRACES, 128, 1 << 30),
+)
+"""The shapes real routing is known at. Few experts: GRIN-MoE layer 21 and Jamba-Mini layer 25
+(16 experts, top-2; 64-token masks printed by moe-lrc, arXiv 2505.16056). Beside them, the
+published figures for Mixtral-8x7B (8 experts, top-2; "Mixtral of Experts", arXiv 2401.04088,
+section 5, Table 5 and Figure 10): on The Pile's validation subsets, consecutive tokens get the
+same first-choice expert close to the random rate (1/8 = 12.5%) at layer 0 and clearly more
+often at layers 15 and 31, and share one of their two experts more often than random 2-of-8
+routing does (1 - C(6,2)/C(8,2) = 46.4%). The paper's per-domain percentages could not be
+retrieved on this machine, so they enter no band: the Mixtral evidence is the direction (lift
+above 1 at middle and late layers), the band's numbers are GRIN's and Jamba's. Many experts: the
+three 128-expert traces of `traces/real/`. Nothing real is shipped at 32-64 experts (tiny-olmoe's
+64): such traces are judged against the 128-expert band, and the band says so (`Band.note`)."""
+
+
+@dataclass(frozen=True)
 class Band:
     """Per statistic, the [low, high] that the real traces span (model-level values)."""
 
     low: dict[str, float]
     high: dict[str, float]
     sources: tuple[str, ...]
+    shape: str = "128 experts"
+    note: str = ""  # set when the judged trace's shape has no reference of its own
 
     def verdict(self, stat: str, value: float) -> str:
         """'in', 'below' or 'above' the band; 'n/a' for unbanded statistics or undefined values."""
@@ -304,13 +404,15 @@ class Band:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "shape": self.shape,
             "sources": list(self.sources),
+            "note": self.note,
             "low": {n: v for n, v in self.low.items() if n not in NO_BAND},
             "high": {n: v for n, v in self.high.items() if n not in NO_BAND},
         }
 
 
-def band_from(stats: Sequence[WorkloadStats]) -> Band:
+def band_from(stats: Sequence[WorkloadStats], shape: str = "128 experts") -> Band:
     """[min, max] over `stats` of every model-level statistic that is defined on all of them."""
     low, high = {}, {}
     for name in STATS:
@@ -318,36 +420,49 @@ def band_from(stats: Sequence[WorkloadStats]) -> Band:
         if name in NO_BAND or any(np.isnan(v) for v in vals):
             continue
         low[name], high[name] = min(vals), max(vals)
-    return Band(low, high, tuple(s.name for s in stats))
+    return Band(low, high, tuple(s.name for s in stats), shape)
 
 
-def real_stats() -> list[WorkloadStats]:
-    """The statistics of the three shipped real traces (computed once per process)."""
-    return list(_real_stats())
+def real_stats(reference: Reference = REFERENCES[-1]) -> list[WorkloadStats]:
+    """The statistics of a reference's real traces (computed once per process)."""
+    return list(_real_stats(reference))
 
 
-@lru_cache(maxsize=1)
-def _real_stats() -> tuple[WorkloadStats, ...]:
-    from casmoe.importers import read_route_csv
+@lru_cache(maxsize=None)
+def _real_stats(reference: Reference) -> tuple[WorkloadStats, ...]:
+    from casmoe.importers import read_specs
     from casmoe.shipped import shipped
 
-    return tuple(measure(read_route_csv(shipped(f"real/{name}")), name.split(".")[0]) for name in REAL_TRACES)
+    specs = [str(shipped(f"real/{t.partition('#')[0]}")) + (f"#{t.partition('#')[2]}" if "#" in t else "")
+             for t in reference.traces]
+    return tuple(measure(tr, name.split(".")[0]) for name, tr in read_specs(specs))
 
 
 def realism_band() -> Band:
-    """The band of the shipped real traces (`traces/real/`)."""
-    return band_from(real_stats())
+    """The band of the shipped 128-expert real traces (`traces/real/`)."""
+    return band_for(REFERENCES[-1].experts)
 
 
-def comparison(stats: Sequence[WorkloadStats], band: Band | None) -> list[dict[str, Any]]:
-    """Display rows, one per statistic: the band, then per trace its model-level value and
-    where it falls ('0.850 above')."""
+def band_for(experts: int) -> Band:
+    """The band that judges a trace of `experts` experts: its shape's reference (`REFERENCES`),
+    with a note when that reference's real traces have a different expert count."""
+    ref = next(r for r in REFERENCES if experts <= r.max_experts)
+    band = band_from(real_stats(ref), ref.shape)
+    if experts != ref.experts:
+        band = replace(band, note=f"no real trace of {experts} experts: judged against {ref.shape}")
+    return band
+
+
+def comparison(stats: Sequence[WorkloadStats], bands: Sequence[Band | None]) -> list[dict[str, Any]]:
+    """Display rows, one per statistic: each band used (one column per shape), then per trace
+    its model-level value and where it falls in its own shape's band ('0.850 above')."""
+    shapes = {b.shape: b for b in bands if b is not None}
     rows = []
     for name in STATS:
         row: dict[str, Any] = {"statistic": name}
-        if band is not None:
-            row["band"] = band.describe(name)
-        for s in stats:
+        for shape, band in shapes.items():
+            row[f"band ({shape})"] = band.describe(name)
+        for s, band in zip(stats, bands):
             v = s.model[name]
             cell = "-" if np.isnan(v) else f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
             verdict = band.verdict(name, v) if band is not None else "n/a"
@@ -356,15 +471,17 @@ def comparison(stats: Sequence[WorkloadStats], band: Band | None) -> list[dict[s
     return rows
 
 
-def long_records(stats: Sequence[WorkloadStats], band: Band | None) -> list[dict[str, Any]]:
-    """Long rows (trace, layer or 'model', statistic, value, band, verdict) for CSV and pandas."""
+def long_records(stats: Sequence[WorkloadStats], bands: Sequence[Band | None]) -> list[dict[str, Any]]:
+    """Long rows (trace, layer or 'model', statistic, value, band, verdict) for CSV and pandas;
+    each trace judged against its own shape's band."""
     rows = []
-    for s in stats:
+    for s, band in zip(stats, bands):
         for name in STATS:
             levels = [("model", s.model[name])] + [(str(i), v) for i, v in enumerate(s.layers[name])]
             for level, value in levels:
                 row: dict[str, Any] = {"trace": s.name, "layer": level, "statistic": name, "value": _num(value)}
                 if band is not None:
+                    row["band_shape"] = band.shape
                     banded = name in band.low
                     row["band_low"] = band.low[name] if banded else None
                     row["band_high"] = band.high[name] if banded else None

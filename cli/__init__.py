@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from types import TracebackType
 
-from casmoe.cli import backend, lrc, planner, record, replay, simulate, trace  # noqa: F401  (register commands)
+from casmoe.cli import backend, leaderboard, lrc, planner, profile, record, replay, simulate, trace  # noqa: F401  (register commands)
 from casmoe.cli.app import app
 from casmoe.errors import CasmoeError
 

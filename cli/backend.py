@@ -6,13 +6,14 @@ torch and transformers are imported inside the commands, so `casmoe --help` stay
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from casmoe.cache import MissMode
-from casmoe.cli.app import app
+from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
 
 FIDELITY_POLICIES = ("ondemand", "lru", "semoe", "casmoe[predictor=exact]")
@@ -24,14 +25,16 @@ class BenchInputError(CasmoeError, ValueError):
 
 def _link(threads: int, link_gbps: Optional[float], link_latency_us: float) -> Any:
     """Set torch's CPU threads (0: the cores not already busy) and build the emulated link."""
+    if link_gbps is not None and not (math.isfinite(link_gbps) and link_gbps > 0):
+        raise BenchInputError(f"--link-gbps must be a finite number > 0 (leave it out for no cap), got {link_gbps}")
+    if not (math.isfinite(link_latency_us) and link_latency_us >= 0):
+        raise BenchInputError(f"--link-latency-us must be a finite number >= 0, got {link_latency_us}")
     import torch
 
     from casmoe.backends.copier import EmulatedLink
     from casmoe.resources import default_threads
 
     torch.set_num_threads(threads if threads > 0 else default_threads())
-    if link_gbps is not None and link_gbps <= 0:
-        raise BenchInputError("--link-gbps must be > 0")
     return EmulatedLink(None if link_gbps is None else link_gbps * 1e9, link_latency_us * 1e-6)
 
 
@@ -67,9 +70,7 @@ def _prompts(tokenizer: Any, prompts: Optional[Path], count: int, max_tokens: in
 
 
 def _progress(total: int, desc: str) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="req", leave=False)
+    return progress(total=total, desc=desc, unit="req", leave=False)
 
 
 MODEL = typer.Option(..., "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a local model folder.")

@@ -8,8 +8,9 @@ from typing import Optional
 
 import typer
 
-from casmoe.cli.app import app
+from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
+from casmoe.shipped import DEFAULT_TRACE, shipped
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -34,8 +35,9 @@ def _floats(text: str, what: str) -> list[float]:
 
 @app.command()
 def lrc(
-    trace: list[str] = typer.Option(
-        ..., "--trace", "-t", help="Trace: .npz, route .csv or .json; PATH#KEY picks one entry of a JSON file. Repeat to compare."
+    trace: Optional[list[str]] = typer.Option(
+        None, "--trace", "-t", help="Trace: .npz, route .csv or .json; PATH#KEY picks one entry of a JSON file. Repeat "
+        f"to compare. Default: the shipped {DEFAULT_TRACE}."
     ),
     m: str = typer.Option("4,16,64,256", "--m", help="Segment lengths / lookahead in tokens, comma-separated."),
     rho: str = typer.Option("1,2,4", "--rho", help="Cache sizes C / active experts for the table and baselines."),
@@ -55,8 +57,6 @@ def lrc(
     Example: casmoe lrc -t a.npz -t b.npz --m 4,16,64 --plots out/
     """
     import numpy as np
-    from tqdm import tqdm
-
     from casmoe.metrics.lrc import measure, work_units
     from casmoe.metrics.tokens import TokenSelection
     from casmoe.policies import get_policy
@@ -79,11 +79,11 @@ def lrc(
         get_policy(p)  # unknown names fail before any work
     from casmoe.importers import read_specs
 
-    loaded = read_specs(trace)
+    loaded = read_specs(trace or [str(shipped(DEFAULT_TRACE))])
     labels = [name for name, _ in loaded]
     total = sum(work_units(tr, ms, rhos, policies, selection) for _, tr in loaded)
     results = []
-    with tqdm(total=total, desc="lrc", unit="tok", leave=False, disable=as_json) as bar:
+    with progress(total=total, desc="lrc", unit="tok", leave=False, quiet=as_json) as bar:
         for label, (_, tr) in zip(labels, loaded):
             results.append(
                 measure(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -63,7 +64,7 @@ def fit(
         seed=seed,
         eap=EAPConfig(alpha=alpha, epochs=epochs),
     )
-    planner = fit_planner(tr, cfg, progress=True)
+    planner = fit_planner(tr, cfg, progress=sys.stderr.isatty())  # bars on a terminal only
     planner.save(out)
     sizes = planner.nbytes()
     typer.echo(
@@ -95,7 +96,8 @@ def evaluate(
         if path is not None:
             check_file_target(path, what, create_parent=True)
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
-    ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json, holdout_task=holdout_task)
+    ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json and sys.stderr.isatty(),
+                  holdout_task=holdout_task)
     result = ev.to_dict()
     if curve or plot:
         points = ev.epsilon_curve([i / 20 for i in range(21)])

@@ -85,12 +85,20 @@ def train_tiny(
     steps: Optional[int] = typer.Option(None, help="Training steps (default: the shipped run's)."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1, as shipped)."),
     corpus: Optional[Path] = typer.Option(None, help="Corpus JSONL (default: the shipped one)."),
+    balance: Optional[str] = typer.Option(None, help="Over which tokens the load-balancing loss "
+                                          "counts expert loads: sequence (each row), batch, or "
+                                          "global (the last --balance-window batches; default: "
+                                          "the shipped model's)."),
+    balance_window: Optional[int] = typer.Option(None, min=1, help="Batches counted together by "
+                                                 "--balance global (default 8)."),
+    balance_coef: Optional[float] = typer.Option(None, min=0.0, help="Load-balancing loss "
+                                                 "coefficient (default: the model's config)."),
 ) -> None:
     """Train a shipped tiny MoE model from random init on the corpus (seeded; prints the
     held-out perplexity and writes it to OUT/train.json)."""
     from dataclasses import replace
 
-    from casmoe.backends.train import TINY_MODELS, TrainSettings
+    from casmoe.backends.train import TINY_MODELS, Balance, TrainSettings
     from casmoe.backends.train import train_tiny as run_train
     from casmoe.errors import CasmoeError
     from casmoe.shipped import data_dir
@@ -102,5 +110,14 @@ def train_tiny(
         settings = replace(settings, steps=steps)
     if threads is not None:
         settings = replace(settings, threads=threads)
+    if balance is not None:
+        choices = [b.value for b in Balance]
+        if balance not in choices:
+            raise CasmoeError(f"--balance must be one of {', '.join(choices)}, not {balance!r}")
+        settings = replace(settings, balance=Balance(balance))
+    if balance_window is not None:
+        settings = replace(settings, balance_window=balance_window)
+    if balance_coef is not None:
+        settings = replace(settings, balance_coef=balance_coef)
     result = run_train(name, out or data_dir() / "models" / name, settings, corpus=corpus)
     print(json.dumps(result.to_dict(), indent=2))

@@ -9,8 +9,10 @@ from typing import Optional
 import typer
 
 from casmoe.cache import MissMode
-from casmoe.cli.app import app
+from casmoe.cli import requests as choose
+from casmoe.cli.app import app, progress
 from casmoe.shipped import DEFAULT_TRACE, shipped
+
 
 @app.command()
 def replay(
@@ -27,6 +29,10 @@ def replay(
     miss_mode: MissMode = typer.Option(MissMode.LOAD, help="What a miss does (cpu: computed where it lives)."),
     batch: int = typer.Option(1, min=1, help="Requests whose decode tokens share a step."),
     planner: Optional[Path] = typer.Option(None, help="casmoe: a fitted planner folder (else exact and noisy oracles)."),
+    split: str = choose.SPLIT,
+    task: Optional[list[str]] = choose.TASK,
+    span: Optional[str] = choose.RANGE,
+    requests: Optional[int] = choose.requests_option(""),
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
 ) -> None:
     """Replay a trace through cache policies with no timing; print hit rates and loads.
@@ -34,31 +40,32 @@ def replay(
     Hit rate = (hits + late hits) / routed accesses, where an access is one expert routed at one
     layer of one step (prefill is one step: the union of its tokens' experts).
     """
-    from tqdm import tqdm
-
     from casmoe.compiled import uses_twin
     from casmoe.options import one_capacity
     from casmoe.policies import POLICIES, parse_policies
     from casmoe.replay import replay as run_replay
+    from casmoe.selection import Selection
     from casmoe.step_arrays import StepArrays
     from casmoe.trace import Trace
 
-    tr = Trace.load(trace or shipped(DEFAULT_TRACE))
-    cap = one_capacity(capacity, global_capacity, tr.geometry)
+    whole = Trace.load(trace or shipped(DEFAULT_TRACE))
+    cap = one_capacity(capacity, global_capacity, whole.geometry)
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
-    caches = [spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr) for spec in specs]  # fail before work
+    scored = Selection.of(split, task, span, requests).resolve(whole, specs)
+    tr = scored.pick(whole)
+    caches = [spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr, source=whole) for spec in specs]
     steps, arrays = None, None  # built once, for the policies that run in Python / compiled
     records = []
-    for spec, cache in zip(tqdm(specs, desc="replay", unit="policy", disable=len(specs) < 2 or as_json), caches):
+    for spec, cache in zip(progress(specs, desc="replay", unit="policy", quiet=len(specs) < 2 or as_json), caches):
         if uses_twin(cache, tr):
             arrays = StepArrays.from_trace(tr, batch) if arrays is None else arrays
         else:
             steps = tr.steps(batch) if steps is None else steps
         result = run_replay(tr, cache, batch=batch, steps=steps, arrays=arrays).to_dict()
-        records.append({**result, "policy": spec.label, "oracle": spec.oracle})
+        records.append({**result, "policy": spec.label, "oracle": spec.oracle or spec.label in scored.starred})
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
     from casmoe.report import print_replay
 
-    print_replay(records, f"{tr.geometry.describe()}, {len(tr.requests)} requests, {tr.tokens} tokens")
+    print_replay(records, f"{tr.geometry.describe()}, {scored.describe()}, {tr.tokens} tokens")

@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 import typer
 
-from casmoe.cli.app import app
+from casmoe.cli import requests as choose
+from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE
 
@@ -98,8 +99,12 @@ def simulate(
     quant: Optional[str] = typer.Option(None, help="Expert precision: bf16, fp16, int8, int4 (default: trace bytes or bf16)."),
     devices: int = typer.Option(0, min=0, help="GPUs the layers are split over (0: every GPU of the profile)."),
     pageable: bool = typer.Option(False, "--pageable", help="Copy from pageable host memory instead of pinned."),
-    requests: Optional[int] = typer.Option(
-        None, min=0, help="Simulate only the first N requests (0: all). Default: 12 for the shipped trace, else all."
+    requests: Optional[int] = choose.requests_option("Default: 12 for the shipped trace, else all."),
+    split: str = choose.SPLIT,
+    task: Optional[list[str]] = choose.TASK,
+    span: Optional[str] = choose.RANGE,
+    allow_overcommit: bool = typer.Option(
+        False, "--allow-overcommit", help="Simulate capacities, devices or RAM the profile does not have (else refused)."
     ),
     out: Path = typer.Option(Path("casmoe-sim"), help="Report folder: results.json, results.csv, PNG plots."),
     timeline: Optional[Path] = typer.Option(None, help="Write a Chrome/Perfetto trace (of the first run) here."),
@@ -119,7 +124,8 @@ def simulate(
     chunk: int = typer.Option(512, min=1, help="Serving, chunked: tokens per step (decode tokens + a prompt chunk)."),
     seed: int = typer.Option(0, help="Seed of the Poisson arrivals."),
     host_cache: Optional[str] = typer.Option(
-        None, "--host-cache", help="RAM tier between storage and the GPUs: memory (40GB) or experts; default: all experts in RAM."
+        None, "--host-cache", help="RAM tier between storage and the GPUs: memory (40GB) or experts; default: every expert in RAM "
+        "if they fit the profile's host RAM, else a RAM tier of all of it."
     ),
     host_policy: str = typer.Option("lru", help="Policy managing the RAM tier (any that does not read the future)."),
     timeliness: bool = typer.Option(
@@ -136,45 +142,40 @@ def simulate(
     per cache size and a policies x sizes table of decode tokens/s, writes every measurement to
     --out.
     """
-    from tqdm import tqdm
-
-    from casmoe.options import capacity_specs
     from casmoe.output import check_dir_target, check_file_target
-    from casmoe.policies import POLICIES, parse_policies
     from casmoe.shipped import shipped
-    from casmoe.sim.serving import Workload
-    from casmoe.sim.sweep import run_point
-    from casmoe.sim.timeline import Timeline
-    from casmoe.sim.whatif import what_if
+    from casmoe.sim.api import simulate as run
 
     check_dir_target(out, "--out")
+    source = trace or shipped(DEFAULT_TRACE)
     if timeline is not None:
         check_file_target(timeline, "--timeline", create_parent=True)
-    workload = Workload.from_options(arrival, rate, users, think, max_batch, schedule, chunk, seed)
-    plan = what_if(
-        trace or shipped(DEFAULT_TRACE), parse_policies(policy, POLICIES), capacity_specs(capacity, global_capacity),
-        shipped=trace is None, model=model, hardware=hardware, batch=batch, miss_mode=miss_mode, quant=quant,
-        devices=devices, pinned=not pageable, requests=requests, workload=workload, host_cache=host_cache,
-        host_policy=host_policy,
+        if timeline.resolve() == Path(source).resolve():
+            raise CasmoeError(f"--timeline {timeline} is the trace being simulated; write the timeline elsewhere")
+    bar = None
+
+    def advance(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress(total=total, desc="simulate", unit="run", quiet=as_json or total < 2)
+        bar.update(1)
+
+    res = run(
+        trace, policy, capacity, global_capacities=global_capacity, model=model, hardware=hardware, batch=batch,
+        miss_mode=miss_mode, quant=quant, devices=devices, pinned=not pageable, requests=requests, split=split,
+        tasks=task or (), span=span or "", arrival=arrival, rate=rate, users=users, think=think, max_batch=max_batch,
+        schedule=schedule, chunk=chunk, seed=seed, host_cache=host_cache, host_policy=host_policy,
+        allow_overcommit=allow_overcommit, timeline=timeline, progress=advance,
     )
+    if bar is not None:
+        bar.close()
+    plan = res.plan
     if not as_json:
         typer.echo(plan.describe())
         for note in plan.notes:
             typer.echo(note)
-    records = []
-    first = plan.points[0]
-    recorder = None if timeline is None else Timeline(plan.trace.geometry.experts, plan.devices,
-                                                      f"{first.policy.label} @ {first.capacity.label}")
-    for i, p in enumerate(tqdm(plan.points, desc="simulate", unit="run", disable=as_json or len(plan.points) < 2)):
-        try:
-            records.append(run_point(p, recorder if i == 0 else None))
-        except CasmoeError as exc:
-            if len(plan.points) == 1:
-                raise
-            records.append({**p.describe(), "skipped": str(exc)})
-    if recorder is not None:
-        recorder.write(timeline)
-    _report(out, records, as_json, f"{plan.preset.name} on {plan.hardware.name} x{plan.devices}", timeline,
+    workload = plan.points[0].workload
+    _report(out, res.records, as_json, f"{plan.preset.name} on {plan.box()}", timeline,
             f"serving {workload.describe()}" if workload else "", timeliness)
 
 
@@ -188,7 +189,13 @@ def sweep(
     capacity: Optional[list[str]] = typer.Option(None, help="Capacities per layer in slots or memory (6GB), repeatable."),
     global_capacity: Optional[list[str]] = typer.Option(None, help="Global-pool capacities, repeatable."),
     batch: Optional[list[int]] = typer.Option(None, help="Batch sizes, repeatable."),
-    requests: Optional[int] = typer.Option(None, min=0, help="Only the first N requests of each trace (0: all)."),
+    requests: Optional[int] = choose.requests_option(""),
+    split: Optional[str] = typer.Option(None, help=choose.SPLIT.help),
+    task: Optional[list[str]] = choose.TASK,
+    span: Optional[str] = choose.RANGE,
+    allow_overcommit: bool = typer.Option(
+        False, "--allow-overcommit", help="Simulate capacities, devices or RAM the profiles do not have (else skipped)."
+    ),
     rate: Optional[list[float]] = typer.Option(
         None, min=0.0, help="Poisson arrival rates (requests/s), repeatable: a grid axis; plots latency vs load."
     ),
@@ -200,8 +207,6 @@ def sweep(
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
 ) -> None:
     """Run a grid of simulations in parallel; results merge into one table (results.csv)."""
-    from tqdm import tqdm
-
     from casmoe.policies import POLICIES
     from casmoe.shipped import shipped
     from casmoe.policies import parse_policies
@@ -225,15 +230,22 @@ def sweep(
         grid.batch = batch
     if requests is not None:
         grid.requests = requests
+    if split is not None:
+        grid.split = split
+    if task:
+        grid.tasks = task
+    if span is not None:
+        grid.range = span
+    grid.allow_overcommit = grid.allow_overcommit or allow_overcommit
     if rate:
         grid.rates = rate
     if max_batch is not None:
         grid.max_batch = max_batch
     grid.fill_defaults(str(shipped(DEFAULT_TRACE)))
     points = grid.points()
-    bar = tqdm(total=len(points), desc="sweep", unit="run", disable=as_json)
+    bar = progress(total=len(points), desc="sweep", unit="run", quiet=as_json)
 
-    def progress(done: int, total: int) -> None:
+    def advance(done: int, total: int) -> None:
         if done == 0:
             bar.update(len(points) - total)  # already stored
             if total < len(points):
@@ -242,10 +254,40 @@ def sweep(
             bar.update(1)
 
     address = ray_address or ("local" if ray else None)
-    records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=progress)
+    records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=advance)
     bar.close()
     _report(out, records, as_json, f"sweep: {len(points)} points, {computed} computed now", None,
             "serving" if any("arrival" in r for r in records) else "", False)
+
+
+@app.command()
+def presets(
+    as_json: bool = typer.Option(False, "--json", help="Print the presets' full geometry as JSON."),
+) -> None:
+    """List the model presets (`--model NAME`): the geometry and dense shape each run prices."""
+    from casmoe.geometry import Quant
+    from casmoe.presets import PRESETS_FILE, load_presets
+
+    loaded = load_presets()
+    if as_json:
+        typer.echo(json.dumps({n: {"source": p.source, **p.geometry.to_dict()} for n, p in loaded.items()}, indent=2))
+        return
+    from casmoe.report import human_bytes, print_table
+
+    rows = [
+        {
+            "name": name,
+            "layers": p.geometry.layers,
+            "experts": p.geometry.experts,
+            "top_k": p.geometry.top_k,
+            "shared": p.geometry.shared_experts,
+            "hidden": p.geometry.hidden,
+            "experts bf16": human_bytes(sum(p.geometry.bytes_per_layer(Quant.BF16)) * p.geometry.experts),
+        }
+        for name, p in loaded.items()
+    ]
+    print_table(rows, list(rows[0]), title="model presets")
+    typer.echo(f"defined in {PRESETS_FILE} (each with its source: --json); pass --model NAME")
 
 
 @app.command()

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from casmoe.cli.app import app
+from casmoe.cli.app import app, progress
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
 from casmoe.shipped import DEFAULT_TRACE, shipped
@@ -46,7 +46,9 @@ def synth(
     model: Optional[str] = typer.Option(None, help="Model preset whose geometry (and bytes per expert) to use [default: mixtral-8x7b]."),
     layers: Optional[int] = typer.Option(None, help="Override the preset's MoE layer count."),
     experts: Optional[int] = typer.Option(None, help="Override the preset's experts per layer."),
-    top_k: Optional[int] = typer.Option(None, help="Override the preset's routed experts per token."),
+    top_k: Optional[int] = typer.Option(None, help="Override the preset's routed experts per token; with "
+                                        "--like, extrapolate the fitted routing to this many (the same "
+                                        "expert ranking, its first K; see casmoe.synthetic_fit)."),
     requests: int = typer.Option(300, min=0, help="Number of requests."),
     tasks: Optional[int] = typer.Option(
         None, min=1, help="Task clusters (code, math, cooking, ...) [default: 6; with --like: the trace's own labels]."
@@ -78,13 +80,13 @@ def synth(
     the knobs are not used.
     """
     if like is not None:
-        knobs = {"--model": model, "--layers": layers, "--experts": experts, "--top-k": top_k, "--zipf": zipf,
+        knobs = {"--model": model, "--layers": layers, "--experts": experts, "--zipf": zipf,
                  "--stickiness": stickiness, "--task-affinity": task_affinity, "--task-experts": task_experts,
                  "--prefill": prefill, "--decode": decode, "--spec": spec or None, "--logits": logits or None}
         given = [name for name, value in knobs.items() if value is not None]
         if given:
             raise CasmoeError(f"--like fits the routing to the trace; drop {', '.join(given)}")
-        _synth_like(out, like, requests, tasks, task_shuffle, seed)
+        _synth_like(out, like, requests, tasks, task_shuffle, seed, top_k)
         return
     from casmoe.output import check_file_target
     from casmoe.synthetic import SynthConfig, generate
@@ -111,18 +113,25 @@ def synth(
     typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {geometry.describe()}")
 
 
-def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_shuffle: float, seed: int) -> None:
+def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_shuffle: float, seed: int,
+                top_k: Optional[int] = None) -> None:
     """`synth --like`: fit, optionally split into tasks, generate, save with provenance."""
     from casmoe import synthetic_fit
     from casmoe.importers import read_specs
-    from casmoe.output import check_file_target
+    from casmoe.output import check_file_target, check_not_input
 
     check_file_target(out, "trace")
+    check_not_input(out, [like.partition("#")[0]], "trace")
     [(name, source)] = read_specs([like])
+    if top_k is not None and not 1 <= top_k <= source.geometry.experts:
+        raise CasmoeError(f"--top-k must be in [1, {source.geometry.experts}] for {like}, not {top_k}")
     typer.echo(f"fitting the generator to {like} ({len(source.requests)} requests, {source.tokens} tokens)", err=True)
     fitted = synthetic_fit.fit(source, name, seed, progress=lambda what: typer.echo(f"  fitting {what}", err=True))
     if tasks is not None:
         fitted = synthetic_fit.with_tasks(fitted, tasks, task_shuffle, seed)
+    fitted_k = fitted.geometry.top_k
+    if top_k is not None:
+        fitted = synthetic_fit.with_top_k(fitted, top_k)
     tr = synthetic_fit.sample(fitted, requests, seed)
     tr.meta["synth_like"] = {
         **fitted.summary(),
@@ -130,8 +139,10 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
         "seed": seed,
         "tasks": tasks,
         "task_shuffle": task_shuffle if tasks is not None else None,
+        "top_k": {"fitted": fitted_k, "generated": tr.geometry.top_k},
         "command": f"casmoe trace synth {out.name} --like {like} --requests {requests} --seed {seed}"
-        + (f" --tasks {tasks} --task-shuffle {task_shuffle:g}" if tasks is not None else ""),
+        + (f" --tasks {tasks} --task-shuffle {task_shuffle:g}" if tasks is not None else "")
+        + (f" --top-k {top_k}" if top_k is not None else ""),
     }
     tr.save(out)
     typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {tr.geometry.describe()}")
@@ -183,29 +194,55 @@ def info(
 
 @trace_app.command("import")
 def import_(
-    sources: list[Path] = typer.Argument(..., help="Route CSV, JSON, or per-layer array files / a directory of them."),
+    sources: list[Path] = typer.Argument(
+        ..., help="Route CSV, JSON, per-layer arrays, vLLM or SGLang dumps: files, or a folder of them."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Output trace (.npz)."),
-    fmt: str = typer.Option("auto", "--format", help="auto, csv, json, arrays or npz."),
+    fmt: str = typer.Option(
+        "auto", "--format", help="auto (by suffix and content), csv, json, arrays, npz, vllm or sglang."
+    ),
+    model: Optional[str] = typer.Option(
+        None, help="Model preset the data must match (MoE layers, experts, top-k); the trace takes its expert sizes."
+    ),
     key: Optional[str] = typer.Option(None, help="JSON with named entries: import only this one."),
     kind: str = typer.Option("auto", help="Arrays: topk (expert ids), logits, rank (moe-lrc int8 ranks) or auto."),
-    num_experts: Optional[int] = typer.Option(None, help="Arrays of expert ids: experts per layer."),
-    top_k: Optional[int] = typer.Option(None, help="Arrays of logits or ranks: routed experts per token."),
+    num_experts: Optional[int] = typer.Option(
+        None, help="Experts per layer, where the data does not say (expert-id arrays, vLLM); checked where it does."
+    ),
+    top_k: Optional[int] = typer.Option(
+        None, help="Routed experts per token, where the data does not say (logits, ranks, SGLang responses); checked where it does."
+    ),
     prefill: int = typer.Option(0, min=0, help="Arrays: leading tokens of each sequence that are the prompt."),
     keep_logits: bool = typer.Option(False, help="Arrays of logits: store them in the trace."),
 ) -> None:
-    """Convert an external routing trace into casmoe's .npz format."""
+    """Convert an external routing trace into casmoe's .npz format.
+
+    Several files or a folder become one trace. vLLM (--enable-return-routed-experts) and SGLang
+    (per_token recorder dumps, return_routed_experts responses) keep only MoE layers; the
+    geometry is printed. A route CSV needs only a '# n_layer=L n_expert=E n_expert_used=K'
+    line and the columns turn,step,layer,expert (README: "Bring your own routing").
+    """
     from casmoe.importers import import_trace
-    from casmoe.output import check_file_target
+    from casmoe.output import check_file_target, check_not_input
+    from casmoe.presets import get_preset
 
     check_file_target(out, "--out")
+    check_not_input(out, sources, "--out")
+    geometry = get_preset(model).geometry if model is not None else None
     tr = import_trace(
-        sources, fmt, key=key, kind=kind, num_experts=num_experts, top_k=top_k, prefill=prefill, keep_logits=keep_logits
+        sources, fmt, model=geometry, key=key, kind=kind, num_experts=num_experts, top_k=top_k, prefill=prefill,
+        keep_logits=keep_logits,
     )
     tr.save(out)
     gaps = sum(int((~r.computed).sum()) for r in tr.requests)
+    dropped = tr.meta.get("engine_layers", tr.geometry.layers) - tr.geometry.layers
     typer.echo(
         f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {tr.geometry.describe()}, "
         f"{gaps} token-layers not computed"
+        + (f"; {dropped} of the engine's {tr.meta['engine_layers']} layers had no routing (dense) and were dropped"
+           if dropped else "")
+        + ("; experts per layer taken as the largest id + 1 (give --num-experts or --model if the model has more)"
+           if tr.meta.get("experts_inferred") else "")
     )
 
 
@@ -214,12 +251,14 @@ def export(
     trace: Path = typer.Argument(..., help="Trace (.npz)."),
     out: Path = typer.Argument(..., help="Output long routing CSV (route_trace v1)."),
 ) -> None:
-    """Write a trace as the long routing CSV (one row per routed expert; imports back)."""
+    """Write a trace as the long routing CSV (one row per routed expert; imports back with
+    everything but router logits and spec)."""
     from casmoe.importers import write_route_csv
-    from casmoe.output import check_file_target
+    from casmoe.output import check_file_target, check_not_input
     from casmoe.trace import Trace
 
     check_file_target(out, "CSV")
+    check_not_input(out, [trace], "CSV")
     tr = Trace.load(trace)
     write_route_csv(tr, out, progress=True)
     typer.echo(f"wrote {out}: {len(tr.requests)} turns, {tr.tokens} tokens")
@@ -278,21 +317,22 @@ def stats(
     replay_requests: int = typer.Option(
         0, min=0, help="Replay the hit rates on at most this many requests, spread evenly (0: all of them)."
     ),
-    band: bool = typer.Option(True, help="Compare with the realism band of the real traces in traces/real."),
+    band: bool = typer.Option(True, help="Judge each trace against the band of the real traces of its "
+                                          "shape in traces/real (16 experts: GRIN, Jamba; 128: Qwen3, gemma, gpt-oss)."),
     as_json: bool = typer.Option(False, "--json", help="Print everything (per layer too) as JSON."),
     as_csv: bool = typer.Option(False, "--csv", help="Print long rows (trace, layer, statistic, value, band) as CSV."),
 ) -> None:
     """Routing statistics that decide how much a cache can help, beside the real models' band.
 
-    Per trace and layer: distinct experts of a request's first 32 decode tokens, exact-set reuse,
-    share of the previous token's experts kept, popularity skew, LRU and Belady hit rates at
-    k, 1.5k, 2k and 4k slots per layer, SRP at m = 16 (see casmoe.workload for the definitions).
+    Per trace and layer: distinct experts of a request's first 32 decode tokens, exact-set reuse
+    and its lift over random routing, share of the previous token's experts kept and its lift
+    over the request's own mix shuffled and over random routing with the trace's popularity,
+    the hottest expert's load, within-request popularity skew (Gini), LRU and Belady hit rates
+    at k, 1.5k, 2k and 4k slots per layer, SRP at m = 16 (see casmoe.workload for the definitions).
 
     Example: casmoe trace stats traces/tiny-olmoe.npz traces/real/qwen.route.csv
     """
     import sys
-
-    from tqdm import tqdm
 
     from casmoe import workload
     from casmoe.importers import read_specs
@@ -300,18 +340,26 @@ def stats(
 
     loaded = read_specs(traces or [str(shipped(DEFAULT_TRACE))])
     results = []
-    with tqdm(total=sum(tr.geometry.layers for _, tr in loaded), desc="replay", unit="layer", leave=False, disable=as_json or as_csv) as bar:
+    with progress(total=sum(tr.geometry.layers for _, tr in loaded), desc="replay", unit="layer", leave=False, quiet=as_json or as_csv) as bar:
         for name, tr in loaded:
             results.append(workload.measure(tr, name, replay_requests, progress=bar.update))
-    ref = workload.realism_band() if band else None
+    bands = [workload.band_for(tr.geometry.experts) if band else None for _, tr in loaded]
     if as_json:
-        typer.echo(json.dumps({"band": ref.to_dict() if ref else None, "traces": [s.to_dict() for s in results]}, indent=2))
+        shapes = {b.shape: b.to_dict() for b in bands if b is not None}
+        traces = [{**s.to_dict(), "band": b.shape if b else None, "band_note": b.note if b else None}
+                  for s, b in zip(results, bands)]
+        typer.echo(json.dumps({"band": shapes or None, "traces": traces}, indent=2))
         return
     if as_csv:
-        write_csv_to(sys.stdout, workload.long_records(results, ref))
+        write_csv_to(sys.stdout, workload.long_records(results, bands))
         return
-    rows = workload.comparison(results, ref)
-    print_table(rows, list(rows[0]), title="routing statistics (model level)" + (f"; band: {', '.join(ref.sources)}" if ref else ""))
+    rows = workload.comparison(results, bands)
+    used = {b.shape: b for b in bands if b is not None}
+    print_table(rows, list(rows[0]), title="routing statistics (model level)" + "".join(
+        f"; band {shape}: {', '.join(b.sources)}" for shape, b in used.items()))
+    for s, b in zip(results, bands):
+        if b is not None and b.note:
+            typer.echo(f"{s.name}: {b.note}")
     for s in results:
         if s.replayed_requests < s.requests:
             typer.echo(f"{s.name}: hit rates replayed on {s.replayed_requests} of {s.requests} requests (--replay-requests)")

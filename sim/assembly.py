@@ -247,6 +247,7 @@ class RunState:
             wasted_by_layer=tuple(tl.wasted_by_layer) if tl is not None else (),
             stall_bound_s=tl.bound if tl is not None else 0.0,
             stall_bound_by_layer_s=tuple(tl.bound_by_layer) if tl is not None else (),
+            stall_bound_by_device_s=tuple(tl.bound_by_device) if tl is not None else (),
             host_cache_gb=setup.host_cache.nbytes(setup.expert_bytes) / 1e9 if setup.host_cache is not None else 0.0,
             host_hits=tier_stats.hits if tier_stats is not None else 0,
             host_misses=tier_stats.misses if tier_stats is not None else 0,

@@ -38,7 +38,7 @@ from casmoe.cache import Capacity, ExpertCache, MissMode
 from casmoe.compiled import uses_twin
 from casmoe.geometry import Quant, split_layers
 from casmoe.presets import ModelPreset
-from casmoe.replay import starts_and_ends
+from casmoe.replay import check_replayable, starts_and_ends
 from casmoe.sim.assembly import RunState, Setup, SimConfigError, StepPlan, check_geometry, expert_bytes_for
 from casmoe.sim.compute import ComputeModel, RooflineCompute
 from casmoe.sim.decide import CompiledDecider, Decider, StepDecisions
@@ -85,6 +85,12 @@ def simulate(
     `compiled` chooses the offline decision pass as `casmoe.replay.replay` chooses its path
     (built-in policies' compiled twins; identical results either way). `latency`, a log to fill
     instead of a fresh one, gives a caller every step's time (requests one after another only)."""
+    if not (isinstance(policy, type) and issubclass(policy, ExpertCache)):
+        raise SimConfigError(
+            f"simulate takes a policy class (each run builds fresh caches), e.g. LRU, not {type(policy).__name__} "
+            "object; casmoe.sim.simulate takes names"
+        )
+    check_replayable(trace)
     check_geometry(trace.geometry, preset)
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)

@@ -27,6 +27,8 @@ repeats (at most `MAX_FUTURE_RUNS` runs; `future_runs` in the result says how ma
 
 from __future__ import annotations
 
+import math
+
 import enum
 from collections import deque
 from dataclasses import dataclass, field
@@ -94,9 +96,18 @@ class Workload:
         back). `users` means a closed loop; `rate` alone means Poisson arrivals."""
         if users is not None and (arrival not in (None, Arrival.CLOSED.value) or rate is not None):
             raise ServingError("give either --arrival (open loop) or --users (closed loop), not both")
+        for flag, value in (("--think", think_s), ("--rate", rate)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ServingError(f"{flag} must be a finite number >= 0, got {value}")
+        if arrival is None and users is None and rate is None:
+            given = [flag for flag, value, default in (
+                ("--think", think_s, 0.0), ("--max-batch", max_batch, 8), ("--schedule", schedule, "prefill-first"),
+                ("--chunk", chunk, 512), ("--seed", seed, 0)) if value != default]
+            if given:
+                raise ServingError(f"{', '.join(given)} shape{'s' * (len(given) == 1)} serving; add --arrival or "
+                                    "--users (without them requests run back to back)")
+            return None
         if arrival is None:
-            if users is None and rate is None:
-                return None
             arrival = Arrival.CLOSED.value if users is not None else Arrival.POISSON.value
         kinds = {a.value: a for a in Arrival}
         schedules = {x.value: x for x in Schedule}

@@ -29,10 +29,12 @@ from typing import Any, Callable, Iterator, Sequence
 from casmoe.errors import CasmoeError
 from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.output import write_text
-from casmoe.policies import PolicySpec, get_policy
+from casmoe.policies import POLICIES, PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
-from casmoe.sim.assembly import StepPlan, check_geometry, expert_bytes_for
+from casmoe.selection import Selection
+from casmoe.sim.assembly import StepPlan, check_geometry, expert_bytes_for, max_slots
 from casmoe.sim.engine import simulate
+from casmoe.sim.fits import check_capacity, check_devices, default_host_cache
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Workload
 from casmoe.sim.tiers import HostCache
@@ -61,11 +63,15 @@ class Point:
     devices: int = 0  # 0: every GPU of the profile
     quant: str = ""  # "": the trace's measured bytes, else bf16
     pinned: bool = True
-    requests: int = 0  # 0: all requests of the trace, else the first N
+    requests: tuple[int, ...] = ()  # the scored requests (indices into the trace); (): all
     trace_digest: str = ""
     workload: Workload | None = None  # None: requests back to back (or in static batches)
     host_cache: str = ""  # "": every expert in host RAM; else the RAM tier's size (40GB or experts)
     host_policy: str = "lru"
+    inputs: str = ""  # digest of everything else the result depends on (`input_digest`)
+    fitted: bool = False  # the policy was fitted on some of the scored requests: starred
+    scored: str = ""  # the selection in words, for the record
+    overcommit: bool = False  # the user allows capacities and devices the profile does not have
 
     def key(self) -> str:
         blob = json.dumps({"v": RESULT_VERSION, **asdict(self)}, sort_keys=True, default=str)
@@ -78,7 +84,8 @@ class Point:
             "hardware": self.hardware,
             "policy": self.policy.label,
             "capacity_spec": self.capacity.label,
-            "oracle": self.policy.oracle,
+            "oracle": self.policy.oracle or self.fitted,
+            "scored": self.scored,
             **self._load(),
             "key": self.key(),
         }
@@ -99,18 +106,66 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
-@lru_cache(maxsize=4)
-def _load_trace(path: str, digest: str, requests: int) -> Trace:
-    """One parse per trace file and process (the digest keys a changed file apart); `requests`
-    > 0 keeps the first N requests."""
-    trace = Trace.load(path)
-    if requests:
-        trace = trace.subset(range(min(requests, len(trace.requests))))
-    return trace
+def input_digest(hardware: str, model: str, policy: PolicySpec) -> str:
+    """What a point's result depends on beyond its own fields and the trace's bytes: the
+    profile's numbers and the preset (by content, whether named or a file), every file or
+    folder an option names, a user's policy module with its package, casmoe's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        casmoe_version = version("casmoe")
+    except PackageNotFoundError:
+        casmoe_version = "source"
+    profile = {k: v for k, v in load_profile(hardware).to_dict().items() if k != "sources"}
+    parts = [casmoe_version, json.dumps(profile, sort_keys=True), repr(get_preset(model))]
+    for _, value in policy.options:
+        if isinstance(value, str) and Path(value).exists():
+            parts.append(path_digest(value))
+    if policy.name not in POLICIES:
+        parts += [path_digest(p) for p in _user_sources(policy.name)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def path_digest(path: str | Path) -> str:
+    """A file's content digest, or a folder's: every file below it, by relative name."""
+    path = Path(path)
+    if not path.is_dir():
+        return file_digest(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}:{file_digest(f)}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _user_sources(spec: str) -> list[Path]:
+    """The files of a user's policy `pkg.mod:Class`: its module, and every module of its
+    top-level package (a helper it imports may change the result)."""
+    import sys
+
+    get_policy(spec)  # imports it, with the user's folder on the path
+    module = sys.modules[spec.partition(":")[0]]
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    files = [Path(module.__file__)] if getattr(module, "__file__", None) else []
+    if getattr(top, "__path__", None):
+        files += [p for d in top.__path__ for p in sorted(Path(d).rglob("*.py"))]
+    return sorted(set(files))
 
 
 @lru_cache(maxsize=4)
-def _plan(path: str, digest: str, requests: int, batch: int, devices: int, cache_per_device: bool) -> StepPlan:
+def _load_whole(path: str, digest: str) -> Trace:
+    """One parse per trace file and process (the digest keys a changed file apart)."""
+    return Trace.load(path)
+
+
+@lru_cache(maxsize=4)
+def _load_trace(path: str, digest: str, requests: tuple[int, ...]) -> Trace:
+    """The trace's `requests` (all when empty)."""
+    whole = _load_whole(path, digest)
+    return whole.subset(requests) if requests else whole
+
+
+@lru_cache(maxsize=4)
+def _plan(path: str, digest: str, requests: tuple[int, ...], batch: int, devices: int, cache_per_device: bool) -> StepPlan:
     return StepPlan.build(_load_trace(path, digest, requests), batch, devices, cache_per_device)
 
 
@@ -125,7 +180,12 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
     nbytes = expert_bytes_for(trace, preset, quant)
     capacity = point.capacity.resolve(nbytes)
     miss_mode = parse_miss_mode(point.miss_mode)
-    host_cache = HostCache.parse(point.host_cache, point.host_policy, nbytes) if point.host_cache else None
+    g = trace.geometry
+    check_devices(hardware, devices, point.overcommit)
+    check_capacity(capacity, max_slots(hardware, preset, nbytes, devices), g.experts, g.layers, point.capacity.label,
+                   f"{hardware.name} x{devices}", point.overcommit)
+    host_text = point.host_cache or default_host_cache(hardware, nbytes, g.experts, preset, point.overcommit)[0]
+    host_cache = HostCache.parse(host_text, point.host_policy, nbytes) if host_text else None
     plan = None
     if point.workload is None:
         per_device = devices > 1 and not capacity.per_layer
@@ -136,7 +196,7 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
         capacity,
         hardware,
         preset,
-        options=dict(point.policy.options),
+        options=point.policy.bound(_load_whole(point.trace, point.trace_digest)),
         label=point.policy.label,
         batch=point.batch,
         miss_mode=miss_mode,
@@ -186,6 +246,10 @@ class Grid:
     seed: int = 0
     host_cache: str = ""
     host_policy: str = "lru"
+    split: str = "auto"
+    tasks: list[str] = field(default_factory=list)
+    range: str = ""
+    allow_overcommit: bool = False
 
     _AXES = {
         "traces": str,
@@ -197,11 +261,15 @@ class Grid:
         "batch": int,
         "miss_modes": str,
         "rates": float,
+        "tasks": str,
     }
     _SCALARS = {
         "devices": int, "quant": str, "pinned": bool, "requests": int, "arrival": str, "users": int, "think": float,
         "max_batch": int, "schedule": str, "chunk": int, "seed": int, "host_cache": str, "host_policy": str,
+        "split": str, "range": str, "allow_overcommit": bool,
     }
+    _LEAST = {"batch": 1, "devices": 0, "requests": 0, "users": 0, "max_batch": 1, "chunk": 1}
+    """Smallest value of the integer keys (a batch of 0 or -1 requests is no what-if)."""
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Grid:
@@ -224,6 +292,7 @@ class Grid:
             if not all(_fits(x, kind) or (kind is str and isinstance(x, int)) for x in v):
                 raise SweepError(f"{path}: {key} must be a list of {kind.__name__}")
             axes[key] = [kind(x) if kind in (str, float) else x for x in v]
+            _check_least(path, key, axes[key])
         base = Path(path).parent
         caps = [CapacitySpec(c) for c in axes["capacities"]] + [CapacitySpec(c, False) for c in axes["global_capacities"]]
         for key in ("traces", "models", "hardware", "policies"):
@@ -237,6 +306,8 @@ class Grid:
                 raise SweepError(f"{path}: {k} must be {kind.__name__}")
             if k in scalars and kind is float:
                 scalars[k] = float(scalars[k])
+            if k in scalars:
+                _check_least(path, k, [scalars[k]])
         traces = [str(base / t) if not Path(t).is_absolute() and (base / t).exists() else t for t in axes["traces"]]
         return cls(
             traces=traces,
@@ -247,6 +318,7 @@ class Grid:
             batch=axes["batch"] or [1],
             miss_modes=axes["miss_modes"] or ["load"],
             rates=axes["rates"],
+            tasks=axes["tasks"],
             **scalars,
         )
 
@@ -269,18 +341,25 @@ class Grid:
             first = self.traces[0]
             if not Path(first).exists():
                 raise SweepError(f"trace {first} not found")
-            self.models = [preset_for(_load_trace(first, file_digest(first), 1), None)]
+            self.models = [preset_for(_load_whole(first, file_digest(first)), None)]
         self.hardware = self.hardware or ["rtx4090x4"]
         self.policies = self.policies or default_policies(POLICIES)
         self.capacities = self.capacities or [CapacitySpec("4")]
 
     def points(self) -> list[Point]:
-        """Every combination; traces are hashed once, and each is checked to exist."""
-        digests = {}
+        """Every combination, each once; traces are hashed once, and each is checked to exist.
+        The scored requests of each trace are chosen once for all its points (`casmoe.selection`:
+        by default the requests no fitted policy of the grid saw)."""
+        for key, values in (("batch", self.batch), ("devices", [self.devices]), ("requests", [self.requests]),
+                            ("max_batch", [self.max_batch]), ("chunk", [self.chunk])):
+            _check_least("sweep", key, values)
+        selection = Selection.of(self.split, self.tasks, self.range, self.requests)
+        digests, scored = {}, {}
         for t in self.traces:
             if not Path(t).exists():
                 raise SweepError(f"trace {t} not found")
             digests[t] = file_digest(t)
+            scored[t] = selection.resolve(_load_whole(t, digests[t]), self.policies)
         for m in self.models:
             get_preset(m)
         for h in self.hardware:
@@ -289,16 +368,18 @@ class Grid:
             get_policy(p.name)
         miss_modes = [parse_miss_mode(m, "miss mode").value for m in self.miss_modes]  # points keyed canonically
         parse_quant(self.quant, "quant")
-        out = []
+        inputs = {(h, m, p): input_digest(h, m, p) for h in self.hardware for m in self.models for p in self.policies}
+        out: dict[str, Point] = {}
         for t, m, h, p, c, b, mm, w in itertools.product(
             self.traces, self.models, self.hardware, self.policies, self.capacities, self.batch, miss_modes,
             self.workloads(),
         ):
-            out.append(
-                Point(t, m, h, p, c, b, mm, self.devices, self.quant, self.pinned, self.requests, digests[t], w,
-                      self.host_cache, self.host_policy)
-            )
-        return out
+            sc = scored[t]
+            point = Point(t, m, h, p, c, b, mm, self.devices, self.quant, self.pinned,
+                          () if sc.everything else sc.indices, digests[t], w, self.host_cache, self.host_policy,
+                          inputs[h, m, p], p.label in sc.starred, sc.describe(), self.allow_overcommit)
+            out.setdefault(point.key(), point)  # a point listed twice runs and reports once
+        return list(out.values())
 
 
 def _fits(value: Any, kind: type) -> bool:
@@ -308,14 +389,29 @@ def _fits(value: Any, kind: type) -> bool:
     return isinstance(value, kind) or (kind is float and isinstance(value, int))
 
 
+def _check_least(where: str | Path, key: str, values: Sequence[Any]) -> None:
+    least = Grid._LEAST.get(key)
+    bad = [v for v in values if least is not None and isinstance(v, int) and v < least]
+    if bad:
+        raise SweepError(f"{where}: {key} must be >= {least}, got {bad[0]}")
+
+
 def _stored(out: Path, point: Point) -> dict[str, Any] | None:
+    """The stored record of `point`, or None to compute it: none stored, or one that is not a
+    finished record of this very point (cut short, emptied, hand-edited)."""
     path = out / "points" / f"{point.key()}.json"
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:  # a write cut short: recompute
+        rec = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+    if not isinstance(rec, dict) or rec.get("key") != point.key():
+        return None
+    if "skipped" in rec:
+        return rec if isinstance(rec["skipped"], str) else None
+    speed = rec.get("decode_tokens_per_s")
+    return rec if isinstance(speed, (int, float)) and not isinstance(speed, bool) else None
 
 
 def _store(out: Path, point: Point, record: dict[str, Any]) -> None:

@@ -34,6 +34,11 @@ class Timeliness:
         self.wasted_by_layer = [0] * layers
         self.bound_by_layer = [0.0] * layers
         self.bound = 0.0
+        self.bound_by_device = [0.0] * devices
+        """Each device's link alone: B_d = max(0, max over its visits of copies_d(v) - compute(v)).
+        Each is a lower bound on the run's stall, and B = max_d B_d. A layer is credited with
+        the rises of its own device's B_d, so a device's layers add up to its B_d (on several
+        devices the layers of all add up to more than B: each device's share is its own bound)."""
         self._copied = [0.0] * devices  # each link's copy time of the needed loads so far
         self.unused: set[ExpertId] = set()
         """Prefetched and not used yet (flat ids of the model): a visit with no demand load
@@ -66,10 +71,13 @@ class Timeliness:
             g = first + layer
             copied = self._copied[device] + needed * self.copy_s[g]
             self._copied[device] = copied
-            gap = copied - clock - self.bound
-            if gap > 0:
-                self.bound += gap
-                self.bound_by_layer[g] += gap
+            excess = copied - clock
+            rise = excess - self.bound_by_device[device]
+            if rise > 0:
+                self.bound_by_device[device] = excess
+                self.bound_by_layer[g] += rise
+                if excess > self.bound:
+                    self.bound = excess
 
     def _evicted(self, expert: ExpertId) -> None:
         if expert in self.unused:

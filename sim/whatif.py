@@ -8,7 +8,7 @@ which cache sizes to try (top_k up to what the GPUs hold beside the dense weight
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from casmoe.errors import CasmoeError
@@ -18,7 +18,9 @@ from casmoe.presets import ModelPreset, get_preset
 from casmoe.sim.assembly import check_geometry, expert_bytes_for, max_slots
 from casmoe.sim.hardware import HardwareProfile, load_profile
 from casmoe.sim.serving import Workload
-from casmoe.sim.sweep import Point, file_digest, preset_for
+from casmoe.selection import Scored, Selection
+from casmoe.sim.fits import check_capacity, check_devices, default_host_cache
+from casmoe.sim.sweep import Point, file_digest, input_digest, preset_for
 from casmoe.sim.tiers import HostCache
 from casmoe.trace import Trace
 
@@ -29,7 +31,7 @@ SHIPPED_REQUESTS = 12
 @dataclass(frozen=True)
 class WhatIf:
     trace: Trace  # the requests that run
-    total_requests: int  # in the trace file
+    scored: Scored  # which requests of the file, and why
     path: Path
     preset: ModelPreset
     hardware: HardwareProfile
@@ -38,13 +40,22 @@ class WhatIf:
     points: list[Point]
     notes: list[str]  # what the user should know before reading the results
 
+    @property
+    def total_requests(self) -> int:
+        return self.scored.total
+
     def describe(self) -> str:
-        part = self.total_requests != len(self.trace.requests)
-        note = f" (first {len(self.trace.requests)} of {self.total_requests} requests; --requests 0 for all)" if part else ""
         return (
-            f"{self.path.name}{note}: {self.trace.tokens} tokens, model {self.preset.name} on {self.hardware.name} "
-            f"x{self.devices}; up to {self.fit} experts per layer fit in GPU memory"
+            f"{self.path.name}: {self.scored.describe()}, {self.trace.tokens} tokens, model {self.preset.name} on "
+            f"{self.box()}; up to {self.fit} experts per layer fit in GPU memory"
         )
+
+    def box(self) -> str:
+        """'rtx4090x4 (4 GPUs)', or 'rtx4090x4, 2 of its 4 GPUs'."""
+        hw = self.hardware
+        if self.devices == hw.gpus:
+            return f"{hw.name} ({hw.gpus} GPU{'s' * (hw.gpus > 1)})"
+        return f"{hw.name}, {self.devices} of its {hw.gpus} GPU{'s' * (hw.gpus > 1)}"
 
 
 def default_capacities(fit: int, top_k: int, where: str) -> list[CapacitySpec]:
@@ -72,42 +83,55 @@ def what_if(
     devices: int = 0,
     pinned: bool = True,
     requests: int | None = None,
+    selection: Selection | None = None,
     workload: Workload | None = None,
     host_cache: str | None = None,
     host_policy: str = "lru",
+    overcommit: bool = False,
 ) -> WhatIf:
     """Check everything and build the points; `requests` None means all, or the first
-    `SHIPPED_REQUESTS` of the `shipped` default trace. `workload` serves requests as they
-    arrive; `host_cache` adds a RAM tier over the profile's storage."""
+    `SHIPPED_REQUESTS` of the `shipped` default trace, of the requests `selection` scores
+    (`casmoe.selection`: by default the ones no fitted policy saw). `workload` serves requests
+    as they arrive; `host_cache` adds a RAM tier over the profile's storage. Capacities and
+    devices the box lacks are refused unless `overcommit` (`sim/fits.py`)."""
     whole = Trace.load(path)
     if requests is None:
         requests = SHIPPED_REQUESTS if shipped else 0
-    tr = whole.subset(range(min(requests, len(whole.requests)))) if requests else whole
+    selection = replace(selection or Selection(), limit=requests)
+    scored = selection.resolve(whole, policies)
+    tr = scored.pick(whole)
     preset = get_preset(preset_for(whole, model))
     check_geometry(whole.geometry, preset)
     hw = load_profile(hardware)
     n_dev = devices or hw.gpus
+    check_devices(hw, n_dev, overcommit)
     miss_mode = parse_miss_mode(miss_mode).value  # " LOAD" and "load" are one point (one key)
     nbytes = expert_bytes_for(whole, preset, parse_quant(quant))
     if workload is not None and batch != 1:
         raise CasmoeError("--batch makes static batches of back-to-back requests; with --arrival or --users use --max-batch")
     if workload is not None:
         workload.arrival_times(tr.requests)  # --arrival trace on a trace without times fails here
+    notes = []
+    if host_cache is None:
+        host_cache, note = default_host_cache(hw, nbytes, whole.geometry.experts, preset, overcommit)
+        notes += [note] if note else []
     if host_cache is not None:  # a RAM tier that cannot work fails here, before any run
         HostCache.parse(host_cache, host_policy, nbytes).build(whole.geometry, nbytes, hw, whole)
     fit = max_slots(hw, preset, nbytes, n_dev)
-    notes = []
+    where = f"{hw.name} x{n_dev}" if n_dev != hw.gpus else hw.name
+    g = whole.geometry
     for c in capacities:
-        slots = c.resolve(nbytes).slots
-        if (slots if c.per_layer else slots / whole.geometry.layers) > fit:
-            notes.append(f"note: capacity {c.label} exceeds the {fit} experts per layer that fit in GPU memory; "
-                         "simulated anyway")
-    caps = capacities or default_capacities(fit, whole.geometry.top_k, f"{hw.name} x{n_dev}")
+        note = check_capacity(c.resolve(nbytes), fit, g.experts, g.layers, c.label, where, overcommit)
+        notes += [note] if note else []
+    caps = capacities or default_capacities(fit, g.top_k, where)
     digest = file_digest(path)
+    inputs = {p: input_digest(hardware, preset.name, p) for p in policies}
     points = [
-        Point(str(path), preset.name, hardware, p, c, batch, miss_mode, n_dev, quant or "", pinned, requests, digest,
-              workload=workload, host_cache=host_cache or "", host_policy=host_policy)
+        Point(str(path), preset.name, hardware, p, c, batch, miss_mode, n_dev, quant or "", pinned,
+              () if scored.everything else scored.indices, digest, workload=workload, host_cache=host_cache or "",
+              host_policy=host_policy, inputs=inputs[p], fitted=p.label in scored.starred,
+              scored=scored.describe(), overcommit=overcommit)
         for c in caps
         for p in policies
     ]
-    return WhatIf(tr, len(whole.requests), Path(path), preset, hw, n_dev, fit, points, notes)
+    return WhatIf(tr, scored, Path(path), preset, hw, n_dev, fit, points, notes)

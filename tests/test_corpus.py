@@ -90,3 +90,23 @@ def test_fortune_file_parsing(tmp_path: Path) -> None:
 
     (tmp_path / "f").write_text("%%$FreeBSD$\n%\nFirst\n\tindented\n%\nSecond\n%\n")
     assert list(_fortunes(tmp_path / "f")) == ["First\n    indented", "Second"]
+
+
+def test_heldout_domains_are_new_tasks_with_continuations_never_trained_on() -> None:
+    from casmoe.backends.corpus import build_heldout_domains, heldout_domains_path
+
+    rows = load_corpus(heldout_domains_path())
+    tasks = Counter(p.task for p in rows)
+    assert len(tasks) >= 3 and min(tasks.values()) >= 100
+    assert not set(tasks) & {p.task for p in load_corpus()}  # none of the training corpus's tasks
+    assert {p.split for p in rows} == {HELDOUT}  # nothing here is for fitting
+    assert all(p.text.strip() and p.continuation.strip() for p in rows)
+    assert all(split_document(p.document, p.task) == (p.text, p.continuation) for p in rows)
+    assert not {p.document for p in rows} & {p.document for p in load_corpus()}
+    licences = (data_dir() / "corpus" / "LICENSES.md").read_text()
+    for task in tasks:
+        assert f"| {task} |" in licences
+    tz = Path("/usr/share/zoneinfo/tzdata.zi")
+    if not tz.exists() or "# version 2025b" not in tz.read_text()[:40]:
+        pytest.skip("the shipped file was built from tzdata 2025b")
+    assert build_heldout_domains(tz) == rows  # reproduces from its sources

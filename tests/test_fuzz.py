@@ -186,6 +186,71 @@ def test_json_extremes(tmp_path, text):
         read_json(tmp_path / "x.json")
 
 
+# ---- engine dumps (vLLM, SGLang) ----------------------------------------------------------------
+
+ENGINE_EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "engine-dumps"
+
+
+@FUZZ
+@given(prompt=JSON_VALUE, routed=JSON_VALUE, ids=JSON_VALUE, created=JSON_VALUE, text=JSON_VALUE)
+def test_vllm_response_fields_of_any_type(tmp_path, prompt, routed, ids, created, text):
+    doc = {"prompt_routed_experts": prompt, "prompt_token_ids": ids, "created": created,
+           "usage": {"prompt_tokens": created, "completion_tokens": text},
+           "choices": [{"routed_experts": routed, "token_ids": ids, "text": text}]}
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    from casmoe.importers.vllm import read_vllm
+
+    try:
+        tr = read_vllm([tmp_path / "r.json"])
+    except TraceError:
+        return
+    tr.validate()  # accepted: a consistent trace of integer ids
+    assert all(r.topk.dtype.kind == "i" for r in tr.requests)
+
+
+SGLANG_FIELDS = ["forward_pass_id", "input_ids", "positions", "extend_seq_lens", "forward_mode", "topk_ids_of_layer"]
+
+
+@settings(FUZZ, max_examples=15)  # each example saves and loads a torch file
+@given(field=st.sampled_from(SGLANG_FIELDS), value=JSON_VALUE, record=st.integers(0, 3))
+def test_sglang_record_fields_of_any_type(tmp_path, field, value, record):
+    torch = pytest.importorskip("torch")
+    [dump] = (ENGINE_EXAMPLES / "sglang").glob("*.pt")
+    doc = torch.load(dump, weights_only=True)
+    doc["records"][record][field] = value
+    torch.save(doc, tmp_path / "d.pt")
+    from casmoe.importers.sglang import read_sglang
+
+    try:
+        tr = read_sglang([tmp_path / "d.pt"])
+    except TraceError:
+        return
+    tr.validate()
+
+
+@settings(FUZZ, max_examples=20)
+@given(name=st.sampled_from(["sglang", "vllm/request-1.npz", "sglang-stat.pt"]), cut=st.integers(1, 4000),
+       flip=st.integers(0, 4000))
+def test_damaged_engine_dumps_raise_one_error(tmp_path, name, cut, flip):
+    pytest.importorskip("torch")
+    from casmoe.errors import CasmoeError
+    from casmoe.importers import import_profile, import_trace
+
+    src = ENGINE_EXAMPLES / name
+    src = next(src.glob("*.pt")) if src.is_dir() else src
+    data = bytearray(src.read_bytes())
+    data[flip % len(data)] ^= 0xFF
+    bad = tmp_path / src.name
+    bad.write_bytes(bytes(data[: max(1, len(data) - cut)]) if cut % 2 else bytes(data))
+    try:
+        if name == "sglang-stat.pt":
+            import_profile([bad], "sglang-stat")
+        else:
+            import_trace([bad], "sglang" if bad.suffix == ".pt" else "vllm").validate()
+    except CasmoeError as exc:
+        assert "\n" not in str(exc)
+
+
 # ---- hardware profiles --------------------------------------------------------------------------
 
 PROFILE = (PROFILES_DIR / "rtx4090x4.toml").read_text()

@@ -114,10 +114,15 @@ def test_export_import_round_trip(tmp_path):
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    L=st.integers(1, 4), E=st.integers(1, 10), k=st.integers(1, 3), n=st.integers(0, 3), seed=st.integers(0, 2**32 - 1)
+    L=st.integers(1, 4), E=st.integers(1, 10), k=st.integers(1, 3), n=st.integers(1, 3), seed=st.integers(0, 2**32 - 1),
+    optional=st.booleans(),
 )
-def test_csv_round_trip_random_geometries(tmp_path, L, E, k, n, seed):
-    tr = random_trace(np.random.default_rng(seed), L, E, min(k, E), n, optional=False)
+def test_csv_round_trip_random_geometries(tmp_path, L, E, k, n, seed, optional):
+    """Export then import gives the trace back: arrival times, output ids and text included;
+    only the router logits and spec are lost (the CSV has no column for them)."""
+    tr = random_trace(np.random.default_rng(seed), L, E, min(k, E), n, optional=optional)
+    for r in tr.requests:
+        r.logits = r.spec = None
     write_route_csv(tr, tmp_path / "t.csv")
     back = read_route_csv(tmp_path / "t.csv")
     assert_same(tr, back)
@@ -363,3 +368,107 @@ def test_the_shipped_moe_lrc_folder_imports_the_models_own_routing():
     assert len(tr.requests) == len(chosen) == 4
     for req, want in zip(tr.requests, chosen):
         np.testing.assert_array_equal(np.sort(req.topk, axis=-1), np.sort(want, axis=-1))
+
+
+# ---- what a user's file or flags declare: refused when ambiguous or contradicted (issue 19) -----
+
+MINIMAL = "# n_layer=2 n_expert=4 n_expert_used=2\nturn,step,layer,expert\n0,0,0,3\n0,0,0,1\n0,0,1,0\n0,0,1,2\n0,1,0,2\n0,1,0,3\n"
+
+
+def test_the_minimal_csv_form_imports_with_its_defaults(tmp_path):
+    p = tmp_path / "mine.csv"
+    p.write_text(MINIMAL)
+    tr = import_trace([p])
+    [req] = tr.requests
+    assert (tr.geometry.layers, tr.geometry.experts, tr.geometry.top_k) == (2, 4, 2)
+    assert req.prefill == 0 and req.tokens == 2  # no phase column: every token a decode step
+    assert req.topk[0].tolist() == [[3, 1], [0, 2]]  # slots in the rows' order
+    assert req.topk[1, 1].tolist() == [NOT_COMPUTED, NOT_COMPUTED]  # a token-layer without rows
+    assert (req.weights[req.computed] == 0.5).all()
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (MINIMAL.replace("n_expert_used=2", "n_expert_used=2 n_expert=8"), "twice"),
+        ("# n_expert=8\n" + MINIMAL, "twice"),
+        (MINIMAL.replace("\nturn", "\n# layer=0 expert_bytes=5\n# layer=0 expert_bytes=6\nturn"), "twice"),
+        (MINIMAL + '# casmoe request={"turn": 0}\n# casmoe request={"turn": 0}\n', "twice"),
+        (MINIMAL + '# casmoe request={"turn": 0, "turn": 1}\n', "twice"),
+        (MINIMAL + '# casmoe geometry={"layers": 2, "experts": 8, "top_k": 2}\n', "disagrees"),
+        (MINIMAL.replace("turn,step,layer,expert", "turn,step,layer,expert,expert"), "twice"),
+        ("# n_layer=2 n_expert=4 n_expert_used=2\nturn,step,layer,expert\n", "no rows"),
+        ("# n_layer=2 n_expert=4 n_expert_used=2\n", "no column line"),
+        (MINIMAL.replace("n_layer=2 ", ""), "n_layer"),
+    ],
+)
+def test_ambiguous_or_empty_csv_is_refused(tmp_path, text, match):
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(TraceError, match=match):
+        import_trace([p])
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path):
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + MINIMAL.encode())
+    assert import_trace([tmp_path / "bom.csv"]).geometry.layers == 2
+    doc = {"num_experts": 4, "top_k": 2, "requests": [{"layers": [[[0, 1]]]}]}
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(doc).encode())
+    assert len(import_trace([tmp_path / "bom.json"]).requests) == 1
+    (tmp_path / "dup.json").write_text('{"num_experts": 4, "num_experts": 8, "top_k": 2, "requests": []}')
+    with pytest.raises(TraceError, match="twice"):
+        import_trace([tmp_path / "dup.json"])
+
+
+@pytest.mark.parametrize(
+    "source, options",
+    [
+        ("csv", {"num_experts": 8}),
+        ("csv", {"top_k": 3}),
+        ("logits", {"num_experts": 16, "top_k": 2}),
+        ("ids", {"num_experts": 4, "top_k": 3}),
+        ("csv", {"top_k": 0}),
+        ("csv", {"num_experts": -1}),
+        ("ids", {"num_experts": 0}),
+    ],
+)
+def test_flags_that_contradict_the_data_are_refused(tmp_path, source, options):
+    if source == "csv":
+        (tmp_path / "t.csv").write_text(MINIMAL)
+        path = tmp_path / "t.csv"
+    else:
+        path = tmp_path / "layers"
+        path.mkdir()
+        for layer in range(2):
+            data = np.random.default_rng(layer).standard_normal((2, 3, 4)).astype(np.float32)
+            np.save(path / f"l_{layer}.npy", data if source == "logits" else np.argsort(data, axis=-1)[..., :2])
+    with pytest.raises(TraceError) as err:
+        import_trace([path], **options)
+    assert "\n" not in str(err.value)
+
+
+def test_traces_without_requests_are_refused(tmp_path):
+    empty = Trace(Geometry(1, 4, 2), [])
+    with pytest.raises(TraceError, match="no requests"):
+        write_route_csv(empty, tmp_path / "e.csv")
+    empty.save(tmp_path / "e.npz")
+    with pytest.raises(TraceError, match="no requests"):
+        import_trace([tmp_path / "e.npz"])
+    np.save(tmp_path / "l_0.npy", np.zeros((0, 3, 2), dtype=np.int8))
+    with pytest.raises(TraceError, match="no sequences"):
+        import_trace([tmp_path / "l_0.npy"], num_experts=4)
+
+
+@pytest.mark.parametrize("argv", [["trace", "export", "t.npz", "t.npz"], ["trace", "import", "t.csv", "-o", "t.csv"],
+                                  ["trace", "import", "t.csv", "-o", "x.npz", "--top-k", "0"],
+                                  ["trace", "import", "t.csv", "-o", "x.npz", "--num-experts", "8"],
+                                  ["trace", "import", ".", "-o", "t.npz"], ["trace", "synth", "t.npz", "--like", "t.npz"]])
+def test_commands_refuse_to_overwrite_their_input_or_contradict_it(tmp_path, monkeypatch, capsys, argv):
+    from test_fuzz import assert_one_line, cli
+
+    (tmp_path / "t.csv").write_text(MINIMAL)
+    read_route_csv(tmp_path / "t.csv").save(tmp_path / "t.npz")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

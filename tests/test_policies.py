@@ -19,7 +19,8 @@ from casmoe.sim.testing import check_policy
 from casmoe.testing import geometries, textbook_lru_hits, traces
 from casmoe.trace import Request, Trace
 
-OPTIONS = {"casmoe": [{"predictor": "exact"}, {"predictor": "noisy", "noise": 0.5}], "sch": [{"m": 1}, {"m": 4}]}
+OPTIONS = {"casmoe": [{"predictor": "exact"}, {"predictor": "noisy", "noise": 0.5}], "sch": [{"m": 1}, {"m": 4}],
+           "speculative": [{}, {"ahead": 3, "experts": 1}], "moe-infinity": [{}, {"size": 1, "ahead": 1}]}
 VARIANTS = [(name, opts) for name in POLICIES for opts in OPTIONS.get(name, [{}])]
 DEMAND_ONLY = ["ondemand", "lru", "lfu", "static", "sch"]
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)

@@ -100,7 +100,10 @@ def test_simulate_with_no_arguments(tmp_path):
     records = check_report(tmp_path / "casmoe-sim", tmp_path / "tl.json")
     policies = {r["policy"] for r in records}
     assert {"ondemand", "lru", "casmoe[predictor=exact]", "casmoe[predictor=noisy]"} <= policies
-    assert "tiny-mixtral.npz (first 12 of 800 requests" in proc.stdout
+    # static ranks experts by a profile: of the train split, so only held-out requests are scored
+    assert "tiny-mixtral.npz: 12 of 800 requests (the first 12 of the requests static never saw)" in proc.stdout
+    assert {r["scored"] for r in records} == {"12 of 800 requests (the first 12 of the requests static never saw)"}
+    assert not any(r["oracle"] for r in records if r["policy"] == "static")
     assert "model mixtral-8x7b" in proc.stdout
     _headline_checks(proc.stdout, records)
     assert "e+0" not in proc.stdout  # three significant digits, never exponents

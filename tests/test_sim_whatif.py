@@ -30,13 +30,17 @@ def test_shipped_trace_runs_its_first_requests_and_points_carry_the_parsed_miss_
     lru = parse_policies(["lru"], POLICIES)
     plan = what_if(shipped(DEFAULT_TRACE), lru, [CapacitySpec("4")], shipped=True, miss_mode=" LOAD")
     assert len(plan.trace.requests) == SHIPPED_REQUESTS < plan.total_requests
-    assert f"first {SHIPPED_REQUESTS} of {plan.total_requests}" in plan.describe()
-    assert [(p.miss_mode, p.capacity.text, p.requests) for p in plan.points] == [("load", "4", SHIPPED_REQUESTS)]
+    assert f"{SHIPPED_REQUESTS} of {plan.total_requests} requests (the first {SHIPPED_REQUESTS} of" in plan.describe()
+    assert [(p.miss_mode, p.capacity.text, p.requests) for p in plan.points] == [
+        ("load", "4", tuple(range(SHIPPED_REQUESTS)))
+    ]
     whole = what_if(shipped(DEFAULT_TRACE), lru, [CapacitySpec("4")], requests=0)
     assert len(whole.trace.requests) == whole.total_requests and "first" not in whole.describe()
 
 
-def test_a_capacity_beyond_the_gpus_is_noted_not_refused():
+def test_a_capacity_beyond_the_gpus_is_refused_unless_overcommitted():
     lru = parse_policies(["lru"], POLICIES)
-    plan = what_if(shipped(DEFAULT_TRACE), lru, [CapacitySpec("1000")], shipped=True)
-    assert len(plan.points) == 1 and any("exceeds" in n for n in plan.notes)
+    with pytest.raises(CasmoeError, match="holds 7 beside the dense weights.*--allow-overcommit"):
+        what_if(shipped(DEFAULT_TRACE), lru, [CapacitySpec("1000")], shipped=True)
+    plan = what_if(shipped(DEFAULT_TRACE), lru, [CapacitySpec("1000")], shipped=True, overcommit=True)
+    assert len(plan.points) == 1 and any("simulated anyway" in n for n in plan.notes)

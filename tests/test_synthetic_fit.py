@@ -134,3 +134,34 @@ def test_cli_synth_like(tmp_path):
     assert tr.meta["synth_like"]["source"] == "src" and len(tr.meta["synth_like"]["decode"]["stickiness"]) == 4
     r = runner.invoke(app, ["trace", "synth", str(out), "--like", str(src), "--zipf", "2"])
     assert r.exit_code != 0 and "--zipf" in str(r.exception or r.output)
+
+
+def test_rank_weights_extend_their_log_linear_decay_and_keep_the_total():
+    from casmoe.synthetic_fit import extend_rank_weights
+
+    w = np.array([[0.4, 0.2, 0.1], [0.5, 0.3, 0.2]]) / np.array([[0.7], [1.0]])
+    out = extend_rank_weights(w, 5)
+    np.testing.assert_allclose(out.sum(axis=1), w.sum(axis=1))
+    np.testing.assert_allclose(out[0, 1:] / out[0, :-1], 0.5)  # a geometric decay continues
+    assert (np.diff(out, axis=1) <= 1e-12).all()
+    np.testing.assert_allclose(extend_rank_weights(w, 2), w[:, :2] * (w.sum(1) / w[:, :2].sum(1))[:, None])
+
+
+def test_top_k_extrapolation_draws_more_of_the_same_ranking():
+    """Fitted at k = 2, generated at 4: each token routes 4 distinct experts, the hottest expert
+    of each layer stays the hottest, and the first 2 ranks' popularity barely moves."""
+    from casmoe.synthetic_fit import with_top_k
+
+    model = fit(hand_built(), "src")
+    wide = with_top_k(model, 4)
+    assert wide.geometry.top_k == 4 and wide.decode.drift == model.decode.drift
+    np.testing.assert_array_equal(wide.decode.stickiness, model.decode.stickiness)
+    syn = generate_like(wide, 40, seed=1)
+    assert syn.geometry.top_k == 4
+    for r in syn.requests:
+        dec = r.topk[r.prefill :]
+        assert (np.sort(dec, axis=2)[:, :, 1:] != np.sort(dec, axis=2)[:, :, :-1]).all()
+    narrow = generate_like(model, 40, seed=1)
+    assert (decode_popularity(syn).argmax(axis=1) == decode_popularity(narrow).argmax(axis=1)).all()
+    r = CliRunner().invoke(app, ["trace", "synth", "x.npz", "--like", "traces/real/gptoss.route.csv", "--top-k", "999"])
+    assert r.exit_code != 0 and "--top-k" in str(r.exception or r.output)

@@ -78,3 +78,37 @@ def test_sequence_wise_balance_sees_topic_routing() -> None:
     z[T:, 2:] = 4.0
     assert float(layer_balance_loss((z,), k, sequences=1)) == pytest.approx(k, abs=0.01)
     assert float(layer_balance_loss((z,), k, sequences=2)) == pytest.approx(E, rel=0.01)
+
+
+def test_global_balance_counts_loads_over_the_window_not_the_batch() -> None:
+    """A batch routed wholly to experts 0, 1 pays E under batch balance; counted with loads of
+    a global batch that spread evenly it pays k, and with loads that agree with it (a globally
+    hot pair) it pays E again."""
+    from casmoe.backends.train import expert_counts, layer_balance_loss
+
+    E, k, T = 4, 2, 32
+    z = torch.full((T, E), -4.0)
+    z[:, :2] = 4.0
+    assert float(layer_balance_loss((z,), k)) == pytest.approx(E, rel=0.01)
+    even = torch.full((1, E), k / E)
+    assert float(layer_balance_loss((z,), k, loads=even)) == pytest.approx(k, rel=0.01)
+    hot = k * expert_counts((z,), k) / (k * T)  # this batch's own loads: [1, E], summing to k
+    assert hot.tolist() == [[1.0, 1.0, 0.0, 0.0]]
+    assert float(layer_balance_loss((z,), k, loads=hot)) == pytest.approx(E, rel=0.01)
+
+
+def test_global_balance_trains() -> None:
+    from casmoe.backends.train import Balance
+
+    torch.manual_seed(0)
+    prompts = load_corpus(split=TRAIN, task="arithmetic")[:60]
+    tok = train_tokenizer([p.text for p in prompts], vocab_size=300)
+    rows = pack(tok, prompts, seq_len=32)
+    config = transformers.OlmoeConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+        output_router_logits=True, router_aux_loss_coef=0.0)
+    settings = TrainSettings(steps=6, batch=4, seq_len=32, lr=1e-2, warmup=2, balance=Balance.GLOBAL,
+                             balance_window=3, balance_coef=0.05)
+    losses = fit(transformers.OlmoeForCausalLM(config), rows, settings, np.random.default_rng(0))
+    assert len(losses) == 6 and all(np.isfinite(losses))

@@ -204,6 +204,27 @@ def load_planner(path: str | Path) -> Planner:
     from casmoe.planner.eap import EAP
 
     folder = Path(path)
+    meta = _read_meta(folder)
+    geometry = Geometry.from_dict(meta.get("geometry"))
+    try:
+        config = PlannerConfig.from_dict(meta["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlannerError(f"{folder}/planner.json: bad config: {exc}") from exc
+    for name in ("eam.index", "eam_patterns.npy", "eap.safetensors"):
+        if not (folder / name).exists():
+            raise PlannerError(f"{folder}: missing {name}")
+    matcher = Matcher.load(folder, config.neighbours)
+    predictor = EAP.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
+    return Planner(geometry, config, matcher, predictor, _fit_data(folder, meta))
+
+
+def read_fit_data(path: str | Path) -> FitData | None:
+    """A planner folder's fit data alone (which prompts it saw), without loading its models."""
+    folder = Path(path)
+    return _fit_data(folder, _read_meta(folder))
+
+
+def _read_meta(folder: Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise PlannerError(f"{folder}: not a planner folder; write one with casmoe planner fit --out {folder}")
     try:
@@ -216,18 +237,11 @@ def load_planner(path: str | Path) -> Planner:
         raise PlannerError(f"{folder}/planner.json is not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise PlannerError(f"{folder}: not a {FORMAT} v{VERSION} folder")
-    geometry = Geometry.from_dict(meta.get("geometry"))
+    return meta
+
+
+def _fit_data(folder: Path, meta: dict[str, Any]) -> FitData | None:
     try:
-        config = PlannerConfig.from_dict(meta["config"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlannerError(f"{folder}/planner.json: bad config: {exc}") from exc
-    for name in ("eam.index", "eam_patterns.npy", "eap.safetensors"):
-        if not (folder / name).exists():
-            raise PlannerError(f"{folder}: missing {name}")
-    matcher = Matcher.load(folder, config.neighbours)
-    predictor = EAP.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
-    try:
-        fit_data = FitData.load(folder, meta.get("fit"))
+        return FitData.load(folder, meta.get("fit"))
     except (KeyError, TypeError, ValueError, OSError) as exc:
         raise PlannerError(f"{folder}: bad fit data ({exc}); refit with casmoe planner fit") from exc
-    return Planner(geometry, config, matcher, predictor, fit_data)

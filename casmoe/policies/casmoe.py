@@ -89,6 +89,21 @@ class CasMoE(ExpertCache):
         return options.get("planner") is None and not callable(options.get("predictor"))
 
     @classmethod
+    def fitted_requests(cls, options: dict[str, Any], trace: Any) -> set[int]:
+        """With a planner: the requests whose prompt it was fitted on (its stored fit data)."""
+        folder = options.get("planner")
+        if folder is None:
+            return set()
+        from casmoe.planner.fitdata import prompt_digests
+        from casmoe.planner.planner import read_fit_data
+
+        fit = read_fit_data(folder)
+        if fit is None:
+            return set()
+        seen = np.isin(prompt_digests([r.prompt for r in trace.requests]), fit.prompts)
+        return {int(i) for i in np.flatnonzero(seen)}
+
+    @classmethod
     def create(
         cls,
         geometry,
@@ -102,6 +117,12 @@ class CasMoE(ExpertCache):
         **kw: Any,
     ) -> ExpertCache:
         if planner is not None:
+            missing = 0 if trace is None else sum(not r.prompt for r in trace.requests)
+            if missing:
+                raise CacheConfigError(
+                    f"{missing} of the trace's {len(trace.requests)} requests have no prompt text, and a planner predicts "
+                    "from the prompt; use a trace recorded with prompts, or casmoe[predictor=exact|noisy] for the bounds"
+                )
             return cls(geometry, capacity, predictor=PlannerPredictor(planner, geometry), **kw)
         if callable(predictor):
             return cls(geometry, capacity, predictor=predictor, **kw)

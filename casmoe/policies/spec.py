@@ -102,6 +102,14 @@ class PolicySpec:
         """Reads the future (belady, sch, casmoe with its oracle predictors)."""
         return self.cls.reads_future(dict(self.options))
 
+    def fitted_requests(self, trace: Any) -> set[int]:
+        """Requests of `trace` that whatever this policy was fitted on saw (`casmoe.selection`)."""
+        return self.check().fitted_requests(dict(self.options), trace)
+
+    def bound(self, trace: Any) -> dict[str, Any]:
+        """The options completed from `trace`, the whole trace of the run (`ExpertCache.bind`)."""
+        return self.check().bind(dict(self.options), trace)
+
     def check(self) -> type[ExpertCache]:
         """The policy class, once its options are known to it and of the annotated type."""
         cls = self.cls
@@ -114,9 +122,11 @@ class PolicySpec:
                 raise PolicySpecError(f"policy {self.name}: option {key} must be {accepted[key]}, got {value!r}")
         return cls
 
-    def create(self, geometry, capacity, **runtime: Any) -> ExpertCache:
-        """The cache this spec names; `runtime` carries `trace`, `miss_mode`, `expert_bytes`."""
-        return self.check().create(geometry, capacity, **runtime, **dict(self.options))
+    def create(self, geometry, capacity, *, source: Any = None, **runtime: Any) -> ExpertCache:
+        """The cache this spec names; `runtime` carries `trace`, `miss_mode`, `expert_bytes`;
+        `source`, the whole trace the run's requests were selected from, completes the options."""
+        options = dict(self.options) if source is None else self.bound(source)
+        return self.check().create(geometry, capacity, **runtime, **options)
 
 
 def default_policies(names: Iterable[str], planner: str | None = None) -> list[PolicySpec]:

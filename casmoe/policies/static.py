@@ -1,4 +1,4 @@
-"""Static placement: pin the experts that a profile trace routes to most, LRU for the rest.
+"""Static placement: pin the experts that a popularity profile routes to most, LRU for the rest.
 
 This is the placement of llama.cpp and kTransformers: popular experts live on the GPU for
 good, the remaining slots (at least `top_k` per pool, so misses can load) rotate in LRU order.
@@ -41,21 +41,47 @@ class Static(LRU):
         self.pinned: frozenset[ExpertId] = frozenset(int(e) for e in pinned if popularity[e] > 0)
 
     @classmethod
+    def fitted_requests(cls, options: dict[str, Any], trace: Trace) -> set[int]:
+        """Without a profile: the trace's train split (`bind` profiles on it). With a profile
+        of this very trace (the same popularity): every request."""
+        from casmoe.selection import split_indices
+
+        profile = options.get("profile")
+        if profile is None:
+            return set(split_indices(trace, "train"))
+        counts = _counts(profile)
+        if counts.shape == (trace.geometry.layers, trace.geometry.experts) and np.array_equal(counts, trace.popularity()):
+            return set(range(len(trace.requests)))
+        return set()
+
+    @classmethod
+    def bind(cls, options: dict[str, Any], trace: Trace) -> dict[str, Any]:
+        """No profile given: the popularity of the trace's train split, never of the scored requests."""
+        if options.get("profile") is not None:
+            return options
+        from casmoe.selection import split_indices
+
+        return {**options, "profile": trace.subset(split_indices(trace, "train"))}
+
+    @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | str | None = None, **kw: Any) -> ExpertCache:
-        """Popularity from `profile`, else from the trace being run (an offline profile of the
-        same workload: an upper bound on what a static placement achieves)."""
-        if profile is not None and not isinstance(profile, Trace):
-            profile = Trace.load(os.fspath(profile) if isinstance(profile, os.PathLike) else str(profile))
-        source = profile if profile is not None else trace
-        if source is None:
-            raise CacheConfigError("static needs a profile trace (static[profile=FILE.npz]) to rank experts")
-        shape = (source.geometry.layers, source.geometry.experts)
+        """Popularity from `profile` (a profile file of `casmoe profile import`, a trace file or
+        a Trace), else from the trace being run (an offline profile of the very requests it is
+        scored on: an upper bound on what a static placement achieves; the command line and
+        sweeps `bind` a profile of the train split instead)."""
+        if profile is not None:
+            counts = _counts(profile)
+        elif trace is not None:
+            counts = trace.popularity()
+        else:
+            raise CacheConfigError("static needs a profile (static[profile=FILE.npz]: a profile or a trace) to rank experts")
+        shape = counts.shape
         if shape != (geometry.layers, geometry.experts):
             raise CacheConfigError(
                 f"static profile has {shape[0]} layers x {shape[1]} experts, the run {geometry.layers} x "
                 f"{geometry.experts}; profile a trace of the same model"
             )
-        return cls(geometry, capacity, popularity=source.popularity().ravel(), **kw)
+        return cls(geometry, capacity, popularity=counts.ravel(), **kw)
 
     def twin_state(self) -> TwinState:
         return TwinState(pinned=tuple(sorted(self.pinned)))
@@ -64,3 +90,11 @@ class Static(LRU):
         pinned = self.pinned
         unpinned = next((e for e in self.recency(layer) if e in candidates and e not in pinned), None)
         return unpinned if unpinned is not None else super().victim(layer, candidates)
+
+
+def _counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
+    if isinstance(profile, Trace):
+        return profile.popularity()
+    from casmoe.profile import load_profile
+
+    return load_profile(os.fspath(profile))

@@ -1,0 +1,159 @@
+"""MoE-Infinity (Xue et al. 2024, arXiv 2401.14361; code EfficientMoE/MoE-Infinity): prefetch and
+evict by the request-level expert activation matrix of the most similar past request.
+
+Modelled, after the paper and its public code (moe_infinity/memory/expert_tracer.py,
+expert_predictor.py, expert_priority_score.py):
+
+- the **expert activation matrix** (EAM) of a request: [L, E] counts of the tokens routed to
+  each expert (a prefill step, whose tokens the runtime merges, adds one per expert it routes);
+- the **EAM collection** (EAMC): the EAMs of served requests, added as each request finishes
+  (online), optionally seeded from a `fit` trace (its `train` split when it has splits); when
+  full, the least matched entry that did not come from `fit` is replaced (the code's policy);
+- **matching**: once per step, the running request's partial EAM is compared with every stored
+  one by the cosine similarity of each layer's row, averaged over the layers it has routed so
+  far; the best match predicts the layers to come;
+- **prefetch priority**: as layer l is about to run, the matched EAM's experts of layers
+  l .. l+ahead-1 (up to a pool's slots each) are fetched in order of their share of the layer
+  times the code's layer decay `1 - (layer - l) / (L + 1)`;
+- **activation-aware eviction**: the resident with the lowest predicted share is evicted, then
+  the one the running request has used least, then the least recently used.
+
+Not modelled: the paper's serving engine (its I/O threads, pinned-memory pool and multi-GPU
+placement: casmoe's simulator prices the copies) and its encoder-decoder special cases; the
+EAM is matched once per step rather than at every layer (within a token the partial matrix
+changes by one layer's row; matching costs C x L x E per call).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from casmoe.cache import CacheConfigError, ExpertCache
+from casmoe.geometry import ExpertId
+from casmoe.trace import Trace, expert_counts
+
+
+def _unit_rows(eam: np.ndarray) -> np.ndarray:
+    """Each layer's row scaled to unit length (zero rows stay zero): cosines become dot products."""
+    norm = np.linalg.norm(eam, axis=-1, keepdims=True)
+    return np.divide(eam, norm, out=np.zeros_like(eam, dtype=np.float64), where=norm > 0)
+
+
+def train_eams(trace: Trace) -> list[np.ndarray]:
+    """The EAMs of a fit trace's `train` requests (all of them when it has no splits)."""
+    splits = trace.meta.get("splits")
+    keep = [i for i, s in enumerate(splits) if s == "train"] if isinstance(splits, list) else range(len(trace.requests))
+    return [expert_counts(trace.requests[i].topk, trace.geometry.experts).astype(np.float64) for i in keep]
+
+
+class MoEInfinity(ExpertCache):
+    name = "moe-infinity"
+
+    def __init__(self, *args, collection: Sequence[np.ndarray] = (), size: int = 512, ahead: int = 3, **kw) -> None:
+        super().__init__(*args, **kw)
+        g = self.geometry
+        if size < 1 or ahead < 1:
+            raise CacheConfigError(f"moe-infinity needs size >= 1 stored requests and ahead >= 1 layer, got {size}, {ahead}")
+        self.ahead = ahead
+        seeded = list(collection)[-size:]
+        self._bank = np.zeros((size, g.layers, g.experts))  # unit rows of the stored EAMs
+        self._access = np.zeros(size)
+        self._stored = len(seeded)
+        self._persistent = len(seeded)  # entries from `fit`: never replaced
+        for i, eam in enumerate(seeded):
+            self._bank[i] = _unit_rows(np.asarray(eam, dtype=np.float64).reshape(g.layers, g.experts))
+        self._eam = np.zeros((g.layers, g.experts))  # the running request's
+        self._pred = np.zeros(g.total_experts)  # the matched EAM's share of its layer, flat
+        self._matched_step = -1
+        self._ranked: list[list[tuple[float, ExpertId]]] = [[] for _ in range(g.layers)]
+        self._last = np.zeros(g.total_experts, dtype=np.int64)
+        self._tick = 0
+        L = g.layers
+        self._decay = 1.0 - np.arange(L) / (L + 1)
+
+    @classmethod
+    def create(cls, geometry, capacity, *, trace: Trace | None = None, fit: Trace | str | None = None, **kw: Any) -> ExpertCache:
+        """`fit`: a trace (or its path) whose train requests seed the collection; it must be of
+        the same model, and must not hold the requests being scored."""
+        collection: list[np.ndarray] = []
+        if fit is not None:
+            if not isinstance(fit, Trace):
+                fit = Trace.load(os.fspath(fit))
+            g = fit.geometry
+            if (g.layers, g.experts) != (geometry.layers, geometry.experts):
+                raise CacheConfigError(
+                    f"moe-infinity fit trace has {g.layers} layers x {g.experts} experts, the run "
+                    f"{geometry.layers} x {geometry.experts}; fit on a trace of the same model"
+                )
+            collection = train_eams(fit)
+        return cls(geometry, capacity, collection=collection, **kw)
+
+    # ---- the activation matrices ----------------------------------------------------------
+
+    def route(self, step, layer, experts, scores=None):
+        local = np.fromiter(experts, dtype=np.int64, count=len(experts)) - layer * self.geometry.experts
+        self._eam[layer, local] += 1.0
+        return super().route(step, layer, experts, scores)
+
+    def _match(self) -> None:
+        """Predict from the stored EAM most similar to the running request's partial one, and
+        rank each layer's predicted experts (up to a pool's slots) for the step's prefetches."""
+        n = self._stored
+        seen = int(self._eam.any(axis=1).sum())
+        self._ranked = [[] for _ in range(self.geometry.layers)]
+        if n == 0 or not seen:
+            self._pred[:] = 0.0
+            return
+        # rows the request has not routed yet are zero in `part`, so they add nothing
+        sims = np.einsum("cle,le->c", self._bank[:n], _unit_rows(self._eam)) / seen
+        best = int(np.argmax(sims))
+        self._access[best] += 1
+        row = self._bank[best]
+        total = row.sum(axis=1, keepdims=True)
+        share = np.divide(row, total, out=np.zeros_like(row), where=total > 0)  # [L, E]
+        self._pred[:] = share.ravel()
+        E = self.geometry.experts
+        top = np.argsort(-share, axis=1, kind="stable")[:, : self.capacity.slots]
+        for layer, (ids, weights) in enumerate(zip(top.tolist(), np.take_along_axis(share, top, axis=1).tolist())):
+            self._ranked[layer] = [(w, layer * E + e) for e, w in zip(ids, weights) if w > 0]
+
+    def prefetch_layer(self, step: int, layer: int) -> list[ExpertId]:
+        if step != self._matched_step:
+            self._matched_step = step
+            self._match()
+        decay = self._decay
+        wanted = [(w * decay[d], e) for d, ranked in enumerate(self._ranked[layer : layer + self.ahead]) for w, e in ranked]
+        wanted.sort(key=lambda we: -we[0])  # stable: a layer's ties keep their order
+        return [e for _, e in wanted]
+
+    def on_request_end(self) -> None:
+        size = len(self._bank)
+        if not self._eam.any():
+            slot = -1
+        elif self._stored < size:
+            slot = self._stored
+            self._stored += 1
+        elif self._persistent < size:
+            slot = self._persistent + int(np.argmin(self._access[self._persistent :]))
+        else:
+            slot = -1  # every entry came from `fit`
+        if slot >= 0:
+            self._bank[slot] = _unit_rows(self._eam)
+            self._access[slot] = 1
+        self._eam[:] = 0.0
+        self._matched_step = -1
+
+    # ---- eviction --------------------------------------------------------------------------
+
+    def on_access(self, expert: ExpertId) -> None:
+        self._tick += 1
+        self._last[expert] = self._tick
+
+    on_insert = on_access
+
+    def victim(self, layer: int, candidates) -> ExpertId:
+        pred, eam, last = self._pred, self._eam.ravel(), self._last
+        return min(candidates, key=lambda e: (pred[e], eam[e], last[e]))

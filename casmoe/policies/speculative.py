@@ -1,0 +1,154 @@
+"""Speculative expert loading: prefetch the experts the next router picks from the hidden state.
+
+The signal of Mixtral-Offloading's speculative expert loading (Eliseev & Mazur 2023,
+arXiv 2312.17238, code dvmazur/mixtral-offloading: "apply the next layer's gating function to
+the previous layer's hidden states") and of Pre-gated MoE (Hwang et al. 2024, arXiv 2308.12066,
+a router trained to pick layer l+1's experts at layer l). A trace recorded with
+`casmoe record --spec` holds it as `spec[t, l]`: the experts layer l+1's router picks from the
+output of layer l (through layer l+1's pre-MoE norm; backends/record.py).
+
+Modelled: when layer l-1 is done its output is known, so as layer l is about to run the policy
+prefetches `spec[t, l-1]` (its first `experts` ids) for layer l; the copy overlaps layer l's
+dense part (attention), the only compute between the signal and its use. Layer 0 has no guess
+(its input is the next token's embedding). A prefill step prefetches, per layer, the guesses of
+its prompt tokens most often named first, up to the pool's slots. Residents are replaced in LRU
+order, and a guessed resident counts as just used, so a guess never evicts another guess.
+
+Deeper guesses (`ahead` > 1 prefetches layers l+1 .. l+ahead-1 too) are the spec guess chained
+through the model's layer-to-layer transitions: counts of (expert at layer j, expert at layer
+j+1) over the decode tokens served so far, learned online (no future is read); the `experts`
+most co-routed with the previous depth's guess are fetched.
+
+Not modelled: Mixtral-Offloading's mixed quantisation and its per-layer LRU of fixed size (the
+slot count here is `--capacity`), Pre-gated MoE's retrained pre-gate (its accuracy differs from
+this recorded signal), and guessing layer l+1 *while* layer l's experts run (that needs layer
+l+1's router applied to layer l's input, which traces do not record).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from casmoe.cache import CacheConfigError, ExpertCache, PolicyError
+from casmoe.geometry import ExpertId
+from casmoe.policies.lru import LRU
+from casmoe.trace import Trace
+
+
+class Speculative(LRU):
+    name = "speculative"
+
+    def __init__(self, *args, spec: dict[int, np.ndarray] | None = None, experts: int | None = None,
+                 ahead: int = 1, **kw) -> None:
+        super().__init__(*args, **kw)
+        g = self.geometry
+        self.n = g.top_k if experts is None else experts
+        if not 1 <= self.n <= g.top_k:
+            raise CacheConfigError(f"speculative experts must lie in [1, {g.top_k}] (the router's top-k), got {self.n}")
+        if ahead < 1:
+            raise CacheConfigError(f"speculative ahead must be >= 1 layer, got {ahead}")
+        self.ahead = ahead
+        self._spec_of = spec or {}  # id(request) -> its spec [T, L, k]
+        self._spec: np.ndarray | None = None  # the running request's
+        self._prefill = 0
+        self._first_step = -1
+        self._active = False
+        self._live: dict[int, list[int]] = {}  # layer -> guess handed in by a live runtime
+        self._pairs = np.zeros((max(g.layers - 1, 0), g.experts, g.experts)) if ahead > 1 else None
+        self._routed_prev: tuple[int, list[int]] = (-1, [])  # (layer, local ids) of this decode step
+
+    @classmethod
+    def create(cls, geometry, capacity, *, trace: Trace | None = None, **kw: Any) -> ExpertCache:
+        """The guesses come from `trace`'s recorded `spec`; without a trace (a live backend) the
+        runtime hands them in through `guess`."""
+        spec = None
+        if trace is not None:
+            if trace.requests and trace.requests[0].spec is None:
+                raise CacheConfigError(
+                    "speculative needs the trace's spec array (the next layer's guess); record it with `casmoe record --spec`"
+                )
+            spec = {id(r): r.spec for r in trace.requests}
+        return cls(geometry, capacity, spec=spec, **kw)
+
+    # ---- where the running request is -----------------------------------------------------
+
+    def request_view(self, request):
+        if self._active:
+            raise CacheConfigError("speculative follows one request at a time (batch 1): each step must be one request's")
+        self._active = True
+        self._spec = self._spec_of.get(id(request))
+        self._prefill = getattr(request, "prefill", 0)
+        self._first_step = -1
+        return super().request_view(request)
+
+    def on_request_end(self) -> None:
+        self._active = False
+        self._spec = None
+        self._live.clear()
+
+    def guess(self, layer: int, experts: list[int]) -> None:
+        """A live runtime's guess of `layer`'s experts (local ids, best first), made from the
+        previous layer's output: what `spec` records, computed as the model runs."""
+        self._live[layer] = list(experts)
+
+    def _tokens(self, step: int) -> slice:
+        """The running step's tokens in the request (its first step is the prefill, if any)."""
+        if self._first_step < 0:
+            self._first_step = step
+        j = step - self._first_step
+        if self._prefill:
+            return slice(0, self._prefill) if j == 0 else slice(self._prefill + j - 1, self._prefill + j)
+        return slice(j, j + 1)
+
+    # ---- the guesses ------------------------------------------------------------------------
+
+    def _spec_guess(self, step: int, layer: int) -> list[int]:
+        """Local ids guessed for `layer` from layer-1's output, best first."""
+        if layer in self._live:
+            return self._live.pop(layer)[: self.n]
+        spec = self._spec
+        if spec is None or layer == 0:
+            return []
+        tokens = self._tokens(step)
+        if tokens.stop > len(spec):
+            raise PolicyError(f"speculative: step {step} lies beyond its request's {len(spec)} tokens (one request at a time)")
+        rows = spec[tokens, layer - 1, : self.n]  # [T, n]
+        if len(rows) == 1:
+            return [int(e) for e in rows[0] if e >= 0]
+        ids = rows[rows >= 0].astype(np.int64)
+        if ids.size == 0:
+            return []
+        counts = np.bincount(ids, minlength=self.geometry.experts)
+        order = np.argsort(-counts, kind="stable")
+        return [int(e) for e in order[: self.capacity.slots] if counts[e] > 0]
+
+    def prefetch_layer(self, step: int, layer: int) -> list[ExpertId]:
+        g = self.geometry
+        E = g.experts
+        guess = self._spec_guess(step, layer)
+        out = [layer * E + e for e in guess]
+        if self._pairs is not None:
+            for deeper in range(layer + 1, min(layer + self.ahead, g.layers)):
+                if not guess:
+                    break
+                score = self._pairs[deeper - 1][guess].sum(axis=0)
+                order = np.argsort(-score, kind="stable")[: self.n]
+                guess = [int(e) for e in order if score[e] > 0]
+                out += [deeper * E + e for e in guess]
+        order_of = self._order_of
+        for e in out:  # a guessed resident is wanted now: it must not make room for another guess
+            if e in order_of[e]:
+                order_of[e].move_to_end(e)
+        return out
+
+    def route(self, step, layer, experts, scores=None):
+        if self._pairs is not None and len(experts) <= self.geometry.top_k:  # a decode token's layer
+            E = self.geometry.experts
+            local = [e - layer * E for e in experts]
+            prev_layer, prev = self._routed_prev
+            if prev_layer == layer - 1 and prev:
+                self._pairs[layer - 1][np.ix_(prev, local)] += 1.0
+            self._routed_prev = (layer, local)
+        return super().route(step, layer, experts, scores)

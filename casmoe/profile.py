@@ -1,0 +1,176 @@
+"""Popularity profiles: how often each expert of each MoE layer was routed, `counts[L, E]`.
+
+Serving engines that keep only counts (TensorRT-LLM's expert statistics, KTransformers'
+activation frequencies, SGLang's `stat` recorder) cannot give a trace, but they give what a
+static placement needs: which experts are hot. `casmoe profile import` turns their dumps into
+a profile file; `load_profile` reads one, or a casmoe trace (its routed counts), so every
+placement that ranks experts by popularity (`static[profile=FILE]`, frequency placements) takes
+either.
+
+On disk a profile is one `.npz` (never pickled): `counts` float64 [L, E] and JSON metadata
+(`format`, `version`, the engine and files it came from, the engine's layer ids kept) as a uint8
+array. Counts are finite and non-negative, and at least one is positive.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from casmoe.errors import CasmoeError
+
+FORMAT_NAME = "casmoe-profile"
+FORMAT_VERSION = 1
+
+
+class ProfileError(CasmoeError, ValueError):
+    """A profile that cannot be read or used; the message names the file and the fault."""
+
+
+@dataclass(frozen=True, eq=False)
+class Profile:
+    """Routed counts per MoE layer and expert, with where they came from."""
+
+    counts: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_counts(self.counts, "<profile>")
+        object.__setattr__(self, "counts", np.asarray(self.counts, dtype=np.float64))
+
+    @property
+    def layers(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def experts(self) -> int:
+        return int(self.counts.shape[1])
+
+    def summary(self, top: int = 4) -> dict[str, Any]:
+        """Shape, totals and per-layer share of the `top` hottest experts, as plain values."""
+        rows = []
+        for layer, row in enumerate(self.counts):
+            total = float(row.sum())
+            hot = np.argsort(-row, kind="stable")[:top]
+            rows.append({"layer": layer, "routed": total, "distinct": int((row > 0).sum()),
+                         "top_share": float(row[hot].sum() / total) if total else 0.0})
+        return {"layers": self.layers, "experts": self.experts, "routed": float(self.counts.sum()),
+                "meta": self.meta, "per_layer": rows}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically (an interrupted write leaves the old file intact)."""
+        from casmoe.output import atomic_open, check_file_target
+
+        path = check_file_target(path, "profile")
+        meta = dict(self.meta)
+        meta.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        meta.update(format=FORMAT_NAME, version=FORMAT_VERSION)
+        with atomic_open(path, "wb") as fh:
+            np.savez_compressed(fh, counts=self.counts,
+                                meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Profile:
+        """Read and validate a profile file; `ProfileError` names the file and the fault."""
+        arrays = _npz_arrays(path)
+        return cls._from_arrays(arrays, str(path))
+
+    @classmethod
+    def _from_arrays(cls, arrays: dict[str, np.ndarray], where: str) -> Profile:
+        raw = arrays.get("meta")
+        if raw is None or "counts" not in arrays or raw.dtype != np.uint8 or raw.ndim != 1:
+            raise ProfileError(f"{where}: not a {FORMAT_NAME} file (needs 'counts' and 'meta' arrays)")
+        try:
+            meta = json.loads(raw.tobytes().decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProfileError(f"{where}: metadata is not valid JSON: {exc}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+            raise ProfileError(f"{where}: not a {FORMAT_NAME} file")
+        if meta.get("version") != FORMAT_VERSION:
+            raise ProfileError(f"{where}: unknown profile version {meta.get('version')!r} (this casmoe reads "
+                               f"{FORMAT_VERSION})")
+        check_counts(arrays["counts"], where)
+        for name in ("format", "version"):
+            meta.pop(name)
+        return cls(arrays["counts"], meta)
+
+
+def check_counts(counts: Any, where: str) -> None:
+    """Refuse what no popularity ranking can use: not [L, E] numbers, NaN, negative, all zero."""
+    arr = np.asarray(counts)
+    if arr.ndim != 2 or 0 in arr.shape:
+        raise ProfileError(f"{where}: counts must be [layers, experts], got shape {arr.shape}")
+    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)) or arr.dtype == bool:
+        raise ProfileError(f"{where}: counts must be numbers, not {arr.dtype}")
+    if not np.isfinite(arr).all():
+        raise ProfileError(f"{where}: counts hold NaN or infinity")
+    if (arr < 0).any():
+        raise ProfileError(f"{where}: negative count {float(arr.min())}")
+    if not (arr > 0).any():
+        raise ProfileError(f"{where}: every count is zero; the dump recorded no routing")
+
+
+def from_engine_counts(counts: np.ndarray, where: str, *, model_layers: int | None = None,
+                       meta: dict[str, Any] | None = None) -> Profile:
+    """An engine's counts over its own layers -> a profile over the MoE layers.
+
+    Engines count every decoder layer; dense layers stay all zero and are dropped (the kept
+    engine layer ids go in the metadata), unless `model_layers` (the model's MoE layer count)
+    equals the engine's layer count: then a zero row is a real, cold layer."""
+    counts = np.asarray(counts, dtype=np.float64)
+    check_counts(counts, where)
+    keep = np.arange(len(counts))
+    if model_layers is None or model_layers != len(counts):
+        keep = np.nonzero(counts.sum(axis=1) > 0)[0]
+    if model_layers is not None and len(keep) != model_layers:
+        raise ProfileError(f"{where}: {len(keep)} layers with routed counts (of {len(counts)}), but --model has "
+                           f"{model_layers} MoE layers")
+    info = {**(meta or {}), "engine_layers": int(len(counts)), "moe_layers": [int(i) for i in keep]}
+    return Profile(counts[keep], info)
+
+
+def _npz_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    where = str(path)
+    try:
+        data = Path(path).read_bytes()
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {n: npz[n] for n in npz.files}
+    except FileNotFoundError:
+        raise ProfileError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{where}: is a folder; give a profile or trace .npz") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise ProfileError(f"{where}: not a readable .npz: {exc}") from None
+    except Exception as exc:  # zlib and friends from a corrupted member
+        raise ProfileError(f"{where}: corrupted .npz: {type(exc).__name__}: {exc}") from None
+
+
+def read_profile(path: str | os.PathLike[str]) -> Profile:
+    """A profile file, or a casmoe trace as the profile of its routed counts."""
+    arrays = _npz_arrays(path)
+    if "counts" in arrays:
+        return Profile._from_arrays(arrays, str(path))
+    from casmoe.trace import Trace
+
+    trace = Trace.load(path)
+    counts = trace.popularity().astype(np.float64)
+    check_counts(counts, str(path))
+    return Profile(counts, {"source": "casmoe trace (routed counts of its computed token-layers)",
+                            "files": [Path(path).name], "requests": len(trace.requests)})
+
+
+def load_profile(path: str | os.PathLike[str]) -> np.ndarray:
+    """Expert popularity `counts[L, E]` (float64) from a profile file or a casmoe trace.
+
+    The one loader for every placement that ranks experts by popularity: a profile written by
+    `casmoe profile import` gives its counts, a trace `.npz` the number of computed token-layers
+    routed to each expert (`Trace.popularity`)."""
+    return read_profile(path).counts

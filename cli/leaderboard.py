@@ -1,0 +1,60 @@
+"""`casmoe leaderboard`: every built-in policy on every shipped workload, scored on unseen requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from casmoe.cli.app import app
+
+
+@app.command()
+def leaderboard(
+    trace: Optional[list[Path]] = typer.Option(None, help="Workload traces, repeatable (default: the shipped tiny-mixtral, tiny-olmoe, synthetic-qwen3)."),
+    hardware: str = typer.Option("rtx4090x4", help="Hardware profile or TOML path (default: the seed's 4x RTX 4090 box)."),
+    requests: int = typer.Option(24, min=0, help="Held-out requests scored per workload (0: all of them)."),
+    out: Path = typer.Option(Path("casmoe-leaderboard"), help="Output folder; finished points are kept and skipped on re-runs."),
+    jobs: int = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a local Ray)."),
+    ray: bool = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address)."),
+    ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (e.g. ray://head:10001); implies --ray."),
+) -> None:
+    """Every built-in policy (oracles starred) x workload x 1, 1.5, 2 and 4 x top_k slots per layer.
+
+    Each workload's train requests fit static's profile and moe-infinity's collection; only its
+    held-out requests are simulated. Writes leaderboard.md, leaderboard.csv, results.json and
+    one <workload>.png per workload to --out; an interrupted run resumes where it stopped.
+    """
+    from tqdm import tqdm
+
+    from casmoe.output import check_dir_target, write_text
+    from casmoe.report import plot_decode_vs_capacity, write_csv, write_json
+    from casmoe.shipped import shipped
+    from casmoe.sim import leaderboard as lb
+    from casmoe.sim.hardware import load_profile
+    from casmoe.sim.sweep import run_grid
+
+    check_dir_target(out, "--out")
+    load_profile(hardware)  # an unknown profile fails before any work
+    paths = trace or [shipped(name) for name in lb.WORKLOADS]
+    workloads = [lb.prepare(Path(p), out / "workloads", requests) for p in paths]
+    points = lb.points(workloads, hardware)
+    bar = tqdm(total=len(points), desc="leaderboard", unit="run")
+
+    def progress(done: int, total: int) -> None:
+        bar.update(len(points) - total if done == 0 else 1)
+
+    records, computed = run_grid(points, out, jobs=jobs, ray_address=ray_address or ("local" if ray else None),
+                                 progress=progress)
+    bar.close()
+    write_json(out / "results.json", records)
+    write_csv(out / "leaderboard.csv", [r for r in records if "skipped" not in r])
+    table = lb.markdown(records, workloads)
+    write_text(out / "leaderboard.md", table)
+    for w in workloads:
+        ran = [r for r in records if "skipped" not in r and Path(r["trace"]).name == w.scored.name]
+        if ran:
+            plot_decode_vs_capacity(out / f"{w.name}.png", ran)
+    typer.echo(table)
+    typer.echo(f"{len(points)} points ({computed} computed now) on {hardware}; written to {out}/")

@@ -1,0 +1,70 @@
+"""`casmoe leaderboard`: fitted components see only train requests, every policy is scored, a re-run resumes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from casmoe.policies import POLICIES
+from casmoe.sim import leaderboard as lb
+from casmoe.trace import Request, Trace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small_trace(path: Path, splits: bool, spec: bool = True) -> Path:
+    from casmoe.presets import get_preset
+
+    g = get_preset("mixtral-8x7b").geometry  # a shape a model preset prices
+    rng = np.random.default_rng(1)
+    reqs = []
+    for i in range(6):
+        topk = np.stack([[rng.choice(g.experts, 2, replace=False) for _ in range(g.layers)] for _ in range(6)]).astype(np.int16)
+        s = np.full_like(topk, -1)
+        s[:, :-1] = topk[:, 1:]
+        reqs.append(Request(topk, np.full(topk.shape, 0.5, np.float32), 3, f"prompt {i}", spec=s if spec else None))
+    meta = {"splits": ["train"] * 4 + ["heldout"] * 2} if splits else {}
+    Trace(g, reqs, meta).save(path)
+    return path
+
+
+def test_split_uses_the_traces_own_labels_or_holds_out_its_last_fifth(tmp_path):
+    own = Trace.load(small_trace(tmp_path / "a.npz", splits=True))
+    assert lb.split(own)[:2] == ([0, 1, 2, 3], [4, 5])
+    none = Trace.load(small_trace(tmp_path / "b.npz", splits=False))
+    train, held, how = lb.split(none)
+    assert held == [4, 5] and train == [0, 1, 2, 3] and "held out" in how
+
+
+def test_fitted_policies_are_fitted_on_train_requests_only(tmp_path):
+    path = small_trace(tmp_path / "a.npz", splits=True)
+    w = lb.prepare(path, tmp_path / "w", requests=0)
+    scored, train = Trace.load(w.scored), Trace.load(w.train)
+    prompts = lambda t: {r.prompt for r in t.requests}  # noqa: E731
+    assert prompts(scored) == {"prompt 4", "prompt 5"} and not prompts(scored) & prompts(train)
+    specs = lb.policies(w)
+    assert {s.name for s in specs} == set(POLICIES)
+    for s in specs:
+        if s.name in lb.FITTED:
+            assert dict(s.options) == {lb.FITTED[s.name]: str(w.train)}
+    assert [c.text for c in lb.capacities(2)] == ["2", "3", "4", "8"]
+
+
+def test_leaderboard_end_to_end_and_resumes(tmp_path):
+    path = small_trace(tmp_path / "a.npz", splits=True)
+    env = {**os.environ, "CASMOE_DATA": str(REPO / "traces")}
+    cmd = [sys.executable, "-m", "casmoe", "leaderboard", "--trace", str(path), "--out", str(tmp_path / "out"), "--jobs", "1"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr
+    table = (tmp_path / "out" / "leaderboard.md").read_text()
+    for name in POLICIES:
+        assert f"\n{name}" in table
+    assert "n/a" not in table  # every policy ran on every size
+    assert "\nbelady* |" in table and "\nlru |" in table and "moe-infinity[fit=train]" in table
+    assert (tmp_path / "out" / "a.png").exists() and (tmp_path / "out" / "leaderboard.csv").exists()
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0 and "(0 computed now)" in again.stdout

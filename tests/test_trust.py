@@ -1,0 +1,356 @@
+"""Answers a user can trust (issue 19, part A): no what-if reports a number its inputs no longer
+produce, no oracle or fitted-on-the-test-set comparison unmarked, a box simulated with the
+memory it has, API misuse refused. Errors are one line on stderr with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import casmoe.sim
+from casmoe.cache import CacheConfigError, Capacity
+from casmoe.errors import CasmoeError
+from casmoe.geometry import Geometry
+from casmoe.options import CapacitySpec
+from casmoe.planner.fitdata import FitData
+from casmoe.planner.patterns import expert_patterns, normalise
+from casmoe.policies import POLICIES, PolicySpec, parse_policies
+from casmoe.policies.lru import LRU
+from casmoe.presets import ModelPreset
+from casmoe.replay import replay
+from casmoe.selection import Selection, SelectionError, split_indices
+from casmoe.sim.compute import FixedCompute
+from casmoe.sim.engine import SimConfigError
+from casmoe.sim.engine import simulate as engine_simulate
+from casmoe.sim.hardware import load_profile, profile_paths
+from casmoe.sim.sweep import Grid, SweepError, input_digest, run_grid
+from casmoe.sim.whatif import what_if
+from casmoe.trace import Request, Trace, TraceError
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "traces" / "tiny-mixtral.npz"
+SYNTH = REPO / "traces" / "synthetic-mixtral.npz"
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CASMOE_DATA": str(REPO / "traces")}
+    return subprocess.run([sys.executable, "-m", "casmoe", *args], cwd=cwd, capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("casmoe: error: "), proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    """10 requests, 2 of them held out (every fifth), with prompts and two tasks."""
+    g = Geometry(4, 8, 2, hidden=64, intermediate=32, layer_expert_bytes=(1_000_000,) * 4)
+    rng = np.random.default_rng(5)
+    reqs = []
+    for i in range(10):
+        topk = np.stack([[rng.choice(8, 2, replace=False) for _ in range(4)] for _ in range(12)]).astype(np.int16)
+        reqs.append(Request(topk, np.full(topk.shape, 0.5, np.float32), 4, prompt=f"prompt {i}", task="ab"[i % 2]))
+    path = tmp_path_factory.mktemp("trust") / "small.npz"
+    Trace(g, reqs, {"source": "test"}).save(path)
+    return path
+
+
+def box(tmp: Path, name: str = "box", **changes: float) -> Path:
+    """A copy of the rtx4090x4 profile with `changes` (the TOML a user edits)."""
+    text = profile_paths()["rtx4090x4"].read_text()
+    for key, value in changes.items():
+        lines = [ln for ln in text.splitlines() if ln.startswith(f"{key} =")]
+        assert lines, key
+        text = text.replace(lines[0], f"{key} = {value}", 1)
+    text = text.replace('name = "rtx4090x4"', f'name = "{name}"', 1)
+    path = tmp / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+# ---- stale sweep points ----------------------------------------------------------------------------
+
+
+def _grid(trace: Path, hardware: str, policies: list[str], **kw) -> Grid:
+    """The first 2 requests of `trace` (a Mixtral-shaped one) at 2 slots per layer."""
+    return Grid([str(trace)], ["mixtral-8x7b"], [hardware], [PolicySpec.parse(p) for p in policies],
+                [CapacitySpec("2")], requests=2, split="all", **kw)
+
+
+def test_an_edited_profile_recomputes_its_points(tmp_path):
+    hw = box(tmp_path, h2d_pinned_gbs=24.0)
+    out = tmp_path / "sweep"
+    first, computed = run_grid(_grid(SHIPPED, str(hw), ["lru"]).points(), out)
+    assert computed == 1 and "skipped" not in first[0]
+    again, computed = run_grid(_grid(SHIPPED, str(hw), ["lru"]).points(), out)
+    assert computed == 0 and again == first
+    box(tmp_path, h2d_pinned_gbs=2.4)  # the same path, another link
+    slow, computed = run_grid(_grid(SHIPPED, str(hw), ["lru"]).points(), out)
+    assert computed == 1
+    assert slow[0]["decode_tokens_per_s"] < first[0]["decode_tokens_per_s"] / 2
+
+
+def test_a_user_policy_edit_and_a_new_profile_file_change_the_key(tmp_path, monkeypatch):
+    pkg = tmp_path / "mine"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("SLOTS = 1\n")
+    (pkg / "pol.py").write_text("from casmoe.policies.lru import LRU\n\nclass Mine(LRU):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    key = lambda policy: _grid(SHIPPED, "rtx4090x4", [policy]).points()[0].key()  # noqa: E731
+    before = key("mine.pol:Mine")
+    assert key("mine.pol:Mine") == before
+    (pkg / "helper.py").write_text("SLOTS = 2\n")  # a module of its package, not the policy's own
+    assert key("mine.pol:Mine") != before
+    profile = tmp_path / "profile.npz"
+    spec = PolicySpec.parse(f"static[profile={profile}]")
+    with pytest.raises(CasmoeError, match="no such file"):  # refused before any point runs
+        _grid(SHIPPED, "rtx4090x4", [spec.label]).points()
+    missing = input_digest("rtx4090x4", "mixtral-8x7b", spec)
+    Trace.load(SHIPPED).subset(range(3)).save(profile)  # the file appears: another input
+    present = key(spec.label)
+    assert input_digest("rtx4090x4", "mixtral-8x7b", spec) != missing
+    Trace.load(SHIPPED).subset(range(4)).save(profile)  # and its content changes
+    assert key(spec.label) != present
+
+
+def test_a_stored_point_that_is_not_a_record_is_recomputed(tmp_path):
+    points = _grid(SHIPPED, "rtx4090x4", ["lru"]).points()
+    stored = tmp_path / "sweep" / "points" / f"{points[0].key()}.json"
+    stored.parent.mkdir(parents=True)
+    for garbage in (b"{}", b"[]", b'{"key": "x"}', b"\xff\xfe", json.dumps({"key": points[0].key(), "skipped": 3}).encode()):
+        stored.write_bytes(garbage)
+        records, computed = run_grid(points, tmp_path / "sweep")
+        assert computed == 1 and records[0]["decode_tokens_per_s"] > 0
+
+
+def test_grid_values_that_are_no_what_if_are_refused_and_duplicates_run_once(small, tmp_path):
+    for text, message in (("requests = -1", "requests must be >= 0"), ("batch = [0]", "batch must be >= 1"),
+                          ("devices = -2", "devices must be >= 0")):
+        toml = tmp_path / "g.toml"
+        toml.write_text(f'traces = ["{small}"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4"]\n'
+                        f'policies = ["lru"]\ncapacities = [2]\n{text}\n')
+        with pytest.raises(SweepError, match=message):
+            Grid.from_toml(toml)
+    grid = _grid(SHIPPED, "rtx4090x4", ["lru", "lru", "lfu"])
+    grid.capacities = [CapacitySpec("2"), CapacitySpec("2")]
+    assert [p.policy.label for p in grid.points()] == ["lru", "lfu"]
+
+
+# ---- oracles and fitted policies --------------------------------------------------------------------
+
+
+def test_static_without_a_profile_is_profiled_on_the_train_split_and_scored_on_the_rest():
+    whole = Trace.load(SHIPPED)
+    specs = parse_policies(["lru", "static"], POLICIES)
+    scored = Selection().resolve(whole, specs)
+    heldout = split_indices(whole, "heldout")
+    assert scored.indices == tuple(heldout) and scored.starred == () and len(heldout) == 121
+    assert "static never saw" in scored.describe()
+    everything = Selection("all").resolve(whole, specs)
+    assert everything.starred == ("static",)  # the train split is among the scored requests
+    bound = specs[1].bound(whole)["profile"]
+    assert len(bound.requests) == 800 - 121
+    without_static = Selection().resolve(whole, specs[:1])
+    assert without_static.everything
+
+
+def test_the_main_headline_never_calls_an_oracle_best_without_an_oracle():
+    res = casmoe.sim.simulate(policies=["lfu", "static", "belady"], capacities=[4], requests=4)
+    (line,) = res.headline()
+    assert "belady*" in line and "best without an oracle" in line
+    best_real = line.split("best without an oracle: ")[1]
+    assert not best_real.startswith("static*")
+    static = next(r for r in res.records if r["policy"] == "static")
+    assert not static["oracle"] and "static never saw" in static["scored"]
+    starred = casmoe.sim.simulate(policies=["lfu", "static"], capacities=[4], requests=4, split="train")
+    assert next(r for r in starred.records if r["policy"] == "static")["oracle"]
+
+
+def _planner_folder(trace: Trace, fitted: list[int], folder: Path) -> Path:
+    """The parts of a planner folder that say what it saw: planner.json and fit.npz (FitData)."""
+    from casmoe.planner.planner import FORMAT, VERSION
+
+    part = trace.subset(fitted)
+    fit = FitData.of(trace, part, normalise(expert_patterns(part)))
+    folder.mkdir()
+    fit.save(folder)
+    (folder / "planner.json").write_text(json.dumps({"format": FORMAT, "version": VERSION, "fit": fit.to_dict()}))
+    return folder
+
+
+def test_a_planner_is_scored_only_on_prompts_it_was_not_fitted_on(small, tmp_path):
+    whole = Trace.load(small)
+    folder = _planner_folder(whole, [0, 1, 2, 3, 5, 6], tmp_path / "planner")
+    spec = PolicySpec.parse(f"casmoe[planner={folder}]")
+    assert spec.fitted_requests(whole) == {0, 1, 2, 3, 5, 6}
+    scored = Selection().resolve(whole, [spec, PolicySpec("lru")])
+    assert scored.indices == (4, 7, 8, 9) and scored.starred == ()
+    assert Selection("all").resolve(whole, [spec]).starred == (spec.label,)
+    assert Selection("train").resolve(whole, [spec]).starred == (spec.label,)
+
+
+def test_a_selection_by_split_task_and_range():
+    whole = Trace.load(SYNTH)
+    tasks = sorted({r.task for r in whole.requests})
+    sel = Selection.of("all", [tasks[0]], "10:60", 5).resolve(whole)
+    assert len(sel.indices) == 5 and all(10 <= i < 60 and whole.requests[i].task == tasks[0] for i in sel.indices)
+    with pytest.raises(SelectionError, match="no request of task 'nope'"):
+        Selection.of("all", ["nope"]).resolve(whole)
+    with pytest.raises(SelectionError, match="bad --range"):
+        Selection.of(span="a:b")
+    with pytest.raises(SelectionError, match="unknown --split"):
+        Selection.of("test")
+
+
+def test_replay_split_flag(small, tmp_path):
+    proc = cli("replay", "--trace", str(small), "--policy", "lru", "--policy", "static", "--capacity", "2",
+               "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads(proc.stdout)
+    assert {r["policy"]: r["oracle"] for r in records} == {"lru": False, "static": False}
+    proc = cli("replay", "--trace", str(small), "--policy", "static", "--capacity", "2", "--split", "all", "--json",
+               cwd=tmp_path)
+    assert json.loads(proc.stdout)[0]["oracle"] is True
+    one_line_error(cli("replay", "--trace", str(small), "--split", "test", cwd=tmp_path), "unknown --split")
+
+
+# ---- the box's memory ----------------------------------------------------------------------------
+
+
+def test_capacities_and_devices_the_box_lacks_are_refused_unless_overcommitted(tmp_path):
+    lru = parse_policies(["lru"], POLICIES)
+    what_if(SHIPPED, lru, [CapacitySpec("78.9GB")], shipped=True)  # 7 per layer: what 4 GPUs hold
+    with pytest.raises(CasmoeError, match="experts per layer, but rtx4090x4 x1 holds 1 beside"):
+        what_if(SHIPPED, lru, [CapacitySpec("78.9GB")], shipped=True, devices=1)
+    with pytest.raises(CasmoeError, match="has 4 GPUs"):
+        what_if(SHIPPED, lru, [CapacitySpec("4")], shipped=True, devices=5)
+    plan = what_if(SHIPPED, lru, [CapacitySpec("4")], shipped=True, devices=5, overcommit=True)
+    assert plan.devices == 5 and "5 of its 4 GPUs" in plan.box()
+    one_line_error(cli("simulate", "--policy", "lru", "--capacity", "78.9GB", "--devices", "1", cwd=tmp_path),
+                   "--allow-overcommit")
+    one_line_error(cli("simulate", "--policy", "lru", "--devices", "5", cwd=tmp_path), "has 4 GPUs")
+    assert not (tmp_path / "casmoe-sim").exists()
+
+
+def test_experts_beyond_host_ram_get_a_ram_tier(tmp_path):
+    small_ram = box(tmp_path, "ram64", host_ram_gib=64.0)  # Mixtral's bf16 experts are about 90 GB
+    res = casmoe.sim.simulate(hardware=str(small_ram), policies=["lru"], capacities=[4], requests=2)
+    assert any("do not fit the 64 GiB of host RAM" in n for n in res.notes)
+    (rec,) = res.records
+    assert rec["host_cache_gb"] == pytest.approx(64 * 2**30 / 1e9, rel=0.01) and rec["storage_bytes"] > 0
+    full = casmoe.sim.simulate(policies=["lru"], capacities=[4], requests=2)  # 256 GiB: every expert in RAM
+    assert full.records[0]["host_cache_gb"] == 0 and full.notes == []
+    no_storage = box(tmp_path, "ram64nvme0", host_ram_gib=64.0, storage_read_gbs=0.0)
+    with pytest.raises(CasmoeError, match="no storage tier"):
+        casmoe.sim.simulate(hardware=str(no_storage), policies=["lru"], capacities=[4], requests=2)
+    with pytest.raises(CasmoeError, match="exceeds the 64 GiB"):
+        casmoe.sim.simulate(hardware=str(small_ram), policies=["lru"], capacities=[4], requests=2, host_cache="70GB")
+
+
+def test_timeliness_bound_per_device_on_four_gpus():
+    trace = Trace.load(SHIPPED).subset(range(3))
+    g = trace.geometry
+    preset = ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
+    res = engine_simulate(trace, POLICIES["ondemand"], Capacity(2), load_profile("rtx4090x4"), preset, devices=4,
+                          compute=FixedCompute(layer_s=1e-5), detail=True)
+    per_device = res.stall_bound_by_device_s
+    assert len(per_device) == 4 and all(b > 0 for b in per_device)  # every device's link is short of bandwidth
+    assert max(per_device) == pytest.approx(res.stall_bound_s)
+    assert all(b <= res.stall_s * (1 + 1e-9) for b in per_device)
+    by_layer = res.stall_bound_by_layer_s
+    for d in range(4):
+        assert sum(by_layer[8 * d: 8 * d + 8]) == pytest.approx(per_device[d])
+
+
+# ---- Python API misuse -------------------------------------------------------------------------------
+
+
+def test_replay_refuses_what_would_count_wrong():
+    tr = Trace.load(SHIPPED).subset(range(2))
+    g = tr.geometry
+    cache = LRU(g, 4)
+    first = replay(tr, cache).stats
+    with pytest.raises(CacheConfigError, match="already replayed"):
+        replay(tr, cache)
+    assert replay(tr, LRU(g, 4)).stats == first  # a fresh cache gives the same counts
+    with pytest.raises(CacheConfigError, match="not the class LRU"):
+        replay(tr, LRU)
+    with pytest.raises(CacheConfigError, match="built for 16 MoE layers x 64 experts"):
+        replay(tr, LRU(Geometry(16, 64, 8), 8))
+    with pytest.raises(CacheConfigError, match="whole number of slots"):
+        LRU(g, 4.7)
+    r = tr.requests[0]
+    bad = r.topk.copy()
+    bad[0, 0, 0] = 99
+    with pytest.raises(TraceError, match="expert id 99 outside"):
+        replay(Trace(g, [Request(bad, r.weights, r.prefill)]), LRU(g, 4))
+    with pytest.raises(TraceError, match="integer array"):
+        replay(Trace(g, [Request(r.topk.astype(float), r.weights, r.prefill)]), LRU(g, 4))
+    hw = load_profile("rtx4090x4")
+    preset = ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
+    with pytest.raises(SimConfigError, match="takes a policy class"):
+        engine_simulate(tr, LRU(g, 4), Capacity(4), hw, preset)
+
+
+def test_the_python_api_takes_the_cli_options_and_defaults():
+    res = casmoe.sim.simulate(policies="lru", capacities=[2, "24GB"], quant="bf16", requests=2)
+    frame = res.frame()
+    assert list(frame["policy"]) == ["lru", "lru"] and set(frame["devices"]) == {4}  # every GPU of the profile
+    assert list(frame["capacity"]) == ["2/layer", "2/layer"]  # 24 GB of bf16 Mixtral experts: 2 per layer
+    with pytest.raises(CasmoeError, match="unknown --quant"):
+        casmoe.sim.simulate(policies="lru", capacities=[2], quant="fp3", requests=2)
+    with pytest.raises(CasmoeError, match="batch must be"):
+        casmoe.sim.simulate(policies="lru", capacities=[2], batch=0, requests=2)
+
+
+# ---- serving flags, files -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--think", "2"], "--think shapes serving; add --arrival or --users"),
+        (["--max-batch", "4", "--schedule", "chunked"], "--max-batch, --schedule shape serving"),
+        (["--users", "2", "--think", "inf"], "--think must be a finite number"),
+        (["--timeline", str(SHIPPED), "--trace", str(SHIPPED)], "is the trace being simulated"),
+    ],
+)
+def test_serving_and_file_flags_are_refused_in_one_line(args, needle, tmp_path):
+    one_line_error(cli("simulate", "--policy", "lru", "--capacity", "2", "--requests", "1", *args, cwd=tmp_path), needle)
+    assert not (tmp_path / "casmoe-sim").exists()
+
+
+def test_bench_refuses_a_nan_link(tmp_path):
+    one_line_error(cli("bench", "--model", "tiny-mixtral", "--link-gbps", "nan", cwd=tmp_path), "--link-gbps must be")
+
+
+def test_a_planner_on_a_trace_without_prompts_is_refused(tmp_path):
+    tr = Trace.load(SHIPPED).subset(range(2))
+    for r in tr.requests:
+        r.prompt = None
+    spec = PolicySpec.parse(f"casmoe[planner={tmp_path}]")
+    with pytest.raises(CacheConfigError, match="2 of the trace's 2 requests have no prompt text"):
+        spec.create(tr.geometry, Capacity(4), trace=tr)
+
+
+def test_presets_lists_every_model_preset(tmp_path):
+    from casmoe.presets import load_presets
+
+    proc = cli("presets", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    listed = json.loads(proc.stdout)
+    assert set(listed) == set(load_presets()) and listed["mixtral-8x7b"]["experts"] == 8
