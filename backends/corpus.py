@@ -69,22 +69,22 @@ def corpus_path() -> Path:
 def load_corpus(path: Path | str | None = None, split: str | None = None,
                 task: str | None = None) -> list[CorpusEntry]:
     """Read a corpus JSONL file (the shipped one by default), optionally one split / task."""
+    from casmoe.userfile import read_text
+
     path = Path(path) if path is not None else corpus_path()
-    if not path.exists():
-        raise CorpusError(f"corpus file {str(path)!r} not found")
     prompts = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                prompt = CorpusEntry(str(row["text"]), str(row["task"]), str(row.get("split", TRAIN)),
-                                str(row.get("continuation", "")))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-                raise CorpusError(f"{path}:{lineno}: not a corpus row ({exc})") from exc
-            if (split is None or prompt.split == split) and (task is None or prompt.task == task):
-                prompts.append(prompt)
+    text = read_text(path, "corpus file", CorpusError)
+    for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may sit in a row
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompt = CorpusEntry(str(row["text"]), str(row["task"]), str(row.get("split", TRAIN)),
+                            str(row.get("continuation", "")))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise CorpusError(f"{path}:{lineno}: not a corpus row ({exc})") from exc
+        if (split is None or prompt.split == split) and (task is None or prompt.task == task):
+            prompts.append(prompt)
     return prompts
 
 
@@ -99,12 +99,12 @@ def spread(rows: list[CorpusEntry], count: int) -> list[CorpusEntry]:
 
 def load_prompts(path: Path | str) -> list[CorpusEntry]:
     """Prompts for recording: a corpus JSONL file, or plain text with one prompt per line."""
+    from casmoe.userfile import read_text
+
     path = Path(path)
-    if not path.exists():
-        raise CorpusError(f"prompt file {str(path)!r} not found")
     if path.suffix in (".jsonl", ".json"):
         return load_corpus(path)
-    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    lines = [ln.strip() for ln in read_text(path, "prompt file", CorpusError).splitlines()]
     return [CorpusEntry(ln, "text", TRAIN) for ln in lines if ln]
 
 

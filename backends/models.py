@@ -28,15 +28,28 @@ class ModelError(CasmoeError, ValueError):
 
 
 def resolve_model(name_or_path: str | Path) -> str:
-    """A shipped model name becomes its folder under traces/models; a path or hub id stays."""
+    """A local folder: a shipped model name becomes its folder under traces/models, a path
+    stays, and a hub id becomes its snapshot in the local hub cache, found without the network
+    (an id that is not cached is one error now, not a minute of hub retries that end in one)."""
     text = str(name_or_path)
-    if text in SHIPPED_MODELS and not Path(text).exists():
+    if Path(text).exists():
+        return text
+    if text in SHIPPED_MODELS:
         path = data_dir() / "models" / text
         if not (path / "config.json").exists():
             raise ModelError(f"shipped model {text!r} is missing under {path.parent}; "
                              f"rebuild it with `casmoe train-tiny {text}`")
         return str(path)
-    return text
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(text, local_files_only=True)
+    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+        raise ModelError(
+            f"unknown model {text!r}: not a shipped model ({', '.join(SHIPPED_MODELS)}), not a local folder, and "
+            "not in the local hub cache (casmoe never downloads); pass the folder of its weights"
+        ) from None
 
 
 def load_config(name_or_path: str | Path) -> Any:
@@ -114,7 +127,7 @@ def open_files(name_or_path: str | Path, dtype: str | None = None, direct: bool 
     from casmoe.backends.checkpoint import Checkpoint, CheckpointError
 
     config = load_config(name_or_path)
-    where = _local_folder(resolve_model(name_or_path))
+    where = resolve_model(name_or_path)
     try:
         ckpt = Checkpoint(where, direct)
     except CheckpointError as exc:
@@ -163,13 +176,3 @@ def load_tokenizer(files: ModelFiles) -> Any:
         raise ModelError(f"{files.where}: cannot load the tokenizer: {str(exc).splitlines()[0]}") from None
 
 
-def _local_folder(where: str) -> str:
-    """A folder as it is; a hub id resolved to its snapshot in the local cache (no download)."""
-    if Path(where).is_dir():
-        return where
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(where, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001  (hub errors have many types; all mean "not cached")
-        raise ModelError(f"{where}: no local folder and no cached snapshot: {str(exc).splitlines()[0]}") from None

@@ -28,7 +28,7 @@ import torch
 from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.geometry import split_layers
-from casmoe.trace import Future, Trace, prefill_step
+from casmoe.trace import NOT_COMPUTED, Future, Trace, prefill_step
 
 from casmoe.backends.adapters import adapter_for
 from casmoe.backends.copier import EmulatedLink
@@ -97,6 +97,7 @@ class OffloadedModel:
         self._prefill = False
         self._scores: list[np.ndarray | None] = [None] * len(blocks)
         self._rows: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(blocks)
+        self._guesses: list[np.ndarray | None] = [None] * len(blocks)  # this pass's live guesses, per layer
         self._want_scores = False
         self._reference: dict[torch.device, dict[str, torch.Tensor]] = {}  # per device: one layer's experts
         self.on_layer: Callable[[OffloadedModel, int], None] | None = None
@@ -131,9 +132,41 @@ class OffloadedModel:
             run = self._run
             if run is not None:
                 d = run[self._device_of[layer]]
-                d.before_layer(self._step, layer - d.layers.start)
+                local = layer - d.layers.start
+                guess = getattr(d.cache, "guess", None)  # a speculative policy takes the live guess
+                if guess is not None and local > 0:
+                    guess(local, self.router_pick(layer, args[0]))
+                d.before_layer(self._step, local)
 
         return hook
+
+    def router_pick(self, layer: int, hidden: torch.Tensor) -> np.ndarray:
+        """[tokens, k]: the experts MoE layer `layer`'s router picks from `hidden` (the previous
+        layer's output) through the layer's pre-MoE norm: the speculative guess, as
+        backends/record.py records it in `spec`."""
+        block = self.blocks[layer]
+        norm = getattr(_decoder(self.model).layers[block.decoder_index], "post_attention_layernorm", torch.nn.Identity())
+        want, self._want_scores = self._want_scores, False  # the guess is not the layer's routing
+        try:
+            with torch.no_grad():
+                picked = block.gate(norm(hidden.reshape(-1, hidden.shape[-1])))[2]
+        finally:
+            self._want_scores = want
+        self._guesses[layer] = rows = picked.cpu().numpy()
+        return rows
+
+    def take_guesses(self) -> np.ndarray | None:
+        """[tokens, L, k] of the pass that just ran, as `spec` stores them (row l: layer l+1's
+        guess; NOT_COMPUTED where none was made), or None when the policy took no guesses."""
+        made = [(layer, g) for layer, g in enumerate(self._guesses) if g is not None]
+        if not made:
+            return None
+        first = made[0][1]
+        spec = np.full((len(first), len(self._guesses), first.shape[1]), NOT_COMPUTED, dtype=np.int64)
+        for layer, g in made:
+            spec[:, layer - 1] = g
+        self._guesses = [None] * len(self._guesses)
+        return spec
 
     def _make_scores(self, layer: int) -> Callable[..., None]:
         def hook(module: Any, args: Any, out: Any) -> None:

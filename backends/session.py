@@ -150,7 +150,7 @@ class _Passes:
         self.first = len(session.requests)  # index of prompts[0] among the session's requests
         self.sync = _synchronizer(session.om.devices)
         n = len(prompts)
-        self.rows: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(n)]
+        self.rows: list[list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]] = [[] for _ in range(n)]
         self.logits: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self.tokens = [0] * n
         self.ttft = [0.0] * n
@@ -192,16 +192,17 @@ class _Passes:
         rows = self.s.om._rows
         k = np.stack([r[0] for r in rows], axis=1)  # [tokens, L, k]
         w = np.stack([r[1] for r in rows], axis=1)
+        spec = self.s.om.take_guesses()  # a speculative policy's live guesses, else None
         if prefill:
             (r,) = requests
-            self.rows[r].append((k, w))
+            self.rows[r].append((k, w, spec))
             self.ttft[r] = now - self.group_start
             self.stall[r] += stall
             if self.keep:
                 self.logits[r].append((logits[0] if self.full else logits[0, -1]).detach().clone())
             return
         for b, r in enumerate(requests):
-            self.rows[r].append((k[b : b + 1], w[b : b + 1]))
+            self.rows[r].append((k[b : b + 1], w[b : b + 1], None if spec is None else spec[b : b + 1]))
             self.latency[r].append(now - t0)
             self.token_stall[r].append(stall)
             self.stall[r] += stall / len(requests)
@@ -220,9 +221,14 @@ class _Passes:
     def requests(self) -> list[Request]:
         out = []
         for p, rows in zip(self.prompts, self.rows):
-            topk = np.concatenate([k for k, _ in rows]).astype(np.int16)
-            weights = np.concatenate([w for _, w in rows]).astype(np.float32)
-            out.append(Request(topk, weights, prefill=len(p.ids), prompt=p.text, task=p.task))
+            topk = np.concatenate([k for k, _, _ in rows]).astype(np.int16)
+            weights = np.concatenate([w for _, w, _ in rows]).astype(np.float32)
+            guessed = all(g is not None for _, _, g in rows)  # the live guesses, as `spec`
+            spec = np.concatenate([g for _, _, g in rows]).astype(np.int16) if guessed else None
+            out.append(Request(topk, weights, prefill=len(p.ids), prompt=p.text, task=p.task, spec=spec))
+        if any(r.spec is None for r in out):
+            for r in out:
+                r.spec = None
         return out
 
     @property

@@ -35,6 +35,8 @@ from casmoe.backends.corpus import HELDOUT, TRAIN, CorpusEntry, load_corpus
 
 VOCAB_SIZE = 4096
 EOS = "<|endoftext|>"
+MODEL_FOLDER = "casmoe-tiny-model"
+"""The kind of folder `train_tiny` writes (casmoe/folder.py), with config.json as its legacy marker."""
 
 # name -> (transformers config class name, config kwargs). Shapes: see the module docstring.
 TINY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -248,6 +250,9 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
     import torch
     import transformers
 
+    from casmoe.folder import check_folder_target, write_folder
+
+    check_folder_target(out_dir, MODEL_FOLDER, "output folder", marker="config.json")  # before the training
     settings = replace(settings, balance=settings.balance or BALANCE[name])
     torch.manual_seed(settings.seed)
     torch.set_num_threads(settings.threads)
@@ -264,17 +269,17 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
     start = time.perf_counter()
     losses = fit(model, rows, settings, rng, progress=progress, desc=f"train {name}")
     seconds = time.perf_counter() - start
-    out_dir = Path(out_dir)
     model.config.output_router_logits = False  # a training-time switch; inference needs no aux loss
-    model.half().save_pretrained(out_dir)  # fp16 keeps the shipped weights small
-    tokenizer.save_pretrained(out_dir)
-    shipped = model_cls.from_pretrained(out_dir, dtype=torch.float32).eval()
-    held_loss = mean_loss(shipped, held)  # measured on the weights as shipped (fp16 -> fp32)
-    result = TrainResult(
-        name=name, params=sum(p.numel() for p in model.parameters()),
-        train_tokens=int(rows.numel()), steps=settings.steps, seconds=round(seconds, 1),
-        first_loss=round(losses[0], 4), final_loss=round(float(np.mean(losses[-20:])), 4),
-        heldout_loss=round(held_loss, 4), heldout_perplexity=round(math.exp(held_loss), 2),
-        weights_bytes=(out_dir / "model.safetensors").stat().st_size, settings=asdict(settings))
-    write_text(out_dir / "train.json", json.dumps(result.to_dict(), indent=2) + "\n")
+    with write_folder(out_dir, MODEL_FOLDER, marker="config.json") as tmp:  # all at once: never half a model
+        model.half().save_pretrained(tmp)  # fp16 keeps the shipped weights small
+        tokenizer.save_pretrained(tmp)
+        shipped = model_cls.from_pretrained(tmp, dtype=torch.float32).eval()
+        held_loss = mean_loss(shipped, held)  # measured on the weights as shipped (fp16 -> fp32)
+        result = TrainResult(
+            name=name, params=sum(p.numel() for p in model.parameters()),
+            train_tokens=int(rows.numel()), steps=settings.steps, seconds=round(seconds, 1),
+            first_loss=round(losses[0], 4), final_loss=round(float(np.mean(losses[-20:])), 4),
+            heldout_loss=round(held_loss, 4), heldout_perplexity=round(math.exp(held_loss), 2),
+            weights_bytes=(tmp / "model.safetensors").stat().st_size, settings=asdict(settings))
+        write_text(tmp / "train.json", json.dumps(result.to_dict(), indent=2) + "\n")
     return result

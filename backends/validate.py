@@ -34,6 +34,25 @@ from casmoe.sim.latency import LatencyLog
 
 WAKE_SAMPLES = 16
 """Loader wake samples taken before each round of the validated runs (see `LoaderProbe`)."""
+NOISE_LIMIT = 0.05
+"""The noise floor above which validate judges nothing: the backend's own latency for the same
+work moves more than the 5% error the simulator is held to."""
+
+
+def relative_error(measured: float, reference: float) -> float:
+    """|measured - reference| / reference: every error validate reports."""
+    return abs(measured - reference) / reference
+
+
+def baseline_spread(medians: Sequence[float], per_round: int) -> float:
+    """The noise floor the baselines show: the median, over consecutive baseline requests of one
+    round (the same prompt, the same all-resident work, a run's request apart), of how far
+    their median decode steps differ relative to their mean. A run's request is simulated at
+    the mean of its two neighbours, so a machine whose speed moves this much between them can
+    fake an error of about this size."""
+    rounds = [medians[i : i + per_round] for i in range(0, len(medians), per_round)]
+    steps = [relative_error(b, a) for r in rounds for a, b in zip(r, r[1:])]
+    return float(np.median(steps)) if steps else 0.0
 
 
 @dataclass(frozen=True)
@@ -58,36 +77,35 @@ class Fidelity:
     backend_compute: float  # the whole run, not stalled
     sim_compute: float
     wake: float  # measured beside the runs: a waiting thread resumes this long after its copy lands
-    repeat_error: float  # the first run's backend median against a repeat of it in the same rounds: the noise floor
+    repeat_error: float  # the first run's backend median against a repeat of it in the same rounds
+    baseline_spread: float  # consecutive identical baseline requests' medians apart (`baseline_spread`)
+
+    ERRORS = {"median_error": ("sim_median", "backend_median"), "ttft_error": ("sim_ttft", "backend_ttft"),
+              "median_error_pooled": ("sim_median_pooled", "backend_median"),
+              "median_error_upfront": ("sim_median_upfront", "backend_median"),
+              "median_error_inrun": ("sim_median_inrun", "backend_median")}
+
+    def error(self, name: str) -> float:
+        """One of `ERRORS`: a simulated figure against the backend's."""
+        sim, backend = self.ERRORS[name]
+        return relative_error(getattr(self, sim), getattr(self, backend))
 
     @property
     def median_error(self) -> float:
-        return abs(self.sim_median - self.backend_median) / self.backend_median
+        return self.error("median_error")
 
     @property
-    def ttft_error(self) -> float:
-        return abs(self.sim_ttft - self.backend_ttft) / self.backend_ttft
+    def noise_floor(self) -> float:
+        """How far the backend's own latency moved for the same work during the validation."""
+        return max(self.repeat_error, self.baseline_spread)
 
     @property
-    def median_error_pooled(self) -> float:
-        return abs(self.sim_median_pooled - self.backend_median) / self.backend_median
-
-    @property
-    def median_error_upfront(self) -> float:
-        return abs(self.sim_median_upfront - self.backend_median) / self.backend_median
-
-    @property
-    def median_error_inrun(self) -> float:
-        return abs(self.sim_median_inrun - self.backend_median) / self.backend_median
+    def too_noisy(self) -> bool:
+        return self.noise_floor > NOISE_LIMIT
 
     def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["median_error"] = self.median_error
-        d["ttft_error"] = self.ttft_error
-        d["median_error_pooled"] = self.median_error_pooled
-        d["median_error_upfront"] = self.median_error_upfront
-        d["median_error_inrun"] = self.median_error_inrun
-        return d
+        return {**self.__dict__, **{name: self.error(name) for name in self.ERRORS}, "noise_floor": self.noise_floor,
+                "too_noisy": self.too_noisy}
 
 
 def balanced_link(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int) -> EmulatedLink:
@@ -102,8 +120,8 @@ def _interleaved(
 ) -> tuple[list[Any], list[list[float]], float]:
     """Every run's requests in rounds, one prompt per round: loader wake samples, then the
     runs' requests between baseline ones (`between_baselines`; the runs take turns going
-    first). Returns the runs' results, each request's resident step (its neighbours') and the
-    baseline's median step over all rounds."""
+    first). Returns the runs' results, each request's resident step (its neighbours'), the
+    baseline's median step over all rounds and the baselines' spread (`baseline_spread`)."""
     with ExitStack() as stack:
         sessions = [
             stack.enter_context(om.session(cls, capacity, prompts, max_new_tokens=max_new_tokens, options=options,
@@ -120,7 +138,8 @@ def _interleaved(
                 steps[j].append(step)
             if progress is not None:
                 progress(f"prompt {i + 1}")
-        return [s.result() for s in sessions], steps, median_step(base.timings)
+        spread = baseline_spread([median_step([t]) for t in base.timings], len(runs) + 1)
+        return [s.result() for s in sessions], steps, median_step(base.timings), spread
 
 
 def validate(
@@ -150,7 +169,9 @@ def validate(
     calibration, and `sim_median_inrun` fits compute to the run's own stall-free step time,
     which isolates the error of the link and stall model. The first run is repeated in the
     rounds (not simulated): `repeat_error`, how far the backend's own median moves for the same
-    work, is the floor under which an error says nothing."""
+    work, and `baseline_spread`, how far consecutive identical baseline requests are apart, make
+    the noise floor under which an error says nothing (`Fidelity.too_noisy` above
+    `NOISE_LIMIT`)."""
     with responsive_copies():
         return _validate(om, prompts, policies, capacity, max_new_tokens, calibration, progress, miss_modes)
 
@@ -169,7 +190,7 @@ def _validate(
     try:
         bandwidth, latency = probe.line(20)
         runs = [(spec.cls, dict(spec.options), mode) for spec, mode in specs]
-        results, steps, step = _interleaved(om, prompts, runs + runs[:1], capacity, max_new_tokens, probe, progress)
+        results, steps, step, spread = _interleaved(om, prompts, runs + runs[:1], capacity, max_new_tokens, probe, progress)
     finally:
         probe.close()
     c = probe.result(bandwidth, latency)
@@ -209,7 +230,8 @@ def _validate(
             backend_compute=sum(r.ttft + sum(r.token_latency) for r in run.requests) - run.stall,
             sim_compute=pooled.compute_s,
             wake=c.wake,
-            repeat_error=abs(repeat - first) / first,
+            repeat_error=relative_error(repeat, first),
+            baseline_spread=spread,
         ))
     return out, cal
 

@@ -10,13 +10,20 @@ process is gone.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from casmoe.errors import CasmoeError
+
+
+NAME_MAX = 255
+"""Bytes in one file name on every common file system (ext4, xfs, btrfs, APFS, NTFS)."""
+_SUFFIX_BYTES = len(".4294967296.01234567.tmp")
 
 
 class OutputError(CasmoeError, ValueError):
@@ -59,12 +66,41 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove_orphans(path: Path) -> None:
-    """Temporary files of earlier writes to `path` whose process no longer runs."""
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        parts = tmp.name[len(path.name) + 2 :].split(".")
-        if parts and parts[0].isdigit() and int(parts[0]) != os.getpid() and not _pid_alive(int(parts[0])):
-            tmp.unlink(missing_ok=True)
+def _tmp_prefix(path: Path) -> str:
+    """`.NAME` for temporary names beside `path`, shortened (with a digest of the full name, so
+    that two long names stay apart) when NAME is so long that the suffix would pass the file
+    system's 255-byte limit: a legal name must not fail on its temporary file's name."""
+    name = path.name
+    if len(os.fsencode(name)) <= NAME_MAX - _SUFFIX_BYTES - 1:
+        return f".{name}"
+    digest = hashlib.blake2b(os.fsencode(name), digest_size=4).hexdigest()
+    cut = name.encode("utf-8", "surrogateescape")[: NAME_MAX - _SUFFIX_BYTES - 1 - 9]
+    return f".{cut.decode('utf-8', 'ignore')}~{digest}"
+
+
+def temporary_sibling(path: Path) -> Path:
+    """A fresh temporary name beside `path` (`.NAME.PID.RANDOM.tmp`), which `remove_orphans`
+    recognises once its process is gone."""
+    return path.with_name(f"{_tmp_prefix(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def remove_orphans(path: Path) -> None:
+    """Temporary files (or folders) of earlier writes to `path` whose process no longer runs."""
+    prefix = _tmp_prefix(path) + "."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:  # not glob: a `[` or `*` in the user's file name is not a pattern
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid = name[len(prefix) :].split(".")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            tmp = path.parent / name
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -73,8 +109,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     it replaces `path` if the block succeeds and is removed whatever happens otherwise."""
     path = Path(path)
     check_file_target(path)
-    _remove_orphans(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    remove_orphans(path)
+    tmp = temporary_sibling(path)
     try:
         yield tmp
         with open(tmp, "rb+") as fh:

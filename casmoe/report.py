@@ -564,3 +564,33 @@ def print_tiers(records: Sequence[dict[str, Any]], title: str) -> None:
         )
     if rows:
         print_table(rows, list(rows[0]), title=title)
+
+
+def plot_search(path: Path, points: Sequence[tuple[str, float, float, bool]], pareto: Sequence[tuple[float, float]],
+                metric: str, target: float) -> Path:
+    """`casmoe search`: every point it simulated, memory against the target metric (`points`:
+    config label, memory GB, metric value, meets the target), one marker per config, filled
+    where it meets the target; the Pareto answers circled; the target as a dashed line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    labels = list(dict.fromkeys(p[0] for p in points))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, label in enumerate(labels):
+        c, (marker, _) = colours[i % len(colours)], _STYLES[i % len(_STYLES)]
+        mine = [p for p in points if p[0] == label]
+        for met in (True, False):
+            xs = [p[1] for p in mine if p[3] == met]
+            ys = [p[2] for p in mine if p[3] == met]
+            if xs:
+                ax.scatter(xs, ys, marker=marker, color=c if met else "none", edgecolors=c, s=30,
+                           label=label if met or not any(p[3] for p in mine) else None)
+    if pareto:
+        ax.scatter([p[0] for p in pareto], [p[1] for p in pareto], s=160, facecolors="none", edgecolors="black",
+                   linewidths=1.2, label="Pareto answers")
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("memory: expert cache on the GPUs + RAM tier (GB)")
+    ax.set_ylabel(metric)
+    ax.grid(True, alpha=0.3)
+    if len(labels) <= 12:
+        ax.legend(fontsize="x-small")
+    return _save(fig, path)

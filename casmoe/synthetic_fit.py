@@ -415,6 +415,8 @@ def fit(trace: Trace, source: str = "trace", seed: int = 0, progress: Callable[[
     g = trace.geometry
     if not any(r.decode_tokens for r in trace.requests):
         raise SynthError("--like needs a trace with decode tokens")
+    if not any(r.computed[r.prefill :].any() for r in trace.requests):
+        raise SynthError("--like needs computed decode routing, but every decode token-layer of this trace is a gap")
     rng = np.random.default_rng(seed)
     say = progress or (lambda _: None)
     parts = _groups(trace)

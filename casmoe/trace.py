@@ -29,6 +29,7 @@ import numpy as np
 
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, GeometryError
+from casmoe.npz import check_sizes
 
 FORMAT_NAME = "casmoe-trace"
 FORMAT_VERSION = 1
@@ -136,10 +137,10 @@ def prefill_union(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray) ->
 def prefill_step(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray, E: int) -> Step:
     """A prompt (`topk[T, L, k]`) as one step: `prefill_union` as per-layer lists."""
     lens, ids, count = prefill_union(topk, weights, offsets)
-    cuts = np.cumsum(lens)[:-1]
-    experts = [part.tolist() for part in np.split(ids, cuts)]
-    counts = [part.tolist() for part in np.split(count, cuts)]
-    return Step(True, int(topk.shape[0]), experts, counts)
+    bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
+    ids, counts = ids.tolist(), count.tolist()
+    return Step(True, int(topk.shape[0]), [ids[a:b] for a, b in zip(bounds, bounds[1:])],
+                [counts[a:b] for a, b in zip(bounds, bounds[1:])])
 
 
 @dataclass(slots=True)
@@ -334,6 +335,7 @@ class Trace:
                     f"{where}: not an .npz file (a casmoe trace is a zip of .npy arrays); "
                     "convert other formats with `casmoe trace import`"
                 )
+            check_sizes(io.BytesIO(data), where, TraceError)  # before anything is inflated
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in npz.files}
         except FileNotFoundError:
@@ -423,6 +425,7 @@ class Trace:
             )
         for name in ("format", "version", "geometry", "requests"):
             meta.pop(name, None)
+        _check_splits(meta, n, where)
         trace = cls(geometry, requests, meta)
         trace._validate_arrays(where, topk, weights, offsets, optional)
         _arrivals(requests, where)
@@ -433,6 +436,7 @@ class Trace:
     def validate(self, where: str = "<trace>") -> None:
         """Raise `TraceError` for any inconsistency, naming the request and the fault."""
         g = self.geometry
+        _check_splits(self.meta, len(self.requests), where)
         for i, r in enumerate(self.requests):
             for name in ("topk", "weights", "logits", "spec"):
                 arr = getattr(r, name)
@@ -639,3 +643,14 @@ class Future:
         if not lst:
             return 0
         return bisect_right(lst, until_visit) - bisect_right(lst, after_visit)
+
+
+def _check_splits(meta: dict[str, Any], n: int, where: str) -> None:
+    """`meta["splits"]`, when present, labels every request: a shorter list would silently
+    fall back to another held-out rule (or index past its end)."""
+    splits = meta.get("splits")
+    if splits is not None and (
+        not isinstance(splits, list) or len(splits) != n or not all(isinstance(s, str) for s in splits)
+    ):
+        count = len(splits) if isinstance(splits, list) else type(splits).__name__
+        raise TraceError(f"{where}: metadata 'splits' must be one label (a string) per request: {count} for {n} requests")

@@ -17,8 +17,10 @@ import traceback
 from pathlib import Path
 from types import TracebackType
 
-from casmoe.cli import backend, leaderboard, lrc, planner, profile, record, replay, simulate, trace  # noqa: F401  (register commands)
-from casmoe.cli.app import app
+import typer
+
+from casmoe.cli import backend, leaderboard, lrc, planner, profile, record, replay, search, simulate, trace  # noqa: F401  (register commands)
+from casmoe.cli.app import app, finite_floats
 from casmoe.errors import CasmoeError
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +80,7 @@ def main() -> None:
 def _run() -> None:
     debug = os.environ.get("CASMOE_DEBUG", "") not in ("", "0")
     try:
-        app()
+        finite_floats(typer.main.get_command(app))()
     except CasmoeError as exc:
         if debug:
             raise

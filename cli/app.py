@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import typing
+from typing import Any, Callable
+
 import typer
+
+from casmoe.errors import CasmoeError
 
 app = typer.Typer(
     name="casmoe",
@@ -20,6 +26,42 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Expert offloading for MoE models (the help text is the app's)."""
+
+
+def _is_float(param: Any) -> bool:
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    return annotation is float or typing.get_args(annotation) == (float,)
+
+
+def _finite(param: Any, process: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """`param.process_value` refusing nan and inf as written, before Typer's own parsing (whose
+    range checks would call nan "not >= 0"): `--epsilon nan` compares false with everything,
+    `--think inf` prints NaN, `--link-gbps nan` runs unlimited; no casmoe option means
+    anything with them."""
+
+    def check(ctx: Any, value: Any) -> Any:
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            try:
+                number = float(v) if isinstance(v, (str, float)) else 0.0
+            except ValueError:
+                continue  # not a number at all: Typer says so
+            if not math.isfinite(number):
+                name = max(param.opts, key=len) if param.opts else param.name
+                raise CasmoeError(f"{name} must be a finite number, not {v}")
+        return process(ctx, value)
+
+    return check
+
+
+def finite_floats(command: Any) -> Any:
+    """`command` (the click command Typer builds) with every float option of it and of its
+    subcommands refusing nan and inf (see `_finite`)."""
+    for param in command.params:
+        if _is_float(param):
+            param.process_value = _finite(param, param.process_value)
+    for sub in getattr(command, "commands", {}).values():
+        finite_floats(sub)
+    return command
 
 
 def progress(iterable=None, *, quiet: bool = False, **kw):

@@ -251,6 +251,16 @@ def validate(
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
+    if records[0]["too_noisy"]:
+        import os
+
+        from casmoe.backends.validate import NOISE_LIMIT
+
+        typer.echo(f"too noisy to judge the simulator: the backend's own latency for the same work moved "
+                   f"{records[0]['noise_floor']:.1%} during the validation (limit {NOISE_LIMIT:.0%}: identical baseline "
+                   f"requests {records[0]['baseline_spread']:.1%} apart, the first run repeated "
+                   f"{records[0]['repeat_error']:.1%}); run it on a quieter machine (load average {os.getloadavg()[0]:.1f})")
+        return
     from casmoe.report import print_table
 
     rows = [
@@ -262,4 +272,5 @@ def validate(
         for r in records
     ]
     print_table(rows, list(rows[0]), title=f"simulator vs backend, {model}, link {om.link.bandwidth / 1e9:.3g} GB/s "
-                f"(the backend's first run repeated: {records[0]['repeat_error']:.1%} apart)")
+                f"(noise floor {records[0]['noise_floor']:.1%}: the backend's first run repeated "
+                f"{records[0]['repeat_error']:.1%} apart, baselines {records[0]['baseline_spread']:.1%})")

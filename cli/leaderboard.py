@@ -19,6 +19,7 @@ def leaderboard(
     jobs: int = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a local Ray)."),
     ray: bool = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address)."),
     ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (e.g. ray://head:10001); implies --ray."),
+    allow_overcommit: bool = typer.Option(False, "--allow-overcommit", help="Simulate cache sizes beyond what the GPUs hold (else n/a)."),
 ) -> None:
     """Every built-in policy (oracles starred) x workload x 1, 1.5, 2 and 4 x top_k slots per layer.
 
@@ -39,7 +40,7 @@ def leaderboard(
     load_profile(hardware)  # an unknown profile fails before any work
     paths = trace or [shipped(name) for name in lb.WORKLOADS]
     workloads = [lb.prepare(Path(p), out / "workloads", requests) for p in paths]
-    points = lb.points(workloads, hardware)
+    points = lb.points(workloads, hardware, overcommit=allow_overcommit)
     bar = tqdm(total=len(points), desc="leaderboard", unit="run")
 
     def progress(done: int, total: int) -> None:

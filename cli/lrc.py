@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -28,16 +29,17 @@ def _floats(text: str, what: str) -> list[float]:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise CasmoeError(f"{what} must be comma-separated numbers, got {text!r}") from None
-    if not vals or min(vals) <= 0:
-        raise CasmoeError(f"{what} must be positive numbers, got {text!r}")
+    if not vals or min(vals) <= 0 or not all(math.isfinite(v) for v in vals):
+        raise CasmoeError(f"{what} must be positive finite numbers, got {text!r}")
     return vals
 
 
 @app.command()
 def lrc(
     trace: Optional[list[str]] = typer.Option(
-        None, "--trace", "-t", help="Trace: .npz, route .csv or .json; PATH#KEY picks one entry of a JSON file. Repeat "
-        f"to compare. Default: the shipped {DEFAULT_TRACE}."
+        None, "--trace", "-t", help="Trace: .npz, route .csv or .json; PATH#KEY picks one entry of a JSON file (an "
+        "existing file's name is read whole, # and all). Repeat to compare. "
+        f"Default: the shipped {DEFAULT_TRACE}."
     ),
     m: str = typer.Option("4,16,64,256", "--m", help="Segment lengths / lookahead in tokens, comma-separated."),
     rho: str = typer.Option("1,2,4", "--rho", help="Cache sizes C / active experts for the table and baselines."),
@@ -68,6 +70,8 @@ def lrc(
             check_file_target(path, what, create_parent=True)
     if plots is not None:
         check_dir_target(plots, "--plots")
+    if not 0 < confidence < 1:
+        raise CasmoeError(f"--confidence must be between 0 and 1 (exclusive), got {confidence}")
     ms = _ints(m, "--m")
     rhos = _floats(rho, "--rho")
     try:

@@ -47,11 +47,12 @@ def fit(
     seed: int = typer.Option(_D.seed, help="Seed for the predictor's initialisation, dropout and batches."),
 ) -> None:
     """Fit matcher and predictor on a trace's prompts and write the planner folder."""
-    from casmoe.output import check_dir_target
+    from casmoe.folder import check_folder_target
     from casmoe.planner import fit_planner
+    from casmoe.planner.planner import FORMAT, META
     from casmoe.trace import Trace
 
-    check_dir_target(out, "--out")
+    check_folder_target(out, FORMAT, "--out", marker=META)  # before the fit: an unwritable --out fails now
     tr = Trace.load(trace or shipped(DEFAULT_TRACE))
     cfg = PlannerConfig(
         epsilon=epsilon,

@@ -8,9 +8,10 @@ from typing import Optional
 
 import typer
 
-from casmoe.cache import MissMode
+from casmoe.cache import ExpertCache, MissMode
 from casmoe.cli import requests as choose
 from casmoe.cli.app import app, progress
+from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE, shipped
 
 
@@ -53,7 +54,16 @@ def replay(
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
     scored = Selection.of(split, task, span, requests).resolve(whole, specs)
     tr = scored.pick(whole)
-    caches = [spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr, source=whole) for spec in specs]
+    ExpertCache(tr.geometry, cap)  # a capacity no policy can use fails here, whichever policies run
+    caches, skipped = [], []
+    for spec in list(specs):  # fail before work; of every policy (no --policy), those this trace can run
+        try:
+            caches.append(spec.create(tr.geometry, cap, miss_mode=miss_mode, trace=tr, source=whole))
+        except CasmoeError as exc:
+            if policy and policy != ["all"]:
+                raise
+            specs.remove(spec)
+            skipped.append(f"skipped {spec.label}: {exc}")
     steps, arrays = None, None  # built once, for the policies that run in Python / compiled
     records = []
     for spec, cache in zip(progress(specs, desc="replay", unit="policy", quiet=len(specs) < 2 or as_json), caches):
@@ -69,3 +79,5 @@ def replay(
     from casmoe.report import print_replay
 
     print_replay(records, f"{tr.geometry.describe()}, {scored.describe()}, {tr.tokens} tokens")
+    for note in skipped:
+        typer.echo(note)

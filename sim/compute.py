@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from casmoe.presets import ModelPreset
 from casmoe.sim.hardware import HardwareProfile
 
@@ -84,6 +86,12 @@ class RooflineCompute:
         nbytes = DENSE_BYTES_PER_PARAM * self.dense_params + self.kv_bytes_per_token * kv_tokens
         return max(flops / self.flops, nbytes / self.bw) + self.layer_overhead
 
+    def dense_many(self, tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
+        """`dense` over int64 arrays of steps: the same operations elementwise, so the same bits."""
+        flops = 2 * self.dense_params * tokens + 4 * self.attn_width * attn_pairs
+        nbytes = DENSE_BYTES_PER_PARAM * self.dense_params + self.kv_bytes_per_token * kv_tokens
+        return np.maximum(flops / self.flops, nbytes / self.bw) + self.layer_overhead
+
     def expert(self, layer: int, tokens: int) -> float:
         """One routed expert of `layer` applied to `tokens` tokens."""
         return max(2 * self.expert_params * tokens / self.flops, self.expert_bytes[layer] / self.bw) + self.expert_overhead
@@ -117,6 +125,9 @@ class FixedCompute:
 
     def dense(self, tokens: int, attn_pairs: int, kv_tokens: int) -> float:
         return self.layer_s
+
+    def dense_many(self, tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
+        return np.full(len(tokens), self.layer_s)
 
     def expert(self, layer: int, tokens: int) -> float:
         return self.expert_s

@@ -100,6 +100,13 @@ class CompiledDecider:
 
     def chunk(self, steps: Sequence[Step], first: int, last: int, starts: Mapping[int, Sequence[int]],
               finishing: Mapping[int, Sequence[int]]) -> list[StepDecisions]:
+        return self._records(first, last, *self.decide(first, last, starts, finishing))
+
+    def decide(self, first: int, last: int, starts: Mapping[int, Sequence[int]],
+               finishing: Mapping[int, Sequence[int]]) -> tuple[np.ndarray, np.ndarray, dict[int, tuple[int, int]]]:
+        """The twin's decisions of steps `first..last-1`, as it keeps them: its log rows (a view,
+        overwritten by the next call), each visit's marks into them (`[(last - first) * L, 5]`,
+        by visit) and the log rows of each step's request starts."""
         twin, L = self.twin, self.L
         mc, km = twin.mc, twin.km
         mc.reg[km.R_LOG] = 0
@@ -121,12 +128,13 @@ class CompiledDecider:
                     twin.end()
         twin.run(done, last, marks[(done - first) * L :])
         twin.sync()
-        return self._records(first, last, mc.log[: mc.reg[km.R_LOG]].tolist(), marks, begin_rows)
+        return mc.log[: mc.reg[km.R_LOG]], marks, begin_rows
 
-    def _records(self, first: int, last: int, log: list[list[int]], marks: np.ndarray,
+    def _records(self, first: int, last: int, rows: np.ndarray, marks: np.ndarray,
                  begin_rows: dict[int, tuple[int, int]]) -> list[StepDecisions]:
         from casmoe.kernels.cache_machine import LOG_CPU, LOG_DEMAND, M_END, M_HITS, M_PRE, M_ROUTE
 
+        log = rows.tolist()
         L = self.L
         ptr = self.twin.arrays.visit_ptr
         computed = ptr[first * L + 1 : last * L + 1] != ptr[first * L : last * L]  # [steps * L]

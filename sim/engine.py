@@ -1,6 +1,6 @@
 """The simulator: routing traces through real `ExpertCache` objects on a modelled machine.
 
-One machine model (`assembly.py`: a `RunState` holds each device's link and compute, the caches, the timing pass of
+One machine model (`assembly.py`: `RunState`, each device's link and compute, the caches, the timing pass of
 `timing.py`) and two drivers:
 
 - offline (`workload=None`): the requests one after another, or in static batches of `batch`
@@ -39,6 +39,7 @@ from casmoe.compiled import uses_twin
 from casmoe.geometry import Quant, split_layers
 from casmoe.presets import ModelPreset
 from casmoe.replay import check_replayable, starts_and_ends
+from casmoe.sim import compiled_timing as compiled_pass
 from casmoe.sim.assembly import RunState, Setup, SimConfigError, StepPlan, check_geometry, expert_bytes_for
 from casmoe.sim.compute import ComputeModel, RooflineCompute
 from casmoe.sim.decide import CompiledDecider, Decider, StepDecisions
@@ -47,8 +48,8 @@ from casmoe.sim.latency import LatencyLog
 from casmoe.sim.result import SimResult
 from casmoe.sim.tiers import HostCache
 from casmoe.sim.timeline import Timeline
-from casmoe.sim.timing import StepWork
-from casmoe.trace import Step, Trace
+from casmoe.sim.timing import work_for
+from casmoe.trace import Trace
 
 CHUNK_STEPS = 512
 """Steps decided ahead of the timing pass at a time: bounds the memory of the record."""
@@ -92,6 +93,8 @@ def simulate(
         )
     check_replayable(trace)
     check_geometry(trace.geometry, preset)
+    if miss_mode is MissMode.CPU and compute is None:
+        hardware.check_host_compute()
     g = trace.geometry
     nbytes = expert_bytes_for(trace, preset, quant)
     cache_per_device = devices > 1 and not capacity.per_layer
@@ -131,13 +134,13 @@ def simulate(
             raise SimConfigError("a latency log is filled by requests one after another only, not by a workload")
 
         with no_gc():
-            return serve(setup, workload, describe)
-    state = setup.start(plan.shard_steps)
+            return serve(setup, workload, describe, compiled)
+    machine = setup.start(plan.shard_steps)
     log = LatencyLog() if latency is None else latency
     with no_gc():
-        end = run_offline(plan, state, setup, log, compiled)
+        end = run_offline(plan, machine, setup, log, compiled)
     workload_text = "back-to-back" if batch == 1 else f"static batches of {batch}"
-    return state.result(setup, log, end, batch=batch, workload=workload_text, max_batch=batch, **describe)
+    return machine.result(setup, log, end, batch=batch, workload=workload_text, max_batch=batch, **describe)
 
 
 @contextmanager
@@ -154,21 +157,26 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def run_offline(plan: StepPlan, state: RunState, setup: Setup, log: LatencyLog, compiled: bool | None = None) -> float:
+def run_offline(plan: StepPlan, machine: RunState, setup: Setup, log: LatencyLog, compiled: bool | None = None,
+                compiled_timing: bool = True) -> float:
     """The fast path: requests one after another (or in static batches), each chunk of steps
-    decided first, then priced. Returns the makespan."""
-    steps = plan.steps
-    batch = plan.batch
-    starts, finishing = starts_and_ends(steps)
-    compute = setup.compute
-    timer = state.timer
+    decided first, then priced. Returns the makespan. Where a compiled twin decides and the
+    compiled timing pass mirrors the run (`compiled_timing.fits`), both passes run compiled
+    (`compiled_timing=False`: the twin decides, Python prices; identical results)."""
+    timer = machine.timer
     interleaved = timer.interleaved
     deciders: list[Decider | CompiledDecider] = [
         CompiledDecider(shard.cache, plan.shard_traces[i].requests, plan.arrays(i), CHUNK_STEPS)
         if not interleaved and uses_twin(shard.cache, plan.shard_traces[i], compiled)
         else shard.decider
-        for i, shard in enumerate(state.shards)
+        for i, shard in enumerate(machine.shards)
     ]
+    if compiled_timing and compiled_pass.fits(machine, setup, deciders):
+        return compiled_pass.run(plan, machine, setup, log, deciders[0], CHUNK_STEPS)  # type: ignore[arg-type]
+    steps = plan.steps
+    batch = plan.batch
+    starts, finishing = starts_and_ends(steps)
+    compute = setup.compute
     shard_steps = plan.shard_steps
     pos = [0] * len(setup.trace.requests)  # tokens each request has processed
     now = 0.0
@@ -188,7 +196,7 @@ def run_offline(plan: StepPlan, state: RunState, setup: Setup, log: LatencyLog, 
             if starting:
                 t = timer.begin(t, starting, decisions)
             step_start = now
-            work = _work(step, pos, compute)
+            work = work_for(step.prefill, step.tokens, step.requests, pos, compute)
             t = timer.step(s, work, [sub[s] for sub in shard_steps], decisions, t)
             now = now + (t - now)  # SimPy's clock arithmetic (env.timeout(t - now))
             if step.prefill:
@@ -201,23 +209,3 @@ def run_offline(plan: StepPlan, state: RunState, setup: Setup, log: LatencyLog, 
                     log.finished(r, t)
                 timer.end(t, len(done))
     return now
-
-
-def _work(step: Step, pos: list[int], compute: ComputeModel) -> StepWork:
-    """Dense and head time of a prefill (one request, all its prompt) or a decode step (one
-    token per request), from the requests' context lengths (`pos`, updated)."""
-    T = step.tokens
-    if step.prefill:
-        (r,) = step.requests
-        pairs = T * (T + 1) // 2
-        kv = T
-        pos[r] += T
-        head = compute.head(1)
-    else:
-        pairs = 0
-        for r in step.requests:
-            pos[r] += 1
-            pairs += pos[r]
-        kv = pairs
-        head = compute.head(T)
-    return StepWork(T, compute.dense(T, pairs, kv), head)

@@ -127,6 +127,15 @@ class HardwareProfile:
     def numeric_fields(cls) -> list[str]:
         return [f.name for f in fields(cls) if f.type in ("int", "float")]
 
+    def check_host_compute(self, where: str | None = None) -> None:
+        """The cpu miss mode prices a missed expert with cpu_tflops and cpu_mem_bw_gbs: refuse
+        a profile without them before any run (a 0 would divide by zero mid-simulation)."""
+        if min(self.cpu_tflops, self.cpu_mem_bw_gbs) <= 0:
+            raise HardwareError(
+                f"{where or f'profile {self.name!r}'}: miss mode cpu computes missed experts on the host, but "
+                f"cpu_tflops = {self.cpu_tflops:g} and cpu_mem_bw_gbs = {self.cpu_mem_bw_gbs:g}; give both (> 0)"
+            )
+
     def h2d_gbs(self, pinned: bool = True) -> float:
         return self.h2d_pinned_gbs if pinned else self.h2d_pageable_gbs
 
@@ -182,18 +191,17 @@ class HardwareProfile:
             values[n] = float(v) if f.type == "float" else v
         if not isinstance(values["sources"], dict):
             raise HardwareError(f"{where}: [sources] must be a table")
-        return cls(**values)
+        try:
+            return cls(**values)
+        except HardwareError as exc:  # name the user's file, not the `name` it copied from a shipped one
+            msg, subject = str(exc), f"profile {values['name']!r}: "
+            raise HardwareError(f"{where}: {msg.removeprefix(subject)}") from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> HardwareProfile:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise HardwareError(f"{path}: cannot read hardware profile: {exc.strerror}") from exc
-        except UnicodeDecodeError as exc:
-            raise HardwareError(f"{path}: not a text (UTF-8) TOML file: {exc.reason} at byte {exc.start}") from exc
-        return cls.from_toml(text, str(path))
+        from casmoe.userfile import read_text
+
+        return cls.from_toml(read_text(path, "hardware profile", HardwareError), str(path))
 
     def with_values(self, sources: dict[str, str] | None = None, **values: Any) -> HardwareProfile:
         """A copy with some numbers replaced (e.g. measured ones), each with its new source."""

@@ -4,8 +4,8 @@ slots per layer, scored only on requests no fitted component saw.
 A workload is a trace split in two: its `train` requests fit whatever a policy fits (static's
 popularity profile, moe-infinity's activation-matrix collection, a CasMoE planner given with
 `planner`), its `heldout` requests are the ones simulated and scored. The split is the trace's
-own (`meta["splits"]`, as `casmoe record` writes it) or, for a trace without one, its last
-fifth of requests held out. Both halves are written beside the results, named by the source
+own (`meta["splits"]`, as `casmoe record` writes it) or, for a trace without one, every fifth
+request held out (`casmoe.selection`, the planner's rule). Both halves are written beside the results, named by the source
 trace's content, so the points (sweep `Point`s: resumable, Ray-able through `run_grid`) are
 keyed by the content of everything that changes them.
 """
@@ -26,8 +26,6 @@ WORKLOADS = ("tiny-mixtral.npz", "tiny-olmoe.npz", "synthetic-qwen3.npz")
 """The shipped traces the leaderboard runs by default."""
 FACTORS = (1.0, 1.5, 2.0, 4.0)
 """Slots per layer, as multiples of top_k (rounded up)."""
-HELDOUT_SHARE = 0.2
-"""Share of requests held out of a trace that has no split of its own (its last ones)."""
 FITTED = {"static": "profile", "moe-infinity": "fit"}
 """Policies fitted on a workload's train requests, and the option that takes them."""
 
@@ -43,14 +41,13 @@ class Workload:
 
 
 def split(trace: Trace) -> tuple[list[int], list[int], str]:
-    """(train, heldout) request indices and how they were chosen."""
+    """(train, heldout) request indices (`casmoe.selection`'s rule) and how they were chosen."""
+    from casmoe.selection import HOLDOUT_EVERY, split_indices
+
     labels = trace.meta.get("splits")
-    n = len(trace.requests)
-    if isinstance(labels, list) and len(labels) == n and {"train", "heldout"} <= set(labels):
-        return ([i for i, s in enumerate(labels) if s == "train"], [i for i, s in enumerate(labels) if s == "heldout"],
-                "the trace's own train/heldout split")
-    cut = n - max(1, math.ceil(n * HELDOUT_SHARE))
-    return list(range(cut)), list(range(cut, n)), f"no split in the trace: its last {n - cut} requests held out"
+    own = isinstance(labels, list) and len(labels) == len(trace.requests)
+    how = "the trace's own train/heldout split" if own else f"no split in the trace: every {HOLDOUT_EVERY}th request held out"
+    return split_indices(trace, "train"), split_indices(trace, "heldout"), how
 
 
 def prepare(path: Path, folder: Path, requests: int) -> Workload:
@@ -83,7 +80,10 @@ def policies(workload: Workload, planner: str | None = None) -> list[PolicySpec]
     return out
 
 
-def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str] | None = None) -> list[Point]:
+def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str] | None = None,
+           overcommit: bool = False) -> list[Point]:
+    """Every policy x cache size of every workload; a size beyond what the GPUs hold is skipped
+    (n/a, with the reason) unless `overcommit` simulates it anyway."""
     out = []
     for w in workloads:
         trace = Trace.load(w.scored)
@@ -91,7 +91,7 @@ def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str
         digest = file_digest(w.scored)
         for cap in capacities(trace.geometry.top_k):
             for spec in policies(w, (planners or {}).get(w.name)):
-                out.append(Point(str(w.scored), model, hardware, spec, cap, trace_digest=digest))
+                out.append(Point(str(w.scored), model, hardware, spec, cap, trace_digest=digest, overcommit=overcommit))
     return out
 
 

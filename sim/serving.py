@@ -39,6 +39,7 @@ import simpy
 
 from casmoe.errors import CasmoeError
 from casmoe.sim.assembly import RunState, Setup
+from casmoe.sim.compiled_timing import ServingPass
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import StepWork
 from casmoe.trace import Request, Step, merge_steps, prefill_step
@@ -183,14 +184,14 @@ class ScheduledStep:
 class Server:
     """The scheduler and the devices of one run."""
 
-    def __init__(self, env: simpy.Environment, setup: Setup, state: RunState, workload: Workload,
-                 log: LatencyLog) -> None:
+    def __init__(self, env: simpy.Environment, setup: Setup, machine: RunState, workload: Workload,
+                 log: LatencyLog, compiled: bool | None = None) -> None:
         self.env = env
         self.setup = setup
-        self.state = state
+        self.machine = machine
         self.workload = workload
         self.log = log
-        self.gpus = [GPU(env, i, link) for i, link in enumerate(state.links)]
+        self.gpus = [GPU(env, i, link) for i, link in enumerate(machine.links)]
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.wake = env.event()
@@ -199,6 +200,8 @@ class Server:
         g = setup.trace.geometry
         self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self._E = g.experts
+        self.compiled = ServingPass(machine, setup, workload.max_batch) if ServingPass.fits(machine, setup, compiled) else None
+        """Both passes compiled for a built-in policy (`compiled_timing.ServingPass`), else None."""
 
     def submit(self, r: int) -> simpy.Event:
         """Request `r` arrives now; the event fires with its last token."""
@@ -218,8 +221,8 @@ class Server:
 
     def scheduler(self) -> Iterator[simpy.Event]:
         env = self.env
-        timer = self.state.timer
-        deciders = [shard.decider for shard in self.state.shards]
+        timer = self.machine.timer
+        deciders = [shard.decider for shard in self.machine.shards]
         while True:
             if not self.waiting and not self.running:
                 self.wake = env.event()
@@ -231,12 +234,15 @@ class Server:
             self.steps.append(plan.step)
             subs = self._views(plan.step)
             starting = [job.r for job in admitted]
-            decisions = None
-            if not timer.interleaved:
-                decisions = [d.step(s, subs[i].experts, starting, len(plan.finishing)) for i, d in enumerate(deciders)]
             start = env.now
-            t = timer.begin(start, starting, decisions) if starting else start
-            t = timer.step(s, plan.work, subs, decisions, t)
+            if self.compiled is not None:
+                t = self.compiled.step(plan.step, starting, len(plan.finishing), plan.work, start)
+            else:
+                decisions = None
+                if not timer.interleaved:
+                    decisions = [d.step(s, subs[i].experts, starting, len(plan.finishing)) for i, d in enumerate(deciders)]
+                t = timer.begin(start, starting, decisions) if starting else start
+                t = timer.step(s, plan.work, subs, decisions, t)
             requests = [gpu.stream.request() for gpu in self.gpus]
             yield simpy.AllOf(env, requests)
             yield env.timeout(t - env.now)
@@ -333,7 +339,7 @@ class Server:
                 self.running.remove(job)
                 log.finished(job.r, t)
                 job.done.succeed()
-            self.state.timer.end(t, len(plan.finishing))
+            self.machine.timer.end(t, len(plan.finishing))
 
 
 def open_loop(env: simpy.Environment, server: Server, times: Sequence[float]) -> Iterator[simpy.Event]:
@@ -352,11 +358,12 @@ def user(env: simpy.Environment, server: Server, queue: Iterator[int], think_s: 
             yield env.timeout(think_s)
 
 
-def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None) -> tuple[RunState, LatencyLog, float, list[Step]]:
+def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None,
+             compiled: bool | None = None) -> tuple[RunState, LatencyLog, float, list[Step]]:
     env = simpy.Environment()
-    state = setup.start(futures)
+    machine = setup.start(futures)
     log = LatencyLog()
-    server = Server(env, setup, state, workload, log)
+    server = Server(env, setup, machine, workload, log, compiled)
     n = len(setup.trace.requests)
     if workload.arrival is Arrival.CLOSED:
         queue = iter(range(n))
@@ -366,24 +373,27 @@ def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]]
         env.process(open_loop(env, server, workload.arrival_times(setup.trace.requests)))
     env.process(server.scheduler())
     env.run()
-    return state, log, server.clock, server.steps
+    if server.compiled is not None:
+        server.compiled.finish()
+    return machine, log, server.clock, server.steps
 
 
-def serve(setup: Setup, workload: Workload, describe: dict[str, Any]) -> Any:
-    """Serve the trace's requests under `workload`; the result of the last run."""
+def serve(setup: Setup, workload: Workload, describe: dict[str, Any], compiled: bool | None = None) -> Any:
+    """Serve the trace's requests under `workload`; the result of the last run. `compiled`
+    chooses the passes as `simulate` does (a built-in policy's twin and the compiled timing)."""
     futures = None
     previous: list[Step] | None = None
     runs = 0
     while True:
         runs += 1
-        state, log, end, steps = run_once(setup, workload, futures)
-        reads_future = any(shard.cache.needs_future for shard in state.shards)
+        machine, log, end, steps = run_once(setup, workload, futures, compiled)
+        reads_future = any(shard.cache.needs_future for shard in machine.shards)
         if not reads_future or runs == MAX_FUTURE_RUNS or (previous is not None and _same(previous, steps)):
             break
         previous = steps
         E = setup.trace.geometry.experts
         futures = [steps] if len(setup.shards) == 1 else [[s.layer_slice(r, E) for s in steps] for r in setup.shards]
-    return state.result(
+    return machine.result(
         setup, log, end, batch=workload.max_batch, workload=workload.describe(), max_batch=workload.max_batch,
         future_runs=runs, **describe,
     )

@@ -1,7 +1,9 @@
 """Grids of simulations: policies x capacities x hardware x models x traces (x arrival rates).
 
-A `Point` is one fully specified run; its `key()` hashes everything that determines the result
-(including the trace file's contents), and `run_grid` stores each finished point as
+A `Point` is one fully specified run; its `key()` hashes everything that determines the result:
+its fields, the trace file's contents, the scored requests, and `input_digest` (the profile's
+numbers, the preset, every file or folder an option names, a user's policy module and its
+package, casmoe's version), so a changed input is a new point; `run_grid` stores each finished point as
 `points/<key>.json` in the output folder, so an interrupted sweep resumes where it stopped and a
 re-run with more points only computes the new ones. Points run on local processes
 (`concurrent.futures`) or, for users who outgrow one machine, on a Ray cluster.
@@ -9,13 +11,10 @@ re-run with more points only computes the new ones. Points run on local processe
 
 from __future__ import annotations
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 import hashlib
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -26,8 +25,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from casmoe.cache import MissMode
 from casmoe.errors import CasmoeError
-from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
+from casmoe.options import CapacitySpec, OptionError, parse_miss_mode, parse_quant
 from casmoe.output import write_text
 from casmoe.policies import POLICIES, PolicySpec, get_policy
 from casmoe.presets import get_preset, load_presets
@@ -275,13 +275,11 @@ class Grid:
     def from_toml(cls, path: str | Path) -> Grid:
         """Keys: traces, models, hardware, policies, capacities (slots or "6GB"),
         global_capacities, batch, miss_modes, rates (lists) and devices, quant, pinned, requests,
-        arrival, users, think, max_batch, schedule, chunk, seed, host_cache, host_policy."""
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except OSError as exc:
-            raise SweepError(f"{path}: cannot read sweep file: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise SweepError(f"{path}: not valid TOML: {exc}") from exc
+        arrival, users, think, max_batch, schedule, chunk, seed, host_cache, host_policy; the
+        scored requests: split, tasks (a list), range (`casmoe.selection`); allow_overcommit."""
+        from casmoe.userfile import read_toml
+
+        raw = read_toml(path, "sweep file", SweepError)
         unknown = sorted(set(raw) - set(cls._AXES) - set(cls._SCALARS))
         if unknown:
             raise SweepError(f"{path}: unknown keys {unknown}; known: {sorted({**cls._AXES, **cls._SCALARS})}")
@@ -289,12 +287,17 @@ class Grid:
         for key, kind in cls._AXES.items():
             v = raw.get(key, [])
             v = v if isinstance(v, list) else [v]
-            if not all(_fits(x, kind) or (kind is str and isinstance(x, int)) for x in v):
-                raise SweepError(f"{path}: {key} must be a list of {kind.__name__}")
+            bad = [x for x in v if not (_fits(x, kind) or (kind is str and _fits(x, int)))]
+            if bad:
+                raise SweepError(f"{path}: {key} = {v!r}: {bad[0]!r} is not {_AXIS_HINTS.get(key, _KINDS[kind])}")
             axes[key] = [kind(x) if kind in (str, float) else x for x in v]
             _check_least(path, key, axes[key])
         base = Path(path).parent
-        caps = [CapacitySpec(c) for c in axes["capacities"]] + [CapacitySpec(c, False) for c in axes["global_capacities"]]
+        try:
+            caps = [CapacitySpec(c) for c in axes["capacities"]]
+            caps += [CapacitySpec(c, False) for c in axes["global_capacities"]]
+        except OptionError as exc:
+            raise SweepError(f"{path}: {exc}") from None
         for key in ("traces", "models", "hardware", "policies"):
             if not axes[key]:
                 raise SweepError(f"{path}: {key} is empty; list at least one")
@@ -303,7 +306,7 @@ class Grid:
         scalars = {k: raw[k] for k in cls._SCALARS if k in raw}
         for k, kind in cls._SCALARS.items():
             if k in scalars and not _fits(scalars[k], kind):
-                raise SweepError(f"{path}: {k} must be {kind.__name__}")
+                raise SweepError(f"{path}: {k} = {scalars[k]!r} is not {_KINDS[kind]}")
             if k in scalars and kind is float:
                 scalars[k] = float(scalars[k])
             if k in scalars:
@@ -362,11 +365,13 @@ class Grid:
             scored[t] = selection.resolve(_load_whole(t, digests[t]), self.policies)
         for m in self.models:
             get_preset(m)
+        miss_modes = [parse_miss_mode(m, "miss mode").value for m in self.miss_modes]  # points keyed canonically
         for h in self.hardware:
-            load_profile(h)
+            hw = load_profile(h)
+            if MissMode.CPU.value in miss_modes:
+                hw.check_host_compute(h)
         for p in self.policies:
             get_policy(p.name)
-        miss_modes = [parse_miss_mode(m, "miss mode").value for m in self.miss_modes]  # points keyed canonically
         parse_quant(self.quant, "quant")
         inputs = {(h, m, p): input_digest(h, m, p) for h in self.hardware for m in self.models for p in self.policies}
         out: dict[str, Point] = {}
@@ -382,10 +387,20 @@ class Grid:
         return list(out.values())
 
 
+_KINDS = {str: "a string", int: "a whole number", float: "a finite number", bool: "true or false"}
+_AXIS_HINTS = {
+    "capacities": 'a capacity: whole slots per layer (4) or memory as a string ("6GB")',
+    "global_capacities": 'a capacity: whole slots (64) or memory as a string ("6GB")',
+}
+
+
 def _fits(value: Any, kind: type) -> bool:
-    """A TOML value of the wanted kind (an integer is a fine float; a boolean is no number)."""
+    """A TOML value of the wanted kind (an integer is a fine float; a boolean is no number;
+    TOML's nan and inf are no number either)."""
     if isinstance(value, bool):
         return kind is bool
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
     return isinstance(value, kind) or (kind is float and isinstance(value, int))
 
 

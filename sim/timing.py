@@ -60,6 +60,25 @@ class StepWork(NamedTuple):
     head: float
 
 
+def work_for(prefill: bool, T: int, requests: Sequence[int], pos: list[int], compute: ComputeModel) -> StepWork:
+    """Dense and head time of a prefill (one request, all its `T` prompt tokens) or a decode
+    step (one token per request), from the requests' context lengths (`pos`, updated)."""
+    if prefill:
+        (r,) = requests
+        pairs = T * (T + 1) // 2
+        kv = T
+        pos[r] += T
+        head = compute.head(1)
+    else:
+        pairs = 0
+        for r in requests:
+            pos[r] += 1
+            pairs += pos[r]
+        kv = pairs
+        head = compute.head(T)
+    return StepWork(T, compute.dense(T, pairs, kv), head)
+
+
 def _ignore(expert: ExpertId) -> None:
     """Arrivals of decisions made in advance: nothing to tell the cache."""
 
@@ -166,15 +185,10 @@ class StepTimer:
         its dense part (the router needs it), issues the loads routing asks for, and computes its
         experts once they have arrived (`_wait`): a copy in flight overlaps the dense part."""
         compute, timeline, timeliness, device_busy = self.compute, self.timeline, self.timeliness, self.device_busy
-        interleaved = visits is None
-        cpu_mode = self.miss_mode is MissMode.CPU
-        counts = sub.counts
-        multi = len(self.links) > 1
+        interleaved, cpu_mode, counts, multi = visits is None, self.miss_mode is MissMode.CPU, sub.counts, len(self.links) > 1
         host_cost = self.load_host_s or self.load_layer_s or self.beside_s
-        resume_rate = self.resume_rate
-        expert_pass = compute.expert_pass
-        T, dense = work.tokens, work.dense
-        links, first, exp_time = shard.links, shard.first, shard.expert_time
+        resume_rate, expert_pass = self.resume_rate, compute.expert_pass
+        T, dense, links, first, exp_time = work.tokens, work.dense, shard.links, shard.first, shard.expert_time
         decide = shard.decider.visit
         landed: Callable[[ExpertId], None] = shard.cache.arrived if interleaved else _ignore
         visit_iter = iter(visits or ())
@@ -203,21 +217,14 @@ class StepTimer:
             if counts is None and not (cpu_mode and acc.cpu):  # one token per routed expert, all on the GPU
                 run = expert_pass + len(experts) * exp_time[ll]
             else:
-                cpu = acc.cpu if cpu_mode else ()
-                run = self._experts_time(shard, ll, experts, None if counts is None else counts[ll], cpu)
+                run = self._experts_time(shard, ll, experts, None if counts is None else counts[ll], acc.cpu if cpu_mode else ())
             if start > ready:
                 run += resume_rate * (start - ready)
-            busy = ready - t + run
-            end = start + run
+            busy, end = ready - t + run, start + run
             busy_total += busy
             device_busy[on_device] += busy
             if timeline is not None:
-                layer = first + ll
-                if start > ready:
-                    timeline.compute(on_device, t, ready, layer)
-                    timeline.compute(on_device, start, end, layer)
-                else:
-                    timeline.compute(on_device, t, end, layer)
+                self._record(on_device, first + ll, t, ready, start, end)
             t = end
         self.compute_s = busy_total
         return t, on_device
@@ -231,20 +238,7 @@ class StepTimer:
         prefetch` up to the last late hit, `demand miss` beyond; a layer that stalled resumes
         `wake_s` after the last arrival."""
         layer = shard.first + ll
-        late_until = ready
-        tokens = link.tokens
-        if tokens:
-            late = 0
-            for e in experts:
-                if e in tokens:
-                    a = link.need(routed, e)
-                    if a > routed:  # still on its way when the router chose it
-                        late += 1
-                        if a > late_until:
-                            late_until = a
-            if late:
-                self.late += late
-                self.late_by_layer[layer] += late
+        late_until = self._late(link, layer, experts, routed, ready) if link.tokens else ready
         start = late_until
         from_storage = False
         loads = acc.loads
@@ -276,7 +270,34 @@ class StepTimer:
                 self.timeline.stall(on_device, ready, start, layer)
         return start
 
+    def _late(self, link: Link, layer: int, experts: Sequence[ExpertId], routed: float, ready: float) -> float:
+        """The last arrival of the layer's late hits (experts still in flight when the router
+        chose them, promoted to demand priority), at least `ready`; counts them."""
+        late_until = ready
+        tokens = link.tokens
+        late = 0
+        for e in experts:
+            if e in tokens:
+                a = link.need(routed, e)
+                if a > routed:  # still on its way when the router chose it
+                    late += 1
+                    if a > late_until:
+                        late_until = a
+        if late:
+            self.late += late
+            self.late_by_layer[layer] += late
+        return late_until
+
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _record(self, device: int, layer: int, t: float, ready: float, start: float, end: float) -> None:
+        """A computed layer on the timeline: one span, or two around the stall."""
+        timeline = self.timeline
+        if start > ready:
+            timeline.compute(device, t, ready, layer)  # type: ignore[union-attr]
+            timeline.compute(device, start, end, layer)  # type: ignore[union-attr]
+        else:
+            timeline.compute(device, t, end, layer)  # type: ignore[union-attr]
 
     def _host_time(self, issued: int, beside: int = 0) -> float:
         """Compute-thread time of issuing `issued` loads at once (one burst: a layer's, or a

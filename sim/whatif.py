@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from casmoe.cache import MissMode
 from casmoe.errors import CasmoeError
 from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.policies import PolicySpec
@@ -106,6 +107,8 @@ def what_if(
     n_dev = devices or hw.gpus
     check_devices(hw, n_dev, overcommit)
     miss_mode = parse_miss_mode(miss_mode).value  # " LOAD" and "load" are one point (one key)
+    if miss_mode == MissMode.CPU.value:
+        hw.check_host_compute(hardware)
     nbytes = expert_bytes_for(whole, preset, parse_quant(quant))
     if workload is not None and batch != 1:
         raise CasmoeError("--batch makes static batches of back-to-back requests; with --arrival or --users use --max-batch")

@@ -96,6 +96,8 @@ def test_validate_json_gives_a_median_error_per_policy(model_dir):
         assert r["median_error"] == pytest.approx(abs(r["sim_median"] - r["backend_median"]) / r["backend_median"])
         assert r["sim_hit_rate"] == pytest.approx(r["hit_rate"]) and r["wake"] >= 0 and r["ttft_error"] >= 0
         assert r["backend_compute"] > 0 and r["sim_compute"] > 0 and r["calibrated_load_issue"] > 0
+        assert r["noise_floor"] == max(r["repeat_error"], r["baseline_spread"]) and r["baseline_spread"] >= 0
+        assert r["too_noisy"] == (r["noise_floor"] > NOISE_LIMIT)
     by = {(r["policy"], r["miss_mode"]): r for r in recs}
     assert by["ondemand", "load"]["hit_rate"] == 0.0 < by["lru", "load"]["hit_rate"]  # ondemand keeps nothing
     assert by["ondemand", "load"]["sim_stall"] > 0 and by["ondemand", "cpu"]["sim_stall"] == 0  # cpu mode never waits
@@ -182,3 +184,24 @@ def test_settings_that_cannot_fit_fail_before_any_weight_loads(model_dir, monkey
     result = CliRunner().invoke(app, ["bench", "--model", str(model_dir / "m"), *args])
     assert result.exit_code != 0
     assert message in str(result.exception), result.exception
+
+
+def test_validate_above_its_noise_floor_says_so_in_one_line(model_dir, monkeypatch, capsys):
+    """A machine whose own latency moves more than the limit judges nothing: one line, no table."""
+    import casmoe.backends.validate as validate
+    from casmoe.cli import main
+
+    monkeypatch.setattr(validate, "NOISE_LIMIT", -1.0)  # any spread at all is too much
+    monkeypatch.setattr(sys, "argv", ["casmoe", "validate", "--model", str(model_dir / "m"), "--prompts",
+                                      str(model_dir / "prompts.txt"), "--num-prompts", "2", "--max-new-tokens", "3",
+                                      "--policy", "lru"])
+    main()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("too noisy to judge the simulator") and "error" not in out[-1]
+
+
+def test_baseline_spread_is_the_median_step_between_neighbours():
+    # two rounds of three identical baseline requests: steps 10%, 0% and 50%, 0% apart
+    assert baseline_spread([1.0, 1.1, 1.1, 2.0, 3.0, 3.0], 3) == pytest.approx(np.median([0.1, 0.0, 0.5, 0.0]))
+    assert baseline_spread([1.0], 1) == 0.0
+    assert relative_error(1.05, 1.0) == pytest.approx(0.05)

@@ -73,7 +73,7 @@ def planner_dir(trace, tmp_path_factory):
 
 def test_saved_planner_predicts_and_uses_no_pickle(planner_dir, trace) -> None:
     files = sorted(p.name for p in planner_dir.iterdir())
-    assert files == ["eam.index", "eam_patterns.npy", "eap.safetensors", "fit.npz", "planner.json"]
+    assert files == ["eam.index", "eam_patterns.npy", "eap.safetensors", "fit.npz", "manifest.json", "planner.json"]
     np.load(planner_dir / "fit.npz", allow_pickle=False)
     np.load(planner_dir / "eam_patterns.npy", allow_pickle=False)  # raises if it held objects
     planner = load_planner(planner_dir)
@@ -290,6 +290,7 @@ def test_folder_without_stored_baselines_serves_but_refuses_eval(planner_dir, tr
     old = tmp_path / "old"
     shutil.copytree(planner_dir, old)
     (old / "fit.npz").unlink()
+    (old / "manifest.json").unlink()  # as written before manifests
     meta = json.loads((old / "planner.json").read_text())
     del meta["fit"], meta["config"]["exclude_tasks"]  # as written before stored baselines
     (old / "planner.json").write_text(json.dumps(meta))

@@ -354,3 +354,16 @@ def test_presets_lists_every_model_preset(tmp_path):
     assert proc.returncode == 0, proc.stderr
     listed = json.loads(proc.stdout)
     assert set(listed) == set(load_presets()) and listed["mixtral-8x7b"]["experts"] == 8
+
+
+def test_a_static_profile_holding_scored_requests_marks_them_seen(small, tmp_path):
+    whole = Trace.load(small)
+    profile = tmp_path / "first3.npz"
+    whole.subset(range(3)).save(profile)
+    spec = PolicySpec.parse(f"static[profile={profile}]")
+    assert spec.fitted_requests(whole) == {0, 1, 2}
+    assert Selection().resolve(whole, [spec]).indices == tuple(range(3, 10))
+    assert Selection("all").resolve(whole, [spec]).starred == (spec.label,)
+    other = tmp_path / "other.npz"
+    Trace.load(SHIPPED).subset(range(2)).save(other)  # another model's routing: nothing seen
+    assert PolicySpec.parse(f"static[profile={other}]").fitted_requests(whole) == set()

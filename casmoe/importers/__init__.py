@@ -181,10 +181,12 @@ def import_profile(sources: Sequence[str | Path], fmt: str, *, model: Geometry |
 def read_specs(specs: Sequence[str]) -> list[tuple[str, Trace]]:
     """Each `PATH` or `PATH#KEY` (one named entry of a JSON file), any format -> (label, Trace).
 
-    The label is the key, else the file's stem; repeated labels get their position appended."""
+    A spec that names an existing file is that file, `#` and all (`run#1.npz`); otherwise the
+    last `#` separates the key (`run#1.json#mixtral`). The label is the key, else the file's
+    stem; repeated labels get their position appended."""
     loaded = []
     for spec in specs:
-        path, _, key = spec.partition("#")
+        path, key = (spec, "") if Path(spec).is_file() or "#" not in spec else spec.rsplit("#", 1)
         loaded.append((key or Path(path).stem, import_trace([path], key=key or None)))
     names = [name for name, _ in loaded]
     return [(f"{n}[{i}]" if names.count(n) > 1 else n, tr) for i, (n, (_, tr)) in enumerate(zip(names, loaded))]

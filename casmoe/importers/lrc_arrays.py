@@ -14,6 +14,7 @@ import numpy as np
 
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import positive_option
+from casmoe.npz import read_npz
 from casmoe.trace import Request, Trace, TraceError
 
 ARRAY_SUFFIXES = (".npy", ".npz", ".safetensors")
@@ -43,9 +44,8 @@ def _read_arrays(path: Path) -> np.ndarray:
     try:
         if path.suffix == ".npy":
             arrays = [np.load(path, allow_pickle=False)]
-        elif path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = [npz[n] for n in sorted(npz.files)]
+        elif path.suffix == ".npz":  # declared sizes checked before anything is inflated
+            arrays = [a for _, a in sorted(read_npz(path, TraceError).items())]
         elif path.suffix == ".safetensors":
             from safetensors.numpy import load_file
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from casmoe.importers.dump_files import decode_array, engine_files, json_records, seconds, text_field, token_ids
 from casmoe.importers.engine_trace import EngineRequest, build_trace
+from casmoe.npz import read_npz
 from casmoe.trace import Trace, TraceError
 
 SUFFIXES = (".npz", ".json", ".jsonl")
@@ -88,13 +89,7 @@ def _record(doc: Any, where: str) -> list[EngineRequest]:
 
 def _npz_records(path: Path) -> list[EngineRequest]:
     where = str(path)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {n: npz[n] for n in npz.files}
-    except FileNotFoundError:
-        raise TraceError(f"{where}: no such file") from None
-    except Exception as exc:  # zip, zlib and numpy errors for a damaged file
-        raise TraceError(f"{where}: not a readable .npz: {type(exc).__name__}: {exc}") from None
+    arrays = read_npz(path, TraceError)  # declared sizes checked before anything is inflated
     groups: dict[str, dict[str, Any]] = {}
     for key, value in arrays.items():
         name, _, field = key.rpartition("/")

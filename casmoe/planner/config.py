@@ -4,6 +4,7 @@ start-up, and `casmoe --help` should not pay for numpy."""
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,6 +71,48 @@ class PlannerConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PlannerConfig:
-        extra = {"exclude_tasks": tuple(d.get("exclude_tasks", ()))}  # absent in folders of older versions
-        return cls(**{**d, **extra, "phase": Phase(d["phase"]), "eap": EAPConfig(**d["eap"])})
+    def from_dict(cls, d: Any) -> PlannerConfig:
+        """From `to_dict`'s form, every field checked against its default's type (planner.json
+        is a file a user can edit: `"epsilon": "0.8"` is refused, not compared as a string)."""
+        d = dict(_typed(cls, d, "config"))
+        d.setdefault("exclude_tasks", ())  # absent in folders of older versions
+        try:
+            d["phase"] = Phase(d["phase"])
+        except ValueError:
+            raise PlannerError(f"config.phase must be one of {[p.value for p in Phase]}, not {d['phase']!r}") from None
+        d["exclude_tasks"] = tuple(d["exclude_tasks"])
+        d["eap"] = EAPConfig(**_typed(EAPConfig, d["eap"], "config.eap"))
+        return cls(**d)
+
+
+def _typed(cls: type, d: Any, where: str) -> dict[str, Any]:
+    """`d`'s entries for the fields of dataclass `cls`, each of its default's type (an int is a
+    float; a bool is neither), floats finite; every field but `exclude_tasks` required."""
+    if not isinstance(d, dict):
+        raise PlannerError(f"{where} must be a mapping, not {type(d).__name__}")
+    fields = {f.name: f for f in cls.__dataclass_fields__.values()}
+    unknown = sorted(set(d) - set(fields))
+    missing = sorted(set(fields) - set(d) - {"exclude_tasks"})
+    if unknown or missing:
+        raise PlannerError(f"{where}: {'unknown' if unknown else 'missing'} field {(unknown or missing)[0]!r}")
+    defaults = cls()
+    for name, value in d.items():
+        want = getattr(defaults, name)
+        if isinstance(want, enum.Enum):
+            ok = isinstance(value, str)
+        elif isinstance(want, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(want, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(want, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        elif isinstance(want, tuple):
+            ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+        else:  # a nested dataclass: checked by its own call
+            ok = isinstance(value, dict)
+        if not ok:
+            kinds = [(enum.Enum, "a string"), (bool, "true or false"), (int, "an integer"), (float, "a finite number"),
+                     (tuple, "a list of strings")]
+            kind = next((k for t, k in kinds if isinstance(want, t)), "a mapping")
+            raise PlannerError(f"{where}.{name} must be {kind}, not {value!r}")
+    return d

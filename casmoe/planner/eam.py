@@ -9,12 +9,41 @@ added without retraining (the online buffer feeds it).
 
 from __future__ import annotations
 
+import errno
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from casmoe.planner.embedding import EMBED_DIM, embed  # noqa: F401  (the keys; planner.py embeds through here)
+
+INDEX, PATTERNS = "eam.index", "eam_patterns.npy"
+_HEADER = struct.Struct("<6QiI3QdQ")  # hnswlib's HierarchicalNSW::saveIndex, in order
+
+
+def index_header(path: Path) -> tuple[int, int]:
+    """(dimension, element count) of an hnswlib index file, after checking that the file is as
+    long as its header says: hnswlib reads a file of another dimension as garbage, silently."""
+    from casmoe.planner.config import PlannerError
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PlannerError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    if len(data) < _HEADER.size:
+        raise PlannerError(f"{path}: {len(data)} bytes, too short for an hnswlib index; refit")
+    _, _, count, per_element, label_offset, data_offset, *_ = _HEADER.unpack_from(data)
+    pos = _HEADER.size + count * per_element
+    if not 0 < label_offset - data_offset <= per_element or pos > len(data):
+        raise PlannerError(f"{path}: truncated or not an hnswlib index; refit with casmoe planner fit")
+    for _ in range(count):  # each element's upper-level link list: a uint32 size, then the links
+        if pos + 4 > len(data):
+            break
+        pos += 4 + int.from_bytes(data[pos : pos + 4], "little")
+    if pos != len(data):
+        raise PlannerError(f"{path}: {len(data)} bytes where the header implies {pos}: truncated or damaged; refit")
+    return (label_offset - data_offset) // 4, count
 
 
 class Matcher:
@@ -57,18 +86,47 @@ class Matcher:
     def save(self, folder: Path) -> None:
         from casmoe.output import atomic_open, atomic_path
 
-        with atomic_path(folder / "eam.index") as tmp:
+        with atomic_path(folder / INDEX) as tmp:
             self.index.save_index(str(tmp))
-        with atomic_open(folder / "eam_patterns.npy", "wb") as fh:
+            written, expected = tmp.stat().st_size, self.index.index_file_size()
+            if written != expected:  # hnswlib ignores write errors (a full disk): check what landed
+                raise OSError(errno.ENOSPC, f"wrote {written} of {expected} bytes", str(folder / INDEX))
+        with atomic_open(folder / PATTERNS, "wb") as fh:
             np.save(fh, self.patterns, allow_pickle=False)
 
     @classmethod
-    def load(cls, folder: Path, neighbours: int) -> Matcher:
+    def load(cls, folder: Path, neighbours: int, layers: int, experts: int) -> Matcher:
+        """Read and check both files against each other and the planner's geometry: a damaged
+        or foreign component is a `PlannerError` naming its file, never a crash or garbage."""
         import hnswlib
 
-        patterns = np.load(folder / "eam_patterns.npy", allow_pickle=False)
+        from casmoe.planner.config import PlannerError
+
+        where = folder / PATTERNS
+        try:
+            patterns = np.load(where, allow_pickle=False)
+        except (OSError, ValueError, EOFError, MemoryError) as exc:
+            raise PlannerError(f"{where}: not a readable .npy array ({exc}); refit with casmoe planner fit") from None
+        if not isinstance(patterns, np.ndarray) or patterns.ndim != 3 or patterns.shape[1:] != (layers, experts) or patterns.dtype != np.float32:
+            shape = getattr(patterns, "shape", "?")
+            raise PlannerError(
+                f"{where}: patterns of shape {shape}, expected float32 [N, {layers}, "
+                f"{experts}] for the geometry in planner.json; refit with casmoe planner fit"
+            )
+        if not len(patterns) or not np.isfinite(patterns).all():
+            raise PlannerError(f"{where}: {'no patterns' if not len(patterns) else 'non-finite patterns'}; refit")
+        where = folder / INDEX
+        dim, count = index_header(where)
+        if (dim, count) != (EMBED_DIM, len(patterns)):
+            raise PlannerError(
+                f"{where}: an index of {count} prompts of dimension {dim}, but {PATTERNS} holds {len(patterns)} "
+                f"patterns and embeddings have {EMBED_DIM} dimensions (files from different fits?); refit"
+            )
         index = hnswlib.Index(space="cosine", dim=EMBED_DIM)
-        index.load_index(str(folder / "eam.index"), max_elements=max(len(patterns), 1))
+        try:
+            index.load_index(str(where), max_elements=max(len(patterns), 1))
+        except (RuntimeError, ValueError, MemoryError) as exc:
+            raise PlannerError(f"{where}: damaged hnswlib index ({exc}); refit with casmoe planner fit") from None
         index.set_ef(64)
         return cls(patterns, index, neighbours)
 

@@ -18,7 +18,10 @@ This module imports torch at load; the planner imports it only when it needs the
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -106,27 +109,60 @@ class EAP:
         return np.concatenate(parts) if parts else np.zeros((0, *self.net.b2.shape), dtype=np.float32)
 
     def save(self, path: Path) -> None:
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
+
+        from casmoe.output import atomic_path
 
         tensors = {k: v.detach().contiguous() for k, v in self.net.state_dict().items()}
         tensors["vocab_ids"] = torch.from_numpy(self.vocab_ids.astype(np.int64))
-        from casmoe.output import atomic_path
-
         with atomic_path(path) as tmp:
-            save_file(tensors, str(tmp))
+            try:
+                save_file(tensors, str(tmp))
+            except SafetensorError as exc:  # not an OSError: a full disk would be a traceback
+                raise _os_error(exc, path) from None
 
     @classmethod
     def load(cls, path: Path, cfg: EAPConfig, moe_layers: int, experts: int) -> EAP:
+        """Read and check every tensor's name and shape against the planner's settings and
+        geometry; a damaged or foreign file is a `PlannerError` naming it."""
         from safetensors.torch import load_file
 
-        tensors = load_file(str(path))
-        vocab_ids = tensors.pop("vocab_ids").numpy()
-        net = EAPNet(cfg, len(vocab_ids) + 2, moe_layers, experts)
+        from casmoe.planner.config import PlannerError
+
+        try:
+            tensors = load_file(str(path))
+        except Exception as exc:  # SafetensorError (truncated header, bad JSON, short data), OSError
+            raise PlannerError(f"{path}: not a readable safetensors file ({exc}); refit with casmoe planner fit") from None
+        vocab_ids = tensors.pop("vocab_ids", None)
+        if vocab_ids is None or vocab_ids.dtype != torch.int64 or vocab_ids.ndim != 1 or (vocab_ids < 0).any():
+            raise PlannerError(f"{path}: no valid vocab_ids tensor; refit with casmoe planner fit")
+        try:
+            net = EAPNet(cfg, len(vocab_ids) + 2, moe_layers, experts)
+        except (ValueError, RuntimeError, AssertionError, ZeroDivisionError) as exc:
+            raise PlannerError(f"{path.parent / 'planner.json'}: predictor settings that build no network ({exc})") from None
+        want = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in tensors.items()}
+        if want != got:
+            diff = sorted(set(want) ^ set(got)) or [k for k in want if want[k] != got[k]]
+            raise PlannerError(
+                f"{path}: weights do not fit planner.json's settings and geometry ({moe_layers} layers x "
+                f"{experts} experts; first difference: {diff[0]}); files from different fits? refit"
+            )
+        if not all(torch.isfinite(v).all() for v in tensors.values() if v.is_floating_point()):
+            raise PlannerError(f"{path}: non-finite weights; refit with casmoe planner fit")
         net.load_state_dict(tensors)
-        return cls(net, vocab_ids, cfg)
+        return cls(net, vocab_ids.numpy(), cfg)
 
     def nbytes(self) -> int:
         return int(sum(p.numel() * p.element_size() for p in self.net.state_dict().values()) + self.vocab_ids.nbytes)
+
+
+def _os_error(exc: Exception, path: Path) -> OSError:
+    """safetensors' write failure as the OSError it wraps (`... (os error 28)`), naming `path`."""
+    m = re.search(r"os error (\d+)", str(exc))
+    code = int(m.group(1)) if m else errno.EIO
+    return OSError(code, os.strerror(code), str(path))
 
 
 def train(

@@ -102,11 +102,27 @@ class FitData:
             np.savez(fh, popularity=self.popularity, task_popularity=self.task_popularity, prompts=self.prompts)
 
     @classmethod
-    def load(cls, folder: Path, meta: dict[str, Any]) -> FitData | None:
-        """None for a folder written before planners kept their fit data."""
-        if not isinstance(meta, dict) or not (folder / FILE).exists():
+    def load(cls, folder: Path, meta: Any, layers: int, experts: int) -> FitData | None:
+        """None for a folder written before planners kept their fit data; a `PlannerError`
+        naming the file for one whose arrays or summary are damaged or disagree."""
+        from casmoe.npz import read_npz
+        from casmoe.planner.config import PlannerError
+
+        if not (folder / FILE).exists() and not (isinstance(meta, dict) and meta):
             return None
-        with np.load(folder / FILE, allow_pickle=False) as arrays:
-            pop, per_task = arrays["popularity"], arrays["task_popularity"]
-            prompts = arrays["prompts"] if "prompts" in arrays.files else np.zeros(0, np.uint64)  # first fit.npz had none
-        return cls(str(meta["trace"]), int(meta["requests"]), pop, tuple(meta["tasks"]), per_task, prompts)
+        where = folder / FILE
+        if not isinstance(meta, dict) or not isinstance(meta.get("trace"), str) \
+                or not isinstance(meta.get("requests"), int) or isinstance(meta.get("requests"), bool) \
+                or not isinstance(meta.get("tasks"), list) or not all(isinstance(t, str) for t in meta["tasks"]):
+            raise PlannerError(f"{folder / 'planner.json'}: bad 'fit' entry (trace, requests, tasks); refit")
+        arrays = read_npz(where, PlannerError)
+        pop, per_task = arrays.get("popularity"), arrays.get("task_popularity")
+        prompts = arrays.get("prompts", np.zeros(0, np.uint64))  # the first fit.npz had none
+        tasks = tuple(meta["tasks"])
+        if pop is None or pop.shape != (layers, experts) or per_task is None \
+                or per_task.shape != (len(tasks), layers, experts) or prompts.ndim != 1 or prompts.dtype != np.uint64:
+            raise PlannerError(
+                f"{where}: arrays do not match planner.json ({len(tasks)} tasks, {layers} layers x {experts} "
+                "experts); files from different fits? refit with casmoe planner fit"
+            )
+        return cls(meta["trace"], meta["requests"], pop, tasks, per_task, prompts)

@@ -7,7 +7,9 @@ prompt, before decoding, so a cache can prefetch. Behind it: the matcher (EAM), 
 On disk a planner is a folder with no pickle anywhere: `planner.json` (geometry, config, fit
 data summary), `eam.index` (hnswlib's own format), `eam_patterns.npy`, `eap.safetensors` and
 `fit.npz` (the fit data's popularity baselines, casmoe/planner/fitdata.py; folders written
-before it existed still load and serve, but cannot be evaluated).
+before it existed still load and serve, but cannot be evaluated), and `manifest.json` (every
+file's size and SHA-256: the folder is written all at once and checked on load, casmoe/folder.py;
+folders from before manifests load with each component's own checks only).
 
 Held-out split: fitting leaves out the requests that evaluation scores. If the trace metadata
 labels every request (`meta["splits"]`, one "train" / "heldout" per request, as `casmoe record`
@@ -34,11 +36,13 @@ from casmoe.planner.patterns import expert_patterns, normalise
 from casmoe.trace import Trace
 
 if TYPE_CHECKING:
+    from casmoe.folder import Manifest
     from casmoe.planner.eam import Matcher
     from casmoe.planner.eap import EAP
 
 FORMAT = "casmoe-planner"
 VERSION = 1
+META = "planner.json"
 EMBED_CACHE = 256
 """Prompts whose embeddings are kept, so `observe` after `predict` does not embed twice."""
 
@@ -156,22 +160,24 @@ class Planner:
         return {"eam": self.matcher.nbytes(), "eap": self.predictor.nbytes()}
 
     def save(self, folder: str | Path) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.matcher.save(folder)
-        self.predictor.save(folder / "eap.safetensors")
-        meta = {
-            "format": FORMAT,
-            "version": VERSION,
-            "geometry": self.geometry.to_dict(),
-            "config": self.config.to_dict(),
-        }
-        if self.fit_data is not None:
-            self.fit_data.save(folder)
-            meta["fit"] = self.fit_data.to_dict()
+        """Write the planner folder all at once (casmoe/folder.py): a failed or killed save
+        leaves the old folder, never one fit's index beside another's weights."""
+        from casmoe.folder import write_folder
         from casmoe.output import write_text
 
-        write_text(folder / "planner.json", json.dumps(meta, indent=2))  # last: marks the folder complete
+        with write_folder(folder, FORMAT, marker=META) as tmp:
+            self.matcher.save(tmp)
+            self.predictor.save(tmp / "eap.safetensors")
+            meta = {
+                "format": FORMAT,
+                "version": VERSION,
+                "geometry": self.geometry.to_dict(),
+                "config": self.config.to_dict(),
+            }
+            if self.fit_data is not None:
+                self.fit_data.save(tmp)
+                meta["fit"] = self.fit_data.to_dict()
+            write_text(tmp / META, json.dumps(meta, indent=2))
 
 
 def fit_planner(trace: Trace, config: PlannerConfig = PlannerConfig(), progress: bool = False) -> Planner:
@@ -199,49 +205,62 @@ def fit_planner(trace: Trace, config: PlannerConfig = PlannerConfig(), progress:
 
 
 def load_planner(path: str | Path) -> Planner:
-    """Read a planner folder written by `Planner.save`; a clear error for anything else."""
-    from casmoe.planner.eam import Matcher
+    """Read a planner folder written by `Planner.save`: the manifest first (a mixed, truncated
+    or damaged folder is refused naming the file), then every component checked against
+    `planner.json` and each other; a clear error for anything else."""
+    from casmoe.planner.eam import INDEX, PATTERNS, Matcher
     from casmoe.planner.eap import EAP
 
     folder = Path(path)
-    meta = _read_meta(folder)
-    geometry = Geometry.from_dict(meta.get("geometry"))
+    meta, manifest = _read_meta(folder)
+    geometry = _geometry(folder, meta)
     try:
-        config = PlannerConfig.from_dict(meta["config"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlannerError(f"{folder}/planner.json: bad config: {exc}") from exc
-    for name in ("eam.index", "eam_patterns.npy", "eap.safetensors"):
-        if not (folder / name).exists():
+        config = PlannerConfig.from_dict(meta.get("config"))
+    except (KeyError, TypeError, ValueError) as exc:  # PlannerError is a ValueError
+        raise PlannerError(f"{folder / META}: bad config: {exc}") from None
+    for name in (INDEX, PATTERNS, "eap.safetensors"):
+        if name not in manifest:
             raise PlannerError(f"{folder}: missing {name}")
-    matcher = Matcher.load(folder, config.neighbours)
+    matcher = Matcher.load(folder, config.neighbours, geometry.layers, geometry.experts)
     predictor = EAP.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
-    return Planner(geometry, config, matcher, predictor, _fit_data(folder, meta))
+    return Planner(geometry, config, matcher, predictor, _fit_data(folder, meta, geometry))
 
 
 def read_fit_data(path: str | Path) -> FitData | None:
     """A planner folder's fit data alone (which prompts it saw), without loading its models."""
     folder = Path(path)
-    return _fit_data(folder, _read_meta(folder))
+    meta, _ = _read_meta(folder)
+    return _fit_data(folder, meta, _geometry(folder, meta))
 
 
-def _read_meta(folder: Path) -> dict[str, Any]:
+def _read_meta(folder: Path) -> tuple[dict[str, Any], Manifest]:
+    """`planner.json` of a folder whose manifest checks out (casmoe/folder.py), and the manifest."""
+    from casmoe.folder import FolderError, read_folder
+
     if not folder.is_dir():
         raise PlannerError(f"{folder}: not a planner folder; write one with casmoe planner fit --out {folder}")
     try:
-        meta = json.loads((folder / "planner.json").read_text())
-    except FileNotFoundError:
-        raise PlannerError(
-            f"{folder}: not a planner folder (no planner.json); write one with casmoe planner fit"
-        ) from None
+        manifest = read_folder(folder, FORMAT, "planner (casmoe planner fit)")
+    except FolderError as exc:
+        raise PlannerError(str(exc)) from None
+    where = folder / META
+    if META not in manifest:
+        raise PlannerError(f"{folder}: not a planner folder (no {META}); write one with casmoe planner fit")
+    try:
+        meta = json.loads(where.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise PlannerError(f"{folder}/planner.json is not valid JSON: {exc}") from exc
+        raise PlannerError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise PlannerError(f"{folder}: not a {FORMAT} v{VERSION} folder")
-    return meta
+    return meta, manifest
 
 
-def _fit_data(folder: Path, meta: dict[str, Any]) -> FitData | None:
+def _geometry(folder: Path, meta: dict[str, Any]) -> Geometry:
     try:
-        return FitData.load(folder, meta.get("fit"))
-    except (KeyError, TypeError, ValueError, OSError) as exc:
-        raise PlannerError(f"{folder}: bad fit data ({exc}); refit with casmoe planner fit") from exc
+        return Geometry.from_dict(meta.get("geometry"))
+    except (TypeError, ValueError) as exc:  # GeometryError is a ValueError
+        raise PlannerError(f"{folder / META}: bad geometry: {exc}") from None
+
+
+def _fit_data(folder: Path, meta: dict[str, Any], geometry: Geometry) -> FitData | None:
+    return FitData.load(folder, meta.get("fit"), geometry.layers, geometry.experts)

@@ -75,6 +75,29 @@ class MoEInfinity(ExpertCache):
         self._decay = 1.0 - np.arange(L) / (L + 1)
 
     @classmethod
+    def fitted_requests(cls, options: dict[str, Any], trace: Trace) -> set[int]:
+        """Without `fit`: the trace's train split (`bind` seeds the collection from it). With a
+        `fit` of this very trace (the same routing): every request."""
+        from casmoe.selection import split_indices
+
+        fit = options.get("fit")
+        if fit is None:
+            return set(split_indices(trace, "train"))
+        fit = fit if isinstance(fit, Trace) else Trace.load(os.fspath(fit))
+        same = fit.geometry == trace.geometry and np.array_equal(fit.popularity(), trace.popularity())
+        return set(range(len(trace.requests))) if same else set()
+
+    @classmethod
+    def bind(cls, options: dict[str, Any], trace: Trace) -> dict[str, Any]:
+        """No `fit` given: the collection starts from the trace's train split, never from the
+        scored requests (it grows online from those as they are served)."""
+        if options.get("fit") is not None:
+            return options
+        from casmoe.selection import split_indices
+
+        return {**options, "fit": trace.subset(split_indices(trace, "train"))}
+
+    @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, fit: Trace | str | None = None, **kw: Any) -> ExpertCache:
         """`fit`: a trace (or its path) whose train requests seed the collection; it must be of
         the same model, and must not hold the requests being scored."""

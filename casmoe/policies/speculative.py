@@ -10,7 +10,8 @@ output of layer l (through layer l+1's pre-MoE norm; backends/record.py).
 Modelled: when layer l-1 is done its output is known, so as layer l is about to run the policy
 prefetches `spec[t, l-1]` (its first `experts` ids) for layer l; the copy overlaps layer l's
 dense part (attention), the only compute between the signal and its use. Layer 0 has no guess
-(its input is the next token's embedding). A prefill step prefetches, per layer, the guesses of
+(its input is the next token's embedding). A live backend (backends/runtime.py) computes the
+same guess as the model runs, layer l's router on layer l-1's output, and hands it in (`guess`). A prefill step prefetches, per layer, the guesses of
 its prompt tokens most often named first, up to the pool's slots. Residents are replaced in LRU
 order, and a guessed resident counts as just used, so a guess never evicts another guess.
 
@@ -55,7 +56,7 @@ class Speculative(LRU):
         self._prefill = 0
         self._first_step = -1
         self._active = False
-        self._live: dict[int, list[int]] = {}  # layer -> guess handed in by a live runtime
+        self._live: dict[int, np.ndarray] = {}  # layer -> [tokens, k] guess handed in by a live runtime
         self._pairs = np.zeros((max(g.layers - 1, 0), g.experts, g.experts)) if ahead > 1 else None
         self._routed_prev: tuple[int, list[int]] = (-1, [])  # (layer, local ids) of this decode step
 
@@ -88,10 +89,11 @@ class Speculative(LRU):
         self._spec = None
         self._live.clear()
 
-    def guess(self, layer: int, experts: list[int]) -> None:
-        """A live runtime's guess of `layer`'s experts (local ids, best first), made from the
-        previous layer's output: what `spec` records, computed as the model runs."""
-        self._live[layer] = list(experts)
+    def guess(self, layer: int, rows: np.ndarray) -> None:
+        """A live runtime's guess of `layer`'s experts: [tokens, k] local ids (best first per
+        token), its router applied to the previous layer's output as the model runs: what
+        `spec` records. It wins over the trace's `spec` for the layer about to run."""
+        self._live[layer] = np.asarray(rows).reshape(-1, np.asarray(rows).shape[-1])
 
     def _tokens(self, step: int) -> slice:
         """The running step's tokens in the request (its first step is the prefill, if any)."""
@@ -107,14 +109,18 @@ class Speculative(LRU):
     def _spec_guess(self, step: int, layer: int) -> list[int]:
         """Local ids guessed for `layer` from layer-1's output, best first."""
         if layer in self._live:
-            return self._live.pop(layer)[: self.n]
+            return self._ranked(self._live.pop(layer)[:, : self.n])
         spec = self._spec
         if spec is None or layer == 0:
             return []
         tokens = self._tokens(step)
         if tokens.stop > len(spec):
             raise PolicyError(f"speculative: step {step} lies beyond its request's {len(spec)} tokens (one request at a time)")
-        rows = spec[tokens, layer - 1, : self.n]  # [T, n]
+        return self._ranked(spec[tokens, layer - 1, : self.n])
+
+    def _ranked(self, rows: np.ndarray) -> list[int]:
+        """One token's guess as given; a prefill's, its tokens' guesses most often named first,
+        up to the pool's slots."""
         if len(rows) == 1:
             return [int(e) for e in rows[0] if e >= 0]
         ids = rows[rows >= 0].astype(np.int64)

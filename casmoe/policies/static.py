@@ -8,6 +8,7 @@ one-time fill is what `CacheStats.cold_misses` counts), so static stays a demand
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any
 
@@ -42,13 +43,18 @@ class Static(LRU):
 
     @classmethod
     def fitted_requests(cls, options: dict[str, Any], trace: Trace) -> set[int]:
-        """Without a profile: the trace's train split (`bind` profiles on it). With a profile
-        of this very trace (the same popularity): every request."""
+        """Without a profile: the trace's train split (`bind` profiles on it). With a trace as
+        profile: the requests of `trace` it holds (the same routing). With a counts-only profile:
+        every request if it counts exactly this trace's routing (nothing finer can be told)."""
         from casmoe.selection import split_indices
 
         profile = options.get("profile")
         if profile is None:
             return set(split_indices(trace, "train"))
+        source = _profile_trace(profile)
+        if source is not None:
+            held = {_routing_digest(r) for r in source.requests}
+            return {i for i, r in enumerate(trace.requests) if _routing_digest(r) in held}
         counts = _counts(profile)
         if counts.shape == (trace.geometry.layers, trace.geometry.experts) and np.array_equal(counts, trace.popularity()):
             return set(range(len(trace.requests)))
@@ -98,3 +104,20 @@ def _counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
     from casmoe.profile import load_profile
 
     return load_profile(os.fspath(profile))
+
+
+def _profile_trace(profile: Trace | str | os.PathLike[str]) -> Trace | None:
+    """The profile as a trace, or None for a counts-only profile file."""
+    if isinstance(profile, Trace):
+        return profile
+    from casmoe.trace import TraceError
+
+    try:
+        return Trace.load(os.fspath(profile))
+    except TraceError:
+        return None
+
+
+def _routing_digest(request) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(request.topk).tobytes() + str(request.prefill).encode(),
+                           digest_size=16).digest()

@@ -1,0 +1,71 @@
+"""Reading `.npz` archives that may be hostile: sizes checked before anything is inflated.
+
+An `.npz` is a zip of `.npy` members. Deflate packs up to about 1000:1, so a 3 MB file can
+declare gigabytes, and `np.load` finds out only after inflating them (or running out of
+memory). The zip's central directory declares every member's size up front (`zipfile` never
+inflates past a declared size), so the declared total is checked here first, against
+`MAX_INFLATE` times the file's size with `MIN_LIMIT` as a floor: casmoe's own traces inflate
+2-6x on the whole (at most 57x for one member: the shipped traces), so an archive beyond
+these is a damaged or hostile file, refused before any work. `CASMOE_NPZ_LIMIT` (bytes, e.g.
+`64e9`) raises the limit for a genuinely huge, well-compressing archive.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+MAX_INFLATE = 200
+MIN_LIMIT = 2**30
+
+
+def _limit(compressed: int) -> int:
+    env = os.environ.get("CASMOE_NPZ_LIMIT", "").strip()
+    if env:
+        try:
+            return int(float(env))
+        except ValueError:
+            pass
+    return max(MIN_LIMIT, MAX_INFLATE * compressed)
+
+
+def check_sizes(fh: IO[bytes], where: str, error: type[Exception]) -> None:
+    """Refuse (raise `error`) an archive whose members declare more bytes than the limit."""
+    fh.seek(0, io.SEEK_END)
+    compressed = fh.tell()
+    fh.seek(0)
+    try:
+        with zipfile.ZipFile(fh) as zf:
+            declared = sum(info.file_size for info in zf.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise error(f"{where}: not a readable .npz (zip) archive: {exc}") from None
+    finally:
+        fh.seek(0)
+    limit = _limit(compressed)
+    if declared > limit:
+        raise error(
+            f"{where}: its arrays would inflate to {declared / 2**30:.1f} GiB from {compressed / 2**20:.1f} MiB "
+            f"(over the {limit / 2**30:.1f} GiB limit: a damaged or hostile file?); set CASMOE_NPZ_LIMIT=BYTES "
+            "to read it anyway"
+        )
+
+
+def read_npz(path: str | os.PathLike[str], error: type[Exception]) -> dict[str, np.ndarray]:
+    """Every array of the archive at `path` (no pickle); any fault raises `error` naming it."""
+    where = str(path)
+    try:
+        with open(path, "rb") as fh:
+            check_sizes(fh, where, error)
+            with np.load(fh, allow_pickle=False) as npz:
+                return {name: npz[name] for name in npz.files}
+    except error:
+        raise
+    except FileNotFoundError:
+        raise error(f"{where}: no such file") from None
+    except Exception as exc:  # zipfile, zlib, numpy's header parser, MemoryError: all say "damaged"
+        raise error(f"{where}: damaged .npz archive ({type(exc).__name__}: {exc})") from None

@@ -1,0 +1,477 @@
+"""Probes of issue 19's classes beyond the fuzz suite: damaged and mixed planner folders, writes
+that fail half way, files users write by hand (BOM, other encodings, copied profiles), numbers
+that are no numbers (nan, inf), archives that inflate past memory, names at the file system's
+limit. Each case asserts a one-line error (exit 2, one `casmoe: error:` line naming the file),
+the correct result, or that nothing partial is left.
+
+The planner folders here are built from parts (a matcher over random embeddings, an untrained
+predictor), so no sentence model is loaded and nothing is trained.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_fuzz import assert_one_line, cli, leftovers
+
+from casmoe.folder import FolderError, read_folder, write_folder
+from casmoe.geometry import Geometry
+from casmoe.synthetic import SynthConfig, generate
+from casmoe.trace import NOT_COMPUTED, Trace, TraceError
+
+pytest.importorskip("hnswlib")
+pytest.importorskip("torch")
+
+G = Geometry(3, 6, 2)
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "sim" / "profiles" / "rtx4090x4.toml"
+TRACE = REPO / "traces" / "tiny-mixtral.npz"
+GRID = 'traces = ["t.npz"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4"]\npolicies = ["lru"]\n'
+
+
+def planner(seed: int = 0, prompts: int = 12):
+    """A planner of geometry G from parts: random keys and patterns, an untrained predictor."""
+    from casmoe.planner import EAPConfig, Planner, PlannerConfig
+    from casmoe.planner.eam import EMBED_DIM, Matcher
+    from casmoe.planner.eap import EAP, EAPNet
+    from casmoe.planner.fitdata import FitData
+
+    rng = np.random.default_rng(seed)
+    keys = rng.normal(size=(prompts, EMBED_DIM)).astype(np.float32)
+    patterns = rng.random((prompts, G.layers, G.experts)).astype(np.float32)
+    patterns /= patterns.sum(-1, keepdims=True)
+    cfg = PlannerConfig(eap=EAPConfig(hidden=16, layers=1, heads=2, intermediate=16, head_hidden=8, max_len=8))
+    vocab = np.arange(100, 120, dtype=np.int64)
+    predictor = EAP(EAPNet(cfg.eap, len(vocab) + 2, G.layers, G.experts), vocab, cfg.eap)
+    trace = generate(G, SynthConfig(requests=4, prefill=(2, 3), decode=(2, 3), seed=seed))
+    for i, r in enumerate(trace.requests):
+        r.prompt, r.task = f"prompt {i}", "t"
+    fit = FitData.of(trace, trace, patterns[:4])
+    return Planner(G, cfg, Matcher.build(keys, patterns, cfg.neighbours, seed), predictor, fit)
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    planner().save(tmp_path / "p")
+    return tmp_path / "p"
+
+
+def _load(path: Path):
+    from casmoe.planner import load_planner
+
+    return load_planner(path)
+
+
+# ---- planner folders: written all at once, checked on load ---------------------------------------
+
+
+def test_a_saved_planner_round_trips_with_a_manifest(folder):
+    from casmoe.planner.eam import EMBED_DIM
+
+    loaded = _load(folder)
+    manifest = read_folder(folder, "casmoe-planner")
+    assert set(manifest.files) == {"eam.index", "eam_patterns.npy", "eap.safetensors", "fit.npz", "planner.json"}
+    scores, sim = loaded.matcher.query(np.ones((1, EMBED_DIM), np.float32))
+    assert scores.shape == (1, G.layers, G.experts) and np.isfinite(sim).all()
+    assert np.array_equal(loaded.matcher.patterns, planner().matcher.patterns)
+    assert not leftovers(folder.parent)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _scramble(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)  # a run of zeros mid-file
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _edit_json(change):
+    def damage(path: Path) -> None:
+        meta = json.loads(path.read_text())
+        change(meta)
+        path.write_text(json.dumps(meta))
+
+    return damage
+
+
+def _other_fit(name: str):
+    """The file of the same name from another fit (other keys, other patterns)."""
+
+    def damage(path: Path) -> None:
+        other = path.parent.parent / "other"
+        planner(seed=1, prompts=7).save(other)
+        shutil.copy(other / name, path)
+
+    return damage
+
+
+def _index_of_dim(path: Path) -> None:
+    import hnswlib
+
+    index = hnswlib.Index(space="cosine", dim=16)
+    index.init_index(max_elements=12)
+    index.add_items(np.random.default_rng(0).random((12, 16), dtype=np.float32))
+    index.save_index(str(path))
+
+
+DAMAGE = {
+    "eam.index truncated": ("eam.index", _truncate),
+    "eam.index corrupt": ("eam.index", _scramble),
+    "eam.index of another dimension": ("eam.index", _index_of_dim),
+    "eam.index of another item count": ("eam.index", _other_fit("eam.index")),
+    "eap.safetensors truncated": ("eap.safetensors", _truncate),
+    "eap.safetensors corrupt": ("eap.safetensors", _scramble),
+    "eap.safetensors of another fit": ("eap.safetensors", _other_fit("eap.safetensors")),
+    "eam_patterns.npy truncated": ("eam_patterns.npy", _truncate),
+    "eam_patterns.npy of another fit": ("eam_patterns.npy", _other_fit("eam_patterns.npy")),
+    "fit.npz truncated": ("fit.npz", _truncate),
+    "fit.npz corrupt": ("fit.npz", _scramble),
+    "planner.json epsilon a string": ("planner.json", _edit_json(lambda m: m["config"].update(epsilon="0.8"))),
+    "planner.json neighbours a float": ("planner.json", _edit_json(lambda m: m["config"].update(neighbours=2.5))),
+    "planner.json eap hidden a bool": ("planner.json", _edit_json(lambda m: m["config"]["eap"].update(hidden=True))),
+    "planner.json unknown config field": ("planner.json", _edit_json(lambda m: m["config"].update(gamma=1))),
+    "planner.json geometry disagrees": ("planner.json", _edit_json(lambda m: m["geometry"].update(experts=12))),
+    "planner.json fit entry damaged": ("planner.json", _edit_json(lambda m: m["fit"].update(tasks=[1, 2]))),
+    "planner.json geometry not a mapping": ("planner.json", _edit_json(lambda m: m.update(geometry=[3, 6, 2]))),
+}
+
+
+MANIFEST_ONLY = {"eam.index corrupt", "eap.safetensors corrupt", "eap.safetensors of another fit"}
+"""Damage that keeps every shape and header intact (weights of the same shape from another fit,
+bytes changed inside the data): only the manifest's hashes can tell."""
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["manifest", "no manifest"])
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_a_damaged_planner_folder_is_refused_naming_the_file(folder, case, legacy):
+    """With a manifest, the hash check names the file; without one (a folder from before
+    manifests, or a user who deleted it), each component's own check does."""
+    from casmoe.planner import PlannerError
+
+    if legacy and case in MANIFEST_ONLY:
+        pytest.skip("same shapes and headers: only the manifest's hashes can tell")
+    name, damage = DAMAGE[case]
+    damage(folder / name)
+    if legacy:
+        (folder / "manifest.json").unlink()
+    with pytest.raises(PlannerError) as info:
+        _load(folder)
+    message = str(info.value)
+    assert name in message and "\n" not in message, message
+
+
+def test_a_damaged_folder_is_one_line_in_the_cli(folder, tmp_path, monkeypatch, capsys):
+    _truncate(folder / "eam.index")
+    (folder / "manifest.json").unlink()
+    generate(G, SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0)).save(tmp_path / "t.npz")
+    code, _, err = cli(["replay", "--trace", "t.npz", "--policy", "casmoe", "--planner", str(folder)],
+                       tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert "eam.index" in err
+
+
+def test_a_file_copied_in_from_another_fit_is_refused(folder):
+    shutil.copy(folder / "eam.index", folder / "eam.index.bak")
+    with pytest.raises(FolderError, match="eam.index.bak: not part of"):
+        read_folder(folder, "casmoe-planner")
+
+
+def test_a_save_that_fails_half_way_leaves_the_old_folder(folder, monkeypatch):
+    from casmoe.planner.eap import EAP
+
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+
+    def boom(self, path):
+        raise KeyboardInterrupt  # after the matcher's two files were written
+
+    monkeypatch.setattr(EAP, "save", boom)
+    with pytest.raises(KeyboardInterrupt):
+        planner(seed=1, prompts=7).save(folder)
+    assert {f.name: f.read_bytes() for f in folder.iterdir()} == before
+    assert not leftovers(folder.parent) and len(list(folder.parent.iterdir())) == 1
+    _load(folder)
+
+
+def test_a_full_disk_in_safetensors_is_an_os_error_naming_the_file(folder, monkeypatch):
+    """safetensors raises its own SafetensorError, not an OSError: the CLI would print a traceback."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 10)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(OSError) as info:
+        planner(seed=1).save(folder)
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(folder / "eap.safetensors")
+    assert not leftovers(folder.parent)
+    _load(folder)  # the old folder, whole
+
+
+def test_a_short_hnswlib_write_is_caught(tmp_path, monkeypatch):
+    """hnswlib's save_index ignores write errors (a full disk gives a short file, no error)."""
+    p = planner()
+    inner = p.matcher.index
+
+    class Short:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def save_index(self, path):
+            inner.save_index(path)
+            _truncate(Path(path))
+
+    p.matcher.index = Short()
+    with pytest.raises(OSError, match="wrote .* of .* bytes"):
+        p.save(tmp_path / "p")
+    assert not (tmp_path / "p").exists() and not leftovers(tmp_path)
+
+
+def test_write_folder_replaces_only_its_own_kind(tmp_path):
+    mine = tmp_path / "mine"
+    (mine / "notes.txt").parent.mkdir()
+    (mine / "notes.txt").write_text("my thesis")
+    with pytest.raises(FolderError, match="not a casmoe-planner folder"):
+        with write_folder(mine, "casmoe-planner"):
+            pass
+    assert (mine / "notes.txt").read_text() == "my thesis"
+    with write_folder(tmp_path / "x", "k") as tmp:
+        (tmp / "a").write_text("1")
+    with write_folder(tmp_path / "x", "k") as tmp:  # same kind: replaced whole
+        (tmp / "b").write_text("2")
+    assert sorted(f.name for f in (tmp_path / "x").iterdir()) == ["b", "manifest.json"]
+
+
+def test_planner_fit_to_an_unwritable_folder_fails_before_the_fit(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    import casmoe.planner.planner as planner_module
+
+    def unwritable(*a, **kw):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    def never(*a, **kw):
+        raise AssertionError("the fit ran")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", unwritable)
+    monkeypatch.setattr(planner_module, "fit_planner", never)
+    code, _, err = cli(["planner", "fit", "--out", "ro/p"], tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert "cannot write" in err
+
+
+def test_planner_fit_refuses_to_replace_a_folder_of_something_else(tmp_path, monkeypatch, capsys):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "table.csv").write_text("a,b\n")
+    code, _, err = cli(["planner", "fit", "--out", "results"], tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert (tmp_path / "results" / "table.csv").exists()
+
+
+# ---- .npz archives: declared sizes before inflating -----------------------------------------------
+
+
+def _bomb(path: Path, inflated: int) -> None:
+    """A valid trace's arrays plus one member of `inflated` zero bytes (deflates ~1000:1)."""
+    generate(G, SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0)).save(path)
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("pad.npy", "w", force_zip64=True) as fh:
+            chunk = bytes(1 << 20)
+            for _ in range(inflated >> 20):
+                fh.write(chunk)
+
+
+def test_an_archive_that_would_inflate_past_the_limit_is_refused_before_inflating(tmp_path, monkeypatch):
+    import casmoe.npz
+
+    monkeypatch.setattr(casmoe.npz, "MIN_LIMIT", 2**20)  # the rule at a small scale: 24 MiB from ~30 KiB
+    _bomb(tmp_path / "b.npz", 24 << 20)
+    assert (tmp_path / "b.npz").stat().st_size < 200 << 10
+    real = np.load
+
+    def inflate(*a, **kw):
+        raise AssertionError("np.load ran")
+
+    monkeypatch.setattr(np, "load", inflate)
+    with pytest.raises(TraceError, match="would inflate to"):
+        Trace.load(tmp_path / "b.npz")
+    monkeypatch.setattr(np, "load", real)
+    monkeypatch.setenv("CASMOE_NPZ_LIMIT", str(64 << 20))  # the documented way out
+    assert len(Trace.load(tmp_path / "b.npz").requests) == 2
+
+
+def test_shipped_traces_are_within_the_limit():
+    from casmoe.npz import check_sizes
+
+    for path in sorted((REPO / "traces").glob("*.npz")):
+        with open(path, "rb") as fh:
+            check_sizes(fh, str(path), TraceError)
+
+
+# ---- files users write by hand --------------------------------------------------------------------
+
+
+def test_a_bom_in_a_profile_and_a_grid_is_accepted(tmp_path, monkeypatch, capsys):
+    from casmoe.sim.hardware import HardwareProfile
+    from casmoe.sim.sweep import Grid
+
+    (tmp_path / "hw.toml").write_bytes(b"\xef\xbb\xbf" + PROFILE.read_bytes())
+    assert HardwareProfile.from_file(tmp_path / "hw.toml") == HardwareProfile.from_file(PROFILE)
+    (tmp_path / "g.toml").write_bytes(("\ufeff" + GRID + 'capacities = [4, "6GB"]\n').encode())
+    grid = Grid.from_toml(tmp_path / "g.toml")
+    assert [c.text for c in grid.capacities] == ["4", "6GB"]
+
+
+def test_errors_in_a_copied_profile_name_the_users_file(tmp_path):
+    from casmoe.sim.hardware import HardwareError, HardwareProfile
+
+    text = PROFILE.read_text().replace("memory_gib = ", "memory_gib = 0 #", 1)
+    (tmp_path / "my-box.toml").write_text(text)
+    with pytest.raises(HardwareError) as info:
+        HardwareProfile.from_file(tmp_path / "my-box.toml")
+    assert "my-box.toml" in str(info.value) and "rtx4090x4" not in str(info.value), info.value
+
+
+@pytest.mark.parametrize("line, says", [
+    ("capacities = [4.5]", "whole slots"),
+    ("capacities = [true]", "whole slots"),
+    ("rates = [nan]", "finite"),
+    ("think = inf", "finite"),
+    ('capacities = ["6 parsecs"]', "bad capacity"),
+])
+def test_grid_values_say_what_is_wrong(tmp_path, line, says):
+    from casmoe.sim.sweep import Grid, SweepError
+
+    (tmp_path / "g.toml").write_text(GRID + f"{line}\n" + ("" if "capacities" in line else "capacities = [4]\n"))
+    with pytest.raises(SweepError, match=says) as info:
+        Grid.from_toml(tmp_path / "g.toml")
+    assert "g.toml" in str(info.value)
+
+
+def test_prompt_files_with_a_bom_or_another_encoding(tmp_path):
+    from casmoe.backends.corpus import CorpusError, load_prompts
+
+    (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfhello there\nsecond\n")
+    assert [p.text for p in load_prompts(tmp_path / "p.txt")] == ["hello there", "second"]
+    (tmp_path / "p.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "a", "task": "t"}\n')
+    assert [p.text for p in load_prompts(tmp_path / "p.jsonl")] == ["a"]
+    (tmp_path / "l1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(CorpusError, match="l1.txt: prompt file is not UTF-8"):
+        load_prompts(tmp_path / "l1.txt")
+
+
+def test_record_with_a_latin1_prompt_file_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "p.txt").write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    code, _, err = cli(["record", "-m", "tiny-mixtral", "-p", "p.txt", "-o", "r.npz", "-n", "1"],
+                       tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert "p.txt" in err and "UTF-8" in err
+    assert not (tmp_path / "r.npz").exists()
+
+
+# ---- numbers that are no numbers, and other one-liners ------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["lrc", "-t", "t.npz", "--rho", "nan"],
+    ["lrc", "-t", "t.npz", "--rho", "1,inf"],
+    ["lrc", "-t", "t.npz", "--confidence", "1.5"],
+    ["planner", "eval", "--planner", "p", "--epsilon", "nan"],
+    ["simulate", "--trace", "t.npz", "--think", "inf", "--users", "1"],
+    ["trace", "synth", "o.npz", "--zipf", "nan"],
+    ["bench", "--model", "tiny-mixtral", "--link-gbps", "nan"],
+])
+def test_nan_and_inf_options_are_one_line(tmp_path, monkeypatch, capsys, argv):
+    generate(G, SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0)).save(tmp_path / "t.npz")
+    code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert "finite" in err or "between 0 and 1" in err
+
+
+def test_cpu_miss_mode_without_host_numbers_is_one_line(tmp_path, monkeypatch, capsys):
+    text = PROFILE.read_text().replace("cpu_tflops = ", "cpu_tflops = 0 #", 1)
+    (tmp_path / "hw.toml").write_text(text)
+    code, _, err = cli(["simulate", "--trace", str(TRACE), "--requests", "2", "--hardware", "hw.toml",
+                        "--miss-mode", "cpu", "--out", "o"], tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert "cpu_tflops" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_splits_that_do_not_label_every_request_are_refused(tmp_path):
+    tr = generate(G, SynthConfig(requests=3, prefill=(2, 3), decode=(2, 3), seed=0))
+    tr.meta["splits"] = ["train", "heldout"]
+    with pytest.raises(TraceError, match="2 for 3 requests"):
+        tr.save(tmp_path / "t.npz")
+    tr.meta["splits"] = ["train", "heldout", "train"]
+    tr.save(tmp_path / "t.npz")
+    with np.load(tmp_path / "t.npz") as npz:  # a file written by hand, or by another tool
+        arrays = {k: npz[k] for k in npz.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    meta["splits"] = ["train"]
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(tmp_path / "short.npz", **arrays)
+    with pytest.raises(TraceError, match="short.npz: metadata 'splits'"):
+        Trace.load(tmp_path / "short.npz")
+
+
+def test_synth_like_a_trace_without_computed_decode_rows(tmp_path, monkeypatch, capsys):
+    tr = generate(G, SynthConfig(requests=3, prefill=(2, 3), decode=(2, 3), seed=0))
+    for r in tr.requests:
+        r.topk[r.prefill :] = NOT_COMPUTED
+        r.weights[r.prefill :] = 0
+    tr.save(tmp_path / "gaps.npz")
+    code, _, err = cli(["trace", "synth", "o.npz", "--like", "gaps.npz", "--requests", "2"], tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert "gap" in err and not (tmp_path / "o.npz").exists()
+
+
+def test_lrc_reads_an_existing_file_whose_name_has_a_hash(tmp_path, monkeypatch, capsys):
+    generate(G, SynthConfig(requests=3, prefill=(2, 3), decode=(4, 6), seed=0)).save(tmp_path / "run#1.npz")
+    code, out, err = cli(["lrc", "-t", "run#1.npz", "--m", "2", "--replicates", "5", "--baselines", "none", "--json"],
+                         tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads(out)[0]["trace"] == "run#1"
+
+
+def test_a_legal_long_output_name_is_written(tmp_path, monkeypatch, capsys):
+    name = "r" * 240 + ".npz"  # 244 bytes: legal (255 is the limit), but not with a temporary suffix
+    code, _, err = cli(["trace", "synth", name, "--requests", "2", "--layers", "2", "--experts", "4", "--top-k", "1"],
+                       tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert len(Trace.load(tmp_path / name).requests) == 2 and not leftovers(tmp_path)
+
+
+def test_temporary_names_of_long_targets_are_distinct_and_cleaned(tmp_path):
+    from casmoe.output import remove_orphans, temporary_sibling
+
+    a, b = tmp_path / ("x" * 250 + "a"), tmp_path / ("x" * 250 + "b")
+    ta, tb = temporary_sibling(a), temporary_sibling(b)
+    assert len(ta.name.encode()) <= 255 and ta.name.split(".")[1] != tb.name.split(".")[1]
+    dead = ta.with_name(ta.name.replace(f".{os.getpid()}.", ".999999999."))
+    dead.write_text("x")
+    remove_orphans(a)
+    assert not dead.exists()
+
+
+def test_an_unknown_model_offline_is_one_line_without_retries(tmp_path, monkeypatch):
+    import time
+
+    from casmoe.backends.models import ModelError, resolve_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # even a hub that would be asked is not
+    start = time.perf_counter()
+    with pytest.raises(ModelError, match="unknown model 'no-such-org/no-such-model'"):
+        resolve_model("no-such-org/no-such-model")
+    assert time.perf_counter() - start < 5

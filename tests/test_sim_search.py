@@ -1,0 +1,96 @@
+"""`casmoe search`: bisection finds what a brute-force grid finds, resumes from its point store,
+and answers on the command line with a table, a JSON summary and a plot."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from casmoe.cli import app
+from casmoe.options import CapacitySpec
+from casmoe.policies import PolicySpec
+from casmoe.shipped import shipped
+from casmoe.trace import Trace
+from casmoe.presets import get_preset
+from casmoe.sim.search import SearchError, Target, configs, memory_gb, search, slot_range
+from casmoe.sim.sweep import Point, file_digest, run_grid
+
+TRACE = str(shipped("tiny-mixtral.npz"))
+CONFIGS = configs(["rtx4090x4"], [2, 4], [PolicySpec("lru"), PolicySpec("semoe")], ["", "int4"], [])
+
+
+def brute_force(tmp_path, target_text=None):
+    """Every config at every cache size from top_k to all experts; the fewest slots that meet it."""
+    digest = file_digest(TRACE)
+    trace, preset = Trace.load(TRACE), get_preset("mixtral-8x7b")
+    sizes = {c: range(slot_range(trace, preset, c)[0], slot_range(trace, preset, c)[1] + 1) for c in CONFIGS}
+    grid = {(c, s): Point(TRACE, "mixtral-8x7b", c.hardware, c.policy, CapacitySpec(str(s)), 1, "load", c.devices,
+                          c.quant, True, 3, digest) for c in CONFIGS for s in sizes[c]}
+    records, _ = run_grid(list(grid.values()), tmp_path / "grid")
+    by = dict(zip(grid, records))
+    metric = [r["decode_tokens_per_s"] for r in records if "skipped" not in r]
+    target = Target.parse(target_text or f"tok/s>={statistics.median(metric)}")
+    fewest = {}
+    for c in CONFIGS:
+        met = [s for s in sizes[c] if target.met(by[c, s])]
+        if met:
+            fewest[c] = min(met)
+    return target, fewest, by
+
+
+def test_the_search_answers_what_the_whole_grid_answers(tmp_path):
+    target, fewest, by = brute_force(tmp_path)
+    assert 0 < len(fewest) < len(CONFIGS) or len({v for v in fewest.values()}) > 1  # the target splits the configs
+    result = search(TRACE, "mixtral-8x7b", CONFIGS, target, str(tmp_path / "search"), requests=3)
+    got = {c: r["capacity_slots"] for c, r in result.answers}
+    assert got == fewest
+    for c, r in result.answers:
+        assert r == by[c, r["capacity_slots"]] | {"key": r["key"]}  # the evidence is the grid's record
+    assert {c for c, _ in result.infeasible} == set(CONFIGS) - set(fewest)
+    assert result.simulated == result.probed < result.grid
+    # the Pareto answers: none beaten by another answer on GPUs, memory and the metric at once
+    front = result.pareto()
+    for c, r in front:
+        for c2, r2 in result.answers:
+            assert not (c2.devices <= c.devices and memory_gb(r2) < memory_gb(r)
+                        and r2["decode_tokens_per_s"] >= r["decode_tokens_per_s"])
+
+
+def test_a_repeated_search_simulates_nothing(tmp_path):
+    target = Target.parse("tok/s>=3")
+    first = search(TRACE, "mixtral-8x7b", CONFIGS[:2], target, str(tmp_path), requests=3)
+    again = search(TRACE, "mixtral-8x7b", CONFIGS[:2], target, str(tmp_path), requests=3)
+    assert first.simulated > 0 and again.simulated == 0
+    assert [(c, r["capacity_slots"]) for c, r in again.answers] == [(c, r["capacity_slots"]) for c, r in first.answers]
+
+
+@pytest.mark.parametrize("text", ["tok/s<=3", "speed>>3", "ttft_p99>=2"])
+def test_bad_targets_are_one_line_errors(text):
+    with pytest.raises(SearchError):
+        Target.parse(text)
+
+
+def test_cli_search_writes_the_table_json_and_plot(tmp_path):
+    out = tmp_path / "s"
+    res = CliRunner().invoke(app, ["search", "--target", "tok/s>=3", "--gpus", "4", "--policy", "lru", "--requests", "3",
+                                   "--out", str(out), "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    assert "simulated" in res.output and (out / "search.png").stat().st_size > 0
+    summary = json.loads((out / "search.json").read_text())
+    (row,) = summary["pareto"]
+    record = json.loads((out / row["evidence"]).read_text())
+    assert record["decode_tokens_per_s"] >= 3 and record["capacity_slots"] == row["slots_per_layer"]
+
+
+def test_cli_search_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    from casmoe.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["casmoe", "search", "--target", "tok/s<=3", "--out", str(tmp_path / "b")])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "better higher" in err and "Traceback" not in err, err
