@@ -19,7 +19,7 @@ from casmoe.errors import CasmoeError
 from casmoe.geometry import split_layers
 
 from casmoe.backends.copier import EmulatedLink
-from casmoe.backends.hostcache import HostTier
+from casmoe.backends.hostcache import HostCache
 
 
 class BenchError(CasmoeError, ValueError):
@@ -33,7 +33,7 @@ class Opened:
     om: Any
     tokenizer: Any
     capacity: Capacity
-    host: HostTier | None
+    host: HostCache | None
     dense_bytes: int
 
 
@@ -62,7 +62,7 @@ def open_offloaded(model: str, *, devices: Sequence[str] = (), dtype: str | None
         if rows < g.top_k:
             raise BenchError(f"--host-cache {host_cache} holds {rows} experts, fewer than the {g.top_k} a token "
                              "routes to; give more memory or leave the RAM tier out")
-        host = HostTier(rows, spec.cls, dict(spec.options))
+        host = HostCache(rows, spec.cls, dict(spec.options))
     row = g.expert_bytes(0)
     dense = fit.dense_bytes(meta, experts_paths(meta))
     shares = _dense_shares(dense, chunks, g.layers)

@@ -240,7 +240,7 @@ def _expert_time(om: OffloadedModel, device: torch.device, sync: Callable[[], No
 def _host_expert_time(om: OffloadedModel, reps: int) -> float:
     """One expert for one token on the host, as the `cpu` miss mode computes it (weights in
     host memory, read once from the store)."""
-    from casmoe.backends.kernels import host_expert
+    from casmoe.backends.expert_ops import host_expert
 
     rows = om.store.empty_rows()
     om.store.read(0, 0, rows)

@@ -4,7 +4,7 @@ One `Loader` per device runs a copy thread that takes `Ticket`s in priority orde
 demand loads jump ahead of queued prefetches; `promote` moves a prefetch a layer now needs)
 and, for each, does the same three things on every device:
 
-1. find the expert's bytes in host memory: its RAM-tier row (`HostCache`), or read it from the
+1. find the expert's bytes in host memory: its RAM-tier row (`HostTier`), or read it from the
    store into that row (a RAM-tier miss) or into a staging buffer (no RAM tier); a store whose
    experts already sit in host memory (`TensorStore`) is copied from directly;
 2. copy them over the link into the ticket's slot: `CudaLink` (a dedicated CUDA stream, after
@@ -162,7 +162,7 @@ class Loader:
                  host: Any = None, staging: int = 2) -> None:
         self.device = device
         self.store = store
-        self.host = host  # HostCache or None
+        self.host = host  # HostTier or None
         cuda = device.type == "cuda"
         self.link = CudaLink(device) if cuda else CpuLink(link or EmulatedLink())
         self.staging = Staging(store, staging, cuda) if store is not None else None

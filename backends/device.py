@@ -3,7 +3,7 @@ per-layer path that turns the router's choices into cache events, copies and exa
 
 The cache events are the simulator's, in its order: `begin_request`; per step and layer
 `before_layer` then `route`; `arrived` when a copy lands; `end_request`. A layer is computed by
-a `kernels.Plan` in rounds: each round waits for the routed experts still in flight, computes
+an `expert_ops.ExpertPlan` in rounds: each round waits for the routed experts still in flight, computes
 every routed expert resident at that point, then starts the loads that had to wait for one of
 this layer's own experts to be computed (a prefill routing more experts than the layer has
 slots streams through them). A miss in `cpu` mode is computed on the host from the RAM tier or
@@ -23,7 +23,7 @@ from casmoe.cache import Capacity, ExpertCache, Load, LoadReason
 from casmoe.geometry import Geometry
 
 from casmoe.backends.copier import EmulatedLink, Loader, Ticket
-from casmoe.backends.kernels import Plan, host_expert
+from casmoe.backends.expert_ops import ExpertPlan, host_expert
 from casmoe.backends.pool import SlotPool
 
 
@@ -38,7 +38,7 @@ class DeviceRuntime:
         self.cache = cache
         self.store = store
         self.template = template  # attributes of the experts module (act_fn, _apply_gate, ...)
-        self.host = host  # the RAM tier (HostCache) or None
+        self.host = host  # the RAM tier (HostTier) or None
         self.requests = requests  # known routing per request (oracles, profile policies)
         self.pool = SlotPool(store.layout, cache.capacity.total(geometry), device)
         self.loader = Loader(device, store, link, host)
@@ -69,7 +69,7 @@ class DeviceRuntime:
 
     # ---- the per-layer path --------------------------------------------------------------
 
-    def layer(self, step: int, local: int, plan: Plan, experts: Sequence[int], scores: np.ndarray | None
+    def layer(self, step: int, local: int, plan: ExpertPlan, experts: Sequence[int], scores: np.ndarray | None
               ) -> torch.Tensor:
         """Route `experts` (flat ids, in the trace's step order), then compute `plan`."""
         self.step = step
@@ -94,7 +94,7 @@ class DeviceRuntime:
         self._rounds(plan, local, use, deferred)
         return plan.finish()
 
-    def _rounds(self, plan: Plan, local: int, use: dict[int, int], deferred: list[Load]) -> None:
+    def _rounds(self, plan: ExpertPlan, local: int, use: dict[int, int], deferred: list[Load]) -> None:
         weights, first = self.weights[local]
         slot_of = self.pool.slot_of
         one_token = plan.hidden.shape[0] == 1
@@ -113,7 +113,7 @@ class DeviceRuntime:
                 deferred.remove(ld)
             self.issue_all(now)
 
-    def _on_host(self, plan: Plan, x: int, local: int) -> None:
+    def _on_host(self, plan: ExpertPlan, x: int, local: int) -> None:
         """The `cpu` miss mode: expert `x` of this layer computed on the host, from its RAM-tier
         row if the RAM tier holds it, else read from the store."""
         t0 = time.perf_counter()
@@ -241,7 +241,7 @@ class IssueCost:
 
 @dataclass
 class PassCost:
-    """Seconds of the device's expert passes for one token: one `Plan.compute` call (the
+    """Seconds of the device's expert passes for one token: one `ExpertPlan.compute` call (the
     experts function over the experts resident at that point). `calibrate` reads their fixed
     cost from them."""
 

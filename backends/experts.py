@@ -4,7 +4,7 @@ hands every layer call to the offloaded runtime.
 transformers 5 keeps a layer's experts as fused 3D parameters (`gate_up_proj[E, 2I, H]`,
 `down_proj[E, H, I]`, biases alike) and dispatches the computation through
 `ALL_EXPERTS_FUNCTIONS` (`eager`, `grouped_mm`, `batched_mm`, ...). `OffloadedExperts`
-replaces a block's `experts` module; the runtime computes the layer with a `kernels.Plan` that
+replaces a block's `experts` module; the runtime computes the layer with an `expert_ops.ExpertPlan` that
 reproduces that function exactly on the device's slot pool. `SlotView` stands in for the
 experts module where transformers' functions or the plans read its attributes.
 """

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from casmoe.errors import CasmoeError
-from casmoe.machine import available_memory
+from casmoe.resources import available_memory
 
 HEADROOM = 0.25 * 2**30
 """Bytes kept free on a device for activations, the KV cache and the allocator."""

@@ -53,7 +53,7 @@ def forced(tokens: Sequence[Sequence[int]]) -> Pick:
     return lambda logits, requests, n: [tokens[r][n] for r in requests]
 
 
-def generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch: int = 1,
+def generate_tokens(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch: int = 1,
              device: torch.device | str = "cpu", hooks: Hooks | None = None, pick: Pick = greedy,
              stop: Sequence[int] = ()) -> list[list[int]]:
     """Generate up to `max_new_tokens` tokens for every prompt, `batch` requests at a time;
@@ -143,7 +143,7 @@ def step_logits(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: in
         def end(self, r: int) -> None:
             pass
 
-    generate(model, prompts, max_new_tokens, batch=batch, device=device, hooks=Keep())
+    generate_tokens(model, prompts, max_new_tokens, batch=batch, device=device, hooks=Keep())
     return out
 
 

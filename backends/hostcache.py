@@ -44,7 +44,7 @@ from casmoe.geometry import Geometry
 
 
 @dataclass(frozen=True)
-class HostTier:
+class HostCache:
     """A RAM tier as configured: `rows` expert rows under `policy` (with its options)."""
 
     rows: int
@@ -52,7 +52,7 @@ class HostTier:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-class HostCache:
+class HostTier:
     """`rows` expert rows in host memory, managed by `policy` (see the module docstring)."""
 
     def __init__(self, store: Any, geometry: Geometry, rows: int, policy: type[ExpertCache],

@@ -25,7 +25,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -33,13 +33,12 @@ from casmoe.backends.corpus import CorpusEntry
 from casmoe.errors import CasmoeError
 from casmoe.trace import NOT_COMPUTED, Request, Trace
 
+if TYPE_CHECKING:
+    from casmoe.backends.generate import Pick
+
 
 class RecordError(CasmoeError, ValueError):
     """Recording settings that cannot be honoured (e.g. a partial file from another run)."""
-
-
-TokenChooser = Callable[[Any, int, Sequence[int]], Any]
-"""(logits of the last position [B, V], decode step n, the rows' requests) -> next token ids [B]."""
 
 
 class DecodeMode(str, enum.Enum):
@@ -157,11 +156,6 @@ class RoutingRecorder:
         return out
 
 
-def greedy(logits: Any, n: int, requests: Sequence[int] = ()) -> Any:
-    """The argmax token of every row."""
-    return logits.argmax(-1)
-
-
 class Sampler:
     """Temperature, top-k and top-p (nucleus) sampling. Row b draws from its own numpy
     Generator seeded by (seed, request index), so a request's tokens depend neither on the
@@ -171,15 +165,11 @@ class Sampler:
         self.temperature, self.top_p, self.top_k = settings.temperature, settings.top_p, settings.top_k
         self.rngs = [np.random.default_rng([settings.seed, i]) for i in requests]
 
-    def __call__(self, logits: Any, n: int, requests: Sequence[int] | None = None) -> Any:
-        """`requests`: the rows' positions among the requests given at construction (default:
-        all of them, in order); requests that ended have left the batch."""
-        import torch
-
+    def __call__(self, logits: Any, requests: Sequence[int], n: int) -> list[int]:
+        """A `generate.Pick`: `requests` are the rows' positions among the requests given at
+        construction (requests that ended have left the batch)."""
         scores = logits.double().cpu().numpy() / self.temperature  # [B, V]
-        rows = range(len(scores)) if requests is None else requests
-        picked = [self._draw(row, self.rngs[r]) for row, r in zip(scores, rows)]
-        return torch.tensor(picked, device=logits.device)
+        return [self._draw(row, self.rngs[r]) for row, r in zip(scores, requests)]
 
     def _draw(self, scores: np.ndarray, rng: np.random.Generator) -> int:
         order = np.argsort(-scores, kind="stable")  # [V], most likely first
@@ -204,14 +194,14 @@ def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Any, Any, Any]:
 
 
 def generate_and_record(model: Any, recorder: RoutingRecorder, prompts: list[list[int]],
-                        max_new_tokens: int, choose: TokenChooser = greedy, eos_ids: Sequence[int] = ()
+                        max_new_tokens: int, pick: Pick | None = None, eos_ids: Sequence[int] = ()
                         ) -> list[tuple[dict[str, np.ndarray], list[int]]]:
     """Generate up to `max_new_tokens` tokens for a batch of prompts through the backend's
-    decode loop (`generate.generate`: each prompt prefills alone, then the batch decodes
+    decode loop (`generate.generate_tokens`: each prompt prefills alone, then the batch decodes
     together; a request leaves after producing an id in `eos_ids`), choosing each token with
-    `choose`. Per prompt: routing rows [len(prompt) + len(generated) - 1, L, .] and the
+    `pick` (`generate.greedy` when None). Per prompt: routing rows [len(prompt) + len(generated) - 1, L, .] and the
     generated ids."""
-    from casmoe.backends.generate import generate
+    from casmoe.backends.generate import generate_tokens, greedy
 
     rows: list[list[dict[str, np.ndarray]]] = [[] for _ in prompts]
 
@@ -230,9 +220,8 @@ def generate_and_record(model: Any, recorder: RoutingRecorder, prompts: list[lis
         def end(self, r: int) -> None:
             pass
 
-    generated = generate(model, prompts, max_new_tokens, batch=len(prompts), device=model.device, hooks=Take(),
-                         pick=lambda logits, requests, n: [int(x) for x in choose(logits, n, requests)],
-                         stop=eos_ids)
+    generated = generate_tokens(model, prompts, max_new_tokens, batch=len(prompts), device=model.device, hooks=Take(),
+                         pick=pick or greedy, stop=eos_ids)
     return [({name: np.concatenate([r[name] for r in per]) for name in per[0]}, gen)
             for per, gen in zip(rows, generated)]
 
@@ -273,10 +262,8 @@ def record_batch(model: Any, recorder: RoutingRecorder, tokenizer: Any, batch: S
                     + eos[:1])[: settings.max_new_tokens] for ids, p in zip(full, batch)]
         results = teacher_record(model, recorder, prompt_ids, outputs, pad_id=pad)
     else:
-        choose = greedy if settings.decode is DecodeMode.GREEDY else Sampler(
-            settings, range(first, first + len(batch)))
-        results = generate_and_record(model, recorder, prompt_ids, settings.max_new_tokens, choose=choose,
-                                      eos_ids=eos)
+        pick = None if settings.decode is DecodeMode.GREEDY else Sampler(settings, range(first, first + len(batch)))
+        results = generate_and_record(model, recorder, prompt_ids, settings.max_new_tokens, pick=pick, eos_ids=eos)
     requests = []
     for p, ids, fed, (rows, output) in zip(batch, full, prompt_ids, results):
         weights = rows["weights"]

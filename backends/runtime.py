@@ -42,8 +42,8 @@ from casmoe.backends.experts import (
     find_moe_blocks,
     model_geometry,
 )
-from casmoe.backends.hostcache import HostCache, HostTier
-from casmoe.backends.kernels import plan_class
+from casmoe.backends.hostcache import HostTier, HostCache
+from casmoe.backends.expert_ops import plan_class
 from casmoe.backends.session import RunResult, Session
 from casmoe.backends.store import ExpertStore, TensorStore
 
@@ -233,7 +233,7 @@ class OffloadedModel:
         options: dict[str, Any] | None = None,
         trace: Trace | None = None,
         link: EmulatedLink | None = None,
-        host: HostTier | None = None,
+        host: HostCache | None = None,
         batch: int = 1,
     ) -> Session:
         """Caches, pools and loaders for `policy` at `capacity` per device (and the RAM tier
@@ -243,7 +243,7 @@ class OffloadedModel:
         trace, caches = self._caches(policy, capacity, miss_mode, options or {}, trace, prompts, max_new_tokens,
                                      batch)
         g = self.geometry
-        ram = None if host is None else HostCache(
+        ram = None if host is None else HostTier(
             self.store, g, host.rows, host.policy, host.options, pin=any(d.type == "cuda" for d in self.devices))
         devs = [
             DeviceRuntime(device, layers, g.layer_slice(layers), cache, self.store, self.attrs, link or self.link, ram,

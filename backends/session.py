@@ -17,11 +17,11 @@ from casmoe.cache import CacheStats, RequestStart
 from casmoe.trace import Request, Trace
 
 from casmoe.backends.copier import Ticket
-from casmoe.backends.generate import forced, generate
+from casmoe.backends.generate import forced, generate_tokens
 
 if TYPE_CHECKING:  # annotations only: runtime.py imports this module
     from casmoe.backends.device import DeviceRuntime
-    from casmoe.backends.hostcache import HostCache
+    from casmoe.backends.hostcache import HostTier
     from casmoe.backends.runtime import OffloadedModel, Prompt
 
 @dataclass
@@ -83,7 +83,7 @@ class Session:
     and what was measured so far. Sessions may alternate requests: `validate` pairs a policy
     with an all-resident baseline so that both see the same machine load."""
 
-    def __init__(self, om: OffloadedModel, devs: list[DeviceRuntime] | None, host: HostCache | None = None,
+    def __init__(self, om: OffloadedModel, devs: list[DeviceRuntime] | None, host: HostTier | None = None,
                  want_scores: bool = False) -> None:
         self.om = om
         self.devs = devs
@@ -102,13 +102,13 @@ class Session:
     def serve(self, prompts: Sequence[Prompt], max_new_tokens: int, keep_logits: bool = False, *, batch: int = 1,
               full: bool = False, follow: Sequence[Sequence[int]] | None = None) -> list[list[torch.Tensor]]:
         """Generate for `prompts`, `batch` at a time; returns their kept logits (each step's last
-        position, or every position of a prefill with `full`); `generate` checks the arguments."""
+        position, or every position of a prefill with `full`); `generate_tokens` checks the arguments."""
         om = self.om
         hooks = _Passes(self, prompts, keep_logits or full, full)
         t0 = time.perf_counter()
         om._run, om._want_scores = self.devs, self.want_scores
         try:
-            tokens = generate(om.model, [p.ids for p in prompts], max_new_tokens, batch=batch, device=om.devices[0],
+            tokens = generate_tokens(om.model, [p.ids for p in prompts], max_new_tokens, batch=batch, device=om.devices[0],
                               hooks=hooks, **({} if follow is None else {"pick": forced(follow)}))
         finally:
             om._run = None

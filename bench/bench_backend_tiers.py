@@ -48,7 +48,7 @@ def copy_rates(path: Path, reps: int = 20) -> dict[str, float]:
     plain copy_."""
     from casmoe.backends.copier import Loader, Ticket, responsive_copies
     from casmoe.backends.experts import find_moe_blocks, model_geometry
-    from casmoe.backends.hostcache import HostCache
+    from casmoe.backends.hostcache import HostTier
     from casmoe.backends.models import open_files, open_model
     from casmoe.backends.pool import SlotPool
     from casmoe.policies import get_policy
@@ -56,7 +56,7 @@ def copy_rates(path: Path, reps: int = 20) -> dict[str, float]:
     model, store = open_model(open_files(str(path)))
     g = model_geometry(model, find_moe_blocks(model))
     row = store.expert_bytes(0)
-    host = HostCache(store, g, 4, get_policy("lru"))
+    host = HostTier(store, g, 4, get_policy("lru"))
     pool = SlotPool(store.layout, 4, "cpu")
     loader = Loader(torch.device("cpu"), store, None, host)
     for e in range(4):  # fill the RAM rows

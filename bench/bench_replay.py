@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-from collections import OrderedDict
 
 from casmoe.cache import Capacity
 from casmoe.geometry import Geometry
@@ -30,26 +29,14 @@ from casmoe.policies import POLICIES
 from casmoe.replay import replay
 from casmoe.step_arrays import StepArrays
 from casmoe.synthetic import SynthConfig, generate
+from casmoe.testing import textbook_lru_hits
 from casmoe.trace import Step
 from side_by_side import first_call_seconds, interleaved, load_average
 
 
 def bare_lru_hits(steps: list[Step], layers: int, capacity: int) -> int:
-    """The floor: per-layer OrderedDict LRU, nothing but the hit count."""
-    orders = [OrderedDict() for _ in range(layers)]
-    hits = 0
-    for step in steps:
-        for layer, experts in enumerate(step.experts):
-            order = orders[layer]
-            for e in experts:
-                if e in order:
-                    hits += 1
-                    order.move_to_end(e)
-                else:
-                    if len(order) >= capacity:
-                        del order[next(x for x in order if x not in experts)]
-                    order[e] = None
-    return hits
+    """The floor: the textbook OrderedDict LRU of each layer's pool, nothing but the hit count."""
+    return sum(textbook_lru_hits([step.experts[layer] for step in steps], capacity) for layer in range(layers))
 
 
 def main() -> None:

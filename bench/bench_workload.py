@@ -66,7 +66,7 @@ def fit_report(fit_seeds: tuple[int, ...], seeds: tuple[int, ...] = (0, 1, 2), r
     """Per real trace and fit seed: fit time, generation time, and synthetic - real of every
     caching statistic for `requests` generated requests under each seed in `seeds` (worst seed
     shown)."""
-    from casmoe.synthetic_fit import fit, generate
+    from casmoe.synthetic_fit import fit, sample
 
     keys = [k for k in STATS if k.startswith(("lru@", "belady@", "srp"))]
     for file, fit_seed in ((n, f) for n in REAL_TRACES for f in fit_seeds):
@@ -76,7 +76,7 @@ def fit_report(fit_seeds: tuple[int, ...], seeds: tuple[int, ...] = (0, 1, 2), r
         real = measure(tr).model
         diffs, gen = [], 0.0
         for seed in seeds:
-            g, syn = cpu(lambda: generate(model, requests, seed), 1)
+            g, syn = cpu(lambda: sample(model, requests, seed), 1)
             gen = max(gen, g)
             diffs.append([measure(syn).model[k] - real[k] for k in keys])
         worst = np.array(diffs)[np.abs(diffs).argmax(axis=0), range(len(keys))]
@@ -105,7 +105,7 @@ def topk_report(file: str = "qwen.route.csv", fit_k: int = 4, seeds: tuple[int, 
     """`synth --like --top-k` checked on a real trace: fit its first `fit_k` ranks, extrapolate
     to the trace's own k, and compare (worst generation seed) with the real routing and with a
     fit at that k."""
-    from casmoe.synthetic_fit import fit, generate, with_top_k
+    from casmoe.synthetic_fit import fit, sample, with_top_k
 
     keys = [k for k in STATS if k.startswith(("lru@", "belady@", "srp"))] + ["kept_share", "gini", "lift_shuffled", "exact_reuse"]
     tr = import_trace([TRACES / "real" / file])
@@ -118,9 +118,9 @@ def topk_report(file: str = "qwen.route.csv", fit_k: int = 4, seeds: tuple[int, 
     rows = {"extrapolated": with_top_k(m_low, k), "fitted at k": m_k}
     worst = {}
     for label, model in rows.items():
-        diffs = [[measure(generate(model, requests, seed)).model[s] - real[s] for s in keys] for seed in seeds]
+        diffs = [[measure(sample(model, requests, seed)).model[s] - real[s] for s in keys] for seed in seeds]
         worst[label] = np.array(diffs)[np.abs(diffs).argmax(axis=0), range(len(keys))]
-    fit_low = [[measure(generate(m_low, requests, seed)).model[s] - low_real[s] for s in keys] for seed in seeds]
+    fit_low = [[measure(sample(m_low, requests, seed)).model[s] - low_real[s] for s in keys] for seed in seeds]
     worst["at fit_k"] = np.array(fit_low)[np.abs(fit_low).argmax(axis=0), range(len(keys))]
     print(f"{file}: fit at top-{fit_k} {t_low:.1f} s, at top-{k} {t_k:.1f} s (CPU)")
     print(f"| statistic | real top-{fit_k} | synthetic top-{fit_k} - real | real top-{k} | extrapolated {fit_k}->{k} - real | fitted at {k} - real |")

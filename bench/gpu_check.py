@@ -89,7 +89,7 @@ def _save(model: Any, folder: Path, device: str) -> Any:
 
 def exactness(folder: Path, devices: list[str], small: bool) -> None:
     from casmoe.backends.bench import open_offloaded
-    from casmoe.backends.hostcache import HostTier
+    from casmoe.backends.hostcache import HostCache
     from casmoe.backends.runtime import Prompt
     from casmoe.policies import get_policy
 
@@ -117,7 +117,7 @@ def exactness(folder: Path, devices: list[str], small: bool) -> None:
                     name = f"exact {'+'.join(devs)} {policy} {'RAM 6/16' if ram else 'disk'} batch {batch}"
 
                     def run(policy=policy, ram=ram, batch=batch) -> tuple[bool, dict[str, Any]]:
-                        host = HostTier(ram, get_policy("lru")) if ram else None
+                        host = HostCache(ram, get_policy("lru")) if ram else None
                         r = om.run(P, get_policy(policy), 2, max_new_tokens=steps, keep_logits=True, host=host,
                                    batch=batch)
                         same, delta = _equal(r.logits, want[batch])
@@ -140,7 +140,7 @@ def exactness(folder: Path, devices: list[str], small: bool) -> None:
 
 def stress(folder: Path, dev: str, small: bool) -> None:
     from casmoe.backends.bench import open_offloaded
-    from casmoe.backends.hostcache import HostTier
+    from casmoe.backends.hostcache import HostCache
     from casmoe.backends.runtime import Prompt
     from casmoe.cache import Capacity
     from casmoe.policies import get_policy
@@ -164,7 +164,7 @@ def stress(folder: Path, dev: str, small: bool) -> None:
                              ("lru", Capacity(5, per_layer=False), None)):
         def run(policy=policy, cap=cap, ram=ram) -> tuple[bool, dict[str, Any]]:
             layers[0] = 0
-            host = HostTier(ram, get_policy("lru")) if ram else None
+            host = HostCache(ram, get_policy("lru")) if ram else None
             r = om.run(P, get_policy(policy), cap, max_new_tokens=8, keep_logits=True, host=host)
             same, delta = _equal(r.logits, want)
             return same, {"max_abs_delta": delta, "layers_checked": layers[0], "prefetches": r.stats.prefetch_loads,
@@ -176,7 +176,7 @@ def stress(folder: Path, dev: str, small: bool) -> None:
 def bandwidth(folder: Path, dev: str) -> None:
     """Loader copies out of pinned RAM-tier rows vs plain pinned tensor copies."""
     from casmoe.backends.copier import Loader, Ticket
-    from casmoe.backends.hostcache import HostCache
+    from casmoe.backends.hostcache import HostTier
     from casmoe.backends.models import open_files, open_model
     from casmoe.backends.pool import SlotPool
     from casmoe.policies import get_policy
@@ -189,7 +189,7 @@ def bandwidth(folder: Path, dev: str) -> None:
 
     g = model_geometry(model, find_moe_blocks(model))
     row = store.expert_bytes(0)
-    host = HostCache(store, g, 8, get_policy("lru"), pin=cuda)
+    host = HostTier(store, g, 8, get_policy("lru"), pin=cuda)
     loader = Loader(device, store, None, host)
     pool = SlotPool(store.layout, 8, device)
     t0 = time.perf_counter()

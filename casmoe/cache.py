@@ -241,7 +241,7 @@ class ExpertCache:
                 f"to per layer; use {flag} >= {geometry.top_k}"
             )
         if geometry.total_experts > 1_000_000:  # per-expert tables below: a typo'd geometry fails here
-            from casmoe.machine import check_allocation
+            from casmoe.resources import check_allocation
 
             check_allocation(geometry.total_experts * 200, f"a cache over {geometry.describe()}")
         self.geometry = geometry

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from casmoe.trace import NOT_COMPUTED, Request, Step, Trace
+from casmoe.trace import NOT_COMPUTED, Request, Step, Trace, prefill_union, visit_csr, visit_uses
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,7 @@ class StepArrays:
 
     @classmethod
     def from_steps(cls, steps: Sequence[Step], layers: int, requests: int) -> StepArrays:
-        lens = np.fromiter((len(e) for s in steps for e in s.experts), np.int64, len(steps) * layers)
-        experts = np.fromiter(chain.from_iterable(chain.from_iterable(s.experts for s in steps)), np.int64, int(lens.sum()))
+        visit_ptr, experts = visit_csr(steps, layers)
         counts = np.fromiter(
             chain.from_iterable(chain.from_iterable(s.counts if s.counts is not None else ([1] * len(e) for e in s.experts)
                                                     for s in steps)),
@@ -55,7 +54,7 @@ class StepArrays:
                 if first[r] < 0:
                     first[r] = i
                 last[r] = i
-        return cls(layers, np.concatenate([[0], np.cumsum(lens)]), experts, first, last, counts, weighted)
+        return cls(layers, visit_ptr, experts, first, last, counts, weighted)
 
     @classmethod
     def from_trace(cls, trace: Trace, batch: int = 1) -> StepArrays:
@@ -84,31 +83,19 @@ class StepArrays:
 
     def uses(self, total_experts: int) -> tuple[np.ndarray, np.ndarray]:
         """Every expert's visits in order, CSR `(use_ptr [N + 1], use_visit)`: the `Future`."""
-        visit = np.repeat(np.arange(len(self.visit_ptr) - 1, dtype=np.int64), np.diff(self.visit_ptr))
-        order = np.argsort(self.experts, kind="stable")
-        ptr = np.zeros(total_experts + 1, np.int64)
-        ptr[1:] = np.cumsum(np.bincount(self.experts, minlength=total_experts))
-        return ptr, visit[order]
+        return visit_uses(self.visit_ptr, self.experts, total_experts)
 
 
 def _request_visits(r: Request, L: int, E: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One request's visit lengths, flat experts and their token counts: `Request.steps` (prefill as one step, the
-    union of its tokens' experts per layer by descending total router weight, then one step
-    per decode token), vectorised."""
+    """One request's visit lengths, flat experts and their token counts: `Request.steps`
+    (prefill as one step, `prefill_union`, then one step per decode token), as arrays."""
     offsets = (np.arange(L, dtype=np.int64) * E)[None, :, None]
     lens, experts, counts = [], [], []
     if r.prefill:
-        topk = r.topk[: r.prefill]
-        flat = np.where(topk >= 0, topk.astype(np.int64) + offsets, -1).ravel()
-        w = r.weights[: r.prefill].ravel().astype(np.float64)
-        keep = flat >= 0
-        uniq, inv = np.unique(flat[keep], return_inverse=True)
-        wsum = np.bincount(inv, weights=w[keep], minlength=len(uniq))  # sums in token order, as prefill_step
-        layer = uniq // E
-        order = np.lexsort((uniq, -wsum, layer))
-        lens.append(np.bincount(layer, minlength=L).astype(np.int64))
-        experts.append(uniq[order])
-        counts.append(np.bincount(inv, minlength=len(uniq))[order])
+        layer_lens, ids, count = prefill_union(r.topk[: r.prefill], r.weights[: r.prefill], offsets)
+        lens.append(layer_lens)
+        experts.append(ids)
+        counts.append(count)
     dec = r.topk[r.prefill :].astype(np.int64)
     if len(dec):
         computed = dec[:, :, 0] != NOT_COMPUTED  # [T, L]

@@ -62,7 +62,7 @@ from casmoe.workload import SLOT_MULTIPLES, SRP_M, slots_for
 
 
 @dataclass(frozen=True)
-class Phase:
+class PhaseRouting:
     """How the tokens of one phase (prompt or decode) route: per-group log-weights [L, E],
     stickiness [L] and the drift of the latent hot set."""
 
@@ -112,8 +112,8 @@ class RoutingModel:
 
     geometry: Geometry
     groups: tuple[Group, ...]
-    prompt: Phase
-    decode: Phase
+    prompt: PhaseRouting
+    decode: PhaseRouting
     source: str
     prompt_gaps: np.ndarray | None = None
     """Bool [L]: layers the source's engine skipped for every prompt token but the last (the
@@ -328,7 +328,7 @@ def kept_share(seqs: list[np.ndarray], k: int) -> np.ndarray:
 
 def fit_phase(
     seqs: dict[str | None, list[np.ndarray]], E: int, k: int, rng: np.random.Generator, say: Callable[[str], object], rank_w: np.ndarray
-) -> Phase:
+) -> PhaseRouting:
     """Fit one phase's routing to its token sequences per group (see the module docstring), with
     router weights `rank_w` [L, k]; a group without tokens of this phase gets uniform
     log-weights (it never draws any)."""
@@ -349,7 +349,7 @@ def fit_phase(
         weights.append(w)
         sticks.append(stick)
         sizes.append(size)
-    return Phase(tuple(weights), np.average(sticks, axis=0, weights=sizes), drift, rho, rank_w)
+    return PhaseRouting(tuple(weights), np.average(sticks, axis=0, weights=sizes), drift, rho, rank_w)
 
 
 def union_width(seqs: list[np.ndarray], E: int) -> np.ndarray:
@@ -358,8 +358,8 @@ def union_width(seqs: list[np.ndarray], E: int) -> np.ndarray:
 
 
 def prompt_phase(
-    decode: Phase, seqs: dict[str | None, list[np.ndarray]], E: int, k: int, rng: np.random.Generator, rank_w: np.ndarray
-) -> Phase:
+    decode: PhaseRouting, seqs: dict[str | None, list[np.ndarray]], E: int, k: int, rng: np.random.Generator, rank_w: np.ndarray
+) -> PhaseRouting:
     """Prompt tokens: the decode tokens' drift, their own stickiness (their own kept share), and
     per group their own frequencies blended with uniform until simulated prompts of the group's
     lengths use as many distinct experts per layer as the trace's. Resampling a few tokens'
@@ -378,7 +378,7 @@ def prompt_phase(
     return replace(decode, weights=tuple(weights), stickiness=stick, rank_weights=rank_w)
 
 
-def _widen(group: list[np.ndarray], E: int, k: int, stick: np.ndarray, decode: Phase, rng: np.random.Generator) -> np.ndarray:
+def _widen(group: list[np.ndarray], E: int, k: int, stick: np.ndarray, decode: PhaseRouting, rng: np.random.Generator) -> np.ndarray:
     """One group's prompt log-weights: its frequencies blended with uniform until simulated
     prompts are as wide as the group's (bisection per layer)."""
     if not any(len(x) for x in group):
@@ -465,7 +465,7 @@ def with_tasks(model: RoutingModel, tasks: int, shuffle: float, seed: int) -> Ro
             perm[layer, chosen] = rng.permutation(chosen)
         perms.append(perm)
 
-    def split(phase: Phase) -> Phase:
+    def split(phase: PhaseRouting) -> PhaseRouting:
         return replace(phase, weights=tuple(np.take_along_axis(phase.weights[0], p, axis=1) for p in perms))
 
     [base] = model.groups
@@ -495,13 +495,13 @@ def with_top_k(model: RoutingModel, k: int) -> RoutingModel:
     if not 1 <= k <= E:
         raise SynthError(f"--top-k must be in [1, {E}] for {E} experts, not {k}")
 
-    def phase(ph: Phase) -> Phase:
+    def phase(ph: PhaseRouting) -> PhaseRouting:
         return replace(ph, rank_weights=extend_rank_weights(ph.rank_weights, k))
 
     return replace(model, geometry=replace(model.geometry, top_k=k), prompt=phase(model.prompt), decode=phase(model.decode))
 
 
-def generate(model: RoutingModel, requests: int, seed: int = 0) -> Trace:
+def sample(model: RoutingModel, requests: int, seed: int = 0) -> Trace:
     """`requests` requests from the fitted model, reproducible from `seed`."""
     k = model.geometry.top_k
     rng = np.random.default_rng(seed)

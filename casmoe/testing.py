@@ -29,8 +29,9 @@ generators. The built-in policies pass the full suite
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -153,6 +154,24 @@ def checked(policy: type[ExpertCache]) -> type[ExpertCache]:
 
     Checked.__name__ = f"Checked{policy.__name__}"
     return Checked
+
+
+def textbook_lru_hits(visits: Iterable[Sequence[int]], capacity: int) -> int:
+    """Hits of a textbook LRU over one pool, uses in routing order, a whole visit protected:
+    the reference casmoe's `lru` is diffed against (tests/test_policies.py) and the floor its
+    speed is measured against (bench/bench_replay.py)."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    for visit in visits:
+        for e in visit:
+            if e in cache:
+                hits += 1
+                cache.move_to_end(e)
+            else:
+                if len(cache) >= capacity:
+                    del cache[next(x for x in cache if x not in visit)]
+                cache[e] = None
+    return hits
 
 
 def check_replay(policy: type[ExpertCache], case: Case, options: dict[str, Any] | None = None) -> CacheStats:

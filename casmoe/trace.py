@@ -21,6 +21,7 @@ import zipfile
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import chain
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -113,22 +114,33 @@ def expert_counts(topk: np.ndarray, experts: int) -> np.ndarray:
     return np.bincount(flat, minlength=L * experts).reshape(L, experts)
 
 
-def prefill_step(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray, E: int) -> Step:
-    """Union of the prompt tokens' experts per layer, heaviest total router weight first (ties:
-    lower id), with how many tokens routed to each. Vectorised over layers: an expert's weights
-    are summed in token order either way, so the sums are the per-layer ones."""
+def prefill_union(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The one definition of a prefill's routing: per layer, the union of the prompt tokens'
+    experts (`topk[T, L, k] + offsets`, gaps skipped), heaviest total router weight first, the
+    lowest id among equals. Returns (experts per layer [L], their flat ids, tokens routed to
+    each), the layers concatenated; `prefill_step` and `StepArrays` build on it."""
     T, L, k = topk.shape
-    flat = np.where(topk >= 0, topk.astype(np.int64) + offsets, -1).ravel()  # [T * L * k]
+    flat = np.where(topk >= 0, topk.astype(np.int64) + offsets, -1).ravel()  # [T * L * k], token-major
+    layer = np.broadcast_to(np.arange(L, dtype=np.int64)[None, :, None], topk.shape).ravel()
     w = weights.ravel().astype(np.float64)
     keep = flat >= 0
-    uniq, inv = np.unique(flat[keep], return_inverse=True)
-    wsum = np.bincount(inv, weights=w[keep], minlength=len(uniq))
-    cnt = np.bincount(inv, minlength=len(uniq))
-    layer = uniq // E - offsets.ravel()[0] // E  # offsets start the first layer's ids
-    order = np.lexsort((uniq, -wsum, layer))
-    bounds = np.searchsorted(layer[order], np.arange(L + 1)).tolist()
-    ids, counts = uniq[order].tolist(), cnt[order].tolist()
-    return Step(True, T, [ids[a:b] for a, b in zip(bounds, bounds[1:])], [counts[a:b] for a, b in zip(bounds, bounds[1:])])
+    flat, layer, w = flat[keep], layer[keep], w[keep]
+    span = int(flat.max()) + 1 if flat.size else 1
+    keys, inv = np.unique(layer * span + flat, return_inverse=True)  # one key per (layer, expert)
+    wsum = np.bincount(inv, weights=w, minlength=len(keys))  # summed in token order
+    count = np.bincount(inv, minlength=len(keys))
+    layer_of, ids = keys // span, keys % span
+    order = np.lexsort((ids, -wsum, layer_of))
+    return np.bincount(layer_of, minlength=L).astype(np.int64), ids[order], count[order]
+
+
+def prefill_step(topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray, E: int) -> Step:
+    """A prompt (`topk[T, L, k]`) as one step: `prefill_union` as per-layer lists."""
+    lens, ids, count = prefill_union(topk, weights, offsets)
+    bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
+    ids, counts = ids.tolist(), count.tolist()
+    return Step(True, int(topk.shape[0]), [ids[a:b] for a, b in zip(bounds, bounds[1:])],
+                [counts[a:b] for a, b in zip(bounds, bounds[1:])])
 
 
 @dataclass(slots=True)
@@ -585,6 +597,24 @@ def merge_steps(parts: Iterable[Step], requests: tuple[int, ...]) -> Step:
     return Step(any(p.prefill for p in parts), sum(p.tokens for p in parts), experts, counts, requests)
 
 
+def visit_csr(steps: Sequence[Step], layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """A step sequence in CSR form: visit `v = step * L + layer` routes
+    `experts[visit_ptr[v]:visit_ptr[v + 1]]` (int64; empty for a layer not computed)."""
+    lens = np.fromiter((len(e) for s in steps for e in s.experts), np.int64, len(steps) * layers)
+    experts = np.fromiter(chain.from_iterable(chain.from_iterable(s.experts for s in steps)), np.int64, int(lens.sum()))
+    return np.concatenate([[0], np.cumsum(lens)]), experts
+
+
+def visit_uses(visit_ptr: np.ndarray, experts: np.ndarray, total_experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """The future of a step sequence in CSR form: every expert's visits in order,
+    `(use_ptr [N + 1], use_visit)`. The one builder behind `Future` and `StepArrays.uses`."""
+    visit = np.repeat(np.arange(len(visit_ptr) - 1, dtype=np.int64), np.diff(visit_ptr))
+    order = np.argsort(experts, kind="stable")
+    ptr = np.zeros(total_experts + 1, np.int64)
+    ptr[1:] = np.cumsum(np.bincount(experts, minlength=total_experts))
+    return ptr, visit[order]
+
+
 class Future:
     """When each expert is used next, for oracle policies (computed once per step sequence).
 
@@ -594,19 +624,10 @@ class Future:
     def __init__(self, steps: Sequence[Step], geometry: Geometry) -> None:
         self.steps = steps
         self.layers = geometry.layers
-        uses: dict[int, list[int]] = {}
-        L = geometry.layers
-        for s, step in enumerate(steps):
-            base = s * L
-            for layer, experts in enumerate(step.experts):
-                v = base + layer
-                for e in experts:
-                    lst = uses.get(e)
-                    if lst is None:
-                        uses[e] = [v]
-                    else:
-                        lst.append(v)
-        self.uses = uses
+        use_ptr, use_visit = visit_uses(*visit_csr(steps, geometry.layers), geometry.total_experts)
+        bounds = zip(use_ptr[:-1].tolist(), use_ptr[1:].tolist())
+        visits = use_visit.tolist()
+        self.uses: dict[int, list[int]] = {e: visits[a:b] for e, (a, b) in enumerate(bounds) if b > a}
 
     def next_use(self, expert: int, visit: int) -> float:
         """First visit strictly after `visit` that routes `expert`, or infinity."""

@@ -32,7 +32,7 @@ def _link(threads: int, link_gbps: Optional[float], link_latency_us: float) -> A
     import torch
 
     from casmoe.backends.copier import EmulatedLink
-    from casmoe.machine import default_threads
+    from casmoe.resources import default_threads
 
     torch.set_num_threads(threads if threads > 0 else default_threads())
     return EmulatedLink(None if link_gbps is None else link_gbps * 1e9, link_latency_us * 1e-6)

@@ -132,7 +132,7 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
     fitted_k = fitted.geometry.top_k
     if top_k is not None:
         fitted = synthetic_fit.with_top_k(fitted, top_k)
-    tr = synthetic_fit.generate(fitted, requests, seed)
+    tr = synthetic_fit.sample(fitted, requests, seed)
     tr.meta["synth_like"] = {
         **fitted.summary(),
         "requests": requests,

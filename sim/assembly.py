@@ -1,6 +1,6 @@
 """A simulator run assembled from its inputs: the trace cut into steps and shards
 (`StepPlan`), the resolved settings of one policy's run (`Setup`) and the fresh state a run
-drives (`Machine`: each device's link, the caches, the timing pass).
+drives (`RunState`: each device's link, the caches, the timing pass).
 
 Both drivers build on these, the offline fast path (`engine.py`) and the SimPy serving one
 (`serving.py`), so neither imports the other's module for them.
@@ -132,7 +132,7 @@ class StepPlan:
 
 @dataclass
 class Setup:
-    """Everything a run of one policy needs, resolved once; `machine()` builds fresh state
+    """Everything a run of one policy needs, resolved once; `start()` builds fresh state
     (links, caches) for each run (oracles in serving mode may need several)."""
 
     trace: Trace
@@ -151,7 +151,7 @@ class Setup:
     host_cache: HostCache | None
     detail: bool
 
-    def machine(self, futures: Sequence[Sequence[Step]] | None) -> Machine:
+    def start(self, futures: Sequence[Sequence[Step]] | None) -> RunState:
         """Links, caches (attached to `futures`, one step sequence per shard, if they read the
         future) and the timing pass, at time 0."""
         g = self.trace.geometry
@@ -198,7 +198,7 @@ class Setup:
             resume_rate=hw.resume_per_stall, beside_s=hw.copy_beside_us * 1e-6,
             timeline=self.timeline, timeliness=timeliness, tier=tier, requests=self.trace.requests,
         )
-        return Machine(links, shards, timer, tier, timeliness)
+        return RunState(links, shards, timer, tier, timeliness)
 
     def _share(self, i: int, layers: range) -> Capacity:
         """A global pool split over devices: each device's share of the slots."""
@@ -216,7 +216,7 @@ class Setup:
 
 
 @dataclass
-class Machine:
+class RunState:
     """One run's state: each device's link, the caches (one per shard), the timing pass."""
 
     links: list[Link]

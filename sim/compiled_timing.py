@@ -9,7 +9,7 @@ per chunk. It runs where the kernel mirrors everything the run needs: one cache 
 capacity on any number of devices, or a global pool on one), decisions made in advance (the
 load and cpu miss modes), no timeline and no RAM tier; anything else keeps the Python pass.
 After the run it writes the kernel's state back into the `StepTimer`, the links and the
-`Timeliness`, so `Machine.result` reads them as after a Python run.
+`Timeliness`, so `RunState.result` reads them as after a Python run.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def _room(tk: Any, st: Any, prefetches: int) -> Any:
 
 
 def _write_back(tk: Any, st: Any, machine: Any) -> None:
-    """The kernel's accumulators into the Python objects `Machine.result` reads."""
+    """The kernel's accumulators into the Python objects `RunState.result` reads."""
     timer = machine.timer
     timer.compute_s = float(st.acc[tk.A_COMPUTE])
     timer.stall_demand = float(st.acc[tk.A_STALL_DEMAND])

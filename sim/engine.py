@@ -1,6 +1,6 @@
 """The simulator: routing traces through real `ExpertCache` objects on a modelled machine.
 
-One machine model (`assembly.py`: `Machine`, each device's link and compute, the caches, the timing pass of
+One machine model (`assembly.py`: `RunState`, each device's link and compute, the caches, the timing pass of
 `timing.py`) and two drivers:
 
 - offline (`workload=None`): the requests one after another, or in static batches of `batch`
@@ -40,7 +40,7 @@ from casmoe.geometry import Quant, split_layers
 from casmoe.presets import ModelPreset
 from casmoe.replay import check_replayable, starts_and_ends
 from casmoe.sim import compiled_timing as compiled_pass
-from casmoe.sim.assembly import Machine, Setup, SimConfigError, StepPlan, check_geometry, expert_bytes_for
+from casmoe.sim.assembly import RunState, Setup, SimConfigError, StepPlan, check_geometry, expert_bytes_for
 from casmoe.sim.compute import ComputeModel, RooflineCompute
 from casmoe.sim.decide import CompiledDecider, Decider, StepDecisions
 from casmoe.sim.hardware import HardwareProfile
@@ -135,7 +135,7 @@ def simulate(
 
         with no_gc():
             return serve(setup, workload, describe, compiled)
-    machine = setup.machine(plan.shard_steps)
+    machine = setup.start(plan.shard_steps)
     log = LatencyLog() if latency is None else latency
     with no_gc():
         end = run_offline(plan, machine, setup, log, compiled)
@@ -157,7 +157,7 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def run_offline(plan: StepPlan, machine: Machine, setup: Setup, log: LatencyLog, compiled: bool | None = None,
+def run_offline(plan: StepPlan, machine: RunState, setup: Setup, log: LatencyLog, compiled: bool | None = None,
                 compiled_timing: bool = True) -> float:
     """The fast path: requests one after another (or in static batches), each chunk of steps
     decided first, then priced. Returns the makespan. Where a compiled twin decides and the

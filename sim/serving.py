@@ -38,7 +38,7 @@ import numpy as np
 import simpy
 
 from casmoe.errors import CasmoeError
-from casmoe.sim.assembly import Machine, Setup
+from casmoe.sim.assembly import RunState, Setup
 from casmoe.sim.compiled_timing import ServingPass
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import StepWork
@@ -47,7 +47,7 @@ from casmoe.trace import Request, Step, merge_steps, prefill_step
 MAX_FUTURE_RUNS = 5
 
 
-class WorkloadError(CasmoeError, ValueError):
+class ServingError(CasmoeError, ValueError):
     """A workload that cannot run (no arrival times in the trace, a rate <= 0, ...)."""
 
 
@@ -77,9 +77,9 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.arrival is Arrival.POISSON and not self.rate > 0:
-            raise WorkloadError(f"--rate must be > 0 requests/s for poisson arrivals (got {self.rate})")
+            raise ServingError(f"--rate must be > 0 requests/s for poisson arrivals (got {self.rate})")
         if self.users < 1 or self.max_batch < 1 or self.chunk < 1 or not self.think_s >= 0:
-            raise WorkloadError("--users, --max-batch and --chunk must be >= 1 and --think >= 0")
+            raise ServingError("--users, --max-batch and --chunk must be >= 1 and --think >= 0")
 
     @classmethod
     def from_options(
@@ -96,16 +96,16 @@ class Workload:
         """From the command line or a sweep file; None: no serving options (requests back to
         back). `users` means a closed loop; `rate` alone means Poisson arrivals."""
         if users is not None and (arrival not in (None, Arrival.CLOSED.value) or rate is not None):
-            raise WorkloadError("give either --arrival (open loop) or --users (closed loop), not both")
+            raise ServingError("give either --arrival (open loop) or --users (closed loop), not both")
         for flag, value in (("--think", think_s), ("--rate", rate)):
             if value is not None and not (math.isfinite(value) and value >= 0):
-                raise WorkloadError(f"{flag} must be a finite number >= 0, got {value}")
+                raise ServingError(f"{flag} must be a finite number >= 0, got {value}")
         if arrival is None and users is None and rate is None:
             given = [flag for flag, value, default in (
                 ("--think", think_s, 0.0), ("--max-batch", max_batch, 8), ("--schedule", schedule, "prefill-first"),
                 ("--chunk", chunk, 512), ("--seed", seed, 0)) if value != default]
             if given:
-                raise WorkloadError(f"{', '.join(given)} shape{'s' * (len(given) == 1)} serving; add --arrival or "
+                raise ServingError(f"{', '.join(given)} shape{'s' * (len(given) == 1)} serving; add --arrival or "
                                     "--users (without them requests run back to back)")
             return None
         if arrival is None:
@@ -113,11 +113,11 @@ class Workload:
         kinds = {a.value: a for a in Arrival}
         schedules = {x.value: x for x in Schedule}
         if arrival not in kinds:
-            raise WorkloadError(f"unknown --arrival {arrival!r}; one of {[a for a in kinds if a != 'closed']} (or --users N)")
+            raise ServingError(f"unknown --arrival {arrival!r}; one of {[a for a in kinds if a != 'closed']} (or --users N)")
         if schedule not in schedules:
-            raise WorkloadError(f"unknown --schedule {schedule!r}; one of {list(schedules)}")
+            raise ServingError(f"unknown --schedule {schedule!r}; one of {list(schedules)}")
         if kinds[arrival] is Arrival.POISSON and rate is None:
-            raise WorkloadError("--arrival poisson needs --rate (requests per second)")
+            raise ServingError("--arrival poisson needs --rate (requests per second)")
         return cls(kinds[arrival], rate or 0.0, users or 1, think_s, max_batch, schedules[schedule], chunk, seed)
 
     def describe(self) -> str:
@@ -137,7 +137,7 @@ class Workload:
         if self.arrival is Arrival.TRACE:
             times = [r.arrival for r in requests]
             if any(t is None for t in times):
-                raise WorkloadError("--arrival trace needs a trace with per-request arrival times")
+                raise ServingError("--arrival trace needs a trace with per-request arrival times")
             return [float(t) for t in times]  # type: ignore[arg-type]
         gaps = np.random.default_rng(self.seed).exponential(1.0 / self.rate, len(requests))
         return np.cumsum(gaps).tolist()
@@ -170,7 +170,7 @@ class GPU:
 
 
 @dataclass
-class Plan:
+class ScheduledStep:
     """The next step: its parts, what it costs besides experts, who finishes."""
 
     step: Step
@@ -184,7 +184,7 @@ class Plan:
 class Server:
     """The scheduler and the devices of one run."""
 
-    def __init__(self, env: simpy.Environment, setup: Setup, machine: Machine, workload: Workload,
+    def __init__(self, env: simpy.Environment, setup: Setup, machine: RunState, workload: Workload,
                  log: LatencyLog, compiled: bool | None = None) -> None:
         self.env = env
         self.setup = setup
@@ -262,7 +262,7 @@ class Server:
             self.log.queue_length(self.env.now, len(self.waiting))
         return admitted
 
-    def _next_step(self) -> Plan:
+    def _next_step(self) -> ScheduledStep:
         """Prefill-first: the oldest unprefilled prompt alone, else one decode token of every
         running request. Chunked: decode tokens plus a chunk of the oldest prompt."""
         wl = self.workload
@@ -280,7 +280,7 @@ class Server:
             return self._plan(decoding, job, (job.pos, end))
         return self._plan(decoding, None, (0, 0))
 
-    def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> Plan:
+    def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> ScheduledStep:
         parts: list[Step] = []
         requests: list[int] = []
         pairs = kv = 0
@@ -313,7 +313,7 @@ class Server:
         tokens = sum(p.tokens for p in parts)
         compute = self.setup.compute
         work = StepWork(tokens, compute.dense(tokens, pairs, kv), compute.head(heads))
-        return Plan(step, work, decoding, prefill, chunk, finishing)
+        return ScheduledStep(step, work, decoding, prefill, chunk, finishing)
 
     def _views(self, step: Step) -> list[Step]:
         """The step as each cache sees it (a device's layers, with a global pool per device)."""
@@ -322,7 +322,7 @@ class Server:
             return [step]
         return [step.layer_slice(layers, self._E) for layers in shards]
 
-    def _account(self, plan: Plan, start: float, t: float) -> None:
+    def _account(self, plan: ScheduledStep, start: float, t: float) -> None:
         log = self.log
         if plan.prefill is not None:
             job = plan.prefill
@@ -359,9 +359,9 @@ def user(env: simpy.Environment, server: Server, queue: Iterator[int], think_s: 
 
 
 def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None,
-             compiled: bool | None = None) -> tuple[Machine, LatencyLog, float, list[Step]]:
+             compiled: bool | None = None) -> tuple[RunState, LatencyLog, float, list[Step]]:
     env = simpy.Environment()
-    machine = setup.machine(futures)
+    machine = setup.start(futures)
     log = LatencyLog()
     server = Server(env, setup, machine, workload, log, compiled)
     n = len(setup.trace.requests)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from casmoe.backends.adapters import UnsupportedModel  # noqa: E402
 from casmoe.backends.copier import EmulatedLink, Loader, Ticket  # noqa: E402
-from casmoe.backends.kernels import UnsupportedExperts  # noqa: E402
+from casmoe.backends.expert_ops import UnsupportedExperts  # noqa: E402
 from casmoe.backends.runtime import BackendError, OffloadedModel, Prompt  # noqa: E402
 from casmoe.cache import CacheConfigError, Capacity, MissMode  # noqa: E402
 from casmoe.errors import CasmoeError  # noqa: E402

@@ -18,7 +18,7 @@ pytestmark = [
 
 from backend_models import plain_batched, tiny  # noqa: E402
 
-from casmoe.backends.hostcache import HostTier  # noqa: E402
+from casmoe.backends.hostcache import HostCache  # noqa: E402
 from casmoe.backends.runtime import OffloadedModel, Prompt  # noqa: E402
 from casmoe.policies import get_policy  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
@@ -46,7 +46,7 @@ def test_cuda_load_mode_matches_the_model_on_the_gpu(policy, slots, ram):
     model = _model()
     want = _plain_cuda(model, 5)
     om = OffloadedModel(copy.deepcopy(model), devices=["cuda:0"])
-    host = HostTier(8, get_policy("lru")) if ram else None
+    host = HostCache(8, get_policy("lru")) if ram else None
     run = om.run(PROMPTS, get_policy(policy), slots, max_new_tokens=5, keep_logits=True, host=host)
     assert _equal(run, want)
     cache = get_policy(policy).create(run.trace.geometry, slots, trace=run.trace)

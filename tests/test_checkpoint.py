@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 from backend_models import KINDS, one_thread, plain_greedy, save_checkpoint, tiny  # noqa: E402,F401  (one_thread: autouse)
 
 from casmoe.backends.checkpoint import Checkpoint, CheckpointError  # noqa: E402
-from casmoe.backends.hostcache import HostTier  # noqa: E402
+from casmoe.backends.hostcache import HostCache  # noqa: E402
 from casmoe.backends.models import open_files, open_model  # noqa: E402
 from casmoe.backends.runtime import OffloadedModel, Prompt  # noqa: E402
 from casmoe.backends.store import CheckpointStore  # noqa: E402
@@ -50,7 +50,7 @@ def test_sharded_bf16_checkpoint_runs_exactly_from_disk(kind, tmp_path):
     assert _same(om.reference(PROMPTS, STEPS, keep_logits=True).logits, want)  # routed rows only, layer by layer
     k = om.geometry.top_k
     total = om.geometry.layers * om.geometry.experts
-    for host in (None, HostTier(total // 2, get_policy("lru"))):
+    for host in (None, HostCache(total // 2, get_policy("lru"))):
         run = om.run(PROMPTS, get_policy("lru"), k, max_new_tokens=STEPS, keep_logits=True, host=host)
         assert _same(run.logits, want), host
         assert run.read_s > 0

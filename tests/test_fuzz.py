@@ -24,7 +24,7 @@ from casmoe.cache import PolicyError
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
 from casmoe.importers import read_json, read_route_csv, write_route_csv
-from casmoe.machine import ResourceError
+from casmoe.resources import ResourceError
 from casmoe.policies import PolicySpec
 from casmoe.policies.lru import LRU
 from casmoe.replay import replay

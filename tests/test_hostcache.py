@@ -13,7 +13,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from casmoe.backends.copier import EmulatedLink, Loader, Ticket  # noqa: E402
-from casmoe.backends.hostcache import HostCache  # noqa: E402
+from casmoe.backends.hostcache import HostTier  # noqa: E402
 from casmoe.backends.store import TensorStore  # noqa: E402
 from casmoe.cache import CacheConfigError  # noqa: E402
 from casmoe.geometry import Geometry  # noqa: E402
@@ -32,7 +32,7 @@ def _store(layers: int = 3, experts: int = 6) -> TensorStore:
        rows=st.integers(2, 10))
 def test_lru_ram_tier_decides_like_a_reference_lru(accesses, rows):
     """One access per device load; a hit reads its row, a miss fills the row it frees."""
-    host = HostCache(_store(), G, rows, get_policy("lru"))
+    host = HostTier(_store(), G, rows, get_policy("lru"))
     ref: OrderedDict[int, None] = OrderedDict()
     row_of: dict[int, int] = {}
     for step, (layer, e) in enumerate(accesses):
@@ -56,11 +56,11 @@ def test_any_policy_that_does_not_read_the_future_manages_the_ram_tier(name):
     policy = get_policy(name)
     if policy.needs_future:
         with pytest.raises(CacheConfigError, match="reads the future"):
-            HostCache(_store(), G, 4, policy)
+            HostTier(_store(), G, 4, policy)
         return
     options = {"predictor": "exact"} if name == "casmoe" else {}
     try:
-        host = HostCache(_store(), G, 4, policy, options)
+        host = HostTier(_store(), G, 4, policy, options)
     except CacheConfigError:
         pytest.skip(f"{name} needs a profile trace")
     for step, (layer, e) in enumerate([(0, 1), (1, 2), (0, 1), (2, 5), (0, 3), (1, 4), (0, 1)]):
@@ -73,7 +73,7 @@ def test_a_row_refilled_before_an_earlier_copy_out_of_it_is_read_again_from_the_
     """The copy thread runs demand loads before queued prefetches: a prefetch planned as a RAM
     hit can find its row refilled by a later demand load. It must not copy the newcomer."""
     store = _store()
-    host = HostCache(store, G, 2, get_policy("lru"))
+    host = HostTier(store, G, 2, get_policy("lru"))
     loader = Loader(torch.device("cpu"), store, EmulatedLink(bandwidth=1e5), host)
 
     def ticket(layer: int, e: int, demand: bool) -> Ticket:
@@ -106,7 +106,7 @@ def test_request_start_prefetches_of_the_ram_policy_are_read_into_ram():
 
     from backend_models import plain_greedy, tiny
 
-    from casmoe.backends.hostcache import HostTier
+    from casmoe.backends.hostcache import HostCache
     from casmoe.backends.runtime import OffloadedModel, Prompt
     from casmoe.policies.lru import LRU
 
@@ -122,7 +122,7 @@ def test_request_start_prefetches_of_the_ram_policy_are_read_into_ram():
     om = OffloadedModel(model)
     # 24 rows hold all 3 x 8 experts, so no row is ever refilled: a bypass (a second store read)
     # could only come from a device copy that hit a row whose queued fill had not run yet
-    with om.session(get_policy("lru"), 2, prompts, max_new_tokens=4, host=HostTier(24, Warm)) as s:
+    with om.session(get_policy("lru"), 2, prompts, max_new_tokens=4, host=HostCache(24, Warm)) as s:
         s.serve(prompts, 4, keep_logits=True)
         run = s.result()
         bypassed = s.host.bypassed

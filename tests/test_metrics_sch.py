@@ -14,6 +14,7 @@ from casmoe.metrics.tokens import MetricsError, sequences
 from casmoe.trace import Request, Trace
 from kernel_modes import kernels
 from reference_metrics import numpy_lookahead_hits
+from routing_strategies import relabelled, routed
 
 
 def curve(tokens: list[list[int]], items: int, m: int) -> np.ndarray:
@@ -84,19 +85,6 @@ def test_model_level_concatenates_layers_into_one_batch():
     np.testing.assert_allclose(res.hits[0] / res.requests[0], [0.5, 1, 1, 1])
 
 
-@st.composite
-def routed(draw, max_layers=3, max_tokens=14, max_seqs=3):
-    E = draw(st.integers(2, 6))
-    k = draw(st.integers(1, min(E, 3)))
-    L = draw(st.integers(1, max_layers))
-    seqs = []
-    for _ in range(draw(st.integers(1, max_seqs))):
-        T = draw(st.integers(1, max_tokens))
-        perm = draw(st.lists(st.permutations(list(range(E))), min_size=T * L, max_size=T * L))
-        seqs.append(np.array([p[:k] for p in perm], dtype=np.int64).reshape(T, L, k))
-    return E, seqs
-
-
 def _per_lane(E: int, seqs: list[np.ndarray], m: int) -> np.ndarray:
     L, k = seqs[0].shape[1:]
     Tm = max(len(s) for s in seqs)
@@ -121,10 +109,7 @@ def test_lockstep_lanes_equal_one_lane_at_a_time(data, m):
 @given(routed(), st.integers(1, 5), st.randoms(use_true_random=False))
 def test_relabelling_experts_changes_nothing(data, m, rnd):
     E, seqs = data
-    L = seqs[0].shape[1]
-    perms = [np.array(rnd.sample(range(E), E)) for _ in range(L)]
-    relabelled = [np.stack([perms[layer][s[:, layer]] for layer in range(L)], axis=1) for s in seqs]
-    np.testing.assert_array_equal(_per_lane(E, seqs, m), _per_lane(E, relabelled, m))
+    np.testing.assert_array_equal(_per_lane(E, seqs, m), _per_lane(E, relabelled(seqs, E, rnd), m))
 
 
 @settings(max_examples=40, deadline=None)

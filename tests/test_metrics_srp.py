@@ -11,6 +11,9 @@ from casmoe.metrics.srp import segment_stats, srp_from_hist
 from casmoe.metrics.tokens import MetricsError
 from kernel_modes import kernels
 from reference_metrics import numpy_segment_stats
+from routing_strategies import relabelled, routed
+
+SRP_ROUTED = routed(max_tokens=20, max_k=None)  # longer sequences than SCH's, k up to E
 
 
 def seq(layers: list[list[int]]) -> np.ndarray:
@@ -68,37 +71,21 @@ def test_powers_of_two_and_other_lengths_agree_with_direct_counting():
             np.testing.assert_array_equal(st_.hist[0, layer], direct)
 
 
-@st.composite
-def routed(draw):
-    E = draw(st.integers(2, 6))
-    k = draw(st.integers(1, E))
-    L = draw(st.integers(1, 3))
-    out = []
-    for _ in range(draw(st.integers(1, 3))):
-        T = draw(st.integers(1, 20))
-        perms = draw(st.lists(st.permutations(list(range(E))), min_size=T * L, max_size=T * L))
-        out.append(np.array([p[:k] for p in perms], dtype=np.int64).reshape(T, L, k))
-    return E, out
-
-
 def _srp(E, seqs, m):
     (s,) = segment_stats(seqs, E, [m])
     return srp_from_hist(s.hist.sum(axis=(0, 1)), m).srp, srp_from_hist(s.hist.sum(axis=0), m).srp
 
 
 @settings(max_examples=40, deadline=None)
-@given(routed(), st.integers(1, 8), st.randoms(use_true_random=False))
+@given(SRP_ROUTED, st.integers(1, 8), st.randoms(use_true_random=False))
 def test_relabelling_experts_changes_nothing(data, m, rnd):
     E, seqs = data
-    L = seqs[0].shape[1]
-    perms = [np.array(rnd.sample(range(E), E)) for _ in range(L)]
-    relabelled = [np.stack([perms[layer][s[:, layer]] for layer in range(L)], axis=1) for s in seqs]
-    for a, b in zip(_srp(E, seqs, m), _srp(E, relabelled, m)):
+    for a, b in zip(_srp(E, seqs, m), _srp(E, relabelled(seqs, E, rnd), m)):
         np.testing.assert_array_equal(a, b)
 
 
 @settings(max_examples=40, deadline=None)
-@given(routed(), st.integers(1, 8))
+@given(SRP_ROUTED, st.integers(1, 8))
 def test_duplicating_sequences_leaves_srp_unchanged(data, m):
     E, seqs = data
     for a, b in zip(_srp(E, seqs, m), _srp(E, seqs + seqs, m)):
@@ -106,7 +93,7 @@ def test_duplicating_sequences_leaves_srp_unchanged(data, m):
 
 
 @settings(max_examples=40, deadline=None)
-@given(routed(), st.integers(1, 8))
+@given(SRP_ROUTED, st.integers(1, 8))
 def test_srp_is_a_valid_f1_at_least_the_all_experts_guess(data, m):
     E, seqs = data
     (s,) = segment_stats(seqs, E, [m])
@@ -128,7 +115,7 @@ def test_rejects_bad_m():
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "interpreted"])
 @settings(max_examples=60, deadline=None)
-@given(data=routed(), ms=st.lists(st.integers(1, 12), min_size=1, max_size=3), seed=st.integers(0, 2**32 - 1))
+@given(data=SRP_ROUTED, ms=st.lists(st.integers(1, 12), min_size=1, max_size=3), seed=st.integers(0, 2**32 - 1))
 def test_window_kernel_equals_the_previous_numpy_histograms(compiled, data, ms, seed):
     """Including NOT_COMPUTED token-layers (-1 rows) and sequences shorter than m; the kernel
     compiled and interpreted (which bounds-checks every index)."""

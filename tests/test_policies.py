@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
@@ -17,7 +16,7 @@ from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy, PolicyNotFound
 from casmoe.replay import replay
 from casmoe.sim.testing import check_policy
-from casmoe.testing import geometries, traces
+from casmoe.testing import geometries, textbook_lru_hits, traces
 from casmoe.trace import Request, Trace
 
 OPTIONS = {"casmoe": [{"predictor": "exact"}, {"predictor": "noisy", "noise": 0.5}], "sch": [{"m": 1}, {"m": 4}],
@@ -104,27 +103,11 @@ def test_lru_hits_never_drop_as_capacity_grows(trace, per_layer):
     assert hits == sorted(hits)
 
 
-def reference_lru_hits(visits: list[tuple[int, ...]], capacity: int) -> int:
-    """Textbook LRU over one pool, uses in routing order, a whole visit protected."""
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = 0
-    for visit in visits:
-        for e in visit:
-            if e in cache:
-                hits += 1
-                cache.move_to_end(e)
-            else:
-                if len(cache) >= capacity:
-                    del cache[next(x for x in cache if x not in visit)]
-                cache[e] = None
-    return hits
-
-
 @FAST
 @given(data=st.data())
 def test_lru_matches_a_textbook_lru(data):
     trace, cap, visits = one_layer_case(data, data.draw(geometries(max_layers=1)))
-    assert _run("lru", trace, Capacity(cap)).stats().hits == reference_lru_hits(visits, cap)
+    assert _run("lru", trace, Capacity(cap)).stats().hits == textbook_lru_hits(visits, cap)
 
 
 @FAST

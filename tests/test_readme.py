@@ -1,5 +1,7 @@
 """Every command in README.md runs as written, in README order, in a folder that holds what a
-fresh clone holds (`traces/`, `examples/`).
+fresh clone holds (`traces/`, `examples/`). A command may use what earlier ones wrote (qwen.npz,
+planner/), so each test first runs, once per session, the earlier commands of its kind: a test
+passes alone (`-k`), in any order, or among the others alike.
 
 Commands are read from the README's ```bash blocks, so a command added there is tested here
 without editing this file. Fast commands (seconds) run in the default suite; anything not on
@@ -52,20 +54,33 @@ def readme_commands() -> list[str]:
     return commands
 
 
+def _skip_reason(command: str) -> str | None:
+    """Why a command does not run here, or None."""
+    if command.startswith("python3 -m venv"):
+        return "installs packages: the CI set-up runs it"
+    if "/path/to/" in command:
+        return "needs your own checkpoint"
+    if ("--device cuda" in command or "gpu_check" in command) and not _cuda():
+        return "needs a CUDA device"
+    if any(re.search(p, command) for p in HOURS) and not os.environ.get("CASMOE_README_LONG"):
+        return "takes about 30 min; CASMOE_README_LONG=1 runs it"
+    return None
+
+
+def _fast(command: str) -> bool:
+    return any(re.search(p, command) for p in FAST)
+
+
 def _param(i: int, command: str) -> pytest.param:
     marks = []
-    if command.startswith("python3 -m venv"):
-        marks.append(pytest.mark.skip(reason="installs packages: the CI set-up runs it"))
-    elif "/path/to/" in command:
-        marks.append(pytest.mark.skip(reason="needs your own checkpoint"))
-    elif "--device cuda" in command or "gpu_check" in command:
+    if "--device cuda" in command or "gpu_check" in command:
         marks.append(pytest.mark.gpu)
-        marks.append(pytest.mark.skipif(not _cuda(), reason="needs a CUDA device"))
-    if not any(re.search(p, command) for p in FAST):
+    reason = _skip_reason(command)
+    if reason is not None:
+        marks.append(pytest.mark.skip(reason=reason))
+    if not _fast(command):
         marks.append(pytest.mark.slow)
-    if any(re.search(p, command) for p in HOURS) and not os.environ.get("CASMOE_README_LONG"):
-        marks.append(pytest.mark.skip(reason="takes about 30 min; CASMOE_README_LONG=1 runs it"))
-    return pytest.param(command, marks=marks, id=f"{i:02d} {command[:60]}")
+    return pytest.param(i, marks=marks, id=f"{i:02d} {command[:60]}")
 
 
 def _cuda() -> bool:
@@ -86,8 +101,32 @@ def clone(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("command", [_param(i, c) for i, c in enumerate(readme_commands())])
-def test_readme_command_runs(command, clone, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def ran() -> set[int]:
+    """Indices of the README commands run in `clone` so far."""
+    return set()
+
+
+def _run_before(upto: int, fast_only: bool, clone: Path, ran: set[int], monkeypatch, capsys) -> None:
+    """Every runnable command before `upto` not run yet (only the fast ones for a fast test:
+    the fast commands use nothing the slow ones write)."""
+    commands = readme_commands()
+    for j in range(min(upto, len(commands))):
+        if j not in ran and _skip_reason(commands[j]) is None and (_fast(commands[j]) or not fast_only):
+            _run_command(commands[j], clone, monkeypatch, capsys)
+            ran.add(j)
+
+
+@pytest.mark.parametrize("i", [_param(i, c) for i, c in enumerate(readme_commands())])
+def test_readme_command_runs(i, clone, ran, monkeypatch, capsys):
+    command = readme_commands()[i]
+    _run_before(i, _fast(command), clone, ran, monkeypatch, capsys)
+    if i not in ran:
+        _run_command(command, clone, monkeypatch, capsys)
+        ran.add(i)
+
+
+def _run_command(command: str, clone: Path, monkeypatch, capsys) -> None:
     from casmoe.cli import main
 
     monkeypatch.chdir(clone)
@@ -122,9 +161,11 @@ def _python_param(i: int, code: str) -> pytest.param:
 
 
 @pytest.mark.parametrize("i", [_python_param(i, c) for i, c in enumerate(_blocks("python"))])
-def test_readme_python_runs(i, clone, monkeypatch):
+def test_readme_python_runs(i, clone, ran, monkeypatch, capsys):
     """Each block runs after the ones before it (a block may use what they defined), in the
-    clone folder where the commands above wrote their outputs (the planner, for one)."""
+    clone folder where the commands wrote their outputs (the planner, for one)."""
+    slow = any(name in _blocks("python")[i] for name in SLOW_PYTHON)
+    _run_before(len(readme_commands()), not slow, clone, ran, monkeypatch, capsys)
     monkeypatch.chdir(clone)
     monkeypatch.syspath_prepend(str(clone))
     namespace: dict = {}
@@ -136,14 +177,15 @@ def test_readme_python_runs(i, clone, monkeypatch):
             fn()
 
 
-def test_gitignore_covers_what_the_readme_commands_wrote(clone):
-    """Runs after the commands above (file order): everything they left in the checkout's root
-    is ignored by .gitignore, so `git status` stays clean after the tour."""
+def test_gitignore_covers_what_the_readme_commands_wrote(clone, ran, monkeypatch, capsys):
+    """After the (fast) commands: everything they left in the checkout's root is ignored by
+    .gitignore, so `git status` stays clean after the tour."""
     import shutil
     import subprocess
 
     if shutil.which("git") is None:
         pytest.skip("needs git")
+    _run_before(len(readme_commands()), True, clone, ran, monkeypatch, capsys)
     written = [p.name + ("/" if p.is_dir() else "") for p in clone.iterdir() if p.name not in ("traces", "examples")]
     for name in written:
         check = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "-q", name])

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from casmoe.backends import record as rec  # noqa: E402
 from casmoe.backends.corpus import CorpusEntry  # noqa: E402
+from casmoe.backends.generate import forced  # noqa: E402
 from casmoe.errors import CasmoeError  # noqa: E402
 from casmoe.trace import NOT_COMPUTED, Trace  # noqa: E402
 
@@ -106,10 +107,6 @@ def _save_tiny(tmp_path: Path, kind: str = "olmoe") -> Path:
     return path
 
 
-def forced(outputs: list[list[int]]):
-    """A token chooser that feeds the given tokens, as teacher forcing does in one pass."""
-    return lambda logits, n, requests: torch.tensor([outputs[r][n] for r in requests])
-
 
 @pytest.mark.parametrize("kind", ["mixtral", "olmoe", "qwen2_moe"])
 def test_teacher_pass_equals_step_by_step_decoding(kind: str) -> None:
@@ -121,7 +118,7 @@ def test_teacher_pass_equals_step_by_step_decoding(kind: str) -> None:
         teacher = rec.teacher_record(model, recorder, prompts, outputs)  # one batched pass
         for prompt, output, (rows, ids) in zip(prompts, outputs, teacher):
             [(steps, fed)] = rec.generate_and_record(model, recorder, [prompt], len(output),
-                                                     choose=forced([output]))
+                                                     pick=forced([output]))
             assert ids == fed == output
             assert rows["topk"].shape[0] == len(prompt) + len(output) - 1
             for name in ("topk", "spec"):
@@ -153,7 +150,7 @@ def test_sampling_is_seeded_per_request_not_per_batch() -> None:
     with rec.RoutingRecorder(model) as recorder:
         def run(s: rec.RecordSettings, batch: list[int]) -> list[list[int]]:
             out = rec.generate_and_record(model, recorder, [prompts[i] for i in batch], 12,
-                                          choose=rec.Sampler(s, batch))
+                                          pick=rec.Sampler(s, batch))
             return [gen for _, gen in out]
 
         together = run(settings, [0, 1, 2])
@@ -168,7 +165,7 @@ def test_sampling_is_seeded_per_request_not_per_batch() -> None:
 
 def test_sampler_keeps_the_top_k_and_nucleus() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    draws = lambda **kw: {int(rec.Sampler(rec.RecordSettings(seed=s, **kw), [0])(logits, 0)[0])  # noqa: E731
+    draws = lambda **kw: {int(rec.Sampler(rec.RecordSettings(seed=s, **kw), [0])(logits, (0,), 0)[0])  # noqa: E731
                           for s in range(200)}
     assert draws(top_p=1.0) == {0, 1, 2, 3}
     assert draws(top_p=0.75) == {0, 1}  # 0.5 + 0.3 reaches 0.75: the head stops there

@@ -17,7 +17,7 @@ from casmoe.replay import replay
 from casmoe.sim.compute import FixedCompute
 from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Schedule, Workload, WorkloadError
+from casmoe.sim.serving import Arrival, Schedule, ServingError, Workload
 from casmoe.sim.tiers import HostCache, TierError
 from casmoe.testing import cases, traces
 from casmoe.trace import Request, Trace
@@ -90,7 +90,7 @@ def test_arrivals_recorded_in_the_trace_are_replayed():
     # served in arrival order: 0.5 -> 1.5, 0.7 waits until 1.5 -> 2.5, 5.0 -> 6.0
     assert res.sim_time_s == pytest.approx(6.0, rel=1e-6)
     assert res.queue_wait_mean_s == pytest.approx(0.8 / 3, rel=1e-6)
-    with pytest.raises(WorkloadError, match="arrival times"):
+    with pytest.raises(ServingError, match="arrival times"):
         run(_one_step_requests(2), workload=Workload(Arrival.TRACE))
 
 

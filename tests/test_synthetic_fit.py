@@ -17,7 +17,7 @@ from casmoe.importers import read_route_csv
 from casmoe.policies import get_policy
 from casmoe.replay import replay
 from casmoe.synthetic import SynthConfig, generate, route_request
-from casmoe.synthetic_fit import fit, generate as generate_like, inclusion, profile, stack_distances, with_tasks
+from casmoe.synthetic_fit import fit, inclusion, profile, sample as generate_like, stack_distances, with_tasks
 from casmoe.trace import Request, Trace
 from casmoe.workload import SLOT_MULTIPLES, measure
 from test_importers import REAL

@@ -21,7 +21,7 @@ import numpy as np
 
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import exact_int, unique_pairs
-from casmoe.machine import check_allocation
+from casmoe.resources import check_allocation
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
 
 CSV_COLUMNS = ("turn", "phase", "step", "layer", "slot", "expert", "weight")

@@ -44,7 +44,7 @@ Weights = dict[str, torch.Tensor]
 """Fused parameter name -> `[slots, ...]` tensor the slot numbers index."""
 
 
-class Plan:
+class ExpertPlan:
     """One call of an experts function, computed in rounds. Subclasses reproduce one
     implementation; `experts` lists the routed expert ids in ascending order."""
 
@@ -76,7 +76,7 @@ def _bias(weights: Weights, name: str, rows: torch.Tensor) -> torch.Tensor | Non
     return None if b is None else b[rows]
 
 
-class GroupedPlan(Plan):
+class GroupedPlan(ExpertPlan):
     """`grouped_mm_experts_forward`: rows sorted by expert, one grouped matmul per projection,
     the weighted top-k sum in the routing weights' dtype."""
 
@@ -150,7 +150,7 @@ class GroupedPlan(Plan):
         return weighted.view(T, k, -1).sum(dim=1).to(self.hidden.dtype)
 
 
-class BatchedPlan(Plan):
+class BatchedPlan(ExpertPlan):
     """`batched_mm_experts_forward`: one batched matrix-vector product per (token, top-k) row.
     A row's product depends on the batch it is computed in, so every round computes all rows
     (rows of experts not in the round use a stand-in slot and are discarded)."""
@@ -201,7 +201,7 @@ class BatchedPlan(Plan):
         return weighted.view(T, k, -1).sum(dim=1).to(self.hidden.dtype)
 
 
-class EagerPlan(Plan):
+class EagerPlan(ExpertPlan):
     """The experts classes' own loop: per hit expert (ascending), its tokens' rows through
     both projections, weighted, `index_add_` into a hidden-dtype output in expert order."""
 
@@ -237,10 +237,10 @@ class EagerPlan(Plan):
         return final
 
 
-PLANS: dict[str, type[Plan]] = {"grouped_mm": GroupedPlan, "batched_mm": BatchedPlan, "eager": EagerPlan}
+PLANS: dict[str, type[ExpertPlan]] = {"grouped_mm": GroupedPlan, "batched_mm": BatchedPlan, "eager": EagerPlan}
 
 
-def plan_class(implementation: str | None) -> type[Plan]:
+def plan_class(implementation: str | None) -> type[ExpertPlan]:
     """The plan reproducing transformers' experts implementation `implementation`."""
     cls = PLANS.get(implementation or "eager")
     if cls is None:

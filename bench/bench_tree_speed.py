@@ -1,0 +1,95 @@
+"""Replay and simulate speed of one source tree, for before/after comparisons of a refactor.
+
+`--tree DIR` imports casmoe from another checkout's folders (`DIR/casmoe`, `DIR/sim`,
+`DIR/backends`, as pyproject.toml maps them; e.g. `git archive COMMIT | tar -x -C DIR`) instead
+of the installed one, so two trees run the same script. Run the trees alternately, several
+times each, and compare the minima: the machine is shared, and other load moves absolute
+times by 2x within minutes.
+
+Workload (pinned, generated): a Mixtral-shaped synthetic trace (32 layers x 8 experts, top-2,
+`casmoe.synthetic` seed 0) of `--tokens` tokens in requests of 1 prompt token + 199 decoded,
+4 slots per layer; `lru` and `belady` replayed compiled and in Python, `lru` and `semoe`
+simulated on rtx4090x4 / mixtral-8x7b with the compiled and the Python decision pass. Prints
+one JSON line: CPU seconds (minimum of `--repeat` interleaved rounds) and the hit counts, which
+must be equal across trees.
+
+Run:  python bench/bench_tree_speed.py [--tree DIR] [--tokens 20000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+
+def use_tree(tree: Path) -> None:
+    """Import casmoe, casmoe.sim, casmoe.backends (and casmoe.cli) from `tree`'s folders."""
+    folders = {"casmoe": tree / "casmoe", "casmoe.sim": tree / "sim", "casmoe.backends": tree / "backends"}
+    if (tree / "cli").is_dir():
+        folders["casmoe.cli"] = tree / "cli"
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name not in folders:
+                return None
+            return importlib.util.spec_from_file_location(
+                name, folders[name] / "__init__.py", submodule_search_locations=[str(folders[name])]
+            )
+
+    sys.meta_path.insert(0, Finder())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", type=Path, default=None, help="a checkout to import casmoe from")
+    ap.add_argument("--tokens", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    if args.tree is not None:
+        use_tree(args.tree.resolve())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from side_by_side import interleaved, load_average
+
+    import casmoe
+    from casmoe.cache import Capacity
+    from casmoe.geometry import Geometry
+    from casmoe.policies import get_policy
+    from casmoe.presets import get_preset
+    from casmoe.replay import replay
+    from casmoe.sim.engine import simulate
+    from casmoe.sim.hardware import load_profile
+    from casmoe.synthetic import SynthConfig, generate
+
+    g = Geometry(32, 8, 2, hidden=4096, intermediate=14336)
+    trace = generate(g, SynthConfig(requests=args.tokens // 200, prefill=(1, 1), decode=(199, 199)))
+    cap = Capacity(4)
+    hw, preset = load_profile("rtx4090x4"), get_preset("mixtral-8x7b")
+
+    def rep(name: str, compiled: bool):
+        return lambda: replay(trace, get_policy(name).create(g, cap, trace=trace), compiled=compiled).stats.hits
+
+    def sim(name: str, compiled: bool):
+        return lambda: simulate(trace, get_policy(name), cap, hw, preset, compiled=compiled).stats.hits
+
+    runs = {
+        "replay lru compiled": rep("lru", True),
+        "replay lru python": rep("lru", False),
+        "replay belady compiled": rep("belady", True),
+        "replay belady python": rep("belady", False),
+        "simulate lru compiled": sim("lru", True),
+        "simulate lru python": sim("lru", False),
+        "simulate semoe compiled": sim("semoe", True),
+    }
+    for fn in runs.values():  # numba: compile or load from its cache, untimed
+        fn()
+    res = interleaved(runs, args.repeat)
+    print(json.dumps({"tree": str(Path(casmoe.__file__).parents[1]), "load": load_average(),
+                      "cpu_s": {k: round(t, 4) for k, (t, _) in res.items()}, "hits": {k: h for k, (_, h) in res.items()}}))
+
+
+if __name__ == "__main__":
+    main()
