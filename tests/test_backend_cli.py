@@ -111,7 +111,7 @@ def test_validate_json_gives_a_median_error_per_policy(model_dir):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "/nonexistent/dir/model"], "cannot load a model config"),  # a path: no hub lookup
+    (["--model", "/nonexistent/dir/model"], "unknown model"),  # a path: the local cache only, no hub lookup
     (["--capacity", "1"], "below the 2 experts"),
 ])
 def test_bench_bad_input_is_one_line(model_dir, args, message):
