@@ -341,13 +341,21 @@ def test_bench_refuses_a_nan_link(tmp_path):
     one_line_error(cli("bench", "--model", "tiny-mixtral", "--link-gbps", "nan", cwd=tmp_path), "--link-gbps must be")
 
 
-def test_a_planner_on_a_trace_without_prompts_is_refused(tmp_path):
-    tr = Trace.load(SHIPPED).subset(range(2))
+def test_a_trace_without_prompts_is_served_by_the_trajectory_stage(tmp_path):
+    """Issue 23: a prompt-free trace is not refused and never predicted from an empty prompt:
+    the planner fits its trajectory stage alone and casmoe serves from the routing it sees."""
+    from casmoe.planner import PlannerConfig, fit_planner
+    from casmoe.replay import replay
+
+    tr = Trace.load(SHIPPED).subset(range(4))
     for r in tr.requests:
         r.prompt = None
-    spec = PolicySpec.parse(f"casmoe[planner={tmp_path}]")
-    with pytest.raises(CacheConfigError, match="2 of the trace's 2 requests have no prompt text"):
-        spec.create(tr.geometry, Capacity(4), trace=tr)
+    planner = fit_planner(tr, PlannerConfig(holdout_every=0))
+    assert planner.stages == ["trajectory"]
+    planner.save(tmp_path / "pl")
+    cache = PolicySpec.parse(f"casmoe[planner={tmp_path / 'pl'}]").create(tr.geometry, Capacity(4), trace=tr)
+    stats = replay(tr, cache).stats
+    assert stats.hits + stats.late_hits + stats.misses == stats.accesses > 0
 
 
 def test_presets_lists_every_model_preset(tmp_path):
