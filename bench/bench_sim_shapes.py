@@ -28,7 +28,8 @@ from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.shipped import shipped
-from casmoe.sim.engine import StepPlan, simulate
+from casmoe.sim.assembly import StepPlan
+from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Arrival, Workload
 from casmoe.step_arrays import StepArrays
