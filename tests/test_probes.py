@@ -47,7 +47,7 @@ def planner(seed: int = 0, prompts: int = 12):
     keys = rng.normal(size=(prompts, EMBED_DIM)).astype(np.float32)
     patterns = rng.random((prompts, G.layers, G.experts)).astype(np.float32)
     patterns /= patterns.sum(-1, keepdims=True)
-    cfg = PlannerConfig(eap=EAPConfig(hidden=16, layers=1, heads=2, intermediate=16, head_hidden=8, max_len=8))
+    cfg = PlannerConfig(eap=EAPConfig(kind="transformer", hidden=16, layers=1, heads=2, intermediate=16, head_hidden=8, max_len=8))
     vocab = np.arange(100, 120, dtype=np.int64)
     predictor = EAP(EAPNet(cfg.eap, len(vocab) + 2, G.layers, G.experts), vocab, cfg.eap)
     trace = generate(G, SynthConfig(requests=4, prefill=(2, 3), decode=(2, 3), seed=seed))
