@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ from casmoe.planner import EAPConfig, PlannerConfig, fit_planner, load_planner  
 from casmoe.planner.planner import heldout_split  # noqa: E402
 from casmoe.shipped import data_dir  # noqa: E402
 from casmoe.trace import Trace  # noqa: E402
+
+from bench_planner import p50_ms  # noqa: E402  (one timing helper for the planner benches)
 
 TRACES = ("tiny-mixtral.npz", "tiny-olmoe.npz")
 TORCH_FREE = """
@@ -48,19 +49,6 @@ cache = get_policy("casmoe").create(trace.geometry, Capacity(2 * trace.geometry.
 replay(trace, cache)
 print("torch" in sys.modules)
 """
-
-
-def p50_ms(fn: Callable[[], Any], repeat: int = 200, warmup: int = 10) -> tuple[float, float]:
-    """Median wall and thread-CPU milliseconds per call."""
-    for _ in range(warmup):
-        fn()
-    wall, cpu = [], []
-    for _ in range(repeat):
-        t, c = time.perf_counter(), time.thread_time()
-        fn()
-        cpu.append(time.thread_time() - c)
-        wall.append(time.perf_counter() - t)
-    return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float, float, str]:
