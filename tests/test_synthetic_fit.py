@@ -51,6 +51,7 @@ def test_fit_recovers_stickiness_and_popularity_of_a_hand_built_trace():
     assert {(r.prefill, r.decode_tokens) for r in syn.requests} == {(8, 48)}
 
 
+@pytest.mark.slow  # 12-22 s of fitting: the default suite keeps the fit's other checks
 def test_router_weights_are_the_source_s_mean_per_rank_and_phase():
     src = hand_built()
     for r in src.requests:  # prompt tokens weigh 0.9 / 0.1, decode tokens 0.6 / 0.4 or 0.8 / 0.2
@@ -62,6 +63,7 @@ def test_router_weights_are_the_source_s_mean_per_rank_and_phase():
         np.testing.assert_allclose(r.weights[r.prefill :], np.broadcast_to([0.7, 0.3], (r.decode_tokens, 4, 2)), atol=1e-6)
 
 
+@pytest.mark.slow  # 12-22 s of fitting: the default suite keeps the fit's other checks
 def test_fit_tells_a_sticky_trace_from_a_non_sticky_one():
     loose = fit(hand_built(0.0, seed=4), "loose")
     tight = fit(hand_built(0.7, seed=4), "tight")
@@ -147,6 +149,7 @@ def test_rank_weights_extend_their_log_linear_decay_and_keep_the_total():
     np.testing.assert_allclose(extend_rank_weights(w, 2), w[:, :2] * (w.sum(1) / w[:, :2].sum(1))[:, None])
 
 
+@pytest.mark.slow  # 12-22 s of fitting: the default suite keeps the fit's other checks
 def test_top_k_extrapolation_draws_more_of_the_same_ranking():
     """Fitted at k = 2, generated at 4: each token routes 4 distinct experts, the hottest expert
     of each layer stays the hottest, and the first 2 ranks' popularity barely moves."""
