@@ -70,3 +70,15 @@ def progress(iterable=None, *, quiet: bool = False, **kw):
     from tqdm import tqdm
 
     return tqdm(iterable, disable=True if quiet else None, **kw)
+
+
+# Options of every command that runs points through `casmoe.sim.sweep.run_grid` (sweep,
+# leaderboard, search): declared once so that their meaning and help stay the same.
+JOBS = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a local Ray).")
+RAY = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address).")
+RAY_ADDRESS = typer.Option(None, help="Ray cluster address (e.g. ray://head:10001); implies --ray.")
+
+
+def ray_target(ray: bool, ray_address: str | None) -> str | None:
+    """`run_grid`'s ray_address from the two flags: a cluster, a local Ray, or None (processes)."""
+    return ray_address or ("local" if ray else None)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from casmoe.cli.app import app
+from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, ray_target
 
 
 @app.command()
@@ -16,9 +16,9 @@ def leaderboard(
     hardware: str = typer.Option("rtx4090x4", help="Hardware profile or TOML path (default: the seed's 4x RTX 4090 box)."),
     requests: int = typer.Option(24, min=0, help="Held-out requests scored per workload (0: all of them)."),
     out: Path = typer.Option(Path("casmoe-leaderboard"), help="Output folder; finished points are kept and skipped on re-runs."),
-    jobs: int = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a local Ray)."),
-    ray: bool = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address)."),
-    ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (e.g. ray://head:10001); implies --ray."),
+    jobs: int = JOBS,
+    ray: bool = RAY,
+    ray_address: Optional[str] = RAY_ADDRESS,
     allow_overcommit: bool = typer.Option(False, "--allow-overcommit", help="Simulate cache sizes beyond what the GPUs hold (else n/a)."),
 ) -> None:
     """Every built-in policy (oracles starred) x workload x 1, 1.5, 2 and 4 x top_k slots per layer.
@@ -46,7 +46,7 @@ def leaderboard(
     def progress(done: int, total: int) -> None:
         bar.update(len(points) - total if done == 0 else 1)
 
-    records, computed = run_grid(points, out, jobs=jobs, ray_address=ray_address or ("local" if ray else None),
+    records, computed = run_grid(points, out, jobs=jobs, ray_address=ray_target(ray, ray_address),
                                  progress=progress)
     bar.close()
     write_json(out / "results.json", records)

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import typer
 
-from casmoe.cli.app import app
+from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, ray_target
 from casmoe.shipped import DEFAULT_TRACE
 
 
@@ -30,9 +30,9 @@ def search(
     max_batch: int = typer.Option(8, min=1, help="Serving: most requests decoded together (with --rate)."),
     requests: int = typer.Option(12, min=0, help="First N requests of the trace (0: all)."),
     out: Path = typer.Option(Path("casmoe-search"), help="Output folder; simulated points are kept and reused on re-runs."),
-    jobs: int = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a local Ray)."),
-    ray: bool = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address)."),
-    ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (e.g. ray://head:10001); implies --ray."),
+    jobs: int = JOBS,
+    ray: bool = RAY,
+    ray_address: Optional[str] = RAY_ADDRESS,
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON instead of tables."),
 ) -> None:
     """Find the cheapest configurations (cache slots per layer, policy, quantisation, RAM tier,
@@ -57,7 +57,7 @@ def search(
                          quant or [], [("" if t == "none" else t) for t in host_cache or []])
     workload = Workload.from_options(None, rate, None, max_batch=max_batch) if rate is not None else None
     result = run_search(path, preset, candidates, goal, str(out), workload=workload, requests=requests, jobs=jobs,
-                        ray_address=ray_address or ("local" if ray else None))
+                        ray_address=ray_target(ray, ray_address))
     summary = _summary(result)
     write_text(out / "search.json", json.dumps(summary, indent=2))
     _plot(out / "search.png", result)

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import typer
 
 from casmoe.cli import requests as choose
-from casmoe.cli.app import app, progress
+from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, progress, ray_target
 from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE
 
@@ -201,9 +201,9 @@ def sweep(
     ),
     max_batch: Optional[int] = typer.Option(None, min=1, help="Serving: most requests decoded together."),
     out: Path = typer.Option(Path("casmoe-sweep"), help="Output folder; finished points are kept and skipped on re-runs."),
-    jobs: int = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a local Ray)."),
-    ray: bool = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address)."),
-    ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (e.g. ray://head:10001); implies --ray."),
+    jobs: int = JOBS,
+    ray: bool = RAY,
+    ray_address: Optional[str] = RAY_ADDRESS,
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
 ) -> None:
     """Run a grid of simulations in parallel; results merge into one table (results.csv)."""
@@ -253,7 +253,7 @@ def sweep(
         else:
             bar.update(1)
 
-    address = ray_address or ("local" if ray else None)
+    address = ray_target(ray, ray_address)
     records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=advance)
     bar.close()
     _report(out, records, as_json, f"sweep: {len(points)} points, {computed} computed now", None,
