@@ -523,7 +523,8 @@ def plot_queue(path: Path, records: Sequence[dict[str, Any]]) -> Path:
 
 
 def plot_timeliness(path: Path, records: Sequence[dict[str, Any]]) -> Path:
-    """Per MoE layer: stall (solid) against the perfect-prefetch bound (dashed), and late hits,
+    """Per MoE layer: stall (solid) against its lower bound (dashed: the stall no earlier issuing
+    of the same loads could have saved, given when the run reached the layer), and late hits,
     one colour per run."""
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)

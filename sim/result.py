@@ -79,7 +79,7 @@ class SimResult:
     late_by_layer: tuple[int, ...] = ()
     wasted_by_layer: tuple[int, ...] = ()
     stall_bound_s: float = 0.0
-    stall_bound_by_layer_s: tuple[float, ...] = ()  # rises of its device's bound: a device's layers add up to it
+    stall_bound_by_layer_s: tuple[float, ...] = ()  # per layer, at most that layer's own stall (sim/timeliness.py)
     stall_bound_by_device_s: tuple[float, ...] = ()  # each device's link alone; the largest is stall_bound_s
     # tiers: the host RAM tier over storage (`tiers.py`); 0 when all experts sit in RAM
     host_cache_gb: float = 0.0

@@ -14,6 +14,15 @@ before v: B = max(0, max_v (copies_d(v) - compute(v))). Any real schedule of the
 loads stalls at least B (its link starts no earlier and moves at least those bytes), so
 `stall - B` is what timing and prediction lost, and B alone is the bandwidth's share. The
 bound counts copy time on the host-to-device links only (not storage reads).
+
+Per layer, the same argument is made visit by visit against the run's own clock: visit v's
+experts cannot start before its device's link has copied every load needed up to v, at the
+earliest at copies_d(v) from time 0, and the run would start them at `ready` (its wall time,
+earlier stalls included) had nothing been missing, so the run stalls at v at least
+max(0, copies_d(v) - ready). Summed over a layer's visits this is a true lower bound on that
+layer's own stall (never above it, on any number of devices); `stall_by_layer - bound_by_layer`
+is what earlier issuing of the same loads could have saved at that layer. The layers need not
+add up to B: a run that stalled early reaches later layers late enough to need no more.
 """
 
 from __future__ import annotations
@@ -36,9 +45,7 @@ class Timeliness:
         self.bound = 0.0
         self.bound_by_device = [0.0] * devices
         """Each device's link alone: B_d = max(0, max over its visits of copies_d(v) - compute(v)).
-        Each is a lower bound on the run's stall, and B = max_d B_d. A layer is credited with
-        the rises of its own device's B_d, so a device's layers add up to its B_d (on several
-        devices the layers of all add up to more than B: each device's share is its own bound)."""
+        Each is a lower bound on the run's stall, and B = max_d B_d."""
         self._copied = [0.0] * devices  # each link's copy time of the needed loads so far
         self.unused: set[ExpertId] = set()
         """Prefetched and not used yet (flat ids of the model): a visit with no demand load
@@ -53,9 +60,11 @@ class Timeliness:
                 self._evicted(ld.victim + off)
             unused.add(ld.expert + off)
 
-    def visit(self, first: int, layer: int, device: int, clock: float, experts: Sequence[int], acc: Access) -> None:
+    def visit(self, first: int, layer: int, device: int, clock: float, ready: float, experts: Sequence[int],
+              acc: Access) -> None:
         """Shard-local `layer` is reached at compute-only time `clock` (now minus the run's
-        stall so far), routing `experts`, with `acc` from the cache."""
+        stall so far) and could start its experts at wall time `ready` had none been missing,
+        routing `experts`, with `acc` from the cache."""
         off = first * self.E
         needed = len(acc.loads)
         unused = self.unused
@@ -71,11 +80,11 @@ class Timeliness:
             g = first + layer
             copied = self._copied[device] + needed * self.copy_s[g]
             self._copied[device] = copied
+            if copied > ready:
+                self.bound_by_layer[g] += copied - ready
             excess = copied - clock
-            rise = excess - self.bound_by_device[device]
-            if rise > 0:
+            if excess > self.bound_by_device[device]:
                 self.bound_by_device[device] = excess
-                self.bound_by_layer[g] += rise
                 if excess > self.bound:
                     self.bound = excess
 

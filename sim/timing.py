@@ -255,7 +255,8 @@ class StepTimer:
             self._issue(shard, routed, acc.background)
         timeliness = self.timeliness
         if timeliness is not None and (loads or timeliness.unused):  # before the stall: compute clock
-            timeliness.visit(shard.first, ll, on_device, routed - self.stall_late - self.stall_demand, experts, acc)
+            clock = routed - self.stall_late - self.stall_demand
+            timeliness.visit(shard.first, ll, on_device, clock, ready, experts, acc)
         if start > ready:
             if self.wake_s:  # a host thread that blocked wakes up after the last copy landed
                 if late_until == start:

@@ -261,8 +261,8 @@ def _evicted(st, expert):
 
 
 @_kernel
-def _timeliness_visit(st, ll, device, clock, experts, lo, hi, log, a, nloads):
-    """`Timeliness.visit`: count the loads the visit needed, raise the bound if it must."""
+def _timeliness_visit(st, ll, device, clock, ready, experts, lo, hi, log, a, nloads):
+    """`Timeliness.visit`: count the loads the visit needed, raise the bounds if they must."""
     needed = nloads
     if st.n[N_UNUSED]:
         for x in range(lo, hi):
@@ -277,11 +277,11 @@ def _timeliness_visit(st, ll, device, clock, experts, lo, hi, log, a, nloads):
     if needed:
         copied = st.copied[device] + needed * st.copy_s[ll]
         st.copied[device] = copied
+        if copied > ready:
+            st.bound_by_layer[ll] += copied - ready
         excess = copied - clock
-        rise = excess - st.bound_by_device[device]
-        if rise > 0:
+        if excess > st.bound_by_device[device]:
             st.bound_by_device[device] = excess
-            st.bound_by_layer[ll] += rise
             if excess > st.acc[A_BOUND]:
                 st.acc[A_BOUND] = excess
 
@@ -362,7 +362,7 @@ def _wait(st, d, ll, on_device, experts, lo, hi, log, a, nloads, routed, ready):
             start = arrive
     if st.cfg[C_DETAIL] and (nloads or st.n[N_UNUSED]):
         clock = routed - st.acc[A_STALL_LATE] - st.acc[A_STALL_DEMAND]
-        _timeliness_visit(st, ll, on_device, clock, experts, lo, hi, log, a, nloads)
+        _timeliness_visit(st, ll, on_device, clock, ready, experts, lo, hi, log, a, nloads)
     if start > ready:
         wake = st.par[P_WAKE]
         if wake:

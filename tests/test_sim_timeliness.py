@@ -28,13 +28,19 @@ def preset_for(g: Geometry) -> ModelPreset:
 
 @pytest.mark.parametrize("name,options", VARIANTS, ids=[n for n, _ in VARIANTS])
 @FAST
-@given(case=cases(), layer_s=st.sampled_from([0.0, 1e-4, 1e-2]))
-def test_bound_never_exceeds_the_stall_and_per_layer_counts_add_up(name, options, case, layer_s):
+@given(case=cases(), layer_s=st.sampled_from([0.0, 1e-4, 1e-2]), devices=st.sampled_from([1, 2, 3]))
+def test_bound_never_exceeds_the_stall_and_per_layer_counts_add_up(name, options, case, layer_s, devices):
     trace, cap = case.trace, case.capacity
+    g = trace.geometry
+    devices = min(devices, g.layers)
+    if not cap.per_layer:  # a global pool is split over the devices: each share must hold top_k
+        devices = max(d for d in range(1, devices + 1) if cap.slots * (g.layers // d) // g.layers >= g.top_k)
     res = simulate(trace, get_policy(name), cap, HW, preset_for(trace.geometry), options=options,
-                   compute=FixedCompute(layer_s=layer_s), detail=True)
+                   compute=FixedCompute(layer_s=layer_s), detail=True, devices=devices)
     assert 0 <= res.stall_bound_s <= res.stall_s * (1 + 1e-9) + 1e-15
-    assert sum(res.stall_bound_by_layer_s) == pytest.approx(res.stall_bound_s, abs=1e-12)
+    assert len(res.stall_bound_by_device_s) == devices and max(res.stall_bound_by_device_s) == res.stall_bound_s
+    for bound, stall in zip(res.stall_bound_by_layer_s, res.stall_by_layer_s, strict=True):
+        assert 0 <= bound <= stall * (1 + 1e-9) + 1e-15  # each layer's value bounds its own stall
     assert sum(res.late_by_layer) == res.stats.late_hits
     assert sum(res.wasted_by_layer) == res.stats.prefetch_wasted
 
@@ -47,6 +53,8 @@ def test_on_demand_with_no_compute_is_all_bandwidth():
     tr = Trace(g, [Request(rows, np.full(rows.shape, 0.5, np.float32), prefill=0)])
     res = simulate(tr, get_policy("ondemand"), Capacity(2), HW, preset_for(g), compute=FixedCompute(), detail=True)
     assert res.stall_bound_s == pytest.approx(res.stall_s, rel=1e-12)
+    # the link never idles, so each layer's stall is its copies: the per-layer bound is tight too
+    assert res.stall_bound_by_layer_s == pytest.approx(res.stall_by_layer_s, rel=1e-12)
 
 
 def test_the_bound_is_zero_with_ample_compute_and_the_link_deficit_without():

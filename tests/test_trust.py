@@ -274,9 +274,12 @@ def test_timeliness_bound_per_device_on_four_gpus():
     assert len(per_device) == 4 and all(b > 0 for b in per_device)  # every device's link is short of bandwidth
     assert max(per_device) == pytest.approx(res.stall_bound_s)
     assert all(b <= res.stall_s * (1 + 1e-9) for b in per_device)
-    by_layer = res.stall_bound_by_layer_s
-    for d in range(4):
-        assert sum(by_layer[8 * d: 8 * d + 8]) == pytest.approx(per_device[d])
+    # Per layer a true lower bound on that layer's own stall. On-demand leaves each link idle while
+    # the other devices compute and stall, so a device's later loads could have been hidden there:
+    # only what no earlier issuing could have saved counts, far less than each device's B_d.
+    by_layer, stall = res.stall_bound_by_layer_s, res.stall_by_layer_s
+    assert all(0 <= b <= s * (1 + 1e-9) for b, s in zip(by_layer, stall, strict=True))
+    assert 0 < sum(by_layer) <= res.stall_s
 
 
 # ---- Python API misuse -------------------------------------------------------------------------------
