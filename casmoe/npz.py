@@ -69,3 +69,25 @@ def read_npz(path: str | os.PathLike[str], error: type[Exception]) -> dict[str, 
         raise error(f"{where}: no such file") from None
     except Exception as exc:  # zipfile, zlib, numpy's header parser, MemoryError: all say "damaged"
         raise error(f"{where}: damaged .npz archive ({type(exc).__name__}: {exc})") from None
+
+
+def require(
+    arrays: dict[str, np.ndarray], name: str, shape: tuple[int | None, ...], kind: str, where: str,
+    error: type[Exception],
+) -> np.ndarray:
+    """Member `name` of `arrays` (read from `where`), checked: present, of `shape` (None matches
+    any length on that axis), of dtype kind `kind` ('f' float, 'i' integer) and, for floats,
+    finite. A component read from disk is checked before anything computes with it, so a
+    damaged or foreign file is one error naming it, never a traceback or a wrong answer later."""
+    a = arrays.get(name)
+    if a is None:
+        raise error(f"{where}: no array {name!r} (files from another version or fit?); refit")
+    ok = a.ndim == len(shape) and all(w is None or w == n for w, n in zip(shape, a.shape)) and a.dtype.kind == kind
+    if not ok:
+        want = "[" + ", ".join("N" if w is None else str(w) for w in shape) + "]"
+        kinds = {"f": "float", "i": "integer"}
+        raise error(f"{where}: {name!r} is {a.dtype} {list(a.shape)}, expected {kinds.get(kind, kind)} {want} for "
+                    "this planner's geometry (files from different fits?); refit")
+    if kind == "f" and not np.isfinite(a).all():
+        raise error(f"{where}: {name!r} holds non-finite values; refit")
+    return a

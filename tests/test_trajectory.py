@@ -97,7 +97,7 @@ def test_linear_predictor_recovers_a_linear_map_and_stays_a_distribution(tmp_pat
     target = Y[:10] / Y[:10].sum(-1, keepdims=True)
     np.testing.assert_allclose(pred, target, atol=1e-3)
     model.save(tmp_path)
-    np.testing.assert_array_equal(LinearEAP.load(tmp_path).predict(X[:3]), model.predict(X[:3]))
+    np.testing.assert_array_equal(LinearEAP.load(tmp_path, 2, 4, inputs=5).predict(X[:3]), model.predict(X[:3]))
 
 
 def test_logistic_recovers_its_weights() -> None:
@@ -160,7 +160,7 @@ def test_trajectory_round_trips(tmp_path) -> None:
     reqs = [Request(rng.integers(0, 4, (8, 2, 1)).astype(np.int16), np.ones((8, 2, 1), np.float32), prefill=3) for _ in range(5)]
     traj = fit_trajectory(Trace(g, reqs), None, horizon=2)
     traj.save(tmp_path)
-    back = Trajectory.load(tmp_path)
+    back = Trajectory.load(tmp_path, g.layers, g.experts)
     np.testing.assert_array_equal(back.weights, traj.weights)
     np.testing.assert_array_equal(back.paths.decode, traj.paths.decode)
     assert (back.horizon, back.cadence) == (traj.horizon, traj.cadence)

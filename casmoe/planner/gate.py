@@ -68,8 +68,11 @@ class ConfidenceGate:
     @classmethod
     def from_dict(cls, d: dict[str, list[float]]) -> ConfidenceGate:
         edges, weights = np.asarray(d["edges"], dtype=np.float64), np.asarray(d["weights"], dtype=np.float64)
-        if weights.ndim != 1 or len(weights) != len(edges) + 1:
+        if weights.ndim != 1 or edges.ndim != 1 or len(weights) != len(edges) + 1:
             raise ValueError("gate needs one more weight than edges")
+        if not (np.isfinite(edges).all() and np.isfinite(weights).all()) or (np.diff(edges) < 0).any() \
+                or ((weights < 0) | (weights > 1)).any():
+            raise ValueError("gate edges must be finite and sorted, its weights in [0, 1]")
         return cls(edges, weights)
 
 

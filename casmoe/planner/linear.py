@@ -54,9 +54,17 @@ class LinearEAP:
             np.savez(fh, weights=self.weights, mean=self.mean)
 
     @classmethod
-    def load(cls, folder: Path) -> LinearEAP:
-        with np.load(folder / FILE, allow_pickle=False) as a:
-            return cls(a["weights"], a["mean"])
+    def load(cls, folder: Path, layers: int, experts: int, inputs: int) -> LinearEAP:
+        """Read and check `eap_linear.npz` against the planner's geometry and the embedding's
+        `inputs` dimensions (a PlannerError naming the file otherwise)."""
+        from casmoe.npz import read_npz, require
+        from casmoe.planner.config import PlannerError
+
+        where = folder / FILE
+        a = read_npz(where, PlannerError)
+        weights = require(a, "weights", (inputs + 1, layers * experts), "f", str(where), PlannerError)
+        mean = require(a, "mean", (layers, experts), "f", str(where), PlannerError)
+        return cls(weights.astype(np.float32), mean.astype(np.float32))
 
     def nbytes(self) -> int:
         return int(self.weights.nbytes + self.mean.nbytes)

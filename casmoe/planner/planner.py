@@ -53,6 +53,8 @@ VERSION = 2
 """v2: stages listed in planner.json (a prompt-free planner has the trajectory alone), the
 confidence gate, the linear predictor; v1 folders (matcher + transformer, epsilon gate) load."""
 META = "planner.json"
+STAGE_SETS = (["eam", "eap"], ["eam", "eap", "trajectory"], ["trajectory"])
+"""What `planner.json`'s `stages` may list (`Planner.stages`): the prompt stages come together."""
 EMBED_CACHE = 256
 """Prompts whose embeddings are kept, so `observe` after `predict` does not embed twice."""
 
@@ -364,7 +366,7 @@ def load_planner(path: str | Path) -> Planner:
     """Read a planner folder written by `Planner.save`: the manifest first (a mixed, truncated
     or damaged folder is refused naming the file), then every component checked against
     `planner.json` and each other; a clear error for anything else."""
-    from casmoe.planner.eam import INDEX, PATTERNS, Matcher
+    from casmoe.planner.eam import EMBED_DIM, INDEX, PATTERNS, Matcher
 
     folder = Path(path)
     meta, manifest = _read_meta(folder)
@@ -375,6 +377,9 @@ def load_planner(path: str | Path) -> Planner:
         gate = ConfidenceGate.from_dict(meta["gate"]) if "gate" in meta else None
     except (KeyError, TypeError, ValueError) as exc:  # PlannerError is a ValueError
         raise PlannerError(f"{folder / META}: bad config: {exc}") from None
+    if stages not in STAGE_SETS:
+        raise PlannerError(f"{folder / META}: stages {stages!r}, expected one of "
+                           f"{' or '.join(map(repr, STAGE_SETS))}; refit with casmoe planner fit")
     linear = config.eap.kind == "linear"
     need = ([INDEX, PATTERNS, LINEAR_FILE if linear else "eap.safetensors"] if "eam" in stages else [])
     need += [TRAJECTORY_FILE] if "trajectory" in stages else []
@@ -386,7 +391,7 @@ def load_planner(path: str | Path) -> Planner:
         if "eam" in stages:
             matcher = Matcher.load(folder, config.neighbours, geometry.layers, geometry.experts)
             if linear:
-                predictor = LinearEAP.load(folder)
+                predictor = LinearEAP.load(folder, geometry.layers, geometry.experts, EMBED_DIM)
             else:
                 from casmoe.planner.eap import EAP
 
@@ -394,7 +399,7 @@ def load_planner(path: str | Path) -> Planner:
         if "trajectory" in stages:
             from casmoe.planner.trajectory import Trajectory
 
-            trajectory = Trajectory.load(folder)
+            trajectory = Trajectory.load(folder, geometry.layers, geometry.experts)
     except PlannerError:
         raise
     except (KeyError, TypeError, ValueError, OSError) as exc:

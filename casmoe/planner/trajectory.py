@@ -191,11 +191,25 @@ class Trajectory:
             )
 
     @classmethod
-    def load(cls, folder: Path) -> Trajectory:
-        with np.load(folder / FILE, allow_pickle=False) as a:
-            horizon, cadence, neighbours = (int(x) for x in a["settings"])
-            paths = PathMatcher(a["prefill_keys"], a["decode_keys"], a["decode"], neighbours)
-            return cls(a["weights"].astype(np.float64), paths, a["popularity"], horizon, cadence)
+    def load(cls, folder: Path, layers: int, experts: int) -> Trajectory:
+        """Read and check `trajectory.npz` against the planner's geometry and itself (the three
+        path arrays hold the same stored requests): a PlannerError naming the file otherwise."""
+        from casmoe.npz import read_npz, require
+        from casmoe.planner.config import PlannerError
+
+        where = folder / FILE
+        a = read_npz(where, PlannerError)
+        n = len(a.get("decode", ()))
+        got = {name: require(a, name, shape, kind, str(where), PlannerError) for name, shape, kind in (
+            ("weights", (len(FEATURES),), "f"), ("prefill_keys", (n, layers * experts), "f"),
+            ("decode_keys", (n, layers * experts), "f"), ("decode", (n, layers, experts), "f"),
+            ("popularity", (layers, experts), "f"), ("settings", (3,), "i"))}
+        horizon, cadence, neighbours = (int(x) for x in got["settings"])
+        if horizon < 0 or cadence < 1 or neighbours < 1:
+            raise PlannerError(f"{where}: settings horizon={horizon}, cadence={cadence}, neighbours={neighbours} "
+                               "out of range (horizon >= 0, cadence and neighbours >= 1); refit")
+        paths = PathMatcher(got["prefill_keys"], got["decode_keys"], got["decode"], neighbours)
+        return cls(got["weights"].astype(np.float64), paths, got["popularity"], horizon, cadence)
 
     def nbytes(self) -> int:
         p = self.paths
