@@ -7,9 +7,12 @@ Policy specs (`lru`, `sch[m=4]`) are parsed by `casmoe.policies.spec`, beside th
 
 from __future__ import annotations
 
+import os
 import re
+import types
+import typing
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from casmoe.cache import Capacity, MissMode
 from casmoe.errors import CasmoeError
@@ -105,3 +108,31 @@ def parse_quant(text: str | Quant | None, what: str = "--quant") -> Quant | None
         return Quant(str(text).strip().lower())
     except ValueError:
         raise OptionError(f"unknown {what} {text!r}; one of {', '.join(q.value for q in Quant)}") from None
+
+
+_SCALARS = (str, int, float, bool, type(None), os.PathLike)
+
+
+def _scalar_types(hint: Any) -> tuple[type, ...] | None:
+    """The classes a scalar annotation admits (float admits int, as Python's numeric tower
+    does), or None for a compound one (lists, callables, specs) that its function checks."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    classes = tuple(typing.get_origin(o) or o for o in options)
+    if not all(c in _SCALARS for c in classes):
+        return None
+    return classes + ((int,) if float in classes else ())
+
+
+def check_arguments(function: Callable[..., Any], arguments: Mapping[str, Any]) -> None:
+    """Refuse in one line an argument of a Python API function whose scalar annotation rules it
+    out (`hardware=None`, `seed="a"`, `rate="fast"`): the library would otherwise fail deep inside
+    with a TypeError, or take a bool for a number. Compound arguments are left to the function."""
+    hints = typing.get_type_hints(function)
+    for name, value in arguments.items():
+        allowed = _scalar_types(hints.get(name)) if name in hints else None
+        if allowed is None:
+            continue
+        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+            names = " or ".join(sorted({"None" if c is type(None) else "a path" if c is os.PathLike else c.__name__
+                                        for c in allowed}))
+            raise OptionError(f"{function.__name__}(): {name} must be {names}, got {value!r}")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from casmoe.errors import CasmoeError
-from casmoe.options import CapacitySpec
+from casmoe.options import CapacitySpec, check_arguments
 from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.selection import Selection
 from casmoe.shipped import DEFAULT_TRACE, shipped
@@ -79,7 +79,7 @@ def simulate(
     *,
     global_capacities: int | str | Iterable[int | str] | None = None,
     model: str | None = None,
-    hardware: str = "rtx4090x4",
+    hardware: str | os.PathLike[str] = "rtx4090x4",
     batch: int = 1,
     miss_mode: str = "load",
     quant: str | None = None,
@@ -106,6 +106,7 @@ def simulate(
     """Simulate `policies` x `capacities` on `hardware`; the arguments are `casmoe simulate`'s
     options (see `casmoe simulate --help`), with its defaults. `timeline` writes a
     Chrome/Perfetto trace of the first run; `progress(done, total)` is called after each run."""
+    check_arguments(simulate, locals())
     policy_texts = [p.label if isinstance(p, PolicySpec) else p for p in _texts(policies)]
     caps = [CapacitySpec(str(c)) for c in _texts(capacities)]
     caps += [CapacitySpec(str(c), per_layer=False) for c in _texts(global_capacities)]
@@ -134,6 +135,9 @@ def simulate(
             records.append({**p.describe(), "skipped": str(exc)})
         if progress is not None:
             progress(i + 1, len(plan.points))
+    if all("skipped" in r for r in records):  # nothing to report: a refusal, not an empty table
+        raise CasmoeError(f"no run could be simulated; {records[0]['policy']} @ {records[0]['capacity_spec']}: "
+                          f"{records[0]['skipped']}")
     if recorder is not None:
         recorder.write(Path(timeline))
     return Results(records, plan)

@@ -323,6 +323,26 @@ def test_the_python_api_takes_the_cli_options_and_defaults():
         casmoe.sim.simulate(policies="lru", capacities=[2], batch=0, requests=2)
 
 
+@pytest.mark.parametrize("kw,needle", [
+    (dict(hardware=None), "hardware must be"), (dict(seed="a", arrival="poisson", rate=0.5), "seed must be int"),
+    (dict(rate="fast"), "rate must be"), (dict(pinned="yes"), "pinned must be bool"),
+    (dict(batch=True), "batch must be int"), (dict(users=2.5), "users must be"), (dict(timeline=3), "timeline must be"),
+    (dict(allow_overcommit=1), "allow_overcommit must be bool"), (dict(split=None), "split must be str"),
+])
+def test_the_python_api_refuses_arguments_of_the_wrong_type_in_one_line(kw, needle):
+    with pytest.raises(CasmoeError, match=needle) as info:
+        casmoe.sim.simulate(policies="lru", capacities=[2], requests=2, **kw)
+    assert "\n" not in str(info.value)
+
+
+def test_a_what_if_none_of_whose_runs_can_run_is_refused():
+    # every policy at a capacity below top_k: each run is skipped, so there is nothing to report
+    with pytest.raises(CasmoeError, match="no run could be simulated.*below the 2 experts"):
+        casmoe.sim.simulate(policies=["lru", "lfu"], capacities=[0], requests=2)
+    res = casmoe.sim.simulate(policies=["lru", "lfu"], capacities=[0, 2], requests=2)  # some runs: they are reported
+    assert sorted((r["capacity_spec"], "skipped" in r) for r in res.records) == [("0", True), ("0", True), ("2", False), ("2", False)]
+
+
 # ---- serving flags, files -----------------------------------------------------------------------------
 
 
