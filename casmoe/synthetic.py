@@ -207,8 +207,8 @@ class SynthConfig:
     meta: dict = field(default_factory=dict, compare=False)
 
     def check(self, geometry: Geometry) -> None:
-        if self.requests < 0:
-            raise SynthError("requests must be >= 0")
+        if self.requests < 1:
+            raise SynthError(f"requests must be >= 1 (a trace with no request measures nothing), got {self.requests}")
         if not 1 <= self.tasks <= len(TASKS):
             raise SynthError(f"tasks must be in [1, {len(TASKS)}] (known: {', '.join(TASKS)})")
         if self.zipf < 0:

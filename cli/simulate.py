@@ -256,6 +256,10 @@ def sweep(
     address = ray_target(ray, ray_address)
     records, computed = run_grid(points, out, jobs=jobs, ray_address=address, progress=advance)
     bar.close()
+    if records and all("skipped" in r for r in records):  # nothing to report: a refusal, not an empty table
+        first = records[0]
+        raise CasmoeError(f"no point of the sweep could be simulated; {first['policy']} @ {first['capacity_spec']}: "
+                          f"{first['skipped']}")
     _report(out, records, as_json, f"sweep: {len(points)} points, {computed} computed now", None,
             "serving" if any("arrival" in r for r in records) else "", False)
 

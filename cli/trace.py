@@ -49,7 +49,7 @@ def synth(
     top_k: Optional[int] = typer.Option(None, help="Override the preset's routed experts per token; with "
                                         "--like, extrapolate the fitted routing to this many (the same "
                                         "expert ranking, its first K; see casmoe.synthetic_fit)."),
-    requests: int = typer.Option(300, min=0, help="Number of requests."),
+    requests: int = typer.Option(300, min=1, help="Number of requests."),
     tasks: Optional[int] = typer.Option(
         None, min=1, help="Task clusters (code, math, cooking, ...) [default: 6; with --like: the trace's own labels]."
     ),
