@@ -397,11 +397,39 @@ def planner_folder(d: Path, name: str = "p", seed: int = 0, prompts: int = 12) -
     Planner(g, cfg, matcher, predictor, FitData.of(trace, trace, patterns[:3])).save(d / name)
 
 
-def damaged_planner(change: Callable[[Path], None]) -> Callable[[Path], None]:
+def planner_folder_v2(d: Path, name: str = "p") -> None:
+    """Today's default kind of planner for small_trace's geometry (ridge predictor, confidence
+    gate, trajectory stage) from parts, through the library's own save."""
+    from casmoe.geometry import Geometry
+    from casmoe.planner import EAPConfig, Planner, PlannerConfig
+    from casmoe.planner.eam import EMBED_DIM, Matcher
+    from casmoe.planner.fitdata import FitData
+    from casmoe.planner.gate import ConfidenceGate
+    from casmoe.planner.linear import LinearEAP
+    from casmoe.planner.trajectory import fit_trajectory
+    from casmoe.synthetic import SynthConfig, generate
+
+    g, rng = Geometry(4, 8, 2), np.random.default_rng(0)
+    keys = rng.normal(size=(12, EMBED_DIM)).astype(np.float32)
+    patterns = rng.random((12, g.layers, g.experts)).astype(np.float32)
+    patterns /= patterns.sum(-1, keepdims=True)
+    trace = generate(g, SynthConfig(requests=6, prefill=(2, 4), decode=(4, 6), seed=0))
+    for i, r in enumerate(trace.requests):
+        r.prompt, r.task = f"prompt {i}", "t"
+    cfg = PlannerConfig(eap=EAPConfig(kind="linear"))
+    Planner(g, cfg, Matcher.build(keys, patterns, 5, 0), LinearEAP.fit(keys, patterns),
+            FitData.of(trace, trace, patterns[:6]), ConfidenceGate(np.zeros(0), np.array([0.5])),
+            fit_trajectory(trace, None, horizon=2)).save(d / name)
+
+
+def damaged_planner(change: Callable[[Path], None], build: Callable[[Path], None] = planner_folder,
+                    manifest: bool = True) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
         small_trace(d)
-        planner_folder(d)
+        build(d)
         change(d / "p")
+        if not manifest:  # a folder from before manifests (or a user who deleted it): each file's own checks
+            (d / "p" / "manifest.json").unlink()
 
     return setup
 
@@ -586,6 +614,19 @@ def probes_19() -> list[Probe]:
               setup=damaged_planner(planner_json(lambda m: m["geometry"].update(experts=9)))),
         Probe(pf, "fit entry of the wrong type", serve,
               setup=damaged_planner(planner_json(lambda m: m["fit"].update(requests="3")))),
+        Probe(pf, "eap_linear.npz truncated, no manifest", serve,
+              setup=damaged_planner(truncate("eap_linear.npz"), planner_folder_v2, manifest=False)),
+        Probe(pf, "trajectory.npz truncated, no manifest", serve,
+              setup=damaged_planner(truncate("trajectory.npz"), planner_folder_v2, manifest=False)),
+        Probe(pf, "unknown stage in planner.json, no manifest", serve,
+              setup=damaged_planner(planner_json(lambda m: m.update(stages=["eam", "oracle"])), planner_folder_v2,
+                                    manifest=False)),
+        Probe(f"{SW} 7 nothing measured", "simulate: every policy at a capacity below top_k", sim + ["--capacity", "0"],
+              check=no_tmp_left(one_line_error)),
+        Probe(f"{SW} 7 nothing measured", "sweep: every point below top_k", ["sweep", "g.toml", "--out", "sw"],
+              setup=grid("capacities = [0, 1]")),
+        Probe(f"{SW} 7 nothing measured", "trace synth --requests 0", ["trace", "synth", "o.npz", "--requests", "0"],
+              check=refused),
         Probe(f"{TB} 16 disk full", "planner fit to a full disk",
               ["planner", "fit", "--trace", "t.npz", "--out", "full/p", "--epochs", "1", "--holdout-every", "0"],
               setup=prompt_trace, check=no_partial_folder("full/p"), slow=True),

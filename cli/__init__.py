@@ -1,7 +1,8 @@
 """`casmoe` command line. Each module registers its subcommands on `app`.
 
 `main` is the one place that turns failures into messages: errors users can fix
-(`CasmoeError`), operating-system errors (disk full, permission, a directory where a file is
+(`CasmoeError`, and the command line's own usage errors: a misspelt flag, a value out of
+range), operating-system errors (disk full, permission, a directory where a file is
 meant) and faults raised inside a user's own policy module print one line and exit 2; SIGTERM
 unwinds like Ctrl-C so that no temporary file is left behind. `CASMOE_DEBUG=1` shows the
 traceback instead.
@@ -80,7 +81,9 @@ def main() -> None:
 def _run() -> None:
     debug = os.environ.get("CASMOE_DEBUG", "") not in ("", "0")
     try:
-        finite_floats(typer.main.get_command(app))()
+        code = finite_floats(typer.main.get_command(app)).main(standalone_mode=False)
+        if isinstance(code, int) and code:  # `--help` and typer.Exit return their exit status here
+            sys.exit(code)
     except CasmoeError as exc:
         if debug:
             raise
@@ -94,10 +97,26 @@ def _run() -> None:
             raise
         _fail("out of memory; use a smaller input (--requests, fewer policies or capacities) or a bigger machine")
     except Exception as exc:
+        _command_line_fault(exc)  # exits when it is one
         where = _user_frame(exc.__traceback__)
         if debug or where is None:
             raise
         _fail(f"your code raised {type(exc).__name__}: {exc} (at {where}; CASMOE_DEBUG=1 shows the traceback)")
+
+
+def _command_line_fault(exc: Exception) -> None:
+    """Exit on click's own faults (click's, or the copy typer vendors: matched by class name):
+    a usage error is one line like every other error, a bare group prints its help."""
+    kinds = {c.__name__ for c in type(exc).__mro__}
+    ctx = getattr(exc, "ctx", None)
+    if "NoArgsIsHelpError" in kinds:  # `casmoe` or `casmoe trace` alone
+        print(ctx.get_help() if ctx else exc.format_message(), file=sys.stderr)  # type: ignore[attr-defined]
+        sys.exit(2)
+    if "UsageError" in kinds:  # a misspelt flag, a value out of range, a missing argument
+        _fail(f"{exc.format_message()} (see `{ctx.command_path if ctx else 'casmoe'} --help`)")  # type: ignore[attr-defined]
+    if "Abort" in kinds:  # Ctrl-C, or the end of input at a prompt
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
 
 
 def _fail(message: str) -> None:

@@ -604,3 +604,20 @@ def test_synth_refuses_a_trace_of_no_request(tmp_path, monkeypatch, capsys):
     assert code == 2 and not (tmp_path / "x.npz").exists()
     with pytest.raises(Exception, match="requests must be >= 1"):
         generate(G, SynthConfig(requests=0))
+
+
+@pytest.mark.parametrize("argv", [
+    ["simulate", "--batch", "0"], ["simulate", "--bogus-flag"], ["trace", "synth"], ["replay", "--capacity"],
+    ["simulate", "--batch", "many"], ["planner", "fit", "--neighbours", "0"], ["lrc", "--replicates", "-1"],
+], ids=" ".join)
+def test_command_line_usage_errors_are_one_line_too(argv, tmp_path, monkeypatch, capsys):
+    """click's own faults (a value out of range, a misspelt flag, a missing argument) follow the
+    rule of every other error: `casmoe: error: ...` on one line, exit 2, naming where help is."""
+    code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert "--help" in err
+
+
+def test_a_bare_group_prints_its_help(tmp_path, monkeypatch, capsys):
+    code, _, err = cli(["trace"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "Usage:" in err and "trace [OPTIONS] COMMAND" in err and "synth" in err
