@@ -82,8 +82,7 @@ def _run() -> None:
     debug = os.environ.get("CASMOE_DEBUG", "") not in ("", "0")
     try:
         code = finite_floats(typer.main.get_command(app)).main(standalone_mode=False)
-        if isinstance(code, int) and code:  # `--help` and typer.Exit return their exit status here
-            sys.exit(code)
+        sys.exit(code if isinstance(code, int) else 0)  # `--help` and typer.Exit return their status here
     except CasmoeError as exc:
         if debug:
             raise
