@@ -32,6 +32,7 @@ import numpy as np
 from casmoe.backends.corpus import CorpusEntry
 from casmoe.errors import CasmoeError
 from casmoe.trace import NOT_COMPUTED, Request, Trace
+from casmoe.trace_io import load_trace, save_trace
 
 if TYPE_CHECKING:
     from casmoe.backends.generate import Pick
@@ -347,10 +348,10 @@ def record(model_name: str, prompts: list[CorpusEntry], out: Path | str,
             requests += record_batch(model, recorder, tokenizer, batch, first, settings)
             bar.update(len(batch))
             if len(requests) % checkpoint_every < settings.batch and len(requests) < len(prompts):
-                _trace(geometry, requests, prompts, meta).save(partial_path(out))
+                save_trace(_trace(geometry, requests, prompts, meta), partial_path(out))
     bar.close()
     trace = _trace(geometry, requests, prompts, meta)
-    trace.save(out)
+    save_trace(trace, out)
     partial_path(out).unlink(missing_ok=True)
     return trace
 
@@ -360,7 +361,7 @@ def _resume(partial: Path, model: str, fingerprint: str, settings: RecordSetting
     naming what changed otherwise; none when there is no partial file."""
     if not partial.exists():
         return []
-    trace = Trace.load(partial)
+    trace = load_trace(partial)
     done = trace.meta
     if done.get("fingerprint") == fingerprint:
         return trace.requests

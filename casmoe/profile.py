@@ -158,9 +158,9 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
     arrays = _npz_arrays(path)
     if "counts" in arrays:
         return Profile._from_arrays(arrays, str(path))
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
-    trace = Trace.load(path)
+    trace = load_trace(path)
     counts = trace.popularity().astype(np.float64)
     check_counts(counts, str(path))
     return Profile(counts, {"source": "casmoe trace (routed counts of its computed token-layers)",

@@ -22,7 +22,7 @@ from casmoe.cache import CacheConfigError, Capacity, MissMode  # noqa: E402
 from casmoe.errors import CasmoeError  # noqa: E402
 from casmoe.policies import POLICIES, get_policy  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
-from casmoe.trace import Trace  # noqa: E402
+from casmoe.trace_io import load_trace, save_trace  # noqa: E402
 
 STEPS = 5
 LONG = [Prompt([1, 5, 9, 3, 7, 2], "a"), Prompt([4, 4, 8, 1], "b"), Prompt([9, 2, 2, 6, 30], "c")]
@@ -202,8 +202,8 @@ def test_recorded_trace_is_a_valid_trace(mixtral, tmp_path):
     model, _ = mixtral
     om = OffloadedModel(copy.deepcopy(model))
     run = om.reference(LONG, 4)
-    run.trace.save(tmp_path / "t.npz")
-    back = Trace.load(tmp_path / "t.npz")
+    save_trace(run.trace, tmp_path / "t.npz")
+    back = load_trace(tmp_path / "t.npz")
     assert [r.prefill for r in back.requests] == [len(p.ids) for p in LONG]
     assert back.tokens == sum(len(p.ids) + 3 for p in LONG)
     assert back.geometry == om.geometry

@@ -17,6 +17,7 @@ import numpy as np
 
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
+from casmoe.trace_io import validate_trace
 
 
 @dataclass
@@ -129,5 +130,5 @@ def build_trace(
     for i, r in enumerate(trace.requests):
         if r.output_ids is not None and (r.output_ids.ndim != 1 or (r.output_ids < 0).any()):
             raise TraceError(f"{requests[i].where}: output token ids must be a list of ids >= 0")
-    trace.validate(where)
+    validate_trace(trace, where)
     return trace
