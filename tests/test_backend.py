@@ -125,7 +125,7 @@ def test_pool_never_grows_and_slots_hold_their_expert_under_a_slow_link(mixtral)
 
     def check(om_: OffloadedModel, layer: int) -> None:
         om_.check_residency()
-        (d,) = om_._run
+        (d,) = om_.hooks.current.devices  # the open pass's device runtimes
         ptrs = {n: t.data_ptr() for n, t in d.pool.tensors.items()}
         assert ptrs == seen.setdefault("ptrs", ptrs)
         assert d.pool.nbytes == d.pool.slots * om_.geometry.layer_expert_bytes[0]
@@ -246,7 +246,7 @@ def test_zero_new_tokens_is_a_clear_error_and_leaves_the_model_usable(mixtral):
     om = OffloadedModel(copy.deepcopy(mixtral[0]))
     with pytest.raises(CasmoeError, match="max_new_tokens"):
         om.run(SHORT, get_policy("lru"), 2, max_new_tokens=0)
-    assert om._run is None  # the session let go of the model: a reference pass is un-offloaded
+    assert om.hooks.current is None  # no pass left open: a later forward is un-offloaded
     assert om.run(SHORT, get_policy("lru"), 2, max_new_tokens=1).generated == len(SHORT)
 
 

@@ -109,6 +109,42 @@ def _save_tiny(tmp_path: Path, kind: str = "olmoe") -> Path:
 
 
 
+def test_recording_and_serving_capture_routing_through_the_same_hooks() -> None:
+    """One set of router hooks (`forward_pass.RouterHooks`): a recording and an offloaded run of
+    the same prompt, greedy, route alike token for token; a router call outside an open pass, or
+    paused (a speculative guess), leaves nothing in it."""
+    from backend_models import tiny
+
+    from casmoe.backends.experts import find_moe_blocks
+    from casmoe.backends.forward_pass import ForwardPass, RouterHooks
+    from casmoe.backends.runtime import OffloadedModel, Prompt
+    from casmoe.policies import get_policy
+
+    prompt = [5, 17, 33, 2, 60, 41, 7]
+    model = tiny("mixtral", layers=3)
+    with rec.RoutingRecorder(model) as recorder:
+        [(rows, generated)] = rec.generate_and_record(model, recorder, [prompt], max_new_tokens=5)
+    run = OffloadedModel(tiny("mixtral", layers=3)).run([Prompt(prompt)], get_policy("lru"), 2, max_new_tokens=5)
+    [served] = run.trace.requests
+    assert run.requests[0].new_tokens == generated
+    np.testing.assert_array_equal(served.topk, rows["topk"])
+    np.testing.assert_array_equal(served.weights, rows["weights"])
+
+    blocks = find_moe_blocks(model)
+    hooks = RouterHooks(model, blocks)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        model(input_ids=ids)  # no pass open
+        p = hooks.open(ForwardPass(len(blocks)))
+        with hooks.paused():
+            model(input_ids=ids)
+        assert p.router_calls == 0 and p.topk == [None] * len(blocks)
+        model(input_ids=ids)
+    hooks.remove()
+    assert hooks.close() is p and p.router_calls == len(blocks)
+    np.testing.assert_array_equal(p.routing()[0], rows["topk"][: len(prompt)])
+
+
 @pytest.mark.parametrize("kind", ["mixtral", "olmoe", "qwen2_moe"])
 def test_teacher_pass_equals_step_by_step_decoding(kind: str) -> None:
     model = tiny_model(kind)
