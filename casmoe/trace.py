@@ -29,8 +29,6 @@ import numpy as np
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
 
-FORMAT_NAME = "casmoe-trace"
-FORMAT_VERSION = 1
 NOT_COMPUTED = -1
 """Expert id marking a token-layer that the recording engine did not compute."""
 
