@@ -162,6 +162,17 @@ def validate_trace(trace: Trace, where: str = "<trace>") -> None:
         _check_rows(where, cat("topk"), cat("weights"), np.cumsum([0] + [r.tokens for r in trace.requests]))
 
 
+def checked_trace(geometry: Geometry, requests: list[Request], meta: dict[str, Any], where: str) -> Trace:
+    """The trace an importer read from `where`, built and validated as a loaded file is: every
+    fault, from construction on, names `where`."""
+    try:
+        trace = Trace(geometry, requests, meta)
+    except TraceError as exc:
+        raise exc.within(where) from None
+    validate_trace(trace, where)
+    return trace
+
+
 def _check_rows(where: str, topk: np.ndarray, weights: np.ndarray, offsets: np.ndarray) -> None:
     """What construction does not check, on the concatenated rows: a gap is a whole row of
     `NOT_COMPUTED` with zero weights, and no token routes to the same expert twice."""

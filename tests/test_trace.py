@@ -405,3 +405,18 @@ def test_construction_checks_are_array_wide_not_per_token():
     t0 = time.process_time()
     Trace(g, [Request(topk, weights, 100)])
     assert time.process_time() - t0 < 0.5
+
+
+def test_an_imported_trace_names_its_file_from_construction_on():
+    from casmoe.trace_io import checked_trace
+
+    g = Geometry(layers=2, experts=4, top_k=2)
+    high = _parts()
+    high["topk"][0, 0, 0] = 7
+    with pytest.raises(TraceError, match=r"^dump\.json: request 0: token 0: layer 0: expert id 7 outside \[0, 4\)$"):
+        checked_trace(g, [Request(**high)], {}, "dump.json")
+    twice = _parts()
+    twice["topk"][1, 1] = [2, 2]
+    with pytest.raises(TraceError, match=r"^dump\.json: request 0: token 1: layer 1: routes to the same expert twice"):
+        checked_trace(g, [Request(**twice)], {}, "dump.json")
+    assert checked_trace(g, [Request(**_parts())], {"source": "x"}, "dump.json").meta == {"source": "x"}
