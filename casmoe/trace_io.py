@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from casmoe.geometry import Geometry, GeometryError
-from casmoe.npz import check_sizes
+from casmoe.npz import check_sizes, format_meta
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
 
 FORMAT_NAME = "casmoe-trace"
@@ -208,16 +208,7 @@ def _check_rows(where: str, topk: np.ndarray, weights: np.ndarray, offsets: np.n
 
 def _meta(raw: np.ndarray, where: str) -> tuple[dict[str, Any], Geometry]:
     """The archive's JSON metadata and the geometry it declares."""
-    if raw.dtype != np.uint8 or raw.ndim != 1:
-        raise TraceError(f"{where}: metadata must be a 1-D uint8 array of JSON text")
-    try:
-        meta = json.loads(raw.tobytes().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{where}: metadata is not valid JSON: {exc}") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise TraceError(f"{where}: not a {FORMAT_NAME} file")
-    if meta.get("version") != FORMAT_VERSION:
-        raise TraceError(f"{where}: unknown format version {meta.get('version')!r} (this casmoe reads {FORMAT_VERSION})")
+    meta = format_meta(raw, where, TraceError, FORMAT_NAME, FORMAT_VERSION)
     try:
         geometry = Geometry.from_dict(meta["geometry"])
     except (KeyError, TypeError, ValueError, GeometryError) as exc:
