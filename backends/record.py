@@ -3,7 +3,8 @@
 Forward hooks on every MoE block's router (`mlp.gate`, which returns `(logits, weights,
 indices)` in the Mixtral, OLMoE, Qwen2-MoE and Qwen3-MoE classes) capture the experts and the
 router weights exactly as the model applies them, so the trace is the model's routing, not a
-re-derivation of it. With `spec`, hooks on the decoder layers keep each MoE layer's output
+re-derivation of it. They are the backend's own router hooks (`forward_pass.RouterHooks`): a
+served run and a recording capture routing the same way. With `spec`, hooks on the decoder layers keep each MoE layer's output
 hidden state and layer l+1's router is applied to it (through layer l+1's pre-MoE norm, the
 input the router is trained on): that is what a speculative next-layer prefetch would see.
 
@@ -32,8 +33,10 @@ import numpy as np
 from casmoe.backends.corpus import CorpusEntry
 from casmoe.errors import CasmoeError
 from casmoe.trace import NOT_COMPUTED, Request, Trace
+from casmoe.trace_io import load_trace, save_trace
 
 if TYPE_CHECKING:
+    from casmoe.backends.forward_pass import RouterHooks
     from casmoe.backends.generate import Pick
 
 
@@ -84,76 +87,54 @@ class RecordSettings:
 
 
 class RoutingRecorder:
-    """Hooks that capture one forward pass's routing; use as a context manager."""
+    """Capture each forward pass's routing through the backend's router hooks
+    (`forward_pass.RouterHooks`, the ones serving uses); use as a context manager."""
 
     def __init__(self, model: Any, logits: bool = False, spec: bool = False) -> None:
         from casmoe.backends.experts import find_moe_blocks
 
         self.model = model
         self.blocks = find_moe_blocks(model)  # raises NotMoEModel (a CasmoeError) otherwise
-        self.decoder = model.model.layers
         self.want_logits, self.want_spec = logits, spec
-        self._handles: list[Any] = []
-        self._paused = False
-        self._gate: list[tuple[Any, Any, Any]] = []
-        self._hidden: list[Any] = []
+        self._hooks: RouterHooks | None = None
 
     def __enter__(self) -> RoutingRecorder:
-        for block in self.blocks:
-            self._handles.append(block.gate.register_forward_hook(self._on_gate))
-            if self.want_spec:
-                layer = self.decoder[block.decoder_index]
-                self._handles.append(layer.register_forward_hook(self._on_layer))
+        from casmoe.backends.forward_pass import RouterHooks
+
+        self._hooks = RouterHooks(self.model, self.blocks, hidden=self.want_spec)
+        self._open()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
 
-    def _on_gate(self, module: Any, args: Any, output: Any) -> None:
-        if not self._paused:
-            logits, weights, indices = output
-            self._gate.append((indices, weights, logits if self.want_logits else None))
+    def _open(self) -> None:
+        from casmoe.backends.forward_pass import ForwardPass
 
-    def _on_layer(self, module: Any, args: Any, output: Any) -> None:
-        self._hidden.append(output[0] if isinstance(output, tuple) else output)
+        self._hooks.open(ForwardPass(len(self.blocks), keep_logits=self.want_logits, keep_hidden=self.want_spec))
 
     def take(self, batch: int = 1) -> dict[str, np.ndarray]:
         """The routing of the forward pass since the last take: arrays [batch, T, L, .]."""
-        import torch
+        from casmoe.backends.forward_pass import router_pick
 
+        p = self._hooks.close()
+        self._open()
         L = len(self.blocks)
-        if len(self._gate) != L:
-            raise RecordError(f"captured {len(self._gate)} router calls for {L} MoE layers; "
+        if p.router_calls != L:
+            raise RecordError(f"captured {p.router_calls} router calls for {L} MoE layers; "
                               "record one forward pass at a time")
-
-        def stack(i: int) -> np.ndarray:  # L x [batch * T, n] -> [batch, T, L, n]
-            arr = np.stack([g[i].detach().float().cpu().numpy() if i else g[i].cpu().numpy()
-                            for g in self._gate], axis=1)
-            return arr.reshape(batch, -1, *arr.shape[1:])
-
-        out = {"topk": stack(0), "weights": stack(1)}
+        topk, weights = p.routing()  # [batch * T, L, k]
+        out = {"topk": topk, "weights": weights}
         if self.want_logits:
-            out["logits"] = stack(2)
+            out["logits"] = np.stack(p.logits, axis=1)
         if self.want_spec:
-            spec = np.full_like(out["topk"], NOT_COMPUTED)
-            self._paused = True
-            try:
-                with torch.no_grad():
-                    for j in range(L - 1):
-                        nxt = self.blocks[j + 1]
-                        norm = getattr(self.decoder[nxt.decoder_index], "post_attention_layernorm",
-                                       torch.nn.Identity())
-                        hidden = self._hidden[j].reshape(-1, self._hidden[j].shape[-1])
-                        picked = nxt.gate(norm(hidden))[2].cpu().numpy()  # [batch * T, k]
-                        spec[:, :, j] = picked.reshape(batch, -1, picked.shape[-1])
-            finally:
-                self._paused = False
+            spec = np.full_like(topk, NOT_COMPUTED)
+            for j in range(L - 1):  # row j: layer j+1's router on layer j's output
+                spec[:, j] = router_pick(self.model, self.blocks[j + 1], self._hooks, p.hidden[j])
             out["spec"] = spec
-        self._gate.clear()
-        self._hidden.clear()
-        return out
+        return {name: arr.reshape(batch, -1, *arr.shape[1:]) for name, arr in out.items()}
 
 
 class Sampler:
@@ -347,10 +328,10 @@ def record(model_name: str, prompts: list[CorpusEntry], out: Path | str,
             requests += record_batch(model, recorder, tokenizer, batch, first, settings)
             bar.update(len(batch))
             if len(requests) % checkpoint_every < settings.batch and len(requests) < len(prompts):
-                _trace(geometry, requests, prompts, meta).save(partial_path(out))
+                save_trace(_trace(geometry, requests, prompts, meta), partial_path(out))
     bar.close()
     trace = _trace(geometry, requests, prompts, meta)
-    trace.save(out)
+    save_trace(trace, out)
     partial_path(out).unlink(missing_ok=True)
     return trace
 
@@ -360,7 +341,7 @@ def _resume(partial: Path, model: str, fingerprint: str, settings: RecordSetting
     naming what changed otherwise; none when there is no partial file."""
     if not partial.exists():
         return []
-    trace = Trace.load(partial)
+    trace = load_trace(partial)
     done = trace.meta
     if done.get("fingerprint") == fingerprint:
         return trace.requests

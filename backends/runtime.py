@@ -8,7 +8,9 @@ with `geometry.split_layers`, the simulator's split; each device has its own cac
 of its layers only), slot pool and loader, and all share the store and the optional RAM tier.
 
 Requests run through the shared decode loop (`generate.py`, driven by `session.py`): prefill alone, then decode in
-groups of `batch`. Prefill is one step whose experts are the union of the prompt's tokens'
+groups of `batch`. Each pass's state travels in a `ForwardPass` (forward_pass.py) that the session
+opens on the model before the pass and reads back after: which device runtimes compute, the step,
+prefill or decode, and the routing the router hooks captured. Prefill is one step whose experts are the union of the prompt's tokens'
 choices, ordered as `Trace.steps` orders them; a batched decode step routes the union of its
 tokens' experts, in token order. So a replay of the trace recorded here, with the same batch,
 makes the same decisions. Without a session (`reference`), every layer calls the model's own
@@ -28,7 +30,7 @@ import torch
 from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.geometry import split_layers
-from casmoe.trace import NOT_COMPUTED, Future, Trace, prefill_step
+from casmoe.trace import Future, Trace, prefill_step
 
 from casmoe.backends.adapters import adapter_for
 from casmoe.backends.copier import EmulatedLink
@@ -42,6 +44,7 @@ from casmoe.backends.experts import (
     find_moe_blocks,
     model_geometry,
 )
+from casmoe.backends.forward_pass import ForwardPass, RouterHooks, router_pick
 from casmoe.backends.hostcache import HostTier, HostCache
 from casmoe.backends.expert_ops import plan_class
 from casmoe.backends.session import RunResult, Session
@@ -89,16 +92,9 @@ class OffloadedModel:
         for i, b in enumerate(blocks):
             b.block.experts = OffloadedExperts(i, self)  # the model's own experts are dropped
             _decoder(model).layers[b.decoder_index].register_forward_pre_hook(self._make_before(i))
-            b.gate.register_forward_hook(self._make_scores(i))
         self.blocks = [MoEBlock(b.decoder_index, b.block, b.block.experts, b.gate) for b in blocks]
+        self.hooks = RouterHooks(model, self.blocks)  # fill the open ForwardPass with each layer's routing
         self._place_dense()
-        self._run: list[DeviceRuntime] | None = None  # None: reference mode (experts from the store)
-        self._step = 0
-        self._prefill = False
-        self._scores: list[np.ndarray | None] = [None] * len(blocks)
-        self._rows: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(blocks)
-        self._guesses: list[np.ndarray | None] = [None] * len(blocks)  # this pass's live guesses, per layer
-        self._want_scores = False
         self._reference: dict[torch.device, dict[str, torch.Tensor]] = {}  # per device: one layer's experts
         self.on_layer: Callable[[OffloadedModel, int], None] | None = None
 
@@ -129,74 +125,51 @@ class OffloadedModel:
 
     def _make_before(self, layer: int) -> Callable[..., None]:
         def hook(module: Any, args: Any) -> None:
-            run = self._run
-            if run is not None:
-                d = run[self._device_of[layer]]
+            p = self.hooks.current
+            if p is not None and p.devices is not None:
+                d = p.devices[self._device_of[layer]]
                 local = layer - d.layers.start
                 guess = getattr(d.cache, "guess", None)  # a speculative policy takes the live guess
                 if guess is not None and local > 0:
-                    guess(local, self.router_pick(layer, args[0]))
-                d.before_layer(self._step, local)
+                    p.guesses[layer] = router_pick(self.model, self.blocks[layer], self.hooks, args[0])
+                    guess(local, p.guesses[layer])
+                d.before_layer(p.step, local)
 
         return hook
 
-    def router_pick(self, layer: int, hidden: torch.Tensor) -> np.ndarray:
-        """[tokens, k]: the experts MoE layer `layer`'s router picks from `hidden` (the previous
-        layer's output) through the layer's pre-MoE norm: the speculative guess, as
-        backends/record.py records it in `spec`."""
-        block = self.blocks[layer]
-        norm = getattr(_decoder(self.model).layers[block.decoder_index], "post_attention_layernorm", torch.nn.Identity())
-        want, self._want_scores = self._want_scores, False  # the guess is not the layer's routing
-        try:
-            with torch.no_grad():
-                picked = block.gate(norm(hidden.reshape(-1, hidden.shape[-1])))[2]
-        finally:
-            self._want_scores = want
-        self._guesses[layer] = rows = picked.cpu().numpy()
-        return rows
+    # ---- one pass ------------------------------------------------------------------------
 
-    def take_guesses(self) -> np.ndarray | None:
-        """[tokens, L, k] of the pass that just ran, as `spec` stores them (row l: layer l+1's
-        guess; NOT_COMPUTED where none was made), or None when the policy took no guesses."""
-        made = [(layer, g) for layer, g in enumerate(self._guesses) if g is not None]
-        if not made:
-            return None
-        first = made[0][1]
-        spec = np.full((len(first), len(self._guesses), first.shape[1]), NOT_COMPUTED, dtype=np.int64)
-        for layer, g in made:
-            spec[:, layer - 1] = g
-        self._guesses = [None] * len(self._guesses)
-        return spec
+    def open_pass(self, devices: Sequence[DeviceRuntime] | None, step: int, prefill: bool,
+                  keep_scores: bool = False) -> ForwardPass:
+        """Start a pass: `devices` compute the experts (None: the reference); the router hooks
+        fill the returned context, which `close_pass` hands back."""
+        return self.hooks.open(ForwardPass(self.geometry.layers, devices, step, prefill, keep_scores=keep_scores))
 
-    def _make_scores(self, layer: int) -> Callable[..., None]:
-        def hook(module: Any, args: Any, out: Any) -> None:
-            if self._want_scores:  # [T, E] router logits -> mean probability per expert
-                self._scores[layer] = torch.softmax(out[0].float(), dim=-1).mean(0).cpu().numpy()
-
-        return hook
+    def close_pass(self) -> ForwardPass:
+        return self.hooks.close()
 
     # ---- the per-layer path --------------------------------------------------------------
 
     def experts_forward(self, layer: int, hidden: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
-        """`layer`'s experts for the router's choices: [T, H] -> [T, H]."""
-        idx = top_k_index.cpu().numpy()  # [T, k]
-        self._rows[layer] = (idx, top_k_weights.float().cpu().numpy())
-        run = self._run
-        if run is None:  # the reference: the model's own function on its [E, ...] tensors
+        """`layer`'s experts for the router's choices: [T, H] -> [T, H]. The open pass's router
+        hook has captured the choices; outside a pass the layer computes as the reference."""
+        p = self.hooks.current
+        idx = top_k_index.cpu().numpy() if p is None else p.topk[layer]  # [T, k]
+        if p is None or p.devices is None:  # the reference: the model's own function on its [E, ...] tensors
             tensors = self.store.layer_tensors(layer, hidden.device, sorted(set(idx.ravel().tolist())),
                                                self._reference_buffer(hidden.device))
             return self.experts_fn(SlotView(self.experts_template, tensors), hidden, top_k_index, top_k_weights)
-        d = run[self._device_of[layer]]
+        d = p.devices[self._device_of[layer]]
         local = layer - d.layers.start
         E = self.geometry.experts
-        if self._prefill:
+        if p.prefill:
             offsets = np.full((1, 1, 1), local * E, dtype=np.int64)
-            experts = prefill_step(idx[:, None, :], self._rows[layer][1][:, None, :], offsets, E).experts[0]
+            experts = prefill_step(idx[:, None, :], p.weights[layer][:, None, :], offsets, E).experts[0]
         else:  # one token per request: the union in token order, as Trace.steps(batch) merges them
             experts = list(dict.fromkeys((idx.astype(np.int64) + local * E).ravel().tolist()))
         plan = self.plan_cls(self.attrs, hidden, top_k_index, top_k_weights)
-        out = d.layer(self._step, local, plan, experts, self._scores[layer])
+        out = d.layer(p.step, local, plan, experts, p.scores[layer])
         if self.on_layer is not None:
             self.on_layer(self, layer)
         return out
@@ -316,8 +289,10 @@ class OffloadedModel:
         return trace, caches
 
     def check_residency(self) -> None:
-        """Every device's slots hold what its cache says (raises AssertionError otherwise)."""
-        for d in self._run or ():
+        """Every device's slots hold what its cache says (raises AssertionError otherwise); during
+        a pass (e.g. from `on_layer`)."""
+        p = self.hooks.current
+        for d in (p.devices if p is not None else None) or ():
             d.check_residency()
 
 

@@ -1,7 +1,8 @@
 """One policy's run over requests (`Session`), its side of the decode loop (`_Passes`: cache
 events around requests, the step counter, timings, routing rows, logits), and what it measured
 (`RequestTiming`, `RunResult`). `OffloadedModel.session` builds one; without device runtimes a
-session runs the un-offloaded reference.
+session runs the un-offloaded reference. Each pass opens a `ForwardPass` on the model (its
+devices, step, prefill or decode) and reads the routing back from it when the pass is done.
 """
 
 from __future__ import annotations
@@ -106,12 +107,12 @@ class Session:
         om = self.om
         hooks = _Passes(self, prompts, keep_logits or full, full)
         t0 = time.perf_counter()
-        om._run, om._want_scores = self.devs, self.want_scores
         try:
-            tokens = generate_tokens(om.model, [p.ids for p in prompts], max_new_tokens, batch=batch, device=om.devices[0],
-                              hooks=hooks, **({} if follow is None else {"pick": forced(follow)}))
+            tokens = generate_tokens(om.model, [p.ids for p in prompts], max_new_tokens, batch=batch,
+                                     device=om.devices[0], hooks=hooks, **({} if follow is None else {"pick": forced(follow)}))
         finally:
-            om._run = None
+            if om.hooks.current is not None:  # a pass cut short (an exception): later forwards are not part of it
+                om.close_pass()
         self.wall += time.perf_counter() - t0
         self.timings += [replace(t, new_tokens=new) for t, new in zip(hooks.timings, tokens)]
         self.requests += hooks.requests
@@ -178,21 +179,18 @@ class _Passes:
                 self.s.devs[0].loader.submit(Ticket(-1, -1, False, {}, 0, layer, index, ram=row, fill=True))
 
     def before(self, prefill: bool, requests: tuple[int, ...]) -> None:
-        om = self.s.om
-        om._prefill = prefill
-        om._step = self.s.step
+        self.s.om.open_pass(self.s.devs, self.s.step, prefill, keep_scores=self.s.want_scores)
         self._pass = (prefill, requests, time.perf_counter(), self._stalled())
 
     def after(self, logits: torch.Tensor) -> None:
         self.sync()
+        p = self.s.om.close_pass()
         prefill, requests, t0, stalled = self._pass
         now = time.perf_counter()
         stall = self._stalled() - stalled
         self.s.step += 1
-        rows = self.s.om._rows
-        k = np.stack([r[0] for r in rows], axis=1)  # [tokens, L, k]
-        w = np.stack([r[1] for r in rows], axis=1)
-        spec = self.s.om.take_guesses()  # a speculative policy's live guesses, else None
+        k, w = p.routing()  # [tokens, L, k]
+        spec = p.live_spec()  # a speculative policy's live guesses, else None
         if prefill:
             (r,) = requests
             self.rows[r].append((k, w, spec))

@@ -60,9 +60,9 @@ def main() -> None:
     from casmoe.planner.embedding import embed
     from casmoe.planner.planner import heldout_split
     from casmoe.shipped import SYNTHETIC_TRACE, shipped
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
-    trace = Trace.load(shipped(SYNTHETIC_TRACE))
+    trace = load_trace(shipped(SYNTHETIC_TRACE))
     tmp = tempfile.TemporaryDirectory()
     folder = args.planner
     if folder is None:

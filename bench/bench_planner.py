@@ -36,6 +36,7 @@ from casmoe.policies import get_policy  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
 from casmoe.shipped import data_dir  # noqa: E402
 from casmoe.trace import Trace  # noqa: E402
+from casmoe.trace_io import load_trace  # noqa: E402
 
 TRACES = ("tiny-mixtral.npz", "tiny-olmoe.npz", "synthetic-mixtral.npz")
 
@@ -98,7 +99,7 @@ def latency(paths: list[Path]) -> list[dict[str, Any]]:
     model_bytes = model.nbytes()
     records = []
     for path in paths:
-        trace = Trace.load(path)
+        trace = load_trace(path)
         planner, fit_s = timed_fit(path, trace, PlannerConfig())
         with tempfile.TemporaryDirectory() as tmp:
             planner.save(tmp)
@@ -153,7 +154,7 @@ VARIANTS: dict[str, PlannerConfig] = {
 def quality(paths: list[Path], ablation: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path in paths:
-        trace = Trace.load(path)
+        trace = load_trace(path)
         rows: dict[str, dict[str, float]] = {}
         curve: list[dict[str, float]] = []
         fits: dict[str, float] = {}
@@ -184,7 +185,7 @@ POLICIES = ("ondemand", "lru", "semoe", "casmoe", "belady")
 def policies(paths: list[Path], simulate: bool) -> list[dict[str, Any]]:
     records = []
     for path in paths:
-        trace = Trace.load(path)
+        trace = load_trace(path)
         planner, _ = timed_fit(path, trace, PlannerConfig())
         _, test_idx = heldout_split(trace, planner.config.holdout_every)
         test = trace.subset(test_idx)  # serve only prompts the planner never saw

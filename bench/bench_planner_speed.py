@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from casmoe.planner import EAPConfig, PlannerConfig, fit_planner, load_planner  # noqa: E402
 from casmoe.planner.planner import heldout_split  # noqa: E402
 from casmoe.shipped import data_dir  # noqa: E402
-from casmoe.trace import Trace  # noqa: E402
+from casmoe.trace_io import load_trace  # noqa: E402
 
 from bench_planner import p50_ms  # noqa: E402  (one timing helper for the planner benches)
 
@@ -44,7 +44,7 @@ from casmoe.replay import replay
 from casmoe.trace import Trace
 planner = load_planner(sys.argv[1])
 planner.predict("a prompt it never saw")
-trace = Trace.load(sys.argv[2]).subset(range(5))
+trace = load_trace(sys.argv[2]).subset(range(5))
 cache = get_policy("casmoe").create(trace.geometry, Capacity(2 * trace.geometry.top_k), trace=trace, planner=sys.argv[1])
 replay(trace, cache)
 print("torch" in sys.modules)
@@ -63,7 +63,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float, float, str]:
 def measure(path: Path, old: bool) -> dict[str, Any]:
     from casmoe.planner.embedding import embed
 
-    trace = Trace.load(path)
+    trace = load_trace(path)
     rec: dict[str, Any] = {"trace": path.name, "geometry": trace.geometry.describe()}
     planner, rec["fit_s"], rec["fit_cpu_s"], rec["fit_load"] = timed(lambda: fit_planner(trace, PlannerConfig()))
     if old:

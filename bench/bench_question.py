@@ -71,6 +71,7 @@ from casmoe.policies import get_policy  # noqa: E402
 from casmoe.policies.casmoe import CasMoE, PlannerPredictor  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
 from casmoe.trace import Trace  # noqa: E402
+from casmoe.trace_io import load_trace  # noqa: E402
 
 POLICIES = ("ondemand", "lru", "lfu", "semoe", "sch", "belady", "casmoe", "casmoe-oracle")
 BLENDS = (0.25, 0.5, 0.75)
@@ -265,7 +266,7 @@ def main() -> None:
     ap.add_argument("--improve", action="store_true", help="try the no-refit improvements on kept --planners")
     ap.add_argument("--planners", type=Path, help="keep the fitted planners here, one folder per setting (default: temporary)")
     args = ap.parse_args()
-    trace = Trace.load(args.trace)
+    trace = load_trace(args.trace)
     tasks = sorted({r.task for r in trace.requests}, key=lambda t: -sum(r.task == t for r in trace.requests))
     settings = args.settings.split(",") if args.settings else ["insplit", *tasks]
     done: list[dict[str, Any]] = json.loads(args.json.read_text()) if args.json.exists() else []

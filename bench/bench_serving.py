@@ -25,7 +25,7 @@ from casmoe.sim.assembly import StepPlan
 from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Arrival, Workload
-from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
 
-    trace = Trace.load(shipped(SYNTHETIC_TRACE)).subset(range(args.requests))
+    trace = load_trace(shipped(SYNTHETIC_TRACE)).subset(range(args.requests))
     preset, hw = get_preset("mixtral-8x7b"), load_profile("rtx4090x4")
     cls, cap = get_policy(args.policy), Capacity(args.capacity)
     plan = StepPlan.build(trace, 1, 1)

@@ -28,7 +28,7 @@ from casmoe.shipped import SYNTHETIC_TRACE, shipped
 from casmoe.sim.assembly import StepPlan
 from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
-from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 from side_by_side import interleaved, load_average
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
 
-    trace = Trace.load(shipped(SYNTHETIC_TRACE)).subset(range(args.requests))
+    trace = load_trace(shipped(SYNTHETIC_TRACE)).subset(range(args.requests))
     preset = get_preset("mixtral-8x7b")
     hw = load_profile("rtx4090x4")
     cls = get_policy(args.policy)

@@ -33,7 +33,7 @@ from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Arrival, Workload
 from casmoe.step_arrays import StepArrays
-from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 
 SHAPES = [("synthetic-qwen3.npz", "qwen3-30b-a3b"), ("tiny-mixtral.npz", "mixtral-8x7b"), ("tiny-olmoe.npz", "olmoe-1b-7b")]
 
@@ -52,7 +52,7 @@ def main() -> None:
     print("\n| trace | run | CPU s | M accesses/s | vs replay |")
     print("|---|---|---|---|---|")
     for name, model in SHAPES:
-        trace = Trace.load(shipped(name))
+        trace = load_trace(shipped(name))
         trace = trace.subset(range(min(args.requests, len(trace.requests))))
         preset = get_preset(model)
         cap = Capacity(args.slots if "qwen" in name else args.tiny_slots or 2 * trace.geometry.top_k)

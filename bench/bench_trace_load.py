@@ -1,4 +1,4 @@
-"""How long `Trace.load` takes for a 1-million token-layer trace (31,250 tokens x 32 layers, top-2).
+"""How long `load_trace` takes for a 1-million token-layer trace (31,250 tokens x 32 layers, top-2).
 
 Loading includes reading the file, decompressing, validating every array (ids in range, no
 duplicate expert, finite non-negative weights) and slicing requests. Run:
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from casmoe.geometry import Geometry
 from casmoe.synthetic import SynthConfig, generate
-from casmoe.trace import Trace
+from casmoe.trace_io import load_trace, save_trace
 
 
 def main() -> None:
@@ -34,12 +34,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "million.npz"
         t0 = time.perf_counter()
-        tr.save(path)
+        save_trace(tr, path)
         save_s = time.perf_counter() - t0
         times = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            back = Trace.load(path)
+            back = load_trace(path)
             times.append(time.perf_counter() - t0)
         assert back.tokens == tr.tokens
         size = path.stat().st_size

@@ -9,11 +9,14 @@ times by 2x within minutes.
 Workload (pinned, generated): a Mixtral-shaped synthetic trace (32 layers x 8 experts, top-2,
 `casmoe.synthetic` seed 0) of `--tokens` tokens in requests of 1 prompt token + 199 decoded,
 4 slots per layer; `lru` and `belady` replayed compiled and in Python, `lru` and `semoe`
-simulated on rtx4090x4 / mixtral-8x7b with the compiled and the Python decision pass. Prints
-one JSON line: CPU seconds (minimum of `--repeat` interleaved rounds) and the hit counts, which
-must be equal across trees.
+simulated on rtx4090x4 / mixtral-8x7b with the compiled and the Python decision pass. With
+`--backend`, also the torch backend: a seeded random-init tiny Mixtral (4 layers, 8 experts,
+top-2, hidden 64) generating 24 tokens for each of 4 prompts, un-offloaded (`reference`) and
+offloaded with `lru` at 3 slots per layer (`run`, load mode). Prints one JSON line: CPU seconds
+(minimum of `--repeat` interleaved rounds) and the hit counts (backend: hits and the generated
+tokens), which must be equal across trees.
 
-Run:  python bench/bench_tree_speed.py [--tree DIR] [--tokens 20000] [--repeat 3]
+Run:  python bench/bench_tree_speed.py [--tree DIR] [--tokens 20000] [--repeat 3] [--backend]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> None:
     ap.add_argument("--tree", type=Path, default=None, help="a checkout to import casmoe from")
     ap.add_argument("--tokens", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--backend", action="store_true", help="also time the torch backend on a tiny model")
     args = ap.parse_args()
     if args.tree is not None:
         use_tree(args.tree.resolve())
@@ -84,11 +88,40 @@ def main() -> None:
         "simulate lru python": sim("lru", False),
         "simulate semoe compiled": sim("semoe", True),
     }
+    if args.backend:
+        runs.update(backend_runs())
     for fn in runs.values():  # numba: compile or load from its cache, untimed
         fn()
     res = interleaved(runs, args.repeat)
     print(json.dumps({"tree": str(Path(casmoe.__file__).parents[1]), "load": load_average(),
                       "cpu_s": {k: round(t, 4) for k, (t, _) in res.items()}, "hits": {k: h for k, (_, h) in res.items()}}))
+
+
+def backend_runs() -> dict:
+    """The backend's two paths on a tiny model built here (the same weights for every tree)."""
+    import torch
+    import transformers as tf
+
+    from casmoe.backends.runtime import OffloadedModel, Prompt
+    from casmoe.policies import get_policy
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = tf.MixtralConfig(vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=128, intermediate_size=96, num_hidden_layers=4,
+                           num_local_experts=8, num_experts_per_tok=2)
+    om = OffloadedModel(tf.MixtralForCausalLM(cfg).eval())
+    prompts = [Prompt([(7 * i + j) % 96 for j in range(12)]) for i in range(4)]
+
+    def reference():
+        r = om.reference(prompts, 24)
+        return r.generated
+
+    def offloaded():
+        r = om.run(prompts, get_policy("lru"), 3, max_new_tokens=24)
+        return [r.stats.hits, r.generated]
+
+    return {"backend reference": reference, "backend lru run": offloaded}
 
 
 if __name__ == "__main__":

@@ -141,11 +141,12 @@ def hardware(**changes: str) -> Callable[[Path], None]:
 def small_trace(d: Path, name: str = "t.npz", hidden: int = 0, **arrays) -> None:
     from casmoe.geometry import Geometry
     from casmoe.synthetic import SynthConfig, generate
+    from casmoe.trace_io import save_trace
 
     g = Geometry(4, 8, 2, hidden=hidden, intermediate=hidden)
     tr = generate(g, SynthConfig(requests=3, prefill=(2, 4), decode=(3, 5), seed=0))
     tr.meta.pop("model_preset", None)
-    tr.save(d / name)
+    save_trace(tr, d / name)
     if arrays:
         with np.load(d / name) as npz:
             data = {k: npz[k] for k in npz.files}
@@ -192,14 +193,14 @@ def uint64_offsets(d: Path) -> None:
 
 def zero_bytes_trace(d: Path) -> None:
     """Mixtral's routing shape with every expert size recorded as 0 bytes."""
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace, save_trace
 
-    tr = Trace.load(TRACE).subset(range(2))
+    tr = load_trace(TRACE).subset(range(2))
     g = tr.geometry
     from dataclasses import replace
 
     tr.geometry = replace(g, hidden=0, intermediate=0, layer_expert_bytes=(0,) * g.layers)
-    tr.save(d / "t.npz")
+    save_trace(tr, d / "t.npz")
 
 
 def check_partial_csv(p: subprocess.CompletedProcess, d: Path) -> str:
@@ -462,13 +463,13 @@ def index_of_dim(folder: Path) -> None:
 
 def prompt_trace(d: Path) -> None:
     """small_trace with a prompt per request (what `planner fit` learns from)."""
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace, save_trace
 
     small_trace(d)
-    tr = Trace.load(d / "t.npz")
+    tr = load_trace(d / "t.npz")
     for i, r in enumerate(tr.requests):
         r.prompt = f"a question about topic {i}"
-    tr.save(d / "t.npz")
+    save_trace(tr, d / "t.npz")
 
 
 def no_partial_folder(folder: str) -> Callable[[subprocess.CompletedProcess, Path], str]:
@@ -584,9 +585,9 @@ def before_fit(p: subprocess.CompletedProcess, d: Path) -> str:
 def record_bom_prompt(p: subprocess.CompletedProcess, d: Path) -> str:
     if p.returncode != 0:
         return accepted(p, d)
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
-    prompt = Trace.load(d / "r.npz").requests[0].prompt or ""
+    prompt = load_trace(d / "r.npz").requests[0].prompt or ""
     return "the first prompt starts with a BOM" if prompt.startswith("\ufeff") else ""
 
 
@@ -685,14 +686,15 @@ def probes_19() -> list[Probe]:
 
 
 def gap_trace(d: Path) -> None:
-    from casmoe.trace import NOT_COMPUTED, Trace
+    from casmoe.trace import NOT_COMPUTED
+    from casmoe.trace_io import load_trace, save_trace
 
     small_trace(d)
-    tr = Trace.load(d / "t.npz")
+    tr = load_trace(d / "t.npz")
     for r in tr.requests:
         r.topk[r.prefill :] = NOT_COMPUTED
         r.weights[r.prefill :] = 0
-    tr.save(d / "g.npz")
+    save_trace(tr, d / "g.npz")
 
 
 def run_probe(pr: Probe, d: Path) -> str:

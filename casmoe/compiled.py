@@ -142,10 +142,7 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
     pinned = np.zeros(N, np.bool_)
     if state.pinned:
         pinned[list(state.pinned)] = True
-    if kind in READS_USES:
-        use_ptr, use_visit = arrays.uses(N)
-    else:
-        use_ptr, use_visit = np.zeros(N + 1, np.int64), np.zeros(0, np.int64)
+    use_ptr, use_visit = arrays.uses(N) if kind in READS_USES else (np.zeros(N + 1, np.int64), np.zeros(0, np.int64))
     return km.Machine(
         cfg=cfg,
         reg=np.zeros(7, np.int64),

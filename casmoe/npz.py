@@ -13,10 +13,11 @@ these is a damaged or hostile file, refused before any work. `CASMOE_NPZ_LIMIT` 
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -91,3 +92,19 @@ def require(
     if kind == "f" and not np.isfinite(a).all():
         raise error(f"{where}: {name!r} holds non-finite values; refit")
     return a
+
+
+def format_meta(raw: np.ndarray | None, where: str, error: type[Exception], name: str, version: int) -> dict[str, Any]:
+    """The JSON metadata a casmoe archive stores as a 1-D uint8 array, checked to declare the
+    format `name` at `version` (traces, profiles); any fault raises `error` naming `where`."""
+    if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
+        raise error(f"{where}: not a {name} file (its metadata must be a 1-D uint8 array of JSON text)")
+    try:
+        meta = json.loads(raw.tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{where}: metadata is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != name:
+        raise error(f"{where}: not a {name} file")
+    if meta.get("version") != version:
+        raise error(f"{where}: unknown {name} version {meta.get('version')!r} (this casmoe reads {version})")
+    return meta

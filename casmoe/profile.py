@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from casmoe.errors import CasmoeError
+from casmoe.npz import format_meta
 
 FORMAT_NAME = "casmoe-profile"
 FORMAT_VERSION = 1
@@ -85,18 +86,9 @@ class Profile:
 
     @classmethod
     def _from_arrays(cls, arrays: dict[str, np.ndarray], where: str) -> Profile:
-        raw = arrays.get("meta")
-        if raw is None or "counts" not in arrays or raw.dtype != np.uint8 or raw.ndim != 1:
+        if "counts" not in arrays:
             raise ProfileError(f"{where}: not a {FORMAT_NAME} file (needs 'counts' and 'meta' arrays)")
-        try:
-            meta = json.loads(raw.tobytes().decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProfileError(f"{where}: metadata is not valid JSON: {exc}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-            raise ProfileError(f"{where}: not a {FORMAT_NAME} file")
-        if meta.get("version") != FORMAT_VERSION:
-            raise ProfileError(f"{where}: unknown profile version {meta.get('version')!r} (this casmoe reads "
-                               f"{FORMAT_VERSION})")
+        meta = format_meta(arrays.get("meta"), where, ProfileError, FORMAT_NAME, FORMAT_VERSION)
         check_counts(arrays["counts"], where)
         for name in ("format", "version"):
             meta.pop(name)
@@ -158,9 +150,9 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
     arrays = _npz_arrays(path)
     if "counts" in arrays:
         return Profile._from_arrays(arrays, str(path))
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
-    trace = Trace.load(path)
+    trace = load_trace(path)
     counts = trace.popularity().astype(np.float64)
     check_counts(counts, str(path))
     return Profile(counts, {"source": "casmoe trace (routed counts of its computed token-layers)",

@@ -9,12 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import numpy as np
-
 from casmoe.cache import CacheConfigError, CacheStats, ExpertCache, Load
 from casmoe.compiled import replay_compiled, uses_twin
 from casmoe.step_arrays import StepArrays
-from casmoe.trace import NOT_COMPUTED, Future, Step, Trace, TraceError
+from casmoe.trace import Future, Step, Trace
 
 
 @dataclass(frozen=True)
@@ -53,8 +51,8 @@ def starts_and_ends(steps: list[Step]) -> tuple[dict[int, list[int]], dict[int, 
 def check_replayable(trace: Trace, cache: ExpertCache | None = None) -> None:
     """Refuse what would replay silently wrong from Python: a policy class where a cache
     object belongs, a cache that has run before (its counts and residents would carry over),
-    a cache of another geometry, routing that is not expert ids of this geometry (a hand-built
-    `Trace`; `Trace.load` checks files more thoroughly)."""
+    a cache of another geometry, routing that no longer fits the geometry (fields changed
+    since construction; `trace_io.validate_trace` checks more thoroughly)."""
     if cache is not None:
         if isinstance(cache, type):
             raise CacheConfigError(
@@ -69,16 +67,7 @@ def check_replayable(trace: Trace, cache: ExpertCache | None = None) -> None:
         g, c = trace.geometry, cache.geometry
         if (g.layers, g.experts, g.top_k) != (c.layers, c.experts, c.top_k):
             raise CacheConfigError(f"the cache was built for {c.describe()}, the trace is {g.describe()}")
-    g = trace.geometry
-    for i, r in enumerate(trace.requests):
-        topk = r.topk
-        if not isinstance(topk, np.ndarray) or topk.dtype.kind not in "iu":
-            raise TraceError(f"request {i}: topk must be an integer array of expert ids, not {getattr(topk, 'dtype', type(topk))}")
-        if topk.ndim != 3 or topk.shape[1:] != (g.layers, g.top_k):
-            raise TraceError(f"request {i}: topk has shape {topk.shape}, expected [tokens, {g.layers}, {g.top_k}]")
-        if topk.size and (topk.min() < NOT_COMPUTED or topk.max() >= g.experts):
-            bad = int(topk.max() if topk.max() >= g.experts else topk.min())
-            raise TraceError(f"request {i}: expert id {bad} outside [0, {g.experts}) ({g.describe()})")
+    trace.check()  # each request checked itself when built; this rechecks it fits the geometry
 
 
 def replay(

@@ -1,11 +1,16 @@
-"""Routing traces: which experts every token used at every MoE layer, and how they are stored.
+"""Routing traces: which experts every token used at every MoE layer (the data model).
 
-One trace format serves the replay runtime, the simulator, the real backend, the planner and
-the metrics. On disk it is one `.npz` (never pickled) whose arrays are the requests'
-concatenated tokens, plus JSON metadata stored as a uint8 array. A token-layer that was not
-computed (some engines skip the last layer for all prompt tokens but the last) is a row of
-`NOT_COMPUTED` ids with zero weight: the format never invents experts, and every runtime and
-metric skips such rows.
+One trace serves the replay runtime, the simulator, the real backend, the planner and the
+metrics. A token-layer that was not computed (some engines skip the last layer for all prompt
+tokens but the last) is a row of `NOT_COMPUTED` ids with zero weight: the format never invents
+experts, and every runtime and metric skips such rows. Storage (the `.npz` file) and the
+thorough validation a file gets live in `casmoe.trace_io`.
+
+A `Request` and a `Trace` check themselves when constructed, cheaply (one numpy reduction per
+array, never a Python loop over tokens): shapes agree with each other and with the geometry,
+ids are experts or `NOT_COMPUTED`, weights and logits finite, times finite, so bad data never
+gets in. What costs more (a token routed to the same expert twice, a gap row mixing real ids)
+is left to `trace_io.validate_trace`, which saving and loading run.
 
 Runtimes walk *steps*: a request's prefill is one step over all its prompt tokens (the union
 of their experts per layer), each decode token one step. `Future` precomputes, once, when each
@@ -14,31 +19,26 @@ expert is next used, so oracle policies read the future as data instead of scann
 
 from __future__ import annotations
 
-import io
-import json
-import os
-import zipfile
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from itertools import chain
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from casmoe.errors import CasmoeError
-from casmoe.geometry import Geometry, GeometryError
-from casmoe.npz import check_sizes
+from casmoe.geometry import Geometry
 
-FORMAT_NAME = "casmoe-trace"
-FORMAT_VERSION = 1
 NOT_COMPUTED = -1
 """Expert id marking a token-layer that the recording engine did not compute."""
 
 
 class TraceError(CasmoeError, ValueError):
     """A trace that cannot be read or is inconsistent; the message names file, request and fault."""
+
+    def within(self, where: str) -> TraceError:
+        """The same fault, its message prefixed by where it was found (a file, a request)."""
+        return TraceError(f"{where}: {self}")
 
 
 @dataclass(eq=False)
@@ -66,6 +66,40 @@ class Request:
     arrival: float | None = None
     output_ids: np.ndarray | None = None
     output: str | None = None
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise `TraceError` if the fields disagree: what needs no geometry, one numpy
+        reduction per array. Construction runs it; `validate_trace` reruns it (fields can change)."""
+        topk, w = self.topk, self.weights
+        if not _array_of(topk, 3, np.integer):
+            raise TraceError(f"topk must be an integer array [tokens, layers, k], not {_describe(topk)}")
+        if not _array_of(w, 3, np.floating) or w.shape != topk.shape:
+            raise TraceError(f"weights must be a float array of topk's shape {list(topk.shape)}, not {_describe(w)}")
+        if not isinstance(self.prefill, (int, np.integer)) or not 0 <= self.prefill <= len(topk):
+            raise TraceError(f"prefill {self.prefill!r} outside [0, {len(topk)}] tokens")
+        _check_ids("", topk)
+        _check_finite("router weight", w)
+        if w.size and w.min() < 0:
+            raise TraceError(f"token {_first_token(w < 0)}: negative router weight")
+        if self.logits is not None:
+            if not _array_of(self.logits, 3, np.floating) or self.logits.shape[:2] != topk.shape[:2]:
+                raise TraceError(f"logits must be a float array [{len(topk)}, {topk.shape[1]}, experts], "
+                                 f"not {_describe(self.logits)}")
+            _check_finite("router logit", self.logits)
+        if self.spec is not None:
+            if not _array_of(self.spec, 3, np.integer) or self.spec.shape != topk.shape:
+                raise TraceError(f"spec must be an integer array of topk's shape {list(topk.shape)}, "
+                                 f"not {_describe(self.spec)}")
+            _check_ids("spec ", self.spec)
+        a = self.arrival
+        if a is not None and (not isinstance(a, (int, float, np.number)) or not np.isfinite(a) or a < 0):
+            raise TraceError(f"arrival {a!r} is not a finite time >= 0 seconds")
+        ids = self.output_ids
+        if ids is not None and (not _array_of(ids, 1, np.integer) or (ids.size and ids.min() < 0)):
+            raise TraceError("output_ids must be a 1-D array of token ids >= 0")
 
     @property
     def tokens(self) -> int:
@@ -178,6 +212,25 @@ class Trace:
     requests: list[Request]
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise `TraceError` if a request does not fit the geometry (shapes, ids in [0, E)),
+        an optional array is given for some requests only, or the split labels do not match.
+        Cheap: a few numpy reductions per request. Each request checked itself when built."""
+        g = self.geometry
+        for i, r in enumerate(self.requests):
+            try:
+                _check_fits(r, g)
+            except TraceError as exc:
+                raise exc.within(f"request {i}") from None
+        for name in OPTIONAL:
+            given = [getattr(r, name) is not None for r in self.requests]
+            if any(given) and not all(given):
+                raise TraceError(f"request {given.index(False)}: {name} must be given for every request or for none")
+        check_splits(self.meta, len(self.requests))
+
     @property
     def tokens(self) -> int:
         return sum(r.tokens for r in self.requests)
@@ -273,308 +326,6 @@ class Trace:
         """The trace a device's cache sees: its `layers` only, numbered from 0."""
         return Trace(self.geometry.layer_slice(layers), [r.layer_slice(layers) for r in self.requests], dict(self.meta))
 
-    # ---- storage -------------------------------------------------------------------------
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Validate, then write atomically: an interrupted write leaves the old file intact."""
-        from casmoe.output import atomic_open, check_file_target
-
-        path = check_file_target(path, "trace")
-        self.validate(str(path))
-        arrays = self._to_arrays()
-        with atomic_open(path, "wb") as fh:
-            np.savez_compressed(fh, **arrays)
-
-    def _to_arrays(self) -> dict[str, np.ndarray]:
-        reqs = self.requests
-        g = self.geometry
-        meta = dict(self.meta)
-        meta.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        meta.update(
-            format=FORMAT_NAME,
-            version=FORMAT_VERSION,
-            geometry=g.to_dict(),
-            requests=[{"prompt": r.prompt, "task": r.task,
-                       **({"output": r.output} if r.output is not None else {})} for r in reqs],
-        )
-        empty3 = np.zeros((0, g.layers, g.top_k))
-        arrays = {
-            "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-            "topk": np.concatenate([r.topk for r in reqs] or [empty3]).astype(np.int16),
-            "weights": np.concatenate([r.weights for r in reqs] or [empty3]).astype(np.float32),
-            "offsets": np.cumsum([0] + [r.tokens for r in reqs]).astype(np.int64),
-            "prefill": np.array([r.prefill for r in reqs], dtype=np.int64),
-        }
-        for name in ("logits", "spec"):
-            present = [getattr(r, name) is not None for r in reqs]
-            if reqs and all(present):
-                arr = np.concatenate([getattr(r, name) for r in reqs])
-                arrays[name] = arr.astype(np.int16 if name == "spec" else np.float32)
-            elif any(present):
-                raise TraceError(f"{name} must be given for every request or for none")
-        arrival = _arrivals(reqs, "<trace>")
-        if arrival is not None:
-            arrays["arrival"] = arrival
-        present = [r.output_ids is not None for r in reqs]
-        if reqs and all(present):
-            arrays["output_ids"] = np.concatenate([r.output_ids for r in reqs]).astype(np.int32)
-            arrays["output_offsets"] = np.cumsum([0] + [len(r.output_ids) for r in reqs]).astype(np.int64)
-        elif any(present):
-            raise TraceError("output_ids must be given for every request or for none")
-        return arrays
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Trace:
-        """Read and validate; every fault raises `TraceError` naming the file."""
-        where = str(path)
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-            if data[:2] != b"PK":
-                raise TraceError(
-                    f"{where}: not an .npz file (a casmoe trace is a zip of .npy arrays); "
-                    "convert other formats with `casmoe trace import`"
-                )
-            check_sizes(io.BytesIO(data), where, TraceError)  # before anything is inflated
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                arrays = {name: npz[name] for name in npz.files}
-        except FileNotFoundError:
-            raise TraceError(f"{where}: no such file") from None
-        except TraceError:
-            raise
-        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, RuntimeError) as exc:
-            raise TraceError(f"{where}: not a readable casmoe trace (.npz): {exc}") from exc
-        except Exception as exc:  # zlib.error and friends from corrupted members
-            raise TraceError(f"{where}: corrupted trace file: {type(exc).__name__}: {exc}") from exc
-        return cls._from_arrays(arrays, where)
-
-    @classmethod
-    def _from_arrays(cls, arrays: dict[str, np.ndarray], where: str) -> Trace:
-        for name in ("meta", "topk", "weights", "offsets", "prefill"):
-            if name not in arrays:
-                raise TraceError(f"{where}: missing array {name!r}")
-        if arrays["meta"].dtype != np.uint8 or arrays["meta"].ndim != 1:
-            raise TraceError(f"{where}: metadata must be a 1-D uint8 array of JSON text")
-        try:
-            meta = json.loads(arrays["meta"].tobytes().decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TraceError(f"{where}: metadata is not valid JSON: {exc}") from exc
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-            raise TraceError(f"{where}: not a {FORMAT_NAME} file")
-        if meta.get("version") != FORMAT_VERSION:
-            raise TraceError(
-                f"{where}: unknown format version {meta.get('version')!r} (this casmoe reads {FORMAT_VERSION})"
-            )
-        try:
-            geometry = Geometry.from_dict(meta["geometry"])
-        except (KeyError, TypeError, ValueError, GeometryError) as exc:
-            raise TraceError(f"{where}: bad geometry in metadata: {exc}") from exc
-        offsets, prefill = arrays["offsets"], arrays["prefill"]
-        topk, weights = arrays["topk"], arrays["weights"]
-        optional = {name: arrays.get(name) for name in ("logits", "spec")}
-        arrival = arrays.get("arrival")
-        if arrival is not None and (arrival.ndim != 1 or len(arrival) != len(prefill) or arrival.dtype.kind != "f"):
-            raise TraceError(f"{where}: arrival must be a float array with one time per request")
-        g = geometry
-        if topk.ndim != 3:
-            raise TraceError(f"{where}: topk has shape {topk.shape}, expected [tokens, {g.layers}, {g.top_k}]")
-        for name, arr, last in (
-            ("topk", topk, g.top_k),
-            ("weights", weights, g.top_k),
-            ("logits", optional["logits"], g.experts),
-            ("spec", optional["spec"], g.top_k),
-        ):
-            if arr is not None and (arr.ndim != 3 or arr.shape[1:] != (g.layers, last) or len(arr) != len(topk)):
-                raise TraceError(f"{where}: {name} has shape {arr.shape}, expected [{len(topk)}, {g.layers}, {last}]")
-        for name, arr in (("offsets", offsets), ("prefill", prefill)):
-            if not np.issubdtype(arr.dtype, np.integer):
-                raise TraceError(f"{where}: {name} must hold integers, not {arr.dtype}")
-            if arr.size and arr.max() > np.iinfo(np.int64).max // 2:
-                raise TraceError(f"{where}: {name} holds {arr.max()}, far beyond any token count")
-        offsets, prefill = offsets.astype(np.int64), prefill.astype(np.int64)  # signed: a step back is < 0
-        info = meta.get("requests", [])
-        n = len(prefill) if prefill.ndim == 1 else -1
-        counts_agree = offsets.ndim == 1 and len(offsets) == n + 1 and isinstance(info, list) and len(info) == n
-        if prefill.ndim != 1 or not counts_agree:
-            raise TraceError(f"{where}: offsets, prefill and request metadata disagree on the request count")
-        if n and (offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != len(topk)):
-            raise TraceError(f"{where}: offsets do not partition the {len(topk)} tokens")
-        if not n and len(topk):
-            raise TraceError(f"{where}: tokens without requests")
-        outputs = _output_ids(arrays, n, where)
-        requests = []
-        for i in range(n):
-            a, b = int(offsets[i]), int(offsets[i + 1])
-            r = info[i]
-            fields = ("prompt", "task", "output")
-            if not isinstance(r, dict) or not all(isinstance(r.get(f), (str, type(None))) for f in fields):
-                raise TraceError(f"{where}: request {i}: metadata must be an object whose prompt, task and output are strings")
-            requests.append(
-                Request(
-                    topk=topk[a:b],
-                    weights=weights[a:b],
-                    prefill=int(prefill[i]),
-                    prompt=r.get("prompt"),
-                    task=r.get("task"),
-                    logits=None if optional["logits"] is None else optional["logits"][a:b],
-                    spec=None if optional["spec"] is None else optional["spec"][a:b],
-                    arrival=None if arrival is None else float(arrival[i]),
-                    output_ids=None if outputs is None else outputs[i],
-                    output=r.get("output"),
-                )
-            )
-        for name in ("format", "version", "geometry", "requests"):
-            meta.pop(name, None)
-        _check_splits(meta, n, where)
-        trace = cls(geometry, requests, meta)
-        trace._validate_arrays(where, topk, weights, offsets, optional)
-        _arrivals(requests, where)
-        return trace
-
-    # ---- validation ----------------------------------------------------------------------
-
-    def validate(self, where: str = "<trace>") -> None:
-        """Raise `TraceError` for any inconsistency, naming the request and the fault."""
-        g = self.geometry
-        _check_splits(self.meta, len(self.requests), where)
-        for i, r in enumerate(self.requests):
-            for name in ("topk", "weights", "logits", "spec"):
-                arr = getattr(r, name)
-                want = (g.layers, g.experts if name == "logits" else g.top_k)
-                if arr is not None and (arr.ndim != 3 or arr.shape[1:] != want or len(arr) != len(r.topk)):
-                    raise TraceError(
-                        f"{where}: request {i}: {name} has shape {arr.shape}, "
-                        f"expected [{len(r.topk)}, {want[0]}, {want[1]}]"
-                    )
-            ids = r.output_ids
-            if ids is not None and (ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or np.any(ids < 0)):
-                raise TraceError(f"{where}: request {i}: output_ids must be a 1-D array of token ids >= 0")
-        if not self.requests:
-            return
-        _arrivals(self.requests, where)
-        cat = lambda name: np.concatenate([getattr(r, name) for r in self.requests])  # noqa: E731
-        offsets = np.cumsum([0] + [r.tokens for r in self.requests])
-        optional = {
-            name: cat(name) if all(getattr(r, name) is not None for r in self.requests) else None
-            for name in ("logits", "spec")
-        }
-        self._validate_arrays(where, cat("topk"), cat("weights"), offsets, optional)
-
-    def _validate_arrays(
-        self,
-        where: str,
-        topk: np.ndarray,
-        weights: np.ndarray,
-        offsets: np.ndarray,
-        optional: dict[str, np.ndarray | None],
-    ) -> None:
-        g = self.geometry
-        N = len(topk)
-
-        def fail(token: int | None, what: str) -> None:
-            if token is None:
-                raise TraceError(f"{where}: {what}")
-            req = int(np.searchsorted(offsets, token, side="right") - 1)
-            raise TraceError(f"{where}: request {req}, token {token - int(offsets[req])}: {what}")
-
-        for name, arr, last in (("topk", topk, g.top_k), ("weights", weights, g.top_k)):
-            if arr.ndim != 3 or arr.shape != (N, g.layers, last):
-                fail(None, f"{name} has shape {arr.shape}, expected [{N}, {g.layers}, {last}]")
-        if not np.issubdtype(topk.dtype, np.integer):
-            fail(None, f"topk must hold integers, not {topk.dtype}")
-        if not np.issubdtype(weights.dtype, np.floating):
-            fail(None, f"weights must hold floats, not {weights.dtype}")
-        spec, logits = optional.get("spec"), optional.get("logits")
-        if spec is not None and not np.issubdtype(spec.dtype, np.integer):
-            fail(None, f"spec must hold integers, not {spec.dtype}")
-        if logits is not None and not np.issubdtype(logits.dtype, np.floating):
-            fail(None, f"logits must hold floats, not {logits.dtype}")
-        for i, r in enumerate(self.requests):
-            if not 0 <= r.prefill <= r.tokens:
-                raise TraceError(f"{where}: request {i}: prefill {r.prefill} outside [0, {r.tokens}] tokens")
-        if N == 0:
-            return
-        gap = topk == NOT_COMPUTED
-        row_gap = gap.all(axis=2)
-        if np.any(gap.any(axis=2) & ~row_gap):
-            t = int(np.nonzero(gap.any(axis=2) & ~row_gap)[0][0])
-            fail(t, "a token-layer mixes NOT_COMPUTED (-1) with real expert ids")
-        bad = ~gap & ((topk < 0) | (topk >= g.experts))
-        if bad.any():
-            t, layer, j = (int(x[0]) for x in np.nonzero(bad))
-            fail(t, f"layer {layer}: expert id {int(topk[t, layer, j])} outside [0, {g.experts})")
-        if g.top_k > 1:
-            k = g.top_k
-            if k <= 8:  # pairwise slot compares beat a sort for the usual small k
-                dup = np.zeros(topk.shape[:2], dtype=bool)
-                for i in range(k):
-                    for j in range(i + 1, k):
-                        dup |= topk[:, :, i] == topk[:, :, j]
-                dup &= ~row_gap
-            else:
-                srt = np.sort(topk, axis=2)
-                dup = np.any((srt[:, :, 1:] == srt[:, :, :-1]) & (srt[:, :, 1:] != NOT_COMPUTED), axis=2)
-            if dup.any():
-                t, layer = (int(x[0]) for x in np.nonzero(dup))
-                fail(t, f"layer {layer}: routes to the same expert twice {sorted(topk[t, layer].tolist())}")
-        if row_gap.any() and np.any(weights[row_gap] != 0):
-            t = int(np.nonzero((weights != 0).any(axis=2) & row_gap)[0][0])
-            fail(t, "a NOT_COMPUTED token-layer has non-zero router weights")
-        finite = np.isfinite(weights)
-        if not finite.all():
-            t = int(np.nonzero(~finite.all(axis=(1, 2)))[0][0])
-            fail(t, "router weight is NaN or infinite")
-        if np.any(weights < 0):
-            t = int(np.nonzero((weights < 0).any(axis=(1, 2)))[0][0])
-            fail(t, "negative router weight")
-        if logits is not None and (logits.ndim != 3 or logits.shape != (N, g.layers, g.experts)):
-            fail(None, f"logits has shape {logits.shape}, expected [{N}, {g.layers}, {g.experts}]")
-        if logits is not None and not np.isfinite(logits).all():
-            fail(int(np.nonzero(~np.isfinite(logits).all(axis=(1, 2)))[0][0]), "router logit is NaN or infinite")
-        if spec is not None:
-            if spec.ndim != 3 or spec.shape != topk.shape:
-                fail(None, f"spec has shape {spec.shape}, expected {topk.shape}")
-            sbad = (spec != NOT_COMPUTED) & ((spec < 0) | (spec >= g.experts))
-            if sbad.any():
-                fail(int(np.nonzero(sbad)[0][0]), "spec expert id outside [0, E)")
-
-
-def _arrivals(requests: Sequence[Request], where: str) -> np.ndarray | None:
-    """The requests' arrival times as one float64 array (None when no request has one);
-    refuses a trace where only some requests have one, or a time that is negative or not finite."""
-    given = [r.arrival is not None for r in requests]
-    if not any(given):
-        return None
-    if not all(given):
-        raise TraceError(f"{where}: request {given.index(False)}: arrival must be given for every request or for none")
-    times = np.array([r.arrival for r in requests], dtype=np.float64)
-    bad = ~np.isfinite(times) | (times < 0)
-    if bad.any():
-        i = int(np.nonzero(bad)[0][0])
-        raise TraceError(f"{where}: request {i}: arrival {float(times[i])!r} is not a finite time >= 0 seconds")
-    return times
-
-
-def _output_ids(arrays: dict[str, np.ndarray], n: int, where: str) -> list[np.ndarray] | None:
-    """Per request its output token ids, from the `output_ids` / `output_offsets` pair."""
-    ids, offsets = arrays.get("output_ids"), arrays.get("output_offsets")
-    if ids is None and offsets is None:
-        return None
-    if ids is None or offsets is None:
-        raise TraceError(f"{where}: output_ids and output_offsets come together")
-    if not (np.issubdtype(ids.dtype, np.integer) and np.issubdtype(offsets.dtype, np.integer)):
-        raise TraceError(f"{where}: output_ids and output_offsets must hold integers")
-    if ids.ndim != 1 or offsets.ndim != 1 or len(offsets) != n + 1:
-        raise TraceError(f"{where}: output_offsets must hold one entry per request plus one")
-    if offsets.size and offsets.max() > np.iinfo(np.int64).max // 2:
-        raise TraceError(f"{where}: output_offsets hold {offsets.max()}, far beyond any token count")
-    offsets = offsets.astype(np.int64)  # signed: a step back is < 0, not a wrap-around
-    if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != len(ids):
-        raise TraceError(f"{where}: output_offsets do not partition the {len(ids)} output ids")
-    if np.any(ids < 0):
-        raise TraceError(f"{where}: negative output token id")
-    return [ids[offsets[i]:offsets[i + 1]] for i in range(n)]
-
 
 def merge_steps(parts: Iterable[Step], requests: tuple[int, ...]) -> Step:
     """One step computing several requests' tokens together (a batch): per layer the union of
@@ -645,7 +396,11 @@ class Future:
         return bisect_right(lst, until_visit) - bisect_right(lst, after_visit)
 
 
-def _check_splits(meta: dict[str, Any], n: int, where: str) -> None:
+OPTIONAL = ("logits", "spec", "arrival", "output_ids")
+"""A request's optional fields: each is given for every request of a trace or for none."""
+
+
+def check_splits(meta: dict[str, Any], n: int) -> None:
     """`meta["splits"]`, when present, labels every request: a shorter list would silently
     fall back to another held-out rule (or index past its end)."""
     splits = meta.get("splits")
@@ -653,4 +408,45 @@ def _check_splits(meta: dict[str, Any], n: int, where: str) -> None:
         not isinstance(splits, list) or len(splits) != n or not all(isinstance(s, str) for s in splits)
     ):
         count = len(splits) if isinstance(splits, list) else type(splits).__name__
-        raise TraceError(f"{where}: metadata 'splits' must be one label (a string) per request: {count} for {n} requests")
+        raise TraceError(f"metadata 'splits' must be one label (a string) per request: {count} for {n} requests")
+
+
+def _check_fits(r: Request, g: Geometry) -> None:
+    T = len(r.topk)
+    if r.topk.shape[1:] != (g.layers, g.top_k):
+        raise TraceError(f"topk has shape {list(r.topk.shape)}, expected [{T}, {g.layers}, {g.top_k}]")
+    if r.logits is not None and r.logits.shape[2] != g.experts:
+        raise TraceError(f"logits has shape {list(r.logits.shape)}, expected [{T}, {g.layers}, {g.experts}]")
+    for what, ids in (("", r.topk), ("spec ", r.spec)):
+        if ids is not None and ids.size and ids.max() >= g.experts:
+            t, layer, j = (int(x[0]) for x in np.nonzero(ids >= g.experts))
+            raise TraceError(f"token {t}: layer {layer}: {what}expert id {int(ids[t, layer, j])} outside [0, {g.experts})")
+
+
+def _check_ids(what: str, ids: np.ndarray) -> None:
+    """Every id an expert (>= 0) or `NOT_COMPUTED`; the upper bound needs the geometry."""
+    if ids.size and ids.min() < NOT_COMPUTED:
+        t, layer, j = (int(x[0]) for x in np.nonzero(ids < NOT_COMPUTED))
+        raise TraceError(f"token {t}: layer {layer}: {what}expert id {int(ids[t, layer, j])} "
+                         f"is neither an expert (>= 0) nor NOT_COMPUTED ({NOT_COMPUTED})")
+
+
+def _check_finite(what: str, arr: np.ndarray) -> None:
+    finite = np.isfinite(arr)
+    if not finite.all():
+        raise TraceError(f"token {_first_token(~finite)}: {what} is NaN or infinite")
+
+
+def _first_token(bad: np.ndarray) -> int:
+    """The first token (row) of `bad[T, ...]` that holds a True."""
+    return int(np.nonzero(bad.reshape(len(bad), -1).any(axis=1))[0][0])
+
+
+def _array_of(arr: object, ndim: int, kind: type) -> bool:
+    return isinstance(arr, np.ndarray) and arr.ndim == ndim and np.issubdtype(arr.dtype, kind)
+
+
+def _describe(arr: object) -> str:
+    if isinstance(arr, np.ndarray):
+        return f"{arr.dtype} of shape {list(arr.shape)}"
+    return type(arr).__name__

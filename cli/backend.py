@@ -120,7 +120,7 @@ def bench(
     from casmoe.backends.bench import bench as run_bench
     from casmoe.backends.bench import open_offloaded
     from casmoe.policies.spec import PolicySpec
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
     spec = PolicySpec.parse(policy)
     cls = spec.cls
@@ -130,7 +130,7 @@ def bench(
                             direct_io=direct_io)
     om, cap = opened.om, opened.capacity
     reqs = _prompts(opened.tokenizer, prompts, num_prompts, max_prompt_tokens)
-    profile = Trace.load(trace) if trace is not None else None
+    profile = load_trace(trace) if trace is not None else None
     with _progress(len(reqs), f"{spec.label} @ {cap.describe()}") as bar:
         record = run_bench(opened, reqs, cls, dict(spec.options), miss_mode=miss_mode, max_new_tokens=max_new_tokens,
                            batch=batch, trace=profile, verify=verify, progress=bar.update)

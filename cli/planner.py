@@ -60,10 +60,10 @@ def fit(
     from casmoe.folder import check_folder_target
     from casmoe.planner import fit_planner
     from casmoe.planner.planner import FORMAT, META
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
     check_folder_target(out, FORMAT, "--out", marker=META)  # before the fit: an unwritable --out fails now
-    tr = Trace.load(trace or shipped(DEFAULT_TRACE))
+    tr = load_trace(trace or shipped(DEFAULT_TRACE))
     cfg = PlannerConfig(
         epsilon=epsilon,
         neighbours=neighbours,
@@ -107,12 +107,12 @@ def evaluate(
     from casmoe.planner import load_planner
     from casmoe.output import check_file_target
     from casmoe.planner.evaluate import evaluate as run_eval
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
     for path, what in ((curve, "--curve"), (plot, "--plot")):
         if path is not None:
             check_file_target(path, what, create_parent=True)
-    tr = Trace.load(trace or shipped(DEFAULT_TRACE))
+    tr = load_trace(trace or shipped(DEFAULT_TRACE))
     ev = run_eval(load_planner(planner), tr, epsilon=epsilon, progress=not as_json and sys.stderr.isatty(),
                   holdout_task=holdout_task)
     result = ev.to_dict()
@@ -179,15 +179,15 @@ def bench(
     from casmoe.output import check_dir_target
     from casmoe.planner.protocol import BASELINES, run
     from casmoe.report import print_table, write_json
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
     check_dir_target(out, "--out")
-    tr = Trace.load(trace or shipped(DEFAULT_TRACE))
+    tr = load_trace(trace or shipped(DEFAULT_TRACE))
     try:
         horizons = [int(h) for h in grid.split(",") if h.strip()]
     except ValueError:
         raise CasmoeError(f"--grid must be comma-separated integers, got {grid!r}") from None
-    evals = [(p.stem, Trace.load(p)) for p in eval_trace or ()]
+    evals = [(p.stem, load_trace(p)) for p in eval_trace or ()]
     sim = None
     if simulate:
         sim, preset = _simulator(tr.geometry, hardware)

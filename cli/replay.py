@@ -47,9 +47,9 @@ def replay(
     from casmoe.replay import replay as run_replay
     from casmoe.selection import Selection
     from casmoe.step_arrays import StepArrays
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
-    whole = Trace.load(trace or shipped(DEFAULT_TRACE))
+    whole = load_trace(trace or shipped(DEFAULT_TRACE))
     cap = one_capacity(capacity, global_capacity, whole.geometry)
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
     scored = Selection.of(split, task, span, requests).resolve(whole, specs)

@@ -90,6 +90,7 @@ def synth(
         return
     from casmoe.output import check_file_target
     from casmoe.synthetic import SynthConfig, generate
+    from casmoe.trace_io import save_trace
 
     check_file_target(out, "trace")
     geometry = _geometry(model, layers, experts, top_k)
@@ -109,7 +110,7 @@ def synth(
         meta={"model_preset": model or "mixtral-8x7b"},
     )
     tr = generate(geometry, cfg)
-    tr.save(out)
+    save_trace(tr, out)
     typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {geometry.describe()}")
 
 
@@ -119,6 +120,7 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
     from casmoe import synthetic_fit
     from casmoe.importers import read_specs
     from casmoe.output import check_file_target, check_not_input
+    from casmoe.trace_io import save_trace
 
     check_file_target(out, "trace")
     check_not_input(out, [like.partition("#")[0]], "trace")
@@ -144,7 +146,7 @@ def _synth_like(out: Path, like: str, requests: int, tasks: Optional[int], task_
         + (f" --tasks {tasks} --task-shuffle {task_shuffle:g}" if tasks is not None else "")
         + (f" --top-k {top_k}" if top_k is not None else ""),
     }
-    tr.save(out)
+    save_trace(tr, out)
     typer.echo(f"wrote {out}: {len(tr.requests)} requests, {tr.tokens} tokens, {tr.geometry.describe()}")
 
 
@@ -156,10 +158,10 @@ def info(
 ) -> None:
     """Print geometry, request and token counts, and per-layer expert popularity."""
     from casmoe.report import print_table
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
     path = trace or shipped(DEFAULT_TRACE)
-    s = Trace.load(path).summary(top)
+    s = load_trace(path).summary(top)
     if as_json:
         typer.echo(json.dumps({"path": str(path), **s}, indent=2))
         return
@@ -225,6 +227,7 @@ def import_(
     from casmoe.importers import import_trace
     from casmoe.output import check_file_target, check_not_input
     from casmoe.presets import get_preset
+    from casmoe.trace_io import save_trace
 
     check_file_target(out, "--out")
     check_not_input(out, sources, "--out")
@@ -233,7 +236,7 @@ def import_(
         sources, fmt, model=geometry, key=key, kind=kind, num_experts=num_experts, top_k=top_k, prefill=prefill,
         keep_logits=keep_logits,
     )
-    tr.save(out)
+    save_trace(tr, out)
     gaps = sum(int((~r.computed).sum()) for r in tr.requests)
     dropped = tr.meta.get("engine_layers", tr.geometry.layers) - tr.geometry.layers
     typer.echo(
@@ -255,11 +258,11 @@ def export(
     everything but router logits and spec)."""
     from casmoe.importers import write_route_csv
     from casmoe.output import check_file_target, check_not_input
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
     check_file_target(out, "CSV")
     check_not_input(out, [trace], "CSV")
-    tr = Trace.load(trace)
+    tr = load_trace(trace)
     write_route_csv(tr, out, progress=True)
     typer.echo(f"wrote {out}: {len(tr.requests)} turns, {tr.tokens} tokens")
 
@@ -275,10 +278,10 @@ def show(
     """List a trace's requests (task, split, prompt and decode tokens) and, with --text, what each
     one said; ends with the distinct-4-gram ratio of the recorded outputs."""
     from casmoe.metrics.diversity import distinct_ngram_ratio
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
     path = trace or shipped(DEFAULT_TRACE)
-    tr = Trace.load(path)
+    tr = load_trace(path)
     splits = tr.meta.get("splits") or [None] * len(tr.requests)
     picked = request if request else range(len(tr.requests))
     bad = [i for i in picked if not 0 <= i < len(tr.requests)]

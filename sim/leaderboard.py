@@ -21,6 +21,7 @@ from casmoe.options import CapacitySpec
 from casmoe.policies import POLICIES, PolicySpec, default_policies
 from casmoe.sim.sweep import Point, file_digest, preset_for
 from casmoe.trace import Trace
+from casmoe.trace_io import load_trace, save_trace
 
 WORKLOADS = ("tiny-mixtral.npz", "tiny-olmoe.npz", "synthetic-qwen3.npz")
 """The shipped traces the leaderboard runs by default."""
@@ -53,7 +54,7 @@ def split(trace: Trace) -> tuple[list[int], list[int], str]:
 def prepare(path: Path, folder: Path, requests: int) -> Workload:
     """Write the workload's two halves under `folder` (kept across runs: same content, same
     names) and return it; `requests` > 0 scores only the first N held-out requests."""
-    trace = Trace.load(path)
+    trace = load_trace(path)
     train, heldout, how = split(trace)
     if requests:
         heldout = heldout[:requests]
@@ -63,7 +64,7 @@ def prepare(path: Path, folder: Path, requests: int) -> Workload:
     for out, part in ((scored, held), (fit, trace.subset(train))):
         if not out.exists():
             folder.mkdir(parents=True, exist_ok=True)
-            part.save(out)
+            save_trace(part, out)
     return Workload(path.stem, scored, fit, how, len(heldout), held.tokens)
 
 
@@ -86,7 +87,7 @@ def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str
     (n/a, with the reason) unless `overcommit` simulates it anyway."""
     out = []
     for w in workloads:
-        trace = Trace.load(w.scored)
+        trace = load_trace(w.scored)
         model = preset_for(trace, None)
         digest = file_digest(w.scored)
         for cap in capacities(trace.geometry.top_k):

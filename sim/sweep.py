@@ -40,6 +40,7 @@ from casmoe.sim.serving import Workload
 from casmoe.sim.tiers import HostCache
 from casmoe.sim.timeline import Timeline
 from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 
 RESULT_VERSION = 3
 """Bump when the simulator's semantics change, so stored points are recomputed."""
@@ -154,7 +155,7 @@ def _user_sources(spec: str) -> list[Path]:
 @lru_cache(maxsize=4)
 def _load_whole(path: str, digest: str) -> Trace:
     """One parse per trace file and process (the digest keys a changed file apart)."""
-    return Trace.load(path)
+    return load_trace(path)
 
 
 @lru_cache(maxsize=4)

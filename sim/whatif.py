@@ -24,6 +24,7 @@ from casmoe.sim.fits import check_capacity, check_devices, default_host_cache
 from casmoe.sim.sweep import Point, file_digest, input_digest, preset_for
 from casmoe.sim.tiers import HostCache
 from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 
 SHIPPED_REQUESTS = 12
 """Requests of the shipped trace that `casmoe simulate` runs by default (a few seconds)."""
@@ -95,7 +96,7 @@ def what_if(
     (`casmoe.selection`: by default the ones no fitted policy saw). `workload` serves requests
     as they arrive; `host_cache` adds a RAM tier over the profile's storage. Capacities and
     devices the box lacks are refused unless `overcommit` (`sim/fits.py`)."""
-    whole = Trace.load(path)
+    whole = load_trace(path)
     if requests is None:
         requests = SHIPPED_REQUESTS if shipped else 0
     selection = replace(selection or Selection(), limit=requests)

@@ -66,9 +66,9 @@ def cases(full: bool = False, traces: tuple[str, ...] = TRACES) -> list[Case]:
 @lru_cache(maxsize=8)
 def load(name: str, requests: int) -> Any:
     from casmoe.shipped import shipped
-    from casmoe.trace import Trace
+    from casmoe.trace_io import load_trace
 
-    trace = Trace.load(shipped(name))
+    trace = load_trace(shipped(name))
     return trace.subset(range(requests)) if requests else trace
 
 

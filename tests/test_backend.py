@@ -22,7 +22,7 @@ from casmoe.cache import CacheConfigError, Capacity, MissMode  # noqa: E402
 from casmoe.errors import CasmoeError  # noqa: E402
 from casmoe.policies import POLICIES, get_policy  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
-from casmoe.trace import Trace  # noqa: E402
+from casmoe.trace_io import load_trace, save_trace  # noqa: E402
 
 STEPS = 5
 LONG = [Prompt([1, 5, 9, 3, 7, 2], "a"), Prompt([4, 4, 8, 1], "b"), Prompt([9, 2, 2, 6, 30], "c")]
@@ -125,7 +125,7 @@ def test_pool_never_grows_and_slots_hold_their_expert_under_a_slow_link(mixtral)
 
     def check(om_: OffloadedModel, layer: int) -> None:
         om_.check_residency()
-        (d,) = om_._run
+        (d,) = om_.hooks.current.devices  # the open pass's device runtimes
         ptrs = {n: t.data_ptr() for n, t in d.pool.tensors.items()}
         assert ptrs == seen.setdefault("ptrs", ptrs)
         assert d.pool.nbytes == d.pool.slots * om_.geometry.layer_expert_bytes[0]
@@ -202,8 +202,8 @@ def test_recorded_trace_is_a_valid_trace(mixtral, tmp_path):
     model, _ = mixtral
     om = OffloadedModel(copy.deepcopy(model))
     run = om.reference(LONG, 4)
-    run.trace.save(tmp_path / "t.npz")
-    back = Trace.load(tmp_path / "t.npz")
+    save_trace(run.trace, tmp_path / "t.npz")
+    back = load_trace(tmp_path / "t.npz")
     assert [r.prefill for r in back.requests] == [len(p.ids) for p in LONG]
     assert back.tokens == sum(len(p.ids) + 3 for p in LONG)
     assert back.geometry == om.geometry
@@ -246,7 +246,7 @@ def test_zero_new_tokens_is_a_clear_error_and_leaves_the_model_usable(mixtral):
     om = OffloadedModel(copy.deepcopy(mixtral[0]))
     with pytest.raises(CasmoeError, match="max_new_tokens"):
         om.run(SHORT, get_policy("lru"), 2, max_new_tokens=0)
-    assert om._run is None  # the session let go of the model: a reference pass is un-offloaded
+    assert om.hooks.current is None  # no pass left open: a later forward is un-offloaded
     assert om.run(SHORT, get_policy("lru"), 2, max_new_tokens=1).generated == len(SHORT)
 
 

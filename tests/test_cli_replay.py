@@ -12,6 +12,7 @@ import pytest
 
 from casmoe.geometry import Geometry
 from casmoe.trace import Request, Trace
+from casmoe.trace_io import save_trace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +30,7 @@ def small_trace(tmp_path_factory) -> Path:
         topk = np.stack([[rng.choice(4, 2, replace=False) for _ in range(4)] for _ in range(30)]).astype(np.int16)
         reqs.append(Request(topk, np.full(topk.shape, 0.5, np.float32), 5, prompt=f"prompt {i}", task="t"))
     path = tmp_path_factory.mktemp("trace") / "small.npz"
-    Trace(g, reqs, {"source": "test"}).save(path)
+    save_trace(Trace(g, reqs, {"source": "test"}), path)
     return path
 
 

@@ -24,7 +24,7 @@ from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Arrival, Schedule, Workload
 from casmoe.testing import cases
-from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 from test_compiled_sim import VARIANTS, preset_for
 
 
@@ -81,7 +81,7 @@ def test_compiled_timing_to_the_last_bit(monkeypatch, variant, case, mode, batch
 def test_compiled_timing_on_the_shipped_trace(monkeypatch, policy):
     """Mixtral's shape on the seed paper's box, four devices, timeliness on: the kernel ran
     (not the Python fallback) and agrees."""
-    trace = Trace.load(shipped(SYNTHETIC_TRACE)).subset(range(8))
+    trace = load_trace(shipped(SYNTHETIC_TRACE)).subset(range(8))
     options = {"predictor": "exact"} if policy == "casmoe" else {}
     hw = dataclasses.replace(load_profile("rtx4090x4"), load_host_us=20.0, wake_us=5.0)
 

@@ -19,6 +19,7 @@ from casmoe.importers import import_profile, import_trace, read_route_csv, write
 from casmoe.importers.sglang import read_sglang_counts
 from casmoe.profile import Profile, ProfileError, load_profile, read_profile
 from casmoe.trace import NOT_COMPUTED, Trace, TraceError
+from casmoe.trace_io import load_trace, save_trace
 from test_fuzz import assert_one_line, cli
 from test_trace import assert_same
 
@@ -112,8 +113,8 @@ def test_sglang_per_token_dump_recovers_every_request(tmp_path):
         np.testing.assert_array_equal(got.output_ids, want.ids[computed_prompt:])
     assert tr.meta["prefix_cached_tokens"] == [0, 0, 0, 0, 2]
     assert tr.meta["started_before_recording"] == 1
-    tr.save(tmp_path / "t.npz")  # and through casmoe's own formats, unchanged
-    write_route_csv(Trace.load(tmp_path / "t.npz"), tmp_path / "t.csv")
+    save_trace(tr, tmp_path / "t.npz")  # and through casmoe's own formats, unchanged
+    write_route_csv(load_trace(tmp_path / "t.npz"), tmp_path / "t.csv")
     assert_same(read_route_csv(tmp_path / "t.csv"), tr)
 
 
@@ -225,8 +226,8 @@ def test_vllm_npz_per_request_files_in_a_folder(tmp_path):
         assert (got.prefill, got.prompt, got.output) == (P, f"prompt {i}", f"text {i}")
         assert got.output_ids.tolist() == list(np.arange(G) + 100 * i)
     # a round trip through casmoe's own formats keeps all of it
-    tr.save(tmp_path / "t.npz")
-    write_route_csv(Trace.load(tmp_path / "t.npz"), tmp_path / "t.csv")
+    save_trace(tr, tmp_path / "t.npz")
+    write_route_csv(load_trace(tmp_path / "t.npz"), tmp_path / "t.csv")
     assert_same(read_route_csv(tmp_path / "t.csv"), tr)
 
 
@@ -353,7 +354,7 @@ def test_profile_round_trip_and_trace_profiles(tmp_path):
     reqs, passes = sglang_workload(rng)
     sglang_dump(passes, reqs, rng, tmp_path / "d.pt")
     tr = import_trace([tmp_path / "d.pt"])
-    tr.save(tmp_path / "t.npz")
+    save_trace(tr, tmp_path / "t.npz")
     np.testing.assert_array_equal(load_profile(tmp_path / "t.npz"), tr.popularity())
     (tmp_path / "bad.npz").write_bytes(b"PK not a zip")
     with pytest.raises(ProfileError):
@@ -383,7 +384,7 @@ def test_engine_dump_to_trace_and_counts_to_static_profile(tmp_path, monkeypatch
     from casmoe.policies import get_policy
     from casmoe.policies.static import Static
 
-    tr = Trace.load(tmp_path / "t.npz")
+    tr = load_trace(tmp_path / "t.npz")
     cache = get_policy("static").create(tr.geometry, Capacity(3), trace=tr, profile=str(tmp_path / "p.npz"))
     assert isinstance(cache, Static) and cache.pinned == frozenset(layer * E + 4 for layer in range(3))
     code, out, err = cli(["replay", "--trace", "t.npz", "--policy", "static[profile=p.npz]", "--capacity", "3"],
@@ -429,7 +430,7 @@ def test_gap_rows_of_an_engine_dump_stay_gaps(tmp_path):
 def test_the_shipped_engine_examples_give_back_tiny_mixtrals_routing(tmp_path):
     """examples/engine-dumps holds tiny-mixtral's recorded routing in each engine's format; each
     import gives back the source's expert ids, prompt lengths and counts."""
-    source = Trace.load(EXAMPLES.parents[1] / "traces" / "tiny-mixtral.npz")
+    source = load_trace(EXAMPLES.parents[1] / "traces" / "tiny-mixtral.npz")
     reqs = [source.requests[i] for i in REQUESTS]
     vllm = import_trace([EXAMPLES / "vllm"], num_experts=8)
     sglang = import_trace([EXAMPLES / "sglang"])

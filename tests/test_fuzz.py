@@ -31,6 +31,7 @@ from casmoe.replay import replay
 from casmoe.sim.hardware import PROFILES_DIR, HardwareProfile
 from casmoe.synthetic import SynthConfig, generate
 from casmoe.trace import Trace, TraceError
+from casmoe.trace_io import load_trace, save_trace, validate_trace
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
                 database=None)
@@ -72,7 +73,7 @@ def leftovers(folder: Path) -> list[str]:
 
 
 def _arrays(trace: Trace, path: Path) -> dict[str, np.ndarray]:
-    trace.save(path)
+    save_trace(trace, path)
     with np.load(path) as npz:
         return {k: npz[k] for k in npz.files}
 
@@ -98,12 +99,12 @@ def test_mutated_trace_arrays_raise_only_trace_error(tmp_path, name, how):
     }[how]()
     np.savez(tmp_path / "bad.npz", **arrays)
     try:
-        tr = Trace.load(tmp_path / "bad.npz")
+        tr = load_trace(tmp_path / "bad.npz")
     except TraceError:
         return
     # accepted: then it must be a consistent trace whose tokens are exactly the file's
     assert sum(r.tokens for r in tr.requests) == len(arrays["topk"])
-    tr.validate()
+    validate_trace(tr)
 
 
 def test_uint64_offsets_that_go_back_are_refused(tmp_path):
@@ -113,7 +114,7 @@ def test_uint64_offsets_that_go_back_are_refused(tmp_path):
     arrays["prefill"] = np.array([1, 0])
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(TraceError, match="partition"):
-        Trace.load(tmp_path / "bad.npz")
+        load_trace(tmp_path / "bad.npz")
 
 
 # ---- route CSV and JSON -------------------------------------------------------------------------
@@ -204,7 +205,7 @@ def test_vllm_response_fields_of_any_type(tmp_path, prompt, routed, ids, created
         tr = read_vllm([tmp_path / "r.json"])
     except TraceError:
         return
-    tr.validate()  # accepted: a consistent trace of integer ids
+    validate_trace(tr)  # accepted: a consistent trace of integer ids
     assert all(r.topk.dtype.kind == "i" for r in tr.requests)
 
 
@@ -225,7 +226,7 @@ def test_sglang_record_fields_of_any_type(tmp_path, field, value, record):
         tr = read_sglang([tmp_path / "d.pt"])
     except TraceError:
         return
-    tr.validate()
+    validate_trace(tr)
 
 
 @settings(FUZZ, max_examples=20)
@@ -246,7 +247,7 @@ def test_damaged_engine_dumps_raise_one_error(tmp_path, name, cut, flip):
         if name == "sglang-stat.pt":
             import_profile([bad], "sglang-stat")
         else:
-            import_trace([bad], "sglang" if bad.suffix == ".pt" else "vllm").validate()
+            validate_trace(import_trace([bad], "sglang" if bad.suffix == ".pt" else "vllm"))
     except CasmoeError as exc:
         assert "\n" not in str(exc)
 
@@ -341,7 +342,7 @@ USER_POLICIES = {
 def test_faulty_user_policy_is_one_line(tmp_path, monkeypatch, capsys, name):
     module = f"userpol_{abs(hash(name)) % 10**6}"
     (tmp_path / f"{module}.py").write_text(USER_POLICIES[name])
-    small_trace().save(tmp_path / "t.npz")
+    save_trace(small_trace(), tmp_path / "t.npz")
     code, _, err = cli(["replay", "--trace", "t.npz", "--capacity", "2", "--policy", f"{module}:P"],
                        tmp_path, monkeypatch, capsys)
     assert_one_line(code, err)
@@ -365,8 +366,8 @@ def test_faulty_user_policy_is_one_line(tmp_path, monkeypatch, capsys, name):
     ["lrc", "-t", "t.npz", "--out", "adir"],
 ])
 def test_bad_paths_and_options_fail_before_work(tmp_path, monkeypatch, capsys, argv):
-    small_trace().save(tmp_path / "t.npz")
-    generate(Geometry(3, 6, 2), SynthConfig(requests=1, seed=0)).save(tmp_path / "unsized.npz")  # no expert bytes
+    save_trace(small_trace(), tmp_path / "t.npz")
+    save_trace(generate(Geometry(3, 6, 2), SynthConfig(requests=1, seed=0)), tmp_path / "unsized.npz")  # no expert bytes
     (tmp_path / "adir").mkdir()
     (tmp_path / "afile").write_text("keep me")
     code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
@@ -376,7 +377,7 @@ def test_bad_paths_and_options_fail_before_work(tmp_path, monkeypatch, capsys, a
 
 
 def test_huge_capacity_holds_every_expert_without_allocating_it(tmp_path, monkeypatch, capsys):
-    small_trace().save(tmp_path / "t.npz")
+    save_trace(small_trace(), tmp_path / "t.npz")
     code, out, err = cli(["replay", "--trace", "t.npz", "--policy", "lru", "--capacity", "1000000000000", "--json"],
                          tmp_path, monkeypatch, capsys)
     assert code == 0, err
@@ -392,7 +393,7 @@ def test_huge_capacity_holds_every_expert_without_allocating_it(tmp_path, monkey
 def test_disk_full_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys, argv):
     """ENOSPC when the data reaches the disk (fsync), as on a full file system."""
     tr = generate(Geometry(32, 8, 2), SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0))
-    tr.save(tmp_path / "t.npz")
+    save_trace(tr, tmp_path / "t.npz")
     (tmp_path / "out").mkdir()
 
     def full(fd: int) -> None:

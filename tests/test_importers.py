@@ -17,6 +17,7 @@ from casmoe.geometry import Geometry
 from casmoe.importers import import_trace, read_json, read_lrc_arrays, read_route_csv, write_route_csv
 from casmoe.synthetic import SynthConfig, generate
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
+from casmoe.trace_io import save_trace
 from test_trace import assert_same, random_trace
 
 REAL = Path(__file__).resolve().parents[1] / "traces" / "real"
@@ -329,7 +330,7 @@ def test_malformed_arrays_raise_trace_error(tmp_path, fault):
 
 def test_import_npz_and_auto_dispatch(tmp_path):
     tr = Trace(Geometry(1, 4, 2), [Request(np.array([[[0, 1]]], np.int16), np.ones((1, 1, 2), np.float32), 0)])
-    tr.save(tmp_path / "t.npz")
+    save_trace(tr, tmp_path / "t.npz")
     assert import_trace([tmp_path / "t.npz"]).geometry == tr.geometry
     with pytest.raises(TraceError):
         import_trace([])
@@ -451,7 +452,7 @@ def test_traces_without_requests_are_refused(tmp_path):
     empty = Trace(Geometry(1, 4, 2), [])
     with pytest.raises(TraceError, match="no requests"):
         write_route_csv(empty, tmp_path / "e.csv")
-    empty.save(tmp_path / "e.npz")
+    save_trace(empty, tmp_path / "e.npz")
     with pytest.raises(TraceError, match="no requests"):
         import_trace([tmp_path / "e.npz"])
     np.save(tmp_path / "l_0.npy", np.zeros((0, 3, 2), dtype=np.int8))
@@ -467,7 +468,7 @@ def test_commands_refuse_to_overwrite_their_input_or_contradict_it(tmp_path, mon
     from test_fuzz import assert_one_line, cli
 
     (tmp_path / "t.csv").write_text(MINIMAL)
-    read_route_csv(tmp_path / "t.csv").save(tmp_path / "t.npz")
+    save_trace(read_route_csv(tmp_path / "t.csv"), tmp_path / "t.npz")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
     assert_one_line(code, err)

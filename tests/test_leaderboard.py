@@ -12,6 +12,7 @@ import numpy as np
 from casmoe.policies import POLICIES
 from casmoe.sim import leaderboard as lb
 from casmoe.trace import Request, Trace
+from casmoe.trace_io import load_trace, save_trace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,14 +29,14 @@ def small_trace(path: Path, splits: bool, spec: bool = True) -> Path:
         s[:, :-1] = topk[:, 1:]
         reqs.append(Request(topk, np.full(topk.shape, 0.5, np.float32), 3, f"prompt {i}", spec=s if spec else None))
     meta = {"splits": ["train"] * 4 + ["heldout"] * 2} if splits else {}
-    Trace(g, reqs, meta).save(path)
+    save_trace(Trace(g, reqs, meta), path)
     return path
 
 
 def test_split_uses_the_traces_own_labels_or_holds_out_its_last_fifth(tmp_path):
-    own = Trace.load(small_trace(tmp_path / "a.npz", splits=True))
+    own = load_trace(small_trace(tmp_path / "a.npz", splits=True))
     assert lb.split(own)[:2] == ([0, 1, 2, 3], [4, 5])
-    none = Trace.load(small_trace(tmp_path / "b.npz", splits=False))
+    none = load_trace(small_trace(tmp_path / "b.npz", splits=False))
     train, held, how = lb.split(none)
     assert held and sorted(train + held) == list(range(6)) and not set(train) & set(held) and "held out" in how
 
@@ -43,7 +44,7 @@ def test_split_uses_the_traces_own_labels_or_holds_out_its_last_fifth(tmp_path):
 def test_fitted_policies_are_fitted_on_train_requests_only(tmp_path):
     path = small_trace(tmp_path / "a.npz", splits=True)
     w = lb.prepare(path, tmp_path / "w", requests=0)
-    scored, train = Trace.load(w.scored), Trace.load(w.train)
+    scored, train = load_trace(w.scored), load_trace(w.train)
     prompts = lambda t: {r.prompt for r in t.requests}  # noqa: E731
     assert prompts(scored) == {"prompt 4", "prompt 5"} and not prompts(scored) & prompts(train)
     specs = lb.policies(w)

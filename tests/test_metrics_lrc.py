@@ -18,6 +18,7 @@ from casmoe.metrics.bootstrap import basic_interval, bootstrap_weights
 from casmoe.metrics.lrc import measure
 from casmoe.metrics.tokens import TokenSelection
 from casmoe.trace import NOT_COMPUTED, Request, Trace
+from casmoe.trace_io import save_trace
 
 REAL = Path(__file__).resolve().parents[1] / "traces" / "real"
 CASES = REAL / "moe_lrc_case_traces.json"
@@ -117,8 +118,8 @@ def test_real_route_traces_give_finite_metrics(name):
 
 def test_cli_writes_table_json_csv_and_plots(tmp_path):
     a, b = tmp_path / "a.npz", tmp_path / "b.npz"
-    small_trace(0, S=2, T=16).save(a)
-    small_trace(1, S=2, T=16).save(b)
+    save_trace(small_trace(0, S=2, T=16), a)
+    save_trace(small_trace(1, S=2, T=16), b)
     out = tmp_path / "out"
     r = CliRunner().invoke(
         app,
@@ -138,7 +139,7 @@ def test_cli_writes_table_json_csv_and_plots(tmp_path):
 
 def test_cli_bad_input_is_one_line_error(tmp_path):
     a = tmp_path / "a.npz"
-    small_trace(S=1, T=8).save(a)
+    save_trace(small_trace(S=1, T=8), a)
     for args in (["--m", "0"], ["--m", "x"], ["--baselines", "nosuch"], ["--tokens", "some"]):
         r = subprocess.run([sys.executable, "-m", "casmoe", "lrc", "-t", str(a), *args], capture_output=True, text=True)
         assert r.returncode == 2, (args, r.stderr)

@@ -17,6 +17,7 @@ from casmoe.planner import EAPConfig, PlannerConfig, PlannerError, fit_planner, 
 from casmoe.planner.gate import Source
 from casmoe.planner.patterns import request_pattern
 from casmoe.trace import Request, Trace
+from casmoe.trace_io import save_trace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("sentence_transformers")
@@ -165,7 +166,7 @@ def test_cli_fit_and_eval(trace, tmp_path) -> None:
 
     from casmoe.cli.app import app
 
-    trace.save(tmp_path / "t.npz")
+    save_trace(trace, tmp_path / "t.npz")
     out, path, csv = str(tmp_path / "pl"), str(tmp_path / "t.npz"), str(tmp_path / "c.csv")
     runner = CliRunner()
     res = runner.invoke(app, ["planner", "fit", "--trace", path, "--out", out, "--epochs", "4", "--epsilon", "0.6"])
@@ -329,7 +330,7 @@ def test_cli_leave_one_task_out(trace, tmp_path) -> None:
     from casmoe.cli.app import app
 
     path, out = str(tmp_path / "t.npz"), str(tmp_path / "pl")
-    trace.save(path)
+    save_trace(trace, path)
     runner = CliRunner()
     fit = ["planner", "fit", "--trace", path, "--out", out, "--epochs", "2", "--exclude-task", "law"]
     res = runner.invoke(app, fit)
@@ -362,7 +363,7 @@ def test_prompt_free_trace_is_served_by_the_trajectory_stage(trace, tmp_path) ->
     from casmoe.planner.gate import Source
 
     bare = Trace(G, [Request(r.topk, r.weights, r.prefill, task=r.task) for r in trace.requests])
-    bare.save(tmp_path / "bare.npz")
+    save_trace(bare, tmp_path / "bare.npz")
     runner = CliRunner()
     res = runner.invoke(app, ["planner", "fit", "--trace", str(tmp_path / "bare.npz"), "--out", str(tmp_path / "pl")])
     assert res.exit_code == 0, res.output
@@ -392,7 +393,7 @@ def test_cli_planner_bench_chooses_on_fit_data_only(trace, tmp_path) -> None:
     from casmoe.cli.app import app
 
     tagged = Trace(trace.geometry, trace.requests, {"splits": ["heldout" if i % 5 == 4 else "train" for i in range(len(trace.requests))]})
-    tagged.save(tmp_path / "t.npz")
+    save_trace(tagged, tmp_path / "t.npz")
     out = tmp_path / "bench"
     res = CliRunner().invoke(
         app, ["planner", "bench", "--trace", str(tmp_path / "t.npz"), "--out", str(out), "--setting", "mixed:code",

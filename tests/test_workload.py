@@ -19,6 +19,7 @@ from casmoe.geometry import Geometry
 from casmoe.policies import get_policy
 from casmoe.replay import replay
 from casmoe.trace import NOT_COMPUTED, Request, Trace
+from casmoe.trace_io import save_trace
 from casmoe.workload import (
     REAL_TRACES,
     STATS,
@@ -189,7 +190,7 @@ def test_sticky_trace_is_reported_above_the_band():
 
 def test_cli_table_json_and_csv(tmp_path):
     a = tmp_path / "sticky.npz"
-    sticky(T=40, E=16, k=2).save(a)
+    save_trace(sticky(T=40, E=16, k=2), a)
     runner = CliRunner()
     r = runner.invoke(app, ["trace", "stats", str(a), "traces/real/gptoss.route.csv"])
     assert r.exit_code == 0, r.output

@@ -33,6 +33,7 @@ from casmoe.importers.lrc_arrays import read_lrc_arrays
 from casmoe.importers.route_csv import CSV_COLUMNS, MINIMAL_COLUMNS, read_route_csv, write_route_csv
 from casmoe.profile import Profile, ProfileError
 from casmoe.trace import Trace, TraceError
+from casmoe.trace_io import load_trace
 
 __all__ = ["CSV_COLUMNS", "FORMATS", "MINIMAL_COLUMNS", "PROFILE_FORMATS", "import_profile", "import_trace",
            "read_json", "read_lrc_arrays", "read_route_csv", "read_specs", "write_route_csv"]
@@ -137,7 +138,7 @@ def import_trace(
     elif fmt == "json":
         trace = read_json(sources[0], key=options.get("key"))
     elif fmt == "npz":
-        trace = Trace.load(sources[0])
+        trace = load_trace(sources[0])
     elif fmt == "vllm":
         from casmoe.importers.vllm import read_vllm
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
+from casmoe.trace_io import checked_trace
 
 
 @dataclass
@@ -102,8 +103,11 @@ def build_trace(
             raise TraceError(f"{r.where}: token {t}, MoE layer {layer}: fewer than top_k={k} experts routed")
         rows[blank] = NOT_COMPUTED
         weights = np.where(blank[:, :, None], 0.0, np.full(rows.shape, 1.0 / k)).astype(np.float32)
-        out.append(Request(topk=rows.astype(np.int16), weights=weights, prefill=len(r.prompt_rows),
-                           prompt=r.prompt, output=r.output, output_ids=r.output_ids, arrival=r.arrival))
+        try:
+            out.append(Request(topk=rows.astype(np.int16), weights=weights, prefill=len(r.prompt_rows),
+                               prompt=r.prompt, output=r.output, output_ids=r.output_ids, arrival=r.arrival))
+        except TraceError as exc:  # e.g. output token ids < 0
+            raise exc.within(r.where) from None
     arrivals = [r.arrival for r in out]
     if any(a is None for a in arrivals):
         for r in out:
@@ -125,9 +129,4 @@ def build_trace(
         "request_names": [r.name for r in requests] if all(r.name for r in requests) else None,
         **(meta or {}),
     }
-    trace = Trace(g, out, {n: v for n, v in info.items() if v is not None})
-    for i, r in enumerate(trace.requests):
-        if r.output_ids is not None and (r.output_ids.ndim != 1 or (r.output_ids < 0).any()):
-            raise TraceError(f"{requests[i].where}: output token ids must be a list of ids >= 0")
-    trace.validate(where)
-    return trace
+    return checked_trace(g, out, {n: v for n, v in info.items() if v is not None}, where)

@@ -14,6 +14,7 @@ import numpy as np
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import exact_int, unique_pairs
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
+from casmoe.trace_io import checked_trace
 
 
 def _json_request(entry: Any, E: int, k: int, where: str) -> tuple[Request, int]:
@@ -132,6 +133,4 @@ def read_json(path: str | Path, key: str | None = None) -> Trace:
         "recorded_by": f"JSON {Path(where).name}" + (f" (key {key})" if key else ""),
         "request_names": [n for n, _ in entries],
     }
-    trace = Trace(g, requests, meta)
-    trace.validate(where)
-    return trace
+    return checked_trace(g, requests, meta, where)

@@ -16,6 +16,7 @@ from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import positive_option
 from casmoe.npz import read_npz
 from casmoe.trace import Request, Trace, TraceError
+from casmoe.trace_io import checked_trace
 
 ARRAY_SUFFIXES = (".npy", ".npz", ".safetensors")
 
@@ -164,6 +165,5 @@ def read_lrc_arrays(
         )
         for s in range(S)
     ]
-    trace = Trace(g, requests, {"source_model": "unknown", "recorded_by": f"moe-lrc arrays ({len(files)} layer files)"})
-    trace.validate(where)
-    return trace
+    return checked_trace(g, requests, {"source_model": "unknown", "recorded_by": f"moe-lrc arrays ({len(files)} layer files)"},
+                         where)

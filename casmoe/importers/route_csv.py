@@ -23,6 +23,7 @@ from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import exact_int, unique_pairs
 from casmoe.resources import check_allocation
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
+from casmoe.trace_io import checked_trace
 
 CSV_COLUMNS = ("turn", "phase", "step", "layer", "slot", "expert", "weight")
 """The columns casmoe writes; a user's own tool needs only `MINIMAL_COLUMNS`."""
@@ -215,9 +216,7 @@ def read_route_csv(path: str | Path) -> Trace:
         "recorded_by": f"route CSV {Path(where).name}",
         **extra.get("meta", {}),
     }
-    trace = Trace(g, requests, {k: v for k, v in meta.items() if v is not None})
-    trace.validate(where)
-    return trace
+    return checked_trace(g, requests, {k: v for k, v in meta.items() if v is not None}, where)
 
 
 def _csv_request(

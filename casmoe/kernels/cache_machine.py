@@ -52,7 +52,13 @@ machine (27 arrays, passed by value) made a compiled replay 15% slower."""
 
 
 class Machine(NamedTuple):
-    """The state of one cache, as arrays (N = L x E experts, S slots, P pools)."""
+    """The state of one cache, as arrays (N = L x E experts, S slots, P pools).
+
+    The name stays although `sim` and `casmoe` once had Machines of their own (now `RunState`,
+    `resources`): numba's cache index pickles this class by name in every kernel signature that
+    takes it (here and in sim/timing_kernel.py) and unpickles the index before checking it is
+    stale, so after a rename every checkout with a warm cache fails with AttributeError until its
+    `__pycache__/*.nbi` files are deleted (tried: bench/RESULTS.md, issue 20)."""
 
     cfg: np.ndarray  # int64 [11], the C_* settings
     reg: np.ndarray  # int64 [7], the R_* scalars

@@ -34,6 +34,7 @@ import numpy as np
 from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.trace import Trace, expert_counts
+from casmoe.trace_io import load_trace
 
 
 def _unit_rows(eam: np.ndarray) -> np.ndarray:
@@ -83,7 +84,7 @@ class MoEInfinity(ExpertCache):
         fit = options.get("fit")
         if fit is None:
             return set(split_indices(trace, "train"))
-        fit = fit if isinstance(fit, Trace) else Trace.load(os.fspath(fit))
+        fit = fit if isinstance(fit, Trace) else load_trace(os.fspath(fit))
         same = fit.geometry == trace.geometry and np.array_equal(fit.popularity(), trace.popularity())
         return set(range(len(trace.requests))) if same else set()
 
@@ -104,7 +105,7 @@ class MoEInfinity(ExpertCache):
         collection: list[np.ndarray] = []
         if fit is not None:
             if not isinstance(fit, Trace):
-                fit = Trace.load(os.fspath(fit))
+                fit = load_trace(os.fspath(fit))
             g = fit.geometry
             if (g.layers, g.experts) != (geometry.layers, geometry.experts):
                 raise CacheConfigError(

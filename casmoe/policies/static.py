@@ -19,6 +19,7 @@ from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
 from casmoe.policies.lru import LRU
 from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 
 
 class Static(LRU):
@@ -115,7 +116,7 @@ def _profile_trace(profile: Trace | str | os.PathLike[str]) -> Trace | None:
     from casmoe.trace import TraceError
 
     try:
-        return Trace.load(os.fspath(profile))
+        return load_trace(os.fspath(profile))
     except TraceError:
         return None
 

@@ -71,9 +71,10 @@ def write_trtllm(folder: Path, counts: dict[tuple[int, int], np.ndarray], expert
 def main() -> None:
     import torch
 
-    from casmoe.trace import Trace, expert_counts
+    from casmoe.trace import expert_counts
+    from casmoe.trace_io import load_trace
 
-    trace = Trace.load(SOURCE)
+    trace = load_trace(SOURCE)
     reqs = [trace.requests[i] for i in REQUESTS]
     L, E, k = trace.geometry.layers, trace.geometry.experts, trace.geometry.top_k
 
