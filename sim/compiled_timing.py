@@ -28,6 +28,8 @@ from casmoe.step_arrays import StepArrays
 
 RING = 256
 """Initial room per link for queued prefetches and arrivals in flight (grown between chunks)."""
+CHAIN = 256
+"""Steps of a request running alone that one serving kernel call decides and prices at most."""
 
 
 def fits(machine: Any, setup: Any, deciders: Sequence[Any]) -> bool:
@@ -44,10 +46,10 @@ def run(plan: Any, machine: Any, setup: Any, log: LatencyLog, decider: CompiledD
     from casmoe.sim import timing_kernel as tk
 
     arrays = plan.arrays(0)
-    meta = _step_meta(plan, arrays)
+    meta = _step_meta(plan.trace, plan.batch, plan.steps, arrays)
     starts, finishing = meta[3], meta[4]
     st = _state(tk, machine, setup, arrays)
-    dense, head, handover = _work(plan, meta, setup.compute, len(machine.links) > 1)
+    dense, head, handover = _work(plan.trace, plan.batch, meta, setup.compute, len(machine.links) > 1)
     now = 0.0
     S = arrays.steps
     for c0 in range(0, S, chunk_steps):
@@ -63,11 +65,13 @@ def run(plan: Any, machine: Any, setup: Any, log: LatencyLog, decider: CompiledD
     return now
 
 
-def _step_meta(plan: Any, arrays: StepArrays) -> tuple[list[bool], list[int], list[tuple[int, ...]], dict, dict]:
-    """Per step: whether it is a prefill, its tokens and requests; the requests starting and
-    finishing at each step. Batch 1 reads them off the arrays (no `Step` objects needed)."""
-    if plan.batch != 1:
-        steps = plan.steps
+def _step_meta(
+    trace: Any, batch: int, steps: Sequence[Any], arrays: StepArrays,
+) -> tuple[list[bool], list[int], list[tuple[int, ...]], dict, dict]:
+    """Per step (of `steps`, the trace cut at `batch`): whether it is a prefill, its tokens and
+    requests; the requests starting and finishing at each step. Batch 1 reads them off the
+    arrays (no `Step` objects needed)."""
+    if batch != 1:
         starts, finishing = starts_and_ends(steps)
         return [s.prefill for s in steps], [s.tokens for s in steps], [s.requests for s in steps], starts, finishing
     prefill: list[bool] = []
@@ -78,7 +82,7 @@ def _step_meta(plan: Any, arrays: StepArrays) -> tuple[list[bool], list[int], li
     for r, (a, b) in enumerate(zip(arrays.first_step.tolist(), arrays.last_step.tolist())):
         if a < 0:
             continue
-        p = plan.trace.requests[r].prefill
+        p = trace.requests[r].prefill
         n = b - a + 1
         prefill += [bool(p)] + [False] * (n - 1)
         tokens += [p or 1] + [1] * (n - 1)
@@ -88,20 +92,20 @@ def _step_meta(plan: Any, arrays: StepArrays) -> tuple[list[bool], list[int], li
     return prefill, tokens, requests, starts, finishing
 
 
-def _work(plan: Any, meta: tuple, compute: Any, multi: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _work(trace: Any, batch: int, meta: tuple, compute: Any, multi: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every step's dense, head and hand-over times (`work_for`'s), from the requests' context
     lengths; at batch 1 over arrays (`dense_many`: the same bits, no Python per step)."""
     prefill, tokens, requests = meta[:3]
     S = len(prefill)
-    if plan.batch != 1:
-        pos = [0] * len(plan.trace.requests)
+    if batch != 1:
+        pos = [0] * len(trace.requests)
         works = [work_for(prefill[s], tokens[s], requests[s], pos, compute) for s in range(S)]
         dense, head = np.array([w.dense for w in works]), np.array([w.head for w in works])
     else:  # a request's prefill step (T tokens) attends T(T + 1)/2 pairs, its i-th decode token P + i
         T, is_prefill = np.array(tokens, np.int64), np.array(prefill, np.bool_)
         req = np.array([r for (r,) in requests], np.int64)
         first = np.searchsorted(req, req)  # each step's request's first step (requests in order)
-        P = np.array([r.prefill for r in plan.trace.requests], np.int64)[req]
+        P = np.array([r.prefill for r in trace.requests], np.int64)[req]
         context = P + np.arange(S) - first + (P == 0)  # a decode step's position, counting itself
         pairs = np.where(is_prefill, T * (T + 1) // 2, context)
         dense, head = compute.dense_many(T, pairs, np.where(is_prefill, T, context)), np.full(S, compute.head(1))
@@ -263,6 +267,9 @@ class ServingPass:
         self.weighted = np.zeros(1, np.bool_)
         self.work = np.zeros(3)  # dense, head, hand-over
         self.out = np.zeros(2)
+        self.lone: tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray] | None = None
+        """The trace's batch-1 steps as arrays and their dense, head and hand-over times, for
+        `alone`; built at its first call."""
 
     @staticmethod
     def fits(machine: Any, setup: Any, compiled: bool | None) -> bool:
@@ -299,6 +306,48 @@ class ServingPass:
         for _ in range(ending):
             twin.end()
         return float(self.out[1])
+
+    def alone(self, r: int, k: int, starting: bool, start: float, limit: float) -> tuple[list[float], list[float]]:
+        """Request `r` running alone, from its `k`-th step (`Request.steps`, the prompt whole):
+        decide and price its steps from `start` as `step` would one by one, until its last or
+        until one ends at or after `limit` (no other process acts before then, so the scheduler
+        would have formed these very steps). Returns the steps' starts and ends. One kernel call
+        for up to `CHAIN` steps, reading the batch-1 arrays: no `Step` objects, no arrays per step."""
+        twin, tk = self.twin, self.tk
+        mc, km = twin.mc, twin.km
+        if self.lone is None:
+            arrays = StepArrays.from_trace(self.setup.trace)
+            meta = _step_meta(self.setup.trace, 1, [], arrays)
+            self.lone = (arrays, *_work(self.setup.trace, 1, meta, self.setup.compute, self.multi))
+            if arrays.weighted.any():
+                self._tables(arrays.counts)
+        arrays, dense, head, handover = self.lone
+        s, last = int(arrays.first_step[r]) + k, int(arrays.last_step[r]) + 1
+        mc.reg[km.R_LOG] = 0
+        if starting:
+            twin.begin(self.setup.trace.requests[r])
+        self.begin_a[0], self.begin_b[0] = (0 if starting else -1), mc.reg[km.R_LOG]
+        ptr, L = arrays.visit_ptr, self.L
+        starts: list[float] = []
+        ends: list[float] = []
+        while True:
+            e = min(last, s + CHAIN)
+            self._room(int(self.begin_b[0]) + int(ptr[e * L] - ptr[s * L]) + self.budget * (e - s))
+            out_start, out_end = np.empty(e - s), np.empty(e - s)
+            n = tk.serve_alone(mc, self.st, ptr, arrays.experts, arrays.counts, arrays.weighted, self.marks, s, e,
+                               self.begin_a, self.begin_b, e == last, self.ending, dense[s:e], head[s:e],
+                               handover[s:e], start, limit, out_start, out_end)
+            starts += out_start[:n].tolist()
+            ends += out_end[:n].tolist()
+            stopped, s = n < e - s, s + n
+            if s == last:
+                twin.end()
+                return starts, ends
+            start = starts[-1] + (ends[-1] - starts[-1])  # the clock after the last step, as SimPy's
+            if stopped or not limit > start:
+                return starts, ends
+            mc.reg[km.R_LOG] = 0
+            self.begin_a[0] = -1
 
     def _room(self, rows: int) -> None:
         """Grow the rings before a step that may issue `rows` loads, checking their fill only

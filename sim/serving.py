@@ -32,6 +32,7 @@ import math
 import enum
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -42,6 +43,7 @@ from casmoe.sim.assembly import RunState, Setup
 from casmoe.sim.compiled_timing import ServingPass
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import StepWork
+from casmoe.geometry import Geometry
 from casmoe.trace import Request, Step, merge_steps, prefill_step
 
 MAX_FUTURE_RUNS = 5
@@ -150,10 +152,25 @@ class Job:
     r: int
     request: Request
     done: simpy.Event
-    prompt: int  # prompt tokens
-    steps: list[Step]  # its own steps: the prompt (if any), then one per decode token
+    geometry: Geometry
     pos: int = 0  # tokens computed
     decoded: int = 0  # decode steps done
+
+    @property
+    def prompt(self) -> int:
+        """Prompt tokens."""
+        return self.request.prefill
+
+    @property
+    def nsteps(self) -> int:
+        """How many `steps`: the prompt (if any) as one, then one per decode token."""
+        return bool(self.request.prefill) + self.request.decode_tokens
+
+    @cached_property
+    def steps(self) -> list[Step]:
+        """Its own steps (`Request.steps`), built when a step mixes them with others': a
+        request served alone by the compiled passes needs none."""
+        return self.request.steps(self.geometry)
 
     @property
     def prefilling(self) -> bool:
@@ -195,7 +212,9 @@ class Server:
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.wake = env.event()
-        self.steps: list[Step] = []  # the step sequence, for oracles' next run
+        self.steps: list[Step] = []
+        """The step sequence, for oracles' next run (kept by the Python passes: the compiled
+        ones serve no policy that reads the future)."""
         self.clock = 0.0  # the end of the last step: the makespan, once all is served
         g = setup.trace.geometry
         self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
@@ -206,9 +225,9 @@ class Server:
     def submit(self, r: int) -> simpy.Event:
         """Request `r` arrives now; the event fires with its last token."""
         request = self.setup.trace.requests[r]
-        job = Job(r, request, self.env.event(), request.prefill, request.steps(self.setup.trace.geometry))
+        job = Job(r, request, self.env.event(), self.setup.trace.geometry)
         self.log.arrive(r, self.env.now)
-        if not job.steps:
+        if not job.nsteps:
             self.log.admit(r, self.env.now, len(self.running))
             self.log.finished(r, self.env.now)
             job.done.succeed()
@@ -229,15 +248,20 @@ class Server:
                 yield self.wake
                 continue
             admitted = self._admit()
-            plan = self._next_step()
-            s = len(self.steps)
-            self.steps.append(plan.step)
-            subs = self._views(plan.step)
+            decoding, prefill, chunk = self._next_step()
             starting = [job.r for job in admitted]
             start = env.now
+            k = self._alone(prefill, chunk)
+            if k is not None:
+                yield from self._serve_alone(self.running[0], k, bool(starting), start)
+                continue
+            plan = self._plan(decoding, prefill, chunk)
             if self.compiled is not None:
                 t = self.compiled.step(plan.step, starting, len(plan.finishing), plan.work, start)
             else:
+                s = len(self.steps)
+                self.steps.append(plan.step)
+                subs = self._views(plan.step)
                 decisions = None
                 if not timer.interleaved:
                     decisions = [d.step(s, subs[i].experts, starting, len(plan.finishing)) for i, d in enumerate(deciders)]
@@ -249,7 +273,46 @@ class Server:
             self.clock = env.now
             for gpu, req in zip(self.gpus, requests):
                 gpu.stream.release(req)
-            self._account(plan, start, t)
+            self._account(plan.prefill, plan.chunk, plan.decoding, plan.finishing, start, t)
+
+    def _alone(self, prefill: Job | None, chunk: tuple[int, int]) -> int | None:
+        """With the compiled passes, when one request runs and the next step is one of its own
+        (`Request.steps`: a decode token, or its whole prompt): that step's index, else None."""
+        if self.compiled is None or len(self.running) != 1:
+            return None
+        if prefill is not None:
+            return 0 if chunk == (0, prefill.prompt) else None
+        job = self.running[0]
+        return job.decoded + bool(job.prompt)
+
+    def _serve_alone(self, job: Job, k: int, starting: bool, start: float) -> Iterator[simpy.Event]:
+        """`job` alone from its step `k` until it finishes or another process's next event
+        (`env.peek()`, once the streams are held) comes due: until then nobody else acts, so
+        the scheduler would form the job's next step each time. They are decided and priced in
+        one go (`ServingPass.alone`); the clock then moves to the last one's end as the
+        scheduler's own timeouts would have moved it (one timeout where the float sum lands on
+        the same time, else one per step), and the steps are accounted in their order."""
+        env = self.env
+        requests = [gpu.stream.request() for gpu in self.gpus]
+        yield simpy.AllOf(env, requests)  # what was due now before this step (the last one's releases) is done
+        starts, ends = self.compiled.alone(job.r, k, starting, start, env.peek())  # type: ignore[union-attr]
+        for delay in clock_delays(env.now, ends):
+            yield env.timeout(delay)
+        self.clock = env.now
+        for gpu, req in zip(self.gpus, requests):
+            gpu.stream.release(req)
+        log = self.log
+        prompt = k == 0 and job.prompt > 0
+        if prompt:
+            job.pos = job.prompt
+            log.prefilled(job.r, job.prompt, ends[0])
+        decodes = len(ends) - prompt
+        if decodes:
+            log.decoded_alone(job.r, starts[prompt:], ends[prompt:])
+            job.pos += decodes
+            job.decoded += decodes
+        if k + len(ends) == job.nsteps:
+            self._account(None, (0, 0), [], [job], start, ends[-1])
 
     def _admit(self) -> list[Job]:
         admitted = []
@@ -262,23 +325,25 @@ class Server:
             self.log.queue_length(self.env.now, len(self.waiting))
         return admitted
 
-    def _next_step(self) -> ScheduledStep:
-        """Prefill-first: the oldest unprefilled prompt alone, else one decode token of every
-        running request. Chunked: decode tokens plus a chunk of the oldest prompt."""
+    def _next_step(self) -> tuple[list[Job], Job | None, tuple[int, int]]:
+        """What the next step carries: the requests decoding a token, the one prefilling and
+        its chunk of prompt tokens. Prefill-first: the oldest unprefilled prompt alone, else
+        one decode token of every running request. Chunked: decode tokens plus a chunk of the
+        oldest prompt."""
         wl = self.workload
         prefilling = [job for job in self.running if job.prefilling]
         decoding = [job for job in self.running if not job.prefilling]
         if wl.schedule is Schedule.PREFILL_FIRST:
             if prefilling:
                 job = prefilling[0]
-                return self._plan([], job, (0, job.prompt))
-            return self._plan(decoding, None, (0, 0))
+                return [], job, (0, job.prompt)
+            return decoding, None, (0, 0)
         budget = wl.chunk - len(decoding)
         if prefilling and (budget > 0 or not decoding):
             job = prefilling[0]
             end = min(job.prompt, job.pos + max(budget, 1))
-            return self._plan(decoding, job, (job.pos, end))
-        return self._plan(decoding, None, (0, 0))
+            return decoding, job, (job.pos, end)
+        return decoding, None, (0, 0)
 
     def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> ScheduledStep:
         parts: list[Step] = []
@@ -322,24 +387,43 @@ class Server:
             return [step]
         return [step.layer_slice(layers, self._E) for layers in shards]
 
-    def _account(self, plan: ScheduledStep, start: float, t: float) -> None:
+    def _account(self, prefill: Job | None, chunk: tuple[int, int], decoding: list[Job], finishing: list[Job],
+                 start: float, t: float) -> None:
+        """A step from `start` to `t` is done: `prefill`'s `chunk` of its prompt and a token of
+        each of `decoding`; `finishing` leave."""
         log = self.log
-        if plan.prefill is not None:
-            job = plan.prefill
-            a, b = plan.chunk
-            job.pos = b
-            log.prefilled(job.r, b - a, t, first_token=b == job.prompt)
-        if plan.decoding:
-            log.decoded(start, t, [job.r for job in plan.decoding])
-            for job in plan.decoding:
+        if prefill is not None:
+            a, b = chunk
+            prefill.pos = b
+            log.prefilled(prefill.r, b - a, t, first_token=b == prefill.prompt)
+        if decoding:
+            log.decoded(start, t, [job.r for job in decoding])
+            for job in decoding:
                 job.pos += 1
                 job.decoded += 1
-        if plan.finishing:
-            for job in plan.finishing:
+        if finishing:
+            for job in finishing:
                 self.running.remove(job)
                 log.finished(job.r, t)
                 job.done.succeed()
-            self.machine.timer.end(t, len(plan.finishing))
+            self.machine.timer.end(t, len(finishing))
+
+
+def clock_delays(now: float, ends: Sequence[float]) -> list[float]:
+    """The timeouts that take a SimPy clock from `now` to where steps ending at `ends`, each
+    from the clock the one before left, take it with a timeout each (`now + (t - now)` per
+    step): one timeout where that float sum lands on the same time, else one per step."""
+    clock = now
+    for t in ends:
+        clock = clock + (t - clock)
+    if now + (clock - now) == clock:
+        return [clock - now]
+    delays = []
+    clock = now
+    for t in ends:
+        delays.append(t - clock)
+        clock = clock + (t - clock)
+    return delays
 
 
 def open_loop(env: simpy.Environment, server: Server, times: Sequence[float]) -> Iterator[simpy.Event]:

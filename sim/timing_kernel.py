@@ -485,3 +485,27 @@ def serve_step(mc, st, visit_ptr, experts, counts, weighted, marks, begin_a, beg
     replay_steps(mc, visit_ptr, experts, 0, 1, marks)
     run_steps(st, visit_ptr, experts, counts, weighted, mc.log[: mc.reg[R_LOG]], marks, 0, 1, begin_a, begin_b,
               ending, work[0:1], work[1:2], work[2:3], now, out[0:1], out[1:2])
+
+
+@_kernel
+def serve_alone(mc, st, visit_ptr, experts, counts, weighted, marks, first, last, begin_a, begin_b, ending_last,
+                ending, dense, head, handover, now, limit, out_start, out_end):
+    """Steps `first..last-1` of the batch-1 arrays: one request running alone, each step as
+    `serve_step` would run it from the clock the step before left (the first begins the
+    request if `begin_a[0]` >= 0; the last ends it if `ending_last`), until a step ends at or
+    after `limit`, the next event elsewhere in the simulation, which the scheduler must see
+    before it forms another step. Per-step arrays (`dense`, `out_*`, ...) are indexed from
+    `first`; `begin_a`, `begin_b` and `ending` are one-element scratch. Returns the steps run."""
+    for s in range(first, last):
+        j = s - first
+        if j > 0:
+            mc.reg[R_LOG] = 0
+            begin_a[0] = -1
+        ending[0] = ending_last and s == last - 1
+        replay_steps(mc, visit_ptr, experts, s, s + 1, marks)
+        now = run_steps(st, visit_ptr, experts, counts, weighted, mc.log[: mc.reg[R_LOG]], marks, s, s + 1, begin_a,
+                        begin_b, ending, dense[j : j + 1], head[j : j + 1], handover[j : j + 1], now,
+                        out_start[j : j + 1], out_end[j : j + 1])
+        if not limit > now:
+            return j + 1
+    return last - first
