@@ -14,7 +14,6 @@ After the run it writes the kernel's state back into the `StepTimer`, the links 
 
 from __future__ import annotations
 
-from itertools import accumulate, chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -25,6 +24,7 @@ from casmoe.sim.decide import CompiledDecider
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import work_for
 from casmoe.step_arrays import StepArrays
+from casmoe.trace import prefill_union
 
 RING = 256
 """Initial room per link for queued prefetches and arrivals in flight (grown between chunks)."""
@@ -246,7 +246,7 @@ class ServingPass:
     does not read the future (oracles re-run on the previous run's steps: they keep the Python
     passes)."""
 
-    def __init__(self, machine: Any, setup: Any, max_batch: int) -> None:
+    def __init__(self, machine: Any, setup: Any, max_batch: int, arrays: StepArrays | None = None) -> None:
         from casmoe.compiled import Twin
         from casmoe.sim import timing_kernel as tk
 
@@ -267,9 +267,10 @@ class ServingPass:
         self.weighted = np.zeros(1, np.bool_)
         self.work = np.zeros(3)  # dense, head, hand-over
         self.out = np.zeros(2)
-        self.lone: tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray] | None = None
-        """The trace's batch-1 steps as arrays and their dense, head and hand-over times, for
-        `alone`; built at its first call."""
+        self.arrays = arrays  # the trace's batch-1 steps, if built already
+        self.lone: tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray] | None = None  # `_batch1`
+        self.offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
+        self.pos = np.full(g.total_experts, -1, np.int64)  # `merge_parts`' scratch
 
     @staticmethod
     def fits(machine: Any, setup: Any, compiled: bool | None) -> bool:
@@ -281,15 +282,15 @@ class ServingPass:
             and not caches[0].needs_future and uses_twin(caches[0], setup.trace, compiled)
         )
 
-    def step(self, step: Any, starting: Sequence[int], ending: int, work: Any, start: float) -> float:
-        """Decide and price one step from `start` (requests `starting` begin with it, `ending`
-        finish with it); returns when it is done."""
+    def step(self, parts: Sequence[tuple[int, int]], chunk: tuple[int, int], starting: Sequence[int], ending: int,
+             work: Any, start: float) -> float:
+        """Decide and price one step from `start`: `parts` are its requests' shares, each
+        (request, the index of its own step in `Request.steps`, or -1 for the `chunk` of its
+        prompt tokens), merged as `trace.merge_steps` merges them; requests `starting` begin
+        with it, `ending` finish with it. Returns when it is done."""
         twin, tk = self.twin, self.tk
         mc, km = twin.mc, twin.km
-        ptr = np.fromiter(accumulate(map(len, step.experts), initial=0), np.int64, self.L + 1)
-        experts = np.fromiter(chain.from_iterable(step.experts), np.int64, int(ptr[-1]))
-        weighted = step.counts is not None
-        counts = np.fromiter(chain.from_iterable(step.counts), np.int64, len(experts)) if weighted else experts
+        ptr, experts, counts, weighted = self._arrays_of(parts, chunk)
         if weighted:
             self._tables(counts)
         mc.reg[km.R_LOG] = 0
@@ -307,6 +308,45 @@ class ServingPass:
             twin.end()
         return float(self.out[1])
 
+    def _batch1(self) -> tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray]:
+        """The trace's batch-1 steps (`Request.steps`) as arrays, with their dense, head and
+        hand-over times; built at the first call."""
+        if self.lone is None:
+            arrays = self.arrays if self.arrays is not None else StepArrays.from_trace(self.setup.trace)
+            meta = _step_meta(self.setup.trace, 1, [], arrays)
+            self.lone = (arrays, *_work(self.setup.trace, 1, meta, self.setup.compute, self.multi))
+            if arrays.weighted.any():
+                self._tables(arrays.counts)
+        return self.lone
+
+    def _arrays_of(self, parts: Sequence[tuple[int, int]], chunk: tuple[int, int]) -> tuple[np.ndarray, ...]:
+        """A step's visits (`ptr` [L + 1], flat experts, token counts) and whether it counts
+        tokens (`Step.counts` is not None): a request's own step is a slice of the batch-1
+        arrays, a chunk of a prompt its `prefill_union`; several are merged."""
+        arrays, L = self._batch1()[0], self.L
+        pieces = []
+        for r, k in parts:
+            if k < 0:
+                req = self.setup.trace.requests[r]
+                lens, ids, count = prefill_union(req.topk[chunk[0]:chunk[1]], req.weights[chunk[0]:chunk[1]],
+                                                 self.offsets)
+                pieces.append((np.concatenate([np.zeros(1, np.int64), np.cumsum(lens)]), ids, count, True))
+            else:
+                s = int(arrays.first_step[r]) + k
+                ptr = arrays.visit_ptr[s * L : (s + 1) * L + 1]
+                lo, hi = int(ptr[0]), int(ptr[-1])
+                pieces.append((ptr - lo, arrays.experts[lo:hi], arrays.counts[lo:hi], bool(arrays.weighted[s])))
+        if len(pieces) == 1:
+            return pieces[0]
+        sizes = [len(p[1]) for p in pieces]
+        starts = np.cumsum([0] + sizes[:-1])
+        ptrs = np.stack([p[0] + o for p, o in zip(pieces, starts.tolist())])
+        n = sum(sizes)
+        out_ptr, out_experts, out_counts = np.empty(L + 1, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        m = self.tk.merge_parts(ptrs, np.concatenate([p[1] for p in pieces]), np.concatenate([p[2] for p in pieces]),
+                                np.array([p[3] for p in pieces], np.bool_), self.pos, out_ptr, out_experts, out_counts)
+        return out_ptr, out_experts[:m], out_counts[:m], True
+
     def alone(self, r: int, k: int, starting: bool, start: float, limit: float) -> tuple[list[float], list[float]]:
         """Request `r` running alone, from its `k`-th step (`Request.steps`, the prompt whole):
         decide and price its steps from `start` as `step` would one by one, until its last or
@@ -315,13 +355,7 @@ class ServingPass:
         for up to `CHAIN` steps, reading the batch-1 arrays: no `Step` objects, no arrays per step."""
         twin, tk = self.twin, self.tk
         mc, km = twin.mc, twin.km
-        if self.lone is None:
-            arrays = StepArrays.from_trace(self.setup.trace)
-            meta = _step_meta(self.setup.trace, 1, [], arrays)
-            self.lone = (arrays, *_work(self.setup.trace, 1, meta, self.setup.compute, self.multi))
-            if arrays.weighted.any():
-                self._tables(arrays.counts)
-        arrays, dense, head, handover = self.lone
+        arrays, dense, head, handover = self._batch1()
         s, last = int(arrays.first_step[r]) + k, int(arrays.last_step[r]) + 1
         mc.reg[km.R_LOG] = 0
         if starting:

@@ -43,6 +43,7 @@ from casmoe.sim.assembly import RunState, Setup
 from casmoe.sim.compiled_timing import ServingPass
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import StepWork
+from casmoe.step_arrays import StepArrays
 from casmoe.geometry import Geometry
 from casmoe.trace import Request, Step, merge_steps, prefill_step
 
@@ -190,7 +191,7 @@ class GPU:
 class ScheduledStep:
     """The next step: its parts, what it costs besides experts, who finishes."""
 
-    step: Step
+    parts: list[tuple[Job, int]]  # each request's share: its own step's index in `Job.steps`, -1: `chunk` of its prompt
     work: StepWork
     decoding: list[Job]
     prefill: Job | None = None
@@ -202,7 +203,7 @@ class Server:
     """The scheduler and the devices of one run."""
 
     def __init__(self, env: simpy.Environment, setup: Setup, machine: RunState, workload: Workload,
-                 log: LatencyLog, compiled: bool | None = None) -> None:
+                 log: LatencyLog, compiled: bool | None = None, arrays: StepArrays | None = None) -> None:
         self.env = env
         self.setup = setup
         self.machine = machine
@@ -219,7 +220,8 @@ class Server:
         g = setup.trace.geometry
         self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self._E = g.experts
-        self.compiled = ServingPass(machine, setup, workload.max_batch) if ServingPass.fits(machine, setup, compiled) else None
+        fits = ServingPass.fits(machine, setup, compiled)
+        self.compiled = ServingPass(machine, setup, workload.max_batch, arrays) if fits else None
         """Both passes compiled for a built-in policy (`compiled_timing.ServingPass`), else None."""
 
     def submit(self, r: int) -> simpy.Event:
@@ -257,11 +259,13 @@ class Server:
                 continue
             plan = self._plan(decoding, prefill, chunk)
             if self.compiled is not None:
-                t = self.compiled.step(plan.step, starting, len(plan.finishing), plan.work, start)
+                parts = [(job.r, k) for job, k in plan.parts]
+                t = self.compiled.step(parts, chunk, starting, len(plan.finishing), plan.work, start)
             else:
+                step = self._step(plan)
                 s = len(self.steps)
-                self.steps.append(plan.step)
-                subs = self._views(plan.step)
+                self.steps.append(step)
+                subs = self._views(step)
                 decisions = None
                 if not timer.interleaved:
                     decisions = [d.step(s, subs[i].experts, starting, len(plan.finishing)) for i, d in enumerate(deciders)]
@@ -346,39 +350,44 @@ class Server:
         return decoding, None, (0, 0)
 
     def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> ScheduledStep:
-        parts: list[Step] = []
-        requests: list[int] = []
+        parts: list[tuple[Job, int]] = []
         pairs = kv = 0
         heads = 0
+        tokens = len(decoding)
         finishing = []
         if prefill is not None:
             a, b = chunk
-            if (a, b) == (0, prefill.prompt):
-                parts.append(prefill.steps[0])  # the prompt in one step, ordered as offline
-            else:
-                req = prefill.request
-                parts.append(prefill_step(req.topk[a:b], req.weights[a:b], self._offsets, self._E))
-            requests.append(prefill.r)
+            parts.append((prefill, 0 if (a, b) == (0, prefill.prompt) else -1))  # the whole prompt: as offline
+            tokens += b - a
             pairs += (b * (b + 1) - a * (a + 1)) // 2
             kv += b
             if b == prefill.prompt:
                 heads += 1
-                if len(prefill.steps) == 1:
+                if prefill.nsteps == 1:
                     finishing.append(prefill)
         for job in decoding:
-            parts.append(job.steps[job.decoded + (1 if job.prompt else 0)])
-            requests.append(job.r)
+            k = job.decoded + bool(job.prompt)
+            parts.append((job, k))
             p = job.pos + 1
             pairs += p
             kv += p
             heads += 1
-            if job.decoded + 1 + (1 if job.prompt else 0) == len(job.steps):
+            if k + 1 == job.nsteps:
                 finishing.append(job)
-        step = parts[0] if len(parts) == 1 else merge_steps(parts, tuple(requests))
-        tokens = sum(p.tokens for p in parts)
         compute = self.setup.compute
         work = StepWork(tokens, compute.dense(tokens, pairs, kv), compute.head(heads))
-        return ScheduledStep(step, work, decoding, prefill, chunk, finishing)
+        return ScheduledStep(parts, work, decoding, prefill, chunk, finishing)
+
+    def _step(self, plan: ScheduledStep) -> Step:
+        """The step's routing as a `Step` (the Python passes): its parts merged."""
+        steps = []
+        for job, k in plan.parts:
+            if k < 0:
+                a, b = plan.chunk
+                steps.append(prefill_step(job.request.topk[a:b], job.request.weights[a:b], self._offsets, self._E))
+            else:
+                steps.append(job.steps[k])
+        return steps[0] if len(steps) == 1 else merge_steps(steps, tuple(job.r for job, _ in plan.parts))
 
     def _views(self, step: Step) -> list[Step]:
         """The step as each cache sees it (a device's layers, with a global pool per device)."""
@@ -443,11 +452,12 @@ def user(env: simpy.Environment, server: Server, queue: Iterator[int], think_s: 
 
 
 def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None,
-             compiled: bool | None = None) -> tuple[RunState, LatencyLog, float, list[Step]]:
+             compiled: bool | None = None, arrays: StepArrays | None = None,
+             ) -> tuple[RunState, LatencyLog, float, list[Step]]:
     env = simpy.Environment()
     machine = setup.start(futures)
     log = LatencyLog()
-    server = Server(env, setup, machine, workload, log, compiled)
+    server = Server(env, setup, machine, workload, log, compiled, arrays)
     n = len(setup.trace.requests)
     if workload.arrival is Arrival.CLOSED:
         queue = iter(range(n))
@@ -462,15 +472,18 @@ def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]]
     return machine, log, server.clock, server.steps
 
 
-def serve(setup: Setup, workload: Workload, describe: dict[str, Any], compiled: bool | None = None) -> Any:
+def serve(setup: Setup, workload: Workload, describe: dict[str, Any], compiled: bool | None = None,
+          arrays: StepArrays | None = None) -> Any:
     """Serve the trace's requests under `workload`; the result of the last run. `compiled`
-    chooses the passes as `simulate` does (a built-in policy's twin and the compiled timing)."""
+    chooses the passes as `simulate` does (a built-in policy's twin and the compiled timing);
+    `arrays`, the trace's batch-1 steps if built already (`StepPlan.arrays`), spare the
+    compiled passes building them."""
     futures = None
     previous: list[Step] | None = None
     runs = 0
     while True:
         runs += 1
-        machine, log, end, steps = run_once(setup, workload, futures, compiled)
+        machine, log, end, steps = run_once(setup, workload, futures, compiled, arrays)
         reads_future = any(shard.cache.needs_future for shard in machine.shards)
         if not reads_future or runs == MAX_FUTURE_RUNS or (previous is not None and _same(previous, steps)):
             break

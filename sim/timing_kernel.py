@@ -509,3 +509,30 @@ def serve_alone(mc, st, visit_ptr, experts, counts, weighted, marks, first, last
         if not limit > now:
             return j + 1
     return last - first
+
+
+@_kernel
+def merge_parts(ptrs, experts, counts, weighted, pos, out_ptr, out_experts, out_counts):
+    """`trace.merge_steps` over arrays: part `p` routes `experts[ptrs[p, l]:ptrs[p, l + 1]]`
+    at layer `l` (token counts in `counts` where `weighted[p]`, else one each); per layer the
+    union, first seen first, with the tokens routed to each. `pos` [N] is scratch, all -1 on
+    entry and exit. Returns the merged step's visit count."""
+    P, L = ptrs.shape[0], ptrs.shape[1] - 1
+    m = 0
+    for ll in range(L):
+        out_ptr[ll] = m
+        for p in range(P):
+            for i in range(ptrs[p, ll], ptrs[p, ll + 1]):
+                e = experts[i]
+                c = counts[i] if weighted[p] else 1
+                if pos[e] < 0:
+                    pos[e] = m
+                    out_experts[m] = e
+                    out_counts[m] = c
+                    m += 1
+                else:
+                    out_counts[pos[e]] += c
+        for i in range(out_ptr[ll], m):
+            pos[out_experts[i]] = -1
+    out_ptr[L] = m
+    return m

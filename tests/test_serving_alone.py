@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from casmoe.cache import CacheConfigError, Capacity, MissMode, PolicyError
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import shipped
+from casmoe.sim.assembly import SimConfigError, StepPlan
 from casmoe.sim.compiled_timing import ServingPass
 from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
@@ -118,3 +120,17 @@ def test_clock_delays_land_where_a_timeout_per_step_would():
     assert len(delays) == 2 and _land(now, delays) == end
     ends = [0.5, 0.75, 1.25]
     assert clock_delays(0.25, ends) == [1.0] and _land(0.25, [1.0]) == 1.25
+
+
+def test_a_shared_plan_serves_alike_and_a_foreign_one_is_refused():
+    """`simulate(plan=..., workload=...)`: the plan's batch-1 arrays give the same result as
+    arrays built by the run; a plan of another trace or batch is a one-line error."""
+    trace = Trace.load(shipped("tiny-olmoe.npz")).subset(range(5))
+    hw, preset, cap = load_profile("rtx4090x4"), get_preset("olmoe-1b-7b"), Capacity(16)
+    wl = Workload(Arrival.POISSON, rate=5.0, max_batch=3)
+    lru = get_policy("lru")
+    own = simulate(trace, lru, cap, hw, preset, workload=wl, compiled=True).to_dict()
+    assert simulate(trace, lru, cap, hw, preset, workload=wl, compiled=True, plan=StepPlan.build(trace)).to_dict() == own
+    for plan in (StepPlan.build(trace.subset(range(4))), StepPlan.build(trace, 2)):
+        with pytest.raises(SimConfigError, match="batch 1 only"):
+            simulate(trace, lru, cap, hw, preset, workload=wl, plan=plan)
