@@ -267,8 +267,8 @@ def search(
         if s.best is not None:
             answers.append((s.config, s.best))
         elif s.bounded_by is not None:
-            infeasible.append((s.config, f"not simulated: {s.bounded_by.label()} (as fast a link and as much RAM, "
-                                         f"else the same) misses it with every cache that fits"))
+            infeasible.append((s.config, f"not simulated: its link is no faster and its RAM no larger than those of "
+                                         f"{s.bounded_by.label()}, which misses it with every cache that fits"))
         elif s.last is not None and "skipped" in s.last:
             infeasible.append((s.config, s.last["skipped"]))
         elif s.last is not None:
