@@ -271,6 +271,8 @@ class ServingPass:
         self.lone: tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray] | None = None  # `_batch1`
         self.offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self.pos = np.full(g.total_experts, -1, np.int64)  # `merge_parts`' scratch
+        self.one = np.ones(1, np.bool_)
+        self.merged = np.empty(g.total_experts, np.int64), np.empty(g.total_experts, np.int64)  # a merged step's visits
 
     @staticmethod
     def fits(machine: Any, setup: Any, compiled: bool | None) -> bool:
@@ -347,35 +349,62 @@ class ServingPass:
                                 np.array([p[3] for p in pieces], np.bool_), self.pos, out_ptr, out_experts, out_counts)
         return out_ptr, out_experts[:m], out_counts[:m], True
 
-    def alone(self, r: int, k: int, starting: bool, start: float, limit: float) -> tuple[list[float], list[float]]:
-        """Request `r` running alone, from its `k`-th step (`Request.steps`, the prompt whole):
-        decide and price its steps from `start` as `step` would one by one, until its last or
-        until one ends at or after `limit` (no other process acts before then, so the scheduler
-        would have formed these very steps). Returns the steps' starts and ends. One kernel call
-        for up to `CHAIN` steps, reading the batch-1 arrays: no `Step` objects, no arrays per step."""
+    def chain(self, parts: Sequence[tuple[int, int]], starting: Sequence[int], start: float,
+              limit: float) -> tuple[list[float], list[float]]:
+        """Requests decoding together (or one alone, its whole prompt first): each of `parts`
+        is (request, the index of its next own step in `Request.steps`). Decide and price the
+        steps that carry the next step of each, from `start`, as `step` would one by one, until
+        one of them finishes or a step ends at or after `limit` (no other process acts before
+        then, so the scheduler would have formed these very steps); requests `starting` begin
+        with the first. Returns the steps' starts and ends. One kernel call for up to `CHAIN`
+        steps, reading the batch-1 arrays: no `Step` objects, no arrays per step."""
         twin, tk = self.twin, self.tk
         mc, km = twin.mc, twin.km
-        arrays, dense, head, handover = self._batch1()
-        s, last = int(arrays.first_step[r]) + k, int(arrays.last_step[r]) + 1
+        arrays, dense1, head1, handover1 = self._batch1()
+        firsts = np.array([int(arrays.first_step[r]) + k for r, k in parts], np.int64)
+        left = min(int(arrays.last_step[r]) + 1 - int(f) for (r, _), f in zip(parts, firsts.tolist()))
+        P = len(parts)
+        if P > 1:  # one decode token each: dense time over the requests' contexts, as `Server._plan` prices it
+            trace, compute = self.setup.trace, self.setup.compute
+            context = sum(int(trace.requests[r].prefill) + k + (trace.requests[r].prefill == 0) for r, k in parts)
+            pairs = context + P * np.arange(left, dtype=np.int64)
+            dense_all = compute.dense_many(np.full(left, P, np.int64), pairs, pairs)
+            head_all = np.full(left, compute.head(P))
+            handover_all = np.full(left, compute.handover(P) if self.multi else 0.0)
+            self._tables(np.array([P], np.int64))
         mc.reg[km.R_LOG] = 0
-        if starting:
+        for r in starting:
             twin.begin(self.setup.trace.requests[r])
         self.begin_a[0], self.begin_b[0] = (0 if starting else -1), mc.reg[km.R_LOG]
         ptr, L = arrays.visit_ptr, self.L
+        ptrs, unweighted = np.empty((P, L + 1), np.int64), np.zeros(P, np.bool_)
+        out_ptr, out_experts, out_counts = np.empty(L + 1, np.int64), self.merged[0], self.merged[1]
         starts: list[float] = []
         ends: list[float] = []
+        done = 0
         while True:
-            e = min(last, s + CHAIN)
-            self._room(int(self.begin_b[0]) + int(ptr[e * L] - ptr[s * L]) + self.budget * (e - s))
-            out_start, out_end = np.empty(e - s), np.empty(e - s)
-            n = tk.serve_alone(mc, self.st, ptr, arrays.experts, arrays.counts, arrays.weighted, self.marks, s, e,
-                               self.begin_a, self.begin_b, e == last, self.ending, dense[s:e], head[s:e],
-                               handover[s:e], start, limit, out_start, out_end)
+            n_max = min(left - done, CHAIN)
+            lo, hi = firsts + done, firsts + done + n_max
+            visits = int((ptr[hi * L] - ptr[lo * L]).sum())
+            self._room(int(self.begin_b[0]) + visits + self.budget * n_max)
+            if P == 1:
+                s = int(lo[0])
+                dense, head, handover = dense1[s : s + n_max], head1[s : s + n_max], handover1[s : s + n_max]
+            else:
+                dense, head = dense_all[done : done + n_max], head_all[done : done + n_max]
+                handover = handover_all[done : done + n_max]
+            out_start, out_end = np.empty(n_max), np.empty(n_max)
+            n = tk.serve_chain(mc, self.st, ptr, arrays.experts, arrays.counts, arrays.weighted, self.marks, lo, n_max,
+                               self.begin_a, self.begin_b, done + n_max == left, self.ending, dense, head, handover,
+                               start, limit, ptrs, self.pos, unweighted, self.one, out_ptr, out_experts, out_counts,
+                               out_start, out_end)
             starts += out_start[:n].tolist()
             ends += out_end[:n].tolist()
-            stopped, s = n < e - s, s + n
-            if s == last:
-                twin.end()
+            stopped, done = n < n_max, done + n
+            if done == left:
+                for (r, _), f in zip(parts, firsts.tolist()):
+                    if f + left == int(arrays.last_step[r]) + 1:
+                        twin.end()
                 return starts, ends
             start = starts[-1] + (ends[-1] - starts[-1])  # the clock after the last step, as SimPy's
             if stopped or not limit > start:

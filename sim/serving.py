@@ -253,9 +253,9 @@ class Server:
             decoding, prefill, chunk = self._next_step()
             starting = [job.r for job in admitted]
             start = env.now
-            k = self._alone(prefill, chunk)
-            if k is not None:
-                yield from self._serve_alone(self.running[0], k, bool(starting), start)
+            chained = self._chained(decoding, prefill, chunk)
+            if chained:
+                yield from self._serve_chain(chained, starting, start)
                 continue
             plan = self._plan(decoding, prefill, chunk)
             if self.compiled is not None:
@@ -279,44 +279,52 @@ class Server:
                 gpu.stream.release(req)
             self._account(plan.prefill, plan.chunk, plan.decoding, plan.finishing, start, t)
 
-    def _alone(self, prefill: Job | None, chunk: tuple[int, int]) -> int | None:
-        """With the compiled passes, when one request runs and the next step is one of its own
-        (`Request.steps`: a decode token, or its whole prompt): that step's index, else None."""
-        if self.compiled is None or len(self.running) != 1:
-            return None
+    def _chained(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> list[tuple[Job, int]]:
+        """With the compiled passes, when the next steps until a request finishes or arrives
+        follow from the running requests alone: the running requests all decoding, or one
+        alone about to compute its whole prompt. Each with the index of its next own step
+        (`Request.steps`); [] otherwise."""
+        if self.compiled is None:
+            return []
         if prefill is not None:
-            return 0 if chunk == (0, prefill.prompt) else None
-        job = self.running[0]
-        return job.decoded + bool(job.prompt)
+            return [(prefill, 0)] if len(self.running) == 1 and chunk == (0, prefill.prompt) else []
+        return [(job, job.decoded + bool(job.prompt)) for job in decoding]
 
-    def _serve_alone(self, job: Job, k: int, starting: bool, start: float) -> Iterator[simpy.Event]:
-        """`job` alone from its step `k` until it finishes or another process's next event
+    def _serve_chain(self, parts: list[tuple[Job, int]], starting: list[int], start: float) -> Iterator[simpy.Event]:
+        """The steps of `parts`' requests until one finishes or another process's next event
         (`env.peek()`, once the streams are held) comes due: until then nobody else acts, so
-        the scheduler would form the job's next step each time. They are decided and priced in
-        one go (`ServingPass.alone`); the clock then moves to the last one's end as the
+        the scheduler would form the same steps one by one. They are decided and priced in
+        one go (`ServingPass.chain`); the clock then moves to the last one's end as the
         scheduler's own timeouts would have moved it (one timeout where the float sum lands on
         the same time, else one per step), and the steps are accounted in their order."""
         env = self.env
         requests = [gpu.stream.request() for gpu in self.gpus]
         yield simpy.AllOf(env, requests)  # what was due now before this step (the last one's releases) is done
-        starts, ends = self.compiled.alone(job.r, k, starting, start, env.peek())  # type: ignore[union-attr]
+        starts, ends = self.compiled.chain([(job.r, k) for job, k in parts], starting, start, env.peek())  # type: ignore[union-attr]
         for delay in clock_delays(env.now, ends):
             yield env.timeout(delay)
         self.clock = env.now
         for gpu, req in zip(self.gpus, requests):
             gpu.stream.release(req)
         log = self.log
-        prompt = k == 0 and job.prompt > 0
+        job, k = parts[0]
+        prompt = len(parts) == 1 and k == 0 and job.prompt > 0
         if prompt:
             job.pos = job.prompt
             log.prefilled(job.r, job.prompt, ends[0])
-        decodes = len(ends) - prompt
-        if decodes:
+        steps = len(ends) - prompt
+        if len(parts) == 1 and steps:
             log.decoded_alone(job.r, starts[prompt:], ends[prompt:])
-            job.pos += decodes
-            job.decoded += decodes
-        if k + len(ends) == job.nsteps:
-            self._account(None, (0, 0), [], [job], start, ends[-1])
+        elif steps:
+            rs = [job.r for job, _ in parts]
+            for t0, t in zip(starts, ends):
+                log.decoded(t0, t, rs)
+        for job, _ in parts:
+            job.pos += steps
+            job.decoded += steps
+        finishing = [job for job, k in parts if k + len(ends) == job.nsteps]
+        if finishing:
+            self._account(None, (0, 0), [], finishing, start, ends[-1])
 
     def _admit(self) -> list[Job]:
         admitted = []

@@ -1,8 +1,9 @@
-"""The serving scheduler's fast path for a request running alone changes nothing.
+"""The serving scheduler's fast path for steps that follow from the running requests alone
+changes nothing.
 
-With the compiled passes, a request that runs alone has its steps decided and priced in one
-kernel call until it finishes or another process's next event comes due
-(`Server._serve_alone`, `ServingPass.alone`). These tests hold it to the Python passes' result
+With the compiled passes, requests that all decode (or one alone, with its prompt) have their
+steps decided and priced in one kernel call until one finishes or another process's next
+event comes due (`Server._serve_chain`, `ServingPass.chain`). These tests hold it to the Python passes' result
 to the last bit on closed loops (users, think times) and open loops, and check that the fast
 path is taken, and stopped by arrivals, where it should be.
 """
@@ -67,21 +68,24 @@ def test_closed_loop_alone_to_the_last_bit(variant, case, mode, devices, slow_li
     assert run(True) == run(False)
 
 
-def _spied(monkeypatch) -> list[int]:
-    """How many steps each `ServingPass.alone` call priced."""
+def _spied(monkeypatch, widths: list[int] | None = None) -> list[int]:
+    """How many steps each `ServingPass.chain` call priced (and, in `widths`, how many
+    requests shared them)."""
     calls: list[int] = []
-    real = ServingPass.alone
+    real = ServingPass.chain
 
-    def spy(self, *a):
-        starts, ends = real(self, *a)
+    def spy(self, parts, *a):
+        starts, ends = real(self, parts, *a)
         calls.append(len(ends))
+        if widths is not None:
+            widths.append(len(parts))
         return starts, ends
 
-    monkeypatch.setattr(ServingPass, "alone", spy)
+    monkeypatch.setattr(ServingPass, "chain", spy)
     return calls
 
 
-def test_alone_runs_a_lone_user_whole_and_stops_at_arrivals(monkeypatch):
+def test_a_lone_user_runs_whole_and_arrivals_cut_the_chains(monkeypatch):
     """One closed-loop user: every request's steps in one call each (nothing else can act);
     Poisson arrivals faster than a request takes: calls cut short, more calls than requests,
     and both still equal to the Python passes."""
@@ -122,14 +126,19 @@ def test_clock_delays_land_where_a_timeout_per_step_would():
     assert clock_delays(0.25, ends) == [1.0] and _land(0.25, [1.0]) == 1.25
 
 
-def test_a_shared_plan_serves_alike_and_a_foreign_one_is_refused():
-    """`simulate(plan=..., workload=...)`: the plan's batch-1 arrays give the same result as
+def test_batched_chains_and_a_shared_plan_serve_alike_and_a_foreign_plan_is_refused(monkeypatch):
+    """Requests decoding together are chained too (the Python passes' result); with
+    `simulate(plan=..., workload=...)` the plan's batch-1 arrays give the same result as
     arrays built by the run; a plan of another trace or batch is a one-line error."""
     trace = Trace.load(shipped("tiny-olmoe.npz")).subset(range(5))
     hw, preset, cap = load_profile("rtx4090x4"), get_preset("olmoe-1b-7b"), Capacity(16)
     wl = Workload(Arrival.POISSON, rate=5.0, max_batch=3)
     lru = get_policy("lru")
+    widths: list[int] = []
+    calls = _spied(monkeypatch, widths)
     own = simulate(trace, lru, cap, hw, preset, workload=wl, compiled=True).to_dict()
+    assert max(widths) > 1 and max(c for c, w in zip(calls, widths) if w > 1) > 1
+    assert own == simulate(trace, lru, cap, hw, preset, workload=wl, compiled=False).to_dict()
     assert simulate(trace, lru, cap, hw, preset, workload=wl, compiled=True, plan=StepPlan.build(trace)).to_dict() == own
     for plan in (StepPlan.build(trace.subset(range(4))), StepPlan.build(trace, 2)):
         with pytest.raises(SimConfigError, match="batch 1 only"):
