@@ -29,7 +29,7 @@ from casmoe.trace import prefill_union
 RING = 256
 """Initial room per link for queued prefetches and arrivals in flight (grown between chunks)."""
 CHAIN = 256
-"""Steps of a request running alone that one serving kernel call decides and prices at most."""
+"""Steps of a chain (`ServingPass.chain`) that one serving kernel call decides and prices at most."""
 
 
 def fits(machine: Any, setup: Any, deciders: Sequence[Any]) -> bool:
@@ -240,11 +240,11 @@ def _write_back(tk: Any, st: Any, machine: Any) -> None:
 
 
 class ServingPass:
-    """Both passes compiled for the serving scheduler (`serving.Server`), one step at a time:
-    the steps are known only as the scheduler forms them, so each is turned into arrays and
-    decided by the twin and priced by the kernel in one call. For a fresh built-in policy that
-    does not read the future (oracles re-run on the previous run's steps: they keep the Python
-    passes)."""
+    """Both passes compiled for the serving scheduler (`serving.Server`): the steps are known
+    only as the scheduler forms them, so each (`step`), or each run of steps up to the next
+    event elsewhere (`chain`), is read off the trace's batch-1 arrays, decided by the twin and
+    priced by the kernel in one call. For a fresh built-in policy that does not read the future
+    (oracles re-run on the previous run's steps: they keep the Python passes)."""
 
     def __init__(self, machine: Any, setup: Any, max_batch: int, arrays: StepArrays | None = None) -> None:
         from casmoe.compiled import Twin
@@ -268,7 +268,7 @@ class ServingPass:
         self.work = np.zeros(3)  # dense, head, hand-over
         self.out = np.zeros(2)
         self.arrays = arrays  # the trace's batch-1 steps, if built already
-        self.lone: tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray] | None = None  # `_batch1`
+        self.batch1: tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray] | None = None  # `_batch1`
         self.offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self.pos = np.full(g.total_experts, -1, np.int64)  # `merge_parts`' scratch
         self.one = np.ones(1, np.bool_)
@@ -313,13 +313,13 @@ class ServingPass:
     def _batch1(self) -> tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray]:
         """The trace's batch-1 steps (`Request.steps`) as arrays, with their dense, head and
         hand-over times; built at the first call."""
-        if self.lone is None:
+        if self.batch1 is None:
             arrays = self.arrays if self.arrays is not None else StepArrays.from_trace(self.setup.trace)
             meta = _step_meta(self.setup.trace, 1, [], arrays)
-            self.lone = (arrays, *_work(self.setup.trace, 1, meta, self.setup.compute, self.multi))
+            self.batch1 = (arrays, *_work(self.setup.trace, 1, meta, self.setup.compute, self.multi))
             if arrays.weighted.any():
                 self._tables(arrays.counts)
-        return self.lone
+        return self.batch1
 
     def _arrays_of(self, parts: Sequence[tuple[int, int]], chunk: tuple[int, int]) -> tuple[np.ndarray, ...]:
         """A step's visits (`ptr` [L + 1], flat experts, token counts) and whether it counts

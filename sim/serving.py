@@ -19,6 +19,9 @@ The SimPy processes, in the style of SimPy's own examples:
   and its copy engine (the host-to-device `Link`, a free-at time). A step holds the streams of
   the devices it runs on for its duration; its layer-by-layer cost is the timing pass
   (`timing.py`): within a step nothing else acts, so it costs one timeout, not one per layer.
+  With the compiled passes, the steps up to the next event elsewhere that follow from the
+  running requests alone (all decoding) are priced in one call and cost one timeout
+  (`Server._serve_chain`).
 
 Policies that read the future (belady, sch, casmoe's oracle predictors) need the step sequence,
 which here depends on timing: they run again with the sequence of the previous run until it
@@ -169,8 +172,8 @@ class Job:
 
     @cached_property
     def steps(self) -> list[Step]:
-        """Its own steps (`Request.steps`), built when a step mixes them with others': a
-        request served alone by the compiled passes needs none."""
+        """Its own steps (`Request.steps`), built for the Python passes (the compiled ones read
+        the batch-1 arrays)."""
         return self.request.steps(self.geometry)
 
     @property
