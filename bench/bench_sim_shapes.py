@@ -9,7 +9,8 @@ simulator's `StepPlan`) built once, untimed. Rows:
 - replay: `casmoe.replay.replay`, compiled (the count-only floor);
 - simulate, offline: requests back to back (`simulate`, compiled decisions and timing);
 - simulate, serving: the SimPy scheduler with one closed-loop user (the offline path's
-  numbers, checked) and Poisson arrivals at `--rate` with continuous batching.
+  numbers, checked) and Poisson arrivals at `--rate` with continuous batching, reading the
+  same `StepPlan`'s batch-1 arrays (and once building its own, "no shared plan").
 
 Speeds are routed accesses per CPU second (the trace's accesses at batch 1); the ratio column
 is each row's speed over replay's on the same trace.
@@ -61,8 +62,11 @@ def main() -> None:
             "replay (compiled)": lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), arrays=arrays, compiled=True),
             "simulate, offline": lambda: simulate(trace, cls, cap, hw, preset, plan=plan, compiled=True),
             "simulate, serving, 1 closed-loop user": lambda: simulate(
-                trace, cls, cap, hw, preset, workload=Workload(Arrival.CLOSED, max_batch=1), compiled=True),
+                trace, cls, cap, hw, preset, workload=Workload(Arrival.CLOSED, max_batch=1), compiled=True, plan=plan),
             f"simulate, serving, poisson {args.rate:g}/s, max batch 8": lambda: simulate(
+                trace, cls, cap, hw, preset, workload=Workload(Arrival.POISSON, rate=args.rate), compiled=True,
+                plan=plan),
+            f"simulate, serving, poisson {args.rate:g}/s, max batch 8, no shared plan": lambda: simulate(
                 trace, cls, cap, hw, preset, workload=Workload(Arrival.POISSON, rate=args.rate), compiled=True),
         }
         for fn in fns.values():  # numba: compile or load from its cache, untimed

@@ -26,6 +26,10 @@ def search(
     policy: Optional[list[str]] = typer.Option(None, help="Policies to try, repeatable (NAME or NAME[key=value]); default: lru, semoe."),
     quant: Optional[list[str]] = typer.Option(None, help="Expert precisions to try (bf16, int8, int4), repeatable; default: the trace's bytes."),
     host_cache: Optional[list[str]] = typer.Option(None, help="RAM tier sizes to try (40GB; 'none': every expert in RAM), repeatable."),
+    link: Optional[list[str]] = typer.Option(None, help="Host-link generations to try (pcie3, pcie4, pcie5: sim/links.toml), "
+                                                        "repeatable; default: each profile's own."),
+    host_ram: Optional[list[float]] = typer.Option(None, min=0.0, help="Host RAM sizes to try, GiB, repeatable; default: "
+                                                                       "each profile's (experts beyond it get a RAM tier over storage)."),
     rate: Optional[float] = typer.Option(None, min=0.0, help="Serve Poisson arrivals at this rate (requests/s) instead of back to back."),
     max_batch: int = typer.Option(8, min=1, help="Serving: most requests decoded together (with --rate)."),
     requests: int = typer.Option(12, min=0, help="First N requests of the trace (0: all)."),
@@ -36,9 +40,11 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON instead of tables."),
 ) -> None:
     """Find the cheapest configurations (cache slots per layer, policy, quantisation, RAM tier,
-    GPUs) that meet a target: a Pareto table of memory against the metric, with each point's
-    simulate record as evidence, and search.png. Bisects the cache size per configuration
-    instead of running the whole grid, and says how many points it simulated."""
+    GPUs, host link, host RAM) that meet a target: a Pareto table of memory against the metric,
+    with each point's simulate record as evidence, and search.png. Bisects the cache size per
+    configuration instead of running the whole grid, searches faster links and more RAM first
+    (a miss there settles the slower ones; a hit bounds them), and says how many points it
+    simulated."""
     from casmoe.output import check_dir_target, write_text
     from casmoe.policies import POLICIES, parse_policies
     from casmoe.shipped import shipped
@@ -54,7 +60,7 @@ def search(
         raise typer.BadParameter(f"trace {path} not found", param_hint="--trace")
     preset = preset_for(_load_trace(path, file_digest(path), (0,)), model)
     candidates = configs(hardware or ["rtx4090x4"], gpus or [], parse_policies(policy or ["lru", "semoe"], POLICIES),
-                         quant or [], [("" if t == "none" else t) for t in host_cache or []])
+                         quant or [], [("" if t == "none" else t) for t in host_cache or []], link or [], host_ram or [])
     workload = Workload.from_options(None, rate, None, max_batch=max_batch) if rate is not None else None
     result = run_search(path, preset, candidates, goal, str(out), workload=workload, requests=requests, jobs=jobs,
                         ray_address=ray_target(ray, ray_address))

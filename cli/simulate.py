@@ -6,6 +6,7 @@ The simulator is imported inside the commands (simpy and numpy load only when us
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,46 +18,84 @@ from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE
 
 
-def _write_report(out: Path, records: list[dict[str, Any]]) -> list[Path]:
-    """results.json (every record), results.csv (the runs), decode_vs_capacity.png and
-    stall_by_layer.png (at the smallest cache, where stalls differ most)."""
-    from casmoe.report import plot_decode_vs_capacity, plot_stall_by_layer, write_csv, write_json
+class Plots(str, Enum):
+    BACKGROUND = "background"
+    WAIT = "wait"
+    NONE = "none"
+
+
+PLOTS = typer.Option(
+    Plots.BACKGROUND, "--plots",
+    help="background: draw the PNGs in a detached process (the command does not wait; each file appears whole when "
+    "drawn); wait: draw them before the command ends; none: no plots.",
+)
+
+
+def _plots(records: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Which PNGs a report holds: (file name, `casmoe.report` function, its records).
+    decode_vs_capacity.png and stall_by_layer.png (at the smallest cache, where stalls differ
+    most), timeliness.png (stall vs the perfect-prefetch bound per layer, smallest cache), and
+    for serving runs queue.png (requests waiting over time) and, across rates,
+    latency_vs_load.png."""
+    ran = [r for r in records if "skipped" not in r]
+    if not ran:
+        return []
+    smallest = min(r["capacity_gb"] for r in ran)
+    at_smallest = [r for r in ran if r["capacity_gb"] == smallest]
+    plots = [
+        ("decode_vs_capacity.png", "plot_decode_vs_capacity", ran),
+        ("stall_by_layer.png", "plot_stall_by_layer", at_smallest),
+        ("timeliness.png", "plot_timeliness", at_smallest),
+    ]
+    served = [r for r in ran if "arrival" in r]
+    if served:
+        plots.append(("queue.png", "plot_queue", [r for r in served if r["capacity_gb"] == smallest]))
+    if len({r.get("rate") for r in served}) > 1:
+        plots.append(("latency_vs_load.png", "plot_latency_vs_load", served))
+    return plots
+
+
+def draw_plots(out: Path) -> list[Path]:
+    """Draw the report folder's PNGs from its results.json (`casmoe.cli.plots` runs this in
+    the background)."""
+    from casmoe import report
+
+    records = json.loads((out / "results.json").read_text())
+    return [getattr(report, fn)(out / name, rs) for name, fn, rs in _plots(records)]
+
+
+def _write_report(out: Path, records: list[dict[str, Any]], plots: Plots) -> tuple[list[Path], str]:
+    """results.json (every record) and results.csv (the runs), then the plots as `plots` asks;
+    returns the files written and a line on the plots."""
+    import subprocess
+    import sys
+
+    from casmoe.report import write_csv, write_json
 
     ran = [r for r in records if "skipped" not in r]
     write_json(out / "results.json", records)
     write_csv(out / "results.csv", ran)
     written = [out / "results.json", out / "results.csv"]
-    if ran:
-        written.append(plot_decode_vs_capacity(out / "decode_vs_capacity.png", ran))
-        smallest = min(r["capacity_gb"] for r in ran)
-        written.append(plot_stall_by_layer(out / "stall_by_layer.png", [r for r in ran if r["capacity_gb"] == smallest]))
-    return written
-
-
-def _write_serving_report(out: Path, records: list[dict[str, Any]]) -> list[Path]:
-    """timeliness.png (stall vs the perfect-prefetch bound per layer, smallest cache), and for
-    serving runs queue.png (requests waiting over time) and, across rates, latency_vs_load.png."""
-    from casmoe.report import plot_latency_vs_load, plot_queue, plot_timeliness
-
-    ran = [r for r in records if "skipped" not in r]
-    if not ran:
-        return []
-    smallest = min(r["capacity_gb"] for r in ran)
-    written = [plot_timeliness(out / "timeliness.png", [r for r in ran if r["capacity_gb"] == smallest])]
-    served = [r for r in ran if "arrival" in r]
-    if served:
-        written.append(plot_queue(out / "queue.png", [r for r in served if r["capacity_gb"] == smallest]))
-    if len({r.get("rate") for r in served}) > 1:
-        written.append(plot_latency_vs_load(out / "latency_vs_load.png", served))
-    return written
+    names = [name for name, _, _ in _plots(records)]
+    if plots is Plots.NONE or not names:
+        return written, ""
+    if plots is Plots.WAIT:
+        return written + draw_plots(out), ""
+    for name in names:  # a plot of an earlier run must not pass for this one's
+        (out / name).unlink(missing_ok=True)
+    with open(out / "plots.log", "wb") as log:
+        subprocess.Popen([sys.executable, "-m", "casmoe.cli.plots", str(out)], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=log, start_new_session=True)
+    return written, (f"plots are being drawn in the background: {', '.join(names)} appear in {out} when done "
+                     f"(errors in {out / 'plots.log'}; --plots wait draws them before the command ends)")
 
 
 def _report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str, timeline: Optional[Path],
-            serving_title: str, timeliness: bool) -> None:
+            serving_title: str, timeliness: bool, plots: Plots) -> None:
     """Write the report folder, then print the records as JSON or as tables (and what was skipped)."""
     from casmoe.report import print_simulation
 
-    written = _write_report(out, records) + _write_serving_report(out, records)
+    written, pending = _write_report(out, records, plots)
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
@@ -68,6 +107,8 @@ def _report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str,
     for r in records:
         if "skipped" in r:
             typer.echo(f"skipped {r['policy']} @ {r['capacity_spec']}: {r['skipped']}")
+    if pending:
+        typer.echo(pending)
 
 
 def _print_serving(records: list[dict[str, Any]], title: str, timeliness: bool) -> None:
@@ -109,6 +150,7 @@ def simulate(
     out: Path = typer.Option(Path("casmoe-sim"), help="Report folder: results.json, results.csv, PNG plots."),
     timeline: Optional[Path] = typer.Option(None, help="Write a Chrome/Perfetto trace (of the first run) here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
+    plots: Plots = PLOTS,
     arrival: Optional[str] = typer.Option(
         None, help="Serve requests as they arrive: poisson (needs --rate) or trace (the trace's arrival times)."
     ),
@@ -176,7 +218,7 @@ def simulate(
             typer.echo(note)
     workload = plan.points[0].workload
     _report(out, res.records, as_json, f"{plan.preset.name} on {plan.box()}", timeline,
-            f"serving {workload.describe()}" if workload else "", timeliness)
+            f"serving {workload.describe()}" if workload else "", timeliness, plots)
 
 
 @app.command()
@@ -205,6 +247,7 @@ def sweep(
     ray: bool = RAY,
     ray_address: Optional[str] = RAY_ADDRESS,
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
+    plots: Plots = PLOTS,
 ) -> None:
     """Run a grid of simulations in parallel; results merge into one table (results.csv)."""
     from casmoe.policies import POLICIES
@@ -261,7 +304,7 @@ def sweep(
         raise CasmoeError(f"no point of the sweep could be simulated; {first['policy']} @ {first['capacity_spec']}: "
                           f"{first['skipped']}")
     _report(out, records, as_json, f"sweep: {len(points)} points, {computed} computed now", None,
-            "serving" if any("arrival" in r for r in records) else "", False)
+            "serving" if any("arrival" in r for r in records) else "", False, plots)
 
 
 @app.command()

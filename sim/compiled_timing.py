@@ -14,7 +14,6 @@ After the run it writes the kernel's state back into the `StepTimer`, the links 
 
 from __future__ import annotations
 
-from itertools import accumulate, chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -25,9 +24,12 @@ from casmoe.sim.decide import CompiledDecider
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import work_for
 from casmoe.step_arrays import StepArrays
+from casmoe.trace import prefill_union
 
 RING = 256
 """Initial room per link for queued prefetches and arrivals in flight (grown between chunks)."""
+CHAIN = 256
+"""Steps of a chain (`ServingPass.chain`) that one serving kernel call decides and prices at most."""
 
 
 def fits(machine: Any, setup: Any, deciders: Sequence[Any]) -> bool:
@@ -44,10 +46,10 @@ def run(plan: Any, machine: Any, setup: Any, log: LatencyLog, decider: CompiledD
     from casmoe.sim import timing_kernel as tk
 
     arrays = plan.arrays(0)
-    meta = _step_meta(plan, arrays)
+    meta = _step_meta(plan.trace, plan.batch, plan.steps, arrays)
     starts, finishing = meta[3], meta[4]
     st = _state(tk, machine, setup, arrays)
-    dense, head, handover = _work(plan, meta, setup.compute, len(machine.links) > 1)
+    dense, head, handover = _work(plan.trace, plan.batch, meta, setup.compute, len(machine.links) > 1)
     now = 0.0
     S = arrays.steps
     for c0 in range(0, S, chunk_steps):
@@ -63,11 +65,13 @@ def run(plan: Any, machine: Any, setup: Any, log: LatencyLog, decider: CompiledD
     return now
 
 
-def _step_meta(plan: Any, arrays: StepArrays) -> tuple[list[bool], list[int], list[tuple[int, ...]], dict, dict]:
-    """Per step: whether it is a prefill, its tokens and requests; the requests starting and
-    finishing at each step. Batch 1 reads them off the arrays (no `Step` objects needed)."""
-    if plan.batch != 1:
-        steps = plan.steps
+def _step_meta(
+    trace: Any, batch: int, steps: Sequence[Any], arrays: StepArrays,
+) -> tuple[list[bool], list[int], list[tuple[int, ...]], dict, dict]:
+    """Per step (of `steps`, the trace cut at `batch`): whether it is a prefill, its tokens and
+    requests; the requests starting and finishing at each step. Batch 1 reads them off the
+    arrays (no `Step` objects needed)."""
+    if batch != 1:
         starts, finishing = starts_and_ends(steps)
         return [s.prefill for s in steps], [s.tokens for s in steps], [s.requests for s in steps], starts, finishing
     prefill: list[bool] = []
@@ -78,7 +82,7 @@ def _step_meta(plan: Any, arrays: StepArrays) -> tuple[list[bool], list[int], li
     for r, (a, b) in enumerate(zip(arrays.first_step.tolist(), arrays.last_step.tolist())):
         if a < 0:
             continue
-        p = plan.trace.requests[r].prefill
+        p = trace.requests[r].prefill
         n = b - a + 1
         prefill += [bool(p)] + [False] * (n - 1)
         tokens += [p or 1] + [1] * (n - 1)
@@ -88,20 +92,20 @@ def _step_meta(plan: Any, arrays: StepArrays) -> tuple[list[bool], list[int], li
     return prefill, tokens, requests, starts, finishing
 
 
-def _work(plan: Any, meta: tuple, compute: Any, multi: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _work(trace: Any, batch: int, meta: tuple, compute: Any, multi: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every step's dense, head and hand-over times (`work_for`'s), from the requests' context
     lengths; at batch 1 over arrays (`dense_many`: the same bits, no Python per step)."""
     prefill, tokens, requests = meta[:3]
     S = len(prefill)
-    if plan.batch != 1:
-        pos = [0] * len(plan.trace.requests)
+    if batch != 1:
+        pos = [0] * len(trace.requests)
         works = [work_for(prefill[s], tokens[s], requests[s], pos, compute) for s in range(S)]
         dense, head = np.array([w.dense for w in works]), np.array([w.head for w in works])
     else:  # a request's prefill step (T tokens) attends T(T + 1)/2 pairs, its i-th decode token P + i
         T, is_prefill = np.array(tokens, np.int64), np.array(prefill, np.bool_)
         req = np.array([r for (r,) in requests], np.int64)
         first = np.searchsorted(req, req)  # each step's request's first step (requests in order)
-        P = np.array([r.prefill for r in plan.trace.requests], np.int64)[req]
+        P = np.array([r.prefill for r in trace.requests], np.int64)[req]
         context = P + np.arange(S) - first + (P == 0)  # a decode step's position, counting itself
         pairs = np.where(is_prefill, T * (T + 1) // 2, context)
         dense, head = compute.dense_many(T, pairs, np.where(is_prefill, T, context)), np.full(S, compute.head(1))
@@ -236,13 +240,13 @@ def _write_back(tk: Any, st: Any, machine: Any) -> None:
 
 
 class ServingPass:
-    """Both passes compiled for the serving scheduler (`serving.Server`), one step at a time:
-    the steps are known only as the scheduler forms them, so each is turned into arrays and
-    decided by the twin and priced by the kernel in one call. For a fresh built-in policy that
-    does not read the future (oracles re-run on the previous run's steps: they keep the Python
-    passes)."""
+    """Both passes compiled for the serving scheduler (`serving.Server`): the steps are known
+    only as the scheduler forms them, so each (`step`), or each run of steps up to the next
+    event elsewhere (`chain`), is read off the trace's batch-1 arrays, decided by the twin and
+    priced by the kernel in one call. For a fresh built-in policy that does not read the future
+    (oracles re-run on the previous run's steps: they keep the Python passes)."""
 
-    def __init__(self, machine: Any, setup: Any, max_batch: int) -> None:
+    def __init__(self, machine: Any, setup: Any, max_batch: int, arrays: StepArrays | None = None) -> None:
         from casmoe.compiled import Twin
         from casmoe.sim import timing_kernel as tk
 
@@ -263,6 +267,12 @@ class ServingPass:
         self.weighted = np.zeros(1, np.bool_)
         self.work = np.zeros(3)  # dense, head, hand-over
         self.out = np.zeros(2)
+        self.arrays = arrays  # the trace's batch-1 steps, if built already
+        self.batch1: tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray] | None = None  # `_batch1`
+        self.offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
+        self.pos = np.full(g.total_experts, -1, np.int64)  # `merge_parts`' scratch
+        self.one = np.ones(1, np.bool_)
+        self.merged = np.empty(g.total_experts, np.int64), np.empty(g.total_experts, np.int64)  # a merged step's visits
 
     @staticmethod
     def fits(machine: Any, setup: Any, compiled: bool | None) -> bool:
@@ -274,15 +284,15 @@ class ServingPass:
             and not caches[0].needs_future and uses_twin(caches[0], setup.trace, compiled)
         )
 
-    def step(self, step: Any, starting: Sequence[int], ending: int, work: Any, start: float) -> float:
-        """Decide and price one step from `start` (requests `starting` begin with it, `ending`
-        finish with it); returns when it is done."""
+    def step(self, parts: Sequence[tuple[int, int]], chunk: tuple[int, int], starting: Sequence[int], ending: int,
+             work: Any, start: float) -> float:
+        """Decide and price one step from `start`: `parts` are its requests' shares, each
+        (request, the index of its own step in `Request.steps`, or -1 for the `chunk` of its
+        prompt tokens), merged as `trace.merge_steps` merges them; requests `starting` begin
+        with it, `ending` finish with it. Returns when it is done."""
         twin, tk = self.twin, self.tk
         mc, km = twin.mc, twin.km
-        ptr = np.fromiter(accumulate(map(len, step.experts), initial=0), np.int64, self.L + 1)
-        experts = np.fromiter(chain.from_iterable(step.experts), np.int64, int(ptr[-1]))
-        weighted = step.counts is not None
-        counts = np.fromiter(chain.from_iterable(step.counts), np.int64, len(experts)) if weighted else experts
+        ptr, experts, counts, weighted = self._arrays_of(parts, chunk)
         if weighted:
             self._tables(counts)
         mc.reg[km.R_LOG] = 0
@@ -299,6 +309,108 @@ class ServingPass:
         for _ in range(ending):
             twin.end()
         return float(self.out[1])
+
+    def _batch1(self) -> tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray]:
+        """The trace's batch-1 steps (`Request.steps`) as arrays, with their dense, head and
+        hand-over times; built at the first call."""
+        if self.batch1 is None:
+            arrays = self.arrays if self.arrays is not None else StepArrays.from_trace(self.setup.trace)
+            meta = _step_meta(self.setup.trace, 1, [], arrays)
+            self.batch1 = (arrays, *_work(self.setup.trace, 1, meta, self.setup.compute, self.multi))
+            if arrays.weighted.any():
+                self._tables(arrays.counts)
+        return self.batch1
+
+    def _arrays_of(self, parts: Sequence[tuple[int, int]], chunk: tuple[int, int]) -> tuple[np.ndarray, ...]:
+        """A step's visits (`ptr` [L + 1], flat experts, token counts) and whether it counts
+        tokens (`Step.counts` is not None): a request's own step is a slice of the batch-1
+        arrays, a chunk of a prompt its `prefill_union`; several are merged."""
+        arrays, L = self._batch1()[0], self.L
+        pieces = []
+        for r, k in parts:
+            if k < 0:
+                req = self.setup.trace.requests[r]
+                lens, ids, count = prefill_union(req.topk[chunk[0]:chunk[1]], req.weights[chunk[0]:chunk[1]],
+                                                 self.offsets)
+                pieces.append((np.concatenate([np.zeros(1, np.int64), np.cumsum(lens)]), ids, count, True))
+            else:
+                s = int(arrays.first_step[r]) + k
+                ptr = arrays.visit_ptr[s * L : (s + 1) * L + 1]
+                lo, hi = int(ptr[0]), int(ptr[-1])
+                pieces.append((ptr - lo, arrays.experts[lo:hi], arrays.counts[lo:hi], bool(arrays.weighted[s])))
+        if len(pieces) == 1:
+            return pieces[0]
+        sizes = [len(p[1]) for p in pieces]
+        starts = np.cumsum([0] + sizes[:-1])
+        ptrs = np.stack([p[0] + o for p, o in zip(pieces, starts.tolist())])
+        n = sum(sizes)
+        out_ptr, out_experts, out_counts = np.empty(L + 1, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        m = self.tk.merge_parts(ptrs, np.concatenate([p[1] for p in pieces]), np.concatenate([p[2] for p in pieces]),
+                                np.array([p[3] for p in pieces], np.bool_), self.pos, out_ptr, out_experts, out_counts)
+        return out_ptr, out_experts[:m], out_counts[:m], True
+
+    def chain(self, parts: Sequence[tuple[int, int]], starting: Sequence[int], start: float,
+              limit: float) -> tuple[list[float], list[float]]:
+        """Requests decoding together (or one alone, its whole prompt first): each of `parts`
+        is (request, the index of its next own step in `Request.steps`). Decide and price the
+        steps that carry the next step of each, from `start`, as `step` would one by one, until
+        one of them finishes or a step ends at or after `limit` (no other process acts before
+        then, so the scheduler would have formed these very steps); requests `starting` begin
+        with the first. Returns the steps' starts and ends. One kernel call for up to `CHAIN`
+        steps, reading the batch-1 arrays: no `Step` objects, no arrays per step."""
+        twin, tk = self.twin, self.tk
+        mc, km = twin.mc, twin.km
+        arrays, dense1, head1, handover1 = self._batch1()
+        firsts = np.array([int(arrays.first_step[r]) + k for r, k in parts], np.int64)
+        left = min(int(arrays.last_step[r]) + 1 - int(f) for (r, _), f in zip(parts, firsts.tolist()))
+        P = len(parts)
+        if P > 1:  # one decode token each: dense time over the requests' contexts, as `Server._plan` prices it
+            trace, compute = self.setup.trace, self.setup.compute
+            context = sum(int(trace.requests[r].prefill) + k + (trace.requests[r].prefill == 0) for r, k in parts)
+            pairs = context + P * np.arange(left, dtype=np.int64)
+            dense_all = compute.dense_many(np.full(left, P, np.int64), pairs, pairs)
+            head_all = np.full(left, compute.head(P))
+            handover_all = np.full(left, compute.handover(P) if self.multi else 0.0)
+            self._tables(np.array([P], np.int64))
+        mc.reg[km.R_LOG] = 0
+        for r in starting:
+            twin.begin(self.setup.trace.requests[r])
+        self.begin_a[0], self.begin_b[0] = (0 if starting else -1), mc.reg[km.R_LOG]
+        ptr, L = arrays.visit_ptr, self.L
+        ptrs, unweighted = np.empty((P, L + 1), np.int64), np.zeros(P, np.bool_)
+        out_ptr, out_experts, out_counts = np.empty(L + 1, np.int64), self.merged[0], self.merged[1]
+        starts: list[float] = []
+        ends: list[float] = []
+        done = 0
+        while True:
+            n_max = min(left - done, CHAIN)
+            lo, hi = firsts + done, firsts + done + n_max
+            visits = int((ptr[hi * L] - ptr[lo * L]).sum())
+            self._room(int(self.begin_b[0]) + visits + self.budget * n_max)
+            if P == 1:
+                s = int(lo[0])
+                dense, head, handover = dense1[s : s + n_max], head1[s : s + n_max], handover1[s : s + n_max]
+            else:
+                dense, head = dense_all[done : done + n_max], head_all[done : done + n_max]
+                handover = handover_all[done : done + n_max]
+            out_start, out_end = np.empty(n_max), np.empty(n_max)
+            n = tk.serve_chain(mc, self.st, ptr, arrays.experts, arrays.counts, arrays.weighted, self.marks, lo, n_max,
+                               self.begin_a, self.begin_b, done + n_max == left, self.ending, dense, head, handover,
+                               start, limit, ptrs, self.pos, unweighted, self.one, out_ptr, out_experts, out_counts,
+                               out_start, out_end)
+            starts += out_start[:n].tolist()
+            ends += out_end[:n].tolist()
+            stopped, done = n < n_max, done + n
+            if done == left:
+                for (r, _), f in zip(parts, firsts.tolist()):
+                    if f + left == int(arrays.last_step[r]) + 1:
+                        twin.end()
+                return starts, ends
+            start = starts[-1] + (ends[-1] - starts[-1])  # the clock after the last step, as SimPy's
+            if stopped or not limit > start:
+                return starts, ends
+            mc.reg[km.R_LOG] = 0
+            self.begin_a[0] = -1
 
     def _room(self, rows: int) -> None:
         """Grow the rings before a step that may issue `rows` loads, checking their fill only

@@ -84,7 +84,9 @@ def simulate(
     another; `detail` adds the per-layer timeliness figures and the perfect-prefetch bound (off
     by default, like the timeline: the hot loop stays bare; the CLI and sweeps turn it on).
     `compiled` chooses the offline decision pass as `casmoe.replay.replay` chooses its path
-    (built-in policies' compiled twins; identical results either way). `latency`, a log to fill
+    (built-in policies' compiled twins; identical results either way). `plan` shares the
+    trace's steps between runs (with a workload: its batch-1 arrays, which the compiled
+    serving passes read). `latency`, a log to fill
     instead of a fresh one, gives a caller every step's time (requests one after another only)."""
     if not (isinstance(policy, type) and issubclass(policy, ExpertCache)):
         raise SimConfigError(
@@ -107,6 +109,8 @@ def simulate(
             raise SimConfigError("the step plan was built for another trace, batch, device count or capacity kind")
         ranges, shard_ranges, shard_traces = plan.ranges, plan.shards, plan.shard_traces
     else:
+        if plan is not None and (plan.trace is not trace or plan.batch != 1):
+            raise SimConfigError("a served trace shares the step plan of the same trace at batch 1 only")
         ranges = split_layers(g.layers, devices)
         shard_ranges = list(ranges) if cache_per_device else [range(g.layers)]
         shard_traces = [trace.layer_slice(r) for r in ranges] if cache_per_device else [trace]
@@ -133,8 +137,9 @@ def simulate(
         if latency is not None:
             raise SimConfigError("a latency log is filled by requests one after another only, not by a workload")
 
+        arrays = plan.arrays(0) if plan is not None and len(plan.shards) == 1 == len(shard_ranges) else None
         with no_gc():
-            return serve(setup, workload, describe, compiled)
+            return serve(setup, workload, describe, compiled, arrays)
     machine = setup.start(plan.shard_steps)
     log = LatencyLog() if latency is None else latency
     with no_gc():

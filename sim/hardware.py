@@ -227,8 +227,69 @@ def profile_paths() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PROFILES_DIR.glob("*.toml"))}
 
 
+LINKS_FILE = Path(__file__).with_name("links.toml")
+VARIANT_KEYS = ("link", "host_ram_gib")
+"""What a hardware spec `NAME@key=value,...` may vary (`casmoe search`'s link and host-RAM axes)."""
+
+
+def link_generations() -> dict[str, dict[str, Any]]:
+    """The host-link generations a variant can take (`sim/links.toml`): pinned rate, source."""
+    return tomllib.loads(LINKS_FILE.read_text())
+
+
+def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None = None) -> HardwareProfile:
+    """`profile` with another host-link generation (its pinned host-to-device rate, the
+    pageable one scaled alike) and/or another host RAM size; named `NAME@link=...,host_ram_gib=...`
+    so that a sweep point's key and a record tell it apart."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    spec = []
+    if link:
+        links = link_generations()
+        if link not in links:
+            raise HardwareError(f"unknown link generation {link!r}; one of {', '.join(links)} (sim/links.toml)")
+        rate = float(links[link]["pinned_gbs"])
+        values["h2d_pinned_gbs"] = rate
+        values["h2d_pageable_gbs"] = profile.h2d_pageable_gbs * rate / profile.h2d_pinned_gbs
+        sources["h2d_pinned_gbs"] = f"{link} variant: {links[link]['source']}"
+        sources["h2d_pageable_gbs"] = f"{link} variant: the profile's pageable rate scaled as its pinned rate"
+        spec.append(f"link={link}")
+    if host_ram_gib is not None:
+        if not (math.isfinite(host_ram_gib) and host_ram_gib > 0):
+            raise HardwareError(f"host RAM must be a finite number of GiB > 0, got {host_ram_gib}")
+        values["host_ram_gib"] = float(host_ram_gib)
+        sources["host_ram_gib"] = "variant: the host RAM size searched over"
+        spec.append(f"host_ram_gib={host_ram_gib:g}")
+    if not spec:
+        return profile
+    name = f"{profile.name}@{','.join(spec)}"
+    return profile.with_values(sources, name=name, description=f"{profile.description} ({', '.join(spec)})", **values)
+
+
+def variant_spec(base: str, link: str = "", host_ram_gib: float | None = None) -> str:
+    """The hardware spec `load_profile` turns into `variant(load_profile(base), ...)`."""
+    parts = ([f"link={link}"] if link else []) + ([f"host_ram_gib={host_ram_gib:g}"] if host_ram_gib is not None else [])
+    return f"{base}@{','.join(parts)}" if parts else base
+
+
 def load_profile(spec: str | Path) -> HardwareProfile:
-    """A shipped profile name (`rtx4090x4`) or the path of a user's TOML file."""
+    """A shipped profile name (`rtx4090x4`) or the path of a user's TOML file, optionally with
+    a variant: `NAME@link=pcie5,host_ram_gib=64` (`variant`)."""
+    text = str(spec)
+    if "@" in text and not Path(text).exists():
+        base, _, tail = text.rpartition("@")
+        options: dict[str, str] = {}
+        for item in tail.split(","):
+            key, eq, value = item.partition("=")
+            if key not in VARIANT_KEYS or not eq or key in options:
+                raise HardwareError(f"bad hardware variant {tail!r} in {text!r}; write NAME@link=pcie5,host_ram_gib=64")
+            options[key] = value
+        ram = options.get("host_ram_gib")
+        try:
+            ram_gib = float(ram) if ram is not None else None
+        except ValueError:
+            raise HardwareError(f"host_ram_gib must be a number of GiB, got {ram!r} in {text!r}") from None
+        return variant(load_profile(base), options.get("link", ""), ram_gib)
     shipped = profile_paths()
     if str(spec) in shipped:
         return HardwareProfile.from_file(shipped[str(spec)])

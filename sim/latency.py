@@ -63,6 +63,23 @@ class LatencyLog:
             else:
                 self.ttft[r] = t - self.arrival[r]
 
+    def decoded_alone(self, r: int, starts: Sequence[float], ends: Sequence[float]) -> None:
+        """`decoded(starts[i], ends[i], [r])` for each of `r`'s consecutive decode steps (run
+        alone), in order: the same sums in the same order, without a call per step."""
+        lat = [t - t0 for t0, t in zip(starts, ends)]
+        self.token_latency += lat
+        total = self.decode_time
+        for d in lat:
+            total += d
+        self.decode_time = total
+        self.decode_tokens += len(lat)
+        self.decode_steps += len(lat)
+        if r not in self.ttft:
+            self.ttft[r] = ends[0] - self.arrival[r]
+            lat = lat[1:]
+        if lat:
+            self.after_first[r] = self.after_first.get(r, 0) + len(lat)
+
     def finished(self, r: int, t: float) -> None:
         self.finish[r] = t
 

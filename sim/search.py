@@ -29,9 +29,9 @@ from casmoe.options import CapacitySpec, parse_quant
 from casmoe.policies import PolicySpec
 from casmoe.presets import ModelPreset, get_preset
 from casmoe.sim.assembly import expert_bytes_for, max_slots
-from casmoe.sim.hardware import load_profile
+from casmoe.sim.hardware import load_profile, variant_spec
 from casmoe.sim.serving import Workload
-from casmoe.sim.sweep import Point, _load_trace, file_digest, run_grid
+from casmoe.sim.sweep import Point, _load_trace, file_digest, input_digest, run_grid
 from casmoe.trace import Trace
 
 METRICS = {
@@ -90,11 +90,32 @@ class Config:
     policy: PolicySpec
     quant: str = ""
     host_cache: str = ""
+    link: str = ""  # "": the profile's own host link; else a generation of sim/links.toml
+    host_ram_gib: float | None = None  # None: the profile's host RAM
+
+    def spec(self) -> str:
+        """The hardware spec the points load (`hardware.variant_spec`)."""
+        return variant_spec(self.hardware, self.link, self.host_ram_gib)
 
     def label(self) -> str:
         parts = [self.hardware, f"{self.devices} GPU{'s' if self.devices > 1 else ''}", self.policy.label,
                  self.quant or "trace bytes"]
+        parts += [f"link {self.link}"] if self.link else []
+        parts += [f"{self.host_ram_gib:g} GiB RAM"] if self.host_ram_gib is not None else []
         return ", ".join(parts + ([f"RAM tier {self.host_cache}"] if self.host_cache else []))
+
+    def dominates(self, other: Config) -> bool:
+        """Whether this config is `other` with a host link at least as fast and at least as much
+        host RAM, one of them more (the rest equal): then, as with a larger cache, it is assumed to do no worse at
+        any cache size, and it holds the same cache sizes."""
+        if (self.hardware, self.devices, self.policy, self.quant, self.host_cache) != (
+            other.hardware, other.devices, other.policy, other.quant, other.host_cache
+        ) or self == other:
+            return False
+        a, b = load_profile(self.spec()), load_profile(other.spec())
+        mine = (a.h2d_pinned_gbs, a.h2d_pageable_gbs, a.host_ram_gib)
+        theirs = (b.h2d_pinned_gbs, b.h2d_pageable_gbs, b.host_ram_gib)
+        return mine != theirs and all(x >= y for x, y in zip(mine, theirs))
 
 
 @dataclass
@@ -107,6 +128,7 @@ class _Bisect:
     best: dict[str, Any] | None = None  # the record at `hi` once it met the target
     last: dict[str, Any] | None = None  # the last record probed
     settled: bool = False
+    bounded_by: Config | None = None  # settled unprobed: a config that dominates it misses the target
 
     def probe(self) -> int | None:
         if self.settled:
@@ -155,11 +177,16 @@ def memory_gb(record: dict[str, Any]) -> float:
 
 
 def configs(hardware: Sequence[str], gpus: Sequence[int], policies: Sequence[PolicySpec], quants: Sequence[str],
-            host_caches: Sequence[str]) -> list[Config]:
-    """Every combination of the axes (0 GPUs: every GPU of the profile)."""
+            host_caches: Sequence[str], links: Sequence[str] = (), host_rams: Sequence[float] = ()) -> list[Config]:
+    """Every combination of the axes (0 GPUs: every GPU of the profile; no link or RAM: the
+    profile's own)."""
     out = []
-    for h, n, p, q, tier in itertools.product(hardware, gpus or [0], policies, quants or [""], host_caches or [""]):
-        out.append(Config(h, n or load_profile(h).gpus, p, q, tier))
+    axes = itertools.product(hardware, gpus or [0], policies, quants or [""], host_caches or [""], links or [""],
+                             host_rams or [None])
+    for h, n, p, q, tier, link, ram in axes:
+        c = Config(h, n or load_profile(h).gpus, p, q, tier, link, ram)
+        load_profile(c.spec())  # a bad link or RAM size fails here, in one line
+        out.append(c)
     if not out:
         raise SearchError("nothing to search: give at least one hardware profile and one policy")
     return out
@@ -170,7 +197,7 @@ def slot_range(trace: Trace, preset: ModelPreset, config: Config) -> tuple[int, 
     beside the dense weights (at most every expert)."""
     nbytes = expert_bytes_for(trace, preset, parse_quant(config.quant))
     g = trace.geometry
-    return g.top_k, min(max_slots(load_profile(config.hardware), preset, nbytes, config.devices), g.experts)
+    return g.top_k, min(max_slots(load_profile(config.spec()), preset, nbytes, config.devices), g.experts)
 
 
 def search(
@@ -188,7 +215,10 @@ def search(
     progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
     """Bisect each config's cache size (on the first `requests` requests, 0: all); the rounds
-    of all configs run as one grid each."""
+    of all configs run as one grid each. Configs that dominate others (`Config.dominates`: a
+    faster link, more host RAM) are searched first: one that misses the target at its largest
+    cache settles every config it dominates unprobed, and one's answer is the others' lower
+    bound."""
     digest = file_digest(trace)
     scored = tuple(range(min(requests, len(_load_trace(trace, digest, ()).requests)))) if requests else ()
     tr = _load_trace(trace, digest, scored)
@@ -202,14 +232,27 @@ def search(
             states.append(_Bisect(c, lo, hi))
     grid = sum(s.hi - s.lo + 1 for s in states)
 
-    def point(c: Config, slots: int) -> Point:
-        return Point(trace, model, c.hardware, c.policy, CapacitySpec(str(slots)), 1, miss_mode, c.devices, c.quant,
-                     True, scored, digest, workload, c.host_cache)
+    inputs = {c: input_digest(c.spec(), model, c.policy) for c in {s.config for s in states}}
 
+    def point(c: Config, slots: int) -> Point:
+        return Point(trace, model, c.spec(), c.policy, CapacitySpec(str(slots)), 1, miss_mode, c.devices, c.quant,
+                     True, scored, digest, workload, c.host_cache, inputs=inputs[c])
+
+    betters = {id(s): [b for b in states if b.config.dominates(s.config)] for s in states}
     simulated = probed = 0
     records = []
     while True:
-        probes = [(s, s.probe()) for s in states]
+        for s in states:
+            if s.settled or s.best is not None or s.last is not None:
+                continue
+            ahead = betters[id(s)]
+            missed = [b for b in ahead if b.settled and b.best is None and "skipped" not in (b.last or {})]
+            if missed:
+                s.settled, s.bounded_by = True, missed[0].config
+            elif all(b.settled for b in ahead):
+                s.lo = max([s.lo] + [b.hi for b in ahead])  # a better config's fewest slots
+        ready = [s for s in states if all(b.settled for b in betters[id(s)])]
+        probes = [(s, s.probe()) for s in ready]
         probes = [(s, slots) for s, slots in probes if slots is not None]
         if not probes:
             break
@@ -223,6 +266,9 @@ def search(
     for s in states:
         if s.best is not None:
             answers.append((s.config, s.best))
+        elif s.bounded_by is not None:
+            infeasible.append((s.config, f"not simulated: its link is no faster and its RAM no larger than those of "
+                                         f"{s.bounded_by.label()}, which misses it with every cache that fits"))
         elif s.last is not None and "skipped" in s.last:
             infeasible.append((s.config, s.last["skipped"]))
         elif s.last is not None:

@@ -19,6 +19,9 @@ The SimPy processes, in the style of SimPy's own examples:
   and its copy engine (the host-to-device `Link`, a free-at time). A step holds the streams of
   the devices it runs on for its duration; its layer-by-layer cost is the timing pass
   (`timing.py`): within a step nothing else acts, so it costs one timeout, not one per layer.
+  With the compiled passes, the steps up to the next event elsewhere that follow from the
+  running requests alone (all decoding) are priced in one call and cost one timeout
+  (`Server._serve_chain`).
 
 Policies that read the future (belady, sch, casmoe's oracle predictors) need the step sequence,
 which here depends on timing: they run again with the sequence of the previous run until it
@@ -32,6 +35,7 @@ import math
 import enum
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -42,6 +46,8 @@ from casmoe.sim.assembly import RunState, Setup
 from casmoe.sim.compiled_timing import ServingPass
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import StepWork
+from casmoe.step_arrays import StepArrays
+from casmoe.geometry import Geometry
 from casmoe.trace import Request, Step, merge_steps, prefill_step
 
 MAX_FUTURE_RUNS = 5
@@ -150,10 +156,25 @@ class Job:
     r: int
     request: Request
     done: simpy.Event
-    prompt: int  # prompt tokens
-    steps: list[Step]  # its own steps: the prompt (if any), then one per decode token
+    geometry: Geometry
     pos: int = 0  # tokens computed
     decoded: int = 0  # decode steps done
+
+    @property
+    def prompt(self) -> int:
+        """Prompt tokens."""
+        return self.request.prefill
+
+    @property
+    def nsteps(self) -> int:
+        """How many `steps`: the prompt (if any) as one, then one per decode token."""
+        return bool(self.request.prefill) + self.request.decode_tokens
+
+    @cached_property
+    def steps(self) -> list[Step]:
+        """Its own steps (`Request.steps`), built for the Python passes (the compiled ones read
+        the batch-1 arrays)."""
+        return self.request.steps(self.geometry)
 
     @property
     def prefilling(self) -> bool:
@@ -173,7 +194,7 @@ class GPU:
 class ScheduledStep:
     """The next step: its parts, what it costs besides experts, who finishes."""
 
-    step: Step
+    parts: list[tuple[Job, int]]  # each request's share: its own step's index in `Job.steps`, -1: `chunk` of its prompt
     work: StepWork
     decoding: list[Job]
     prefill: Job | None = None
@@ -185,7 +206,7 @@ class Server:
     """The scheduler and the devices of one run."""
 
     def __init__(self, env: simpy.Environment, setup: Setup, machine: RunState, workload: Workload,
-                 log: LatencyLog, compiled: bool | None = None) -> None:
+                 log: LatencyLog, compiled: bool | None = None, arrays: StepArrays | None = None) -> None:
         self.env = env
         self.setup = setup
         self.machine = machine
@@ -195,20 +216,23 @@ class Server:
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.wake = env.event()
-        self.steps: list[Step] = []  # the step sequence, for oracles' next run
+        self.steps: list[Step] = []
+        """The step sequence, for oracles' next run (kept by the Python passes: the compiled
+        ones serve no policy that reads the future)."""
         self.clock = 0.0  # the end of the last step: the makespan, once all is served
         g = setup.trace.geometry
         self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self._E = g.experts
-        self.compiled = ServingPass(machine, setup, workload.max_batch) if ServingPass.fits(machine, setup, compiled) else None
+        fits = ServingPass.fits(machine, setup, compiled)
+        self.compiled = ServingPass(machine, setup, workload.max_batch, arrays) if fits else None
         """Both passes compiled for a built-in policy (`compiled_timing.ServingPass`), else None."""
 
     def submit(self, r: int) -> simpy.Event:
         """Request `r` arrives now; the event fires with its last token."""
         request = self.setup.trace.requests[r]
-        job = Job(r, request, self.env.event(), request.prefill, request.steps(self.setup.trace.geometry))
+        job = Job(r, request, self.env.event(), self.setup.trace.geometry)
         self.log.arrive(r, self.env.now)
-        if not job.steps:
+        if not job.nsteps:
             self.log.admit(r, self.env.now, len(self.running))
             self.log.finished(r, self.env.now)
             job.done.succeed()
@@ -229,15 +253,22 @@ class Server:
                 yield self.wake
                 continue
             admitted = self._admit()
-            plan = self._next_step()
-            s = len(self.steps)
-            self.steps.append(plan.step)
-            subs = self._views(plan.step)
+            decoding, prefill, chunk = self._next_step()
             starting = [job.r for job in admitted]
             start = env.now
+            chained = self._chained(decoding, prefill, chunk)
+            if chained:
+                yield from self._serve_chain(chained, starting, start)
+                continue
+            plan = self._plan(decoding, prefill, chunk)
             if self.compiled is not None:
-                t = self.compiled.step(plan.step, starting, len(plan.finishing), plan.work, start)
+                parts = [(job.r, k) for job, k in plan.parts]
+                t = self.compiled.step(parts, chunk, starting, len(plan.finishing), plan.work, start)
             else:
+                step = self._step(plan)
+                s = len(self.steps)
+                self.steps.append(step)
+                subs = self._views(step)
                 decisions = None
                 if not timer.interleaved:
                     decisions = [d.step(s, subs[i].experts, starting, len(plan.finishing)) for i, d in enumerate(deciders)]
@@ -249,7 +280,54 @@ class Server:
             self.clock = env.now
             for gpu, req in zip(self.gpus, requests):
                 gpu.stream.release(req)
-            self._account(plan, start, t)
+            self._account(plan.prefill, plan.chunk, plan.decoding, plan.finishing, start, t)
+
+    def _chained(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> list[tuple[Job, int]]:
+        """With the compiled passes, when the next steps until a request finishes or arrives
+        follow from the running requests alone: the running requests all decoding, or one
+        alone about to compute its whole prompt. Each with the index of its next own step
+        (`Request.steps`); [] otherwise."""
+        if self.compiled is None:
+            return []
+        if prefill is not None:
+            return [(prefill, 0)] if len(self.running) == 1 and chunk == (0, prefill.prompt) else []
+        return [(job, job.decoded + bool(job.prompt)) for job in decoding]
+
+    def _serve_chain(self, parts: list[tuple[Job, int]], starting: list[int], start: float) -> Iterator[simpy.Event]:
+        """The steps of `parts`' requests until one finishes or another process's next event
+        (`env.peek()`, once the streams are held) comes due: until then nobody else acts, so
+        the scheduler would form the same steps one by one. They are decided and priced in
+        one go (`ServingPass.chain`); the clock then moves to the last one's end as the
+        scheduler's own timeouts would have moved it (one timeout where the float sum lands on
+        the same time, else one per step), and the steps are accounted in their order."""
+        env = self.env
+        requests = [gpu.stream.request() for gpu in self.gpus]
+        yield simpy.AllOf(env, requests)  # what was due now before this step (the last one's releases) is done
+        starts, ends = self.compiled.chain([(job.r, k) for job, k in parts], starting, start, env.peek())  # type: ignore[union-attr]
+        for delay in clock_delays(env.now, ends):
+            yield env.timeout(delay)
+        self.clock = env.now
+        for gpu, req in zip(self.gpus, requests):
+            gpu.stream.release(req)
+        log = self.log
+        job, k = parts[0]
+        prompt = len(parts) == 1 and k == 0 and job.prompt > 0
+        if prompt:
+            job.pos = job.prompt
+            log.prefilled(job.r, job.prompt, ends[0])
+        steps = len(ends) - prompt
+        if len(parts) == 1 and steps:
+            log.decoded_alone(job.r, starts[prompt:], ends[prompt:])
+        elif steps:
+            rs = [job.r for job, _ in parts]
+            for t0, t in zip(starts, ends):
+                log.decoded(t0, t, rs)
+        for job, _ in parts:
+            job.pos += steps
+            job.decoded += steps
+        finishing = [job for job, k in parts if k + len(ends) == job.nsteps]
+        if finishing:
+            self._account(None, (0, 0), [], finishing, start, ends[-1])
 
     def _admit(self) -> list[Job]:
         admitted = []
@@ -262,58 +340,65 @@ class Server:
             self.log.queue_length(self.env.now, len(self.waiting))
         return admitted
 
-    def _next_step(self) -> ScheduledStep:
-        """Prefill-first: the oldest unprefilled prompt alone, else one decode token of every
-        running request. Chunked: decode tokens plus a chunk of the oldest prompt."""
+    def _next_step(self) -> tuple[list[Job], Job | None, tuple[int, int]]:
+        """What the next step carries: the requests decoding a token, the one prefilling and
+        its chunk of prompt tokens. Prefill-first: the oldest unprefilled prompt alone, else
+        one decode token of every running request. Chunked: decode tokens plus a chunk of the
+        oldest prompt."""
         wl = self.workload
         prefilling = [job for job in self.running if job.prefilling]
         decoding = [job for job in self.running if not job.prefilling]
         if wl.schedule is Schedule.PREFILL_FIRST:
             if prefilling:
                 job = prefilling[0]
-                return self._plan([], job, (0, job.prompt))
-            return self._plan(decoding, None, (0, 0))
+                return [], job, (0, job.prompt)
+            return decoding, None, (0, 0)
         budget = wl.chunk - len(decoding)
         if prefilling and (budget > 0 or not decoding):
             job = prefilling[0]
             end = min(job.prompt, job.pos + max(budget, 1))
-            return self._plan(decoding, job, (job.pos, end))
-        return self._plan(decoding, None, (0, 0))
+            return decoding, job, (job.pos, end)
+        return decoding, None, (0, 0)
 
     def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> ScheduledStep:
-        parts: list[Step] = []
-        requests: list[int] = []
+        parts: list[tuple[Job, int]] = []
         pairs = kv = 0
         heads = 0
+        tokens = len(decoding)
         finishing = []
         if prefill is not None:
             a, b = chunk
-            if (a, b) == (0, prefill.prompt):
-                parts.append(prefill.steps[0])  # the prompt in one step, ordered as offline
-            else:
-                req = prefill.request
-                parts.append(prefill_step(req.topk[a:b], req.weights[a:b], self._offsets, self._E))
-            requests.append(prefill.r)
+            parts.append((prefill, 0 if (a, b) == (0, prefill.prompt) else -1))  # the whole prompt: as offline
+            tokens += b - a
             pairs += (b * (b + 1) - a * (a + 1)) // 2
             kv += b
             if b == prefill.prompt:
                 heads += 1
-                if len(prefill.steps) == 1:
+                if prefill.nsteps == 1:
                     finishing.append(prefill)
         for job in decoding:
-            parts.append(job.steps[job.decoded + (1 if job.prompt else 0)])
-            requests.append(job.r)
+            k = job.decoded + bool(job.prompt)
+            parts.append((job, k))
             p = job.pos + 1
             pairs += p
             kv += p
             heads += 1
-            if job.decoded + 1 + (1 if job.prompt else 0) == len(job.steps):
+            if k + 1 == job.nsteps:
                 finishing.append(job)
-        step = parts[0] if len(parts) == 1 else merge_steps(parts, tuple(requests))
-        tokens = sum(p.tokens for p in parts)
         compute = self.setup.compute
         work = StepWork(tokens, compute.dense(tokens, pairs, kv), compute.head(heads))
-        return ScheduledStep(step, work, decoding, prefill, chunk, finishing)
+        return ScheduledStep(parts, work, decoding, prefill, chunk, finishing)
+
+    def _step(self, plan: ScheduledStep) -> Step:
+        """The step's routing as a `Step` (the Python passes): its parts merged."""
+        steps = []
+        for job, k in plan.parts:
+            if k < 0:
+                a, b = plan.chunk
+                steps.append(prefill_step(job.request.topk[a:b], job.request.weights[a:b], self._offsets, self._E))
+            else:
+                steps.append(job.steps[k])
+        return steps[0] if len(steps) == 1 else merge_steps(steps, tuple(job.r for job, _ in plan.parts))
 
     def _views(self, step: Step) -> list[Step]:
         """The step as each cache sees it (a device's layers, with a global pool per device)."""
@@ -322,24 +407,43 @@ class Server:
             return [step]
         return [step.layer_slice(layers, self._E) for layers in shards]
 
-    def _account(self, plan: ScheduledStep, start: float, t: float) -> None:
+    def _account(self, prefill: Job | None, chunk: tuple[int, int], decoding: list[Job], finishing: list[Job],
+                 start: float, t: float) -> None:
+        """A step from `start` to `t` is done: `prefill`'s `chunk` of its prompt and a token of
+        each of `decoding`; `finishing` leave."""
         log = self.log
-        if plan.prefill is not None:
-            job = plan.prefill
-            a, b = plan.chunk
-            job.pos = b
-            log.prefilled(job.r, b - a, t, first_token=b == job.prompt)
-        if plan.decoding:
-            log.decoded(start, t, [job.r for job in plan.decoding])
-            for job in plan.decoding:
+        if prefill is not None:
+            a, b = chunk
+            prefill.pos = b
+            log.prefilled(prefill.r, b - a, t, first_token=b == prefill.prompt)
+        if decoding:
+            log.decoded(start, t, [job.r for job in decoding])
+            for job in decoding:
                 job.pos += 1
                 job.decoded += 1
-        if plan.finishing:
-            for job in plan.finishing:
+        if finishing:
+            for job in finishing:
                 self.running.remove(job)
                 log.finished(job.r, t)
                 job.done.succeed()
-            self.machine.timer.end(t, len(plan.finishing))
+            self.machine.timer.end(t, len(finishing))
+
+
+def clock_delays(now: float, ends: Sequence[float]) -> list[float]:
+    """The timeouts that take a SimPy clock from `now` to where steps ending at `ends`, each
+    from the clock the one before left, take it with a timeout each (`now + (t - now)` per
+    step): one timeout where that float sum lands on the same time, else one per step."""
+    clock = now
+    for t in ends:
+        clock = clock + (t - clock)
+    if now + (clock - now) == clock:
+        return [clock - now]
+    delays = []
+    clock = now
+    for t in ends:
+        delays.append(t - clock)
+        clock = clock + (t - clock)
+    return delays
 
 
 def open_loop(env: simpy.Environment, server: Server, times: Sequence[float]) -> Iterator[simpy.Event]:
@@ -359,11 +463,12 @@ def user(env: simpy.Environment, server: Server, queue: Iterator[int], think_s: 
 
 
 def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None,
-             compiled: bool | None = None) -> tuple[RunState, LatencyLog, float, list[Step]]:
+             compiled: bool | None = None, arrays: StepArrays | None = None,
+             ) -> tuple[RunState, LatencyLog, float, list[Step]]:
     env = simpy.Environment()
     machine = setup.start(futures)
     log = LatencyLog()
-    server = Server(env, setup, machine, workload, log, compiled)
+    server = Server(env, setup, machine, workload, log, compiled, arrays)
     n = len(setup.trace.requests)
     if workload.arrival is Arrival.CLOSED:
         queue = iter(range(n))
@@ -378,15 +483,18 @@ def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]]
     return machine, log, server.clock, server.steps
 
 
-def serve(setup: Setup, workload: Workload, describe: dict[str, Any], compiled: bool | None = None) -> Any:
+def serve(setup: Setup, workload: Workload, describe: dict[str, Any], compiled: bool | None = None,
+          arrays: StepArrays | None = None) -> Any:
     """Serve the trace's requests under `workload`; the result of the last run. `compiled`
-    chooses the passes as `simulate` does (a built-in policy's twin and the compiled timing)."""
+    chooses the passes as `simulate` does (a built-in policy's twin and the compiled timing);
+    `arrays`, the trace's batch-1 steps if built already (`StepPlan.arrays`), spare the
+    compiled passes building them."""
     futures = None
     previous: list[Step] | None = None
     runs = 0
     while True:
         runs += 1
-        machine, log, end, steps = run_once(setup, workload, futures, compiled)
+        machine, log, end, steps = run_once(setup, workload, futures, compiled, arrays)
         reads_future = any(shard.cache.needs_future for shard in machine.shards)
         if not reads_future or runs == MAX_FUTURE_RUNS or (previous is not None and _same(previous, steps)):
             break

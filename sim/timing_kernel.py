@@ -485,3 +485,68 @@ def serve_step(mc, st, visit_ptr, experts, counts, weighted, marks, begin_a, beg
     replay_steps(mc, visit_ptr, experts, 0, 1, marks)
     run_steps(st, visit_ptr, experts, counts, weighted, mc.log[: mc.reg[R_LOG]], marks, 0, 1, begin_a, begin_b,
               ending, work[0:1], work[1:2], work[2:3], now, out[0:1], out[1:2])
+
+
+@_kernel
+def serve_chain(mc, st, visit_ptr, experts, counts, weighted, marks, firsts, steps, begin_a, begin_b, ending_last,
+                ending, dense, head, handover, now, limit, ptrs, pos, unweighted, one, out_ptr, out_experts,
+                out_counts, out_start, out_end):
+    """`steps` steps of the requests whose next own steps (in the batch-1 arrays) are
+    `firsts` [P], each step carrying the next one of each (merged as `merge_parts` merges them
+    when P > 1), each as `serve_step` would run it from the clock the step before left (the
+    first begins the requests logged in `begin_*`; the last ends some if `ending_last`), until
+    a step ends at or after `limit`, the next event elsewhere in the simulation, which the
+    scheduler must see before it forms another step. Per-step arrays (`dense`, `out_*`, ...)
+    are indexed from 0; `begin_a`, `begin_b`, `ending`, `one` (True) are one-element scratch,
+    `ptrs` [P, L + 1], `out_*` one merged step's, `unweighted` [P] False. Returns the steps run."""
+    P, L = firsts.shape[0], st.cfg[C_L]
+    for j in range(steps):
+        if j > 0:
+            mc.reg[R_LOG] = 0
+            begin_a[0] = -1
+        ending[0] = ending_last and j == steps - 1
+        if P == 1:
+            s = firsts[0] + j
+            replay_steps(mc, visit_ptr, experts, s, s + 1, marks)
+            now = run_steps(st, visit_ptr, experts, counts, weighted, mc.log[: mc.reg[R_LOG]], marks, s, s + 1,
+                            begin_a, begin_b, ending, dense[j : j + 1], head[j : j + 1], handover[j : j + 1], now,
+                            out_start[j : j + 1], out_end[j : j + 1])
+        else:
+            for p in range(P):
+                for ll in range(L + 1):
+                    ptrs[p, ll] = visit_ptr[(firsts[p] + j) * L + ll]
+            m = merge_parts(ptrs, experts, counts, unweighted, pos, out_ptr, out_experts, out_counts)
+            replay_steps(mc, out_ptr, out_experts[:m], 0, 1, marks)
+            now = run_steps(st, out_ptr, out_experts[:m], out_counts[:m], one, mc.log[: mc.reg[R_LOG]], marks, 0, 1,
+                            begin_a, begin_b, ending, dense[j : j + 1], head[j : j + 1], handover[j : j + 1], now,
+                            out_start[j : j + 1], out_end[j : j + 1])
+        if not limit > now:
+            return j + 1
+    return steps
+
+
+@_kernel
+def merge_parts(ptrs, experts, counts, weighted, pos, out_ptr, out_experts, out_counts):
+    """`trace.merge_steps` over arrays: part `p` routes `experts[ptrs[p, l]:ptrs[p, l + 1]]`
+    at layer `l` (token counts in `counts` where `weighted[p]`, else one each); per layer the
+    union, first seen first, with the tokens routed to each. `pos` [N] is scratch, all -1 on
+    entry and exit. Returns the merged step's visit count."""
+    P, L = ptrs.shape[0], ptrs.shape[1] - 1
+    m = 0
+    for ll in range(L):
+        out_ptr[ll] = m
+        for p in range(P):
+            for i in range(ptrs[p, ll], ptrs[p, ll + 1]):
+                e = experts[i]
+                c = counts[i] if weighted[p] else 1
+                if pos[e] < 0:
+                    pos[e] = m
+                    out_experts[m] = e
+                    out_counts[m] = c
+                    m += 1
+                else:
+                    out_counts[pos[e]] += c
+        for i in range(out_ptr[ll], m):
+            pos[out_experts[i]] = -1
+    out_ptr[L] = m
+    return m

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,15 @@ def casmoe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+def png(path: Path, wait_s: float = 120.0) -> bytes:
+    """The PNG at `path`, once the background plotter (`--plots background`, the default) has
+    written it: each file appears whole (atomic), so its existence is its completion."""
+    deadline = time.monotonic() + wait_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return path.read_bytes()
+
+
 def check_report(out: Path, timeline: Path | None = None) -> list[dict]:
     import pandas as pd
 
@@ -37,8 +47,8 @@ def check_report(out: Path, timeline: Path | None = None) -> list[dict]:
     assert {"policy", "decode_tokens_per_s", "token_latency_p99_s", "ttft_mean_s", "stall_demand_s"} <= set(frame)
     one = frame[frame["batch"] == 1]  # a batch-1 decode step is one token: rate x mean step time = 1
     assert ((one["decode_tokens_per_s"] * one["token_latency_mean_s"] - 1).abs() < 1e-9).all()
-    for png in ("decode_vs_capacity.png", "stall_by_layer.png"):
-        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("decode_vs_capacity.png", "stall_by_layer.png"):
+        assert png(out / name)[:8] == b"\x89PNG\r\n\x1a\n"
     if timeline is not None:
         events = json.loads(timeline.read_text())["traceEvents"]
         spans = [e for e in events if e["ph"] == "X"]
@@ -248,8 +258,8 @@ def test_simulate_serves_poisson_arrivals_with_latency_percentiles_and_plots(tmp
         assert r["e2e_p99_s"] >= r["ttft_p99_s"] and r["requests_per_s"] > 0
     by = {r["policy"]: r for r in records}
     assert by["ondemand"]["e2e_p50_s"] > by["lru"]["e2e_p50_s"]  # every layer loads: far slower
-    for png in ("queue.png", "timeliness.png"):
-        assert (tmp_path / "rep" / png).read_bytes()[:4] == b"\x89PNG"
+    for name in ("queue.png", "timeliness.png"):
+        assert png(tmp_path / "rep" / name)[:4] == b"\x89PNG"
     assert "TTFT p99" in proc.stdout and "bandwidth-bound stall" in proc.stdout
 
 
@@ -274,7 +284,7 @@ def test_sweep_over_rates_plots_latency_vs_load(tmp_path):
     assert sorted({r["rate"] for r in records}) == [0.1, 1.0, 10.0] and len(records) == 6
     lru = sorted((r for r in records if r["policy"] == "lru"), key=lambda r: r["rate"])
     assert lru[-1]["queue_wait_mean_s"] >= lru[0]["queue_wait_mean_s"]  # more load, more waiting
-    assert (tmp_path / "sw" / "latency_vs_load.png").read_bytes()[:4] == b"\x89PNG"
+    assert png(tmp_path / "sw" / "latency_vs_load.png")[:4] == b"\x89PNG"
 
 
 def test_sweep_file_takes_rates_and_serving_keys(tmp_path):
@@ -299,3 +309,24 @@ def test_sweep_points_carry_the_parsed_miss_mode(tmp_path):
     (tmp_path / "b.toml").write_text(body + 'miss_modes = ["load"]\n')
     a, b = (Grid.from_toml(tmp_path / f"{n}.toml").points() for n in "ab")
     assert [p.miss_mode for p in a] == ["load"] and [p.key() for p in a] == [p.key() for p in b]
+
+
+@needs_trace
+def test_plots_in_the_background_wait_or_none(tmp_path):
+    """The default draws the PNGs in a detached process and says so (a stale PNG of an earlier
+    run is removed first, so an existing file is this run's); `--plots wait` has them written
+    when the command ends; `--plots none` draws nothing."""
+    args = ["simulate", "--requests", "2", "--policy", "lru", "--capacity", "4", "--out", "rep"]
+    (tmp_path / "rep").mkdir()
+    (tmp_path / "rep" / "stall_by_layer.png").write_bytes(b"stale")
+    proc = casmoe(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "being drawn in the background" in proc.stdout
+    assert png(tmp_path / "rep" / "stall_by_layer.png")[:4] == b"\x89PNG"
+    proc = casmoe(*args[:-1], "wait", "--plots", "wait", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "background" not in proc.stdout
+    assert all((tmp_path / "wait" / n).read_bytes()[:4] == b"\x89PNG" for n in ("decode_vs_capacity.png", "timeliness.png"))
+    proc = casmoe(*args[:-1], "none", "--plots", "none", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not list((tmp_path / "none").glob("*.png")) and (tmp_path / "none" / "results.csv").exists()

@@ -94,3 +94,41 @@ def test_cli_search_errors_are_one_line(tmp_path, monkeypatch, capsys):
         main()
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "better higher" in err and "Traceback" not in err, err
+
+
+LINKED = configs(["rtx4090x4"], [4], [PolicySpec("lru")], [], [], ["pcie3", "pcie4", "pcie5"], [48.0, 256.0])
+
+
+def test_links_and_host_ram_are_axes_pruned_against_the_whole_grid(tmp_path):
+    """Link generations and host RAM sizes as axes: each config's answer is the brute-force
+    grid's, a config that a faster-link or larger-RAM one dominates is settled without a run
+    when that one misses, and fewer points run than plain bisection of every config needs."""
+    digest = file_digest(TRACE)
+    trace, preset = Trace.load(TRACE), get_preset("mixtral-8x7b")
+    lo, hi = slot_range(trace, preset, LINKED[0])
+    grid = {(c, s): Point(TRACE, "mixtral-8x7b", c.spec(), c.policy, CapacitySpec(str(s)), 1, "load", c.devices, "",
+                          True, (0, 1, 2), digest) for c in LINKED for s in range(lo, hi + 1)}
+    records, _ = run_grid(list(grid.values()), tmp_path / "grid")
+    by = dict(zip(grid, records))
+    small_ram_fastest = next(c for c in LINKED if c.link == "pcie5" and c.host_ram_gib == 48.0)
+    best = max(by[small_ram_fastest, s]["decode_tokens_per_s"] for s in range(lo, hi + 1))
+    target = Target.parse(f"tok/s>={best * 1.05}")  # beyond every 48 GiB config if faster links do no worse
+    fewest = {c: min(s for s in range(lo, hi + 1) if target.met(by[c, s]))
+              for c in LINKED if any(target.met(by[c, s]) for s in range(lo, hi + 1))}
+    assert 0 < len(fewest) < len(LINKED)
+    result = search(TRACE, "mixtral-8x7b", LINKED, target, str(tmp_path / "search"), requests=3)
+    assert {c: r["capacity_slots"] for c, r in result.answers} == fewest
+    assert {c for c, _ in result.infeasible} == set(LINKED) - set(fewest)
+    assert any(why.startswith("not simulated") for _, why in result.infeasible)
+    plain = sum(search(TRACE, "mixtral-8x7b", [c], target, str(tmp_path / "one"), requests=3).probed for c in LINKED)
+    assert result.simulated == result.probed < plain < result.grid
+    assert all(r["hardware"].startswith("rtx4090x4@link=") for r in result.records)
+
+
+def test_bad_links_and_ram_are_one_line_errors():
+    from casmoe.sim.hardware import HardwareError
+
+    with pytest.raises(HardwareError, match="unknown link generation"):
+        configs(["rtx4090x4"], [], [PolicySpec("lru")], [], [], ["pcie9"])
+    with pytest.raises(HardwareError, match="GiB > 0"):
+        configs(["rtx4090x4"], [], [PolicySpec("lru")], [], [], [], [0.0])
