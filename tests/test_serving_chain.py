@@ -26,7 +26,7 @@ from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.serving import Arrival, Schedule, Workload, clock_delays
 from casmoe.testing import cases
-from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 from test_compiled_sim import VARIANTS, preset_for
 
 SERVING = [v for v in VARIANTS if not get_policy(v[0]).needs_future and v[1].get("predictor") != "exact"]
@@ -89,7 +89,7 @@ def test_a_lone_user_runs_whole_and_arrivals_cut_the_chains(monkeypatch):
     """One closed-loop user: every request's steps in one call each (nothing else can act);
     Poisson arrivals faster than a request takes: calls cut short, more calls than requests,
     and both still equal to the Python passes."""
-    trace = Trace.load(shipped("tiny-mixtral.npz")).subset(range(6))
+    trace = load_trace(shipped("tiny-mixtral.npz")).subset(range(6))
     hw, preset, cap = load_profile("rtx4090x4"), get_preset("mixtral-8x7b"), Capacity(4)
     lru = get_policy("lru")
     calls = _spied(monkeypatch)
@@ -130,7 +130,7 @@ def test_batched_chains_and_a_shared_plan_serve_alike_and_a_foreign_plan_is_refu
     """Requests decoding together are chained too (the Python passes' result); with
     `simulate(plan=..., workload=...)` the plan's batch-1 arrays give the same result as
     arrays built by the run; a plan of another trace or batch is a one-line error."""
-    trace = Trace.load(shipped("tiny-olmoe.npz")).subset(range(5))
+    trace = load_trace(shipped("tiny-olmoe.npz")).subset(range(5))
     hw, preset, cap = load_profile("rtx4090x4"), get_preset("olmoe-1b-7b"), Capacity(16)
     wl = Workload(Arrival.POISSON, rate=5.0, max_batch=3)
     lru = get_policy("lru")

@@ -104,7 +104,7 @@ def test_links_and_host_ram_are_axes_pruned_against_the_whole_grid(tmp_path):
     grid's, a config that a faster-link or larger-RAM one dominates is settled without a run
     when that one misses, and fewer points run than plain bisection of every config needs."""
     digest = file_digest(TRACE)
-    trace, preset = Trace.load(TRACE), get_preset("mixtral-8x7b")
+    trace, preset = load_trace(TRACE), get_preset("mixtral-8x7b")
     lo, hi = slot_range(trace, preset, LINKED[0])
     grid = {(c, s): Point(TRACE, "mixtral-8x7b", c.spec(), c.policy, CapacitySpec(str(s)), 1, "load", c.devices, "",
                           True, (0, 1, 2), digest) for c in LINKED for s in range(lo, hi + 1)}
