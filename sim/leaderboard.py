@@ -26,7 +26,7 @@ WORKLOADS = ("tiny-mixtral.npz", "tiny-olmoe.npz", "synthetic-qwen3.npz")
 """The shipped traces the leaderboard runs by default."""
 FACTORS = (1.0, 1.5, 2.0, 4.0)
 """Slots per layer, as multiples of top_k (rounded up)."""
-FITTED = {"static": "profile", "moe-infinity": "fit"}
+FITTED = {"static": "profile", "ktransformers": "profile", "moe-infinity": "fit"}
 """Policies fitted on a workload's train requests, and the option that takes them."""
 
 
