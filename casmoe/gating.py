@@ -4,7 +4,9 @@ AdapMoE (Zhong et al., ICCAD 2024, arXiv 2408.10284; code PKU-SEC-Lab/AdapMoE,
 benchmarks/modified_mixtral.py) lets a token whose router is confident use fewer experts: on
 Mixtral's top-2 it zeroes the second expert's normalised weight when it is below a threshold and
 renormalises, so the token runs its top-1 expert alone. Here, for any k: a token-layer whose
-largest router weight is at least `threshold` keeps only that expert, with the token-layer's
+largest router weight is at least `threshold` of its top-k weights' sum (the weight itself on
+a model that normalises its top-k, as Mixtral does and AdapMoE's rule reads it; OLMoE's raw
+softmax weights are normalised the same way first) keeps only that expert, with the token-layer's
 whole top-k weight (AdapMoE's renormalisation: weight 1 on a model that normalises its top-k);
 its other experts are dropped. The dropped slots become `NOT_COMPUTED` after the kept expert
 (a token-layer routed to fewer than k experts), which `Request.steps` and `StepArrays` skip.
@@ -43,16 +45,19 @@ def check_threshold(threshold: float) -> float:
 
 def gate_rows(topk: np.ndarray, weights: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """`topk[..., k]` ids and their `weights[..., k]`, gated: where a row's largest weight is at
-    least `threshold`, the row keeps that expert first, with the row's summed weight, and
-    `NOT_COMPUTED` (weight 0) after it. Rows not computed, and k = 1, are unchanged."""
+    least `threshold` of the row's sum, the row keeps that expert first, with the row's summed
+    weight, and `NOT_COMPUTED` (weight 0) after it. Rows not computed, and k = 1, are unchanged
+    (a row without weight has no share: only threshold 0 gates it)."""
     ids, w = np.array(topk, copy=True), np.array(weights, copy=True)
     if ids.shape[-1] < 2 or ids.size == 0:
         return ids, w
     best = np.argmax(weights, axis=-1)[..., None]  # [..., 1]: the first of equal weights
-    top = np.take_along_axis(weights, best, axis=-1)[..., 0]
-    drop = (top >= threshold) & (topk[..., 0] != NOT_COMPUTED)
+    top = np.take_along_axis(weights, best, axis=-1)[..., 0].astype(np.float64)
+    total = weights.sum(axis=-1, dtype=np.float64)
+    share = np.divide(top, total, out=np.zeros_like(total), where=total > 0)
+    drop = (share >= threshold) & (topk[..., 0] != NOT_COMPUTED)
     kept = np.take_along_axis(topk, best, axis=-1)[..., 0][drop]
-    total = weights.sum(axis=-1, dtype=np.float64)[drop].astype(w.dtype)
+    total = total[drop].astype(w.dtype)
     ids[drop] = NOT_COMPUTED
     w[drop] = 0
     ids[drop, 0] = kept

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, ray_target
+from casmoe.cli.app import ADAPTIVE_GATING, JOBS, RAY, RAY_ADDRESS, app, ray_target
 
 
 @app.command()
@@ -20,6 +20,7 @@ def leaderboard(
     ray: bool = RAY,
     ray_address: Optional[str] = RAY_ADDRESS,
     allow_overcommit: bool = typer.Option(False, "--allow-overcommit", help="Simulate cache sizes beyond what the GPUs hold (else n/a)."),
+    adaptive_gating: Optional[float] = ADAPTIVE_GATING,
 ) -> None:
     """Every built-in policy (oracles starred) x workload x 1, 1.5, 2 and 4 x top_k slots per layer.
 
@@ -40,7 +41,7 @@ def leaderboard(
     load_profile(hardware)  # an unknown profile fails before any work
     paths = trace or [shipped(name) for name in lb.WORKLOADS]
     workloads = [lb.prepare(Path(p), out / "workloads", requests) for p in paths]
-    points = lb.points(workloads, hardware, overcommit=allow_overcommit)
+    points = lb.points(workloads, hardware, overcommit=allow_overcommit, gating=adaptive_gating)
     bar = tqdm(total=len(points), desc="leaderboard", unit="run")
 
     def progress(done: int, total: int) -> None:

@@ -100,6 +100,7 @@ def simulate(
     host_cache: str | None = None,
     host_policy: str = "lru",
     allow_overcommit: bool = False,
+    adaptive_gating: float | None = None,
     timeline: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Results:
@@ -119,7 +120,7 @@ def simulate(
         source, parse_policies(policy_texts, POLICIES), caps, shipped=trace is None, model=model, hardware=hardware,
         batch=batch, miss_mode=miss_mode, quant=quant, devices=devices, pinned=pinned, requests=requests,
         selection=Selection.of(split, tasks, span), workload=workload, host_cache=host_cache,
-        host_policy=host_policy, overcommit=allow_overcommit,
+        host_policy=host_policy, overcommit=allow_overcommit, gating=adaptive_gating,
     )
     first = plan.points[0]
     recorder = None if timeline is None else Timeline(plan.trace.geometry.experts, plan.devices,

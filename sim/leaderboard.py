@@ -81,9 +81,13 @@ def policies(workload: Workload, planner: str | None = None) -> list[PolicySpec]
 
 
 def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str] | None = None,
-           overcommit: bool = False) -> list[Point]:
+           overcommit: bool = False, gating: float | None = None) -> list[Point]:
     """Every policy x cache size of every workload; a size beyond what the GPUs hold is skipped
-    (n/a, with the reason) unless `overcommit` simulates it anyway."""
+    (n/a, with the reason) unless `overcommit` simulates it anyway; `gating` runs every point
+    with AdapMoE's adaptive gating at that threshold (`casmoe.gating`)."""
+    from casmoe.gating import check_threshold
+
+    gating = None if gating is None else check_threshold(gating)
     out = []
     for w in workloads:
         trace = Trace.load(w.scored)
@@ -91,7 +95,8 @@ def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str
         digest = file_digest(w.scored)
         for cap in capacities(trace.geometry.top_k):
             for spec in policies(w, (planners or {}).get(w.name)):
-                out.append(Point(str(w.scored), model, hardware, spec, cap, trace_digest=digest, overcommit=overcommit))
+                out.append(Point(str(w.scored), model, hardware, spec, cap, trace_digest=digest, overcommit=overcommit,
+                                 gating=gating))
     return out
 
 
