@@ -99,6 +99,7 @@ class OffloadedModel:
         self._rows: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(blocks)
         self._guesses: list[np.ndarray | None] = [None] * len(blocks)  # this pass's live guesses, per layer
         self._want_scores = False
+        self._gating: float | None = None  # the serving session's adaptive gating threshold
         self._reference: dict[torch.device, dict[str, torch.Tensor]] = {}  # per device: one layer's experts
         self.on_layer: Callable[[OffloadedModel, int], None] | None = None
 
@@ -182,6 +183,9 @@ class OffloadedModel:
         """`layer`'s experts for the router's choices: [T, H] -> [T, H]."""
         idx = top_k_index.cpu().numpy()  # [T, k]
         self._rows[layer] = (idx, top_k_weights.float().cpu().numpy())
+        if self._gating is not None:
+            top_k_index, top_k_weights = self._gate(layer, top_k_index, top_k_weights)
+            idx = self._rows[layer][0]
         run = self._run
         if run is None:  # the reference: the model's own function on its [E, ...] tensors
             tensors = self.store.layer_tensors(layer, hidden.device, sorted(set(idx.ravel().tolist())),
@@ -194,12 +198,26 @@ class OffloadedModel:
             offsets = np.full((1, 1, 1), local * E, dtype=np.int64)
             experts = prefill_step(idx[:, None, :], self._rows[layer][1][:, None, :], offsets, E).experts[0]
         else:  # one token per request: the union in token order, as Trace.steps(batch) merges them
-            experts = list(dict.fromkeys((idx.astype(np.int64) + local * E).ravel().tolist()))
+            experts = list(dict.fromkeys((idx.astype(np.int64) + local * E)[idx >= 0].tolist()))
         plan = self.plan_cls(self.attrs, hidden, top_k_index, top_k_weights)
         out = d.layer(self._step, local, plan, experts, self._scores[layer])
         if self.on_layer is not None:
             self.on_layer(self, layer)
         return out
+
+    def _gate(self, layer: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adaptive gating of the router's choices (`casmoe.gating.gate_rows`, as the simulator
+        gates a trace): the layer's rows become the gated ones (a dropped slot `NOT_COMPUTED`,
+        routed nowhere), and the experts function gets the kept expert again in a dropped slot at
+        weight 0: the same [T, k] shape, the same sum, no expert that is not routed."""
+        from casmoe.gating import gate_rows
+
+        idx, weights = gate_rows(top_k_index.cpu().numpy(), self._rows[layer][1], self._gating)
+        self._rows[layer] = (idx, weights)
+        filled = np.where(idx >= 0, idx, idx[:, :1])  # [T, k]: a dropped slot names the kept expert
+        index = torch.as_tensor(filled, dtype=top_k_index.dtype).to(top_k_index.device)
+        return index, torch.as_tensor(weights).to(device=top_k_weights.device, dtype=top_k_weights.dtype)
 
     def _reference_buffer(self, device: torch.device) -> dict[str, torch.Tensor] | None:
         """One layer's `[E, ...]` tensors on `device`, reused by every reference layer call
@@ -215,10 +233,12 @@ class OffloadedModel:
     # ---- runs ----------------------------------------------------------------------------
 
     def reference(self, prompts: Sequence[Prompt], max_new_tokens: int, keep_logits: bool = False,
-                  batch: int = 1, follow: Sequence[Sequence[int]] | None = None) -> RunResult:
+                  batch: int = 1, follow: Sequence[Sequence[int]] | None = None, gating: float | None = None
+                  ) -> RunResult:
         """The un-offloaded computation (each layer's experts straight from the store): ground
-        truth. `follow` replays another run's tokens instead of choosing (`bench --verify`)."""
-        with Session(self, None) as s:
+        truth. `follow` replays another run's tokens instead of choosing (`bench --verify`);
+        `gating`, the un-offloaded model with adaptive gating (`casmoe.gating`)."""
+        with Session(self, None, gating=gating) as s:
             s.serve(prompts, max_new_tokens, keep_logits, batch=batch, follow=follow)
             return s.result()
 
@@ -235,13 +255,15 @@ class OffloadedModel:
         link: EmulatedLink | None = None,
         host: HostCache | None = None,
         batch: int = 1,
+        gating: float | None = None,
     ) -> Session:
         """Caches, pools and loaders for `policy` at `capacity` per device (and the RAM tier
         `host`), ready to serve `prompts` in order (oracles and profile-ranked policies get
         `trace`, or else the routing of a reference run of the same prompts and `batch`:
-        identical to this run's in load mode). `link` overrides the model's emulated link."""
+        identical to this run's in load mode). `link` overrides the model's emulated link;
+        `gating` runs adaptive gating at that threshold (`casmoe.gating`: lossy)."""
         trace, caches = self._caches(policy, capacity, miss_mode, options or {}, trace, prompts, max_new_tokens,
-                                     batch)
+                                     batch, gating)
         g = self.geometry
         ram = None if host is None else HostTier(
             self.store, g, host.rows, host.policy, host.options, pin=any(d.type == "cuda" for d in self.devices))
@@ -250,7 +272,7 @@ class OffloadedModel:
                           None if trace is None else trace.layer_slice(layers).requests)
             for device, layers, cache in zip(self.devices, self.chunks, caches)
         ]
-        return Session(self, devs, ram, want_scores=miss_mode is MissMode.SUBSTITUTE)
+        return Session(self, devs, ram, want_scores=miss_mode is MissMode.SUBSTITUTE, gating=gating)
 
     def run(self, prompts: Sequence[Prompt], policy: type[ExpertCache], capacity: int | Capacity, *,
             max_new_tokens: int = 16, keep_logits: bool = False, batch: int = 1, **kw: Any) -> RunResult:
@@ -274,14 +296,17 @@ class OffloadedModel:
         return math.exp(nll / count)
 
     def offloaded_perplexity(self, texts: Sequence[Prompt], policy: type[ExpertCache], capacity: int | Capacity,
-                             *, miss_mode: MissMode, options: dict[str, Any] | None = None) -> float:
-        with self.session(policy, capacity, texts, max_new_tokens=1, miss_mode=miss_mode, options=options) as s:
+                             *, miss_mode: MissMode, options: dict[str, Any] | None = None,
+                             gating: float | None = None) -> float:
+        with self.session(policy, capacity, texts, max_new_tokens=1, miss_mode=miss_mode, options=options,
+                          gating=gating) as s:
             return self.perplexity(texts, s)
 
     def _caches(self, policy: type[ExpertCache], capacity: int | Capacity, miss_mode: MissMode,
                 options: dict[str, Any], trace: Trace | None, prompts: Sequence[Prompt], max_new_tokens: int,
-                batch: int) -> tuple[Trace | None, list[ExpertCache]]:
-        """One cache per device, with the trace they were given (or that profiled them)."""
+                batch: int, gating: float | None = None) -> tuple[Trace | None, list[ExpertCache]]:
+        """One cache per device, with the trace they were given (or that profiled them: a
+        reference run of the prompts, gated as the run will be)."""
         g = self.geometry
         if trace is not None and (trace.geometry.layers, trace.geometry.experts, trace.geometry.top_k) != (
             g.layers, g.experts, g.top_k
@@ -305,10 +330,10 @@ class OffloadedModel:
         except CacheConfigError:
             if trace is not None:
                 raise
-            trace = self.reference(prompts, max_new_tokens, batch=batch).trace  # the policy wants a profile
+            trace = self.reference(prompts, max_new_tokens, batch=batch, gating=gating).trace  # the policy wants a profile
             caches = build(trace)
         if trace is None and any(c.needs_future for c in caches):
-            trace = self.reference(prompts, max_new_tokens, batch=batch).trace
+            trace = self.reference(prompts, max_new_tokens, batch=batch, gating=gating).trace
             caches = build(trace)
         for r, cache in zip(self.chunks, caches):
             if cache.needs_future:

@@ -84,11 +84,12 @@ class Session:
     with an all-resident baseline so that both see the same machine load."""
 
     def __init__(self, om: OffloadedModel, devs: list[DeviceRuntime] | None, host: HostTier | None = None,
-                 want_scores: bool = False) -> None:
+                 want_scores: bool = False, gating: float | None = None) -> None:
         self.om = om
         self.devs = devs
         self.host = host
         self.want_scores = want_scores  # the substitute miss mode reads the router's scores
+        self.gating = gating  # adaptive gating's threshold (`casmoe.gating`), None: the exact routing
         self.step = 0
         self.timings: list[RequestTiming] = []
         self.requests: list[Request] = []
@@ -106,12 +107,12 @@ class Session:
         om = self.om
         hooks = _Passes(self, prompts, keep_logits or full, full)
         t0 = time.perf_counter()
-        om._run, om._want_scores = self.devs, self.want_scores
+        om._run, om._want_scores, om._gating = self.devs, self.want_scores, self.gating
         try:
             tokens = generate_tokens(om.model, [p.ids for p in prompts], max_new_tokens, batch=batch, device=om.devices[0],
                               hooks=hooks, **({} if follow is None else {"pick": forced(follow)}))
         finally:
-            om._run = None
+            om._run, om._gating = None, None
         self.wall += time.perf_counter() - t0
         self.timings += [replace(t, new_tokens=new) for t, new in zip(hooks.timings, tokens)]
         self.requests += hooks.requests
