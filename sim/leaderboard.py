@@ -72,9 +72,14 @@ def capacities(top_k: int) -> list[CapacitySpec]:
 
 
 def policies(workload: Workload, planner: str | None = None) -> list[PolicySpec]:
-    """Every registered policy; the fitted ones fitted on the workload's train half."""
+    """Every registered policy; the fitted ones fitted on the workload's train half, and with
+    `planner` (a folder fitted on that half) CasMoE with it beside its oracle brackets."""
     out = []
-    for spec in default_policies(POLICIES, planner):
+    specs = default_policies(POLICIES)
+    if planner is not None:
+        at = next(i for i, s in enumerate(specs) if s.name == "casmoe")
+        specs.insert(at, PolicySpec("casmoe", (("planner", planner),)))
+    for spec in specs:
         option = FITTED.get(spec.name)
         out.append(PolicySpec(spec.name, tuple(sorted((*spec.options, (option, str(workload.train)))))) if option else spec)
     return out
@@ -104,8 +109,10 @@ METRICS = (("hit_rate", "hit rate", "{:.1%}"), ("decode_tokens_per_s", "decode t
            ("ttft_p50_s", "TTFT p50 (s)", "{:.3g}"), ("link_bytes", "bytes moved (GB)", "{:.3g}"))
 
 
-def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload]) -> str:
-    """One table per workload and metric: policies (oracles starred) x slots per layer."""
+def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload],
+             planners: dict[str, str] | None = None) -> str:
+    """One table per workload and metric: policies (oracles starred) x slots per layer; a
+    planner's folder (`planners`, by workload) is written `train`, as the train half's file is."""
     lines = []
     for w in workloads:
         mine = [r for r in records if Path(r["trace"]).name == w.scored.name]
@@ -117,7 +124,10 @@ def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload]) -
             lines += [f"{title} | " + " | ".join(f"{c} slots/layer" for c in caps), "---|" + "---|" * len(caps)]
             rows: dict[str, dict[str, str]] = {}
             for r in mine:
-                label = r["policy"].replace(str(w.train), "train") + ("*" if r.get("oracle") else "")
+                label = r["policy"].replace(str(w.train), "train")
+                if (planners or {}).get(w.name):
+                    label = label.replace(planners[w.name], "train")
+                label += "*" if r.get("oracle") else ""
                 row = rows.setdefault(label, {})
                 if "skipped" in r:
                     row[r["capacity_spec"]] = "n/a"

@@ -122,3 +122,43 @@ def test_gated_steps_and_arrays_agree_and_the_twin_decides_alike(trace, seed, th
     python = replay(gated, POLICIES[name].create(g, cap, trace=gated), compiled=False).stats
     twin = replay(gated, POLICIES[name].create(g, cap, trace=gated), compiled=True).stats
     assert python == twin
+
+
+def test_sweep_points_key_the_threshold_and_keep_their_old_keys_without_it():
+    import hashlib
+    import json
+
+    from casmoe.options import CapacitySpec
+    from casmoe.policies import PolicySpec
+    from casmoe.sim.sweep import RESULT_VERSION, Point
+
+    p = Point("t.npz", "mixtral-8x7b", "rtx4090x4", PolicySpec("lru"), CapacitySpec("4"))
+    old = {k: v for k, v in dataclasses.asdict(p).items() if k != "gating"}  # a point of the code before gating
+    assert p.key() == hashlib.sha256(json.dumps({"v": RESULT_VERSION, **old}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    gated = dataclasses.replace(p, gating=0.6)
+    assert len({p.key(), gated.key(), dataclasses.replace(p, gating=0.7).key()}) == 3
+    assert gated.describe()["adaptive_gating"] == 0.6 and "adaptive_gating" not in p.describe()
+
+
+def test_the_command_line_gates_replay_simulate_and_sweep(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, "-m", "casmoe", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    base = ["replay", "--policy", "lru", "--capacity", "2", "--requests", "3", "--json"]
+    exact, one = json.loads(run(*base)), json.loads(run(*base, "--adaptive-gating", "0"))
+    assert one[0]["accesses"] < exact[0]["accesses"]
+    sim = ["simulate", "--policy", "lru", "--capacity", "4", "--requests", "2", "--json", "--out", "s"]
+    rec = json.loads(run(*sim, "--adaptive-gating", "0"))[0]
+    assert rec["adaptive_gating"] == 0.0 and rec["accesses"] < json.loads(run(*sim))[0]["accesses"]
+    swept = json.loads(run("sweep", "--policy", "lru", "--capacity", "4", "--requests", "2", "--adaptive-gating", "0.5",
+                           "--jobs", "1", "--json", "--out", "w"))
+    assert {r["adaptive_gating"] for r in swept} == {0.5}
+    bad = subprocess.run([sys.executable, "-m", "casmoe", "simulate", "--adaptive-gating", "nan"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

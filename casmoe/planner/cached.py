@@ -36,9 +36,9 @@ class CachedPlanner:
     fit_s: float | None  # seconds the fit took in this call; None: read from the cache
     requests: int  # the requests it was fitted on
 
-    def describe(self) -> str:
+    def describe(self, label: str = "casmoe[planner=auto]") -> str:
         how = "read from the cache" if self.fit_s is None else f"fitted in {self.fit_s:.0f} s on first use, then cached"
-        return f"casmoe[planner=auto]: a planner fitted on the trace's {self.requests} train requests, {how} ({self.folder})"
+        return f"{label}: a planner fitted on the trace's {self.requests} train requests, {how} ({self.folder})"
 
 
 def trace_key(trace: Trace, config: PlannerConfig) -> str:
