@@ -115,6 +115,7 @@ def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload],
     planner's folder (`planners`, by workload) is written `train`, as the train half's file is."""
     lines = []
     for w in workloads:
+        planner = (planners or {}).get(w.name)
         mine = [r for r in records if Path(r["trace"]).name == w.scored.name]
         if not mine:
             continue
@@ -124,10 +125,7 @@ def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload],
             lines += [f"{title} | " + " | ".join(f"{c} slots/layer" for c in caps), "---|" + "---|" * len(caps)]
             rows: dict[str, dict[str, str]] = {}
             for r in mine:
-                label = r["policy"].replace(str(w.train), "train")
-                if (planners or {}).get(w.name):
-                    label = label.replace(planners[w.name], "train")
-                label += "*" if r.get("oracle") else ""
+                label = _short(r["policy"], w, planner) + ("*" if r.get("oracle") else "")
                 row = rows.setdefault(label, {})
                 if "skipped" in r:
                     row[r["capacity_spec"]] = "n/a"
@@ -136,7 +134,13 @@ def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload],
                     row[r["capacity_spec"]] = fmt.format(value)
             lines += [f"{label} | " + " | ".join(row.get(c, "-") for c in caps) for label, row in rows.items()]
             lines.append("")
-        skipped = sorted({f"{r['policy']}: {r['skipped']}" for r in mine if "skipped" in r})
+        skipped = sorted({f"{_short(r['policy'], w, planner)}: {r['skipped']}" for r in mine if "skipped" in r})
         lines += [f"n/a: {s}" for s in skipped] + ([""] if skipped else [])
     lines.append("\\* oracle: reads the future (a bound, not a deployable policy).")
     return "\n".join(lines) + "\n"
+
+
+def _short(label: str, workload: Workload, planner: str | None) -> str:
+    """A policy's label with the train half's file, and the planner fitted on it, written `train`."""
+    label = label.replace(str(workload.train), "train")
+    return label.replace(planner, "train") if planner else label

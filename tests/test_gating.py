@@ -140,7 +140,8 @@ def test_sweep_points_key_the_threshold_and_keep_their_old_keys_without_it():
     assert gated.describe()["adaptive_gating"] == 0.6 and "adaptive_gating" not in p.describe()
 
 
-def test_the_command_line_gates_replay_simulate_and_sweep(tmp_path):
+def test_the_command_line_gates_replay_and_sweep(tmp_path, monkeypatch, capsys):
+    """replay and sweep (simulate's points: `run_point`) take --adaptive-gating; a bad one is one line."""
     import json
     import subprocess
     import sys
@@ -148,17 +149,17 @@ def test_the_command_line_gates_replay_simulate_and_sweep(tmp_path):
     def run(*args):
         proc = subprocess.run([sys.executable, "-m", "casmoe", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
         assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        return json.loads(proc.stdout)
 
     base = ["replay", "--policy", "lru", "--capacity", "2", "--requests", "3", "--json"]
-    exact, one = json.loads(run(*base)), json.loads(run(*base, "--adaptive-gating", "0"))
-    assert one[0]["accesses"] < exact[0]["accesses"]
-    sim = ["simulate", "--policy", "lru", "--capacity", "4", "--requests", "2", "--json", "--out", "s"]
-    rec = json.loads(run(*sim, "--adaptive-gating", "0"))[0]
-    assert rec["adaptive_gating"] == 0.0 and rec["accesses"] < json.loads(run(*sim))[0]["accesses"]
-    swept = json.loads(run("sweep", "--policy", "lru", "--capacity", "4", "--requests", "2", "--adaptive-gating", "0.5",
-                           "--jobs", "1", "--json", "--out", "w"))
-    assert {r["adaptive_gating"] for r in swept} == {0.5}
-    bad = subprocess.run([sys.executable, "-m", "casmoe", "simulate", "--adaptive-gating", "nan"], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=300)
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert run(*base, "--adaptive-gating", "0")[0]["accesses"] < run(*base)[0]["accesses"]
+    swept = run("sweep", "--policy", "lru", "--capacity", "4", "--requests", "2", "--adaptive-gating", "0", "--jobs", "1",
+                "--json", "--out", "w")
+    assert {r["adaptive_gating"] for r in swept} == {0.0}
+
+    from casmoe.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["casmoe", "simulate", "--requests", "1", "--adaptive-gating", "nan"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and "finite" in capsys.readouterr().err
