@@ -82,15 +82,17 @@ def _dense_shares(dense: int, chunks: list[range], layers: int) -> list[int]:
 
 def bench(opened: Opened, prompts: Sequence[Any], policy: type[ExpertCache], options: dict[str, Any], *,
           miss_mode: MissMode = MissMode.LOAD, max_new_tokens: int = 32, batch: int = 1, trace: Any = None,
-          verify: bool = False, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+          verify: bool = False, progress: Callable[[int], None] | None = None,
+          gating: float | None = None) -> dict[str, Any]:
     """Serve `prompts` (in groups of `batch`) and return the run's figures; with `verify`, the
-    per-request comparison with the un-offloaded model under `verify`."""
+    per-request comparison with the un-offloaded model under `verify` (the exact model, also
+    when `gating` runs adaptive gating, `casmoe.gating`: its token agreement is the gate's cost)."""
     from casmoe.backends.copier import responsive_copies
 
     om = opened.om
     with responsive_copies(), om.session(policy, opened.capacity, prompts, max_new_tokens=max_new_tokens,
                                          miss_mode=miss_mode, options=options, trace=trace, host=opened.host,
-                                         batch=batch) as session:
+                                         batch=batch, gating=gating) as session:
         for start in range(0, len(prompts), batch):
             group = prompts[start : start + batch]
             session.serve(group, max_new_tokens, keep_logits=verify, batch=batch)
@@ -100,7 +102,8 @@ def bench(opened: Opened, prompts: Sequence[Any], policy: type[ExpertCache], opt
     dtype = next(iter(om.store.layout.values()))[1]
     record = {"capacity": opened.capacity.describe(), "miss_mode": miss_mode.value, "batch": batch,
               "dtype": str(dtype).removeprefix("torch."), "dense_bytes": opened.dense_bytes,
-              "host_cache_rows": None if opened.host is None else opened.host.rows, **run.to_dict()}
+              "host_cache_rows": None if opened.host is None else opened.host.rows, "adaptive_gating": gating,
+              **run.to_dict()}
     if verify:
         record["verify"] = verify_run(om, prompts, run, max_new_tokens, batch)
         record["verify_max_abs_delta"] = max(v["max_abs_delta"] for v in record["verify"])

@@ -44,6 +44,7 @@ class ForwardPass:
     keep_scores: bool = False  # router probabilities, averaged over the pass's tokens [E]
     keep_logits: bool = False  # full router logits [tokens, E]
     keep_hidden: bool = False  # each MoE layer's decoder-layer output (needs RouterHooks(hidden=True))
+    gating: float | None = None  # adaptive gating threshold (casmoe.gating); None: the exact routing
     topk: list[np.ndarray | None] = field(init=False)  # [tokens, k] expert ids
     weights: list[np.ndarray | None] = field(init=False)  # [tokens, k] float32 router weights
     logits: list[np.ndarray | None] = field(init=False)

@@ -140,10 +140,12 @@ class OffloadedModel:
     # ---- one pass ------------------------------------------------------------------------
 
     def open_pass(self, devices: Sequence[DeviceRuntime] | None, step: int, prefill: bool,
-                  keep_scores: bool = False) -> ForwardPass:
-        """Start a pass: `devices` compute the experts (None: the reference); the router hooks
-        fill the returned context, which `close_pass` hands back."""
-        return self.hooks.open(ForwardPass(self.geometry.layers, devices, step, prefill, keep_scores=keep_scores))
+                  keep_scores: bool = False, gating: float | None = None) -> ForwardPass:
+        """Start a pass: `devices` compute the experts (None: the reference), `gating` the
+        adaptive gating threshold its routing goes through (None: exact); the router hooks fill
+        the returned context, which `close_pass` hands back."""
+        return self.hooks.open(ForwardPass(self.geometry.layers, devices, step, prefill, keep_scores=keep_scores,
+                                           gating=gating))
 
     def close_pass(self) -> ForwardPass:
         return self.hooks.close()
@@ -153,11 +155,14 @@ class OffloadedModel:
     def experts_forward(self, layer: int, hidden: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
         """`layer`'s experts for the router's choices: [T, H] -> [T, H]. The open pass's router
-        hook has captured the choices; outside a pass the layer computes as the reference."""
+        hook has captured the choices (and gates them when the pass says so); outside a pass the
+        layer computes as the reference."""
         p = self.hooks.current
+        if p is not None and p.gating is not None:
+            top_k_index, top_k_weights = self._gate(p, layer, top_k_index, top_k_weights)
         idx = top_k_index.cpu().numpy() if p is None else p.topk[layer]  # [T, k]
         if p is None or p.devices is None:  # the reference: the model's own function on its [E, ...] tensors
-            tensors = self.store.layer_tensors(layer, hidden.device, sorted(set(idx.ravel().tolist())),
+            tensors = self.store.layer_tensors(layer, hidden.device, sorted(set(idx[idx >= 0].tolist())),
                                                self._reference_buffer(hidden.device))
             return self.experts_fn(SlotView(self.experts_template, tensors), hidden, top_k_index, top_k_weights)
         d = p.devices[self._device_of[layer]]
@@ -167,12 +172,27 @@ class OffloadedModel:
             offsets = np.full((1, 1, 1), local * E, dtype=np.int64)
             experts = prefill_step(idx[:, None, :], p.weights[layer][:, None, :], offsets, E).experts[0]
         else:  # one token per request: the union in token order, as Trace.steps(batch) merges them
-            experts = list(dict.fromkeys((idx.astype(np.int64) + local * E).ravel().tolist()))
+            experts = list(dict.fromkeys((idx.astype(np.int64) + local * E)[idx >= 0].tolist()))
         plan = self.plan_cls(self.attrs, hidden, top_k_index, top_k_weights)
         out = d.layer(p.step, local, plan, experts, p.scores[layer])
         if self.on_layer is not None:
             self.on_layer(self, layer)
         return out
+
+    @staticmethod
+    def _gate(p: ForwardPass, layer: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adaptive gating of the router's choices (`casmoe.gating.gate_rows`, as the simulator
+        gates a trace): the pass's rows for the layer become the gated ones (a dropped slot
+        `NOT_COMPUTED`, routed nowhere), and the experts function gets the kept expert again in a
+        dropped slot at weight 0: the same [T, k] shape, the same sum, no expert that is not routed."""
+        from casmoe.gating import gate_rows
+
+        idx, weights = gate_rows(p.topk[layer], p.weights[layer], p.gating)
+        p.topk[layer], p.weights[layer] = idx, weights
+        filled = np.where(idx >= 0, idx, idx[:, :1])  # [T, k]: a dropped slot names the kept expert
+        index = torch.as_tensor(filled, dtype=top_k_index.dtype).to(top_k_index.device)
+        return index, torch.as_tensor(weights).to(device=top_k_weights.device, dtype=top_k_weights.dtype)
 
     def _reference_buffer(self, device: torch.device) -> dict[str, torch.Tensor] | None:
         """One layer's `[E, ...]` tensors on `device`, reused by every reference layer call
@@ -188,10 +208,12 @@ class OffloadedModel:
     # ---- runs ----------------------------------------------------------------------------
 
     def reference(self, prompts: Sequence[Prompt], max_new_tokens: int, keep_logits: bool = False,
-                  batch: int = 1, follow: Sequence[Sequence[int]] | None = None) -> RunResult:
+                  batch: int = 1, follow: Sequence[Sequence[int]] | None = None, gating: float | None = None
+                  ) -> RunResult:
         """The un-offloaded computation (each layer's experts straight from the store): ground
-        truth. `follow` replays another run's tokens instead of choosing (`bench --verify`)."""
-        with Session(self, None) as s:
+        truth. `follow` replays another run's tokens instead of choosing (`bench --verify`);
+        `gating`, the un-offloaded model with adaptive gating (`casmoe.gating`)."""
+        with Session(self, None, gating=gating) as s:
             s.serve(prompts, max_new_tokens, keep_logits, batch=batch, follow=follow)
             return s.result()
 
@@ -208,13 +230,15 @@ class OffloadedModel:
         link: EmulatedLink | None = None,
         host: HostCache | None = None,
         batch: int = 1,
+        gating: float | None = None,
     ) -> Session:
         """Caches, pools and loaders for `policy` at `capacity` per device (and the RAM tier
         `host`), ready to serve `prompts` in order (oracles and profile-ranked policies get
         `trace`, or else the routing of a reference run of the same prompts and `batch`:
-        identical to this run's in load mode). `link` overrides the model's emulated link."""
+        identical to this run's in load mode). `link` overrides the model's emulated link;
+        `gating` runs adaptive gating at that threshold (`casmoe.gating`: lossy)."""
         trace, caches = self._caches(policy, capacity, miss_mode, options or {}, trace, prompts, max_new_tokens,
-                                     batch)
+                                     batch, gating)
         g = self.geometry
         ram = None if host is None else HostTier(
             self.store, g, host.rows, host.policy, host.options, pin=any(d.type == "cuda" for d in self.devices))
@@ -223,7 +247,7 @@ class OffloadedModel:
                           None if trace is None else trace.layer_slice(layers).requests)
             for device, layers, cache in zip(self.devices, self.chunks, caches)
         ]
-        return Session(self, devs, ram, want_scores=miss_mode is MissMode.SUBSTITUTE)
+        return Session(self, devs, ram, want_scores=miss_mode is MissMode.SUBSTITUTE, gating=gating)
 
     def run(self, prompts: Sequence[Prompt], policy: type[ExpertCache], capacity: int | Capacity, *,
             max_new_tokens: int = 16, keep_logits: bool = False, batch: int = 1, **kw: Any) -> RunResult:
@@ -247,14 +271,17 @@ class OffloadedModel:
         return math.exp(nll / count)
 
     def offloaded_perplexity(self, texts: Sequence[Prompt], policy: type[ExpertCache], capacity: int | Capacity,
-                             *, miss_mode: MissMode, options: dict[str, Any] | None = None) -> float:
-        with self.session(policy, capacity, texts, max_new_tokens=1, miss_mode=miss_mode, options=options) as s:
+                             *, miss_mode: MissMode, options: dict[str, Any] | None = None,
+                             gating: float | None = None) -> float:
+        with self.session(policy, capacity, texts, max_new_tokens=1, miss_mode=miss_mode, options=options,
+                          gating=gating) as s:
             return self.perplexity(texts, s)
 
     def _caches(self, policy: type[ExpertCache], capacity: int | Capacity, miss_mode: MissMode,
                 options: dict[str, Any], trace: Trace | None, prompts: Sequence[Prompt], max_new_tokens: int,
-                batch: int) -> tuple[Trace | None, list[ExpertCache]]:
-        """One cache per device, with the trace they were given (or that profiled them)."""
+                batch: int, gating: float | None = None) -> tuple[Trace | None, list[ExpertCache]]:
+        """One cache per device, with the trace they were given (or that profiled them: a
+        reference run of the prompts, gated as the run will be)."""
         g = self.geometry
         if trace is not None and (trace.geometry.layers, trace.geometry.experts, trace.geometry.top_k) != (
             g.layers, g.experts, g.top_k
@@ -278,10 +305,10 @@ class OffloadedModel:
         except CacheConfigError:
             if trace is not None:
                 raise
-            trace = self.reference(prompts, max_new_tokens, batch=batch).trace  # the policy wants a profile
+            trace = self.reference(prompts, max_new_tokens, batch=batch, gating=gating).trace  # the policy wants a profile
             caches = build(trace)
         if trace is None and any(c.needs_future for c in caches):
-            trace = self.reference(prompts, max_new_tokens, batch=batch).trace
+            trace = self.reference(prompts, max_new_tokens, batch=batch, gating=gating).trace
             caches = build(trace)
         for r, cache in zip(self.chunks, caches):
             if cache.needs_future:

@@ -85,11 +85,12 @@ class Session:
     with an all-resident baseline so that both see the same machine load."""
 
     def __init__(self, om: OffloadedModel, devs: list[DeviceRuntime] | None, host: HostTier | None = None,
-                 want_scores: bool = False) -> None:
+                 want_scores: bool = False, gating: float | None = None) -> None:
         self.om = om
         self.devs = devs
         self.host = host
         self.want_scores = want_scores  # the substitute miss mode reads the router's scores
+        self.gating = gating  # adaptive gating's threshold (`casmoe.gating`), None: the exact routing
         self.step = 0
         self.timings: list[RequestTiming] = []
         self.requests: list[Request] = []
@@ -179,7 +180,7 @@ class _Passes:
                 self.s.devs[0].loader.submit(Ticket(-1, -1, False, {}, 0, layer, index, ram=row, fill=True))
 
     def before(self, prefill: bool, requests: tuple[int, ...]) -> None:
-        self.s.om.open_pass(self.s.devs, self.s.step, prefill, keep_scores=self.s.want_scores)
+        self.s.om.open_pass(self.s.devs, self.s.step, prefill, keep_scores=self.s.want_scores, gating=self.s.gating)
         self._pass = (prefill, requests, time.perf_counter(), self._stalled())
 
     def after(self, logits: torch.Tensor) -> None:

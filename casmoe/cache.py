@@ -223,6 +223,10 @@ class ExpertCache:
     """False: a layer's experts are released when the next layer starts (on-demand loading)."""
     compiled_kind: ClassVar[Kind | None] = None
     """The compiled twin's branch, for the class that declares it (see the module docstring)."""
+    host_experts: frozenset[ExpertId] = frozenset()
+    """Experts a placement keeps on the host for good (`casmoe.policies.placement`): a miss on
+    one is computed there, whatever the miss mode, as the cpu miss mode computes every miss
+    (counted in `cpu_computed`, reported in `Access.cpu`), and never loaded."""
 
     def __init__(
         self,
@@ -475,11 +479,16 @@ class ExpertCache:
         loads: list[Load] = []
         subs: list[tuple[ExpertId, ExpertId]] = []
         background: list[Load] = []
+        on_host: list[ExpertId] = []
+        host = self.host_experts
         missing = set(absent)
         for e in tail:
             if e not in missing:
                 if e in slot_of:  # a long prefill may have streamed it out already
                     on_access(e)
+                continue
+            if e in host:
+                on_host.append(e)
                 continue
             if self.miss_mode is MissMode.SUBSTITUTE:
                 sub = self._substitute(layer, scores)
@@ -494,7 +503,8 @@ class ExpertCache:
             protected[e] = None
             on_access(e)
         n["substitutions"] += len(subs)
-        return Access(hits, late, tuple(misses), tuple(loads), tuple(subs), (), tuple(background))
+        n["cpu_computed"] += len(on_host)
+        return Access(hits, late, tuple(misses), tuple(loads), tuple(subs), tuple(on_host), tuple(background))
 
     def arrived(self, expert: ExpertId) -> None:
         """A load finished; a cancelled load's arrival is ignored."""

@@ -63,7 +63,8 @@ class Manifest:
         return all(v is None for v in self.files.values())
 
 
-def _digest(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file's bytes, hex (read a MiB at a time)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
@@ -133,7 +134,7 @@ def write_folder(path: str | os.PathLike[str], kind: str, marker: str | None = N
                 raise FolderError(f"{shown}: only plain files go in a {kind} folder, not {f.name}")
             with open(f, "rb+") as fh:
                 os.fsync(fh.fileno())
-            files[f.name] = {"bytes": f.stat().st_size, "sha256": _digest(f)}
+            files[f.name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
         from casmoe.output import write_text
 
         write_text(tmp / MANIFEST, json.dumps({"kind": kind, "files": files}, indent=2))
@@ -191,7 +192,7 @@ def read_folder(path: str | os.PathLike[str], kind: str, what: str | None = None
                 f"{f}: {f.stat().st_size} bytes, the manifest says {size}: truncated or from another write; "
                 f"write the {what} again"
             )
-        if _digest(f) != digest:
+        if sha256_file(f) != digest:
             raise FolderError(f"{f}: content differs from the manifest (damaged or from another write); write the {what} again")
         files[name] = (size, digest)
     extra = sorted(f.name for f in path.iterdir() if f.name not in files and f.name != MANIFEST and not f.name.startswith("."))

@@ -98,9 +98,9 @@ def _request_visits(r: Request, L: int, E: int) -> tuple[np.ndarray, np.ndarray,
         counts.append(count)
     dec = r.topk[r.prefill :].astype(np.int64)
     if len(dec):
-        computed = dec[:, :, 0] != NOT_COMPUTED  # [T, L]
-        lens.append((computed * dec.shape[2]).ravel())
-        experts.append((dec + offsets)[computed].ravel())
+        routed = dec != NOT_COMPUTED  # [T, L, k]: a gap routes none, a gated token-layer fewer than k
+        lens.append(routed.sum(axis=2).ravel())
+        experts.append((dec + offsets)[routed])
         counts.append(np.ones(len(experts[-1]), np.int64))
     if not lens:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)

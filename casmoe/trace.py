@@ -46,7 +46,8 @@ class Request:
     """One prompt and its generated tokens.
 
     `topk[T, L, k]` holds expert ids per token and layer (`NOT_COMPUTED` rows for gaps),
-    `weights[T, L, k]` their router weights. The first `prefill` tokens are the prompt.
+    `weights[T, L, k]` their router weights. In memory (never in a file), a token-layer may
+    route to fewer than k experts, its last slots `NOT_COMPUTED` (`casmoe.gating`). The first `prefill` tokens are the prompt.
     `logits[T, L, E]` (full router scores) and `spec[T, L, k]` (what layer l+1's router picks
     from layer l's hidden state; row L-1 is `NOT_COMPUTED`) are optional. `arrival` (seconds
     from the start of the recording, finite and >= 0) is when the request reached the server:
@@ -131,11 +132,11 @@ class Request:
         dec = self.topk[self.prefill :].astype(np.int64)
         if len(dec):
             flat = dec + offsets  # [T, L, k]
-            gaps = dec[:, :, 0] == NOT_COMPUTED  # [T, L]
             rows = flat.tolist()
-            if gaps.any():
-                for t, layer in zip(*np.nonzero(gaps)):
-                    rows[t][layer] = []
+            short = dec == NOT_COMPUTED  # [T, L, k]: gaps, and the slots a gated token-layer dropped
+            if short.any():
+                for t, layer in zip(*np.nonzero(short.any(axis=2))):
+                    rows[t][layer] = flat[t, layer][~short[t, layer]].tolist()
             steps.extend(Step(False, 1, r) for r in rows)
         return steps
 

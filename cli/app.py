@@ -78,6 +78,14 @@ JOBS = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a 
 RAY = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address).")
 RAY_ADDRESS = typer.Option(None, help="Ray cluster address (e.g. ray://head:10001); implies --ray.")
 
+# The routing transform of every command that runs a policy on a trace or a model (replay,
+# simulate, sweep, leaderboard, bench): `casmoe.gating`.
+ADAPTIVE_GATING = typer.Option(
+    None, "--adaptive-gating", min=0.0,
+    help="AdapMoE's adaptive gating (lossy): a token whose top router weight is at least this share of its top-k "
+    "weights runs that expert alone (0: every token one expert; above 1: no change). Default: off, the exact routing.",
+)
+
 
 def ray_target(ray: bool, ray_address: str | None) -> str | None:
     """`run_grid`'s ray_address from the two flags: a cluster, a local Ray, or None (processes)."""

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import typer
 
 from casmoe.cache import MissMode
-from casmoe.cli.app import app, progress
+from casmoe.cli.app import ADAPTIVE_GATING, app, progress
 from casmoe.errors import CasmoeError
 
 FIDELITY_POLICIES = ("ondemand", "lru", "semoe", "casmoe[predictor=exact]")
@@ -109,14 +109,16 @@ def bench(
     link_latency_us: float = typer.Option(0.0, min=0.0, help="CPU runs: fixed cost per emulated copy."),
     device: Optional[list[str]] = DEVICE,
     trace: Optional[Path] = typer.Option(None, help="Profile trace for policies that rank experts (static)."),
-    ppl_texts: int = typer.Option(16, min=1, help="Held-out texts for perplexity (substitute mode)."),
+    ppl_texts: int = typer.Option(16, min=1, help="Held-out texts for perplexity (substitute mode, adaptive gating)."),
     threads: int = THREADS,
     dtype: Optional[str] = DTYPE,
+    adaptive_gating: Optional[float] = ADAPTIVE_GATING,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON record."),
 ) -> None:
     """Generate with offloaded experts read from the checkpoint (optionally through a RAM tier):
     tokens/s, TTFT, stall time, hit rates; perplexity against the un-offloaded model in
-    substitute mode; with --verify, proof that the run matched the un-offloaded model."""
+    substitute mode and with --adaptive-gating (which also reports the token agreement with the
+    exact model, as --verify does); with --verify, proof that the run matched the un-offloaded model."""
     from casmoe.backends.bench import bench as run_bench
     from casmoe.backends.bench import open_offloaded
     from casmoe.policies.spec import PolicySpec
@@ -131,13 +133,15 @@ def bench(
     om, cap = opened.om, opened.capacity
     reqs = _prompts(opened.tokenizer, prompts, num_prompts, max_prompt_tokens)
     profile = load_trace(trace) if trace is not None else None
+    verify = verify or adaptive_gating is not None  # a lossy gate: how often it changes the exact model's tokens
     with _progress(len(reqs), f"{spec.label} @ {cap.describe()}") as bar:
         record = run_bench(opened, reqs, cls, dict(spec.options), miss_mode=miss_mode, max_new_tokens=max_new_tokens,
-                           batch=batch, trace=profile, verify=verify, progress=bar.update)
+                           batch=batch, trace=profile, verify=verify, progress=bar.update, gating=adaptive_gating)
     record = {"model": model, "policy": spec.label, "link_gbps": link_gbps, **record}
-    if miss_mode is MissMode.SUBSTITUTE:
+    if miss_mode is MissMode.SUBSTITUTE or adaptive_gating is not None:
         texts = _prompts(opened.tokenizer, None, ppl_texts, 128)
-        record["perplexity"] = om.offloaded_perplexity(texts, cls, cap, miss_mode=miss_mode, options=dict(spec.options))
+        record["perplexity"] = om.offloaded_perplexity(texts, cls, cap, miss_mode=miss_mode, options=dict(spec.options),
+                                                       gating=adaptive_gating)
         record["reference_perplexity"] = om.perplexity(texts)
     if as_json:
         typer.echo(json.dumps(record, indent=2))
@@ -157,7 +161,8 @@ def bench(
     if verify:
         shown["max |dlogit|"] = record["verify_max_abs_delta"]
         shown["token agreement"] = record["verify_token_agreement"]
-    print_table([shown], list(shown), title=f"{model}: {spec.label} @ {cap.describe()}, {miss_mode.value}")
+    gated = "" if adaptive_gating is None else f", adaptive gating >= {adaptive_gating:g}"
+    print_table([shown], list(shown), title=f"{model}: {spec.label} @ {cap.describe()}, {miss_mode.value}{gated}")
 
 
 @app.command()

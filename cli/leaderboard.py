@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, ray_target
+from casmoe.cli.app import ADAPTIVE_GATING, JOBS, RAY, RAY_ADDRESS, app, ray_target
 
 
 @app.command()
@@ -20,11 +20,16 @@ def leaderboard(
     ray: bool = RAY,
     ray_address: Optional[str] = RAY_ADDRESS,
     allow_overcommit: bool = typer.Option(False, "--allow-overcommit", help="Simulate cache sizes beyond what the GPUs hold (else n/a)."),
+    adaptive_gating: Optional[float] = ADAPTIVE_GATING,
+    fit_planner: bool = typer.Option(
+        True, "--fit-planner/--no-fit-planner",
+        help="Also run CasMoE with a planner fitted on each workload's train half (cached by its content).",
+    ),
 ) -> None:
     """Every built-in policy (oracles starred) x workload x 1, 1.5, 2 and 4 x top_k slots per layer.
 
-    Each workload's train requests fit static's profile and moe-infinity's collection; only its
-    held-out requests are simulated. Writes leaderboard.md, leaderboard.csv, results.json and
+    Each workload's train requests fit static's and ktransformers' profiles, moe-infinity's
+    collection and CasMoE's planner (`casmoe[planner=train]`); only its held-out requests are simulated. Writes leaderboard.md, leaderboard.csv, results.json and
     one <workload>.png per workload to --out; an interrupted run resumes where it stopped.
     """
     from tqdm import tqdm
@@ -40,7 +45,18 @@ def leaderboard(
     load_profile(hardware)  # an unknown profile fails before any work
     paths = trace or [shipped(name) for name in lb.WORKLOADS]
     workloads = [lb.prepare(Path(p), out / "workloads", requests) for p in paths]
-    points = lb.points(workloads, hardware, overcommit=allow_overcommit)
+    planners = {}
+    if fit_planner:
+        from casmoe.gating import gate_trace
+        from casmoe.planner.cached import cached_planner
+        from casmoe.trace_io import load_trace
+
+        for w in workloads:
+            fitted = cached_planner(gate_trace(load_trace(w.train), adaptive_gating))
+            if fitted is not None:
+                planners[w.name] = str(fitted.folder)
+                typer.echo(f"{w.name}: {fitted.describe('casmoe[planner=train]')}")
+    points = lb.points(workloads, hardware, planners, overcommit=allow_overcommit, gating=adaptive_gating)
     bar = tqdm(total=len(points), desc="leaderboard", unit="run")
 
     def progress(done: int, total: int) -> None:
@@ -51,7 +67,7 @@ def leaderboard(
     bar.close()
     write_json(out / "results.json", records)
     write_csv(out / "leaderboard.csv", [r for r in records if "skipped" not in r])
-    table = lb.markdown(records, workloads)
+    table = lb.markdown(records, workloads, planners)
     write_text(out / "leaderboard.md", table)
     for w in workloads:
         ran = [r for r in records if "skipped" not in r and Path(r["trace"]).name == w.scored.name]

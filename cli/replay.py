@@ -10,7 +10,7 @@ import typer
 
 from casmoe.cache import ExpertCache, MissMode
 from casmoe.cli import requests as choose
-from casmoe.cli.app import app, progress
+from casmoe.cli.app import ADAPTIVE_GATING, app, progress
 from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE, shipped
 
@@ -34,6 +34,7 @@ def replay(
     task: Optional[list[str]] = choose.TASK,
     span: Optional[str] = choose.RANGE,
     requests: Optional[int] = choose.requests_option(""),
+    adaptive_gating: Optional[float] = ADAPTIVE_GATING,
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
 ) -> None:
     """Replay a trace through cache policies with no timing; print hit rates and loads.
@@ -42,6 +43,7 @@ def replay(
     layer of one step (prefill is one step: the union of its tokens' experts).
     """
     from casmoe.compiled import uses_twin
+    from casmoe.gating import gate_trace
     from casmoe.options import one_capacity
     from casmoe.policies import POLICIES, parse_policies
     from casmoe.replay import replay as run_replay
@@ -49,7 +51,7 @@ def replay(
     from casmoe.step_arrays import StepArrays
     from casmoe.trace_io import load_trace
 
-    whole = load_trace(trace or shipped(DEFAULT_TRACE))
+    whole = gate_trace(load_trace(trace or shipped(DEFAULT_TRACE)), adaptive_gating)
     cap = one_capacity(capacity, global_capacity, whole.geometry)
     specs = parse_policies(policy, POLICIES, planner=str(planner) if planner else None)
     scored = Selection.of(split, task, span, requests).resolve(whole, specs)
@@ -78,6 +80,7 @@ def replay(
         return
     from casmoe.report import print_replay
 
-    print_replay(records, f"{tr.geometry.describe()}, {scored.describe()}, {tr.tokens} tokens")
+    gated = "" if adaptive_gating is None else f", adaptive gating >= {adaptive_gating:g} (lossy)"
+    print_replay(records, f"{tr.geometry.describe()}, {scored.describe()}, {tr.tokens} tokens{gated}")
     for note in skipped:
         typer.echo(note)

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import typer
 
 from casmoe.cli import requests as choose
-from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, progress, ray_target
+from casmoe.cli.app import ADAPTIVE_GATING, JOBS, RAY, RAY_ADDRESS, app, progress, ray_target
 from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE
 
@@ -173,6 +173,7 @@ def simulate(
     timeliness: bool = typer.Option(
         False, "--timeliness", help="Also print stall vs the perfect-prefetch bound, late hits and wasted prefetches."
     ),
+    adaptive_gating: Optional[float] = ADAPTIVE_GATING,
 ) -> None:
     """Simulate policies on modelled hardware: latency, throughput, stalls, bytes moved.
 
@@ -207,7 +208,7 @@ def simulate(
         miss_mode=miss_mode, quant=quant, devices=devices, pinned=not pageable, requests=requests, split=split,
         tasks=task or (), span=span or "", arrival=arrival, rate=rate, users=users, think=think, max_batch=max_batch,
         schedule=schedule, chunk=chunk, seed=seed, host_cache=host_cache, host_policy=host_policy,
-        allow_overcommit=allow_overcommit, timeline=timeline, progress=advance,
+        allow_overcommit=allow_overcommit, adaptive_gating=adaptive_gating, timeline=timeline, progress=advance,
     )
     if bar is not None:
         bar.close()
@@ -246,6 +247,7 @@ def sweep(
     jobs: int = JOBS,
     ray: bool = RAY,
     ray_address: Optional[str] = RAY_ADDRESS,
+    adaptive_gating: Optional[float] = ADAPTIVE_GATING,
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
     plots: Plots = PLOTS,
 ) -> None:
@@ -284,6 +286,8 @@ def sweep(
         grid.rates = rate
     if max_batch is not None:
         grid.max_batch = max_batch
+    if adaptive_gating is not None:
+        grid.adaptive_gating = adaptive_gating
     grid.fill_defaults(str(shipped(DEFAULT_TRACE)))
     points = grid.points()
     bar = progress(total=len(points), desc="sweep", unit="run", quiet=as_json)

@@ -72,6 +72,21 @@ def _texts(values: Any) -> list[str]:
     return out
 
 
+def _with_fitted_planner(specs: list[PolicySpec], source: Path, gating: float | None) -> tuple[list[PolicySpec], Any]:
+    """`specs` with `casmoe[planner=auto]` before CasMoE's oracle brackets, its planner fitted
+    now (or read from the cache) on the train split of `source` as the runs will route it
+    (`casmoe.planner.cached`); `specs` as they are for a trace without prompts."""
+    from casmoe.gating import gate_trace
+    from casmoe.planner.cached import AUTO, cached_planner
+    from casmoe.trace_io import load_trace
+
+    fitted = cached_planner(gate_trace(load_trace(source), gating))
+    if fitted is None:
+        return specs, None
+    at = next((i for i, s in enumerate(specs) if s.name == "casmoe"), len(specs))
+    return [*specs[:at], PolicySpec("casmoe", (("planner", AUTO),)), *specs[at:]], fitted
+
+
 def simulate(
     trace: str | os.PathLike[str] | None = None,
     policies: str | Iterable[str | PolicySpec] | None = None,
@@ -100,6 +115,7 @@ def simulate(
     host_cache: str | None = None,
     host_policy: str = "lru",
     allow_overcommit: bool = False,
+    adaptive_gating: float | None = None,
     timeline: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Results:
@@ -108,6 +124,10 @@ def simulate(
     Chrome/Perfetto trace of the first run; `progress(done, total)` is called after each run."""
     check_arguments(simulate, locals())
     policy_texts = [p.label if isinstance(p, PolicySpec) else p for p in _texts(policies)]
+    source = Path(trace) if trace is not None else shipped(DEFAULT_TRACE)
+    specs, fitted = parse_policies(policy_texts, POLICIES), None
+    if not policy_texts:  # every policy: CasMoE with a real planner too, beside its oracle brackets
+        specs, fitted = _with_fitted_planner(specs, source, adaptive_gating)
     caps = [CapacitySpec(str(c)) for c in _texts(capacities)]
     caps += [CapacitySpec(str(c), per_layer=False) for c in _texts(global_capacities)]
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
@@ -115,13 +135,14 @@ def simulate(
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 0:
         raise CasmoeError(f"devices must be a whole number >= 0 (0: every GPU of the profile), got {devices!r}")
     workload = Workload.from_options(arrival, rate, users, think, max_batch, schedule, chunk, seed)
-    source = Path(trace) if trace is not None else shipped(DEFAULT_TRACE)
     plan = what_if(
-        source, parse_policies(policy_texts, POLICIES), caps, shipped=trace is None, model=model, hardware=hardware,
+        source, specs, caps, shipped=trace is None, model=model, hardware=hardware,
         batch=batch, miss_mode=miss_mode, quant=quant, devices=devices, pinned=pinned, requests=requests,
         selection=Selection.of(split, tasks, span), workload=workload, host_cache=host_cache,
-        host_policy=host_policy, overcommit=allow_overcommit,
+        host_policy=host_policy, overcommit=allow_overcommit, gating=adaptive_gating,
     )
+    if fitted is not None:
+        plan.notes.append(fitted.describe())
     first = plan.points[0]
     recorder = None if timeline is None else Timeline(plan.trace.geometry.experts, plan.devices,
                                                       f"{first.policy.label} @ {first.capacity.label}")

@@ -175,6 +175,8 @@ class Setup:
                 sub_trace.geometry, self._share(i, layers), miss_mode=self.miss_mode, expert_bytes=shard_bytes,
                 trace=sub_trace, **dict(self.options),
             )
+            if cache.host_experts:  # a placement computes these on the host whatever the miss mode
+                hw.check_host_compute()
             if cache.needs_future:
                 cache.attach_future(Future(futures[i] if futures is not None else [], sub_trace.geometry))
             shards.append(

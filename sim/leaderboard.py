@@ -27,7 +27,7 @@ WORKLOADS = ("tiny-mixtral.npz", "tiny-olmoe.npz", "synthetic-qwen3.npz")
 """The shipped traces the leaderboard runs by default."""
 FACTORS = (1.0, 1.5, 2.0, 4.0)
 """Slots per layer, as multiples of top_k (rounded up)."""
-FITTED = {"static": "profile", "moe-infinity": "fit"}
+FITTED = {"static": "profile", "ktransformers": "profile", "moe-infinity": "fit"}
 """Policies fitted on a workload's train requests, and the option that takes them."""
 
 
@@ -73,18 +73,27 @@ def capacities(top_k: int) -> list[CapacitySpec]:
 
 
 def policies(workload: Workload, planner: str | None = None) -> list[PolicySpec]:
-    """Every registered policy; the fitted ones fitted on the workload's train half."""
+    """Every registered policy; the fitted ones fitted on the workload's train half, and with
+    `planner` (a folder fitted on that half) CasMoE with it beside its oracle brackets."""
     out = []
-    for spec in default_policies(POLICIES, planner):
+    specs = default_policies(POLICIES)
+    if planner is not None:
+        at = next(i for i, s in enumerate(specs) if s.name == "casmoe")
+        specs.insert(at, PolicySpec("casmoe", (("planner", planner),)))
+    for spec in specs:
         option = FITTED.get(spec.name)
         out.append(PolicySpec(spec.name, tuple(sorted((*spec.options, (option, str(workload.train)))))) if option else spec)
     return out
 
 
 def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str] | None = None,
-           overcommit: bool = False) -> list[Point]:
+           overcommit: bool = False, gating: float | None = None) -> list[Point]:
     """Every policy x cache size of every workload; a size beyond what the GPUs hold is skipped
-    (n/a, with the reason) unless `overcommit` simulates it anyway."""
+    (n/a, with the reason) unless `overcommit` simulates it anyway; `gating` runs every point
+    with AdapMoE's adaptive gating at that threshold (`casmoe.gating`)."""
+    from casmoe.gating import check_threshold
+
+    gating = None if gating is None else check_threshold(gating)
     out = []
     for w in workloads:
         trace = load_trace(w.scored)
@@ -92,7 +101,8 @@ def points(workloads: Sequence[Workload], hardware: str, planners: dict[str, str
         digest = file_digest(w.scored)
         for cap in capacities(trace.geometry.top_k):
             for spec in policies(w, (planners or {}).get(w.name)):
-                out.append(Point(str(w.scored), model, hardware, spec, cap, trace_digest=digest, overcommit=overcommit))
+                out.append(Point(str(w.scored), model, hardware, spec, cap, trace_digest=digest, overcommit=overcommit,
+                                 gating=gating))
     return out
 
 
@@ -100,10 +110,13 @@ METRICS = (("hit_rate", "hit rate", "{:.1%}"), ("decode_tokens_per_s", "decode t
            ("ttft_p50_s", "TTFT p50 (s)", "{:.3g}"), ("link_bytes", "bytes moved (GB)", "{:.3g}"))
 
 
-def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload]) -> str:
-    """One table per workload and metric: policies (oracles starred) x slots per layer."""
+def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload],
+             planners: dict[str, str] | None = None) -> str:
+    """One table per workload and metric: policies (oracles starred) x slots per layer; a
+    planner's folder (`planners`, by workload) is written `train`, as the train half's file is."""
     lines = []
     for w in workloads:
+        planner = (planners or {}).get(w.name)
         mine = [r for r in records if Path(r["trace"]).name == w.scored.name]
         if not mine:
             continue
@@ -113,7 +126,7 @@ def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload]) -
             lines += [f"{title} | " + " | ".join(f"{c} slots/layer" for c in caps), "---|" + "---|" * len(caps)]
             rows: dict[str, dict[str, str]] = {}
             for r in mine:
-                label = r["policy"].replace(str(w.train), "train") + ("*" if r.get("oracle") else "")
+                label = _short(r["policy"], w, planner) + ("*" if r.get("oracle") else "")
                 row = rows.setdefault(label, {})
                 if "skipped" in r:
                     row[r["capacity_spec"]] = "n/a"
@@ -122,7 +135,13 @@ def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload]) -
                     row[r["capacity_spec"]] = fmt.format(value)
             lines += [f"{label} | " + " | ".join(row.get(c, "-") for c in caps) for label, row in rows.items()]
             lines.append("")
-        skipped = sorted({f"{r['policy']}: {r['skipped']}" for r in mine if "skipped" in r})
+        skipped = sorted({f"{_short(r['policy'], w, planner)}: {r['skipped']}" for r in mine if "skipped" in r})
         lines += [f"n/a: {s}" for s in skipped] + ([""] if skipped else [])
     lines.append("\\* oracle: reads the future (a bound, not a deployable policy).")
     return "\n".join(lines) + "\n"
+
+
+def _short(label: str, workload: Workload, planner: str | None) -> str:
+    """A policy's label with the train half's file, and the planner fitted on it, written `train`."""
+    label = label.replace(str(workload.train), "train")
+    return label.replace(planner, "train") if planner else label

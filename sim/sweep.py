@@ -73,9 +73,13 @@ class Point:
     fitted: bool = False  # the policy was fitted on some of the scored requests: starred
     scored: str = ""  # the selection in words, for the record
     overcommit: bool = False  # the user allows capacities and devices the profile does not have
+    gating: float | None = None  # AdapMoE's adaptive gating threshold (`casmoe.gating`); None: the exact routing
 
     def key(self) -> str:
-        blob = json.dumps({"v": RESULT_VERSION, **asdict(self)}, sort_keys=True, default=str)
+        fields = asdict(self)
+        if fields["gating"] is None:  # a point without gating keeps the key it had before gating existed
+            del fields["gating"]
+        blob = json.dumps({"v": RESULT_VERSION, **fields}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:
@@ -87,6 +91,7 @@ class Point:
             "capacity_spec": self.capacity.label,
             "oracle": self.policy.oracle or self.fitted,
             "scored": self.scored,
+            **({} if self.gating is None else {"adaptive_gating": self.gating}),
             **self._load(),
             "key": self.key(),
         }
@@ -159,22 +164,31 @@ def _load_whole(path: str, digest: str) -> Trace:
 
 
 @lru_cache(maxsize=4)
-def _load_trace(path: str, digest: str, requests: tuple[int, ...]) -> Trace:
-    """The trace's `requests` (all when empty)."""
-    whole = _load_whole(path, digest)
+def _routing(path: str, digest: str, gating: float | None) -> Trace:
+    """The whole trace as the run's model routes it: gated (`casmoe.gating`), or as recorded."""
+    from casmoe.gating import gate_trace
+
+    return gate_trace(_load_whole(path, digest), gating)
+
+
+@lru_cache(maxsize=4)
+def _load_trace(path: str, digest: str, requests: tuple[int, ...], gating: float | None = None) -> Trace:
+    """The trace's `requests` (all when empty), gated if `gating`."""
+    whole = _routing(path, digest, gating)
     return whole.subset(requests) if requests else whole
 
 
 @lru_cache(maxsize=4)
-def _plan(path: str, digest: str, requests: tuple[int, ...], batch: int, devices: int, cache_per_device: bool) -> StepPlan:
-    return StepPlan.build(_load_trace(path, digest, requests), batch, devices, cache_per_device)
+def _plan(path: str, digest: str, requests: tuple[int, ...], batch: int, devices: int, cache_per_device: bool,
+          gating: float | None) -> StepPlan:
+    return StepPlan.build(_load_trace(path, digest, requests, gating), batch, devices, cache_per_device)
 
 
 def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
     """Simulate one point; returns the result's `to_dict()` plus the point's description."""
     hardware = load_profile(point.hardware)
     devices = point.devices or hardware.gpus
-    trace = _load_trace(point.trace, point.trace_digest, point.requests)
+    trace = _load_trace(point.trace, point.trace_digest, point.requests, point.gating)
     preset = get_preset(point.model)
     check_geometry(trace.geometry, preset)
     quant = parse_quant(point.quant)
@@ -190,14 +204,14 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
     plan = None
     if point.workload is None:
         per_device = devices > 1 and not capacity.per_layer
-        plan = _plan(point.trace, point.trace_digest, point.requests, point.batch, devices, per_device)
+        plan = _plan(point.trace, point.trace_digest, point.requests, point.batch, devices, per_device, point.gating)
     result = simulate(
         trace,
         get_policy(point.policy.name),
         capacity,
         hardware,
         preset,
-        options=point.policy.bound(_load_whole(point.trace, point.trace_digest)),
+        options=point.policy.bound(_routing(point.trace, point.trace_digest, point.gating)),
         label=point.policy.label,
         batch=point.batch,
         miss_mode=miss_mode,
@@ -251,6 +265,7 @@ class Grid:
     tasks: list[str] = field(default_factory=list)
     range: str = ""
     allow_overcommit: bool = False
+    adaptive_gating: float | None = None  # AdapMoE's threshold for every point (`casmoe.gating`)
 
     _AXES = {
         "traces": str,
@@ -267,7 +282,7 @@ class Grid:
     _SCALARS = {
         "devices": int, "quant": str, "pinned": bool, "requests": int, "arrival": str, "users": int, "think": float,
         "max_batch": int, "schedule": str, "chunk": int, "seed": int, "host_cache": str, "host_policy": str,
-        "split": str, "range": str, "allow_overcommit": bool,
+        "split": str, "range": str, "allow_overcommit": bool, "adaptive_gating": float,
     }
     _LEAST = {"batch": 1, "devices": 0, "requests": 0, "users": 0, "max_batch": 1, "chunk": 1}
     """Smallest value of the integer keys (a batch of 0 or -1 requests is no what-if)."""
@@ -277,7 +292,8 @@ class Grid:
         """Keys: traces, models, hardware, policies, capacities (slots or "6GB"),
         global_capacities, batch, miss_modes, rates (lists) and devices, quant, pinned, requests,
         arrival, users, think, max_batch, schedule, chunk, seed, host_cache, host_policy; the
-        scored requests: split, tasks (a list), range (`casmoe.selection`); allow_overcommit."""
+        scored requests: split, tasks (a list), range (`casmoe.selection`); allow_overcommit;
+        adaptive_gating (a threshold, `casmoe.gating`)."""
         from casmoe.userfile import read_toml
 
         raw = read_toml(path, "sweep file", SweepError)
@@ -374,6 +390,10 @@ class Grid:
         for p in self.policies:
             get_policy(p.name)
         parse_quant(self.quant, "quant")
+        if self.adaptive_gating is not None:
+            from casmoe.gating import check_threshold
+
+            check_threshold(self.adaptive_gating)
         inputs = {(h, m, p): input_digest(h, m, p) for h in self.hardware for m in self.models for p in self.policies}
         out: dict[str, Point] = {}
         for t, m, h, p, c, b, mm, w in itertools.product(
@@ -383,7 +403,8 @@ class Grid:
             sc = scored[t]
             point = Point(t, m, h, p, c, b, mm, self.devices, self.quant, self.pinned,
                           () if sc.everything else sc.indices, digests[t], w, self.host_cache, self.host_policy,
-                          inputs[h, m, p], p.label in sc.starred, sc.describe(), self.allow_overcommit)
+                          inputs[h, m, p], p.label in sc.starred, sc.describe(), self.allow_overcommit,
+                          self.adaptive_gating)
             out.setdefault(point.key(), point)  # a point listed twice runs and reports once
         return list(out.values())
 

@@ -185,7 +185,7 @@ class StepTimer:
         its dense part (the router needs it), issues the loads routing asks for, and computes its
         experts once they have arrived (`_wait`): a copy in flight overlaps the dense part."""
         compute, timeline, timeliness, device_busy = self.compute, self.timeline, self.timeliness, self.device_busy
-        interleaved, cpu_mode, counts, multi = visits is None, self.miss_mode is MissMode.CPU, sub.counts, len(self.links) > 1
+        interleaved, counts, multi = visits is None, sub.counts, len(self.links) > 1
         host_cost = self.load_host_s or self.load_layer_s or self.beside_s
         resume_rate, expert_pass = self.resume_rate, compute.expert_pass
         T, dense, links, first, exp_time = work.tokens, work.dense, shard.links, shard.first, shard.expert_time
@@ -214,10 +214,10 @@ class StepTimer:
             start = ready
             if acc.loads or link.tokens or acc.background or (timeliness is not None and timeliness.unused):
                 start = self._wait(shard, link, ll, experts, acc, routed, ready, on_device, interleaved)
-            if counts is None and not (cpu_mode and acc.cpu):  # one token per routed expert, all on the GPU
+            if counts is None and not acc.cpu:  # one token per routed expert, all on the GPU
                 run = expert_pass + len(experts) * exp_time[ll]
             else:
-                run = self._experts_time(shard, ll, experts, None if counts is None else counts[ll], acc.cpu if cpu_mode else ())
+                run = self._experts_time(shard, ll, experts, None if counts is None else counts[ll], acc.cpu)
             if start > ready:
                 run += resume_rate * (start - ready)
             busy, end = ready - t + run, start + run

@@ -90,12 +90,17 @@ def what_if(
     host_cache: str | None = None,
     host_policy: str = "lru",
     overcommit: bool = False,
+    gating: float | None = None,
 ) -> WhatIf:
     """Check everything and build the points; `requests` None means all, or the first
     `SHIPPED_REQUESTS` of the `shipped` default trace, of the requests `selection` scores
     (`casmoe.selection`: by default the ones no fitted policy saw). `workload` serves requests
-    as they arrive; `host_cache` adds a RAM tier over the profile's storage. Capacities and
+    as they arrive; `host_cache` adds a RAM tier over the profile's storage; `gating` runs
+    AdapMoE's adaptive gating at that threshold (`casmoe.gating`, lossy). Capacities and
     devices the box lacks are refused unless `overcommit` (`sim/fits.py`)."""
+    from casmoe.gating import check_threshold
+
+    gating = None if gating is None else check_threshold(gating)
     whole = load_trace(path)
     if requests is None:
         requests = SHIPPED_REQUESTS if shipped else 0
@@ -115,7 +120,10 @@ def what_if(
         raise CasmoeError("--batch makes static batches of back-to-back requests; with --arrival or --users use --max-batch")
     if workload is not None:
         workload.arrival_times(tr.requests)  # --arrival trace on a trace without times fails here
-    notes = []
+    notes = [] if gating is None else [
+        f"adaptive gating: a token whose top router weight is >= {gating:g} of its top-k weights runs that expert alone "
+        "(lossy; its quality: casmoe bench --adaptive-gating)"
+    ]
     if host_cache is None:
         host_cache, note = default_host_cache(hw, nbytes, whole.geometry.experts, preset, overcommit)
         notes += [note] if note else []
@@ -134,7 +142,7 @@ def what_if(
         Point(str(path), preset.name, hardware, p, c, batch, miss_mode, n_dev, quant or "", pinned,
               () if scored.everything else scored.indices, digest, workload=workload, host_cache=host_cache or "",
               host_policy=host_policy, inputs=inputs[p], fitted=p.label in scored.starred,
-              scored=scored.describe(), overcommit=overcommit)
+              scored=scored.describe(), overcommit=overcommit, gating=gating)
         for c in caps
         for p in policies
     ]

@@ -67,7 +67,8 @@ def test_load_mode_is_bit_identical_and_counts_match_replay(mixtral, policy, cap
     om = OffloadedModel(copy.deepcopy(model), devices=["cpu"] * devices)
     run = om.run(LONG, get_policy(policy), capacity, max_new_tokens=STEPS, keep_logits=True)
     assert _same(run.logits, want)
-    assert run.stats.accesses > 0 and run.stats.loads > 0
+    s = run.stats  # a placement whose memory holds no whole layer (n-cpu-moe) loads nothing: all on the host
+    assert s.accesses > 0 and (s.loads > 0 or s.cpu_computed == s.accesses)
     _replay_matches(run, om, policy, capacity)
 
 

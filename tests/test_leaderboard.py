@@ -53,13 +53,17 @@ def test_fitted_policies_are_fitted_on_train_requests_only(tmp_path):
         if s.name in lb.FITTED:
             assert dict(s.options) == {lb.FITTED[s.name]: str(w.train)}
     assert [c.text for c in lb.capacities(2)] == ["2", "3", "4", "8"]
+    # a planner fitted on the train half runs beside CasMoE's oracle brackets
+    labels = [s.label for s in lb.policies(w, "planner-folder")]
+    assert labels.index("casmoe[planner=planner-folder]") + 1 == labels.index("casmoe[predictor=exact]")
 
 
 def test_leaderboard_end_to_end_and_resumes(tmp_path):
     path = small_trace(tmp_path / "a.npz", splits=True)
     env = {**os.environ, "CASMOE_DATA": str(REPO / "traces")}
     cmd = [sys.executable, "-m", "casmoe", "leaderboard", "--trace", str(path), "--out", str(tmp_path / "out"), "--jobs", "1",
-           "--allow-overcommit"]  # 4 x top_k is all 8 experts of a layer: more than 4 RTX 4090s hold beside the rest
+           "--allow-overcommit",  # 4 x top_k is all 8 experts of a layer: more than 4 RTX 4090s hold beside the rest
+           "--no-fit-planner"]  # a planner of 4 prompts would fit nothing worth the seconds (tests/test_planner_fit.py fits them)
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert first.returncode == 0, first.stderr
     table = (tmp_path / "out" / "leaderboard.md").read_text()

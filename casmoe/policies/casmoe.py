@@ -37,6 +37,7 @@ import numpy as np
 from casmoe.cache import CacheConfigError, ExpertCache, TwinState
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
+from casmoe.planner.cached import AUTO
 from casmoe.trace import Request
 
 if TYPE_CHECKING:
@@ -131,10 +132,16 @@ class CasMoE(ExpertCache):
 
     @classmethod
     def fitted_requests(cls, options: dict[str, Any], trace: Any) -> set[int]:
-        """With a planner: the requests whose prompt it was fitted on (its stored fit data)."""
+        """With a planner: the requests whose prompt it was fitted on (its stored fit data);
+        `planner=auto`: the trace's train split, which `bind` fits it on."""
         folder = options.get("planner")
         if folder is None:
             return set()
+        if folder == AUTO:
+            from casmoe.planner.config import PlannerConfig
+            from casmoe.planner.planner import fit_split
+
+            return set(fit_split(trace, PlannerConfig()))
         from casmoe.planner.fitdata import prompt_digests
         from casmoe.planner.planner import read_fit_data
 
@@ -143,6 +150,19 @@ class CasMoE(ExpertCache):
             return set()
         seen = np.isin(prompt_digests([r.prompt for r in trace.requests]), fit.prompts)
         return {int(i) for i in np.flatnonzero(seen)}
+
+    @classmethod
+    def bind(cls, options: dict[str, Any], trace: Any) -> dict[str, Any]:
+        """`planner=auto`: the planner fitted on `trace`'s train split, from the user cache or
+        fitted now (`casmoe.planner.cached`)."""
+        if options.get("planner") != AUTO:
+            return options
+        from casmoe.planner.cached import cached_planner
+
+        fitted = cached_planner(trace)
+        if fitted is None:
+            raise CacheConfigError("casmoe[planner=auto] fits a planner on the trace's prompts, and this trace has none")
+        return {**options, "planner": str(fitted.folder)}
 
     @classmethod
     def create(
@@ -162,6 +182,9 @@ class CasMoE(ExpertCache):
     ) -> ExpertCache:
         if cadence is not None and cadence < 1:
             raise CacheConfigError(f"cadence must be >= 1 decode token, got {cadence}")
+        if planner == AUTO:
+            raise CacheConfigError("casmoe[planner=auto] is fitted on the run's trace (replay, simulate, sweep); "
+                                   "give planner=DIR, a folder of `casmoe planner fit`, here")
         if planner is not None:
             pp = PlannerPredictor(planner, geometry)
             traj = pp.trajectory if update else None

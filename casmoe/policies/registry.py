@@ -20,10 +20,12 @@ from casmoe.cache import ExpertCache
 from casmoe.errors import CasmoeError
 from casmoe.policies.belady import Belady
 from casmoe.policies.casmoe import CasMoE
+from casmoe.policies.ktransformers import KTransformers
 from casmoe.policies.least_stale import LeastStale
 from casmoe.policies.lfu import LFU
 from casmoe.policies.lru import LRU
 from casmoe.policies.moe_infinity import MoEInfinity
+from casmoe.policies.n_cpu_moe import NCpuMoE
 from casmoe.policies.ondemand import OnDemand
 from casmoe.policies.sch import SCH
 from casmoe.policies.semoe import SEMoE
@@ -31,7 +33,9 @@ from casmoe.policies.speculative import Speculative
 from casmoe.policies.static import Static
 
 POLICIES: dict[str, type[ExpertCache]] = {
-    cls.name: cls for cls in (OnDemand, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, Belady, SCH, CasMoE)
+    cls.name: cls
+    for cls in (OnDemand, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE, KTransformers, Belady, SCH,
+                CasMoE)
 }
 
 

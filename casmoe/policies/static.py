@@ -56,7 +56,7 @@ class Static(LRU):
         if source is not None:
             held = {_routing_digest(r) for r in source.requests}
             return {i for i, r in enumerate(trace.requests) if _routing_digest(r) in held}
-        counts = _counts(profile)
+        counts = profile_counts(profile)
         if counts.shape == (trace.geometry.layers, trace.geometry.experts) and np.array_equal(counts, trace.popularity()):
             return set(range(len(trace.requests)))
         return set()
@@ -77,7 +77,7 @@ class Static(LRU):
         scored on: an upper bound on what a static placement achieves; the command line and
         sweeps `bind` a profile of the train split instead)."""
         if profile is not None:
-            counts = _counts(profile)
+            counts = profile_counts(profile)
         elif trace is not None:
             counts = trace.popularity()
         else:
@@ -99,11 +99,12 @@ class Static(LRU):
         return unpinned if unpinned is not None else super().victim(layer, candidates)
 
 
-def _counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
+def profile_counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
+    """[L, E] routed counts of a profile: a Trace, a trace file or a `casmoe profile import` file."""
     if isinstance(profile, Trace):
         return profile.popularity()
     if not isinstance(profile, (str, os.PathLike)):  # static[profile=0]: a number, not a file
-        raise CacheConfigError(f"static's profile must be a file (a profile or a trace), not {profile!r}")
+        raise CacheConfigError(f"a profile must be a file (a profile or a trace), not {profile!r}")
     from casmoe.profile import load_profile
 
     return load_profile(os.fspath(profile))
