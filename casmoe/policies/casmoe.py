@@ -9,8 +9,9 @@ trajectory stage (casmoe/planner/trajectory.py) scores every resident by the log
 is routed within the next few decode tokens, from the current prompt-level prediction, the
 routing path match (re-matched after prefill and every `cadence` decode tokens, default the
 planner's), this request's own use (recency at three time scales, share of its decode tokens,
-prefill rank) and the stream's access share across requests (what LFU counts); the lowest is
-evicted, least recently used among equals. The weights were fitted on held-out fit data, so
+prefill rank), the stream's access share across requests (what LFU counts) and, during decode,
+which experts tend to follow the ones the running token has routed at this layer so far (the
+fit data's decode transitions); the lowest is evicted, least recently used among equals. The weights were fitted on held-out fit data, so
 a stale guess never outweighs the evidence the request shows. After prefill the policy tops
 up every layer with the re-matched prediction's best experts, as deep as the match is unsure
 (FineMoE's rule, `trajectory.prefetch_depth`), never evicting more than it brings in
@@ -30,7 +31,7 @@ decode pattern: an oracle, so the policy then declares it reads the future) or
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -110,10 +111,15 @@ class CasMoE(ExpertCache):
         self._tick = 0
         self._prompt: str | None = None
         self._served = np.zeros(g.total_experts)  # routed uses seen while serving this request
+        self._routing: Sequence[ExpertId] = ()  # the running layer's routed experts
         if trajectory is not None:
             self.cadence = max(1, cadence or trajectory.cadence)
             self.prefill_prefetch = prefill_prefetch
             self._weights = trajectory.weights
+            from casmoe.planner.trajectory import FEATURES
+
+            w = float(trajectory.weights[FEATURES.index("transition")])
+            self._transition = None if trajectory.transitions is None or not w else w * np.asarray(trajectory.transitions, np.float64)
             self._stream = np.zeros(g.total_experts)  # accesses across requests (LFU's counts)
             self._recent = np.zeros(g.total_experts)  # the same, decayed per request
             self._confidence = 0.0
@@ -316,4 +322,14 @@ class CasMoE(ExpertCache):
             scores = self._scores
             return min(candidates, key=lambda e: (scores[e], last[e]))
         scores = self._now_scores
+        if self._transition is not None and not self._in_prefill and self._routing:
+            E = self.geometry.experts
+            follow = self._transition[layer, [e % E for e in self._routing]].mean(axis=0)
+            return min(candidates, key=lambda e: (scores[e] + follow[e % E], last[e]))
         return min(candidates, key=lambda e: (scores[e], last[e]))
+
+    def route(self, step: int, layer: int, experts, scores: np.ndarray | None = None):
+        """The base class's accounting; the updating form first notes the layer's routed
+        experts, which its evictions read (the router has chosen them before any is loaded)."""
+        self._routing = experts
+        return super().route(step, layer, experts, scores)
