@@ -1,14 +1,17 @@
 """Where casmoe's hit rate goes on an unseen task, against LFU (issue 23, item 3): a data look.
 
-    python bench/bench_casmoe_evictions.py --trace traces/tiny-olmoe.npz --task code [--json out.json]
+    python bench/bench_casmoe_evictions.py --trace traces/tiny-olmoe.npz --task code [--planner DIR] [--json out.json]
 
-Fits the `loto:TASK` planner of `casmoe planner bench` (the fit split less TASK, default config)
+Fits the `loto:TASK` planner of `casmoe planner bench` (the fit split less TASK, default config;
+`--planner` takes one that bench wrote instead)
 and replays TASK's requests as one stream at 2k slots per layer with LRU, LFU, Belady (the
 ceiling of any eviction; an oracle), casmoe and casmoe with `prefill_prefetch=False`. For
 each: hit rate, demand and prefetch loads (used / wasted), and, for every eviction, how soon
 the evicted expert is routed again (runtime steps to its next use in the stream: a victim
 reused within a few steps was a bad choice; one never reused a free one), and the hit rate of
-the first 10 requests (the stream's cold start, where LFU has no counts yet) against the rest.
+the first 10 requests (the stream's cold start, where LFU has no counts yet), and the hit
+rate of decode accesses alone (the simulator's decode tokens/s depends on those; the replay's
+hit rate also counts every prefill access).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def next_uses(trace: Trace) -> tuple[list[Any], dict[int, list[int]]]:
     return steps, used
 
 
-def run(trace: Trace, name: str, cap: Capacity, opts: dict[str, Any], used: dict[int, list[int]]) -> dict[str, Any]:
+def run(trace: Trace, name: str, cap: Capacity, opts: dict[str, Any], used: dict[int, list[int]], steps: list[Any]) -> dict[str, Any]:
     cache = get_policy(name).create(trace.geometry, cap, trace=trace, **opts)
     gaps: list[float] = []
     victim, step_of = cache.victim, {"s": 0}
@@ -60,10 +63,15 @@ def run(trace: Trace, name: str, cap: Capacity, opts: dict[str, Any], used: dict
         return before(step, layer)
 
     route = cache.route
+    decode = {"accesses": 0, "hits": 0}
 
     def logged_route(step: int, layer: int, experts, scores=None):
         step_of["s"] = step
-        return route(step, layer, experts, scores)
+        acc = route(step, layer, experts, scores)
+        if not steps[step].prefill:
+            decode["accesses"] += len(experts)
+            decode["hits"] += acc.hits + len(acc.late)
+        return acc
 
     def logged_victim(layer: int, candidates):
         v = victim(layer, candidates)
@@ -79,6 +87,7 @@ def run(trace: Trace, name: str, cap: Capacity, opts: dict[str, Any], used: dict
     cold_hit = replay(trace.subset(range(min(COLD, len(trace.requests)))), cold, compiled=False).stats
     return {
         "hit_rate": round(stats.hit_rate, 4),
+        "decode hit rate": round(decode["hits"] / max(decode["accesses"], 1), 4),
         "demand_loads": stats.demand_loads, "prefetch_loads": stats.prefetch_loads,
         "prefetch_used": stats.prefetch_used, "prefetch_wasted": stats.prefetch_wasted, "evictions": len(g),
         "victims reused within 1 / 8 / 32 steps": [round(float(np.mean(g <= k)), 3) for k in (1, 8, 32)] if len(g) else [],
@@ -91,6 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, required=True)
     ap.add_argument("--task", required=True)
+    ap.add_argument("--planner", type=Path, help="a loto:TASK planner folder to use instead of fitting one")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     trace = Trace.load(args.trace)
@@ -99,14 +109,17 @@ def main() -> None:
     scored = trace.subset([i for i, r in enumerate(trace.requests) if r.task == args.task])
     cap = Capacity(2 * trace.geometry.top_k)
     rec: dict[str, Any] = {"trace": args.trace.name, "task": args.task, "scored_requests": len(scored.requests), "load_start": load_average()}
-    _, used = next_uses(scored)
+    steps, used = next_uses(scored)
     with tempfile.TemporaryDirectory() as tmp:
-        fit_planner(part, replace(PlannerConfig(), holdout_every=0)).save(tmp)
+        if args.planner is None:
+            fit_planner(part, replace(PlannerConfig(), holdout_every=0)).save(tmp)
+        else:
+            tmp = str(args.planner)
         runs = {
             "lru": ("lru", {}), "lfu": ("lfu", {}), "belady*": ("belady", {}),
             "casmoe": ("casmoe", {"planner": tmp}), "casmoe, no top-up": ("casmoe", {"planner": tmp, "prefill_prefetch": False}),
         }
-        rec["policies"] = {label: run(scored, name, cap, opts, used) for label, (name, opts) in runs.items()}
+        rec["policies"] = {label: run(scored, name, cap, opts, used, steps) for label, (name, opts) in runs.items()}
     rec["load_end"] = load_average()
     print(json.dumps(rec, indent=2))
     if args.json:

@@ -228,3 +228,16 @@ def test_protocol_settings_never_fit_on_what_they_score(seed) -> None:
         assert all(trace.requests[i].task != t for i in found[f"loto:{t}"].fit)
         stream = [r.task for r in found[f"mixed:{t}"].scored.requests]
         assert stream[0] == t and stream[1] != t and t in stream[2:]  # the unseen task alternates with seen ones
+
+
+def test_start_prefetch_off_leaves_an_eviction_policy() -> None:
+    g = Geometry(layers=1, experts=4, top_k=1, hidden=8, intermediate=4)
+    topk = np.array([[[2]], [[3]]] * 4, dtype=np.int16)
+    trace = Trace(g, [Request(topk, np.ones(topk.shape, np.float32), prefill=0, prompt="p")])
+    guess = lambda request: np.array([[0.1, 0.2, 0.3, 0.4]])  # noqa: E731
+    on = CasMoE(g, Capacity(2), predictor=guess)
+    off = CasMoE(g, Capacity(2), predictor=guess, start_prefetch=False)
+    assert replay(trace, on).stats.prefetch_loads == 2  # experts 3 and 2, the guess's best two
+    stats = replay(trace, off).stats
+    assert stats.prefetch_loads == 0 and stats.hits == len(topk) - 2  # first uses miss, then both stay
+    assert on.runs_compiled() and not off.runs_compiled()  # the twin always prefetches

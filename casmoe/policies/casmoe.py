@@ -15,7 +15,9 @@ fit data's decode transitions); the lowest is evicted, least recently used among
 a stale guess never outweighs the evidence the request shows. After prefill the policy tops
 up every layer with the re-matched prediction's best experts, as deep as the match is unsure
 (FineMoE's rule, `trajectory.prefetch_depth`), never evicting more than it brings in
-(`prefill_prefetch=False` turns it off). With `update=False`, or an oracle predictor, the
+(`prefill_prefetch=False` turns it off; `start_prefetch=False` turns off the request-start
+prefetch, leaving an eviction policy: on a link slower than the layers, prefetched copies
+delay the demand loads queued behind them). With `update=False`, or an oracle predictor, the
 prediction is fixed for the request and the lowest-scored resident is evicted (the static
 policy of the seed paper; that form has a compiled twin, `casmoe/compiled.py`). The
 updating form runs its Python hooks; it keeps one request's state, so run it at batch 1.
@@ -99,12 +101,13 @@ class CasMoE(ExpertCache):
 
     def __init__(
         self, *args, predictor: ExpertScorer, oracle: bool = False, trajectory: Trajectory | None = None,
-        cadence: int | None = None, prefill_prefetch: bool = True, **kw,
+        cadence: int | None = None, prefill_prefetch: bool = True, start_prefetch: bool = True, **kw,
     ) -> None:
         super().__init__(*args, **kw)
         self.predictor = predictor
         self.needs_future = oracle  # an oracle predictor reads the request's own routing
         self.trajectory = trajectory  # None: the static policy (fixed scores per request)
+        self.start_prefetch = start_prefetch
         g = self.geometry
         self._scores = np.zeros(g.total_experts)
         self._last: dict[ExpertId, int] = {}
@@ -128,7 +131,7 @@ class CasMoE(ExpertCache):
 
     def runs_compiled(self) -> bool:
         """Only the static form is what the compiled twin computes."""
-        return self.trajectory is None
+        return self.trajectory is None and self.start_prefetch
 
     @classmethod
     def reads_future(cls, options: dict[str, Any]) -> bool:
@@ -163,6 +166,7 @@ class CasMoE(ExpertCache):
         update: bool = True,
         cadence: int | None = None,
         prefill_prefetch: bool = True,
+        start_prefetch: bool = True,
         seed: int = 0,
         **kw: Any,
     ) -> ExpertCache:
@@ -171,7 +175,10 @@ class CasMoE(ExpertCache):
         if planner is not None:
             pp = PlannerPredictor(planner, geometry)
             traj = pp.trajectory if update else None
-            return cls(geometry, capacity, predictor=pp, trajectory=traj, cadence=cadence, prefill_prefetch=prefill_prefetch, **kw)
+            return cls(
+                geometry, capacity, predictor=pp, trajectory=traj, cadence=cadence, prefill_prefetch=prefill_prefetch,
+                start_prefetch=start_prefetch, **kw,
+            )
         if callable(predictor):
             return cls(geometry, capacity, predictor=predictor, **kw)
         if predictor == "exact":
@@ -191,6 +198,8 @@ class CasMoE(ExpertCache):
         self._served[:] = 0
         if self.trajectory is not None:
             self._begin_state(request.prefill)
+        if not self.start_prefetch:
+            return []
         if cap.per_layer:
             top = np.argsort(-scores, axis=1, kind="stable")[:, : cap.slots]
             chosen = (top + (np.arange(g.layers) * g.experts)[:, None]).ravel()
