@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import os
 import tempfile
 from collections import defaultdict
@@ -37,7 +36,7 @@ from casmoe.policies import get_policy  # noqa: E402
 from casmoe.replay import replay  # noqa: E402
 from casmoe.trace import Trace  # noqa: E402
 
-from side_by_side import load_average  # noqa: E402
+from side_by_side import emit, load_average  # noqa: E402
 
 COLD = 10
 
@@ -121,9 +120,7 @@ def main() -> None:
         }
         rec["policies"] = {label: run(scored, name, cap, opts, used, steps) for label, (name, opts) in runs.items()}
     rec["load_end"] = load_average()
-    print(json.dumps(rec, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(rec, indent=2))
+    emit(rec, args.json)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ on the held-out-domain trace. Then `Planner.predict` p50 with the default (int8)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -43,7 +42,7 @@ from casmoe.shipped import data_dir  # noqa: E402
 from casmoe.trace import Trace  # noqa: E402
 
 from bench_planner import p50_ms  # noqa: E402
-from side_by_side import load_average  # noqa: E402
+from side_by_side import emit, load_average  # noqa: E402
 
 TRACES = ("tiny-mixtral", "tiny-olmoe")
 METHODS = ("eam", "eap", "cascade", "trajectory", "popularity")
@@ -134,9 +133,7 @@ def main() -> None:
             predict[n] = dict(zip(("wall", "cpu"), p50_ms(lambda: served.predict(f"{prompts[next(counter) % len(prompts)]} #{next(counter)}"))))
         rec["predict_p50_ms (default planner, int8)"] = predict
     rec["load_end"] = load_average()
-    print(json.dumps(rec, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(rec, indent=2))
+    emit(rec, args.json)
 
 
 if __name__ == "__main__":
