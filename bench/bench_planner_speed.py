@@ -61,7 +61,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float, float, str]:
 
 
 def measure(path: Path, old: bool) -> dict[str, Any]:
-    from casmoe.planner.embedding import embed
+    from casmoe.planner.embedding import backend_for, embed
 
     trace = load_trace(path)
     rec: dict[str, Any] = {"trace": path.name, "geometry": trace.geometry.describe()}
@@ -78,7 +78,9 @@ def measure(path: Path, old: bool) -> dict[str, Any]:
         novel = lambda: f"{prompts[next(counter) % len(prompts)]} #{next(counter)}"  # noqa: E731
         rec["predict_load"] = f"{os.getloadavg()[0]:.1f}"
         rec["predict_p50_ms"], rec["predict_cpu_p50_ms"] = p50_ms(lambda: served.predict(novel()))
-        rec["embed_p50_ms"], rec["embed_cpu_p50_ms"] = p50_ms(lambda: embed([novel()]))
+        backend = backend_for(served.config.embedding)  # the embedder predict calls
+        rec["embed_backend"] = backend
+        rec["embed_p50_ms"], rec["embed_cpu_p50_ms"] = p50_ms(lambda: embed([novel()], backend=backend))
         rec["state_mib"] = sum(served.nbytes().values()) / 2**20
         res = subprocess.run([sys.executable, "-c", TORCH_FREE, tmp, str(path)], capture_output=True, text=True, check=True)
         rec["serving_imports_torch"] = res.stdout.strip().splitlines()[-1] == "True"

@@ -8,11 +8,13 @@ Times are CPU seconds of this process (`time.process_time`).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -59,3 +61,11 @@ def first_call_seconds(setup: str, call: str) -> tuple[float, float]:
         cold = float(in_fresh_process(code, env))
         warm = float(in_fresh_process(code, env))
     return cold, warm
+
+
+def emit(record: Any, path: Path | None) -> None:
+    """Print a bench's record as JSON, and write it to `path` when given."""
+    text = json.dumps(record, indent=2)
+    print(text)
+    if path is not None:
+        path.write_text(text)

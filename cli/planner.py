@@ -53,6 +53,9 @@ def fit(
     alpha: float = typer.Option(_D.eap.alpha, min=0.0, help="Transformer predictor: weight of the SimCSE contrastive loss."),
     epochs: int = typer.Option(_D.eap.epochs, min=1, help="Transformer predictor: training epochs."),
     seed: int = typer.Option(_D.seed, help="Seed for the predictor's initialisation, dropout and batches."),
+    embedding: str = typer.Option(
+        _D.embedding, help="Prompt embedder precision: int8 (quantized MiniLM, ~3x faster) or fp32; served as fitted."
+    ),
 ) -> None:
     """Fit the cascade (matcher, predictor, confidence gate, trajectory stage) on a trace and
     write the planner folder. A trace without prompts (an imported route CSV) fits the
@@ -76,6 +79,7 @@ def fit(
         folds=folds,
         horizon=horizon,
         cadence=cadence,
+        embedding=embedding,
         eap=EAPConfig(kind=predictor, alpha=alpha, epochs=epochs),
     )
     planner = fit_planner(tr, cfg, progress=sys.stderr.isatty())  # bars on a terminal only

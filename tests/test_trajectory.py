@@ -17,10 +17,13 @@ from casmoe.planner.trajectory import (
     PathMatcher,
     Trajectory,
     _logistic,
+    decode_uses,
+    fit_transitions,
     fit_trajectory,
     prefetch_depth,
     prefill_observation,
     request_prefill,
+    transition_scores,
 )
 from casmoe.policies.casmoe import CasMoE
 from casmoe.replay import replay
@@ -130,6 +133,41 @@ def test_updating_policy_never_pins_a_stale_guess() -> None:
     assert updating.hits == len(topk) - 2  # only the first use of each misses
 
 
+def test_transitions_count_what_the_next_token_routes() -> None:
+    u = np.zeros((3, 1, 3), dtype=bool)  # tokens route 0, then 1, then 1
+    u[0, 0, 0] = u[1, 0, 1] = u[2, 0, 1] = True
+    T = fit_transitions([u])
+    counts = np.ones((3, 3))
+    counts[0, 1] += 1
+    counts[1, 1] += 1
+    np.testing.assert_allclose(T[0], counts / counts.sum(1, keepdims=True) * 3 - 1)
+    np.testing.assert_allclose(fit_transitions([u[:1]])[0], 0.0)  # no pair: no information
+    cur = np.array([[True, True, False]])
+    np.testing.assert_allclose(transition_scores(T, cur)[0], T[0, :2].mean(0))
+    assert not transition_scores(T, np.zeros((1, 3), bool)).any()
+
+
+def test_updating_policy_keeps_the_expert_that_follows_the_running_token() -> None:
+    """Every token routes expert 0 and one of 1, 2, 3 in turn, with room for two of those
+    three: recency (LRU) evicts the one the next token needs, every time; the fit data's
+    transitions (b is followed by b + 1) keep it, and every other token hits."""
+    g = Geometry(layers=1, experts=4, top_k=2, hidden=8, intermediate=4)
+    topk = np.array([[[0, 1 + t % 3]] for t in range(30)], dtype=np.int16)
+    trace = Trace(g, [Request(topk, np.ones(topk.shape, np.float32), prefill=0, prompt="p")])
+    guess = lambda request: np.full((1, 4), 0.25)  # noqa: E731
+    hits = {}
+    for w in (0.0, 5.0):
+        traj = _recency_trajectory(g)
+        traj.weights[FEATURES.index("prompt")] = 0.0
+        traj.weights[FEATURES.index("transition")] = w
+        traj.transitions = fit_transitions([decode_uses(trace.requests[0], g)])
+        hits[w] = replay(trace, CasMoE(g, Capacity(3), predictor=guess, trajectory=traj)).stats.hits
+    # the request-start prefetch (experts 0, 1, 2) serves the first two tokens; after that LRU
+    # order keeps expert 0 and loses every cycling one, the transitions keep every other one
+    assert hits[0.0] == len(topk) + 2
+    assert hits[5.0] >= hits[0.0] + (len(topk) - 3) // 2
+
+
 class FittedCasMoE(CasMoE):
     """casmoe with a trajectory stage fitted on the very trace it serves (a contract check,
     not a fair score) and a uniform prompt guess."""
@@ -163,6 +201,7 @@ def test_trajectory_round_trips(tmp_path) -> None:
     back = Trajectory.load(tmp_path, g.layers, g.experts)
     np.testing.assert_array_equal(back.weights, traj.weights)
     np.testing.assert_array_equal(back.paths.decode, traj.paths.decode)
+    np.testing.assert_array_equal(back.transitions, traj.transitions)
     assert (back.horizon, back.cadence) == (traj.horizon, traj.cadence)
 
 
@@ -189,3 +228,16 @@ def test_protocol_settings_never_fit_on_what_they_score(seed) -> None:
         assert all(trace.requests[i].task != t for i in found[f"loto:{t}"].fit)
         stream = [r.task for r in found[f"mixed:{t}"].scored.requests]
         assert stream[0] == t and stream[1] != t and t in stream[2:]  # the unseen task alternates with seen ones
+
+
+def test_start_prefetch_off_leaves_an_eviction_policy() -> None:
+    g = Geometry(layers=1, experts=4, top_k=1, hidden=8, intermediate=4)
+    topk = np.array([[[2]], [[3]]] * 4, dtype=np.int16)
+    trace = Trace(g, [Request(topk, np.ones(topk.shape, np.float32), prefill=0, prompt="p")])
+    guess = lambda request: np.array([[0.1, 0.2, 0.3, 0.4]])  # noqa: E731
+    on = CasMoE(g, Capacity(2), predictor=guess)
+    off = CasMoE(g, Capacity(2), predictor=guess, start_prefetch=False)
+    assert replay(trace, on).stats.prefetch_loads == 2  # experts 3 and 2, the guess's best two
+    stats = replay(trace, off).stats
+    assert stats.prefetch_loads == 0 and stats.hits == len(topk) - 2  # first uses miss, then both stay
+    assert on.runs_compiled() and not off.runs_compiled()  # the twin always prefetches

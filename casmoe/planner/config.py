@@ -24,6 +24,8 @@ class PlannerError(CasmoeError, ValueError):
 
 
 PREDICTORS = ("linear", "transformer")
+EMBEDDINGS = ("int8", "fp32")
+"""Prompt-embedding precisions a planner can be fitted with (casmoe/planner/embedding.py)."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,10 @@ class PlannerConfig:
     the trajectory stage. `epsilon` is the seed's fixed gate, used by planners fitted before
     the confidence gate and by `casmoe planner eval --epsilon`. `horizon`: the trajectory
     stage predicts use within this many decode tokens (0: it regresses the log distance to
-    the next use instead); `cadence`: it re-matches the routing path every this many."""
+    the next use instead); `cadence`: it re-matches the routing path every this many.
+    `embedding`: the prompt embedder's precision, one of EMBEDDINGS (int8: about 3x faster
+    per prompt; bench/bench_embedder.py); the planner serves with the one it was fitted with
+    (folders from before the field: fp32)."""
 
     epsilon: float = 0.8
     neighbours: int = 5
@@ -74,6 +79,7 @@ class PlannerConfig:
     folds: int = 4
     horizon: int = 8
     cadence: int = 8
+    embedding: str = "int8"
     eap: EAPConfig = field(default_factory=EAPConfig)
 
     def __post_init__(self) -> None:
@@ -85,6 +91,8 @@ class PlannerConfig:
             raise PlannerError("holdout_every must be 0 (no hold-out) or >= 2")
         if self.neighbours < 1 or self.buffer < 1:
             raise PlannerError("neighbours and buffer must be >= 1")
+        if self.embedding not in EMBEDDINGS:
+            raise PlannerError(f"embedding must be one of {', '.join(EMBEDDINGS)}, got {self.embedding!r}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -96,7 +104,7 @@ class PlannerConfig:
         """From `to_dict`'s form, every field checked against its default's type (planner.json
         is a file a user can edit: `"epsilon": "0.8"` is refused, not compared as a string)."""
         if isinstance(d, dict):  # fields later versions added, absent from older folders
-            d = {"folds": 4, "horizon": 8, "cadence": 8, **d}
+            d = {"folds": 4, "horizon": 8, "cadence": 8, "embedding": "fp32", **d}
             if isinstance(d.get("eap"), dict):  # before the linear predictor: a transformer
                 d["eap"] = {"kind": "transformer", "ridge": 1.0, **d["eap"]}
         d = dict(_typed(cls, d, "config"))

@@ -144,9 +144,7 @@ class Planner:
     def _embed(self, prompt: str) -> np.ndarray:
         vec = self._embeddings.get(prompt)
         if vec is None:
-            from casmoe.planner.eam import embed
-
-            vec = embed([prompt])[0]
+            vec = embed_prompts([prompt], self.config.embedding)[0]
             if len(self._embeddings) >= EMBED_CACHE:
                 del self._embeddings[next(iter(self._embeddings))]
             self._embeddings[prompt] = vec
@@ -183,11 +181,9 @@ class Planner:
 
     def answers(self, prompts: Sequence[str], progress: bool = False) -> Answers:
         """Matcher and predictor answers for every prompt (batched; for evaluation)."""
-        from casmoe.planner.eam import embed
-
         if not self.serves_prompts:
             raise PlannerError("this planner was fitted on a trace without prompts: it has no prompt stages to score")
-        emb = embed(prompts, progress=progress)
+        emb = embed_prompts(prompts, self.config.embedding, progress=progress)
         eam, sim = self.matcher.query(emb)
         return Answers(eam, self._predictor_answers(prompts, emb), sim, self.gate)
 
@@ -337,14 +333,17 @@ class PromptStages:
     answers: np.ndarray
 
 
-def embed_prompts(prompts: Sequence[str], known: Embeddings | None = None, progress: bool = False) -> np.ndarray:
-    """`embed(prompts)`, taking the vectors `known` already holds."""
+def embed_prompts(prompts: Sequence[str], precision: str, known: Embeddings | None = None, progress: bool = False) -> np.ndarray:
+    """`embed(prompts)` at `precision` (a planner config's `embedding`), taking the vectors
+    `known` already holds (which must be of that precision)."""
     from casmoe.planner.eam import embed
+    from casmoe.planner.embedding import backend_for
 
+    backend = backend_for(precision)
     if not known:
-        return embed(prompts, progress=progress)
+        return embed(prompts, progress=progress, backend=backend)
     todo = sorted({p for p in prompts if p not in known})
-    fresh = dict(zip(todo, embed(todo, progress=progress))) if todo else {}
+    fresh = dict(zip(todo, embed(todo, progress=progress, backend=backend))) if todo else {}
     return np.stack([known[p] if p in known else fresh[p] for p in prompts])
 
 
@@ -354,7 +353,7 @@ def fit_prompt_stages(part: Trace, config: PlannerConfig, progress: bool = False
 
     patterns = normalise(expert_patterns(part, config.phase, config.weighted))
     prompts = [r.prompt for r in part.requests]
-    vectors = embed_prompts(prompts, embeddings, progress)
+    vectors = embed_prompts(prompts, config.embedding, embeddings, progress)
     oof = _out_of_fold(part, config, prompts, vectors, patterns)
     gate = ConfidenceGate.fit(oof.eam, oof.eap, oof.similarity, patterns)
     matcher = Matcher.build(vectors, patterns, config.neighbours, config.seed)

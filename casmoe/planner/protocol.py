@@ -148,7 +148,7 @@ def run(
     known: dict[str, np.ndarray] = {}  # every fit here embeds the same prompts: once
     if trace.has_prompts:
         prompts = sorted({r.prompt for r in trace.requests})
-        known = dict(zip(prompts, embed_prompts(prompts)))
+        known = dict(zip(prompts, embed_prompts(prompts, config.embedding)))
     for s in settings(trace, config, eval_traces, only):
         if s.planner_of not in planners:
             part = trace.subset(list(s.fit))

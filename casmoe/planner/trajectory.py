@@ -14,9 +14,18 @@ heaviest first), then every decode token. Two parts, both fitted on the planner'
   "expert e of layer l is routed in the next `horizon` decode tokens" on a handful of features of
   the state (`FEATURES`: recency of its last use at three time scales, its share of this
   request's decode uses, its prefill rank, the stream's access share so far, the prompt-level
-  cascade's score, the path match's score). The features carry the three stages' answers and
+  cascade's score, the path match's score, and the *transition* score: how often, in the fit
+  data, a decode token that routed the current token's experts of this layer was followed by
+  one routing this expert, `transitions`). The features carry the three stages' answers and
   the stream's own frequency, so the fitted weights *are* the gate: each signal counts as much
   as it measured on held-out fit data (trained on out-of-fold answers, never in-sample ones).
+
+The map is fitted where the policy uses it: an eviction during decode token t + 1, at a layer
+whose routed experts (of token t + 1) are known and protected, chooses among the others, so a
+training row is the state after token t, a candidate not routed by token t + 1 at its layer,
+and the label is its use in tokens t + 2 ... t + 1 + `horizon`. (Issue 23's data look,
+bench/bench_casmoe_evictions.py: without the current token's routing casmoe evicted experts
+the very next token routes more often than LFU did, 29 % of its victims against Belady's 4 %.)
 
 The casmoe policy evicts the lowest `scores(...)` and re-matches the path at a cadence. A trace
 without prompts is served by this stage alone (its prompt feature is the fit data's popularity).
@@ -36,7 +45,8 @@ from casmoe.trace import NOT_COMPUTED, Request, Trace, prefill_step
 
 FILE = "trajectory.npz"
 FEATURES = (
-    "recent_1", "recent_4", "recent_16", "request_share", "prefill", "stream", "recent_stream", "prompt", "path", "bias",
+    "recent_1", "recent_4", "recent_16", "request_share", "prefill", "stream", "recent_stream", "prompt", "path",
+    "transition", "bias",
 )
 TAUS = (1.0, 4.0, 16.0)
 STREAM_CARRY = 0.9
@@ -145,19 +155,41 @@ def prefetch_depth(scores: np.ndarray, confidence: float, slots: int) -> int:
     return int(min(slots, max(1, np.searchsorted(np.cumsum(p) / total, need) + 1)))
 
 
+def fit_transitions(uses: Sequence[np.ndarray]) -> np.ndarray:
+    """[L, E, E]: per layer, E x P(the next decode token routes e | this one routed c) - 1
+    (0 = no information), from consecutive decode tokens of the requests' `decode_uses`
+    (one count of smoothing per pair)."""
+    L, E = uses[0].shape[1:] if len(uses) else (0, 0)
+    counts = np.ones((L, E, E))
+    for u in uses:
+        if len(u) > 1:
+            a, b = u[:-1].astype(np.float32), u[1:].astype(np.float32)
+            counts += np.einsum("tlc,tle->lce", a, b)
+    return counts / counts.sum(axis=-1, keepdims=True) * E - 1.0
+
+
+def transition_scores(transitions: np.ndarray, current: np.ndarray) -> np.ndarray:
+    """[L, E]: each layer's mean `transitions` row over the experts `current` [L, E] (bool)
+    says the running token routed there; 0 for a layer with none known."""
+    cur = current.astype(np.float64)
+    n = cur.sum(axis=-1, keepdims=True)
+    return np.divide(np.einsum("lc,lce->le", cur, transitions), n, out=np.zeros(cur.shape), where=n > 0)
+
+
 def feature_stack(
     now: int, last: np.ndarray, uses: np.ndarray, prefill: np.ndarray, stream: np.ndarray, recent: np.ndarray,
-    prompt: np.ndarray, path: np.ndarray,
+    prompt: np.ndarray, path: np.ndarray, transition: np.ndarray | float = 0.0,
 ) -> np.ndarray:
     """Features [..., F] of experts in the state after decode token `now` (0-based; -1 right
     after prefill): `last` their last decode use (-1: only in prefill, -inf: never), `uses` their
     decode uses so far, `prefill` their prefill observation, `stream` and `recent` the stream's
     access share (x E; all of it, and decayed by `STREAM_CARRY` per request), `prompt` and
-    `path` the stages' scores (x E). All arrays broadcast together."""
+    `path` the stages' scores (x E), `transition` the `transition_scores` of the token now
+    running (0: none known). All arrays broadcast together."""
     age = now - last
     feats = [np.exp(-age / tau) for tau in TAUS]
     feats.append(uses / (now + 1.0) if now >= 0 else np.zeros_like(uses))
-    feats += [prefill, stream, recent, prompt, path, np.ones_like(prefill)]
+    feats += [prefill, stream, recent, prompt, path, np.asarray(transition, dtype=np.float64), np.ones_like(prefill)]
     return np.stack(np.broadcast_arrays(*feats), axis=-1)
 
 
@@ -168,13 +200,15 @@ def stream_share(counts: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Trajectory:
-    """Path matcher plus the learned map's weights (one per `FEATURES` entry)."""
+    """Path matcher, the fit data's decode transitions and the learned map's weights (one per
+    `FEATURES` entry)."""
 
     weights: np.ndarray  # [F]
     paths: PathMatcher
     popularity: np.ndarray  # [L, E] normalised: the prompt feature when there is no prompt stage
     horizon: int = 8
     cadence: int = 8
+    transitions: np.ndarray | None = None  # [L, E, E] (`fit_transitions`); None: files from before it
 
     def scores(self, feats: np.ndarray) -> np.ndarray:
         """Log-odds that each expert is used within the next `horizon` decode tokens."""
@@ -188,32 +222,40 @@ class Trajectory:
             np.savez(
                 fh, weights=self.weights, prefill_keys=p.prefill_keys, decode_keys=p.decode_keys, decode=p.decode,
                 popularity=self.popularity, settings=np.array([self.horizon, self.cadence, p.neighbours], np.int64),
+                **({} if self.transitions is None else {"transitions": self.transitions}),
             )
 
     @classmethod
     def load(cls, folder: Path, layers: int, experts: int) -> Trajectory:
         """Read and check `trajectory.npz` against the planner's geometry and itself (the three
-        path arrays hold the same stored requests): a PlannerError naming the file otherwise."""
+        path arrays hold the same stored requests): a PlannerError naming the file otherwise.
+        A file from before the transition feature loads with that feature's weight at 0."""
         from casmoe.npz import read_npz, require
         from casmoe.planner.config import PlannerError
 
         where = folder / FILE
         a = read_npz(where, PlannerError)
         n = len(a.get("decode", ()))
+        old = "transitions" not in a  # before the transition feature: one weight fewer
         got = {name: require(a, name, shape, kind, str(where), PlannerError) for name, shape, kind in (
-            ("weights", (len(FEATURES),), "f"), ("prefill_keys", (n, layers * experts), "f"),
+            ("weights", (len(FEATURES) - old,), "f"), ("prefill_keys", (n, layers * experts), "f"),
             ("decode_keys", (n, layers * experts), "f"), ("decode", (n, layers, experts), "f"),
-            ("popularity", (layers, experts), "f"), ("settings", (3,), "i"))}
+            ("popularity", (layers, experts), "f"), ("settings", (3,), "i"),
+            *(() if old else (("transitions", (layers, experts, experts), "f"),)))}
         horizon, cadence, neighbours = (int(x) for x in got["settings"])
         if horizon < 0 or cadence < 1 or neighbours < 1:
             raise PlannerError(f"{where}: settings horizon={horizon}, cadence={cadence}, neighbours={neighbours} "
                                "out of range (horizon >= 0, cadence and neighbours >= 1); refit")
         paths = PathMatcher(got["prefill_keys"], got["decode_keys"], got["decode"], neighbours)
-        return cls(got["weights"].astype(np.float64), paths, got["popularity"], horizon, cadence)
+        weights = got["weights"].astype(np.float64)
+        if old:
+            weights = np.insert(weights, FEATURES.index("transition"), 0.0)
+        return cls(weights, paths, got["popularity"], horizon, cadence, got.get("transitions"))
 
     def nbytes(self) -> int:
         p = self.paths
-        return int(p.prefill_keys.nbytes + p.decode_keys.nbytes + p.decode.nbytes + self.weights.nbytes)
+        extra = 0 if self.transitions is None else self.transitions.nbytes
+        return int(p.prefill_keys.nbytes + p.decode_keys.nbytes + p.decode.nbytes + self.weights.nbytes + extra)
 
 
 def after_prefill(traj: Trajectory, request: Request, geometry: Geometry, prompt: np.ndarray, stream: np.ndarray) -> np.ndarray:
@@ -240,20 +282,22 @@ def fit_trajectory(
     decodes = np.stack([u.sum(axis=0) for u in uses]).astype(np.float64)
     paths = PathMatcher.build(prefills, decodes, neighbours)
     popularity = _rows(decodes.mean(axis=0))
-    X, y = _training_rows(part, prefills, uses, paths, prompt_scores, popularity, horizon, cadence, seed)
+    transitions = fit_transitions(uses)
+    X, y = _training_rows(part, prefills, uses, paths, transitions, prompt_scores, popularity, horizon, cadence, seed)
     w = _logistic(X, y, l2) if horizon > 0 else _least_squares(X, y.astype(np.float64), l2)
-    return Trajectory(w, paths, popularity.astype(np.float32), horizon, cadence)
+    return Trajectory(w, paths, popularity.astype(np.float32), horizon, cadence, transitions.astype(np.float32))
 
 
 def _training_rows(
-    part: Trace, prefills: np.ndarray, uses: list[np.ndarray], paths: PathMatcher, prompt_scores: np.ndarray | None,
-    popularity: np.ndarray, horizon: int, cadence: int, seed: int,
+    part: Trace, prefills: np.ndarray, uses: list[np.ndarray], paths: PathMatcher, transitions: np.ndarray,
+    prompt_scores: np.ndarray | None, popularity: np.ndarray, horizon: int, cadence: int, seed: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(features [R, F], label [R]) over the stream: in the state after each decode token but
-    the last (and right after prefill), for the experts an eviction would choose among (each
-    layer's `2 k` most recently used over the stream, what an LRU cache of that size holds),
-    whether each is routed in the next `horizon` tokens. Tokens are subsampled to keep about
-    `MAX_ROWS` rows."""
+    """(features [R, F], label [R]) over the stream, as the module docstring says: in the
+    state after decode token t (-1: right after prefill) while token t + 1 runs, for the
+    experts an eviction would choose among (each layer's `2 k` most recently used over the
+    stream, what an LRU cache of that size holds, less those token t + 1 routes there),
+    whether each is routed in the `horizon` tokens after t + 1. Tokens are subsampled to
+    keep about `MAX_ROWS` rows."""
     g = part.geometry
     L, E = g.layers, g.experts
     held = min(2 * g.top_k, E)
@@ -276,7 +320,7 @@ def _training_rows(
             nxt = _next_use(u)
         tick += 1
         touched[pre > 0] = tick
-        for t in range(-1, len(u) - 1):  # the state after token t (-1: after prefill)
+        for t in range(-1, len(u) - 2):  # the state after token t (-1: after prefill); t + 1 runs
             if t >= 0:
                 last[u[t]] = t
                 count += u[t]
@@ -287,12 +331,17 @@ def _training_rows(
             if rng.random() < keep:
                 cand = np.argpartition(-touched, held - 1, axis=1)[:, :held]  # [L, held]
                 at = (rows_l, cand)
-                feats = feature_stack(t, last[at], count[at], pre[at], share[at], recent_share[at], prompt[at], path[at])
-                X.append(feats.reshape(-1, len(FEATURES)))
+                running = u[t + 1]
+                trans = transition_scores(transitions, running)
+                feats = feature_stack(
+                    t, last[at], count[at], pre[at], share[at], recent_share[at], prompt[at], path[at], trans[at]
+                )
+                free = ~running[at]  # the running token's experts are protected, not candidates
+                X.append(feats[free])
                 if horizon > 0:
-                    y.append(u[t + 1 : t + 1 + horizon].any(axis=0)[rows_l, cand].ravel())
+                    y.append(u[t + 2 : t + 2 + horizon].any(axis=0)[at][free])
                 else:  # -log(1 + tokens to the next use), 64 when none in this request
-                    y.append(-np.log1p(nxt[t + 1][rows_l, cand]).ravel())
+                    y.append(-np.log1p(nxt[t + 2][at][free]))
         counts = (pre > 0) + u.sum(axis=0)
         stream += counts
         recent = recent * STREAM_CARRY + counts

@@ -9,12 +9,15 @@ trajectory stage (casmoe/planner/trajectory.py) scores every resident by the log
 is routed within the next few decode tokens, from the current prompt-level prediction, the
 routing path match (re-matched after prefill and every `cadence` decode tokens, default the
 planner's), this request's own use (recency at three time scales, share of its decode tokens,
-prefill rank) and the stream's access share across requests (what LFU counts); the lowest is
-evicted, least recently used among equals. The weights were fitted on held-out fit data, so
+prefill rank), the stream's access share across requests (what LFU counts) and, during decode,
+which experts tend to follow the ones the running token has routed at this layer so far (the
+fit data's decode transitions); the lowest is evicted, least recently used among equals. The weights were fitted on held-out fit data, so
 a stale guess never outweighs the evidence the request shows. After prefill the policy tops
 up every layer with the re-matched prediction's best experts, as deep as the match is unsure
 (FineMoE's rule, `trajectory.prefetch_depth`), never evicting more than it brings in
-(`prefill_prefetch=False` turns it off). With `update=False`, or an oracle predictor, the
+(`prefill_prefetch=False` turns it off; `start_prefetch=False` turns off the request-start
+prefetch, leaving an eviction policy: on a link slower than the layers, prefetched copies
+delay the demand loads queued behind them). With `update=False`, or an oracle predictor, the
 prediction is fixed for the request and the lowest-scored resident is evicted (the static
 policy of the seed paper; that form has a compiled twin, `casmoe/compiled.py`). The
 updating form runs its Python hooks; it keeps one request's state, so run it at batch 1.
@@ -30,7 +33,7 @@ decode pattern: an oracle, so the policy then declares it reads the future) or
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -99,22 +102,28 @@ class CasMoE(ExpertCache):
 
     def __init__(
         self, *args, predictor: ExpertScorer, oracle: bool = False, trajectory: Trajectory | None = None,
-        cadence: int | None = None, prefill_prefetch: bool = True, **kw,
+        cadence: int | None = None, prefill_prefetch: bool = True, start_prefetch: bool = True, **kw,
     ) -> None:
         super().__init__(*args, **kw)
         self.predictor = predictor
         self.needs_future = oracle  # an oracle predictor reads the request's own routing
         self.trajectory = trajectory  # None: the static policy (fixed scores per request)
+        self.start_prefetch = start_prefetch
         g = self.geometry
         self._scores = np.zeros(g.total_experts)
         self._last: dict[ExpertId, int] = {}
         self._tick = 0
         self._prompt: str | None = None
         self._served = np.zeros(g.total_experts)  # routed uses seen while serving this request
+        self._routing: Sequence[ExpertId] = ()  # the running layer's routed experts
         if trajectory is not None:
             self.cadence = max(1, cadence or trajectory.cadence)
             self.prefill_prefetch = prefill_prefetch
             self._weights = trajectory.weights
+            from casmoe.planner.trajectory import FEATURES
+
+            w = float(trajectory.weights[FEATURES.index("transition")])
+            self._transition = None if trajectory.transitions is None or not w else w * np.asarray(trajectory.transitions, np.float64)
             self._stream = np.zeros(g.total_experts)  # accesses across requests (LFU's counts)
             self._recent = np.zeros(g.total_experts)  # the same, decayed per request
             self._confidence = 0.0
@@ -123,7 +132,7 @@ class CasMoE(ExpertCache):
 
     def runs_compiled(self) -> bool:
         """Only the static form is what the compiled twin computes."""
-        return self.trajectory is None
+        return self.trajectory is None and self.start_prefetch
 
     @classmethod
     def reads_future(cls, options: dict[str, Any]) -> bool:
@@ -177,6 +186,7 @@ class CasMoE(ExpertCache):
         update: bool = True,
         cadence: int | None = None,
         prefill_prefetch: bool = True,
+        start_prefetch: bool = True,
         seed: int = 0,
         **kw: Any,
     ) -> ExpertCache:
@@ -188,7 +198,10 @@ class CasMoE(ExpertCache):
         if planner is not None:
             pp = PlannerPredictor(planner, geometry)
             traj = pp.trajectory if update else None
-            return cls(geometry, capacity, predictor=pp, trajectory=traj, cadence=cadence, prefill_prefetch=prefill_prefetch, **kw)
+            return cls(
+                geometry, capacity, predictor=pp, trajectory=traj, cadence=cadence, prefill_prefetch=prefill_prefetch,
+                start_prefetch=start_prefetch, **kw,
+            )
         if callable(predictor):
             return cls(geometry, capacity, predictor=predictor, **kw)
         if predictor == "exact":
@@ -208,6 +221,8 @@ class CasMoE(ExpertCache):
         self._served[:] = 0
         if self.trajectory is not None:
             self._begin_state(request.prefill)
+        if not self.start_prefetch:
+            return []
         if cap.per_layer:
             top = np.argsort(-scores, axis=1, kind="stable")[:, : cap.slots]
             chosen = (top + (np.arange(g.layers) * g.experts)[:, None]).ravel()
@@ -339,4 +354,14 @@ class CasMoE(ExpertCache):
             scores = self._scores
             return min(candidates, key=lambda e: (scores[e], last[e]))
         scores = self._now_scores
+        if self._transition is not None and not self._in_prefill and self._routing:
+            E = self.geometry.experts
+            follow = self._transition[layer, [e % E for e in self._routing]].mean(axis=0)
+            return min(candidates, key=lambda e: (scores[e] + follow[e % E], last[e]))
         return min(candidates, key=lambda e: (scores[e], last[e]))
+
+    def route(self, step: int, layer: int, experts, scores: np.ndarray | None = None):
+        """The base class's accounting; the updating form first notes the layer's routed
+        experts, which its evictions read (the router has chosen them before any is loaded)."""
+        self._routing = experts
+        return super().route(step, layer, experts, scores)
