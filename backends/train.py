@@ -17,7 +17,10 @@ pair 37% of the time. Balanced per layer over a batch, a layer may still route b
 token of a text to the same experts); balanced per row, it must route by token. `--balance
 global` counts the loads over the last `balance_window` batches (Qwen's global-batch balance,
 arXiv 2501.11873) for models meant to keep a request on its experts; bench/RESULTS.md (issue 21)
-has what it did at 80 steps. DeepSeek-V3's auxiliary-loss-free bias is not offered: it biases
+has what it did. `--locality-coef` adds a named, training-time-only term
+(`routing_drift_loss`: the router probability mass that moves between consecutive tokens of a
+text) for routing that keeps consecutive tokens on their experts; `LOCALITY` says which shipped
+model uses it and bench/RESULTS.md measures it in the ablation. DeepSeek-V3's auxiliary-loss-free bias is not offered: it biases
 the router's scores for selection only, which transformers' Mixtral and OLMoE routers cannot
 hold, so such a model would not load in the classes the backend runs.
 """
@@ -40,6 +43,7 @@ from casmoe.backends.corpus import HELDOUT, TRAIN, CorpusEntry, load_corpus
 
 VOCAB_SIZE = 4096
 EOS = "<|endoftext|>"
+EOS_ID = 0  # the tokenizer's first special token; the config's bos/eos/pad id
 MODEL_FOLDER = "casmoe-tiny-model"
 """The kind of folder `train_tiny` writes (casmoe/folder.py), with config.json as its legacy marker."""
 
@@ -70,6 +74,9 @@ BALANCE = {"tiny-mixtral": Balance.SEQUENCE, "tiny-olmoe": Balance.BATCH}
 exact pair 26-31% of the time), so tiny-mixtral balances every row; tiny-olmoe's 64 experts
 balance over the batch, as Switch Transformer and OLMoE do, and keep their texts' topical experts."""
 
+LOCALITY = {"tiny-mixtral": 0.0, "tiny-olmoe": 0.0}
+"""Each shipped model's `routing_drift_loss` coefficient (0: not used)."""
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -85,6 +92,7 @@ class TrainSettings:
     balance: Balance | None = None  # None: the model's own (`BALANCE`)
     balance_window: int = 8  # Balance.GLOBAL: batches whose expert loads count together
     balance_coef: float | None = None  # None: the config's `router_aux_loss_coef`
+    locality_coef: float | None = None  # None: the model's own (`LOCALITY`); see `routing_drift_loss`
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,7 @@ def model_config(name: str, vocab_size: int = VOCAB_SIZE):
     cls_name, kwargs = TINY_MODELS[name]
     return getattr(transformers, cls_name)(
         vocab_size=vocab_size, max_position_embeddings=1024, tie_word_embeddings=True,
-        output_router_logits=True, bos_token_id=0, eos_token_id=0, pad_token_id=0, **kwargs)
+        output_router_logits=True, bos_token_id=EOS_ID, eos_token_id=EOS_ID, pad_token_id=EOS_ID, **kwargs)
 
 
 def pack(tokenizer, prompts: list[CorpusEntry], seq_len: int):
@@ -202,6 +210,33 @@ def layer_balance_loss(router_logits, top_k: int, sequences: int = 1, loads=None
     return torch.stack(losses).mean()
 
 
+def routing_drift_loss(router_logits, rows) -> Any:
+    """How far each token's router distribution moves from the previous token's: the total
+    variation 1/2 * sum_e |p_t(e) - p_t-1(e)| (the router probability mass that must move, in
+    [0, 1]), averaged over MoE layers and over the consecutive pairs of each row that lie in one
+    document (a pair whose earlier token is EOS starts a new text and is not counted).
+
+    Why a model is trained with it (`TrainSettings.locality_coef`, `--locality-coef`): a tiny
+    model's router reads a residual stream dominated by the current token's embedding, so it
+    routes by token, and consecutive tokens keep no more experts than the request's own mix in
+    shuffled order would (bench/RESULTS.md, issue 21), where real MoEs repeat their experts over
+    consecutive tokens well above that (Mixtral, arXiv 2401.04088 section 5; the local routing
+    consistency of arXiv 2505.16056). The term rewards a router that follows the context, the
+    temporal counterpart of the cross-layer coupling loss of arXiv 2602.14159 (which rewards
+    adjacent *layers* for agreeing on experts). It is training-time only: the model stays a plain
+    transformers Mixtral/OLMoE at inference, and its routing is whatever the router learned."""
+    import torch
+
+    batch, seq = rows.shape
+    same_text = (rows[:, :-1] != EOS_ID).float()  # [B, T-1]: pair (t-1, t) inside one document
+    drifts = []
+    for z in router_logits:  # [B * T, E] per MoE layer
+        p = torch.softmax(z.float(), dim=-1).view(batch, seq, -1)
+        tv = 0.5 * (p[:, 1:] - p[:, :-1]).abs().sum(-1)  # [B, T-1]
+        drifts.append((tv * same_text).sum() / same_text.sum().clamp(min=1.0))
+    return torch.stack(drifts).mean()
+
+
 def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress: bool = False,
         desc: str = "train") -> list[float]:
     """AdamW with warmup and cosine decay on random batches of packed rows. The loss is the
@@ -215,6 +250,7 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
     coef = getattr(model.config, "router_aux_loss_coef", 0.0) if model.config.output_router_logits else 0.0
     if settings.balance_coef is not None and model.config.output_router_logits:
         coef = settings.balance_coef
+    locality = settings.locality_coef or 0.0
     top_k = model.config.num_experts_per_tok
     window: deque = deque(maxlen=settings.balance_window)  # Balance.GLOBAL: recent [L, E] counts
 
@@ -227,7 +263,7 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, settings)
         x = rows[torch.from_numpy(rng.integers(0, len(rows), size=settings.batch))]
-        out = model(input_ids=x, output_router_logits=bool(coef))
+        out = model(input_ids=x, output_router_logits=bool(coef or locality))
         logits = out.logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                                  x[:, 1:].reshape(-1))
@@ -239,6 +275,8 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
         elif coef:
             loss = loss + coef * layer_balance_loss(out.router_logits, top_k,
                                                     sequences=len(x) if settings.balance is Balance.SEQUENCE else 1)
+        if locality:
+            loss = loss + locality * routing_drift_loss(out.router_logits, x)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -258,7 +296,8 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
     from casmoe.folder import check_folder_target, write_folder
 
     check_folder_target(out_dir, MODEL_FOLDER, "output folder", marker="config.json")  # before the training
-    settings = replace(settings, balance=settings.balance or BALANCE[name])
+    settings = replace(settings, balance=settings.balance or BALANCE[name],
+                       locality_coef=LOCALITY[name] if settings.locality_coef is None else settings.locality_coef)
     torch.manual_seed(settings.seed)
     torch.set_num_threads(settings.threads)
     rng = np.random.default_rng(settings.seed)

@@ -93,6 +93,10 @@ def train_tiny(
                                                  "--balance global (default 8)."),
     balance_coef: Optional[float] = typer.Option(None, min=0.0, help="Load-balancing loss "
                                                  "coefficient (default: the model's config)."),
+    locality_coef: Optional[float] = typer.Option(None, min=0.0, help="Coefficient of the routing "
+                                                  "drift term (total variation between consecutive "
+                                                  "tokens' router distributions; default: the "
+                                                  "shipped model's)."),
 ) -> None:
     """Train a shipped tiny MoE model from random init on the corpus (seeded; prints the
     held-out perplexity and writes it to OUT/train.json)."""
@@ -119,5 +123,7 @@ def train_tiny(
         settings = replace(settings, balance_window=balance_window)
     if balance_coef is not None:
         settings = replace(settings, balance_coef=balance_coef)
+    if locality_coef is not None:
+        settings = replace(settings, locality_coef=locality_coef)
     result = run_train(name, out or data_dir() / "models" / name, settings, corpus=corpus)
     print(json.dumps(result.to_dict(), indent=2))

@@ -112,3 +112,27 @@ def test_global_balance_trains() -> None:
                              balance_window=3, balance_coef=0.05)
     losses = fit(transformers.OlmoeForCausalLM(config), rows, settings, np.random.default_rng(0))
     assert len(losses) == 6 and all(np.isfinite(losses))
+
+
+def test_routing_drift_is_the_moved_probability_mass_within_a_text() -> None:
+    """Closed forms: a row routed the same way throughout drifts 0; a row alternating between
+    two disjoint one-hot routings drifts 1 per pair; a pair whose earlier token is EOS (a new
+    text in the packed stream) is not counted."""
+    from casmoe.backends.train import EOS_ID, routing_drift_loss
+
+    E, T = 4, 6
+    rows = torch.full((1, T), 7)
+    steady = torch.zeros(T, E)
+    steady[:, 1] = 30.0
+    assert float(routing_drift_loss((steady,), rows)) == pytest.approx(0.0, abs=1e-6)
+    flip = torch.zeros(T, E)
+    flip[0::2, 0] = 30.0
+    flip[1::2, 2] = 30.0
+    assert float(routing_drift_loss((flip, steady), rows)) == pytest.approx(0.5, abs=1e-6)  # layer mean
+    ends = rows.clone()
+    ends[0, [0, 2, 4]] = EOS_ID  # pairs (0,1), (2,3), (4,5) start at an EOS: not counted
+    blocks = torch.zeros(T, E)
+    blocks[[0, 1, 4, 5], 0] = 30.0
+    blocks[[2, 3], 3] = 30.0  # only the counted pairs (1,2), (3,4) change experts
+    assert float(routing_drift_loss((blocks,), ends)) == pytest.approx(1.0, abs=1e-6)
+    assert float(routing_drift_loss((blocks,), rows)) == pytest.approx(0.4, abs=1e-6)  # 2 of 5
