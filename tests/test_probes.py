@@ -105,12 +105,13 @@ def _edit_json(change):
     return damage
 
 
-def _other_fit(name: str):
-    """The file of the same name from another fit (other keys, other patterns)."""
+def _other_fit(name: str, build=None):
+    """The file of the same name from another fit (other keys, other patterns) of the planner
+    kind `build` makes (default: `planner`)."""
 
     def damage(path: Path) -> None:
         other = path.parent.parent / "other"
-        planner(seed=1, prompts=7).save(other)
+        (build or planner)(seed=1, prompts=7).save(other)
         shutil.copy(other / name, path)
 
     return damage
@@ -211,15 +212,6 @@ def _edit_npz(name: str, change):
     return damage
 
 
-def _other_fit_v2(name: str):
-    def damage(path: Path) -> None:
-        other = path.parent.parent / "other"
-        planner_v2(seed=1, prompts=7).save(other)
-        shutil.copy(other / name, path)
-
-    return damage
-
-
 DAMAGE_V2 = {
     "eap_linear.npz truncated": ("eap_linear.npz", _truncate),
     "eap_linear.npz corrupt": ("eap_linear.npz", _scramble),
@@ -230,7 +222,7 @@ DAMAGE_V2 = {
     "eap_linear.npz integer weights": ("eap_linear.npz", _edit_npz("weights", lambda w: w.astype(np.int32))),
     "trajectory.npz truncated": ("trajectory.npz", _truncate),
     "trajectory.npz corrupt": ("trajectory.npz", _scramble),
-    "trajectory.npz of another fit": ("trajectory.npz", _other_fit_v2("trajectory.npz")),
+    "trajectory.npz of another fit": ("trajectory.npz", _other_fit("trajectory.npz", planner_v2)),
     "trajectory.npz weights of another feature set": ("trajectory.npz", _edit_npz("weights", lambda w: w[:-1])),
     "trajectory.npz paths of different requests": ("trajectory.npz", _edit_npz("decode_keys", lambda k: k[:-1])),
     "trajectory.npz popularity of another geometry": ("trajectory.npz", _edit_npz("popularity", lambda p: p[:-1])),
