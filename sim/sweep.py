@@ -205,6 +205,7 @@ def run_point(point: Point, timeline: Timeline | None = None) -> dict[str, Any]:
     if point.workload is None:
         per_device = devices > 1 and not capacity.per_layer
         plan = _plan(point.trace, point.trace_digest, point.requests, point.batch, devices, per_device, point.gating)
+        trace = plan.trace  # the object the plan was built on: the two caches let their entries go apart
     result = simulate(
         trace,
         get_policy(point.policy.name),

@@ -334,3 +334,16 @@ def test_plots_in_the_background_wait_or_none(tmp_path):
     proc = casmoe(*args[:-1], "none", "--plots", "none", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert not list((tmp_path / "none").glob("*.png")) and (tmp_path / "none" / "results.csv").exists()
+
+
+def test_a_point_runs_after_the_trace_cache_let_its_trace_go(tmp_path):
+    """The per-process caches of traces and step plans evict apart (in-process callers run many
+    points): a plan whose trace object the trace cache has let go must still run its point."""
+    import casmoe.sim.sweep as sweep
+
+    (tmp_path / "g.toml").write_text(f'traces = ["{TRACE}"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4"]\n'
+                                     'policies = ["lru"]\ncapacities = [4]\nrequests = 2\n')
+    (point,) = Grid.from_toml(tmp_path / "g.toml").points()
+    first = sweep.run_point(point)
+    sweep._load_trace.cache_clear()  # a new trace object for the same key; the plan cache keeps the old one
+    assert sweep.run_point(point)["decode_tokens_per_s"] == first["decode_tokens_per_s"]
