@@ -158,11 +158,16 @@ bytes changed inside the data): only the manifest's hashes can tell."""
 def test_a_damaged_planner_folder_is_refused_naming_the_file(folder, case, legacy):
     """With a manifest, the hash check names the file; without one (a folder from before
     manifests, or a user who deleted it), each component's own check does."""
+    _refused_naming_the_file(folder, *DAMAGE[case], legacy, case in MANIFEST_ONLY)
+
+
+def _refused_naming_the_file(folder: Path, name: str, damage, legacy: bool, manifest_only: bool) -> None:
+    """Damage `name` in `folder` (and drop the manifest when `legacy`): loading must refuse it in
+    one line naming the file."""
     from casmoe.planner import PlannerError
 
-    if legacy and case in MANIFEST_ONLY:
+    if legacy and manifest_only:
         pytest.skip("same shapes and headers: only the manifest's hashes can tell")
-    name, damage = DAMAGE[case]
     damage(folder / name)
     if legacy:
         (folder / "manifest.json").unlink()
@@ -260,18 +265,7 @@ def test_a_saved_v2_planner_round_trips(folder_v2):
 def test_a_damaged_v2_planner_folder_is_refused_naming_the_file(folder_v2, case, legacy):
     """The ridge predictor's and the trajectory stage's files, checked on load like the others:
     by the manifest's hashes, and without one by their own shape, type and range checks."""
-    from casmoe.planner import PlannerError
-
-    if legacy and case in MANIFEST_ONLY_V2:
-        pytest.skip("same shapes and headers: only the manifest's hashes can tell")
-    name, damage = DAMAGE_V2[case]
-    damage(folder_v2 / name)
-    if legacy:
-        (folder_v2 / "manifest.json").unlink()
-    with pytest.raises(PlannerError) as info:
-        _load(folder_v2)
-    message = str(info.value)
-    assert name in message and "\n" not in message, message
+    _refused_naming_the_file(folder_v2, *DAMAGE_V2[case], legacy, case in MANIFEST_ONLY_V2)
 
 
 def test_a_damaged_folder_is_one_line_in_the_cli(folder, tmp_path, monkeypatch, capsys):
