@@ -19,7 +19,9 @@ parts, and nothing outside the policy reads its fields:
 - `twin_state()`: the settings that branch reads (a next-layer budget, a lookahead, pinned
   experts) and any array of the policy's own that the kernel fills (`TwinState`);
 - `twin_request_key()`: after the policy's own `prefetch_request`, the victim order for the
-  request (casmoe's scores), if its branch orders by one.
+  request (casmoe's scores), if its branch orders by one;
+- `twin_request_guesses()`: after it, the experts the policy prefetches before each of the
+  request's visits, as a table it reads itself (speculative's guesses), if it prefetches so.
 
 The compiled run hands the counters back through `take_stats`. Adding a built-in policy is its
 module plus its name in `casmoe/policies/registry.py`; to compile it, one `Kind` and one branch
@@ -189,6 +191,33 @@ class TwinState(NamedTuple):
     lookahead: int = 0  # tokens of future routing an expert's priority counts (sch's m)
     pinned: tuple[ExpertId, ...] = ()  # evicted only when nothing else is evictable (static)
     served: np.ndarray | None = None  # float64 [L x E] of the policy's own, + 1 per routed use (casmoe)
+    guess_rows: int = 0  # most rows of a request's `twin_request_guesses` table; 0: no table (speculative)
+    guess_ids: int = 0  # most ids in one such table
+    guess_width: int = 0  # most experts one row guesses
+
+    @property
+    def per_visit(self) -> int:
+        """Most prefetches the branch issues before one visit (for sizing the decision log)."""
+        return self.next_layer_budget + self.guess_width
+
+
+class Guesses(NamedTuple):
+    """The experts a policy prefetches before each visit of one request (`twin_request_guesses`):
+    row `j * L + layer`, for `layer` of the request's `j`-th step, holds the local ids
+    `ids[ptr[row]:ptr[row + 1]]`, best first; `j` counts from the first step a guess is read at."""
+
+    ptr: np.ndarray  # int64 [steps * L + 1]
+    ids: np.ndarray  # int64 [guesses]
+
+    @property
+    def rows(self) -> int:
+        return len(self.ptr) - 1
+
+
+def beyond_guesses(name: str, step: int) -> PolicyError:
+    """A step past the running request's `Guesses` (another request's, or a prompt split into
+    chunks): the error both runtimes of such a policy raise."""
+    return PolicyError(f"{name}: step {step} lies beyond its request's steps (one request at a time, whole prefills)")
 
 
 class _Candidates:
@@ -294,6 +323,11 @@ class ExpertCache:
     def twin_request_key(self) -> np.ndarray | None:
         """In a compiled run, after this policy's `prefetch_request`: the key [L x E] its
         branch orders this request's victims by, or None when the branch keeps its own."""
+        return None
+
+    def twin_request_guesses(self) -> Guesses | None:
+        """In a compiled run, after this policy's `prefetch_request`: the experts its branch
+        prefetches before each visit of this request, or None when it guesses nothing."""
         return None
 
     def take_stats(self, stats: CacheStats) -> None:

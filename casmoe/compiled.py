@@ -5,8 +5,10 @@ declare its own (a user's `HotNextLayer(LRU)`), or any other policy, runs the Py
 unchanged. This module names no policy: it reads the declaration and the policy's `twin_state`.
 The per-access work (route, admit, evict, the policy's bookkeeping and victim) runs compiled;
 the per-request hooks stay the policy's own Python methods, called between kernel calls:
-`prefetch_request` (a planner's prediction) and `on_request_end` (its online update), which
-reads the array of its own it handed the kernel to fill (`TwinState.served`).
+`prefetch_request` (a planner's prediction), with the table of per-visit guesses the policy
+reads itself (`twin_request_guesses`, copied into the kernel's buffers), and `on_request_end`
+(its online update), which reads the array of its own it handed the kernel to fill
+(`TwinState.served`).
 
 After a compiled replay the cache object's counters (`stats()`) are the run's; its residency
 and policy order are not mirrored back, so a compiled replay needs a fresh cache and leaves
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from casmoe.cache import CacheStats, ExpertCache, MissMode, PolicyError
+from casmoe.cache import CacheStats, ExpertCache, MissMode, PolicyError, beyond_guesses
 from casmoe.kernels.kinds import READS_USES
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import Request, Trace
@@ -64,14 +66,22 @@ class Twin:
         self.mc = _machine(km, cache, arrays, log_rows, decide)
 
     def begin(self, request: Request) -> None:
-        self.km.begin_request(self.mc, _prefetch_request(self.cache, request, self.mc))
+        self.km.begin_request(self.mc, _prefetch_request(self.km, self.cache, request, self.mc))
 
     def run(self, first: int, last: int, marks: np.ndarray = _NO_MARKS) -> None:
         self.km.replay_steps(self.mc, self.arrays.visit_ptr, self.arrays.experts, first, last, marks)
+        self.check()
 
     def end(self) -> None:
+        self.check()
         self.km.end_request(self.mc)
         self.cache.on_request_end()
+
+    def check(self) -> None:
+        """Raise what the Python policy raised where the kernel read past a request's guesses."""
+        over = int(self.mc.reg[self.km.R_GUESS_OVER])
+        if over >= 0:
+            raise beyond_guesses(self.cache.name, over)
 
     def sync(self) -> None:
         """The run's counters into the cache object (its `stats()`)."""
@@ -82,9 +92,9 @@ def replay_compiled(trace: Trace, cache: ExpertCache, arrays: StepArrays, log: l
     """The counts `casmoe.replay.replay` gives, from the twin; `log` (a list) receives the
     decision rows `(what, expert, slot or stand-in, victim)` of `cache_machine.LOG_*`."""
     N = cache.geometry.total_experts
-    budget = cache.twin_state().next_layer_budget
+    budget = cache.twin_state().per_visit
     # decisions are at most: a demand load or a stand-in and its background load per access,
-    # the next-layer budget per visit, and every expert per request start
+    # the per-visit prefetches (next-layer budget, guesses), and every expert per request start
     rows = 2 * arrays.accesses + budget * (len(arrays.visit_ptr) - 1) + N * len(arrays.first_step)
     twin = Twin(cache, arrays, log_rows=rows if log is not None else 0)
     begins: dict[int, list[int]] = {}
@@ -112,7 +122,7 @@ def replay_compiled(trace: Trace, cache: ExpertCache, arrays: StepArrays, log: l
     return cache.stats()
 
 
-def _prefetch_request(cache: ExpertCache, request: Request, mc) -> np.ndarray:
+def _prefetch_request(km, cache: ExpertCache, request: Request, mc) -> np.ndarray:
     """The policy's own `prefetch_request` answer, checked, with the state it set for the kernel."""
     N = cache.geometry.total_experts
     experts = np.asarray(cache.prefetch_request(cache.request_view(request)), dtype=np.int64).ravel()
@@ -121,7 +131,27 @@ def _prefetch_request(cache: ExpertCache, request: Request, mc) -> np.ndarray:
     key = cache.twin_request_key()
     if key is not None:
         mc.key[:] = key  # the victim order of this request
+    if mc.cfg[km.C_GUESSES]:
+        _load_guesses(km, cache, mc)
     return experts
+
+
+def _load_guesses(km, cache: ExpertCache, mc) -> None:
+    """The running request's guess table (`twin_request_guesses`), checked, into the kernel's buffers."""
+    reg = mc.reg
+    reg[km.R_GUESS_ROWS], reg[km.R_GUESS_FIRST] = -1, -1
+    guesses = cache.twin_request_guesses()
+    if guesses is None:
+        return
+    ptr, ids = np.asarray(guesses.ptr, np.int64), np.asarray(guesses.ids, np.int64)
+    n = int(ptr[-1])
+    fits = len(ptr) <= len(mc.guess_ptr) and n <= min(len(mc.guess_ids), len(ids))
+    if not fits or (n and not 0 <= int(ids[:n].min()) <= int(ids[:n].max()) < cache.geometry.experts):
+        raise PolicyError(f"{type(cache).__name__}.twin_request_guesses: a table larger than its twin_state declares, "
+                          "or ids outside a layer")  # numba does not bounds-check
+    mc.guess_ptr[: len(ptr)] = ptr
+    mc.guess_ids[:n] = ids[:n]
+    reg[km.R_GUESS_ROWS] = len(ptr) - 1
 
 
 def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: bool):
@@ -130,7 +160,7 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
     pools = cache.pools
     kind = type(cache).twin_kind()
     state = cache.twin_state()
-    cfg = np.zeros(11, np.int64)
+    cfg = np.zeros(12, np.int64)
     cfg[[km.C_E, km.C_L, km.C_SLOTS, km.C_PER_LAYER, km.C_KIND, km.C_MISS, km.C_KEEPS]] = (
         E, L, slots, cap.per_layer, kind, _MISS[cache.miss_mode], cache.keeps_experts,
     )
@@ -138,6 +168,7 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
     cfg[km.C_SCH_M] = state.lookahead
     cfg[km.C_LOG] = log_rows > 0
     cfg[km.C_DECIDE] = decide
+    cfg[km.C_GUESSES] = state.guess_rows > 0
     free = np.array([list(reversed(range(p * slots, (p + 1) * slots))) for p in range(pools)], np.int64)
     pinned = np.zeros(N, np.bool_)
     if state.pinned:
@@ -145,7 +176,7 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
     use_ptr, use_visit = arrays.uses(N) if kind in READS_USES else (np.zeros(N + 1, np.int64), np.zeros(0, np.int64))
     return km.Machine(
         cfg=cfg,
-        reg=np.zeros(7, np.int64),
+        reg=np.array([0] * km.R_GUESS_ROWS + [-1, -1, -1], np.int64),
         n=np.zeros(13, np.int64),
         slot_of=np.full(N, -1, np.int64),
         slot_expert=np.full(pools * slots, -1, np.int64),
@@ -170,5 +201,7 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
         tail=np.zeros(E, np.int64),
         was_absent=np.zeros(E, np.bool_),
         next_order=np.arange(N, dtype=np.int64).reshape(L, E),
+        guess_ptr=np.zeros(state.guess_rows + 1, np.int64),
+        guess_ids=np.zeros(state.guess_ids, np.int64),
         log=np.zeros((log_rows, 4), np.int64),
     )

@@ -256,7 +256,7 @@ class ServingPass:
         self.L = g.layers
         one, none = np.zeros(1, np.int64), np.zeros(0, np.int64)
         empty = StepArrays(g.layers, one, none, none, none, none, np.zeros(0, np.bool_))
-        self.budget = shard.cache.twin_state().next_layer_budget * g.layers
+        self.budget = shard.cache.twin_state().per_visit * g.layers
         rows = g.total_experts * (max_batch + 2) + self.budget
         self.twin = Twin(shard.cache, empty, log_rows=rows, decide=True)
         self.st = _state(tk, machine, setup, empty)

@@ -87,7 +87,7 @@ class CompiledDecider:
         L = cache.geometry.layers
         ptr = arrays.visit_ptr
         per_chunk = max((int(ptr[min(c + chunk_steps, arrays.steps) * L] - ptr[c * L]) for c in range(0, arrays.steps, chunk_steps)), default=0)
-        budget = cache.twin_state().next_layer_budget
+        budget = cache.twin_state().per_visit
         starts_per_chunk = max(np.bincount(arrays.first_step[arrays.first_step >= 0] // chunk_steps).max(initial=0), 0)
         # a demand load (or a host-computed miss) per access, the next-layer budget per visit,
         # every expert per request start

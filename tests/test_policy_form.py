@@ -36,9 +36,17 @@ def test_a_built_in_policy_is_its_own_module(name):
     assert defined == [cls], f"{module.__name__} defines {defined}"
 
 
-PYTHON_ONLY = ("speculative", "moe-infinity", "least-stale", "n-cpu-moe", "ktransformers")
+PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers")
 """Built-in policies without a compiled twin (issue 22): they run their Python hooks everywhere
 (a placement decides nothing per step: it has no victim to choose)."""
+
+
+def test_options_a_twin_cannot_mirror_run_in_python():
+    """speculative's deeper guesses learn as the request runs: that form has no twin."""
+    from casmoe.compiled import has_twin
+
+    g = Geometry(3, 4, 2, hidden=8, intermediate=4)
+    assert has_twin(POLICIES["speculative"](g, 2)) and not has_twin(POLICIES["speculative"](g, 2, ahead=2))
 
 
 @pytest.mark.parametrize("name", PYTHON_ONLY)

@@ -26,13 +26,16 @@ import numpy as np
 from casmoe.kernels.kinds import Kind
 
 # policy kinds, as the policies declare them (`kinds.Kind`): how `_victim_key` orders candidates
-LRU, STATIC, LFU, BELADY, SCH, CASMOE = map(int, (Kind.LRU, Kind.STATIC, Kind.LFU, Kind.BELADY, Kind.SCH, Kind.CASMOE))
+LRU, STATIC, LFU, BELADY, SCH, CASMOE, LEAST_STALE = map(
+    int, (Kind.LRU, Kind.STATIC, Kind.LFU, Kind.BELADY, Kind.SCH, Kind.CASMOE, Kind.LEAST_STALE))
 # miss modes, as `casmoe.cache.MissMode`
 LOAD, SUBSTITUTE, CPU = range(3)
 # cfg slots
-C_E, C_L, C_SLOTS, C_PER_LAYER, C_KIND, C_MISS, C_KEEPS, C_NEXT_LAYER_BUDGET, C_SCH_M, C_LOG, C_DECIDE = range(11)
-# reg slots (mutable scalars)
-R_TICK, R_STEP, R_LAYER, R_NPROT, R_LIVE, R_LOG, R_ISSUED = range(7)
+(C_E, C_L, C_SLOTS, C_PER_LAYER, C_KIND, C_MISS, C_KEEPS, C_NEXT_LAYER_BUDGET, C_SCH_M, C_LOG, C_DECIDE,
+ C_GUESSES) = range(12)
+# reg slots (mutable scalars); R_GUESS_*: the running request's guess table (speculative): its
+# rows (-1: none), the step its first guess was read at (-1: not yet), a step beyond it (-1: none)
+R_TICK, R_STEP, R_LAYER, R_NPROT, R_LIVE, R_LOG, R_ISSUED, R_GUESS_ROWS, R_GUESS_FIRST, R_GUESS_OVER = range(10)
 # counters, in the field order of `casmoe.cache.CacheStats`
 (N_ACCESSES, N_HITS, N_LATE, N_MISSES, N_COLD, N_SUBS, N_CPU, N_DEMAND, N_PREFETCH, N_USED, N_WASTED,
  N_EVICTIONS, N_BYTES) = range(13)
@@ -60,8 +63,8 @@ class Machine(NamedTuple):
     stale, so after a rename every checkout with a warm cache fails with AttributeError until its
     `__pycache__/*.nbi` files are deleted (tried: bench/RESULTS.md, issue 20)."""
 
-    cfg: np.ndarray  # int64 [11], the C_* settings
-    reg: np.ndarray  # int64 [7], the R_* scalars
+    cfg: np.ndarray  # int64 [12], the C_* settings
+    reg: np.ndarray  # int64 [10], the R_* scalars
     n: np.ndarray  # int64 [13], the counters
     slot_of: np.ndarray  # int64 [N], -1 when not resident
     slot_expert: np.ndarray  # int64 [S], -1 for a free slot
@@ -86,6 +89,8 @@ class Machine(NamedTuple):
     tail: np.ndarray  # int64 [E]: scratch of `route`
     was_absent: np.ndarray  # bool [E]: scratch of `route`
     next_order: np.ndarray  # int64 [L, E]: semoe's experts of each layer by (-uses, id), kept sorted
+    guess_ptr: np.ndarray  # int64 [rows + 1]: the running request's guesses, row j * L + layer (speculative)
+    guess_ids: np.ndarray  # int64 [ids]: their local expert ids, best first
     log: np.ndarray  # int64 [rows, 4]: the decisions, when cfg[C_LOG]
 
 
@@ -148,6 +153,9 @@ def _victim_key(mc, expert):
         L = mc.cfg[C_L]
         horizon = (now // L + mc.cfg[C_SCH_M]) * L - 1
         return float(_uses_upto(mc, expert, horizon) - _uses_upto(mc, expert, now)), mc.last[expert]
+    if kind == LEAST_STALE:  # least_stale.py: most layers until its next turn, then least recently used
+        L = mc.cfg[C_L]
+        return -float((expert // mc.cfg[C_E] - mc.reg[R_LAYER] - 1) % L + 1), mc.last[expert]
     return mc.key[expert], mc.last[expert]  # casmoe.py: lowest score, then least recently touched
 
 
@@ -303,6 +311,31 @@ def _next_layer_prefetch(mc, layer):
 
 
 @_kernel
+def _guess_prefetch(mc, step, layer):
+    """speculative.py `prefetch_layer`: the running request's guess for this visit (its table's
+    row for the request's step, counted from the first step a guess was read at); a guessed
+    resident counts as just used before the absent ones load."""
+    rows = mc.reg[R_GUESS_ROWS]
+    if rows < 0 or layer == 0:
+        return
+    if mc.reg[R_GUESS_FIRST] < 0:
+        mc.reg[R_GUESS_FIRST] = step
+    row = (step - mc.reg[R_GUESS_FIRST]) * mc.cfg[C_L] + layer
+    if row >= rows:  # the Python policy raises; the driver does, after this call
+        if mc.reg[R_GUESS_OVER] < 0:
+            mc.reg[R_GUESS_OVER] = step
+        return
+    base = layer * mc.cfg[C_E]
+    lo, hi = mc.guess_ptr[row], mc.guess_ptr[row + 1]
+    for i in range(lo, hi):
+        e = base + mc.guess_ids[i]
+        if mc.slot_of[e] >= 0:
+            _touch(mc, e, False)
+    for i in range(lo, hi):
+        _prefetch_one(mc, base + mc.guess_ids[i])
+
+
+@_kernel
 def route(mc, step, layer, experts):
     """cache.py `route`: count hits, protect, then serve the misses in routing order."""
     if mc.reg[R_LIVE] > 0:  # the previous layer is done
@@ -438,11 +471,14 @@ def replay_steps(mc, visit_ptr, visit_experts, first, last, marks):
             i = v - first * L
             if record:
                 marks[i, M_PRE] = mc.reg[R_LOG]
-            if mc.cfg[C_NEXT_LAYER_BUDGET] > 0:  # before_layer
+            if mc.cfg[C_NEXT_LAYER_BUDGET] > 0 or mc.cfg[C_GUESSES]:  # before_layer
                 _release(mc)
                 mc.reg[R_STEP] = s
                 mc.reg[R_LAYER] = layer
-                _next_layer_prefetch(mc, layer)
+                if mc.cfg[C_GUESSES]:
+                    _guess_prefetch(mc, s, layer)
+                else:
+                    _next_layer_prefetch(mc, layer)
                 if not decide:
                     land(mc)
             hits, late = mc.n[N_HITS], mc.n[N_LATE]

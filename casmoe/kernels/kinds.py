@@ -16,12 +16,13 @@ import enum
 class Kind(enum.IntEnum):
     """How the kernel orders a pool's candidates for eviction (smallest key first)."""
 
-    LRU = 0  # least recently used (lru, ondemand, semoe)
+    LRU = 0  # least recently used (lru, ondemand, semoe, speculative)
     STATIC = 1  # unpinned first, then least recently used
     LFU = 2  # least used, then least recently touched
     BELADY = 3  # farthest next use, then lowest id
     SCH = 4  # fewest uses in the lookahead window, then least recently used
     CASMOE = 5  # lowest predicted score, then least recently touched
+    LEAST_STALE = 6  # most layers until its next turn, then least recently used
 
 
 READS_USES = frozenset({Kind.BELADY, Kind.SCH})

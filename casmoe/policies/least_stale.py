@@ -17,17 +17,23 @@ layer waits L layers, one of the layer just left L - 1, one of the next layer 1)
 recently used among equals. With per-layer pools (`--capacity`) every candidate shares one layer, so the policy is
 LRU there; it differs in a pool shared by layers (`--global-capacity`), the paper's setting.
 
+The compiled twin (`Kind.LEAST_STALE`) orders candidates by (-turn, last use): a victim is
+only ever chosen while `route` runs (the policy prefetches nothing), so `visit` is the running
+layer's in both paths.
+
 Not modelled: SpecMD's prefetchers and its hardware model (casmoe's simulator prices time).
 """
 
 from __future__ import annotations
 
 from casmoe.geometry import ExpertId
+from casmoe.kernels.kinds import Kind
 from casmoe.policies.lru import LRU
 
 
 class LeastStale(LRU):
     name = "least-stale"
+    compiled_kind = Kind.LEAST_STALE
 
     def victim(self, layer: int, candidates) -> ExpertId:
         g = self.geometry

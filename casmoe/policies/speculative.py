@@ -20,6 +20,11 @@ through the model's layer-to-layer transitions: counts of (expert at layer j, ex
 j+1) over the decode tokens served so far, learned online (no future is read); the `experts`
 most co-routed with the previous depth's guess are fetched.
 
+Both runtimes read the guesses from one table per request (`_guesses`, a CSR over the
+request's (step, layer) visits), built when the request starts: the Python hook reads its row,
+and the compiled twin (`Kind.LRU` with `TwinState.guess_rows`) gets the same table. Deeper
+guesses (`ahead` > 1) learn as the request runs, so that form runs only in Python.
+
 Not modelled: Mixtral-Offloading's mixed quantisation and its per-layer LRU of fixed size (the
 slot count here is `--capacity`), Pre-gated MoE's retrained pre-gate (its accuracy differs from
 this recorded signal), and guessing layer l+1 *while* layer l's experts run (that needs layer
@@ -32,14 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from casmoe.cache import CacheConfigError, ExpertCache, PolicyError
+from casmoe.cache import CacheConfigError, ExpertCache, Guesses, TwinState, beyond_guesses
 from casmoe.geometry import ExpertId
+from casmoe.kernels.kinds import Kind
 from casmoe.policies.lru import LRU
 from casmoe.trace import Trace
 
 
 class Speculative(LRU):
     name = "speculative"
+    compiled_kind = Kind.LRU  # with the request's guesses before each layer (`twin_state`)
 
     def __init__(self, *args, spec: dict[int, np.ndarray] | None = None, experts: int | None = None,
                  ahead: int = 1, **kw) -> None:
@@ -52,7 +59,7 @@ class Speculative(LRU):
             raise CacheConfigError(f"speculative ahead must be >= 1 layer, got {ahead}")
         self.ahead = ahead
         self._spec_of = spec or {}  # id(request) -> its spec [T, L, k]
-        self._spec: np.ndarray | None = None  # the running request's
+        self._table: Guesses | None = None  # the running request's guesses (`_guesses`)
         self._prefill = 0
         self._first_step = -1
         self._active = False
@@ -79,15 +86,32 @@ class Speculative(LRU):
         if self._active:
             raise CacheConfigError("speculative follows one request at a time (batch 1): each step must be one request's")
         self._active = True
-        self._spec = self._spec_of.get(id(request))
         self._prefill = getattr(request, "prefill", 0)
+        spec = self._spec_of.get(id(request))
+        self._table = None if spec is None else self._guesses(spec)
         self._first_step = -1
         return super().request_view(request)
 
     def on_request_end(self) -> None:
         self._active = False
-        self._spec = None
+        self._table = None
         self._live.clear()
+
+    # ---- the compiled twin ------------------------------------------------------------------
+
+    def runs_compiled(self) -> bool:
+        """Deeper guesses learn from the routing as it runs: Python only."""
+        return self.ahead == 1
+
+    def twin_state(self) -> TwinState:
+        g = self.geometry
+        width = min(self.capacity.slots, g.experts)  # most a row guesses: a prefill's (`_ranked`)
+        tokens = max((len(spec) for spec in self._spec_of.values()), default=0)  # a request's steps <= its tokens
+        return TwinState(guess_rows=max(tokens * g.layers, 1), guess_ids=tokens * g.layers * self.n + g.layers * width,
+                         guess_width=width)
+
+    def twin_request_guesses(self) -> Guesses | None:
+        return self._table
 
     def guess(self, layer: int, rows: np.ndarray) -> None:
         """A live runtime's guess of `layer`'s experts: [tokens, k] local ids (best first per
@@ -95,28 +119,39 @@ class Speculative(LRU):
         `spec` records. It wins over the trace's `spec` for the layer about to run."""
         self._live[layer] = np.asarray(rows).reshape(-1, np.asarray(rows).shape[-1])
 
-    def _tokens(self, step: int) -> slice:
-        """The running step's tokens in the request (its first step is the prefill, if any)."""
-        if self._first_step < 0:
-            self._first_step = step
-        j = step - self._first_step
-        if self._prefill:
-            return slice(0, self._prefill) if j == 0 else slice(self._prefill + j - 1, self._prefill + j)
-        return slice(j, j + 1)
-
     # ---- the guesses ------------------------------------------------------------------------
 
+    def _guesses(self, spec: np.ndarray) -> Guesses:
+        """The running request's guess of every visit, from its `spec` [T, L, k]: row
+        `j * L + layer` for its `j`-th step (the prefill, if any, then one per decode token);
+        layer 0 guesses nothing (its input is the next token's embedding)."""
+        L, n, P = self.geometry.layers, self.n, self._prefill
+        dec = np.full((len(spec) - P, L, n), -1, np.int64)  # [decode tokens, L, n]: layer l's guess, layer l-1's spec
+        dec[:, 1:] = spec[P:, :-1, :n]
+        keep = dec >= 0
+        lens, ids = keep.sum(axis=2).ravel(), dec[keep]  # one token's guess as given (`_ranked`)
+        if P:
+            first = [[]] + [self._ranked(spec[:P, layer - 1, :n]) for layer in range(1, L)]
+            lens = np.concatenate([np.array([len(f) for f in first], np.int64), lens])
+            ids = np.concatenate([np.array([e for f in first for e in f], np.int64), ids])
+        ptr = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        return Guesses(ptr, ids)
+
     def _spec_guess(self, step: int, layer: int) -> list[int]:
-        """Local ids guessed for `layer` from layer-1's output, best first."""
+        """Local ids guessed for `layer` from layer-1's output, best first: a live runtime's,
+        or the table's row for the running step (counted from the first step a guess is read at)."""
         if layer in self._live:
             return self._ranked(self._live.pop(layer)[:, : self.n])
-        spec = self._spec
-        if spec is None or layer == 0:
+        table = self._table
+        if table is None or layer == 0:
             return []
-        tokens = self._tokens(step)
-        if tokens.stop > len(spec):
-            raise PolicyError(f"speculative: step {step} lies beyond its request's {len(spec)} tokens (one request at a time)")
-        return self._ranked(spec[tokens, layer - 1, : self.n])
+        if self._first_step < 0:
+            self._first_step = step
+        row = (step - self._first_step) * self.geometry.layers + layer
+        if row >= table.rows:
+            raise beyond_guesses(self.name, step)
+        return table.ids[table.ptr[row] : table.ptr[row + 1]].tolist()
 
     def _ranked(self, rows: np.ndarray) -> list[int]:
         """One token's guess as given; a prefill's, its tokens' guesses most often named first,
