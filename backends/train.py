@@ -8,7 +8,7 @@ experts the way a real MoE's is. Everything is seeded: `casmoe train-tiny NAME` 
 
 The load-balancing loss is Switch Transformer's, E * sum_i f_i P_i, taken per MoE layer and
 averaged over layers (`layer_balance_loss`), counting loads over the whole batch or per training
-row (DeepSeek-V3's sequence-wise balance), as each model's `BALANCE` says. Why not transformers'
+row (DeepSeek-V3's sequence-wise balance), as each model's recipe (`RECIPES`) says. Why not transformers'
 own `load_balancing_loss_func`: it pools the router outputs of all layers, so it balances
 expert *index* i over the whole stack, and each layer may keep one hot expert as long as
 different layers pick different ones; the first tiny models trained with it sent 38% of a
@@ -19,7 +19,7 @@ global` counts the loads over the last `balance_window` batches (Qwen's global-b
 arXiv 2501.11873) for models meant to keep a request on its experts; bench/RESULTS.md (issue 21)
 has what it did. `--locality-coef` adds a named, training-time-only term
 (`routing_drift_loss`: the router probability mass that moves between consecutive tokens of a
-text) for routing that keeps consecutive tokens on their experts; `LOCALITY` says which shipped
+text) for routing that keeps consecutive tokens on their experts; `RECIPES` says which shipped
 model uses it and bench/RESULTS.md measures it in the ablation. DeepSeek-V3's auxiliary-loss-free bias is not offered: it biases
 the router's scores for selection only, which transformers' Mixtral and OLMoE routers cannot
 hold, so such a model would not load in the classes the backend runs.
@@ -56,7 +56,7 @@ TINY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-olmoe": ("OlmoeConfig", dict(
         hidden_size=64, intermediate_size=32, num_hidden_layers=16, num_attention_heads=4,
         num_key_value_heads=4, num_experts=64, num_experts_per_tok=8,
-        router_aux_loss_coef=0.01)),
+        router_aux_loss_coef=0.1)),
 }
 
 
@@ -68,31 +68,41 @@ class Balance(str, enum.Enum):
     GLOBAL = "global"  # the last `balance_window` batches together (Qwen's global-batch balance)
 
 
-BALANCE = {"tiny-mixtral": Balance.SEQUENCE, "tiny-olmoe": Balance.BATCH}
-"""Each shipped model's balance (bench/RESULTS.md, "Realistic workloads"): over the batch, an
-8-expert top-2 layer still sends whole texts to one expert pair (consecutive tokens reuse the
-exact pair 26-31% of the time), so tiny-mixtral balances every row; tiny-olmoe's 64 experts
-balance over the batch, as Switch Transformer and OLMoE do, and keep their texts' topical experts."""
+@dataclass(frozen=True)
+class Recipe:
+    """How a shipped tiny model was trained where its models differ (the load-balancing
+    coefficient is the config's `router_aux_loss_coef`, in `TINY_MODELS`)."""
 
-LOCALITY = {"tiny-mixtral": 0.0, "tiny-olmoe": 0.0}
-"""Each shipped model's `routing_drift_loss` coefficient (0: not used)."""
+    steps: int
+    balance: Balance
+    locality_coef: float  # `routing_drift_loss`'s coefficient (0: not used)
+
+
+RECIPES: dict[str, Recipe] = {
+    "tiny-mixtral": Recipe(steps=800, balance=Balance.BATCH, locality_coef=0.2),
+    "tiny-olmoe": Recipe(steps=800, balance=Balance.BATCH, locality_coef=0.5),
+}
+"""Each shipped model's recipe, chosen by the ablation in bench/RESULTS.md (issue 21, "Retraining
+for realistic routing"): balance over the batch of 16 mixed-task rows rather than per row (per-row
+balance forces every text onto all experts evenly), the routing-drift term for temporal
+locality, and twice the steps of the first models, which buys back the drift term's perplexity."""
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     """How a tiny model is trained; the defaults are what the shipped models used."""
 
-    steps: int = 400
+    steps: int | None = None  # None: the model's own (`RECIPES`)
     batch: int = 16
     seq_len: int = 128
     lr: float = 3e-3
     warmup: int = 20
     seed: int = 0
     threads: int = 1
-    balance: Balance | None = None  # None: the model's own (`BALANCE`)
+    balance: Balance | None = None  # None: the model's own (`RECIPES`)
     balance_window: int = 8  # Balance.GLOBAL: batches whose expert loads count together
     balance_coef: float | None = None  # None: the config's `router_aux_loss_coef`
-    locality_coef: float | None = None  # None: the model's own (`LOCALITY`); see `routing_drift_loss`
+    locality_coef: float | None = None  # None: the model's own (`RECIPES`); see `routing_drift_loss`
 
 
 @dataclass(frozen=True)
@@ -247,6 +257,9 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
 
     from collections import deque
 
+    if settings.steps is None:
+        raise CasmoeError("fit needs settings.steps (`resolved` fills in a shipped model's own)")
+
     coef = getattr(model.config, "router_aux_loss_coef", 0.0) if model.config.output_router_logits else 0.0
     if settings.balance_coef is not None and model.config.output_router_logits:
         coef = settings.balance_coef
@@ -287,6 +300,14 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
     return losses
 
 
+def resolved(name: str, settings: TrainSettings) -> TrainSettings:
+    """`settings` with every field left at None taken from model `name`'s recipe."""
+    r = RECIPES[name]
+    return replace(settings, steps=r.steps if settings.steps is None else settings.steps,
+                   balance=settings.balance or r.balance,
+                   locality_coef=r.locality_coef if settings.locality_coef is None else settings.locality_coef)
+
+
 def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSettings(),
                corpus: Path | str | None = None, progress: bool = True) -> TrainResult:
     """Train tiny model `name` and save it (fp16 safetensors, config, tokenizer) to out_dir."""
@@ -296,8 +317,7 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
     from casmoe.folder import check_folder_target, write_folder
 
     check_folder_target(out_dir, MODEL_FOLDER, "output folder", marker="config.json")  # before the training
-    settings = replace(settings, balance=settings.balance or BALANCE[name],
-                       locality_coef=LOCALITY[name] if settings.locality_coef is None else settings.locality_coef)
+    settings = resolved(name, settings)
     torch.manual_seed(settings.seed)
     torch.set_num_threads(settings.threads)
     rng = np.random.default_rng(settings.seed)
