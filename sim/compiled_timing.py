@@ -275,13 +275,17 @@ class ServingPass:
         self.merged = np.empty(g.total_experts, np.int64), np.empty(g.total_experts, np.int64)  # a merged step's visits
 
     @staticmethod
-    def fits(machine: Any, setup: Any, compiled: bool | None) -> bool:
+    def fits(machine: Any, setup: Any, compiled: bool | None, whole_prefills: bool) -> bool:
+        """Whether this pass mirrors the run. A twin that reads a per-visit guess table
+        (`TwinState.guess_rows`: speculative) lays it out by the request's whole-prefill steps, so
+        prompts split into chunks take the Python passes (whose policy refuses them)."""
         from casmoe.compiled import uses_twin
 
         caches = [shard.cache for shard in machine.shards]
         return (
             len(caches) == 1 and not machine.timer.interleaved and setup.timeline is None and machine.tier is None
             and not caches[0].needs_future and uses_twin(caches[0], setup.trace, compiled)
+            and (whole_prefills or not caches[0].twin_state().guess_rows)
         )
 
     def step(self, parts: Sequence[tuple[int, int]], chunk: tuple[int, int], starting: Sequence[int], ending: int,

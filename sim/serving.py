@@ -223,7 +223,7 @@ class Server:
         g = setup.trace.geometry
         self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self._E = g.experts
-        fits = ServingPass.fits(machine, setup, compiled)
+        fits = ServingPass.fits(machine, setup, compiled, workload.schedule is not Schedule.CHUNKED)
         self.compiled = ServingPass(machine, setup, workload.max_batch, arrays) if fits else None
         """Both passes compiled for a built-in policy (`compiled_timing.ServingPass`), else None."""
 
