@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from casmoe.cache import PolicyError
@@ -164,6 +164,8 @@ JSON_VALUE = st.recursive(
 
 @FUZZ
 @given(num_experts=JSON_VALUE, top_k=JSON_VALUE, prefill=JSON_VALUE, layers=JSON_VALUE)
+@example(num_experts=-2, top_k=-2, prefill=None, layers=None)  # once sized an array by k before checking it
+@example(num_experts=-2, top_k=10**13, prefill=None, layers=None)
 def test_json_fields_of_any_type(tmp_path, num_experts, top_k, prefill, layers):
     doc = {"num_experts": num_experts, "top_k": top_k,
            "requests": [{"layers": [[[0, 1], [2, 3]]], "prefill": prefill}, {"layers": layers}]}

@@ -68,6 +68,13 @@ def _json_request(entry: Any, E: int, k: int, where: str) -> tuple[Request, int]
     return req, L
 
 
+def _geometry(layers: int, experts: int, top_k: int, where: str) -> Geometry:
+    try:
+        return Geometry(layers=layers, experts=experts, top_k=top_k)
+    except GeometryError as exc:
+        raise TraceError(f"{where}: {exc}") from None
+
+
 def read_json(path: str | Path, key: str | None = None) -> Trace:
     """Plain JSON routing -> Trace (see the module docstring for the accepted shapes)."""
     where = str(path)
@@ -115,6 +122,7 @@ def read_json(path: str | Path, key: str | None = None) -> Trace:
     if len(shapes) != 1:
         raise TraceError(f"{where}: entries disagree on (num_experts, top_k) {sorted(shapes)}; import one with --key")
     E, k = shapes.pop()
+    _geometry(1, E, k, where)  # before any array is sized by k: a negative or huge k is refused, not allocated
     requests, layer_counts, models = [], set(), []
     for name, e in entries:
         req, L = _json_request(e, E, k, f"{where}: {name}")
@@ -124,10 +132,7 @@ def read_json(path: str | Path, key: str | None = None) -> Trace:
             models.append(f"{e['model']}" + (f" layer {e['layer_idx']}" if "layer_idx" in e else ""))
     if len(layer_counts) != 1:
         raise TraceError(f"{where}: requests disagree on the layer count {sorted(layer_counts)}")
-    try:
-        g = Geometry(layers=layer_counts.pop(), experts=E, top_k=k)
-    except GeometryError as exc:
-        raise TraceError(f"{where}: {exc}") from None
+    g = _geometry(layer_counts.pop(), E, k, where)
     meta = {
         "source_model": "; ".join(dict.fromkeys(models)) or str(common.get("model", "unknown")),
         "recorded_by": f"JSON {Path(where).name}" + (f" (key {key})" if key else ""),
