@@ -19,7 +19,9 @@ global` counts the loads over the last `balance_window` batches (Qwen's global-b
 arXiv 2501.11873) for models meant to keep a request on its experts; bench/RESULTS.md (issue 21)
 has what it did. `--locality-coef` adds a named, training-time-only term
 (`routing_drift_loss`: the router probability mass that moves between consecutive tokens of a
-text) for routing that keeps consecutive tokens on their experts; `RECIPES` says which shipped
+text) for routing that keeps consecutive tokens on their experts, and `--concentration-coef` a
+second (`request_concentration_loss`: how evenly a text spreads over a layer's experts) for
+routing that keeps a request on few experts; `RECIPES` says which shipped
 model uses it and bench/RESULTS.md measures it in the ablation. DeepSeek-V3's auxiliary-loss-free bias is not offered: it biases
 the router's scores for selection only, which transformers' Mixtral and OLMoE routers cannot
 hold, so such a model would not load in the classes the backend runs.
@@ -76,6 +78,7 @@ class Recipe:
     steps: int
     balance: Balance
     locality_coef: float  # `routing_drift_loss`'s coefficient (0: not used)
+    concentration_coef: float = 0.0  # `request_concentration_loss`'s coefficient (0: not used)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -103,6 +106,7 @@ class TrainSettings:
     balance_window: int = 8  # Balance.GLOBAL: batches whose expert loads count together
     balance_coef: float | None = None  # None: the config's `router_aux_loss_coef`
     locality_coef: float | None = None  # None: the model's own (`RECIPES`); see `routing_drift_loss`
+    concentration_coef: float | None = None  # None: the model's own; see `request_concentration_loss`
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,46 @@ def routing_drift_loss(router_logits, rows) -> Any:
     return torch.stack(drifts).mean()
 
 
+def text_segments(rows) -> tuple[Any, Any]:
+    """Each token's text in a batch of packed rows: ([B * T] segment ids, [B * T] token counts
+    per id). A token after an EOS begins the next text; the EOS belongs to the text it ends (as
+    `routing_drift_loss` counts pairs); ids never span two rows."""
+    import torch
+
+    batch, seq = rows.shape
+    after_eos = torch.zeros_like(rows, dtype=torch.long)
+    after_eos[:, 1:] = (rows[:, :-1] == EOS_ID).long()
+    seg = (after_eos.cumsum(1) + torch.arange(batch, device=rows.device)[:, None] * seq).reshape(-1)
+    return seg, torch.bincount(seg, minlength=batch * seq).float()
+
+
+def request_concentration_loss(router_logits, rows) -> Any:
+    """How evenly each text spreads over a layer's experts: the entropy of the text's mean
+    router distribution over its tokens, divided by log E (1 when a text uses every expert
+    alike, 0 when all its tokens route to one), weighted by the text's tokens and averaged over
+    MoE layers.
+
+    Why (`TrainSettings.concentration_coef`, `--concentration-coef`): real MoEs keep a request
+    on a few of a layer's experts (within-request Gini 0.77-0.85 on the 128-expert real traces,
+    bench/RESULTS.md issue 21) while the whole stream stays balanced; with the batch-level
+    balance loss (which raises the entropy of the batch's mixture) this term is the other half
+    of the mutual information between text and expert, the objective Mod-Squad (Chen et al.,
+    arXiv 2212.08066) maximises between tasks and experts. It is training-time only, like
+    `routing_drift_loss`."""
+    import torch
+
+    seg, counts = text_segments(rows)
+    used = counts > 0
+    weight = counts[used] / counts[used].sum()
+    spreads = []
+    for z in router_logits:  # [B * T, E] per MoE layer
+        p = torch.softmax(z.float(), dim=-1)
+        mean = torch.zeros(len(counts), p.shape[-1], dtype=p.dtype).index_add_(0, seg, p)[used] / counts[used, None]
+        entropy = -(mean * mean.clamp_min(1e-12).log()).sum(-1) / math.log(p.shape[-1])
+        spreads.append((entropy * weight).sum())
+    return torch.stack(spreads).mean()
+
+
 def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress: bool = False,
         desc: str = "train") -> list[float]:
     """AdamW with warmup and cosine decay on random batches of packed rows. The loss is the
@@ -264,6 +308,7 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
     if settings.balance_coef is not None and model.config.output_router_logits:
         coef = settings.balance_coef
     locality = settings.locality_coef or 0.0
+    concentration = settings.concentration_coef or 0.0
     top_k = model.config.num_experts_per_tok
     window: deque = deque(maxlen=settings.balance_window)  # Balance.GLOBAL: recent [L, E] counts
 
@@ -276,7 +321,7 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, settings)
         x = rows[torch.from_numpy(rng.integers(0, len(rows), size=settings.batch))]
-        out = model(input_ids=x, output_router_logits=bool(coef or locality))
+        out = model(input_ids=x, output_router_logits=bool(coef or locality or concentration))
         logits = out.logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                                  x[:, 1:].reshape(-1))
@@ -290,6 +335,8 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
                                                     sequences=len(x) if settings.balance is Balance.SEQUENCE else 1)
         if locality:
             loss = loss + locality * routing_drift_loss(out.router_logits, x)
+        if concentration:
+            loss = loss + concentration * request_concentration_loss(out.router_logits, x)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -305,7 +352,9 @@ def resolved(name: str, settings: TrainSettings) -> TrainSettings:
     r = RECIPES[name]
     return replace(settings, steps=r.steps if settings.steps is None else settings.steps,
                    balance=settings.balance or r.balance,
-                   locality_coef=r.locality_coef if settings.locality_coef is None else settings.locality_coef)
+                   locality_coef=r.locality_coef if settings.locality_coef is None else settings.locality_coef,
+                   concentration_coef=(r.concentration_coef if settings.concentration_coef is None
+                                       else settings.concentration_coef))
 
 
 def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSettings(),

@@ -97,6 +97,10 @@ def train_tiny(
                                                   "drift term (total variation between consecutive "
                                                   "tokens' router distributions; default: the "
                                                   "shipped model's)."),
+    concentration_coef: Optional[float] = typer.Option(None, min=0.0, help="Coefficient of the "
+                                                       "request concentration term (normalised "
+                                                       "entropy of each text's mean router "
+                                                       "distribution; default: the shipped model's)."),
 ) -> None:
     """Train a shipped tiny MoE model from random init on the corpus (seeded; prints the
     held-out perplexity and writes it to OUT/train.json)."""
@@ -125,5 +129,7 @@ def train_tiny(
         settings = replace(settings, balance_coef=balance_coef)
     if locality_coef is not None:
         settings = replace(settings, locality_coef=locality_coef)
+    if concentration_coef is not None:
+        settings = replace(settings, concentration_coef=concentration_coef)
     result = run_train(name, out or data_dir() / "models" / name, settings, corpus=corpus)
     print(json.dumps(result.to_dict(), indent=2))

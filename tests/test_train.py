@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -136,3 +138,25 @@ def test_routing_drift_is_the_moved_probability_mass_within_a_text() -> None:
     blocks[[2, 3], 3] = 30.0  # only the counted pairs (1,2), (3,4) change experts
     assert float(routing_drift_loss((blocks,), ends)) == pytest.approx(1.0, abs=1e-6)
     assert float(routing_drift_loss((blocks,), rows)) == pytest.approx(0.4, abs=1e-6)  # 2 of 5
+
+
+def test_request_concentration_is_each_texts_normalised_entropy() -> None:
+    """Closed forms: uniform routing spreads 1; a text routed to one expert throughout spreads
+    0; two texts in one row, each on its own expert, spread 0 (the mixture of the row would be
+    log 2 / log E); two texts half on each of two experts spread log 2 / log E."""
+    from casmoe.backends.train import EOS_ID, request_concentration_loss
+
+    E, T = 4, 6
+    rows = torch.full((1, T), 7)
+    assert float(request_concentration_loss((torch.zeros(T, E),), rows)) == pytest.approx(1.0, abs=1e-6)
+    one = torch.zeros(T, E)
+    one[:, 2] = 40.0
+    assert float(request_concentration_loss((one,), rows)) == pytest.approx(0.0, abs=1e-6)
+    two = torch.zeros(T, E)
+    two[:3, 0] = 40.0
+    two[3:, 3] = 40.0
+    ends = rows.clone()
+    ends[0, 2] = EOS_ID  # tokens 0-2 are one text (the EOS ends it), 3-5 the next
+    assert float(request_concentration_loss((two,), ends)) == pytest.approx(0.0, abs=1e-6)
+    assert float(request_concentration_loss((two,), rows)) == pytest.approx(math.log(2) / math.log(E), abs=1e-6)
+    assert float(request_concentration_loss((two, one), rows)) == pytest.approx(math.log(2) / math.log(E) / 2, abs=1e-6)
