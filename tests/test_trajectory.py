@@ -179,8 +179,15 @@ class FittedCasMoE(CasMoE):
         return cls(geometry, capacity, predictor=lambda request: uniform, trajectory=traj, **kw)
 
 
-def test_updating_policy_keeps_the_contract() -> None:
-    check_policy(FittedCasMoE, max_examples=30)
+class FallbackCasMoE(FittedCasMoE):
+    @classmethod
+    def create(cls, geometry, capacity, *, trace=None, **kw):
+        return super().create(geometry, capacity, trace=trace, fallback=True, **kw)
+
+
+@pytest.mark.parametrize("policy", [FittedCasMoE, FallbackCasMoE])
+def test_updating_policy_keeps_the_contract(policy) -> None:
+    check_policy(policy, max_examples=30)
 
 
 def test_updating_policy_has_no_compiled_twin_and_static_keeps_it() -> None:
@@ -241,3 +248,28 @@ def test_start_prefetch_off_leaves_an_eviction_policy() -> None:
     stats = replay(trace, off).stats
     assert stats.prefetch_loads == 0 and stats.hits == len(topk) - 2  # first uses miss, then both stay
     assert on.runs_compiled() and not off.runs_compiled()  # the twin always prefetches
+
+
+def test_fallback_turns_to_lfu_order_when_the_map_misleads() -> None:
+    """Tokens route 0, 1, 2, 0, 1, 3, ... with room for three: LFU's order keeps 0 and 1 and
+    misses only the alternating 2 / 3. A map that evicts the expert this request has used most
+    (a negative weight on its share: features that mislead on this request) thrashes; with `fallback`
+    the first victims it chose that the request routed again turn the request to LFU's order."""
+    from casmoe.policies.lfu import LFU
+
+    g = Geometry(layers=1, experts=4, top_k=1, hidden=8, intermediate=4)
+    topk = np.array([[[e]] for e in [0, 1, 2, 0, 1, 3] * 10], dtype=np.int16)
+    trace = Trace(g, [Request(topk, np.ones(topk.shape, np.float32), prefill=0, prompt="p")])
+    flat = lambda request: np.full((1, 4), 0.25)  # noqa: E731
+
+    def hits(**kw) -> int:
+        traj = _recency_trajectory(g)
+        traj.weights[FEATURES.index("recent_1")] = 0.0
+        traj.weights[FEATURES.index("request_share")] = -5.0  # evict what the request uses most
+        return replay(trace, CasMoE(g, Capacity(3), predictor=flat, trajectory=traj, start_prefetch=False, **kw)).stats.hits
+
+    lfu = replay(trace, LFU(g, Capacity(3))).stats.hits
+    misled, fallback = hits(), hits(fallback=True)
+    assert lfu == 2 * (len(topk) // 3) - 2  # every 0 and 1 but the first ones
+    assert misled < lfu - 10
+    assert fallback >= lfu - 3  # a disagreement or two before the first regret

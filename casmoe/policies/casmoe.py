@@ -17,7 +17,13 @@ up every layer with the re-matched prediction's best experts, as deep as the mat
 (FineMoE's rule, `trajectory.prefetch_depth`), never evicting more than it brings in
 (`prefill_prefetch=False` turns it off; `start_prefetch=False` turns off the request-start
 prefetch, leaving an eviction policy: on a link slower than the layers, prefetched copies
-delay the demand loads queued behind them). With `update=False`, or an oracle predictor, the
+delay the demand loads queued behind them). `fallback=True` checks the learned map against
+LFU's order on the request's own tokens, as LeCaR (Vietri et al., HotStorage 2018) weighs two
+policies by their regret: wherever the two would evict different experts, both are remembered,
+and the one the request routes again within `FALLBACK_WINDOW` decode tokens counts against the
+policy that chose it; while the map's count exceeds LFU's in this request, LFU's order evicts
+(a request unlike the fit data, where the map's features mislead it: leave-one-task-out
+arithmetic in bench/RESULTS.md). Counts restart with each request. With `update=False`, or an oracle predictor, the
 prediction is fixed for the request and the lowest-scored resident is evicted (the static
 policy of the seed paper; that form has a compiled twin, `casmoe/compiled.py`). The
 updating form runs its Python hooks; it keeps one request's state, so run it at batch 1.
@@ -47,6 +53,11 @@ if TYPE_CHECKING:
     from casmoe.planner.trajectory import Trajectory
 
 ExpertScorer = Callable[[Request], np.ndarray]
+
+FALLBACK_WINDOW = 8
+"""`fallback`: a disagreement counts when its victim is routed again within this many decode
+tokens (later reuse says little about which choice was right: nearly every victim of any policy
+is reused within 32 steps at 2k slots, bench/RESULTS.md issue 23)."""
 
 
 def exact_predictor(geometry) -> ExpertScorer:
@@ -102,7 +113,8 @@ class CasMoE(ExpertCache):
 
     def __init__(
         self, *args, predictor: ExpertScorer, oracle: bool = False, trajectory: Trajectory | None = None,
-        cadence: int | None = None, prefill_prefetch: bool = True, start_prefetch: bool = True, **kw,
+        cadence: int | None = None, prefill_prefetch: bool = True, start_prefetch: bool = True,
+        fallback: bool = False, **kw,
     ) -> None:
         super().__init__(*args, **kw)
         self.predictor = predictor
@@ -127,6 +139,7 @@ class CasMoE(ExpertCache):
             self._stream = np.zeros(g.total_experts)  # accesses across requests (LFU's counts)
             self._recent = np.zeros(g.total_experts)  # the same, decayed per request
             self._confidence = 0.0
+            self.fallback = fallback
             self._begin_state(0)
         self.prefetches_per_layer = trajectory is not None
 
@@ -187,6 +200,7 @@ class CasMoE(ExpertCache):
         cadence: int | None = None,
         prefill_prefetch: bool = True,
         start_prefetch: bool = True,
+        fallback: bool = False,
         seed: int = 0,
         **kw: Any,
     ) -> ExpertCache:
@@ -200,7 +214,7 @@ class CasMoE(ExpertCache):
             traj = pp.trajectory if update else None
             return cls(
                 geometry, capacity, predictor=pp, trajectory=traj, cadence=cadence, prefill_prefetch=prefill_prefetch,
-                start_prefetch=start_prefetch, **kw,
+                start_prefetch=start_prefetch, fallback=fallback, **kw,
             )
         if callable(predictor):
             return cls(geometry, capacity, predictor=predictor, **kw)
@@ -242,6 +256,8 @@ class CasMoE(ExpertCache):
         self._decode_uses = np.zeros(N)
         self._prefill = np.zeros(N)
         self._rank = [0] * self.geometry.layers
+        self._regret = 0  # this request's misses the learned map's choices caused, minus LFU order's
+        self._ghosts: dict[ExpertId, tuple[int, int]] = {}  # expert -> (+1 map's victim / -1 LFU's, token)
         norm = self._scores.reshape(-1, E)
         total = norm.sum(axis=1, keepdims=True)
         self._prompt_feat = (np.divide(norm, total, out=np.zeros_like(norm), where=total > 0) * E).ravel()
@@ -328,6 +344,9 @@ class CasMoE(ExpertCache):
             self._new_step(self._step)
         self._stream[expert] += 1
         self._recent[expert] += 1
+        ghost = self._ghosts.pop(expert, None)
+        if ghost is not None and self._tokens - ghost[1] <= FALLBACK_WINDOW:
+            self._regret += ghost[0]
         if self._in_prefill:  # experts arrive heaviest first per layer
             layer = expert // self.geometry.experts
             if not self._prefill[expert]:
@@ -357,8 +376,17 @@ class CasMoE(ExpertCache):
         if self._transition is not None and not self._in_prefill and self._routing:
             E = self.geometry.experts
             follow = self._transition[layer, [e % E for e in self._routing]].mean(axis=0)
-            return min(candidates, key=lambda e: (scores[e] + follow[e % E], last[e]))
-        return min(candidates, key=lambda e: (scores[e], last[e]))
+            mapped = min(candidates, key=lambda e: (scores[e] + follow[e % E], last[e]))
+        else:
+            mapped = min(candidates, key=lambda e: (scores[e], last[e]))
+        if not self.fallback:
+            return mapped
+        stream = self._stream
+        frequent = min(candidates, key=lambda e: (stream[e], last[e]))  # what LFU would evict
+        if frequent != mapped:  # a disagreement: whichever victim the request routes again soon was the wrong one
+            self._ghosts[mapped] = (1, self._tokens)
+            self._ghosts[frequent] = (-1, self._tokens)
+        return frequent if self._regret > 0 else mapped
 
     def route(self, step: int, layer: int, experts, scores: np.ndarray | None = None):
         """The base class's accounting; the updating form first notes the layer's routed
