@@ -96,7 +96,7 @@ class Matches(MoEInfinity):
     def _match(self):
         super()._match()
         if self._eam.any():  # before the request routes anything there is nothing to match
-            self.predictions = getattr(self, "predictions", []) + [self._pred.copy()]
+            self.predictions = getattr(self, "predictions", []) + [np.array(self._pred)]
 
 
 @FAST

@@ -67,10 +67,15 @@ class MoEInfinity(ExpertCache):
         for i, eam in enumerate(seeded):
             self._bank[i] = _unit_rows(np.asarray(eam, dtype=np.float64).reshape(g.layers, g.experts))
         self._eam = np.zeros((g.layers, g.experts))  # the running request's
-        self._pred = np.zeros(g.total_experts)  # the matched EAM's share of its layer, flat
+        # eviction keys as Python lists (a victim reads a pool's residents one by one): the
+        # matched EAM's share of its layer, the running request's uses, the last-use tick
+        self._pred = [0.0] * g.total_experts
+        self._uses = [0] * g.total_experts
         self._matched_step = -1
         self._ranked: list[list[tuple[float, ExpertId]]] = [[] for _ in range(g.layers)]
-        self._last = np.zeros(g.total_experts, dtype=np.int64)
+        self._ranked_from = -1  # the bank entry `_ranked` and `_pred` were made from (-1: none)
+        self._wanted: dict[int, list[ExpertId]] = {}  # layer -> its prefetch order under that match
+        self._last = [0] * g.total_experts
         self._tick = 0
         L = g.layers
         self._decay = 1.0 - np.arange(L) / (L + 1)
@@ -120,6 +125,9 @@ class MoEInfinity(ExpertCache):
     def route(self, step, layer, experts, scores=None):
         local = np.fromiter(experts, dtype=np.int64, count=len(experts)) - layer * self.geometry.experts
         self._eam[layer, local] += 1.0
+        uses = self._uses
+        for e in experts:
+            uses[e] += 1
         return super().route(step, layer, experts, scores)
 
     def _match(self) -> None:
@@ -127,18 +135,22 @@ class MoEInfinity(ExpertCache):
         rank each layer's predicted experts (up to a pool's slots) for the step's prefetches."""
         n = self._stored
         seen = int(self._eam.any(axis=1).sum())
-        self._ranked = [[] for _ in range(self.geometry.layers)]
         if n == 0 or not seen:
-            self._pred[:] = 0.0
+            self._ranked = [[] for _ in range(self.geometry.layers)]
+            self._ranked_from, self._wanted = -1, {}
+            self._pred = [0.0] * self.geometry.total_experts
             return
         # rows the request has not routed yet are zero in `part`, so they add nothing
         sims = np.einsum("cle,le->c", self._bank[:n], _unit_rows(self._eam)) / seen
         best = int(np.argmax(sims))
         self._access[best] += 1
+        if best == self._ranked_from:
+            return  # the same stored EAM as the last step: its prediction and rankings stand
+        self._ranked_from, self._wanted = best, {}
         row = self._bank[best]
         total = row.sum(axis=1, keepdims=True)
         share = np.divide(row, total, out=np.zeros_like(row), where=total > 0)  # [L, E]
-        self._pred[:] = share.ravel()
+        self._pred = share.ravel().tolist()
         E = self.geometry.experts
         top = np.argsort(-share, axis=1, kind="stable")[:, : self.capacity.slots]
         for layer, (ids, weights) in enumerate(zip(top.tolist(), np.take_along_axis(share, top, axis=1).tolist())):
@@ -148,10 +160,13 @@ class MoEInfinity(ExpertCache):
         if step != self._matched_step:
             self._matched_step = step
             self._match()
-        decay = self._decay
-        wanted = [(w * decay[d], e) for d, ranked in enumerate(self._ranked[layer : layer + self.ahead]) for w, e in ranked]
-        wanted.sort(key=lambda we: -we[0])  # stable: a layer's ties keep their order
-        return [e for _, e in wanted]
+        order = self._wanted.get(layer)
+        if order is None:  # first visit of this layer under the current match
+            decay = self._decay
+            wanted = [(w * decay[d], e) for d, ranked in enumerate(self._ranked[layer : layer + self.ahead]) for w, e in ranked]
+            wanted.sort(key=lambda we: -we[0])  # stable: a layer's ties keep their order
+            order = self._wanted[layer] = [e for _, e in wanted]
+        return list(order)
 
     def on_request_end(self) -> None:
         size = len(self._bank)
@@ -167,7 +182,10 @@ class MoEInfinity(ExpertCache):
         if slot >= 0:
             self._bank[slot] = _unit_rows(self._eam)
             self._access[slot] = 1
+            if slot == self._ranked_from:
+                self._ranked_from = -1  # that entry's rankings are stale
         self._eam[:] = 0.0
+        self._uses = [0] * self.geometry.total_experts
         self._matched_step = -1
 
     # ---- eviction --------------------------------------------------------------------------
@@ -179,5 +197,5 @@ class MoEInfinity(ExpertCache):
     on_insert = on_access
 
     def victim(self, layer: int, candidates) -> ExpertId:
-        pred, eam, last = self._pred, self._eam.ravel(), self._last
-        return min(candidates, key=lambda e: (pred[e], eam[e], last[e]))
+        pred, uses, last = self._pred, self._uses, self._last
+        return min(candidates, key=lambda e: (pred[e], uses[e], last[e]))
