@@ -303,7 +303,10 @@ class Server:
         env = self.env
         requests = [gpu.stream.request() for gpu in self.gpus]
         yield simpy.AllOf(env, requests)  # what was due now before this step (the last one's releases) is done
-        starts, ends = self.compiled.chain([(job.r, k) for job, k in parts], starting, start, env.peek())  # type: ignore[union-attr]
+        limit = env.peek()
+        if self.waiting and len(self.running) < self.workload.max_batch:
+            limit = env.now  # a request arrived while the streams were taken: the next step boundary admits it
+        starts, ends = self.compiled.chain([(job.r, k) for job, k in parts], starting, start, limit)  # type: ignore[union-attr]
         for delay in clock_delays(env.now, ends):
             yield env.timeout(delay)
         self.clock = env.now

@@ -143,3 +143,25 @@ def test_batched_chains_and_a_shared_plan_serve_alike_and_a_foreign_plan_is_refu
     for plan in (StepPlan.build(trace.subset(range(4))), StepPlan.build(trace, 2)):
         with pytest.raises(SimConfigError, match="batch 1 only"):
             simulate(trace, lru, cap, hw, preset, workload=wl, plan=plan)
+
+
+def test_a_request_submitted_while_the_streams_are_taken_joins_at_the_next_step():
+    """A user whose request ends with a step submits the next one at that instant, after the
+    scheduler has formed the following step: the chain must stop at that step's end, where the
+    Python passes admit it (found by the closed-loop test: the chain ran the lone request to its
+    end and admitted the new one a step late)."""
+    import numpy as np
+
+    from casmoe.geometry import Geometry
+    from casmoe.trace import Request, Trace
+
+    g = Geometry(layers=1, experts=2, top_k=1, hidden=8, intermediate=4)
+
+    def request(tokens: int, prefill: int) -> Request:
+        return Request(np.zeros((tokens, 1, 1), np.int16), np.ones((tokens, 1, 1), np.float32), prefill=prefill)
+
+    trace = Trace(g, [request(2, 0), request(1, 1), request(1, 0)])  # a lone decoder, a prompt, then another
+    wl = Workload(Arrival.CLOSED, users=2, think_s=0.0, max_batch=2, schedule=Schedule.PREFILL_FIRST)
+    runs = [simulate(trace, get_policy("ondemand"), Capacity(1, per_layer=False), load_profile("rtx4090x4"), preset_for(g),
+                     workload=wl, compiled=compiled, detail=True).to_dict() for compiled in (True, False)]
+    assert runs[0] == runs[1]
