@@ -82,7 +82,7 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {
-    "tiny-mixtral": Recipe(steps=800, balance=Balance.BATCH, locality_coef=0.2),
+    "tiny-mixtral": Recipe(steps=800, balance=Balance.BATCH, locality_coef=0.5),
     "tiny-olmoe": Recipe(steps=800, balance=Balance.BATCH, locality_coef=0.5),
 }
 """Each shipped model's recipe, chosen by the ablation in bench/RESULTS.md (issue 21, "Retraining
