@@ -204,7 +204,7 @@ def bench(
         acc = rec["accuracy"]
         title = (
             f"{rec['setting']}: fit on {rec['fit_requests']} requests, {rec['scored_requests']} scored; "
-            f"horizon {rec['horizon']} chosen on {rec['chosen_on']}"
+            f"horizon {rec['horizon']}, fallback {'on' if rec['fallback'] else 'off'}, chosen on {rec['chosen_on']}"
         )
         recall = {m: acc[m]["recall_at_k"] for m in ("cascade", "trajectory", "popularity") if m in acc}
         rows = [{**row, **{f"recall {m}": v for m, v in recall.items()}} for row in rec["policies"]]

@@ -12,7 +12,8 @@ casmoe/planner/planner.py):
 - `domain:NAME`: the `insplit` planner on every request of another trace of the same routing
   shape (held-out-domain evaluation traces).
 
-Hyperparameters (the trajectory stage's `horizon`, over `grid`) are chosen per setting on a
+Hyperparameters (the trajectory stage's `horizon`, over `grid`, and the policy's `fallback`,
+off or on) are chosen per setting on a
 declared validation split of that setting's own fit data: its first validation fold
 (`validation_folds`: whole tasks), scored by replayed casmoe hit rate at the first capacity
 with a planner fitted on the rest; the record names the fold's tasks and size. Evaluation
@@ -87,18 +88,21 @@ def _hit_rate(trace: Trace, policy: str, cap: Capacity, options: dict[str, Any])
 
 
 MAX_VALID = 120
+FALLBACK = (False, True)  # `casmoe[fallback=...]` candidates, chosen on validation with the horizon
 
 
 def choose(
     part: Trace, config: PlannerConfig, grid: Sequence[int], cap: Capacity, folder: Path, max_valid: int = MAX_VALID,
     embeddings: Embeddings | None = None,
 ) -> dict[str, Any]:
-    """The grid value of `horizon` with the best casmoe hit rate on the first validation fold
-    of `part` (the fit data; its first `max_valid` requests), fitted on the other folds; with
-    what data chose it."""
+    """The grid value of `horizon`, and whether the policy runs with `fallback` (LFU's order
+    where the learned map proves wrong on the request), with the best casmoe hit rate on the
+    first validation fold of `part` (the fit data; its first `max_valid` requests), fitted on
+    the other folds; with what data chose them."""
     folds = validation_folds(part, config.folds)
     if len(grid) < 2 or len(folds) < 2:
-        return {"horizon": grid[0] if grid else config.horizon, "chosen_on": "nothing (one candidate or one fold)"}
+        return {"horizon": grid[0] if grid else config.horizon, "fallback": False,
+                "chosen_on": "nothing (one candidate or one fold)"}
     val = folds[0][:max_valid]
     rest = np.setdiff1d(np.arange(len(part.requests)), folds[0])
     train, valid = part.subset(rest.tolist()), part.subset(val.tolist())
@@ -118,14 +122,17 @@ def choose(
         planner = Planner(train.geometry, replace(config, horizon=h), *prompt_parts, fit_data, stages and stages.gate, traj)
         sub = folder / f"h{h}"
         planner.save(sub)
-        scores[h] = _hit_rate(valid, "casmoe", cap, {"planner": str(sub)})
-    best = max(grid, key=lambda h: (scores[h], -grid.index(h)))
+        for fallback in FALLBACK:
+            scores[h, fallback] = _hit_rate(valid, "casmoe", cap, {"planner": str(sub), "fallback": fallback})
+    # ties: the earlier horizon, then no fallback
+    best = max(scores, key=lambda hf: (scores[hf], -grid.index(hf[0]), -FALLBACK.index(hf[1])))
     tasks = sorted({r.task for r in valid.requests if r.task is not None})
     return {
-        "horizon": best,
+        "horizon": best[0],
+        "fallback": best[1],
         "chosen_on": f"validation fold of the fit data: {len(val)} requests ({', '.join(tasks) or 'no task labels'}), "
         f"planner fitted on the other folds' {len(rest)}",
-        "validation_hit_rate": {str(h): s for h, s in scores.items()},
+        "validation_hit_rate": {f"{h}{'+fallback' if fb else ''}": s for (h, fb), s in scores.items()},
     }
 
 
@@ -173,7 +180,8 @@ def run(
         rows = []
         for cap in caps:
             row: dict[str, Any] = {"slots_per_layer": cap.slots}
-            runs = [("casmoe", "casmoe", {"planner": str(path)}), ("casmoe_static", "casmoe", {"planner": str(path), "update": False})]
+            runs = [("casmoe", "casmoe", {"planner": str(path), "fallback": chosen["fallback"]}),
+                    ("casmoe_static", "casmoe", {"planner": str(path), "update": False})]
             for label, name, opts in [*runs, *((b, b, {}) for b in BASELINES)]:
                 row[label] = _hit_rate(s.scored, name, cap, opts)
                 if simulate is not None and label != "casmoe_static":
