@@ -70,7 +70,8 @@ def leaderboard(
     table = lb.markdown(records, workloads, planners)
     write_text(out / "leaderboard.md", table)
     for w in workloads:
-        ran = [r for r in records if "skipped" not in r and Path(r["trace"]).name == w.scored.name]
+        ran = [{**r, "policy": lb.short_label(r["policy"], w, planners.get(w.name))}  # the table's labels
+               for r in records if "skipped" not in r and Path(r["trace"]).name == w.scored.name]
         if ran:
             plot_decode_vs_capacity(out / f"{w.name}.png", ran)
     typer.echo(table)

@@ -126,7 +126,7 @@ def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload],
             lines += [f"{title} | " + " | ".join(f"{c} slots/layer" for c in caps), "---|" + "---|" * len(caps)]
             rows: dict[str, dict[str, str]] = {}
             for r in mine:
-                label = _short(r["policy"], w, planner) + ("*" if r.get("oracle") else "")
+                label = short_label(r["policy"], w, planner) + ("*" if r.get("oracle") else "")
                 row = rows.setdefault(label, {})
                 if "skipped" in r:
                     row[r["capacity_spec"]] = "n/a"
@@ -135,13 +135,13 @@ def markdown(records: Sequence[dict[str, Any]], workloads: Sequence[Workload],
                     row[r["capacity_spec"]] = fmt.format(value)
             lines += [f"{label} | " + " | ".join(row.get(c, "-") for c in caps) for label, row in rows.items()]
             lines.append("")
-        skipped = sorted({f"{_short(r['policy'], w, planner)}: {r['skipped']}" for r in mine if "skipped" in r})
+        skipped = sorted({f"{short_label(r['policy'], w, planner)}: {r['skipped']}" for r in mine if "skipped" in r})
         lines += [f"n/a: {s}" for s in skipped] + ([""] if skipped else [])
     lines.append("\\* oracle: reads the future (a bound, not a deployable policy).")
     return "\n".join(lines) + "\n"
 
 
-def _short(label: str, workload: Workload, planner: str | None) -> str:
+def short_label(label: str, workload: Workload, planner: str | None) -> str:
     """A policy's label with the train half's file, and the planner fitted on it, written `train`."""
     label = label.replace(str(workload.train), "train")
     return label.replace(planner, "train") if planner else label
