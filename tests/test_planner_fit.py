@@ -404,8 +404,9 @@ def test_cli_planner_bench_chooses_on_fit_data_only(trace, tmp_path) -> None:
     assert [r["setting"] for r in records] == ["mixed:code"]
     rec = records[0]
     assert "code" not in rec["chosen_on"] and rec["horizon"] in (2, 4)
+    assert rec["chosen_on"].startswith("2 validation fold(s)")  # VALID_FOLDS, each a planner fitted on the rest
     assert set(rec["validation_hit_rate"]) == {"2", "4", "2+fallback", "4+fallback"}
     assert isinstance(rec["fallback"], bool)
     row = rec["policies"][0]
     assert row["slots_per_layer"] == 3 and all(0 <= row[p] <= 1 for p in ("casmoe", "casmoe_static", "lru", "lfu"))
-    assert "horizon" in res.output and "chosen on validation fold" in res.output
+    assert "horizon" in res.output and "validation fold(s) of the fit data" in res.output

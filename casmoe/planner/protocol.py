@@ -14,9 +14,10 @@ casmoe/planner/planner.py):
 
 Hyperparameters (the trajectory stage's `horizon`, over `grid`, and the policy's `fallback`,
 off or on) are chosen per setting on a
-declared validation split of that setting's own fit data: its first validation fold
-(`validation_folds`: whole tasks), scored by replayed casmoe hit rate at the first capacity
-with a planner fitted on the rest; the record names the fold's tasks and size. Evaluation
+declared validation split of that setting's own fit data: its first `VALID_FOLDS` validation
+folds (`validation_folds`: whole tasks), each scored by replayed casmoe hit rate at the first
+capacity with a planner fitted on the rest, the choice by their mean; the record names the
+folds' tasks and sizes. Evaluation
 tasks never enter the choice: they are not in the fit data.
 
 Each setting reports recall@k / coverage@2k (casmoe/planner/evaluate.py: the cascade, the
@@ -88,51 +89,59 @@ def _hit_rate(trace: Trace, policy: str, cap: Capacity, options: dict[str, Any])
 
 
 MAX_VALID = 120
+VALID_FOLDS = 2
+"""Validation folds a choice is scored on (each a whole-task fold, scored by a planner fitted on
+the rest): one task can favour what another refutes (the fallback helps on a task unlike the fit
+data and costs a little on one like it; bench/RESULTS.md issue 23)."""
 FALLBACK = (False, True)  # `casmoe[fallback=...]` candidates, chosen on validation with the horizon
 
 
 def choose(
     part: Trace, config: PlannerConfig, grid: Sequence[int], cap: Capacity, folder: Path, max_valid: int = MAX_VALID,
-    embeddings: Embeddings | None = None,
+    embeddings: Embeddings | None = None, valid_folds: int = VALID_FOLDS,
 ) -> dict[str, Any]:
     """The grid value of `horizon`, and whether the policy runs with `fallback` (LFU's order
-    where the learned map proves wrong on the request), with the best casmoe hit rate on the
-    first validation fold of `part` (the fit data; its first `max_valid` requests), fitted on
-    the other folds; with what data chose them."""
+    where the learned map proves wrong on the request), with the best mean casmoe hit rate over
+    the first `valid_folds` validation folds of `part` (the fit data; each fold's first
+    `max_valid` requests, scored by a planner fitted on the other folds); with what data chose them."""
     folds = validation_folds(part, config.folds)
-    if len(grid) < 2 or len(folds) < 2:
-        return {"horizon": grid[0] if grid else config.horizon, "fallback": False,
-                "chosen_on": "nothing (one candidate or one fold)"}
-    val = folds[0][:max_valid]
-    rest = np.setdiff1d(np.arange(len(part.requests)), folds[0])
-    train, valid = part.subset(rest.tolist()), part.subset(val.tolist())
+    horizons = list(grid) or [config.horizon]
+    if len(folds) < 2:
+        return {"horizon": horizons[0], "fallback": False, "chosen_on": "nothing (one fold)"}
     from casmoe.planner.fitdata import FitData
     from casmoe.planner.planner import Planner, fit_prompt_stages
     from casmoe.planner.trajectory import fit_trajectory
 
-    stages = fit_prompt_stages(train, config, embeddings=embeddings) if train.has_prompts else None
-    fit_data = FitData.of(train, train, _patterns(train, config))
-    scores = {}
-    for h in grid:
-        traj = fit_trajectory(
-            train, None if stages is None else stages.answers, horizon=h, cadence=config.cadence,
-            neighbours=config.neighbours, seed=config.seed,
-        )
-        prompt_parts = (stages.matcher, stages.predictor) if stages is not None else (None, None)
-        planner = Planner(train.geometry, replace(config, horizon=h), *prompt_parts, fit_data, stages and stages.gate, traj)
-        sub = folder / f"h{h}"
-        planner.save(sub)
-        for fallback in FALLBACK:
-            scores[h, fallback] = _hit_rate(valid, "casmoe", cap, {"planner": str(sub), "fallback": fallback})
+    scores: dict[tuple[int, bool], list[float]] = {}
+    used = []
+    for i, fold in enumerate(folds[:valid_folds]):
+        val = fold[:max_valid]
+        rest = np.setdiff1d(np.arange(len(part.requests)), fold)
+        train, valid = part.subset(rest.tolist()), part.subset(val.tolist())
+        stages = fit_prompt_stages(train, config, embeddings=embeddings) if train.has_prompts else None
+        fit_data = FitData.of(train, train, _patterns(train, config))
+        for h in horizons:
+            traj = fit_trajectory(
+                train, None if stages is None else stages.answers, horizon=h, cadence=config.cadence,
+                neighbours=config.neighbours, seed=config.seed,
+            )
+            prompt_parts = (stages.matcher, stages.predictor) if stages is not None else (None, None)
+            planner = Planner(train.geometry, replace(config, horizon=h), *prompt_parts, fit_data, stages and stages.gate, traj)
+            sub = folder / f"fold{i}-h{h}"
+            planner.save(sub)
+            for fallback in FALLBACK:
+                scores.setdefault((h, fallback), []).append(
+                    _hit_rate(valid, "casmoe", cap, {"planner": str(sub), "fallback": fallback}))
+        tasks = sorted({r.task for r in valid.requests if r.task is not None})
+        used.append(f"{len(val)} requests ({', '.join(tasks) or 'no task labels'}), planner fitted on the other {len(rest)}")
+    mean = {hf: float(np.mean(v)) for hf, v in scores.items()}
     # ties: the earlier horizon, then no fallback
-    best = max(scores, key=lambda hf: (scores[hf], -grid.index(hf[0]), -FALLBACK.index(hf[1])))
-    tasks = sorted({r.task for r in valid.requests if r.task is not None})
+    best = max(mean, key=lambda hf: (mean[hf], -horizons.index(hf[0]), -FALLBACK.index(hf[1])))
     return {
         "horizon": best[0],
         "fallback": best[1],
-        "chosen_on": f"validation fold of the fit data: {len(val)} requests ({', '.join(tasks) or 'no task labels'}), "
-        f"planner fitted on the other folds' {len(rest)}",
-        "validation_hit_rate": {f"{h}{'+fallback' if fb else ''}": s for (h, fb), s in scores.items()},
+        "chosen_on": f"{len(used)} validation fold(s) of the fit data: " + "; ".join(used),
+        "validation_hit_rate": {f"{h}{'+fallback' if fb else ''}": s for (h, fb), s in mean.items()},
     }
 
 
