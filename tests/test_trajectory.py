@@ -273,3 +273,15 @@ def test_fallback_turns_to_lfu_order_when_the_map_misleads() -> None:
     assert lfu == 2 * (len(topk) // 3) - 2  # every 0 and 1 but the first ones
     assert misled < lfu - 10
     assert fallback >= lfu - 3  # a disagreement or two before the first regret
+
+
+def test_fallback_without_the_updating_policy_is_refused() -> None:
+    """The fallback checks the updating policy's learned map; the static form has none to check,
+    so asking for it there is an error, not an option silently dropped."""
+    from casmoe.cache import CacheConfigError
+
+    g = Geometry(layers=1, experts=4, top_k=1, hidden=8, intermediate=4)
+    with pytest.raises(CacheConfigError, match="fallback"):
+        CasMoE.create(g, Capacity(2), predictor="exact", fallback=True)
+    with pytest.raises(CacheConfigError, match="fallback"):
+        CasMoE(g, Capacity(2), predictor=lambda request: np.ones((1, 4)), fallback=True)

@@ -117,6 +117,10 @@ class CasMoE(ExpertCache):
         fallback: bool = False, **kw,
     ) -> None:
         super().__init__(*args, **kw)
+        if fallback and trajectory is None:
+            raise CacheConfigError("casmoe's fallback checks the updating policy's learned map: it needs planner=DIR "
+                                   "(with update=true, the default)")
+        self.fallback = fallback
         self.predictor = predictor
         self.needs_future = oracle  # an oracle predictor reads the request's own routing
         self.trajectory = trajectory  # None: the static policy (fixed scores per request)
@@ -139,7 +143,6 @@ class CasMoE(ExpertCache):
             self._stream = np.zeros(g.total_experts)  # accesses across requests (LFU's counts)
             self._recent = np.zeros(g.total_experts)  # the same, decayed per request
             self._confidence = 0.0
-            self.fallback = fallback
             self._begin_state(0)
         self.prefetches_per_layer = trajectory is not None
 
@@ -217,12 +220,13 @@ class CasMoE(ExpertCache):
                 start_prefetch=start_prefetch, fallback=fallback, **kw,
             )
         if callable(predictor):
-            return cls(geometry, capacity, predictor=predictor, **kw)
+            return cls(geometry, capacity, predictor=predictor, fallback=fallback, **kw)
         if predictor == "exact":
-            return cls(geometry, capacity, predictor=exact_predictor(geometry), oracle=True, **kw)
+            return cls(geometry, capacity, predictor=exact_predictor(geometry), oracle=True, fallback=fallback, **kw)
         if predictor == "noisy":
             rng = np.random.default_rng(seed)
-            return cls(geometry, capacity, predictor=noisy_predictor(geometry, noise, rng), oracle=True, **kw)
+            return cls(geometry, capacity, predictor=noisy_predictor(geometry, noise, rng), oracle=True,
+                       fallback=fallback, **kw)
         raise CacheConfigError(f"casmoe predictor must be 'exact', 'noisy' or a planner=DIR, got {predictor!r}")
 
     def prefetch_request(self, request) -> list[ExpertId]:
