@@ -124,10 +124,60 @@ class TrainResult:
     heldout_perplexity: float
     weights_bytes: int
     settings: dict[str, Any]
+    environment: dict[str, str]  # what the weights' arithmetic depended on (`training_environment`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+
+def training_environment() -> dict[str, str]:
+    """What a training run's arithmetic depends on beyond its settings: the libraries' versions
+    and the CPU kernels torch dispatches to. Why it is recorded: on one machine the same recipe
+    and seed give the same weights byte for byte (tests/test_train.py), but the shipped
+    tiny-olmoe's recipe gave three different models in three sessions (held-out perplexity
+    98.79, 99.89, 99.95; bench/RESULTS.md issue 21): float rounding differs between library
+    versions and between CPU kernels (AVX2, AVX-512), and 800 steps amplify it. So a claim that
+    `casmoe train-tiny NAME` reproduces a shipped model holds where this environment matches the
+    one its `train.json` records (`environment_differences`)."""
+    import platform
+    from importlib.metadata import version
+
+    import torch
+
+    env = {lib: version(lib) for lib in ("torch", "transformers", "tokenizers", "numpy")}
+    env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    env["machine"] = platform.machine()
+    return env
+
+
+def environment_differences(recorded: dict[str, str] | None) -> list[str]:
+    """How this environment differs from a recorded one ("transformers 5.24.0 here, 5.25.0
+    recorded"); everything, when nothing was recorded."""
+    here = training_environment()
+    if not recorded:
+        return ["the shipped model's train.json records no environment"]
+    return [f"{key} {here.get(key)} here, {value} recorded" for key, value in recorded.items() if here.get(key) != value]
+
+
+
+def reproduction(name: str, folder: Path | str, shipped: Path | str) -> str:
+    """One line on whether the model `train-tiny NAME` wrote to `folder` is the shipped model
+    in `shipped` byte for byte and, where it is not, which recorded part of the environment
+    differs (`environment_differences`) or that the settings were not the recipe's."""
+    folder, shipped = Path(folder), Path(shipped)
+    if folder.resolve() == shipped.resolve():
+        return f"wrote the shipped {name} model itself ({folder})"
+    if not (shipped / "model.safetensors").is_file():
+        return f"no shipped {name} model at {shipped} to compare with"
+    if (folder / "model.safetensors").read_bytes() == (shipped / "model.safetensors").read_bytes():
+        return f"the weights equal the shipped {name} model's byte for byte"
+    mine = json.loads((folder / "train.json").read_text())
+    theirs = json.loads((shipped / "train.json").read_text())
+    if mine.get("settings") != theirs.get("settings"):
+        return f"the weights differ from the shipped {name} model's: other settings than its recipe"
+    why = environment_differences(theirs.get("environment"))
+    return (f"the weights differ from the shipped {name} model's at the float level: "
+            + ("; ".join(why) if why else "the same recorded environment (an unrecorded difference, e.g. the CPU)"))
 
 def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     """Byte-level BPE on the given texts, wrapped as a transformers fast tokenizer."""
@@ -393,6 +443,7 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
             train_tokens=int(rows.numel()), steps=settings.steps, seconds=round(seconds, 1),
             first_loss=round(losses[0], 4), final_loss=round(float(np.mean(losses[-20:])), 4),
             heldout_loss=round(held_loss, 4), heldout_perplexity=round(math.exp(held_loss), 2),
-            weights_bytes=(tmp / "model.safetensors").stat().st_size, settings=asdict(settings))
+            weights_bytes=(tmp / "model.safetensors").stat().st_size, settings=asdict(settings),
+            environment=training_environment())
         write_text(tmp / "train.json", json.dumps(result.to_dict(), indent=2) + "\n")
     return result

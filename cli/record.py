@@ -107,7 +107,7 @@ def train_tiny(
     from dataclasses import replace
 
     from casmoe.backends.train import TINY_MODELS, Balance, TrainSettings
-    from casmoe.backends.train import train_tiny as run_train
+    from casmoe.backends.train import reproduction, train_tiny as run_train
     from casmoe.errors import CasmoeError
     from casmoe.shipped import data_dir
 
@@ -131,5 +131,7 @@ def train_tiny(
         settings = replace(settings, locality_coef=locality_coef)
     if concentration_coef is not None:
         settings = replace(settings, concentration_coef=concentration_coef)
-    result = run_train(name, out or data_dir() / "models" / name, settings, corpus=corpus)
+    folder = out or data_dir() / "models" / name
+    result = run_train(name, folder, settings, corpus=corpus)
     print(json.dumps(result.to_dict(), indent=2))
+    typer.echo(reproduction(name, folder, data_dir() / "models" / name), err=True)

@@ -160,3 +160,44 @@ def test_request_concentration_is_each_texts_normalised_entropy() -> None:
     assert float(request_concentration_loss((two,), ends)) == pytest.approx(0.0, abs=1e-6)
     assert float(request_concentration_loss((two,), rows)) == pytest.approx(math.log(2) / math.log(E), abs=1e-6)
     assert float(request_concentration_loss((two, one), rows)) == pytest.approx(math.log(2) / math.log(E) / 2, abs=1e-6)
+
+
+@pytest.mark.slow  # three short trainings of tiny-olmoe: about 30 s of CPU
+def test_train_tiny_is_deterministic_and_says_whether_it_reproduces(tmp_path) -> None:
+    from casmoe.backends.train import reproduction, train_tiny
+
+    short = TrainSettings(steps=3)
+    for name in ("a", "b"):
+        train_tiny("tiny-olmoe", tmp_path / name, short, progress=False)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert "byte for byte" in reproduction("tiny-olmoe", tmp_path / "b", tmp_path / "a")
+    train_tiny("tiny-olmoe", tmp_path / "c", TrainSettings(steps=3, seed=1), progress=False)
+    assert "other settings" in reproduction("tiny-olmoe", tmp_path / "c", tmp_path / "a")
+
+
+def _model_folder(path, weights: bytes, environment: dict | None, settings: dict | None = None):
+    import json
+
+    path.mkdir()
+    (path / "model.safetensors").write_bytes(weights)
+    record = {"settings": settings or {"seed": 0}, **({} if environment is None else {"environment": environment})}
+    (path / "train.json").write_text(json.dumps(record))
+    return path
+
+
+def test_reproduction_names_what_differs(tmp_path) -> None:
+    from casmoe.backends.train import reproduction, training_environment
+
+    here = training_environment()
+    ours = _model_folder(tmp_path / "ours", b"new", here)
+    same_env = _model_folder(tmp_path / "same", b"old", here)
+    assert "same recorded environment" in reproduction("tiny-olmoe", ours, same_env)
+    other = _model_folder(tmp_path / "other", b"old", {**here, "transformers": "0.0.1", "cpu_capability": "AVX512"})
+    line = reproduction("tiny-olmoe", ours, other)
+    assert "transformers" in line and "0.0.1 recorded" in line and "AVX512 recorded" in line
+    assert "torch" not in line  # what matches is not named
+    unrecorded = _model_folder(tmp_path / "unrecorded", b"old", None)
+    assert "records no environment" in reproduction("tiny-olmoe", ours, unrecorded)
+    twin = _model_folder(tmp_path / "twin", b"new", None)
+    assert "byte for byte" in reproduction("tiny-olmoe", ours, twin)
+    assert "no shipped" in reproduction("tiny-olmoe", ours, tmp_path / "missing")
