@@ -198,6 +198,7 @@ class Setup:
             load_layer_s=hw.load_layer_us * 1e-6,
             wake_s=hw.wake_us * 1e-6,
             resume_rate=hw.resume_per_stall, beside_s=hw.copy_beside_us * 1e-6,
+            decide_s=hw.decide_us * 1e-6, decide_load_s=hw.decide_load_us * 1e-6,
             timeline=self.timeline, timeliness=timeliness, tier=tier, requests=self.trace.requests,
         )
         return RunState(links, shards, timer, tier, timeliness)

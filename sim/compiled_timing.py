@@ -156,11 +156,12 @@ def _state(tk: Any, machine: Any, setup: Any, arrays: StepArrays) -> Any:
         E, L, D, D > 1, timer.miss_mode is MissMode.CPU, timer.timeliness is not None, links[0].host is not None,
         bool(timer.load_host_s or timer.load_layer_s or timer.beside_s),
     )
-    par = np.zeros(10)
+    par = np.zeros(tk.N_PAR)
     par[[tk.P_RATE, tk.P_LATENCY, tk.P_HOST_RATE, tk.P_LOAD_HOST, tk.P_LOAD_LAYER, tk.P_WAKE, tk.P_RESUME, tk.P_BESIDE,
-         tk.P_EXPERT_PASS, tk.P_CPU_SERIAL]] = (
+         tk.P_EXPERT_PASS, tk.P_CPU_SERIAL, tk.P_DECIDE, tk.P_DECIDE_LOAD]] = (
         links[0].rate, links[0].latency, links[0].host.rate if links[0].host is not None else 0.0, timer.load_host_s,
         timer.load_layer_s, timer.wake_s, timer.resume_rate, timer.beside_s, compute.expert_pass, compute.cpu_serial,
+        timer.decide_s, timer.decide_load_s,
     )
     exp_tab, cpu_tab = _tables(compute, L, arrays.counts, cfg[tk.C_CPU_MODE])
     tl = timer.timeliness

@@ -52,7 +52,11 @@ class HardwareProfile:
     `resume_per_stall` x its stall longer (what the compute loses after blocking: more the
     longer it idled); a copy that runs beside the compute (a prefetch or background
     load, not waited for where it is issued) costs the compute thread `copy_beside_us` (the
-    copy thread's own work competes with it). In the cpu miss mode,
+    copy thread's own work competes with it). The cache policy's own decisions run on the same
+    thread: `decide_us` per layer visit beyond those of the all-resident baseline the resident
+    step was measured with (a Python policy's bookkeeping), plus `decide_load_us` per load the
+    visit asks for (choosing a victim, recording the load); both delay the layer's loads, and
+    they depend on the policy's code (`casmoe validate` times each policy's replay). In the cpu miss mode,
     `cpu_hop_us` is the fixed cost of moving one expert's activations between the GPU and the
     host (each way), and `cpu_serial` says how the host's experts add to the device's: 0, beside
     them (a GPU box: the layer takes the longer), 1, on the same thread (a CPU-only backend: the
@@ -90,6 +94,8 @@ class HardwareProfile:
     wake_us: float = 0.0
     resume_per_stall: float = 0.0
     copy_beside_us: float = 0.0
+    decide_us: float = 0.0
+    decide_load_us: float = 0.0
     cpu_hop_us: float = 0.0
     expert_pass_us: float = 0.0
     cpu_serial: float = 0.0
@@ -215,7 +221,7 @@ class HardwareProfile:
 
 OPTIONAL = {
     "storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0, "load_layer_us": 0.0,
-    "wake_us": 0.0, "resume_per_stall": 0.0, "copy_beside_us": 0.0,
+    "wake_us": 0.0, "resume_per_stall": 0.0, "copy_beside_us": 0.0, "decide_us": 0.0, "decide_load_us": 0.0,
     "cpu_hop_us": 0.0, "expert_pass_us": 0.0, "cpu_serial": 0.0,
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""

@@ -6,7 +6,8 @@ router: the experts are known only after it), issues the loads routing asks for,
 its routed experts (`compute.py`) once every one of them has arrived: a copy in flight keeps
 landing while the dense part runs. Issuing takes host time (`load_host_us` per load,
 `load_layer_us` per burst) while the copies already run; a copy not waited for where it is
-issued (a prefetch) costs the compute `copy_beside_us` too. The wait beyond the host's own work
+issued (a prefetch) costs the compute `copy_beside_us` too; the policy's own decisions take
+`decide_us` per layer and `decide_load_us` per load they ask for, before the loads start. The wait beyond the host's own work
 is a stall, charged to `late prefetch` up to the last arrival of an expert already in flight
 when the router chose it (a late hit), and to `demand miss` beyond; a layer that waited
 resumes `wake_us` after its last copy landed (a blocked host thread) and computes longer by
@@ -101,6 +102,8 @@ class StepTimer:
         wake_s: float = 0.0,
         resume_rate: float = 0.0,
         beside_s: float = 0.0,
+        decide_s: float = 0.0,
+        decide_load_s: float = 0.0,
         timeline: Timeline | None = None,
         timeliness: Timeliness | None = None,
         tier: HostTier | None = None,
@@ -117,6 +120,8 @@ class StepTimer:
         self.wake_s = wake_s
         self.resume_rate = resume_rate
         self.beside_s = beside_s
+        self.decide_s = decide_s  # the policy's decisions per layer visit (beyond the resident step's)
+        self.decide_load_s = decide_load_s  # and per load a visit asks for
         self.timeline = timeline
         self.timeliness = timeliness
         self.tier = tier  # the RAM tier the links read through, told of request boundaries
@@ -187,6 +192,7 @@ class StepTimer:
         compute, timeline, timeliness, device_busy = self.compute, self.timeline, self.timeliness, self.device_busy
         interleaved, counts, multi = visits is None, sub.counts, len(self.links) > 1
         host_cost = self.load_host_s or self.load_layer_s or self.beside_s
+        decide_s, decide_load_s = self.decide_s, self.decide_load_s
         resume_rate, expert_pass = self.resume_rate, compute.expert_pass
         T, dense, links, first, exp_time = work.tokens, work.dense, shard.links, shard.first, shard.expert_time
         decide = shard.decider.visit
@@ -204,6 +210,8 @@ class StepTimer:
                 link.land(t, landed)  # only this layer's experts are observed next
             pre, acc = decide(s, ll, experts) if interleaved else next(visit_iter)
             routed = t + dense
+            if decide_s or decide_load_s:  # the policy decides on the compute thread before any load
+                routed += decide_s + decide_load_s * (len(pre) + len(acc.loads) + len(acc.background))
             if pre:
                 self._issue(shard, t, pre)
                 if host_cost:

@@ -30,6 +30,8 @@ from casmoe.kernels.cache_machine import LOG_CPU, M_END, M_PRE, M_ROUTE, R_LOG, 
 C_E, C_L, C_D, C_MULTI, C_CPU_MODE, C_DETAIL, C_HOST_CAP, C_HOST_COST = range(8)
 # par slots (float64): the link and the machine's host costs
 P_RATE, P_LATENCY, P_HOST_RATE, P_LOAD_HOST, P_LOAD_LAYER, P_WAKE, P_RESUME, P_BESIDE, P_EXPERT_PASS, P_CPU_SERIAL = range(10)
+P_DECIDE, P_DECIDE_LOAD = 10, 11  # the policy's decisions: per layer visit, per load asked for
+N_PAR = 12
 # acc slots (float64): the run's accumulators and the host cap's free-at time
 A_COMPUTE, A_STALL_DEMAND, A_STALL_LATE, A_BOUND, A_HOST_FREE = range(5)
 # n slots (int64)
@@ -419,6 +421,8 @@ def _layer(st, ll, on_device, t, dense, experts, counts, weighted, lo, hi, log, 
     ncpu = b - a if cpu and st.cfg[C_CPU_MODE] else 0
     d = st.device[ll]
     routed = t + dense
+    if st.par[P_DECIDE] or st.par[P_DECIDE_LOAD]:
+        routed += st.par[P_DECIDE] + st.par[P_DECIDE_LOAD] * ((a - pre) + nloads)
     if a > pre:
         _issue(st, t, log, pre, a)
         if st.cfg[C_HOST_COST]:

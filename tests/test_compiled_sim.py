@@ -47,7 +47,7 @@ def test_compiled_decisions_simulate_to_the_last_bit(variant, case, mode, batch,
     if slow_link:  # prefetches still in flight when used: late hits and lazy link commits
         hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, load_layer_us=5.0,
                                   wake_us=2.0, resume_per_stall=0.1,
-                                  copy_beside_us=4.0)
+                                  copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
 
     def result(compiled: bool):
         try:

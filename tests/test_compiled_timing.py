@@ -60,7 +60,7 @@ def test_compiled_timing_to_the_last_bit(monkeypatch, variant, case, mode, batch
     hw = load_profile("rtx4090x4")
     if slow_link:  # prefetches still in flight when used: late hits, lazy commits, cancellations
         hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, load_layer_us=5.0,
-                                  wake_us=2.0, resume_per_stall=0.1, copy_beside_us=4.0)
+                                  wake_us=2.0, resume_per_stall=0.1, copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
     if host_cap:  # the links share one host pipe
         hw = dataclasses.replace(hw, host_cap_gbs=hw.h2d_pinned_gbs / (3e3 if slow_link else 3))
 
@@ -114,7 +114,7 @@ def test_compiled_serving_to_the_last_bit(variant, case, mode, devices, slow_lin
     hw = load_profile("rtx4090x4")
     if slow_link:
         hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, wake_us=2.0,
-                                  resume_per_stall=0.1, copy_beside_us=4.0)
+                                  resume_per_stall=0.1, copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
     wl = Workload(Arrival.POISSON, rate=rate, max_batch=max_batch, schedule=schedule, chunk=chunk)
 
     def run(compiled: bool):

@@ -54,7 +54,7 @@ def test_closed_loop_alone_to_the_last_bit(variant, case, mode, devices, slow_li
     hw = load_profile("rtx4090x4")
     if slow_link:
         hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, wake_us=2.0,
-                                  resume_per_stall=0.1, copy_beside_us=4.0)
+                                  resume_per_stall=0.1, copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
     wl = Workload(Arrival.CLOSED, users=users, think_s=think, max_batch=max_batch, schedule=schedule, chunk=chunk)
 
     def run(compiled: bool):

@@ -96,6 +96,24 @@ def test_issuing_overlaps_the_copies_and_a_layer_that_waited_resumes_slower():
     assert warm.compute_s == pytest.approx(3 * issuing, rel=1e-12)
 
 
+def test_the_policys_decisions_delay_the_loads_they_ask_for():
+    # On-demand with zero compute: each layer decides (decide_us, plus decide_load_us for each of
+    # its k = 2 loads) before issuing, so the loads start that much later and the step is longer
+    # by it; a warm LRU that loads nothing pays decide_us per layer and nothing per load.
+    g = Geometry(3, 4, 2, layer_expert_bytes=(1_000_000, 3_000_000, 7_000_000))
+    rows = random_rows(np.random.default_rng(1), g, 6)
+    hw = dataclasses.replace(HW, decide_us=11.0, decide_load_us=3.0)
+    base = run(trace_of(g, rows), "ondemand", 2, compute=FixedCompute())
+    res = run(trace_of(g, rows), "ondemand", 2, hw=hw, compute=FixedCompute())
+    layers, deciding = 6 * 3, 11e-6 + 2 * 3e-6
+    assert res.compute_s == pytest.approx(layers * deciding, rel=1e-12)
+    assert res.stall_s == pytest.approx(base.stall_s, rel=1e-12)  # the copies start later, take as long
+    assert res.sim_time_s == pytest.approx(base.sim_time_s + layers * deciding, rel=1e-12)
+    warm = run(trace_of(g, rows[:1] * 5), "lru", 2, hw=hw, compute=FixedCompute())
+    cold = run(trace_of(g, rows[:1] * 5), "lru", 2, compute=FixedCompute())
+    assert warm.sim_time_s == pytest.approx(cold.sim_time_s + 5 * 3 * 11e-6 + 3 * 2 * 3e-6, rel=1e-12)
+
+
 def test_a_prefetch_costs_the_compute_it_runs_beside():
     # semoe prefetches the next layer's 4 experts at each layer's start (capacity 4 = E): with
     # copy_beside_us, each of those loads adds its cost to the compute that issued it.

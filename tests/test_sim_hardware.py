@@ -62,7 +62,8 @@ def test_unknown_name_and_missing_file():
 def test_storage_ram_and_host_cost_are_optional_in_a_file_but_sourced_when_given():
     full = load_profile("a100-80g").to_toml()
     optional = ("storage_read_gbs", "storage_latency_us", "host_ram_gib", "load_host_us", "load_layer_us", "wake_us",
-                "resume_per_stall", "copy_beside_us", "cpu_hop_us", "expert_pass_us", "cpu_serial")
+                "resume_per_stall", "copy_beside_us", "decide_us", "decide_load_us", "cpu_hop_us", "expert_pass_us",
+                "cpu_serial")
     older = "\n".join(line for line in full.splitlines() if not line.startswith(optional))
     p = HardwareProfile.from_toml(older)
     assert all(getattr(p, n) == 0.0 and "not given" in p.sources[n] for n in optional)
