@@ -87,6 +87,73 @@ class HostCosts:
 
 
 @dataclass(frozen=True)
+class DecisionCost:
+    """Compute-thread seconds of a policy's own decisions (the cache's `before_layer` and
+    `route`) per layer visit: `per_visit`, plus `per_load` for each load the visit asks for
+    (choosing a victim, recording the load); the simulator's `decide_us` / `decide_load_us`
+    charge them beyond the all-resident baseline's, whose visits are in its resident step."""
+
+    per_visit: float  # seconds
+    per_load: float  # seconds
+    measured_s: float = 0.0  # the visits' total as timed (a diagnostic beside the backend's own timers)
+
+    @classmethod
+    def fit(cls, seconds: Sequence[float], loads: Sequence[int]) -> DecisionCost:
+        """Least squares of t = per_visit + per_load x loads over visits (per_load 0 when every
+        visit asked for as many loads: nothing to tell them apart by)."""
+        t, n = np.asarray(seconds, dtype=float), np.asarray(loads, dtype=float)
+        if not len(t):
+            return cls(0.0, 0.0)
+        if np.ptp(n) == 0:
+            return cls(float(t.mean()), 0.0, float(t.sum()))
+        slope, intercept = np.polyfit(n, t, 1)
+        return cls(max(float(intercept), 0.0), max(float(slope), 0.0), float(t.sum()))
+
+    def excess(self, baseline: DecisionCost) -> DecisionCost:
+        """What this costs beyond `baseline`'s visits (which a resident step already holds)."""
+        return DecisionCost(max(self.per_visit - baseline.per_visit, 0.0), self.per_load, self.measured_s)
+
+    def scaled(self, factor: float) -> DecisionCost:
+        return DecisionCost(self.per_visit * factor, self.per_load * factor, self.measured_s * factor)
+
+
+def decision_cost(trace: Any, policy: Any, capacity: Capacity, options: dict[str, Any] | None = None,
+                  miss_mode: MissMode = MissMode.LOAD, rounds: int = 3) -> DecisionCost:
+    """A policy's decision costs on this machine: its Python form replayed over `trace`
+    (casmoe.replay, the code the backend's compute thread runs at each layer), each visit's
+    `before_layer` and `route` timed; the fastest of `rounds` replays per visit (a shared
+    machine's interruptions are not the policy's)."""
+    from casmoe.replay import replay
+
+    best: np.ndarray | None = None
+    loads: list[int] = []
+    for _ in range(rounds):
+        cache = policy.create(trace.geometry, capacity, miss_mode=miss_mode, trace=trace, **(options or {}))
+        seconds: list[float] = []
+        loads = []
+        pending = [0.0, 0]
+
+        def timed_before(step: int, layer: int, _f=cache.before_layer) -> Any:
+            t0 = time.perf_counter()
+            pre = _f(step, layer)
+            pending[0], pending[1] = time.perf_counter() - t0, len(pre)
+            return pre
+
+        def timed_route(step: int, layer: int, experts: Any, *rest: Any, _f=cache.route) -> Any:
+            t0 = time.perf_counter()
+            acc = _f(step, layer, experts, *rest)
+            seconds.append(pending[0] + time.perf_counter() - t0)
+            loads.append(pending[1] + len(acc.loads) + len(acc.background))
+            pending[0], pending[1] = 0.0, 0
+            return acc
+
+        cache.before_layer, cache.route = timed_before, timed_route
+        replay(trace, cache, compiled=False)
+        best = np.asarray(seconds) if best is None else np.minimum(best, seconds)
+    return DecisionCost.fit(best if best is not None else [], loads)
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Measured figures (seconds, bytes/s, FLOP/s) and the fitted simulator overheads."""
 
@@ -108,16 +175,19 @@ class Calibration:
     cpu_hop: float = 0.0  # one host expert's fixed cost, each way (activations, the host path's glue)
     expert_pass: float = 0.0  # fixed cost of a layer's pass over its device experts
     beside: float = 0.0  # compute-thread time lost per copy running beside the compute
+    decide: DecisionCost = DecisionCost(0.0, 0.0)  # the policy's decisions beyond the baseline's (`validate` sets it)
 
     def at_speed(self, step_s: float) -> Calibration:
         """The compute-thread and host figures on a machine whose resident decode step now takes
         `step_s` (a shared machine's speed drifts); `refit` then refits the overheads."""
         f = step_s / self.step_s
         return replace(self, loads=self.loads.scaled(f), cpu_hop=self.cpu_hop * f, expert_pass=self.expert_pass * f,
-                       host_expert_s=self.host_expert_s * f, cpu_mem_bw=self.cpu_mem_bw / f, beside=self.beside * f)
+                       host_expert_s=self.host_expert_s * f, cpu_mem_bw=self.cpu_mem_bw / f, beside=self.beside * f,
+                       decide=self.decide.scaled(f))
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("link", "loads")}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("link", "loads", "decide")}
+        d.update(decide_visit=self.decide.per_visit, decide_load=self.decide.per_load)
         d.update(load_issue=self.loads.per_load, load_burst=self.loads.per_burst, resume_per_stall=self.loads.per_stall)
         d["link_bandwidth"] = self.link.bandwidth
         d["link_latency"] = self.link.latency
@@ -163,6 +233,8 @@ class Calibration:
             wake_us=self.wake * 1e6,
             resume_per_stall=self.loads.per_stall,
             copy_beside_us=self.beside * 1e6,
+            decide_us=self.decide.per_visit * 1e6,
+            decide_load_us=self.decide.per_load * 1e6,
             cpu_hop_us=self.cpu_hop * 1e6,
             expert_pass_us=self.expert_pass * 1e6,
             cpu_serial=0.0 if cuda else 1.0,
@@ -198,6 +270,9 @@ class Calibration:
                               "all-resident baseline, compute-thread time beyond issuing per time stalled (through 0)"),
             copy_beside_us=(f"{host}: k prefetch copies through the backend's loader beside the model's own "
                             "compute, the compute's extra time per copy"),
+            decide_us=(f"{host}: the policy's before_layer and route per layer visit, timed over a replay of its "
+                       "trace, beyond the all-resident baseline's (0: no policy's)"),
+            decide_load_us=f"{host}: the same replay's decision time per load a visit asks for (least squares)",
             cpu_hop_us=(f"{host}: on-demand run in the cpu miss mode against the all-resident baseline, "
                         "per one-token host expert beyond the simulator's host compute and activation bytes, halved"),
             expert_pass_us=(f"{host}: all-resident baseline run, the runtime's one-token expert pass less "
@@ -471,10 +546,18 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
                 pts.append(((median_busy([r]) - step) / g.layers, float(np.median(r.token_stall)) / g.layers))
         speed = step_s / median_step(base.timings)
         issues, passes = runs[0].devs[0].issues, base.devs[0].passes
+        routing = runs[0].result().trace
+    # on-demand's own decisions (every decode layer chooses k victims) beyond the baseline's, in
+    # each miss mode: what the simulator charges it (`decide_us`), not part of issuing or resuming
+    resident = decision_cost(routing, get_policy("lru"), Capacity(g.experts))
+    deciding = {mode: decision_cost(routing, ondemand, Capacity(g.top_k), miss_mode=mode).excess(resident)
+                for mode in (MissMode.LOAD, MissMode.CPU)}
     on_host, *points = points  # how much longer a decode layer takes with its experts on the host
     # a layer with its k experts on the host skips the device's pass and runs them one after another
-    host = (float(np.median([extra for extra, _ in on_host])) + passes.mean) / g.top_k
-    issuing = issues.per_burst + g.top_k * issues.per_load
+    cpu_deciding = deciding[MissMode.CPU].per_visit  # no loads in the cpu miss mode
+    host = (float(np.median([extra for extra, _ in on_host])) - cpu_deciding + passes.mean) / g.top_k
+    issuing = issues.per_burst + g.top_k * issues.per_load + deciding[MissMode.LOAD].per_visit + \
+        g.top_k * deciding[MissMode.LOAD].per_load
     # resuming per layer against the layer's stall, the median request on each link: a line through 0
     # (an uncapped link barely stalls: nothing to measure it by)
     x, y = np.asarray([[stall, extra - issuing] for extra, stall in (np.nanmedian(pts, axis=0) for pts in points)]).T

@@ -13,7 +13,7 @@ the store, while the device runs the rest.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -50,6 +50,8 @@ class DeviceRuntime:
         self.host_s = 0.0  # seconds computing experts on the host (cpu miss mode)
         self.issues = IssueCost()
         self.passes = PassCost()  # the device's one-token expert passes
+        self.decisions = DecideCost()  # the cache's own decisions, per layer visit
+        self._decided = (0.0, 0)  # this visit's `before_layer` so far: seconds, loads
         self.direct = device.type == "cpu" and getattr(store, "tensors", None) is not None
 
     # ---- cache events --------------------------------------------------------------------
@@ -62,7 +64,10 @@ class DeviceRuntime:
         if not self.cache.prefetches_per_layer:
             return  # route() releases the previous layer itself
         self.drain()
-        self.issue_all(self.cache.before_layer(step, local))
+        t0 = time.perf_counter()
+        pre = self.cache.before_layer(step, local)
+        self._decided = (time.perf_counter() - t0, len(pre))
+        self.issue_all(pre)
 
     def end_request(self) -> None:
         self.cache.end_request()
@@ -75,7 +80,11 @@ class DeviceRuntime:
         self.step = step
         cache = self.cache
         self.drain()
+        t0 = time.perf_counter()
         acc = cache.route(step, local, experts, scores)
+        before_s, before_loads = self._decided
+        self.decisions.add(before_s + time.perf_counter() - t0, before_loads + len(acc.loads) + len(acc.background))
+        self._decided = (0.0, 0)
         for e in acc.late:  # still-queued prefetches this layer needs go first, as in the simulator
             t = self.tickets.get(e)
             if t is not None:
@@ -237,6 +246,21 @@ class IssueCost:
     def per_burst(self) -> float:
         """What the first load of a burst costs beyond `per_load`."""
         return max(self.first_s / self.bursts - self.per_load, 0.0) if self.bursts else 0.0
+
+
+@dataclass
+class DecideCost:
+    """Compute-thread seconds of the cache's own decisions (`before_layer` and `route`) per
+    layer visit, with the loads each visit asked for: what the policy's code costs the thread
+    that runs the model, beside the issuing `IssueCost` times (`calibrate.decision_cost` fits
+    the simulator's `decide_us` and `decide_load_us` from such visits)."""
+
+    seconds: list[float] = field(default_factory=list)
+    loads: list[int] = field(default_factory=list)
+
+    def add(self, seconds: float, loads: int) -> None:
+        self.seconds.append(seconds)
+        self.loads.append(loads)
 
 
 @dataclass

@@ -50,6 +50,7 @@ class RunResult:
     host_stats: CacheStats | None = None  # the RAM tier
     read_s: float = 0.0  # seconds reading the store (disk)
     host_expert_s: float = 0.0  # seconds computing experts on the host (cpu miss mode)
+    decide_s: float = 0.0  # seconds in the cache's own decisions (`DecideCost`), every device
 
     @property
     def generated(self) -> int:
@@ -71,6 +72,7 @@ class RunResult:
             "stall_s": self.stall,
             "store_read_s": self.read_s,
             "host_expert_s": self.host_expert_s,
+            "decide_s": self.decide_s,
         }
         if self.stats is not None:
             d.update({f"cache_{k}": v for k, v in self.stats.to_dict().items()})
@@ -128,7 +130,8 @@ class Session:
         devs = self.devs or []
         return RunResult(list(self.timings), CacheStats.total(stats) if stats else None, stats, trace,
                          list(self.logits), self.wall, None if self.host is None else self.host.stats(),
-                         sum(d.loader.read_s for d in devs), sum(d.host_s for d in devs))
+                         sum(d.loader.read_s for d in devs), sum(d.host_s for d in devs),
+                         sum(sum(d.decisions.seconds) for d in devs))
 
     def close(self) -> None:
         for d in self.devs or ():

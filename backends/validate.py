@@ -22,12 +22,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from casmoe.backends.calibrate import (
-    Calibration, LoaderProbe, baseline, between_baselines, calibrate, median_busy, median_step, refit, resident_step,
+    Calibration, DecisionCost, LoaderProbe, baseline, between_baselines, calibrate, decision_cost, median_busy,
+    median_step, refit, resident_step,
 )
 from casmoe.backends.copier import EmulatedLink, responsive_copies
 from casmoe.backends.experts import model_preset
 from casmoe.backends.runtime import OffloadedModel, Prompt
 from casmoe.cache import Capacity, MissMode
+from casmoe.policies import get_policy
 from casmoe.policies.spec import PolicySpec
 from casmoe.sim.latency import LatencyLog
 
@@ -77,6 +79,10 @@ class Fidelity:
     backend_compute: float  # the whole run, not stalled
     sim_compute: float
     wake: float  # measured beside the runs: a waiting thread resumes this long after its copy lands
+    backend_decide: float  # the whole run's seconds in the cache's decisions, by the backend's own timers
+    sim_decide: float  # the same decisions timed over a replay (what `decide_us` was fitted to)
+    decide_visit: float  # what the simulator charged per layer visit beyond the baseline's (at the median speed)
+    decide_load: float  # and per load a visit asked for
     repeat_error: float  # the first run's backend median against a repeat of it in the same rounds
     baseline_spread: float  # consecutive identical baseline requests' medians apart (`baseline_spread`)
 
@@ -183,7 +189,6 @@ def _validate(
     from casmoe.sim.engine import simulate
 
     cal = calibration or calibrate(om, prompts, max_new_tokens=max_new_tokens)
-    upfront = cal.profile("validate")
     preset = model_preset(om.model, om.geometry)
     specs = [(spec, mode) for spec in map(PolicySpec.parse, policies) for mode in miss_modes]
     probe = LoaderProbe(om, om.devices[0], om.link, cal.step_s / om.geometry.layers)
@@ -196,21 +201,30 @@ def _validate(
     c = probe.result(bandwidth, latency)
     repeat, first = median_step(results.pop().requests), median_step(results[0].requests)
 
-    def profile(step_s: float) -> Any:
+    def profile(step_s: float, decide: DecisionCost) -> Any:
         """The machine at a resident decode step of `step_s`: compute-thread costs scale with its
-        speed, the loader's are as measured beside the rounds."""
-        now = replace(cal.at_speed(step_s), copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake)
+        speed (the policy's decisions, timed after the rounds, at the rounds' median speed), the
+        loader's are as measured beside the rounds."""
+        at_cal = replace(cal, decide=decide.scaled(cal.step_s / step))
+        now = replace(at_cal.at_speed(step_s), copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake)
         return refit(now, om, step_s, prompts, max_new_tokens).profile("validate")
 
+    # each policy's own decisions, timed over a replay of its run's routing, beyond the
+    # all-resident baseline's (whose visits the resident step holds)
+    resident = decision_cost(results[0].trace, get_policy("lru"), Capacity(om.geometry.experts))
     out = []
     for (spec, mode), run, speeds in zip(specs, results, steps):
+        decide = decision_cost(run.trace, spec.cls, capacity, dict(spec.options), miss_mode=mode).excess(resident)
+
         def sim(hw: Any, log: LatencyLog | None = None) -> Any:
             return simulate(run.trace, spec.cls, capacity, hw, preset, options=dict(spec.options), miss_mode=mode,
                             latency=log)
 
-        per_request = [_request_latencies(sim, profile(s), i, run.requests) for i, s in enumerate(speeds)]
+        per_request = [_request_latencies(sim, profile(s, decide), i, run.requests) for i, s in enumerate(speeds)]
         lat = [x for tokens, _ in per_request for x in tokens]
-        pooled, at_upfront, inrun = sim(profile(step)), sim(upfront), sim(profile(median_busy(run.requests)))
+        pooled = sim(profile(step, decide))
+        at_upfront = sim(replace(cal, decide=decide.scaled(cal.step_s / step)).profile("validate"))
+        inrun = sim(profile(median_busy(run.requests), decide))
         out.append(Fidelity(
             policy=spec.label,
             capacity=capacity.describe(),
@@ -230,6 +244,10 @@ def _validate(
             backend_compute=sum(r.ttft + sum(r.token_latency) for r in run.requests) - run.stall,
             sim_compute=pooled.compute_s,
             wake=c.wake,
+            backend_decide=run.decide_s,
+            sim_decide=decide.measured_s,
+            decide_visit=decide.per_visit,
+            decide_load=decide.per_load,
             repeat_error=relative_error(repeat, first),
             baseline_spread=spread,
         ))

@@ -287,3 +287,22 @@ def test_every_policy_family_dtype_batch_and_capacity_is_bit_identical(kind, dty
             run = om.run(LONG, get_policy(policy), slots, max_new_tokens=STEPS, keep_logits=True, batch=batch)
             assert _same(run.logits, want), (policy, slots)
             _replay_matches(run, om, policy, slots, batch)
+
+
+def test_decision_cost_fits_a_line_per_load_and_times_a_replay():
+    from casmoe.backends.calibrate import DecisionCost, decision_cost
+    from casmoe.geometry import Geometry
+    from casmoe.trace import Request, Trace
+
+    line = DecisionCost.fit([1.0, 3.0, 5.0, 3.0], [0, 1, 2, 1])
+    assert (line.per_visit, line.per_load, line.measured_s) == pytest.approx((1.0, 2.0, 12.0))
+    assert DecisionCost.fit([2.0, 4.0], [3, 3]) == DecisionCost(3.0, 0.0, 6.0)  # one load count: a mean per visit
+    assert DecisionCost.fit([], []) == DecisionCost(0.0, 0.0)
+    assert line.excess(DecisionCost(0.4, 9.0)).per_visit == pytest.approx(0.6)  # the baseline's visits only
+    assert line.excess(DecisionCost(5.0, 0.0)).per_visit == 0.0
+    g = Geometry(3, 4, 2, layer_expert_bytes=(1000,) * 3)
+    rng = np.random.default_rng(0)
+    topk = np.stack([[rng.choice(4, 2, replace=False) for _ in range(3)] for _ in range(12)]).astype(np.int16)
+    trace = Trace(g, [Request(topk, np.full(topk.shape, 0.5, np.float32), 2, prompt="p")])
+    od = decision_cost(trace, get_policy("ondemand"), Capacity(2))
+    assert od.per_visit >= 0 and od.per_load >= 0 and od.measured_s > 0  # the replay's visits, timed
