@@ -176,6 +176,7 @@ class Calibration:
     expert_pass: float = 0.0  # fixed cost of a layer's pass over its device experts
     beside: float = 0.0  # compute-thread time lost per copy running beside the compute
     decide: DecisionCost = DecisionCost(0.0, 0.0)  # the policy's decisions beyond the baseline's (`validate` sets it)
+    decide_factor: float = 1.0  # the compute thread's decisions over the same decisions timed in a replay
 
     def at_speed(self, step_s: float) -> Calibration:
         """The compute-thread and host figures on a machine whose resident decode step now takes
@@ -271,8 +272,9 @@ class Calibration:
             copy_beside_us=(f"{host}: k prefetch copies through the backend's loader beside the model's own "
                             "compute, the compute's extra time per copy"),
             decide_us=(f"{host}: the policy's before_layer and route per layer visit, timed over a replay of its "
-                       "trace, beyond the all-resident baseline's (0: no policy's)"),
-            decide_load_us=f"{host}: the same replay's decision time per load a visit asks for (least squares)",
+                       f"trace, beyond the all-resident baseline's, x {self.decide_factor:.3g} (on-demand's decisions "
+                       "on the compute thread over the same replayed; 0: no policy's)"),
+            decide_load_us=f"{host}: the same replay's decision time per load a visit asks for (least squares), scaled alike",
             cpu_hop_us=(f"{host}: on-demand run in the cpu miss mode against the all-resident baseline, "
                         "per one-token host expert beyond the simulator's host compute and activation bytes, halved"),
             expert_pass_us=(f"{host}: all-resident baseline run, the runtime's one-token expert pass less "
@@ -484,7 +486,8 @@ def calibrate(
     cal = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, step, c.bandwidth, c.latency,
                       0.0, 0.0, om.link, host_s, c.wake, rt.loads, 0.0, max(rt.expert_pass - rt.pass_experts * expert_s, 0.0),
                       c.beside)
-    return refit(replace(cal, cpu_hop=_host_hop(cal, om, rt.host_expert)), om, step, prompts, max_new_tokens)
+    cal = replace(cal, cpu_hop=_host_hop(cal, om, rt.host_expert), decide_factor=rt.decide_factor)
+    return refit(cal, om, step, prompts, max_new_tokens)
 
 
 def _host_hop(cal: Calibration, om: OffloadedModel, host_expert: float) -> float:
@@ -507,6 +510,7 @@ class RuntimeCosts:
     expert_pass: float  # one one-token device pass of the baseline
     pass_experts: float  # experts per such pass
     host_expert: float  # one one-token expert on the host, as a decode layer pays for it
+    decide_factor: float  # on-demand's decisions on the compute thread over the same ones replayed
 
 
 def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens: int, step_s: float) -> RuntimeCosts:
@@ -547,11 +551,17 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
         speed = step_s / median_step(base.timings)
         issues, passes = runs[0].devs[0].issues, base.devs[0].passes
         routing = runs[0].result().trace
+        decided = sum(runs[0].devs[0].decisions.seconds)  # on-demand's decisions, by the runtime's timers
     # on-demand's own decisions (every decode layer chooses k victims) beyond the baseline's, in
-    # each miss mode: what the simulator charges it (`decide_us`), not part of issuing or resuming
+    # each miss mode: what the simulator charges it (`decide_us`), not part of issuing or resuming.
+    # A replay times them in a tight loop; the compute thread, between the model's kernels, runs
+    # the same Python several times slower (colder caches): the ratio is measured here, on
+    # on-demand's own run, and applies to every policy's replayed decisions (`validate`).
     resident = decision_cost(routing, get_policy("lru"), Capacity(g.experts))
-    deciding = {mode: decision_cost(routing, ondemand, Capacity(g.top_k), miss_mode=mode).excess(resident)
+    replayed = {mode: decision_cost(routing, ondemand, Capacity(g.top_k), miss_mode=mode)
                 for mode in (MissMode.LOAD, MissMode.CPU)}
+    factor = decided / replayed[MissMode.LOAD].measured_s if replayed[MissMode.LOAD].measured_s > 0 else 1.0
+    deciding = {mode: d.excess(resident).scaled(factor) for mode, d in replayed.items()}
     on_host, *points = points  # how much longer a decode layer takes with its experts on the host
     # a layer with its k experts on the host skips the device's pass and runs them one after another
     cpu_deciding = deciding[MissMode.CPU].per_visit  # no loads in the cpu miss mode
@@ -565,7 +575,7 @@ def runtime_costs(om: OffloadedModel, prompts: Sequence[Prompt], max_new_tokens:
     slope = float(x @ y / (x @ x)) if capped and x @ x > 0 else 0.0
     loads = HostCosts(issues.per_load, issues.per_burst, slope if slope > 0 and np.isfinite(slope) else 0.0)
     return RuntimeCosts(loads.scaled(speed), passes.mean * speed, passes.experts / max(passes.passes, 1),
-                        max(host, 0.0) * speed)
+                        max(host, 0.0) * speed, factor)
 
 
 def between_baselines(base: Any, runs: Sequence[Any], p: Prompt, max_new_tokens: int) -> list[tuple[Any, float]]:

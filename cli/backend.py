@@ -271,7 +271,7 @@ def validate(
     rows = [
         {"policy": r["policy"], "miss mode": r["miss_mode"], "capacity": r["capacity"],
          "backend p50 ms": r["backend_median"] * 1e3, "sim p50 ms": r["sim_median"] * 1e3, "error": r["median_error"],
-         "TTFT error": r["ttft_error"], "error (one calibration)": r["median_error_upfront"],
+         "per-token error": r["token_error"], "mean error": r["mean_error"], "TTFT error": r["ttft_error"], "error (one calibration)": r["median_error_upfront"],
          "stall s backend/sim": f"{r['backend_stall']:.3g} / {r['sim_stall']:.3g}",
          "compute s backend/sim": f"{r['backend_compute']:.3g} / {r['sim_compute']:.3g}", "hit rate": r["hit_rate"]}
         for r in records

@@ -181,7 +181,7 @@ def bench(
     unseen task, held-out-domain traces; horizons chosen on each setting's own fit data."""
     from casmoe.errors import CasmoeError
     from casmoe.output import check_dir_target
-    from casmoe.planner.protocol import BASELINES, run
+    from casmoe.planner.protocol import BASELINES, CEILINGS, run
     from casmoe.report import print_table, write_json
     from casmoe.trace_io import load_trace
 
@@ -208,6 +208,7 @@ def bench(
         )
         recall = {m: acc[m]["recall_at_k"] for m in ("cascade", "trajectory", "popularity") if m in acc}
         rows = [{**row, **{f"recall {m}": v for m, v in recall.items()}} for row in rec["policies"]]
-        cols = ["slots_per_layer", "casmoe", "casmoe_static", *BASELINES] + [c for c in rows[0] if c.endswith("_tok_s")] + [f"recall {m}" for m in recall]
+        cols = (["slots_per_layer", "casmoe", "casmoe_static", *BASELINES, *(c for c, _, _ in CEILINGS)]
+                + [c for c in rows[0] if c.endswith("_tok_s")] + [f"recall {m}" for m in recall])
         print_table(rows, cols, title=title)
     typer.echo(f"records written to {out / 'results.json'}")

@@ -97,6 +97,8 @@ def test_validate_json_gives_a_median_error_per_policy(model_dir):
                                                             ("ondemand", "cpu")]
     for r in recs:  # the simulator replays the run's own decisions: same hit rate; time splits into stall + compute
         assert r["median_error"] == pytest.approx(abs(r["sim_median"] - r["backend_median"]) / r["backend_median"])
+        assert r["mean_error"] == pytest.approx(abs(r["sim_mean"] - r["backend_mean"]) / r["backend_mean"])
+        assert r["token_error"] >= 0 and r["backend_mean"] > 0 and r["sim_mean"] > 0
         assert r["sim_hit_rate"] == pytest.approx(r["hit_rate"]) and r["wake"] >= 0 and r["ttft_error"] >= 0
         assert r["backend_compute"] > 0 and r["sim_compute"] > 0 and r["calibrated_load_issue"] > 0
         assert r["noise_floor"] == max(r["repeat_error"], r["baseline_spread"]) and r["baseline_spread"] >= 0

@@ -23,7 +23,8 @@ tasks never enter the choice: they are not in the fit data.
 Each setting reports recall@k / coverage@2k (casmoe/planner/evaluate.py: the cascade, the
 trajectory stage after prefill, the fit data's popularity), replay hit rates of casmoe (the
 fitted planner, as served), of `casmoe_static` (the same planner with `update=False`: the
-request-start prediction pinned, the seed's policy), LRU and LFU at each capacity, and, given a `simulate` callable
+request-start prediction pinned, the seed's policy), LRU and LFU, and the starred oracles
+(`CEILINGS`) at each capacity, and, given a `simulate` callable
 (the CLI passes the simulator: `casmoe/` does not import it), simulated decode tokens/s.
 """
 
@@ -42,6 +43,11 @@ from casmoe.planner.planner import Embeddings, embed_prompts, fit_planner, heldo
 from casmoe.trace import Trace
 
 BASELINES = ("lru", "lfu")
+CEILINGS = (("belady*", "belady", {}), ("casmoe_exact*", "casmoe", {"predictor": "exact"}))
+"""Oracles scored beside every setting (starred: they read the scored requests' own routing),
+so that a missed target can be read against what is reachable: Belady's MIN, the best any
+eviction can do without prefetching, and casmoe serving each request's own decode pattern as
+its prediction, the best any prompt-level prediction can give this policy."""
 Simulate = Callable[[Trace, str, Capacity, dict[str, Any]], float]
 """(trace, policy name, capacity, options) -> simulated decode tokens/s."""
 
@@ -191,7 +197,7 @@ def run(
             row: dict[str, Any] = {"slots_per_layer": cap.slots}
             runs = [("casmoe", "casmoe", {"planner": str(path), "fallback": chosen["fallback"]}),
                     ("casmoe_static", "casmoe", {"planner": str(path), "update": False})]
-            for label, name, opts in [*runs, *((b, b, {}) for b in BASELINES)]:
+            for label, name, opts in [*runs, *((b, b, {}) for b in BASELINES), *CEILINGS]:
                 row[label] = _hit_rate(s.scored, name, cap, opts)
                 if simulate is not None and label != "casmoe_static":
                     row[f"{label}_tok_s"] = simulate(s.scored, name, cap, opts)
