@@ -410,3 +410,17 @@ def test_cli_planner_bench_chooses_on_fit_data_only(trace, tmp_path) -> None:
     row = rec["policies"][0]
     assert row["slots_per_layer"] == 3 and all(0 <= row[p] <= 1 for p in ("casmoe", "casmoe_static", "lru", "lfu"))
     assert "horizon" in res.output and "validation fold(s) of the fit data" in res.output
+
+
+def test_validation_scores_the_folds_least_like_the_rest_first() -> None:
+    """`unlike_first`: total variation of a fold's mean pattern from the other folds' (closed
+    form on one-layer patterns), the most unlike first, ties in fold order."""
+    from casmoe.planner.protocol import unlike_first
+
+    e = np.eye(4, dtype=np.float32)
+    # requests 0-1 on expert 0, 2-3 on expert 0 too, 4-5 on expert 3: fold 2 is unlike the rest
+    patterns = np.stack([e[0], e[0], e[0], e[0], e[3], e[3]])[:, None, :]
+    folds = [np.array([0, 1]), np.array([2, 3]), np.array([4, 5])]
+    order = unlike_first(folds, patterns)
+    assert [f.tolist() for f in order] == [[4, 5], [0, 1], [2, 3]]  # distances 1, 0.5, 0.5
+    assert [f.tolist() for f in unlike_first(folds[:1], patterns)] == [[0, 1]]

@@ -14,8 +14,9 @@ casmoe/planner/planner.py):
 
 Hyperparameters (the trajectory stage's `horizon`, over `grid`, and the policy's `fallback`,
 off or on) are chosen per setting on a
-declared validation split of that setting's own fit data: its first `VALID_FOLDS` validation
-folds (`validation_folds`: whole tasks), each scored by replayed casmoe hit rate at the first
+declared validation split of that setting's own fit data: the `VALID_FOLDS` validation folds
+(`validation_folds`: whole tasks) whose routing is least like the rest of the fit data's
+(`unlike_first`: the unseen task is the setting that matters), each scored by replayed casmoe hit rate at the first
 capacity with a planner fitted on the rest, the choice by their mean; the record names the
 folds' tasks and sizes. Evaluation
 tasks never enter the choice: they are not in the fit data.
@@ -108,9 +109,10 @@ def choose(
 ) -> dict[str, Any]:
     """The grid value of `horizon`, and whether the policy runs with `fallback` (LFU's order
     where the learned map proves wrong on the request), with the best mean casmoe hit rate over
-    the first `valid_folds` validation folds of `part` (the fit data; each fold's first
-    `max_valid` requests, scored by a planner fitted on the other folds); with what data chose them."""
-    folds = validation_folds(part, config.folds)
+    the `valid_folds` validation folds of `part` (the fit data) least like the rest
+    (`unlike_first`; each fold's first `max_valid` requests, scored by a planner fitted on the
+    other folds); with what data chose them."""
+    folds = unlike_first(validation_folds(part, config.folds), _patterns(part, config))
     horizons = list(grid) or [config.horizon]
     if len(folds) < 2:
         return {"horizon": horizons[0], "fallback": False, "chosen_on": "nothing (one fold)"}
@@ -146,9 +148,28 @@ def choose(
     return {
         "horizon": best[0],
         "fallback": best[1],
-        "chosen_on": f"{len(used)} validation fold(s) of the fit data: " + "; ".join(used),
+        "chosen_on": f"{len(used)} validation fold(s) of the fit data (those least like the rest): " + "; ".join(used),
         "validation_hit_rate": {f"{h}{'+fallback' if fb else ''}": s for (h, fb), s in mean.items()},
     }
+
+
+def unlike_first(folds: list[np.ndarray], patterns: np.ndarray) -> list[np.ndarray]:
+    """The validation folds ordered by how unlike the rest of the fit data their routing is
+    (total variation between the fold's mean expert pattern and the other folds', averaged over
+    layers; the most unlike first, ties in fold order). Why: the settings that matter most are
+    tasks the planner never saw, and a choice scored on folds like the rest of the fit data
+    cannot see what a guard against unlike tasks is worth (bench/RESULTS.md issue 23: on
+    in-distribution folds the fallback's candidates differed by 0.0001-0.0012 and the choice
+    went against it on the unseen tasks where it pays)."""
+    def distance(i: int) -> float:
+        rest = np.concatenate([f for j, f in enumerate(folds) if j != i])
+        a, b = patterns[folds[i]].mean(axis=0), patterns[rest].mean(axis=0)  # [L, E], rows sum 1
+        return float(0.5 * np.abs(a - b).sum(axis=-1).mean())
+
+    if len(folds) < 2:
+        return list(folds)
+    order = sorted(range(len(folds)), key=lambda i: (-distance(i), i))
+    return [folds[i] for i in order]
 
 
 def _patterns(part: Trace, config: PlannerConfig) -> np.ndarray:
