@@ -41,7 +41,7 @@ from casmoe.cache import Capacity
 from casmoe.planner import load_planner
 from casmoe.policies import get_policy
 from casmoe.replay import replay
-from casmoe.trace import Trace
+from casmoe.trace_io import load_trace
 planner = load_planner(sys.argv[1])
 planner.predict("a prompt it never saw")
 trace = load_trace(sys.argv[2]).subset(range(5))
