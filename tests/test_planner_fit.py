@@ -424,3 +424,21 @@ def test_validation_scores_the_folds_least_like_the_rest_first() -> None:
     order = unlike_first(folds, patterns)
     assert [f.tolist() for f in order] == [[4, 5], [0, 1], [2, 3]]  # distances 1, 0.5, 0.5
     assert [f.tolist() for f in unlike_first(folds[:1], patterns)] == [[0, 1]]
+
+
+def test_a_saved_planner_serves_a_replay_without_torch(planner_dir, trace, tmp_path, monkeypatch) -> None:
+    """Issue 23's "serving without torch": load, predict a novel prompt and drive a casmoe replay
+    in a fresh interpreter, through bench/bench_planner_speed.py's own check (which once broke
+    unnoticed: it ran only when the bench ran)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_planner_speed import TORCH_FREE
+
+    save_trace(trace, tmp_path / "t.npz")
+    res = subprocess.run([sys.executable, "-c", TORCH_FREE, str(planner_dir), str(tmp_path / "t.npz")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "False"
