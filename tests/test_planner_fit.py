@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -430,10 +433,6 @@ def test_a_saved_planner_serves_a_replay_without_torch(planner_dir, trace, tmp_p
     """Issue 23's "serving without torch": load, predict a novel prompt and drive a casmoe replay
     in a fresh interpreter, through bench/bench_planner_speed.py's own check (which once broke
     unnoticed: it ran only when the bench ran)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     from bench_planner_speed import TORCH_FREE
 
