@@ -196,7 +196,8 @@ def _validate(
     om: OffloadedModel, prompts: Sequence[Prompt], policies: Sequence[str], capacity: Capacity, max_new_tokens: int,
     calibration: Calibration | None, progress: Callable[[str], None] | None, miss_modes: Sequence[MissMode],
 ) -> tuple[list[Fidelity], Calibration]:
-    from casmoe.sim.engine import simulate
+    from casmoe.sim.engine import run_trace
+    from casmoe.sim.machine import Machine
 
     cal = calibration or calibrate(om, prompts, max_new_tokens=max_new_tokens)
     preset = model_preset(om.model, om.geometry)
@@ -228,8 +229,8 @@ def _validate(
         decide = decide.scaled(cal.decide_factor)  # as the compute thread runs them (`runtime_costs`)
 
         def sim(hw: Any, log: LatencyLog | None = None) -> Any:
-            return simulate(run.trace, spec.cls, capacity, hw, preset, options=dict(spec.options), miss_mode=mode,
-                            latency=log)
+            return run_trace(run.trace, spec.cls, capacity, Machine(preset, hw), options=dict(spec.options),
+                             miss_mode=mode, latency=log)
 
         per_request = [_request_latencies(sim, profile(s, decide), i, run.requests) for i, s in enumerate(speeds)]
         lat = [x for tokens, _ in per_request for x in tokens]

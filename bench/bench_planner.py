@@ -218,17 +218,17 @@ def _simulator(geometry) -> Callable[..., Any] | None:
     try:
         from casmoe.geometry import Quant
         from casmoe.presets import load_presets
-        from casmoe.sim.engine import simulate
+        from casmoe.sim.engine import run_trace
         from casmoe.sim.hardware import load_profile
+        from casmoe.sim.machine import Machine
     except ImportError:
         return None
     shape = (geometry.layers, geometry.experts, geometry.top_k)
     presets = [p for p in load_presets().values() if (p.geometry.layers, p.geometry.experts, p.geometry.top_k) == shape]
     if not presets:
         return None
-    hw = load_profile("rtx4090x4")
-    preset = presets[0]
-    return lambda trace, policy, cap, opts: simulate(trace, policy, cap, hw, preset, options=opts, quant=Quant.BF16)
+    machine = Machine(presets[0], load_profile("rtx4090x4"), quant=Quant.BF16)
+    return lambda trace, policy, cap, opts: run_trace(trace, policy, cap, machine, options=opts)
 
 
 # ---- markdown --------------------------------------------------------------------------------

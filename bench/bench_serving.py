@@ -22,9 +22,10 @@ from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
 from casmoe.sim.assembly import StepPlan
-from casmoe.sim.engine import simulate
+from casmoe.sim.engine import run_trace
+from casmoe.sim.machine import Machine
 from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Workload
+from casmoe.sim.serving import Arrival, Traffic
 from casmoe.trace_io import load_trace
 
 
@@ -42,19 +43,19 @@ def main() -> None:
     preset, hw = get_preset("mixtral-8x7b"), load_profile("rtx4090x4")
     cls, cap = get_policy(args.policy), Capacity(args.capacity)
     plan = StepPlan.build(trace, 1, 1)
-    run = lambda **kw: simulate(trace, cls, cap, hw, preset, devices=1, compiled=False, **kw)  # noqa: E731
+    run = lambda **kw: run_trace(trace, cls, cap, Machine(preset, hw, devices=1), compiled=False, **kw)  # noqa: E731
     fns = {
         "offline fast path (Python decision pass)": lambda: run(plan=plan),
         "offline fast path, no timeliness figures": lambda: run(plan=plan, detail=False),
-        "serving path, 1 closed-loop user (SimPy)": lambda: run(workload=Workload(Arrival.CLOSED, max_batch=1)),
+        "serving path, 1 closed-loop user (SimPy)": lambda: run(traffic=Traffic(Arrival.CLOSED, max_batch=1)),
     }
     for rate in (float(x) for x in args.rates.split(",")):
-        wl = Workload(Arrival.POISSON, rate=rate, max_batch=args.max_batch)
-        fns[f"serving path, poisson {rate:g}/s, max batch {args.max_batch}"] = lambda wl=wl: run(workload=wl)
+        wl = Traffic(Arrival.POISSON, rate=rate, max_batch=args.max_batch)
+        fns[f"serving path, poisson {rate:g}/s, max batch {args.max_batch}"] = lambda wl=wl: run(traffic=wl)
     res = interleaved(fns, args.repeat)
     offline, closed = (res[k][1].to_dict() for k in list(fns)[:3:2])
-    same = {k: v for k, v in offline.items() if k not in ("workload", "queue_length", "future_runs")} == {
-        k: v for k, v in closed.items() if k not in ("workload", "queue_length", "future_runs")
+    same = {k: v for k, v in offline.items() if k not in ("traffic", "queue_length", "future_runs")} == {
+        k: v for k, v in closed.items() if k not in ("traffic", "queue_length", "future_runs")
     }
     decode = res[list(fns)[0]][1].decode_tokens
     print(f"{len(trace.requests)} requests, {decode} decode tokens, {args.policy} {cap.describe()}, rtx4090x4 x1")

@@ -30,9 +30,10 @@ from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.shipped import shipped
 from casmoe.sim.assembly import StepPlan
-from casmoe.sim.engine import simulate
+from casmoe.sim.engine import run_trace
+from casmoe.sim.machine import Machine
 from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Workload
+from casmoe.sim.serving import Arrival, Traffic
 from casmoe.step_arrays import StepArrays
 from casmoe.trace_io import load_trace
 
@@ -60,20 +61,16 @@ def main() -> None:
         arrays, plan = StepArrays.from_trace(trace), StepPlan.build(trace, 1, 1)
         fns = {
             "replay (compiled)": lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), arrays=arrays, compiled=True),
-            "simulate, offline": lambda: simulate(trace, cls, cap, hw, preset, plan=plan, compiled=True),
-            "simulate, serving, 1 closed-loop user": lambda: simulate(
-                trace, cls, cap, hw, preset, workload=Workload(Arrival.CLOSED, max_batch=1), compiled=True, plan=plan),
-            f"simulate, serving, poisson {args.rate:g}/s, max batch 8": lambda: simulate(
-                trace, cls, cap, hw, preset, workload=Workload(Arrival.POISSON, rate=args.rate), compiled=True,
-                plan=plan),
-            f"simulate, serving, poisson {args.rate:g}/s, max batch 8, no shared plan": lambda: simulate(
-                trace, cls, cap, hw, preset, workload=Workload(Arrival.POISSON, rate=args.rate), compiled=True),
+            "simulate, offline": lambda: run_trace(trace, cls, cap, Machine(preset, hw), plan=plan, compiled=True),
+            "simulate, serving, 1 closed-loop user": lambda: run_trace(trace, cls, cap, Machine(preset, hw), compiled=True, plan=plan, traffic=Traffic(Arrival.CLOSED, max_batch=1)),
+            f"simulate, serving, poisson {args.rate:g}/s, max batch 8": lambda: run_trace(trace, cls, cap, Machine(preset, hw), compiled=True, plan=plan, traffic=Traffic(Arrival.POISSON, rate=args.rate)),
+            f"simulate, serving, poisson {args.rate:g}/s, max batch 8, no shared plan": lambda: run_trace(trace, cls, cap, Machine(preset, hw), compiled=True, traffic=Traffic(Arrival.POISSON, rate=args.rate)),
         }
         for fn in fns.values():  # numba: compile or load from its cache, untimed
             fn()
         res = interleaved(fns, args.repeat)
         offline, closed = (res[k][1].to_dict() for k in list(fns)[1:3])
-        skip = ("workload", "queue_length", "future_runs")
+        skip = ("traffic", "queue_length", "future_runs")
         assert {k: v for k, v in offline.items() if k not in skip} == {k: v for k, v in closed.items() if k not in skip}
         n = arrays.accesses
         base = res["replay (compiled)"][0]

@@ -64,7 +64,8 @@ def main() -> None:
     from casmoe.policies import get_policy
     from casmoe.presets import get_preset
     from casmoe.replay import replay
-    from casmoe.sim.engine import simulate
+    from casmoe.sim.engine import run_trace
+    from casmoe.sim.machine import Machine
     from casmoe.sim.hardware import load_profile
     from casmoe.synthetic import SynthConfig, generate
 
@@ -77,7 +78,7 @@ def main() -> None:
         return lambda: replay(trace, get_policy(name).create(g, cap, trace=trace), compiled=compiled).stats.hits
 
     def sim(name: str, compiled: bool):
-        return lambda: simulate(trace, get_policy(name), cap, hw, preset, compiled=compiled).stats.hits
+        return lambda: run_trace(trace, get_policy(name), cap, Machine(preset, hw), compiled=compiled).stats.hits
 
     runs = {
         "replay lru compiled": rep("lru", True),

@@ -9,23 +9,11 @@ chooses, through a few hooks:
 - `victim(layer, candidates)`: which resident to evict (candidates are set-like);
 - `on_access`, `on_insert`, `on_evict`: bookkeeping for the policy's own order.
 
-A policy is one file. A built-in one that also runs compiled declares its twin there, in three
-parts, and nothing outside the policy reads its fields:
-
-- `compiled_kind = Kind.X`: the branch of `casmoe/kernels/cache_machine.py` whose decisions
-  equal the class's hooks (`casmoe.kernels.kinds`). Only the class that declares it runs
-  compiled: a subclass (a user's `HotNextLayer(LRU)`) inherits the hooks, not the twin, and
-  runs in Python unless it declares its own;
-- `twin_state()`: the settings that branch reads (a next-layer budget, a lookahead, pinned
-  experts) and any array of the policy's own that the kernel fills (`TwinState`);
-- `twin_request_key()`: after the policy's own `prefetch_request`, the victim order for the
-  request (casmoe's scores), if its branch orders by one;
-- `twin_request_guesses()`: after it, the experts the policy prefetches before each of the
-  request's visits, as a table it reads itself (speculative's guesses), if it prefetches so.
-
-The compiled run hands the counters back through `take_stats`. Adding a built-in policy is its
-module plus its name in `casmoe/policies/registry.py`; to compile it, one `Kind` and one branch
-of `cache_machine._victim_key` (tests/test_compiled_replay.py then holds the two equal).
+A policy is one file. Beside the hooks it declares what it is, as class attributes: its
+compiled twin (`twin`, `casmoe.twin`), how it is fitted and on what (`fit`,
+`casmoe.policies.fitting`), and the variants a bare name runs (`variants`: CasMoE's deployable
+planner beside its oracle brackets). Adding a built-in policy is its module plus its name in
+`casmoe/policies/registry.py`.
 
 Runtimes call the events in this order per request: `begin_request`, then per step and layer
 `before_layer`, `route`, and `arrived` whenever a load completes; finally `end_request`.
@@ -39,7 +27,7 @@ from __future__ import annotations
 import enum
 import operator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, NamedTuple, Sequence
 
 from casmoe.errors import CasmoeError
 from casmoe.geometry import ExpertId, Geometry
@@ -47,8 +35,9 @@ from casmoe.geometry import ExpertId, Geometry
 if TYPE_CHECKING:
     import numpy as np
 
-    from casmoe.kernels.kinds import Kind
+    from casmoe.policies.fitting import Fit
     from casmoe.trace import Future, Request
+    from casmoe.twin import Twin
 
 
 class MissMode(enum.Enum):
@@ -184,42 +173,6 @@ class RequestStart:
     prefill: int
 
 
-class TwinState(NamedTuple):
-    """What a built-in policy hands its compiled twin (`ExpertCache.twin_state`)."""
-
-    next_layer_budget: int = 0  # experts of the next layer prefetched before each layer (semoe)
-    lookahead: int = 0  # tokens of future routing an expert's priority counts (sch's m)
-    pinned: tuple[ExpertId, ...] = ()  # evicted only when nothing else is evictable (static)
-    served: np.ndarray | None = None  # float64 [L x E] of the policy's own, + 1 per routed use (casmoe)
-    guess_rows: int = 0  # most rows of a request's `twin_request_guesses` table; 0: no table (speculative)
-    guess_ids: int = 0  # most ids in one such table
-    guess_width: int = 0  # most experts one row guesses
-
-    @property
-    def per_visit(self) -> int:
-        """Most prefetches the branch issues before one visit (for sizing the decision log)."""
-        return self.next_layer_budget + self.guess_width
-
-
-class Guesses(NamedTuple):
-    """The experts a policy prefetches before each visit of one request (`twin_request_guesses`):
-    row `j * L + layer`, for `layer` of the request's `j`-th step, holds the local ids
-    `ids[ptr[row]:ptr[row + 1]]`, best first; `j` counts from the first step a guess is read at."""
-
-    ptr: np.ndarray  # int64 [steps * L + 1]
-    ids: np.ndarray  # int64 [guesses]
-
-    @property
-    def rows(self) -> int:
-        return len(self.ptr) - 1
-
-
-def beyond_guesses(name: str, step: int) -> PolicyError:
-    """A step past the running request's `Guesses` (another request's, or a prompt split into
-    chunks): the error both runtimes of such a policy raise."""
-    return PolicyError(f"{name}: step {step} lies beyond its request's steps (one request at a time, whole prefills)")
-
-
 class _Candidates:
     """Set-like view of the evictable experts of one pool: resident and not protected."""
 
@@ -250,8 +203,12 @@ class ExpertCache:
     needs_future: ClassVar[bool] = False
     keeps_experts: ClassVar[bool] = True
     """False: a layer's experts are released when the next layer starts (on-demand loading)."""
-    compiled_kind: ClassVar[Kind | None] = None
-    """The compiled twin's branch, for the class that declares it (see the module docstring)."""
+    twin: ClassVar[Twin | None] = None
+    """The compiled twin this very class declares (`casmoe.twin`); subclasses run in Python."""
+    fit: ClassVar[Fit | None] = None
+    """How the policy is fitted, and on which requests (`casmoe.policies.fitting`); None: nothing."""
+    variants: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
+    """The options a bare name runs with, one run each (CasMoE: its planner and its oracle brackets)."""
     host_experts: frozenset[ExpertId] = frozenset()
     """Experts a placement keeps on the host for good (`casmoe.policies.placement`): a miss on
     one is computed there, whatever the miss mode, as the cpu miss mode computes every miss
@@ -304,32 +261,6 @@ class ExpertCache:
         self._layer = 0
         self._n = dict.fromkeys(CacheStats.__dataclass_fields__, 0)
 
-    @classmethod
-    def twin_kind(cls) -> Kind | None:
-        """`compiled_kind` if this very class declares it: a subclass's own hooks would not
-        be in the kernel, so it runs in Python."""
-        return cls.__dict__.get("compiled_kind")
-
-    def runs_compiled(self) -> bool:
-        """Whether this cache, with the options it was built with, makes the decisions of its
-        class's twin (True unless a policy says otherwise: casmoe's updating form runs only in
-        Python)."""
-        return True
-
-    def twin_state(self) -> TwinState:
-        """What the compiled twin's branch reads from this policy (called once, on a fresh cache)."""
-        return TwinState()
-
-    def twin_request_key(self) -> np.ndarray | None:
-        """In a compiled run, after this policy's `prefetch_request`: the key [L x E] its
-        branch orders this request's victims by, or None when the branch keeps its own."""
-        return None
-
-    def twin_request_guesses(self) -> Guesses | None:
-        """In a compiled run, after this policy's `prefetch_request`: the experts its branch
-        prefetches before each visit of this request, or None when it guesses nothing."""
-        return None
-
     def take_stats(self, stats: CacheStats) -> None:
         """The counters of a run made by this cache's compiled twin become its `stats()`; its
         residency and policy order are not mirrored back (the cache is good for `stats()` only)."""
@@ -351,19 +282,13 @@ class ExpertCache:
         a bound to compare with, not something a server can run."""
         return cls.needs_future
 
-    @classmethod
-    def fitted_requests(cls, options: dict[str, Any], trace: Any) -> set[int]:
-        """Indices of `trace`'s requests that what this policy was fitted on (a profile, a
-        planner's fit) saw: scoring it on them reads the answers. Empty: nothing fitted on them
-        (`casmoe.selection` then need not hold any request out)."""
-        return set()
-
-    @classmethod
-    def bind(cls, options: dict[str, Any], trace: Any) -> dict[str, Any]:
-        """`options` completed from `trace`, the whole trace the scored requests come from
-        (before any selection): a policy that fits something on a trace by default fits it on
-        the requests `fitted_requests` names. Runtimes call it once per run."""
-        return options
+    def __init_subclass__(cls, **kw: Any) -> None:
+        """A policy's own `create` refuses, in one line, an option that collides with what it
+        fills itself (`n-cpu-moe[gpu=3]`: the GPU set is the policy's), as the base's does."""
+        super().__init_subclass__(**kw)
+        own = cls.__dict__.get("create")
+        if isinstance(own, classmethod):
+            cls.create = classmethod(_refusing_collisions(own.__func__))  # type: ignore[method-assign]
 
     @classmethod
     def create(
@@ -378,7 +303,10 @@ class ExpertCache:
     ) -> ExpertCache:
         """Build from what a runtime knows (its `trace`, CLI `options`); policies that need
         more than the constructor's arguments (a profile, a predictor) override this."""
-        return cls(geometry, capacity, miss_mode=miss_mode, expert_bytes=expert_bytes, **options)
+        try:
+            return cls(geometry, capacity, miss_mode=miss_mode, expert_bytes=expert_bytes, **options)
+        except TypeError as exc:
+            raise _collision(cls, exc, options) from None
 
     # ---- policy hooks (override these) ----------------------------------------------------
 
@@ -695,3 +623,28 @@ class ExpertCache:
             return min(ready)
         base = layer * self._E
         return max(ready, key=lambda e: (scores[e - base], -e))
+
+
+def _collision(cls: type, exc: TypeError, options: Mapping[str, Any]) -> Exception:
+    """`exc` as a one-line refusal when it says that an option of the user's collided with an
+    argument the policy fills itself, or reached no constructor; else `exc` itself."""
+    import re
+
+    m = re.search(r"(?:multiple values for|unexpected) keyword argument '(\w+)'", str(exc))
+    if m is None or m.group(1) not in options:
+        return exc
+    return CacheConfigError(f"policy {cls.name or cls.__name__} has no option {m.group(1)!r} (the policy sets it "
+                            "itself, or takes no such argument)")
+
+
+def _refusing_collisions(create: Any) -> Any:
+    import functools
+
+    @functools.wraps(create)
+    def checked(cls: type, geometry: Geometry, capacity: Any, **kw: Any) -> ExpertCache:
+        try:
+            return create(cls, geometry, capacity, **kw)
+        except TypeError as exc:
+            raise _collision(cls, exc, kw) from None
+
+    return checked

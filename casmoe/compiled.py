@@ -1,12 +1,12 @@
 """Replay through the compiled twin a policy declares (`casmoe/kernels/cache_machine.py`).
 
-A class that declares `compiled_kind` has a twin (see `casmoe.cache`); a subclass that does not
+A class that declares `twin` has one (see `casmoe.twin`); a subclass that does not
 declare its own (a user's `HotNextLayer(LRU)`), or any other policy, runs the Python path,
-unchanged. This module names no policy: it reads the declaration and the policy's `twin_state`.
+unchanged. This module names no policy: it reads the declaration (`Twin.state`).
 The per-access work (route, admit, evict, the policy's bookkeeping and victim) runs compiled;
 the per-request hooks stay the policy's own Python methods, called between kernel calls:
 `prefetch_request` (a planner's prediction), with the table of per-visit guesses the policy
-reads itself (`twin_request_guesses`, copied into the kernel's buffers), and `on_request_end`
+reads itself (`Twin.request_guesses`, copied into the kernel's buffers), and `on_request_end`
 (its online update), which reads the array of its own it handed the kernel to fill
 (`TwinState.served`).
 
@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from casmoe.cache import CacheStats, ExpertCache, MissMode, PolicyError, beyond_guesses
+from casmoe.cache import CacheStats, ExpertCache, MissMode, PolicyError
 from casmoe.kernels.kinds import READS_USES
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import Request, Trace
+from casmoe.twin import beyond_guesses, twin_of
 
 _MISS = {MissMode.LOAD: 0, MissMode.SUBSTITUTE: 1, MissMode.CPU: 2}
 _NO_MARKS = np.zeros((0, 5), np.int64)
@@ -33,8 +34,9 @@ before numba has even loaded (about a second per process; see bench/RESULTS.md).
 
 def has_twin(cache: ExpertCache) -> bool:
     """Whether `cache` is fresh, its class declares a compiled twin itself, and its options keep
-    it to that twin's decisions (`runs_compiled`)."""
-    return type(cache).twin_kind() is not None and cache.runs_compiled() and cache.fresh
+    it to that twin's decisions (`Twin.runs`)."""
+    twin = twin_of(type(cache))
+    return twin is not None and twin.runs(cache) and cache.fresh
 
 
 def uses_twin(cache: ExpertCache, trace: Trace, compiled: bool | None = None) -> bool:
@@ -44,7 +46,7 @@ def uses_twin(cache: ExpertCache, trace: Trace, compiled: bool | None = None) ->
     return compiled is not False and has_twin(cache) and (bool(compiled) or trace.tokens * g.layers * g.top_k >= COMPILE_WORTH)
 
 
-class Twin:
+class TwinMachine:
     """A fresh built-in cache's compiled twin: the kernel's state, driven step range by step
     range, with the policy's own Python hooks at request boundaries. `log_rows` > 0 keeps the
     decisions in `mc.log`; `decide` is the simulator's decision pass (loads never land)."""
@@ -92,11 +94,11 @@ def replay_compiled(trace: Trace, cache: ExpertCache, arrays: StepArrays, log: l
     """The counts `casmoe.replay.replay` gives, from the twin; `log` (a list) receives the
     decision rows `(what, expert, slot or stand-in, victim)` of `cache_machine.LOG_*`."""
     N = cache.geometry.total_experts
-    budget = cache.twin_state().per_visit
+    budget = twin_of(type(cache)).state(cache).per_visit
     # decisions are at most: a demand load or a stand-in and its background load per access,
     # the per-visit prefetches (next-layer budget, guesses), and every expert per request start
     rows = 2 * arrays.accesses + budget * (len(arrays.visit_ptr) - 1) + N * len(arrays.first_step)
-    twin = Twin(cache, arrays, log_rows=rows if log is not None else 0)
+    twin = TwinMachine(cache, arrays, log_rows=rows if log is not None else 0)
     begins: dict[int, list[int]] = {}
     ends: dict[int, int] = {}
     for r, (a, b) in enumerate(zip(arrays.first_step.tolist(), arrays.last_step.tolist())):
@@ -128,7 +130,7 @@ def _prefetch_request(km, cache: ExpertCache, request: Request, mc) -> np.ndarra
     experts = np.asarray(cache.prefetch_request(cache.request_view(request)), dtype=np.int64).ravel()
     if experts.size and not 0 <= int(experts.min()) <= int(experts.max()) < N:
         raise PolicyError(f"{type(cache).__name__}.prefetch_request returned expert ids outside [0, {N})")
-    key = cache.twin_request_key()
+    key = twin_of(type(cache)).request_key(cache)
     if key is not None:
         mc.key[:] = key  # the victim order of this request
     if mc.cfg[km.C_GUESSES]:
@@ -137,17 +139,17 @@ def _prefetch_request(km, cache: ExpertCache, request: Request, mc) -> np.ndarra
 
 
 def _load_guesses(km, cache: ExpertCache, mc) -> None:
-    """The running request's guess table (`twin_request_guesses`), checked, into the kernel's buffers."""
+    """The running request's guess table (`Twin.request_guesses`), checked, into the kernel's buffers."""
     reg = mc.reg
     reg[km.R_GUESS_ROWS], reg[km.R_GUESS_FIRST] = -1, -1
-    guesses = cache.twin_request_guesses()
+    guesses = twin_of(type(cache)).request_guesses(cache)
     if guesses is None:
         return
     ptr, ids = np.asarray(guesses.ptr, np.int64), np.asarray(guesses.ids, np.int64)
     n = int(ptr[-1])
     fits = len(ptr) <= len(mc.guess_ptr) and n <= min(len(mc.guess_ids), len(ids))
     if not fits or (n and not 0 <= int(ids[:n].min()) <= int(ids[:n].max()) < cache.geometry.experts):
-        raise PolicyError(f"{type(cache).__name__}.twin_request_guesses: a table larger than its twin_state declares, "
+        raise PolicyError(f"{type(cache).__name__}.request_guesses: a table larger than its twin state declares, "
                           "or ids outside a layer")  # numba does not bounds-check
     mc.guess_ptr[: len(ptr)] = ptr
     mc.guess_ids[:n] = ids[:n]
@@ -158,8 +160,8 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
     g, cap = cache.geometry, cache.capacity
     N, L, E, slots = g.total_experts, g.layers, g.experts, cap.slots
     pools = cache.pools
-    kind = type(cache).twin_kind()
-    state = cache.twin_state()
+    twin = twin_of(type(cache))
+    kind, state = twin.kind, twin.state(cache)
     cfg = np.zeros(12, np.int64)
     cfg[[km.C_E, km.C_L, km.C_SLOTS, km.C_PER_LAYER, km.C_KIND, km.C_MISS, km.C_KEEPS]] = (
         E, L, slots, cap.per_layer, kind, _MISS[cache.miss_mode], cache.keeps_experts,

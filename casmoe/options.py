@@ -1,18 +1,16 @@
-"""Run options as users write them (command line, sweep TOML), parsed once into typed values.
+"""The values of run options as users write them (`24GB`, `cpu`, `int4`), parsed into typed values.
 
-Every command and the sweep go through these functions, so `--capacity 24GB`, `--miss-mode cpu`
+The options themselves are declared in `casmoe.sim.run_options`; every command, sweep file and
+the Python API parse their values with these functions, so `--capacity 24GB`, `--miss-mode cpu`
 or `--quant int4` mean the same thing and fail with the same one-line message everywhere.
 Policy specs (`lru`, `sch[m=4]`) are parsed by `casmoe.policies.spec`, beside the registry.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import types
-import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Sequence
 
 from casmoe.cache import Capacity, MissMode
 from casmoe.errors import CasmoeError
@@ -50,10 +48,6 @@ class CapacitySpec:
             raise OptionError(f"capacity in slots must be a whole number, got {self.text!r}")
         return number, unit
 
-    @property
-    def in_bytes(self) -> bool:
-        return bool(self._parts()[1])
-
     def resolve(self, expert_bytes: Sequence[int]) -> Capacity:
         """Slots for these bytes per expert (one entry per layer)."""
         number, unit = self._parts()
@@ -72,9 +66,9 @@ class CapacitySpec:
         return self.text.strip() + ("" if self.per_layer else " global")
 
 
-def capacity_specs(capacity: Iterable[str] | None, global_capacity: Iterable[str] | None) -> list[CapacitySpec]:
-    """The repeatable `--capacity` / `--global-capacity` flags, in that order."""
-    return [CapacitySpec(str(c)) for c in capacity or []] + [CapacitySpec(str(c), False) for c in global_capacity or []]
+def capacity_text(text: str) -> CapacitySpec:
+    """A capacity as written (slots or memory), checked: a malformed one is an `OptionError`."""
+    return CapacitySpec(text)
 
 
 def one_capacity(capacity: str | None, global_capacity: str | None, geometry: Geometry) -> Capacity:
@@ -99,40 +93,12 @@ def parse_miss_mode(text: str | MissMode, what: str = "--miss-mode") -> MissMode
 
 
 def parse_quant(text: str | Quant | None, what: str = "--quant") -> Quant | None:
-    """`None` or "" keeps the trace's measured bytes per expert (bf16 when it has none)."""
+    """`None`, "" or "trace" keeps the trace's measured bytes per expert (bf16 when it has none)."""
     if text is None or isinstance(text, Quant):
         return text
-    if not str(text).strip():
+    if str(text).strip().lower() in ("", "trace"):
         return None
     try:
         return Quant(str(text).strip().lower())
     except ValueError:
         raise OptionError(f"unknown {what} {text!r}; one of {', '.join(q.value for q in Quant)}") from None
-
-
-_SCALARS = (str, int, float, bool, type(None), os.PathLike)
-
-
-def _scalar_types(hint: Any) -> tuple[type, ...] | None:
-    """The classes a scalar annotation admits (float admits int, as Python's numeric tower
-    does), or None for a compound one (lists, callables, specs) that its function checks."""
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    classes = tuple(typing.get_origin(o) or o for o in options)
-    if not all(c in _SCALARS for c in classes):
-        return None
-    return classes + ((int,) if float in classes else ())
-
-
-def check_arguments(function: Callable[..., Any], arguments: Mapping[str, Any]) -> None:
-    """Refuse in one line an argument of a Python API function whose scalar annotation rules it
-    out (`hardware=None`, `seed="a"`, `rate="fast"`): the library would otherwise fail deep inside
-    with a TypeError, or take a bool for a number. Compound arguments are left to the function."""
-    hints = typing.get_type_hints(function)
-    for name, value in arguments.items():
-        allowed = _scalar_types(hints.get(name)) if name in hints else None
-        if allowed is None:
-            continue
-        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-            names = " or ".join(sorted({"None" if c is type(None) else "a path" if c is os.PathLike else c.__name__
-                                        for c in allowed}))
-            raise OptionError(f"{function.__name__}(): {name} must be {names}, got {value!r}")

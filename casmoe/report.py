@@ -436,7 +436,7 @@ def print_serving(records: Sequence[dict[str, Any]], title: str) -> None:
     rows = [
         {
             "policy": _label(r),
-            "load": r["workload"].split(", max batch")[0],
+            "load": r["traffic"].split(", max batch")[0],
             "TTFT p50": _s(r["ttft_p50_s"]),
             "TTFT p99": _s(r["ttft_p99_s"]),
             "TPOT p50": _s(r["tpot_p50_s"]),

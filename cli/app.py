@@ -72,7 +72,7 @@ def progress(iterable=None, *, quiet: bool = False, **kw):
     return tqdm(iterable, disable=True if quiet else None, **kw)
 
 
-# Options of every command that runs points through `casmoe.sim.sweep.run_grid` (sweep,
+# Options of every command that runs specs through `casmoe.sim.run.run_all` (sweep,
 # leaderboard, search): declared once so that their meaning and help stay the same.
 JOBS = typer.Option(2, min=1, help="Parallel local processes (or Ray CPUs for a local Ray).")
 RAY = typer.Option(False, "--ray", help="Run the points on Ray (a local Ray unless --ray-address).")

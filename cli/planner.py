@@ -144,21 +144,22 @@ def _simulator(trace_geometry: Any, hardware: str) -> Any:
     from casmoe.geometry import Quant
     from casmoe.policies import get_policy
     from casmoe.presets import load_presets
-    from casmoe.sim.engine import simulate
+    from casmoe.sim.engine import run_trace
     from casmoe.sim.hardware import load_profile
+    from casmoe.sim.machine import Machine
 
     g = trace_geometry
     shape = (g.layers, g.experts, g.top_k)
     presets = [p for p in load_presets().values() if (p.geometry.layers, p.geometry.experts, p.geometry.top_k) == shape]
     if not presets:
         raise CasmoeError(f"no model preset has the routing shape {g.describe()}; run without --simulate")
-    hw, preset = load_profile(hardware), presets[0]
+    machine = Machine(presets[0], load_profile(hardware), quant=Quant.BF16)
 
     def run(trace: Any, policy: str, cap: Any, opts: dict[str, Any]) -> float:
-        res = simulate(trace, get_policy(policy), cap, hw, preset, options=opts, quant=Quant.BF16)
+        res = run_trace(trace, get_policy(policy), cap, machine, options=opts)
         return res.decode_tokens_per_s
 
-    return run, preset.name
+    return run, presets[0].name
 
 
 @planner_app.command("bench")

@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode
-from casmoe.errors import CasmoeError
-from casmoe.geometry import Geometry, Quant, split_layers
-from casmoe.presets import ModelPreset, load_presets
+from casmoe.geometry import split_layers
 from casmoe.sim.compute import ComputeModel
 from casmoe.sim.decide import Decider
 from casmoe.sim.hardware import HardwareProfile
@@ -27,66 +25,6 @@ from casmoe.sim.timeliness import Timeliness
 from casmoe.sim.timing import Shard, StepTimer
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import Future, Step, Trace
-
-
-class SimConfigError(CasmoeError, ValueError):
-    """A simulation that cannot be set up as asked (geometry mismatch, too many devices...)."""
-
-
-def check_geometry(trace: Geometry, preset: ModelPreset) -> None:
-    """The trace's layers and experts must be the preset's; the error names presets that fit.
-
-    `top_k` may differ: the trace says which experts run (an engine can force fewer than the
-    model's native k, as the shared real Qwen trace does); the preset prices them."""
-    g = preset.geometry
-    if (trace.layers, trace.experts) == (g.layers, g.experts):
-        return
-    fits = [
-        name
-        for name, p in load_presets().items()
-        if (p.geometry.layers, p.geometry.experts) == (trace.layers, trace.experts)
-    ]
-    hint = (
-        f"pass --model {' or --model '.join(fits)}"
-        if fits
-        else "add a preset with that shape to casmoe/presets/models.toml, or record a trace of this model"
-    )
-    raise SimConfigError(
-        f"trace geometry ({trace.describe()}) does not match model preset {preset.name!r} ({g.describe()}); {hint}"
-    )
-
-
-def expert_bytes_for(trace: Trace, preset: ModelPreset, quant: Quant | None) -> list[int]:
-    """Bytes per expert per layer: measured ones from the trace unless a quant is forced or the
-    trace was recorded from a stand-in of another width (the shipped tiny models route like
-    Mixtral but are priced as the preset being simulated)."""
-    g = trace.geometry
-    if quant is None and g.layer_expert_bytes and g.hidden in (0, preset.geometry.hidden):
-        if min(g.layer_expert_bytes) <= 0:
-            raise SimConfigError(
-                f"the trace records 0 bytes for the experts of layer {g.layer_expert_bytes.index(0)}; pass --quant "
-                f"(bf16, int8, ...) to price experts from the {preset.name} preset instead"
-            )
-        return list(trace.geometry.layer_expert_bytes)
-    return preset.geometry.bytes_per_layer(quant or Quant.BF16)
-
-
-def max_slots(hardware: HardwareProfile, preset: ModelPreset, expert_bytes: Sequence[int], devices: int) -> int:
-    """Most slots per layer the GPUs hold next to the dense weights (capped at all experts)."""
-    g = preset.geometry
-    head = 2 * preset.vocab * g.hidden * 2  # embedding + lm head, bf16
-    best = g.experts
-    for d, layers in enumerate(split_layers(g.layers, devices)):
-        free = hardware.usable_bytes() - 2 * preset.dense_params_per_layer * len(layers)
-        free -= head if d in (0, devices - 1) else 0
-        per_slot = sum(expert_bytes[layer] for layer in layers)
-        best = min(best, max(0, int(free // per_slot)))
-    return best
-
-
-def slots_for_bytes(budget: float, expert_bytes: Sequence[int]) -> int:
-    """Slots per layer that `budget` bytes of expert cache (all devices together) hold."""
-    return int(budget // sum(expert_bytes))
 
 
 @dataclass

@@ -25,6 +25,7 @@ from casmoe.sim.latency import LatencyLog
 from casmoe.sim.timing import work_for
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import prefill_union
+from casmoe.twin import twin_of
 
 RING = 256
 """Initial room per link for queued prefetches and arrivals in flight (grown between chunks)."""
@@ -248,7 +249,7 @@ class ServingPass:
     (oracles re-run on the previous run's steps: they keep the Python passes)."""
 
     def __init__(self, machine: Any, setup: Any, max_batch: int, arrays: StepArrays | None = None) -> None:
-        from casmoe.compiled import Twin
+        from casmoe.compiled import TwinMachine
         from casmoe.sim import timing_kernel as tk
 
         shard = machine.shards[0]
@@ -257,9 +258,9 @@ class ServingPass:
         self.L = g.layers
         one, none = np.zeros(1, np.int64), np.zeros(0, np.int64)
         empty = StepArrays(g.layers, one, none, none, none, none, np.zeros(0, np.bool_))
-        self.budget = shard.cache.twin_state().per_visit * g.layers
+        self.budget = twin_of(type(shard.cache)).state(shard.cache).per_visit * g.layers
         rows = g.total_experts * (max_batch + 2) + self.budget
-        self.twin = Twin(shard.cache, empty, log_rows=rows, decide=True)
+        self.twin = TwinMachine(shard.cache, empty, log_rows=rows, decide=True)
         self.st = _state(tk, machine, setup, empty)
         self.room = 0  # log rows the rings take before they must be checked again
         self.multi = len(machine.links) > 1
@@ -286,7 +287,7 @@ class ServingPass:
         return (
             len(caches) == 1 and not machine.timer.interleaved and setup.timeline is None and machine.tier is None
             and not caches[0].needs_future and uses_twin(caches[0], setup.trace, compiled)
-            and (whole_prefills or not caches[0].twin_state().guess_rows)
+            and (whole_prefills or not twin_of(type(caches[0])).state(caches[0]).guess_rows)
         )
 
     def step(self, parts: Sequence[tuple[int, int]], chunk: tuple[int, int], starting: Sequence[int], ending: int,

@@ -82,17 +82,18 @@ class CompiledDecider:
     """`Decider` for a fresh built-in cache, through its compiled twin (decision mode)."""
 
     def __init__(self, cache: ExpertCache, requests: Sequence[Request], arrays: StepArrays, chunk_steps: int) -> None:
-        from casmoe.compiled import Twin
+        from casmoe.compiled import TwinMachine
+        from casmoe.twin import twin_of
 
         L = cache.geometry.layers
         ptr = arrays.visit_ptr
         per_chunk = max((int(ptr[min(c + chunk_steps, arrays.steps) * L] - ptr[c * L]) for c in range(0, arrays.steps, chunk_steps)), default=0)
-        budget = cache.twin_state().per_visit
+        budget = twin_of(type(cache)).state(cache).per_visit
         starts_per_chunk = max(np.bincount(arrays.first_step[arrays.first_step >= 0] // chunk_steps).max(initial=0), 0)
         # a demand load (or a host-computed miss) per access, the next-layer budget per visit,
         # every expert per request start
         rows = per_chunk + budget * chunk_steps * L + cache.geometry.total_experts * int(starts_per_chunk)
-        self.twin = Twin(cache, arrays, log_rows=max(rows, 1), decide=True)
+        self.twin = TwinMachine(cache, arrays, log_rows=max(rows, 1), decide=True)
         self.cache = cache
         self.requests = requests
         self.L = L

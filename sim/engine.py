@@ -3,13 +3,13 @@
 One machine model (`assembly.py`: `RunState`, each device's link and compute, the caches, the timing pass of
 `timing.py`) and two drivers:
 
-- offline (`workload=None`): the requests one after another, or in static batches of `batch`
+- offline (`traffic=None`): the requests one after another, or in static batches of `batch`
   whose decode tokens share steps. The step sequence is known in advance, so the run is a
   decision pass (`decide.py`: the cache events in replay's order) followed by a timing pass
   over what they returned, chunk by chunk: no SimPy event at all. The clock advances as SimPy's
   does (`now + (t - now)` per step), so this path and the serving driver with one user and no
   think time agree to the last bit.
-- serving (`workload`: Poisson or recorded arrivals, or a closed loop of users): SimPy
+- serving (`traffic`: Poisson or recorded arrivals, or a closed loop of users): SimPy
   processes for the requests, the scheduler (continuous batching up to `max_batch`) and the
   devices (`serving.py`).
 
@@ -36,16 +36,16 @@ from typing import Any, Iterator, Mapping
 
 from casmoe.cache import Capacity, ExpertCache, MissMode
 from casmoe.compiled import uses_twin
-from casmoe.geometry import Quant, split_layers
-from casmoe.presets import ModelPreset
+from casmoe.geometry import split_layers
 from casmoe.replay import check_replayable, starts_and_ends
 from casmoe.sim import compiled_timing as compiled_pass
-from casmoe.sim.assembly import RunState, Setup, SimConfigError, StepPlan, check_geometry, expert_bytes_for
-from casmoe.sim.compute import ComputeModel, RooflineCompute
+from casmoe.sim.assembly import RunState, Setup, StepPlan
+from casmoe.sim.compute import ComputeModel
 from casmoe.sim.decide import CompiledDecider, Decider, StepDecisions
-from casmoe.sim.hardware import HardwareProfile
 from casmoe.sim.latency import LatencyLog
+from casmoe.sim.machine import Machine, SimConfigError
 from casmoe.sim.result import SimResult
+from casmoe.sim.serving import Traffic
 from casmoe.sim.tiers import HostCache
 from casmoe.sim.timeline import Timeline
 from casmoe.sim.timing import work_for
@@ -55,52 +55,50 @@ CHUNK_STEPS = 512
 """Steps decided ahead of the timing pass at a time: bounds the memory of the record."""
 
 
-def simulate(
+def run_trace(
     trace: Trace,
     policy: type[ExpertCache],
     capacity: Capacity,
-    hardware: HardwareProfile,
-    preset: ModelPreset,
+    machine: Machine,
     *,
     options: Mapping[str, Any] | None = None,
     label: str | None = None,
     batch: int = 1,
     miss_mode: MissMode = MissMode.LOAD,
-    devices: int = 1,
-    quant: Quant | None = None,
-    pinned: bool = True,
+    traffic: Traffic | None = None,
+    host_cache: HostCache | None = None,
+    plan: StepPlan | None = None,
     compute: ComputeModel | None = None,
     timeline: Timeline | None = None,
     trace_name: str = "",
-    plan: StepPlan | None = None,
-    workload: Any = None,
-    host_cache: HostCache | None = None,
     detail: bool = False,
     compiled: bool | None = None,
     latency: LatencyLog | None = None,
 ) -> SimResult:
-    """Run `trace` through `policy` caches on `hardware`; see the module docstring.
-    `workload` (`serving.Workload`) serves the requests as they arrive instead of one after
-    another; `detail` adds the per-layer timeliness figures and the perfect-prefetch bound (off
-    by default, like the timeline: the hot loop stays bare; the CLI and sweeps turn it on).
-    `compiled` chooses the offline decision pass as `casmoe.replay.replay` chooses its path
-    (built-in policies' compiled twins; identical results either way). `plan` shares the
-    trace's steps between runs (with a workload: its batch-1 arrays, which the compiled
-    serving passes read). `latency`, a log to fill
-    instead of a fresh one, gives a caller every step's time (requests one after another only)."""
+    """Run `trace` through `policy` caches on `machine`; see the module docstring.
+    `traffic` (`serving.Traffic`) serves the requests as they arrive instead of one after
+    another; `host_cache` adds a RAM tier over the profile's storage; `compute` replaces the
+    roofline (closed-form checks); `detail` adds the per-layer timeliness figures and the
+    perfect-prefetch bound (off by default, like the timeline: the hot loop stays bare; the CLI
+    and sweeps turn it on). `compiled` chooses the offline decision pass as
+    `casmoe.replay.replay` chooses its path (built-in policies' compiled twins; identical
+    results either way). `plan` shares the trace's steps between runs (with traffic: its
+    batch-1 arrays, which the compiled serving passes read). `latency`, a log to fill instead
+    of a fresh one, gives a caller every step's time (requests one after another only)."""
     if not (isinstance(policy, type) and issubclass(policy, ExpertCache)):
         raise SimConfigError(
-            f"simulate takes a policy class (each run builds fresh caches), e.g. LRU, not {type(policy).__name__} "
+            f"run_trace takes a policy class (each run builds fresh caches), e.g. LRU, not {type(policy).__name__} "
             "object; casmoe.sim.simulate takes names"
         )
     check_replayable(trace)
-    check_geometry(trace.geometry, preset)
+    machine.check_geometry(trace.geometry)
+    hardware, devices = machine.hardware, machine.devices
     if miss_mode is MissMode.CPU and compute is None:
         hardware.check_host_compute()
     g = trace.geometry
-    nbytes = expert_bytes_for(trace, preset, quant)
+    nbytes = machine.expert_bytes(trace)
     cache_per_device = devices > 1 and not capacity.per_layer
-    if workload is None:
+    if traffic is None:
         if plan is None:
             plan = StepPlan.build(trace, batch, devices, cache_per_device)
         elif plan.trace is not trace or plan.batch != batch or len(plan.ranges) != devices or (
@@ -116,7 +114,7 @@ def simulate(
         shard_traces = [trace.layer_slice(r) for r in ranges] if cache_per_device else [trace]
     setup = Setup(
         trace, policy, options or {}, capacity, miss_mode, hardware, ranges, shard_ranges, shard_traces, nbytes,
-        compute or RooflineCompute.build(hardware, preset, nbytes, pinned), pinned, timeline, host_cache, detail,
+        compute or machine.compute(nbytes), machine.pinned, timeline, host_cache, detail,
     )
     budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
     describe = dict(
@@ -125,27 +123,27 @@ def simulate(
         capacity_slots=capacity.slots,
         capacity_gb=budget / 1e9,
         hardware=hardware.name,
-        model=preset.name,
+        model=machine.preset.name,
         trace=trace_name,
         devices=devices,
-        quant=(quant.value if quant else ("trace" if g.layer_expert_bytes else Quant.BF16.value)),
+        quant=machine.precision_label(g),
         miss_mode=miss_mode.value,
     )
-    if workload is not None:
+    if traffic is not None:
         from casmoe.sim.serving import serve
 
         if latency is not None:
-            raise SimConfigError("a latency log is filled by requests one after another only, not by a workload")
+            raise SimConfigError("a latency log is filled by requests one after another only, not by served traffic")
 
         arrays = plan.arrays(0) if plan is not None and len(plan.shards) == 1 == len(shard_ranges) else None
         with no_gc():
-            return serve(setup, workload, describe, compiled, arrays)
-    machine = setup.start(plan.shard_steps)
+            return serve(setup, traffic, describe, compiled, arrays)
+    state = setup.start(plan.shard_steps)
     log = LatencyLog() if latency is None else latency
     with no_gc():
-        end = run_offline(plan, machine, setup, log, compiled)
-    workload_text = "back-to-back" if batch == 1 else f"static batches of {batch}"
-    return machine.result(setup, log, end, batch=batch, workload=workload_text, max_batch=batch, **describe)
+        end = run_offline(plan, state, setup, log, compiled)
+    back_to_back = "back-to-back" if batch == 1 else f"static batches of {batch}"
+    return state.result(setup, log, end, batch=batch, traffic=back_to_back, max_batch=batch, **describe)
 
 
 @contextmanager

@@ -234,8 +234,8 @@ def profile_paths() -> dict[str, Path]:
 
 
 LINKS_FILE = Path(__file__).with_name("links.toml")
-VARIANT_KEYS = ("link", "host_ram_gib")
-"""What a hardware spec `NAME@key=value,...` may vary (`casmoe search`'s link and host-RAM axes)."""
+VARIANT_KEYS = ("gpus", "link", "host_ram_gib")
+"""What a hardware spec `NAME@key=value,...` may vary (`casmoe search`'s GPU, link and host-RAM axes)."""
 
 
 def link_generations() -> dict[str, dict[str, Any]]:
@@ -243,13 +243,20 @@ def link_generations() -> dict[str, dict[str, Any]]:
     return tomllib.loads(LINKS_FILE.read_text())
 
 
-def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None = None) -> HardwareProfile:
-    """`profile` with another host-link generation (its pinned host-to-device rate, the
-    pageable one scaled alike) and/or another host RAM size; named `NAME@link=...,host_ram_gib=...`
-    so that a sweep point's key and a record tell it apart."""
+def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None = None,
+            gpus: int | None = None) -> HardwareProfile:
+    """`profile` with another GPU count, host-link generation (its pinned host-to-device rate,
+    the pageable one scaled alike) and/or host RAM size; named `NAME@gpus=...,link=...,host_ram_gib=...`
+    so that a stored result's key and a record tell it apart."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     spec = []
+    if gpus is not None:
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise HardwareError(f"a box has a whole number of GPUs >= 1, got {gpus!r}")
+        values["gpus"] = gpus
+        sources["gpus"] = f"variant: {gpus} of the profile's GPU, each with its own host link"
+        spec.append(f"gpus={gpus}")
     if link:
         links = link_generations()
         if link not in links:
@@ -261,8 +268,9 @@ def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None
         sources["h2d_pageable_gbs"] = f"{link} variant: the profile's pageable rate scaled as its pinned rate"
         spec.append(f"link={link}")
     if host_ram_gib is not None:
-        if not (math.isfinite(host_ram_gib) and host_ram_gib > 0):
-            raise HardwareError(f"host RAM must be a finite number of GiB > 0, got {host_ram_gib}")
+        if isinstance(host_ram_gib, bool) or not isinstance(host_ram_gib, (int, float)) or not (
+                math.isfinite(host_ram_gib) and host_ram_gib > 0):
+            raise HardwareError(f"host RAM must be a finite number of GiB > 0, got {host_ram_gib!r}")
         values["host_ram_gib"] = float(host_ram_gib)
         sources["host_ram_gib"] = "variant: the host RAM size searched over"
         spec.append(f"host_ram_gib={host_ram_gib:g}")
@@ -272,9 +280,10 @@ def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None
     return profile.with_values(sources, name=name, description=f"{profile.description} ({', '.join(spec)})", **values)
 
 
-def variant_spec(base: str, link: str = "", host_ram_gib: float | None = None) -> str:
+def variant_spec(base: str, link: str = "", host_ram_gib: float | None = None, gpus: int | None = None) -> str:
     """The hardware spec `load_profile` turns into `variant(load_profile(base), ...)`."""
-    parts = ([f"link={link}"] if link else []) + ([f"host_ram_gib={host_ram_gib:g}"] if host_ram_gib is not None else [])
+    parts = ([f"gpus={gpus}"] if gpus is not None else []) + ([f"link={link}"] if link else []) + (
+        [f"host_ram_gib={host_ram_gib:g}"] if host_ram_gib is not None else [])
     return f"{base}@{','.join(parts)}" if parts else base
 
 
@@ -285,17 +294,23 @@ def load_profile(spec: str | Path) -> HardwareProfile:
     if "@" in text and not Path(text).exists():
         base, _, tail = text.rpartition("@")
         options: dict[str, str] = {}
+        hint = f"write NAME@{','.join(f'{k}=...' for k in VARIANT_KEYS)}, e.g. rtx4090x4@gpus=2,link=pcie5,host_ram_gib=64"
         for item in tail.split(","):
-            key, eq, value = item.partition("=")
-            if key not in VARIANT_KEYS or not eq or key in options:
-                raise HardwareError(f"bad hardware variant {tail!r} in {text!r}; write NAME@link=pcie5,host_ram_gib=64")
+            key, eq, value = (part.strip() for part in item.partition("="))
+            if key not in VARIANT_KEYS or not eq or not value:
+                raise HardwareError(f"bad hardware variant {item.strip()!r} in {text!r}; {hint}")
+            if key in options:
+                raise HardwareError(f"{key} is given twice in hardware variant {text!r}; give it once")
             options[key] = value
-        ram = options.get("host_ram_gib")
         try:
-            ram_gib = float(ram) if ram is not None else None
+            ram = float(options["host_ram_gib"]) if "host_ram_gib" in options else None
         except ValueError:
-            raise HardwareError(f"host_ram_gib must be a number of GiB, got {ram!r} in {text!r}") from None
-        return variant(load_profile(base), options.get("link", ""), ram_gib)
+            raise HardwareError(f"host_ram_gib must be a number of GiB, got {options['host_ram_gib']!r} in {text!r}") from None
+        try:
+            gpus = int(options["gpus"]) if "gpus" in options else None
+        except ValueError:
+            raise HardwareError(f"gpus must be a whole number, got {options['gpus']!r} in {text!r}") from None
+        return variant(load_profile(base), options.get("link", ""), ram, gpus)
     shipped = profile_paths()
     if str(spec) in shipped:
         return HardwareProfile.from_file(shipped[str(spec)])

@@ -53,8 +53,8 @@ class SimResult:
     cancelled_loads: int
     link_utilisation: tuple[float, ...]
     stats: CacheStats
-    # serving: the workload, and latencies per request (`latency.py` defines them)
-    workload: str = "back-to-back"
+    # serving: the traffic, and latencies per request (`latency.py` defines them)
+    traffic: str = "back-to-back"
     max_batch: int = 1
     ttft_p90_s: float = 0.0
     tpot_mean_s: float = 0.0

@@ -1,13 +1,14 @@
 """The cheapest configurations that meet a target: `casmoe search`.
 
-"What do I need for 10 tokens/s, or a TTFT p99 under 2 s at 0.5 requests/s?" A *config* is
-everything but the cache size: hardware profile, GPU count, policy, quantisation, RAM tier.
-For each config the search finds the fewest slots per layer that meet the target, by bisection
+"What do I need for 10 tokens/s, or a TTFT p99 under 2 s at 0.5 requests/s?" A *config* is a
+run without its cache size (`RunSpec` with every option but the capacity: box variant, GPUs,
+policy, precision, RAM tier, ...), built by the same `Grid.specs` as every other command. For
+each config the search finds the fewest slots per layer that meet the target, by bisection
 over `[top_k, most that fit the GPUs]`: it assumes the target metric improves (or stays) as
 the cache grows, which holds for the built-in policies' demand hit rates on the traces tried
 (tests/test_sim_search.py checks the answer against a brute-force grid). A config whose largest
 cache misses the target is settled by that one run. The rounds of all configs' probes run
-together through `sweep.run_grid` (local processes or Ray), whose point store under `out`
+together through `casmoe.sim.run.run_all` (local processes or Ray), whose store under `out`
 makes an interrupted search resume and a repeated one free.
 
 The answer per config is its cheapest point that meets the target; memory is the GPUs' expert
@@ -18,21 +19,16 @@ simulate record is `points/<key>.json`).
 
 from __future__ import annotations
 
-import itertools
 import operator
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from casmoe.errors import CasmoeError
-from casmoe.options import CapacitySpec, parse_quant
-from casmoe.policies import PolicySpec
-from casmoe.presets import ModelPreset, get_preset
-from casmoe.sim.assembly import expert_bytes_for, max_slots
-from casmoe.sim.hardware import load_profile, variant_spec
-from casmoe.sim.serving import Workload
-from casmoe.sim.sweep import Point, _load_trace, file_digest, input_digest, run_grid
-from casmoe.trace import Trace
+from casmoe.options import CapacitySpec
+from casmoe.sim.grid import Grid
+from casmoe.sim.run import run_all, whole_trace
+from casmoe.sim.spec import RunSpec
 
 METRICS = {
     "tok/s": ("decode_tokens_per_s", ">="),
@@ -48,9 +44,26 @@ class SearchError(CasmoeError, ValueError):
     """A search that cannot run (a target that does not parse, no config to try)."""
 
 
+def numeric_fields() -> dict[str, str]:
+    """The fields of a simulate record a target may name: the `SimResult` numbers (and the cache
+    counters it carries), with how each is better; unknown ones are lower-is-better."""
+    from dataclasses import fields
+
+    from casmoe.cache import CacheStats
+    from casmoe.sim.result import SimResult
+
+    out = {f.name: "<=" for f in fields(SimResult) if f.type in ("int", "float")}
+    out.update({f.name: ">=" for f in fields(CacheStats) if f.type in ("int", "float")})
+    for better in ("decode_tokens_per_s", "throughput_tokens_per_s", "requests_per_s", "hit_rate", "warm_hit_rate",
+                   "hits", "prefetch_used", "mean_batch", "peak_batch"):
+        out[better] = ">="
+    out.update({"hit_rate": ">=", "warm_hit_rate": ">="})
+    return out
+
+
 @dataclass(frozen=True)
 class Target:
-    """`metric op value`, e.g. `tok/s>=10`, `ttft_p99<=2` or any SimResult field."""
+    """`metric op value`, e.g. `tok/s>=10`, `ttft_p99<=2` or any numeric simulate field."""
 
     metric: str
     op: str
@@ -58,17 +71,27 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> Target:
-        m = re.fullmatch(r"\s*([\w/]+)\s*(>=|<=)\s*([0-9.eE+-]+)\s*", text)
+        m = re.fullmatch(r"\s*([\w/]+)\s*(>=|<=)\s*(\S+)\s*", text)
         if not m:
             raise SearchError(f"bad target {text!r}; write METRIC>=X or METRIC<=X, e.g. tok/s>=10, ttft_p99<=2")
         name, op, value = m.groups()
-        metric, better = METRICS.get(name, (name, op))
+        known = numeric_fields()
+        if name in METRICS:
+            metric, better = METRICS[name]
+        elif name in known:
+            metric, better = name, known[name]
+        else:
+            raise SearchError(f"target {text!r}: unknown metric {name!r}; use {', '.join(METRICS)} or a numeric "
+                              "simulate field (decode_tokens_per_s, e2e_p99_s, hit_rate, ...)")
         if op != better:
             raise SearchError(f"target {text!r}: {name} is better {'higher' if better == '>=' else 'lower'}; use {better}")
         try:
-            return cls(metric, op, float(value))
+            number = float(value)
         except ValueError:
-            raise SearchError(f"bad target value {value!r} in {text!r}") from None
+            raise SearchError(f"bad target value {value!r} in {text!r}; give a number") from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise SearchError(f"bad target value {value!r} in {text!r}; give a finite number")
+        return cls(metric, op, number)
 
     def met(self, record: dict[str, Any]) -> bool:
         return "skipped" not in record and _OPS[self.op](record[self.metric], self.value)
@@ -81,54 +104,46 @@ class Target:
         return f"{self.metric} {self.op} {self.value:g}"
 
 
-@dataclass(frozen=True)
-class Config:
-    """Everything but the cache size."""
+def label(spec: RunSpec) -> str:
+    """A config in words: the box, GPUs used, policy, precision, RAM tier."""
+    m = spec.machine
+    parts = [m.hardware.name, f"{m.devices} GPU{'s' if m.devices > 1 else ''}", spec.policy.label,
+             m.quant.value if m.quant else "trace bytes"]
+    if spec.host_cache is not None:
+        parts.append(f"RAM tier {spec.host_cache.rows} experts")
+    return ", ".join(parts)
 
-    hardware: str
-    devices: int
-    policy: PolicySpec
-    quant: str = ""
-    host_cache: str = ""
-    link: str = ""  # "": the profile's own host link; else a generation of sim/links.toml
-    host_ram_gib: float | None = None  # None: the profile's host RAM
 
-    def spec(self) -> str:
-        """The hardware spec the points load (`hardware.variant_spec`)."""
-        return variant_spec(self.hardware, self.link, self.host_ram_gib)
+_FASTER = ("h2d_pinned_gbs", "h2d_pageable_gbs", "host_ram_gib")
+"""The profile numbers a config may have more of and dominate another (the search's link and
+RAM axes); every other number must be equal."""
 
-    def label(self) -> str:
-        parts = [self.hardware, f"{self.devices} GPU{'s' if self.devices > 1 else ''}", self.policy.label,
-                 self.quant or "trace bytes"]
-        parts += [f"link {self.link}"] if self.link else []
-        parts += [f"{self.host_ram_gib:g} GiB RAM"] if self.host_ram_gib is not None else []
-        return ", ".join(parts + ([f"RAM tier {self.host_cache}"] if self.host_cache else []))
 
-    def dominates(self, other: Config) -> bool:
-        """Whether this config is `other` with a host link at least as fast and at least as much
-        host RAM, one of them more (the rest equal): then, as with a larger cache, it is assumed to do no worse at
-        any cache size, and it holds the same cache sizes."""
-        if (self.hardware, self.devices, self.policy, self.quant, self.host_cache) != (
-            other.hardware, other.devices, other.policy, other.quant, other.host_cache
-        ) or self == other:
-            return False
-        a, b = load_profile(self.spec()), load_profile(other.spec())
-        mine = (a.h2d_pinned_gbs, a.h2d_pageable_gbs, a.host_ram_gib)
-        theirs = (b.h2d_pinned_gbs, b.h2d_pageable_gbs, b.host_ram_gib)
-        return mine != theirs and all(x >= y for x, y in zip(mine, theirs))
+def dominates(a: RunSpec, b: RunSpec) -> bool:
+    """Whether config `a` is `b` with a host link at least as fast and at least as much host RAM,
+    one of them more (the rest equal): then, as with a larger cache, it is assumed to do no worse
+    at any cache size, and it holds the same cache sizes."""
+    if a is b or replace(a, machine=b.machine, hardware=b.hardware) != b:
+        return False
+    ha, hb = a.machine.hardware.to_dict(), b.machine.hardware.to_dict()
+    ignore = {"name", "description", "sources", *_FASTER}
+    if any(ha[k] != hb[k] for k in ha if k not in ignore) or replace(a.machine, hardware=b.machine.hardware) != b.machine:
+        return False
+    mine, theirs = [ha[k] for k in _FASTER], [hb[k] for k in _FASTER]
+    return mine != theirs and all(x >= y for x, y in zip(mine, theirs))
 
 
 @dataclass
 class _Bisect:
     """One config's search state: the fewest slots meeting the target lie in [lo, hi]."""
 
-    config: Config
+    config: RunSpec
     lo: int
     hi: int
     best: dict[str, Any] | None = None  # the record at `hi` once it met the target
     last: dict[str, Any] | None = None  # the last record probed
     settled: bool = False
-    bounded_by: Config | None = None  # settled unprobed: a config that dominates it misses the target
+    bounded_by: RunSpec | None = None  # settled unprobed: a config that dominates it misses the target
 
     def probe(self) -> int | None:
         if self.settled:
@@ -151,24 +166,24 @@ class _Bisect:
 @dataclass
 class SearchResult:
     target: Target
-    answers: list[tuple[Config, dict[str, Any]]]  # each feasible config's cheapest point
-    infeasible: list[tuple[Config, str]]  # configs that cannot meet it, and why
+    answers: list[tuple[RunSpec, dict[str, Any]]]  # each feasible config's cheapest point
+    infeasible: list[tuple[RunSpec, str]]  # configs that cannot meet it, and why
     simulated: int  # points computed now
     probed: int  # points the search looked at (computed or stored)
     grid: int  # points a full grid over the same slot ranges would hold
     records: list[dict[str, Any]] = field(default_factory=list)  # every point looked at
 
-    def pareto(self) -> list[tuple[Config, dict[str, Any]]]:
+    def pareto(self) -> list[tuple[RunSpec, dict[str, Any]]]:
         """Answers no other beats on GPUs, memory and the metric at once."""
-        def beats(a: tuple[Config, dict[str, Any]], b: tuple[Config, dict[str, Any]]) -> bool:
+        def beats(a: tuple[RunSpec, dict[str, Any]], b: tuple[RunSpec, dict[str, Any]]) -> bool:
             (ca, ra), (cb, rb) = a, b
-            key_a = (ca.devices, memory_gb(ra))
-            key_b = (cb.devices, memory_gb(rb))
+            key_a = (ca.machine.devices, memory_gb(ra))
+            key_b = (cb.machine.devices, memory_gb(rb))
             no_worse = all(x <= y for x, y in zip(key_a, key_b)) and self.target.better(ra[self.target.metric], rb[self.target.metric])
             return no_worse and (key_a != key_b or ra[self.target.metric] != rb[self.target.metric])
 
         front = [a for a in self.answers if not any(beats(b, a) for b in self.answers if b is not a)]
-        return sorted(front, key=lambda a: (memory_gb(a[1]), a[0].devices))
+        return sorted(front, key=lambda a: (memory_gb(a[1]), a[0].machine.devices))
 
 
 def memory_gb(record: dict[str, Any]) -> float:
@@ -176,69 +191,50 @@ def memory_gb(record: dict[str, Any]) -> float:
     return record["capacity_gb"] + record.get("host_cache_gb", 0.0)
 
 
-def configs(hardware: Sequence[str], gpus: Sequence[int], policies: Sequence[PolicySpec], quants: Sequence[str],
-            host_caches: Sequence[str], links: Sequence[str] = (), host_rams: Sequence[float] = ()) -> list[Config]:
-    """Every combination of the axes (0 GPUs: every GPU of the profile; no link or RAM: the
-    profile's own)."""
-    out = []
-    axes = itertools.product(hardware, gpus or [0], policies, quants or [""], host_caches or [""], links or [""],
-                             host_rams or [None])
-    for h, n, p, q, tier, link, ram in axes:
-        c = Config(h, n or load_profile(h).gpus, p, q, tier, link, ram)
-        load_profile(c.spec())  # a bad link or RAM size fails here, in one line
-        out.append(c)
-    if not out:
-        raise SearchError("nothing to search: give at least one hardware profile and one policy")
-    return out
+def configs(grid: Grid) -> list[RunSpec]:
+    """Every combination of the grid's options, each a run whose capacity the search chooses."""
+    if grid.given.get("capacity") or grid.given.get("global_capacity"):
+        raise SearchError("search chooses the cache size itself (slots per layer, from top_k to what the GPUs hold); "
+                          "leave out --capacity and --global-capacity")
+    runs = grid.with_values(capacity="1").specs(strict=False)
+    return list(dict.fromkeys(runs.specs))
 
 
-def slot_range(trace: Trace, preset: ModelPreset, config: Config) -> tuple[int, int]:
+def slot_range(config: RunSpec) -> tuple[int, int]:
     """The cache sizes a config can have: from top_k slots per layer to the most the GPUs hold
     beside the dense weights (at most every expert)."""
-    nbytes = expert_bytes_for(trace, preset, parse_quant(config.quant))
+    trace = whole_trace(config.trace.path, config.trace.digest)
     g = trace.geometry
-    return g.top_k, min(max_slots(load_profile(config.spec()), preset, nbytes, config.devices), g.experts)
+    m = config.machine
+    return g.top_k, min(m.max_slots(m.expert_bytes(trace)), g.experts)
 
 
 def search(
-    trace: str,
-    model: str,
-    candidates: Sequence[Config],
+    candidates: Sequence[RunSpec],
     target: Target,
     out: str,
     *,
-    workload: Workload | None = None,
-    requests: int = 0,
-    miss_mode: str = "load",
     jobs: int = 1,
     ray_address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
-    """Bisect each config's cache size (on the first `requests` requests, 0: all); the rounds
-    of all configs run as one grid each. Configs that dominate others (`Config.dominates`: a
-    faster link, more host RAM) are searched first: one that misses the target at its largest
-    cache settles every config it dominates unprobed, and one's answer is the others' lower
-    bound."""
-    digest = file_digest(trace)
-    scored = tuple(range(min(requests, len(_load_trace(trace, digest, ()).requests)))) if requests else ()
-    tr = _load_trace(trace, digest, scored)
-    preset = get_preset(model)
+    """Bisect each config's cache size; the rounds of all configs run as one batch each. Configs
+    that dominate others (`dominates`: a faster link, more host RAM) are searched first: one
+    that misses the target at its largest cache settles every config it dominates unprobed, and
+    one's answer is the others' lower bound."""
     states, infeasible = [], []
     for c in candidates:
-        lo, hi = slot_range(tr, preset, c)
+        lo, hi = slot_range(c)
         if hi < lo:
             infeasible.append((c, f"the GPUs hold {hi} slots per layer, below top_k={lo}"))
         else:
             states.append(_Bisect(c, lo, hi))
     grid = sum(s.hi - s.lo + 1 for s in states)
 
-    inputs = {c: input_digest(c.spec(), model, c.policy) for c in {s.config for s in states}}
+    def point(c: RunSpec, slots: int) -> RunSpec:
+        return replace(c, capacity=CapacitySpec(str(slots)))
 
-    def point(c: Config, slots: int) -> Point:
-        return Point(trace, model, c.spec(), c.policy, CapacitySpec(str(slots)), 1, miss_mode, c.devices, c.quant,
-                     True, scored, digest, workload, c.host_cache, inputs=inputs[c])
-
-    betters = {id(s): [b for b in states if b.config.dominates(s.config)] for s in states}
+    betters = {id(s): [b for b in states if dominates(b.config, s.config)] for s in states}
     simulated = probed = 0
     records = []
     while True:
@@ -256,8 +252,8 @@ def search(
         probes = [(s, slots) for s, slots in probes if slots is not None]
         if not probes:
             break
-        recs, computed = run_grid([point(s.config, slots) for s, slots in probes], out, jobs=jobs,
-                                  ray_address=ray_address, progress=progress)
+        recs, computed = run_all([point(s.config, slots) for s, slots in probes], out, jobs=jobs,
+                                 ray_address=ray_address, progress=progress)
         simulated, probed = simulated + computed, probed + len(probes)
         for (s, slots), rec in zip(probes, recs):
             records.append(rec)
@@ -268,7 +264,7 @@ def search(
             answers.append((s.config, s.best))
         elif s.bounded_by is not None:
             infeasible.append((s.config, f"not simulated: its link is no faster and its RAM no larger than those of "
-                                         f"{s.bounded_by.label()}, which misses it with every cache that fits"))
+                                         f"{label(s.bounded_by)}, which misses it with every cache that fits"))
         elif s.last is not None and "skipped" in s.last:
             infeasible.append((s.config, s.last["skipped"]))
         elif s.last is not None:

@@ -5,7 +5,7 @@ The SimPy processes, in the style of SimPy's own examples:
 - `open_loop`: requests arrive at given times (a Poisson process of `rate` per second, or the
   times recorded in the trace) and are submitted to the server;
 - `user`: one of `users` in a closed loop: submit a request, wait for its last token, think
-  `think_s` seconds, submit the next (the requests are dealt out in trace order);
+  `think` seconds, submit the next (the requests are dealt out in trace order);
 - `Server.scheduler`: admits waiting requests, first come first served, while fewer than
   `max_batch` are running (each admission is the request's `begin_request`), then runs one
   step and repeats. A decode step carries one token of every running request that has its
@@ -54,13 +54,13 @@ MAX_FUTURE_RUNS = 5
 
 
 class ServingError(CasmoeError, ValueError):
-    """A workload that cannot run (no arrival times in the trace, a rate <= 0, ...)."""
+    """Traffic that cannot be served (no arrival times in the trace, a rate <= 0, ...)."""
 
 
 class Arrival(enum.Enum):
     POISSON = "poisson"  # open loop, exponential gaps of mean 1 / rate
     TRACE = "trace"  # open loop, the trace's per-request arrival times
-    CLOSED = "closed"  # `users` users, each waiting for its answer and thinking `think_s`
+    CLOSED = "closed"  # `users` users, each waiting for its answer and thinking `think`
 
 
 class Schedule(enum.Enum):
@@ -69,13 +69,13 @@ class Schedule(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Workload:
+class Traffic:
     """How requests reach the server and how it batches them."""
 
     arrival: Arrival
     rate: float = 0.0  # requests per second (poisson)
     users: int = 1  # closed loop
-    think_s: float = 0.0  # closed loop
+    think: float = 0.0  # closed loop
     max_batch: int = 8
     schedule: Schedule = Schedule.PREFILL_FIRST
     chunk: int = 512  # tokens per step (chunked)
@@ -84,7 +84,7 @@ class Workload:
     def __post_init__(self) -> None:
         if self.arrival is Arrival.POISSON and not self.rate > 0:
             raise ServingError(f"--rate must be > 0 requests/s for poisson arrivals (got {self.rate})")
-        if self.users < 1 or self.max_batch < 1 or self.chunk < 1 or not self.think_s >= 0:
+        if self.users < 1 or self.max_batch < 1 or self.chunk < 1 or not self.think >= 0:
             raise ServingError("--users, --max-batch and --chunk must be >= 1 and --think >= 0")
 
     @classmethod
@@ -93,22 +93,22 @@ class Workload:
         arrival: str | None = None,
         rate: float | None = None,
         users: int | None = None,
-        think_s: float = 0.0,
+        think: float = 0.0,
         max_batch: int = 8,
         schedule: str = "prefill-first",
         chunk: int = 512,
         seed: int = 0,
-    ) -> Workload | None:
+    ) -> Traffic | None:
         """From the command line or a sweep file; None: no serving options (requests back to
         back). `users` means a closed loop; `rate` alone means Poisson arrivals."""
         if users is not None and (arrival not in (None, Arrival.CLOSED.value) or rate is not None):
             raise ServingError("give either --arrival (open loop) or --users (closed loop), not both")
-        for flag, value in (("--think", think_s), ("--rate", rate)):
+        for flag, value in (("--think", think), ("--rate", rate)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ServingError(f"{flag} must be a finite number >= 0, got {value}")
         if arrival is None and users is None and rate is None:
             given = [flag for flag, value, default in (
-                ("--think", think_s, 0.0), ("--max-batch", max_batch, 8), ("--schedule", schedule, "prefill-first"),
+                ("--think", think, 0.0), ("--max-batch", max_batch, 8), ("--schedule", schedule, "prefill-first"),
                 ("--chunk", chunk, 512), ("--seed", seed, 0)) if value != default]
             if given:
                 raise ServingError(f"{', '.join(given)} shape{'s' * (len(given) == 1)} serving; add --arrival or "
@@ -124,7 +124,7 @@ class Workload:
             raise ServingError(f"unknown --schedule {schedule!r}; one of {list(schedules)}")
         if kinds[arrival] is Arrival.POISSON and rate is None:
             raise ServingError("--arrival poisson needs --rate (requests per second)")
-        return cls(kinds[arrival], rate or 0.0, users or 1, think_s, max_batch, schedules[schedule], chunk, seed)
+        return cls(kinds[arrival], rate or 0.0, users or 1, think, max_batch, schedules[schedule], chunk, seed)
 
     def describe(self) -> str:
         if self.arrival is Arrival.POISSON:
@@ -132,7 +132,7 @@ class Workload:
         elif self.arrival is Arrival.TRACE:
             how = "trace arrivals"
         else:
-            how = f"{self.users} users, think {self.think_s:g} s"
+            how = f"{self.users} users, think {self.think:g} s"
         sched = self.schedule.value + (f" {self.chunk}" if self.schedule is Schedule.CHUNKED else "")
         return f"{how}, max batch {self.max_batch}, {sched}"
 
@@ -205,12 +205,12 @@ class ScheduledStep:
 class Server:
     """The scheduler and the devices of one run."""
 
-    def __init__(self, env: simpy.Environment, setup: Setup, machine: RunState, workload: Workload,
+    def __init__(self, env: simpy.Environment, setup: Setup, machine: RunState, traffic: Traffic,
                  log: LatencyLog, compiled: bool | None = None, arrays: StepArrays | None = None) -> None:
         self.env = env
         self.setup = setup
         self.machine = machine
-        self.workload = workload
+        self.traffic = traffic
         self.log = log
         self.gpus = [GPU(env, i, link) for i, link in enumerate(machine.links)]
         self.waiting: deque[Job] = deque()
@@ -223,8 +223,8 @@ class Server:
         g = setup.trace.geometry
         self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self._E = g.experts
-        fits = ServingPass.fits(machine, setup, compiled, workload.schedule is not Schedule.CHUNKED)
-        self.compiled = ServingPass(machine, setup, workload.max_batch, arrays) if fits else None
+        fits = ServingPass.fits(machine, setup, compiled, traffic.schedule is not Schedule.CHUNKED)
+        self.compiled = ServingPass(machine, setup, traffic.max_batch, arrays) if fits else None
         """Both passes compiled for a built-in policy (`compiled_timing.ServingPass`), else None."""
 
     def submit(self, r: int) -> simpy.Event:
@@ -304,7 +304,7 @@ class Server:
         requests = [gpu.stream.request() for gpu in self.gpus]
         yield simpy.AllOf(env, requests)  # what was due now before this step (the last one's releases) is done
         limit = env.peek()
-        if self.waiting and len(self.running) < self.workload.max_batch:
+        if self.waiting and len(self.running) < self.traffic.max_batch:
             limit = env.now  # a request arrived while the streams were taken: the next step boundary admits it
         starts, ends = self.compiled.chain([(job.r, k) for job, k in parts], starting, start, limit)  # type: ignore[union-attr]
         for delay in clock_delays(env.now, ends):
@@ -334,7 +334,7 @@ class Server:
 
     def _admit(self) -> list[Job]:
         admitted = []
-        while self.waiting and len(self.running) < self.workload.max_batch:
+        while self.waiting and len(self.running) < self.traffic.max_batch:
             job = self.waiting.popleft()
             self.running.append(job)
             self.log.admit(job.r, self.env.now, len(self.running))
@@ -348,15 +348,15 @@ class Server:
         its chunk of prompt tokens. Prefill-first: the oldest unprefilled prompt alone, else
         one decode token of every running request. Chunked: decode tokens plus a chunk of the
         oldest prompt."""
-        wl = self.workload
+        traffic = self.traffic
         prefilling = [job for job in self.running if job.prefilling]
         decoding = [job for job in self.running if not job.prefilling]
-        if wl.schedule is Schedule.PREFILL_FIRST:
+        if traffic.schedule is Schedule.PREFILL_FIRST:
             if prefilling:
                 job = prefilling[0]
                 return [], job, (0, job.prompt)
             return decoding, None, (0, 0)
-        budget = wl.chunk - len(decoding)
+        budget = traffic.chunk - len(decoding)
         if prefilling and (budget > 0 or not decoding):
             job = prefilling[0]
             end = min(job.prompt, job.pos + max(budget, 1))
@@ -457,28 +457,28 @@ def open_loop(env: simpy.Environment, server: Server, times: Sequence[float]) ->
         server.submit(r)
 
 
-def user(env: simpy.Environment, server: Server, queue: Iterator[int], think_s: float) -> Iterator[simpy.Event]:
+def user(env: simpy.Environment, server: Server, queue: Iterator[int], think: float) -> Iterator[simpy.Event]:
     """One closed-loop user: a request, its answer, a pause, the next request."""
     for r in queue:
         yield server.submit(r)
-        if think_s:
-            yield env.timeout(think_s)
+        if think:
+            yield env.timeout(think)
 
 
-def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]] | None,
+def run_once(setup: Setup, traffic: Traffic, futures: Sequence[Sequence[Step]] | None,
              compiled: bool | None = None, arrays: StepArrays | None = None,
              ) -> tuple[RunState, LatencyLog, float, list[Step]]:
     env = simpy.Environment()
     machine = setup.start(futures)
     log = LatencyLog()
-    server = Server(env, setup, machine, workload, log, compiled, arrays)
+    server = Server(env, setup, machine, traffic, log, compiled, arrays)
     n = len(setup.trace.requests)
-    if workload.arrival is Arrival.CLOSED:
+    if traffic.arrival is Arrival.CLOSED:
         queue = iter(range(n))
-        for _ in range(workload.users):
-            env.process(user(env, server, queue, workload.think_s))
+        for _ in range(traffic.users):
+            env.process(user(env, server, queue, traffic.think))
     else:
-        env.process(open_loop(env, server, workload.arrival_times(setup.trace.requests)))
+        env.process(open_loop(env, server, traffic.arrival_times(setup.trace.requests)))
     env.process(server.scheduler())
     env.run()
     if server.compiled is not None:
@@ -486,9 +486,9 @@ def run_once(setup: Setup, workload: Workload, futures: Sequence[Sequence[Step]]
     return machine, log, server.clock, server.steps
 
 
-def serve(setup: Setup, workload: Workload, describe: dict[str, Any], compiled: bool | None = None,
+def serve(setup: Setup, traffic: Traffic, describe: dict[str, Any], compiled: bool | None = None,
           arrays: StepArrays | None = None) -> Any:
-    """Serve the trace's requests under `workload`; the result of the last run. `compiled`
+    """Serve the trace's requests under `traffic`; the result of the last run. `compiled`
     chooses the passes as `simulate` does (a built-in policy's twin and the compiled timing);
     `arrays`, the trace's batch-1 steps if built already (`StepPlan.arrays`), spare the
     compiled passes building them."""
@@ -497,7 +497,7 @@ def serve(setup: Setup, workload: Workload, describe: dict[str, Any], compiled: 
     runs = 0
     while True:
         runs += 1
-        machine, log, end, steps = run_once(setup, workload, futures, compiled, arrays)
+        machine, log, end, steps = run_once(setup, traffic, futures, compiled, arrays)
         reads_future = any(shard.cache.needs_future for shard in machine.shards)
         if not reads_future or runs == MAX_FUTURE_RUNS or (previous is not None and _same(previous, steps)):
             break
@@ -505,7 +505,7 @@ def serve(setup: Setup, workload: Workload, describe: dict[str, Any], compiled: 
         E = setup.trace.geometry.experts
         futures = [steps] if len(setup.shards) == 1 else [[s.layer_slice(r, E) for s in steps] for r in setup.shards]
     return machine.result(
-        setup, log, end, batch=workload.max_batch, workload=workload.describe(), max_batch=workload.max_batch,
+        setup, log, end, batch=traffic.max_batch, traffic=traffic.describe(), max_batch=traffic.max_batch,
         future_runs=runs, **describe,
     )
 

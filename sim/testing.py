@@ -18,8 +18,9 @@ from typing import Any
 
 from casmoe.cache import CacheStats, ExpertCache, MissMode
 from casmoe.presets import ModelPreset
-from casmoe.sim.engine import simulate
+from casmoe.sim.engine import run_trace
 from casmoe.sim.hardware import load_profile
+from casmoe.sim.machine import Machine
 from casmoe.testing import Case, check_replay, checked, run_contract
 
 SAME_DECISIONS = ("accesses", "misses", "substitutions", "cpu_computed", "demand_loads", "prefetch_loads",
@@ -44,8 +45,8 @@ def _simulate(policy: type[ExpertCache], case: Case, options: dict[str, Any]) ->
     case's own geometry; returns its cache counters."""
     g = case.trace.geometry
     preset = ModelPreset("contract", "casmoe.sim.testing", g, heads=1, kv_heads=1, head_dim=g.hidden or 8, vocab=16)
-    result = simulate(case.trace, policy, case.capacity, load_profile("rtx4090x4"), preset, options=options,
-                      miss_mode=case.miss_mode, compiled=False)
+    result = run_trace(case.trace, policy, case.capacity, Machine(preset, load_profile("rtx4090x4")), options=options,
+                       miss_mode=case.miss_mode, compiled=False)
     return result.stats
 
 

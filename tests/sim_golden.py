@@ -75,19 +75,19 @@ def load(name: str, requests: int) -> Any:
 def run(case: Case) -> dict[str, Any]:
     from casmoe.cache import Capacity, MissMode
     from casmoe.policies import get_policy
-    from casmoe.presets import get_preset
-    from casmoe.sim.engine import simulate
+    from casmoe.presets import get_preset, preset_for
+    from casmoe.sim.engine import run_trace
     from casmoe.sim.hardware import load_profile
-    from casmoe.sim.sweep import preset_for
+    from casmoe.sim.machine import Machine
 
     trace = load(case.trace, case.requests)
     g = trace.geometry
     slots = {"k": g.top_k, "2k": 2 * g.top_k, "k+1": g.top_k + 1, "kL": g.top_k * g.layers}[case.capacity]
     capacity = Capacity(slots, per_layer=case.capacity != "kL")
-    res = simulate(
-        trace, get_policy(case.policy), capacity, load_profile("rtx4090x4"), get_preset(preset_for(trace, None)),
-        options=dict(case.options), batch=case.batch, miss_mode=MissMode(case.miss_mode), devices=case.devices,
-        trace_name=case.trace,
+    machine = Machine(get_preset(preset_for(trace)), load_profile("rtx4090x4"), devices=case.devices)
+    res = run_trace(
+        trace, get_policy(case.policy), capacity, machine, options=dict(case.options), batch=case.batch,
+        miss_mode=MissMode(case.miss_mode), trace_name=case.trace,
     )
     return res.to_dict()
 

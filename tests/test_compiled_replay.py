@@ -23,11 +23,12 @@ from casmoe.replay import replay
 from casmoe.step_arrays import StepArrays
 from casmoe.testing import cases, geometries, traces
 from casmoe.trace import NOT_COMPUTED, Request, Trace
+from casmoe.twin import twin_of
 from kernel_modes import kernels
 
 OPTIONS = {"casmoe": [{"predictor": "exact"}, {"predictor": "noisy", "noise": 0.5}], "sch": [{"m": 1}, {"m": 3}],
            "speculative": [{}, {"experts": 1}]}
-VARIANTS = [PolicySpec(name, tuple(sorted(o.items()))) for name, cls in POLICIES.items() if cls.twin_kind() is not None
+VARIANTS = [PolicySpec(name, tuple(sorted(o.items()))) for name, cls in POLICIES.items() if twin_of(cls) is not None
             for o in OPTIONS.get(name, [{}])]
 """Every built-in policy that declares a compiled twin, in the forms it runs compiled (moe-infinity runs in Python)."""
 

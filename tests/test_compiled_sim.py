@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import shaped_preset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +19,8 @@ from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy
 from casmoe.presets import ModelPreset
 from casmoe.sim.hardware import load_profile
-from casmoe.sim.engine import simulate
+from casmoe.sim.engine import run_trace
+from casmoe.sim.machine import Machine
 from casmoe.testing import cases
 from sim_golden import SHAPES, Case, run
 
@@ -26,8 +28,6 @@ OPTIONS = {"casmoe": [{"predictor": "exact"}, {"predictor": "noisy", "noise": 0.
 VARIANTS = [(name, o) for name in POLICIES for o in OPTIONS.get(name, [{}])]
 
 
-def preset_for(g: Geometry) -> ModelPreset:
-    return ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
@@ -51,10 +51,7 @@ def test_compiled_decisions_simulate_to_the_last_bit(variant, case, mode, batch,
 
     def result(compiled: bool):
         try:
-            return simulate(
-                case.trace, get_policy(name), case.capacity, hw, preset_for(g), options=options, batch=batch,
-                miss_mode=mode, devices=devices, compiled=compiled,
-            ).to_dict()
+            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, compiled=compiled).to_dict()
         except CacheConfigError as exc:  # a global pool too small to split over the devices
             return str(exc)
 

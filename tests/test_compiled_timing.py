@@ -20,12 +20,14 @@ from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
 from casmoe.sim import engine
-from casmoe.sim.engine import simulate
+from casmoe.sim.engine import run_trace
+from casmoe.sim.machine import Machine
 from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Schedule, Workload
+from casmoe.sim.serving import Arrival, Schedule, Traffic
 from casmoe.testing import cases
 from casmoe.trace_io import load_trace
-from test_compiled_sim import VARIANTS, preset_for
+from conftest import shaped_preset
+from test_compiled_sim import VARIANTS
 
 
 def _both(monkeypatch, run):
@@ -66,10 +68,7 @@ def test_compiled_timing_to_the_last_bit(monkeypatch, variant, case, mode, batch
 
     def run():
         try:
-            return simulate(
-                case.trace, get_policy(name), case.capacity, hw, preset_for(g), options=options, batch=batch,
-                miss_mode=mode, devices=devices, compiled=True, detail=detail,
-            ).to_dict()
+            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, compiled=True, detail=detail).to_dict()
         except CacheConfigError as exc:  # a global pool too small to split over the devices
             return str(exc)
 
@@ -86,8 +85,7 @@ def test_compiled_timing_on_the_shipped_trace(monkeypatch, policy):
     hw = dataclasses.replace(load_profile("rtx4090x4"), load_host_us=20.0, wake_us=5.0)
 
     def run():
-        return simulate(trace, get_policy(policy), Capacity(3), hw, get_preset("mixtral-8x7b"), options=options,
-                        devices=4, compiled=True, detail=True).to_dict()
+        return run_trace(trace, get_policy(policy), Capacity(3), Machine(get_preset("mixtral-8x7b"), hw, devices=4), options=options, compiled=True, detail=True).to_dict()
 
     want, got, used = _both(monkeypatch, run)
     assert got == want and used
@@ -115,13 +113,11 @@ def test_compiled_serving_to_the_last_bit(variant, case, mode, devices, slow_lin
     if slow_link:
         hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, wake_us=2.0,
                                   resume_per_stall=0.1, copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
-    wl = Workload(Arrival.POISSON, rate=rate, max_batch=max_batch, schedule=schedule, chunk=chunk)
+    wl = Traffic(Arrival.POISSON, rate=rate, max_batch=max_batch, schedule=schedule, chunk=chunk)
 
     def run(compiled: bool):
         try:
-            return simulate(case.trace, get_policy(name), case.capacity, hw, preset_for(g), options=options,
-                            miss_mode=mode, devices=min(devices, g.layers), workload=wl, compiled=compiled,
-                            detail=True).to_dict()
+            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=min(devices, g.layers)), options=options, miss_mode=mode, compiled=compiled, detail=True, traffic=wl).to_dict()
         except (CacheConfigError, PolicyError) as exc:  # speculative: one request at a time, whole prefills
             return str(exc)
 

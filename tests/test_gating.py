@@ -124,24 +124,16 @@ def test_gated_steps_and_arrays_agree_and_the_twin_decides_alike(trace, seed, th
     assert python == twin
 
 
-def test_sweep_points_key_the_threshold_and_keep_their_old_keys_without_it():
-    import hashlib
-    import json
+def test_a_run_is_keyed_by_its_threshold():
+    from conftest import one_spec
 
-    from casmoe.options import CapacitySpec
-    from casmoe.policies import PolicySpec
-    from casmoe.sim.sweep import RESULT_VERSION, Point
-
-    p = Point("t.npz", "mixtral-8x7b", "rtx4090x4", PolicySpec("lru"), CapacitySpec("4"))
-    old = {k: v for k, v in dataclasses.asdict(p).items() if k != "gating"}  # a point of the code before gating
-    assert p.key() == hashlib.sha256(json.dumps({"v": RESULT_VERSION, **old}, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    gated = dataclasses.replace(p, gating=0.6)
-    assert len({p.key(), gated.key(), dataclasses.replace(p, gating=0.7).key()}) == 3
-    assert gated.describe()["adaptive_gating"] == 0.6 and "adaptive_gating" not in p.describe()
+    exact, gated, other = one_spec(), one_spec(adaptive_gating=0.6), one_spec(adaptive_gating=0.7)
+    assert len({exact.key, gated.key, other.key}) == 3
+    assert gated.describe()["adaptive_gating"] == 0.6 and "adaptive_gating" not in exact.describe()
 
 
 def test_the_command_line_gates_replay_and_sweep(tmp_path, monkeypatch, capsys):
-    """replay and sweep (simulate's points: `run_point`) take --adaptive-gating; a bad one is one line."""
+    """replay and sweep take --adaptive-gating; a bad one is one line."""
     import json
     import subprocess
     import sys

@@ -33,12 +33,13 @@ def small_trace(path: Path, splits: bool, spec: bool = True) -> Path:
     return path
 
 
-def test_split_uses_the_traces_own_labels_or_holds_out_its_last_fifth(tmp_path):
-    own = load_trace(small_trace(tmp_path / "a.npz", splits=True))
-    assert lb.split(own)[:2] == ([0, 1, 2, 3], [4, 5])
-    none = load_trace(small_trace(tmp_path / "b.npz", splits=False))
-    train, held, how = lb.split(none)
-    assert held and sorted(train + held) == list(range(6)) and not set(train) & set(held) and "held out" in how
+def test_halves_use_the_traces_own_labels_or_hold_out_every_fifth(tmp_path):
+    own = lb.prepare(small_trace(tmp_path / "a.npz", splits=True), tmp_path / "w", requests=0)
+    assert own.requests == 2 and "own" in own.split
+    none = lb.prepare(small_trace(tmp_path / "b.npz", splits=False), tmp_path / "w", requests=0)
+    assert "held out" in none.split
+    train, held = load_trace(none.train), load_trace(none.scored)
+    assert len(train.requests) + len(held.requests) == 6 and held.requests
 
 
 def test_fitted_policies_are_fitted_on_train_requests_only(tmp_path):
@@ -47,15 +48,13 @@ def test_fitted_policies_are_fitted_on_train_requests_only(tmp_path):
     scored, train = load_trace(w.scored), load_trace(w.train)
     prompts = lambda t: {r.prompt for r in t.requests}  # noqa: E731
     assert prompts(scored) == {"prompt 4", "prompt 5"} and not prompts(scored) & prompts(train)
-    specs = lb.policies(w)
+    specs = lb.policies(w, fit_planner=False)
     assert {s.name for s in specs} == set(POLICIES)
     for s in specs:
-        if s.name in lb.FITTED:
-            assert dict(s.options) == {lb.FITTED[s.name]: str(w.train)}
-    assert [c.text for c in lb.capacities(2)] == ["2", "3", "4", "8"]
-    # a planner fitted on the train half runs beside CasMoE's oracle brackets
-    labels = [s.label for s in lb.policies(w, "planner-folder")]
-    assert labels.index("casmoe[planner=planner-folder]") + 1 == labels.index("casmoe[predictor=exact]")
+        fit = POLICIES[s.name].fit
+        if fit is not None and not s.oracle:
+            assert dict(s.options) == {fit.option: str(w.train)}
+    assert lb.capacities(2) == ["2", "3", "4", "8"]
 
 
 def test_leaderboard_end_to_end_and_resumes(tmp_path):

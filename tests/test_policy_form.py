@@ -1,5 +1,6 @@
 """A policy is one file: each built-in policy's module is its whole definition, its compiled
-twin included (`casmoe.cache`'s docstring), and nothing else names it or reads its fields.
+twin, its fitting and its variants included (`casmoe.cache`'s docstring), and nothing else
+names it or reads its fields.
 
 The runtimes (replay, the compiled driver, the simulator, the backend, the CLI) reach policies
 through the registry and the declaration, so a new built-in policy is its own module plus its
@@ -14,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from casmoe.cache import ExpertCache, TwinState
+from casmoe.cache import ExpertCache
 from casmoe.geometry import Geometry
 from casmoe.kernels.kinds import Kind
 from casmoe.policies import POLICIES
+from casmoe.twin import Twin, TwinState, twin_of
 from test_layers import PACKAGES, graph, modules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +56,7 @@ def test_a_policy_without_a_twin_runs_in_python(name):
     from casmoe.compiled import has_twin
 
     cls = POLICIES[name]
-    assert cls.twin_kind() is None
+    assert twin_of(cls) is None
     g = Geometry(2, 4, 2, hidden=8, intermediate=4)
     needs = {"ktransformers": {"popularity": [1.0] * g.total_experts}}
     assert not has_twin(cls(g, 2, **needs.get(name, {})))
@@ -63,24 +65,37 @@ def test_a_policy_without_a_twin_runs_in_python(name):
 @pytest.mark.parametrize("name", [n for n in POLICIES if n not in PYTHON_ONLY])
 def test_the_twin_is_declared_by_the_class_itself(name):
     cls = POLICIES[name]
-    kind = cls.twin_kind()
-    assert isinstance(kind, Kind), f"{name} declares no compiled twin"
+    twin = twin_of(cls)
+    assert isinstance(twin, Twin) and isinstance(twin.kind, Kind), f"{name} declares no compiled twin"
     g = Geometry(2, 4, 2, hidden=8, intermediate=4)
     needs = {"static": {"popularity": [1.0] * g.total_experts}, "casmoe": {"predictor": lambda request: None}}
     cache = cls(g, 2, **needs.get(name, {}))
-    assert isinstance(cache.twin_state(), TwinState)
+    assert isinstance(twin.state(cache), TwinState)
 
     class Mine(cls):  # a user's subclass: its hooks are not in the kernel
         pass
 
-    assert Mine.twin_kind() is None
+    assert twin_of(Mine) is None
+
+
+def test_a_policy_declares_its_fitting_and_its_variants():
+    """What the leaderboard, the selection and the default policy list know of a policy comes from
+    the policy's own declarations: which are fitted (and on what), and what a bare name runs."""
+    from casmoe.policies import default_policies, variants
+
+    fitted = {name for name, cls in POLICIES.items() if cls.fit is not None}
+    assert fitted == {"static", "ktransformers", "moe-infinity", "casmoe"}
+    assert [s.label for s in variants("casmoe")] == ["casmoe[planner=auto]", "casmoe[predictor=exact]",
+                                                     "casmoe[predictor=noisy]"]
+    assert [s.label for s in variants("casmoe", "my/planner")][0] == "casmoe[planner=my/planner]"
+    assert len(default_policies(POLICIES)) == sum(len(cls.variants) for cls in POLICIES.values())
 
 
 def test_no_runtime_names_a_policy():
     """Outside casmoe/policies, no module imports a policy's own module (only the registry
     and the spec), and none asks `isinstance` of a policy class."""
     policy_modules = {f"casmoe.policies.{p.stem}" for p in POLICY_HOME.glob("*.py")} - {
-        "casmoe.policies.__init__", "casmoe.policies.registry", "casmoe.policies.spec"}
+        "casmoe.policies.__init__", "casmoe.policies.registry", "casmoe.policies.spec", "casmoe.policies.fitting"}
     classes = {cls.__name__ for cls in POLICIES.values()}
     bad = []
     for name, targets in graph(PACKAGES).items():

@@ -20,14 +20,17 @@ from casmoe.cache import CacheConfigError, Capacity, MissMode, PolicyError
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import shipped
-from casmoe.sim.assembly import SimConfigError, StepPlan
+from casmoe.sim.assembly import StepPlan
+from casmoe.sim.machine import SimConfigError
 from casmoe.sim.compiled_timing import ServingPass
-from casmoe.sim.engine import simulate
+from casmoe.sim.engine import run_trace
+from casmoe.sim.machine import Machine
 from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Schedule, Workload, clock_delays
+from casmoe.sim.serving import Arrival, Schedule, Traffic, clock_delays
 from casmoe.testing import cases
 from casmoe.trace_io import load_trace
-from test_compiled_sim import VARIANTS, preset_for
+from conftest import shaped_preset
+from test_compiled_sim import VARIANTS
 
 SERVING = [v for v in VARIANTS if not get_policy(v[0]).needs_future and v[1].get("predictor") != "exact"]
 
@@ -55,13 +58,11 @@ def test_closed_loop_alone_to_the_last_bit(variant, case, mode, devices, slow_li
     if slow_link:
         hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, wake_us=2.0,
                                   resume_per_stall=0.1, copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
-    wl = Workload(Arrival.CLOSED, users=users, think_s=think, max_batch=max_batch, schedule=schedule, chunk=chunk)
+    wl = Traffic(Arrival.CLOSED, users=users, think=think, max_batch=max_batch, schedule=schedule, chunk=chunk)
 
     def run(compiled: bool):
         try:
-            return simulate(case.trace, get_policy(name), case.capacity, hw, preset_for(g), options=options,
-                            miss_mode=mode, devices=min(devices, g.layers), workload=wl, compiled=compiled,
-                            detail=True).to_dict()
+            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=min(devices, g.layers)), options=options, miss_mode=mode, compiled=compiled, detail=True, traffic=wl).to_dict()
         except (CacheConfigError, PolicyError) as exc:  # speculative: one request at a time, whole prefills
             return str(exc)
 
@@ -93,15 +94,15 @@ def test_a_lone_user_runs_whole_and_arrivals_cut_the_chains(monkeypatch):
     hw, preset, cap = load_profile("rtx4090x4"), get_preset("mixtral-8x7b"), Capacity(4)
     lru = get_policy("lru")
     calls = _spied(monkeypatch)
-    closed = Workload(Arrival.CLOSED, max_batch=1)
-    fast = simulate(trace, lru, cap, hw, preset, workload=closed, compiled=True).to_dict()
+    closed = Traffic(Arrival.CLOSED, max_batch=1)
+    fast = run_trace(trace, lru, cap, Machine(preset, hw), compiled=True, traffic=closed).to_dict()
     assert calls == [len(r.steps(trace.geometry)) for r in trace.requests]
-    assert fast == simulate(trace, lru, cap, hw, preset, workload=closed, compiled=False).to_dict()
+    assert fast == run_trace(trace, lru, cap, Machine(preset, hw), compiled=False, traffic=closed).to_dict()
     calls.clear()
-    busy = Workload(Arrival.POISSON, rate=50.0, max_batch=1)
-    fast = simulate(trace, lru, cap, hw, preset, workload=busy, compiled=True).to_dict()
+    busy = Traffic(Arrival.POISSON, rate=50.0, max_batch=1)
+    fast = run_trace(trace, lru, cap, Machine(preset, hw), compiled=True, traffic=busy).to_dict()
     assert len(calls) > len(trace.requests) and sum(calls) == sum(len(r.steps(trace.geometry)) for r in trace.requests)
-    assert fast == simulate(trace, lru, cap, hw, preset, workload=busy, compiled=False).to_dict()
+    assert fast == run_trace(trace, lru, cap, Machine(preset, hw), compiled=False, traffic=busy).to_dict()
 
 
 def _land(now: float, delays: list[float]) -> float:
@@ -128,21 +129,21 @@ def test_clock_delays_land_where_a_timeout_per_step_would():
 
 def test_batched_chains_and_a_shared_plan_serve_alike_and_a_foreign_plan_is_refused(monkeypatch):
     """Requests decoding together are chained too (the Python passes' result); with
-    `simulate(plan=..., workload=...)` the plan's batch-1 arrays give the same result as
+    `simulate(plan=..., traffic=...)` the plan's batch-1 arrays give the same result as
     arrays built by the run; a plan of another trace or batch is a one-line error."""
     trace = load_trace(shipped("tiny-olmoe.npz")).subset(range(5))
     hw, preset, cap = load_profile("rtx4090x4"), get_preset("olmoe-1b-7b"), Capacity(16)
-    wl = Workload(Arrival.POISSON, rate=5.0, max_batch=3)
+    wl = Traffic(Arrival.POISSON, rate=5.0, max_batch=3)
     lru = get_policy("lru")
     widths: list[int] = []
     calls = _spied(monkeypatch, widths)
-    own = simulate(trace, lru, cap, hw, preset, workload=wl, compiled=True).to_dict()
+    own = run_trace(trace, lru, cap, Machine(preset, hw), compiled=True, traffic=wl).to_dict()
     assert max(widths) > 1 and max(c for c, w in zip(calls, widths) if w > 1) > 1
-    assert own == simulate(trace, lru, cap, hw, preset, workload=wl, compiled=False).to_dict()
-    assert simulate(trace, lru, cap, hw, preset, workload=wl, compiled=True, plan=StepPlan.build(trace)).to_dict() == own
+    assert own == run_trace(trace, lru, cap, Machine(preset, hw), compiled=False, traffic=wl).to_dict()
+    assert run_trace(trace, lru, cap, Machine(preset, hw), compiled=True, plan=StepPlan.build(trace), traffic=wl).to_dict() == own
     for plan in (StepPlan.build(trace.subset(range(4))), StepPlan.build(trace, 2)):
         with pytest.raises(SimConfigError, match="batch 1 only"):
-            simulate(trace, lru, cap, hw, preset, workload=wl, plan=plan)
+            run_trace(trace, lru, cap, Machine(preset, hw), plan=plan, traffic=wl)
 
 
 def test_a_request_submitted_while_the_streams_are_taken_joins_at_the_next_step():
@@ -161,7 +162,6 @@ def test_a_request_submitted_while_the_streams_are_taken_joins_at_the_next_step(
         return Request(np.zeros((tokens, 1, 1), np.int16), np.ones((tokens, 1, 1), np.float32), prefill=prefill)
 
     trace = Trace(g, [request(2, 0), request(1, 1), request(1, 0)])  # a lone decoder, a prompt, then another
-    wl = Workload(Arrival.CLOSED, users=2, think_s=0.0, max_batch=2, schedule=Schedule.PREFILL_FIRST)
-    runs = [simulate(trace, get_policy("ondemand"), Capacity(1, per_layer=False), load_profile("rtx4090x4"), preset_for(g),
-                     workload=wl, compiled=compiled, detail=True).to_dict() for compiled in (True, False)]
+    wl = Traffic(Arrival.CLOSED, users=2, think=0.0, max_batch=2, schedule=Schedule.PREFILL_FIRST)
+    runs = [run_trace(trace, get_policy("ondemand"), Capacity(1, per_layer=False), Machine(shaped_preset(g), load_profile("rtx4090x4")), compiled=compiled, detail=True, traffic=wl).to_dict() for compiled in (True, False)]
     assert runs[0] == runs[1]

@@ -13,7 +13,9 @@ import pytest
 
 from casmoe.policies import PolicySpec, PolicySpecError
 from casmoe.options import CapacitySpec, OptionError
-from casmoe.sim.sweep import Grid, Point, SweepError, file_digest, run_grid
+from casmoe.sim.grid import Grid, GridError
+from casmoe.sim.run import run_all
+from casmoe.sim.spec import RunSpec, file_digest
 from casmoe.trace_io import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,27 +169,27 @@ def test_profiles_lists_every_shipped_profile(tmp_path):
 # ---- sweep ------------------------------------------------------------------------------------
 
 
-def _points(tmp_path: Path, policies=("lru", "ondemand"), hardware=("rtx4090x4", "rtx5090")) -> list[Point]:
+def _points(tmp_path: Path, policies=("lru", "ondemand"), hardware=("rtx4090x4", "rtx5090")) -> list[RunSpec]:
     cfg = tmp_path / "grid.toml"
     cfg.write_text(
         f'traces = ["{TRACE}"]\nmodels = ["mixtral-8x7b"]\nhardware = {json.dumps(list(hardware))}\n'
         f"policies = {json.dumps(list(policies))}\ncapacities = [2, 4]\nrequests = 1\n"
     )
-    return Grid.from_toml(cfg).points()
+    return Grid.from_toml(cfg).specs(strict=False).specs
 
 
 @needs_trace
 def test_sweep_resumes_and_matches_a_serial_run(tmp_path):
     points = _points(tmp_path)
     assert len(points) == 2 * 2 * 2
-    first, computed = run_grid(points[:3], tmp_path / "out", jobs=2)
+    first, computed = run_all(points[:3], tmp_path / "out", jobs=2)
     assert computed == 3
-    records, computed = run_grid(points, tmp_path / "out", jobs=2)
+    records, computed = run_all(points, tmp_path / "out", jobs=2)
     assert computed == len(points) - 3  # the stored points were skipped
     assert records[:3] == first
-    serial, _ = run_grid(points, tmp_path / "serial", jobs=1)
+    serial, _ = run_all(points, tmp_path / "serial", jobs=1)
     assert records == serial
-    keys = {p.key() for p in points}
+    keys = {p.key for p in points}
     assert len(keys) == len(points)
     assert {p.stem for p in (tmp_path / "out" / "points").glob("*.json")} == keys
 
@@ -218,9 +220,9 @@ def test_sweep_table_shows_every_varied_axis(tmp_path):
 @pytest.mark.slow
 def test_sweep_on_local_ray(tmp_path):
     points = _points(tmp_path, ("lru",))[:2]
-    records, computed = run_grid(points, tmp_path / "ray", jobs=2, ray_address="local")
+    records, computed = run_all(points, tmp_path / "ray", jobs=2, ray_address="local")
     assert computed == 2
-    local, _ = run_grid(points, tmp_path / "local", jobs=1)
+    local, _ = run_all(points, tmp_path / "local", jobs=1)
     assert records == local
 
 
@@ -239,7 +241,7 @@ def test_specs_parse_and_reject():
 def test_bad_sweep_file_names_the_key(tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text('traces = ["x.npz"]\npolicys = ["lru"]\n')
-    with pytest.raises(SweepError, match="policys"):
+    with pytest.raises(GridError, match="policys"):
         Grid.from_toml(cfg)
     import hashlib
 
@@ -297,12 +299,13 @@ def test_sweep_file_takes_rates_and_serving_keys(tmp_path):
         'capacities = [4]\nrates = [0.5, 2]\nmax_batch = 2\nschedule = "chunked"\nchunk = 64\nhost_cache = "100GB"\n'
     )
     grid = Grid.from_toml(tmp_path / "g.toml")
-    points = grid.points()
-    assert [p.workload.rate for p in points] == [0.5, 2.0]
-    assert all(p.workload.max_batch == 2 and p.workload.chunk == 64 and p.host_cache == "100GB" for p in points)
+    points = grid.specs().specs
+    assert [p.traffic.rate for p in points] == [0.5, 2.0]
+    assert all(p.traffic.max_batch == 2 and p.traffic.chunk == 64 for p in points)
+    assert all(p.host_cache.nbytes([352321536] * 32) / 1e9 == pytest.approx(100, rel=0.01) for p in points)
     (tmp_path / "bad.toml").write_text((tmp_path / "g.toml").read_text().replace('"chunked"', '"fifo"'))
     with pytest.raises(Exception, match="unknown --schedule"):
-        Grid.from_toml(tmp_path / "bad.toml").points()
+        Grid.from_toml(tmp_path / "bad.toml").specs()
 
 
 def test_sweep_points_carry_the_parsed_miss_mode(tmp_path):
@@ -311,8 +314,8 @@ def test_sweep_points_carry_the_parsed_miss_mode(tmp_path):
             'capacities = [4]\n')
     (tmp_path / "a.toml").write_text(body + 'miss_modes = [" LOAD"]\n')
     (tmp_path / "b.toml").write_text(body + 'miss_modes = ["load"]\n')
-    a, b = (Grid.from_toml(tmp_path / f"{n}.toml").points() for n in "ab")
-    assert [p.miss_mode for p in a] == ["load"] and [p.key() for p in a] == [p.key() for p in b]
+    a, b = (Grid.from_toml(tmp_path / f"{n}.toml").specs().specs for n in "ab")
+    assert [p.miss_mode.value for p in a] == ["load"] and [p.key for p in a] == [p.key for p in b]
 
 
 @needs_trace
@@ -339,11 +342,11 @@ def test_plots_in_the_background_wait_or_none(tmp_path):
 def test_a_point_runs_after_the_trace_cache_let_its_trace_go(tmp_path):
     """The per-process caches of traces and step plans evict apart (in-process callers run many
     points): a plan whose trace object the trace cache has let go must still run its point."""
-    import casmoe.sim.sweep as sweep
+    import casmoe.sim.run as run
 
     (tmp_path / "g.toml").write_text(f'traces = ["{TRACE}"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4"]\n'
                                      'policies = ["lru"]\ncapacities = [4]\nrequests = 2\n')
-    (point,) = Grid.from_toml(tmp_path / "g.toml").points()
-    first = sweep.run_point(point)
-    sweep._load_trace.cache_clear()  # a new trace object for the same key; the plan cache keeps the old one
-    assert sweep.run_point(point)["decode_tokens_per_s"] == first["decode_tokens_per_s"]
+    (point,) = Grid.from_toml(tmp_path / "g.toml").specs().specs
+    first = run.run(point)
+    run.scored_trace.cache_clear()  # a new trace object for the same key; the plan cache keeps the old one
+    assert run.run(point)["decode_tokens_per_s"] == first["decode_tokens_per_s"]

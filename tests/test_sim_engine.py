@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shaped_preset, sim_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,8 +17,10 @@ from casmoe.policies import POLICIES, get_policy
 from casmoe.presets import ModelPreset, get_preset
 from casmoe.replay import replay
 from casmoe.sim.compute import FixedCompute, RooflineCompute
-from casmoe.sim.assembly import SimConfigError, StepPlan, max_slots
-from casmoe.sim.engine import simulate
+from casmoe.sim.assembly import StepPlan
+from casmoe.sim.machine import Machine, SimConfigError
+from casmoe.sim.engine import run_trace
+from casmoe.sim.machine import Machine
 from casmoe.sim.hardware import HardwareError, load_profile
 from casmoe.sim.timing import Shard, StepTimer
 from casmoe.testing import cases, traces
@@ -33,9 +36,6 @@ VARIANTS = [(name, {}) for name in POLICIES if name != "casmoe"] + [
 ]
 
 
-def preset_for(g: Geometry) -> ModelPreset:
-    """A preset with exactly the trace's routing shape (tiny dense part)."""
-    return ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
 
 
 def trace_of(g: Geometry, rows: list[np.ndarray], prefill: int = 0) -> Trace:
@@ -45,7 +45,7 @@ def trace_of(g: Geometry, rows: list[np.ndarray], prefill: int = 0) -> Trace:
 
 
 def run(trace, policy="lru", capacity=2, hw=HW, **kw):
-    return simulate(trace, get_policy(policy), Capacity(capacity), hw, preset_for(trace.geometry), **kw)
+    return sim_run(trace, policy, capacity, hw, **kw)
 
 
 def random_rows(rng, g: Geometry, tokens: int) -> list[np.ndarray]:
@@ -154,19 +154,18 @@ def test_every_expert_resident_takes_exactly_the_compute_time():
         Request(decode, np.full(decode.shape, 0.5, np.float32), prefill=0, prompt="b"),
     ]
     compute = FixedCompute(layer_s=1e-3, expert_s=2e-4)
-    res = simulate(Trace(g, reqs), get_policy("lru"), Capacity(3), HW, preset_for(g), compute=compute)
+    res = run_trace(Trace(g, reqs), get_policy("lru"), Capacity(3), Machine(shaped_preset(g), HW), compute=compute)
     per_token = g.layers * (1e-3 + g.top_k * 2e-4)
     assert res.decode_tokens == 7
     for q in ("p50", "p90", "p99"):
         assert getattr(res, f"token_latency_{q}_s") == pytest.approx(per_token, rel=1e-12)
     assert res.decode_tokens_per_s == pytest.approx(1 / per_token, rel=1e-12)
     # A fixed cost per device pass over a layer's experts: once per layer.
-    passing = simulate(Trace(g, reqs), get_policy("lru"), Capacity(3), HW, preset_for(g),
-                       compute=dataclasses.replace(compute, expert_pass=3e-4))
+    passing = run_trace(Trace(g, reqs), get_policy("lru"), Capacity(3), Machine(shaped_preset(g), HW), compute=dataclasses.replace(compute, expert_pass=3e-4))
     assert passing.token_latency_p50_s == pytest.approx(per_token + g.layers * 3e-4, rel=1e-12)
     # Split over 2 devices: each token pays one activation hand-over more.
     handover = dataclasses.replace(compute, handover_s=5e-5)
-    split = simulate(Trace(g, reqs), get_policy("lru"), Capacity(3), HW, preset_for(g), compute=handover, devices=2)
+    split = run_trace(Trace(g, reqs), get_policy("lru"), Capacity(3), Machine(shaped_preset(g), HW, devices=2), compute=handover)
     assert split.token_latency_p50_s == pytest.approx(per_token + 5e-5, rel=1e-12)
     assert res.stats.misses == g.total_experts  # only the warm-up's cold misses
 
@@ -221,7 +220,7 @@ def test_counts_equal_replay_in_load_mode(name, options, case, instant):
     cls = get_policy(name)
     expected = replay(trace, cls.create(trace.geometry, cap, trace=trace, **options)).stats
     compute = FixedCompute() if instant else None
-    got = simulate(trace, cls, cap, HW, preset_for(trace.geometry), options=options, compute=compute).stats
+    got = run_trace(trace, cls, cap, Machine(shaped_preset(trace.geometry), HW), options=options, compute=compute).stats
     assert got.hits + got.late_hits == expected.hits
     assert dataclasses.replace(got, hits=expected.hits, late_hits=0) == expected
 
@@ -243,11 +242,11 @@ def test_layers_split_over_devices_count_like_one_device(name, trace, devices):
 def test_global_pool_is_split_into_one_cache_per_device():
     tr = _mixtral_trace(2)
     p = get_preset("mixtral-8x7b")
-    res = simulate(tr, get_policy("lru"), Capacity(96, per_layer=False), HW, p, devices=4)
+    res = run_trace(tr, get_policy("lru"), Capacity(96, per_layer=False), Machine(p, HW, devices=4))
     assert res.stats.accesses == sum(len(e) for s in tr.steps() for e in s.experts)
     assert all(u > 0 for u in res.link_utilisation)
     with pytest.raises(CacheConfigError, match="split over 4 devices"):
-        simulate(tr, get_policy("lru"), Capacity(4, per_layer=False), HW, p, devices=4)
+        run_trace(tr, get_policy("lru"), Capacity(4, per_layer=False), Machine(p, HW, devices=4))
 
 
 def test_next_layer_prefetch_crosses_to_the_next_devices_link():
@@ -303,14 +302,14 @@ def _mixtral_trace(requests: int = 3, seed: int = 0) -> Trace:
 def test_same_inputs_same_result():
     tr = _mixtral_trace()
     p = get_preset("mixtral-8x7b")
-    a = simulate(tr, get_policy("casmoe"), Capacity(4), HW, p, options={"predictor": "noisy"}, devices=4)
-    b = simulate(tr, get_policy("casmoe"), Capacity(4), HW, p, options={"predictor": "noisy"}, devices=4)
+    a = run_trace(tr, get_policy("casmoe"), Capacity(4), Machine(p, HW, devices=4), options={"predictor": "noisy"})
+    b = run_trace(tr, get_policy("casmoe"), Capacity(4), Machine(p, HW, devices=4), options={"predictor": "noisy"})
     assert a.to_dict() == b.to_dict()
 
 
 def test_a_callers_latency_log_holds_each_decode_step_in_request_order():
     from casmoe.sim.latency import LatencyLog
-    from casmoe.sim.serving import Arrival, Workload
+    from casmoe.sim.serving import Arrival, Traffic
 
     g = Geometry(2, 4, 2)
     rng = np.random.default_rng(3)
@@ -327,7 +326,7 @@ def test_a_callers_latency_log_holds_each_decode_step_in_request_order():
     assert log.token_latency[0] > 2 * g.layers * HW.copy_latency_us * 1e-6 * (1 - 1e-9)
     assert np.median(log.token_latency) == pytest.approx(res.token_latency_p50_s)
     with pytest.raises(SimConfigError, match="one after another"):
-        run(tr, "lru", 2, latency=LatencyLog(), workload=Workload(Arrival.CLOSED, users=1))
+        run(tr, "lru", 2, latency=LatencyLog(), traffic=Traffic(Arrival.CLOSED, users=1))
 
 
 def test_roofline_decode_is_bound_by_weight_streaming():
@@ -341,8 +340,8 @@ def test_roofline_decode_is_bound_by_weight_streaming():
 def test_batching_merges_decode_steps_and_raises_throughput():
     tr = _mixtral_trace(4)
     p = get_preset("mixtral-8x7b")
-    one = simulate(tr, get_policy("lru"), Capacity(8), HW, p, batch=1)
-    four = simulate(tr, get_policy("lru"), Capacity(8), HW, p, batch=4, plan=StepPlan.build(tr, 4, 1))
+    one = run_trace(tr, get_policy("lru"), Capacity(8), Machine(p, HW), batch=1)
+    four = run_trace(tr, get_policy("lru"), Capacity(8), Machine(p, HW), batch=4, plan=StepPlan.build(tr, 4, 1))
     assert one.decode_tokens == four.decode_tokens == 4 * 8
     assert four.decode_tokens_per_s > one.decode_tokens_per_s
 
@@ -350,9 +349,9 @@ def test_batching_merges_decode_steps_and_raises_throughput():
 def test_substitute_and_cpu_modes_never_stall_on_misses():
     tr = _mixtral_trace()
     p = get_preset("mixtral-8x7b")
-    load = simulate(tr, get_policy("lru"), Capacity(2), HW, p)
+    load = run_trace(tr, get_policy("lru"), Capacity(2), Machine(p, HW))
     for mode in (MissMode.SUBSTITUTE, MissMode.CPU):
-        res = simulate(tr, get_policy("lru"), Capacity(2), HW, p, miss_mode=mode)
+        res = run_trace(tr, get_policy("lru"), Capacity(2), Machine(p, HW), miss_mode=mode)
         assert res.sim_time_s < load.sim_time_s
         assert res.stats.demand_loads < load.stats.demand_loads
 
@@ -361,9 +360,8 @@ def test_host_cap_slows_parallel_prefetch():
     tr = _mixtral_trace(2)
     p = get_preset("mixtral-8x7b")
     capped = HW.with_values(host_cap_gbs=10.0, sources={"host_cap_gbs": "test"})
-    kw = dict(options={"predictor": "exact"}, devices=4)
-    free = simulate(tr, get_policy("casmoe"), Capacity(4), HW, p, **kw)
-    slow = simulate(tr, get_policy("casmoe"), Capacity(4), capped, p, **kw)
+    free = run_trace(tr, get_policy("casmoe"), Capacity(4), Machine(p, HW, 4), options={"predictor": "exact"})
+    slow = run_trace(tr, get_policy("casmoe"), Capacity(4), Machine(p, capped, 4), options={"predictor": "exact"})
     assert slow.sim_time_s > free.sim_time_s
     assert slow.stats.late_hits > free.stats.late_hits  # the same prefetches, landing later
     assert slow.stats.hits + slow.stats.late_hits == free.stats.hits + free.stats.late_hits
@@ -380,13 +378,13 @@ def test_unknown_profile_names_the_shipped_ones():
 def test_capacity_below_top_k_names_the_flag():
     tr = _mixtral_trace(1)
     with pytest.raises(CacheConfigError, match="--capacity >= 2"):
-        simulate(tr, get_policy("lru"), Capacity(1), HW, get_preset("mixtral-8x7b"))
+        run_trace(tr, get_policy("lru"), Capacity(1), Machine(get_preset("mixtral-8x7b"), HW))
 
 
 def test_trace_that_does_not_match_the_preset_names_the_fix():
     tr = _mixtral_trace(1)
     with pytest.raises(SimConfigError, match="--model mixtral-8x7b"):
-        simulate(tr, get_policy("lru"), Capacity(4), HW, get_preset("qwen3-30b-a3b"))
+        run_trace(tr, get_policy("lru"), Capacity(4), Machine(get_preset("qwen3-30b-a3b"), HW))
 
 
 def test_devices_beyond_layers_is_an_error():
@@ -398,8 +396,8 @@ def test_devices_beyond_layers_is_an_error():
 def test_four_4090s_hold_seven_mixtral_experts_per_layer():
     p = get_preset("mixtral-8x7b")
     # 22 GiB per card after the reserve; 8 layers x 7 x 352 MB + dense weights fit, x 8 do not.
-    assert max_slots(HW, p, p.geometry.bytes_per_layer(), 4) == 7
-    assert max_slots(HW, p, p.geometry.bytes_per_layer(), 1) == 1
+    assert Machine(p, HW, 4).max_slots(p.geometry.bytes_per_layer()) == 7
+    assert Machine(p, HW, 1).max_slots(p.geometry.bytes_per_layer()) == 1
 
 
 QWEN = Path(__file__).resolve().parents[1] / "traces" / "real" / "qwen.route.csv"
@@ -410,7 +408,7 @@ def test_real_qwen_trace_with_forced_top6_and_measured_bytes():
 
     tr = read_route_csv(QWEN)  # Qwen3-30B-A3B, 6 of 8 experts forced, Q4_K_M bytes per layer
     p = get_preset("qwen3-30b-a3b")
-    res = simulate(tr, get_policy("lru"), Capacity(12), HW, p)
+    res = run_trace(tr, get_policy("lru"), Capacity(12), Machine(p, HW))
     expected = replay(tr, get_policy("lru").create(tr.geometry, Capacity(12), trace=tr)).stats
     assert res.quant == "trace" and res.stats.bytes_loaded == expected.bytes_loaded
     assert res.stats.hits + res.stats.late_hits == expected.hits and res.stats.misses == expected.misses
@@ -424,7 +422,7 @@ def test_timeline_names_copies_by_global_layer_on_their_devices_track(capacity):
     g = Geometry(2, 4, 1, hidden=8, intermediate=4, layer_expert_bytes=(1000, 1000))
     tr = trace_of(g, [np.array([[3], [2]])])
     tl = Timeline(g.experts, 2)
-    simulate(tr, get_policy("lru"), capacity, HW, preset_for(g), devices=2, timeline=tl)
+    run_trace(tr, get_policy("lru"), capacity, Machine(shaped_preset(g), HW, devices=2), timeline=tl)
     copies = {(e["pid"], e["name"]) for e in tl.to_chrome()["traceEvents"] if e.get("tid") == LINK_TRACK and e["ph"] == "X"}
     assert copies == {(0, "L0E3"), (1, "L1E2")}
 

@@ -3,6 +3,7 @@ and answers on the command line with a table, a JSON summary and a plot."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -12,25 +13,21 @@ from typer.testing import CliRunner
 
 from casmoe.cli import app
 from casmoe.options import CapacitySpec
-from casmoe.policies import PolicySpec
 from casmoe.shipped import shipped
-from casmoe.trace_io import load_trace
-from casmoe.presets import get_preset
+from casmoe.sim.grid import Grid
+from casmoe.sim.run import run_all
 from casmoe.sim.search import SearchError, Target, configs, memory_gb, search, slot_range
-from casmoe.sim.sweep import Point, file_digest, run_grid
 
 TRACE = str(shipped("tiny-mixtral.npz"))
-CONFIGS = configs(["rtx4090x4"], [2, 4], [PolicySpec("lru"), PolicySpec("semoe")], ["", "int4"], [])
+BASE = {"trace": TRACE, "model": "mixtral-8x7b", "requests": 3, "split": "all"}
+CONFIGS = configs(Grid.of({**BASE, "gpus": [2, 4], "policy": ["lru", "semoe"], "quant": ["trace", "int4"]}))
 
 
 def brute_force(tmp_path, target_text=None):
     """Every config at every cache size from top_k to all experts; the fewest slots that meet it."""
-    digest = file_digest(TRACE)
-    trace, preset = load_trace(TRACE), get_preset("mixtral-8x7b")
-    sizes = {c: range(slot_range(trace, preset, c)[0], slot_range(trace, preset, c)[1] + 1) for c in CONFIGS}
-    grid = {(c, s): Point(TRACE, "mixtral-8x7b", c.hardware, c.policy, CapacitySpec(str(s)), 1, "load", c.devices,
-                          c.quant, True, (0, 1, 2), digest) for c in CONFIGS for s in sizes[c]}
-    records, _ = run_grid(list(grid.values()), tmp_path / "grid")
+    sizes = {c: range(slot_range(c)[0], slot_range(c)[1] + 1) for c in CONFIGS}
+    grid = {(c, s): dataclasses.replace(c, capacity=CapacitySpec(str(s))) for c in CONFIGS for s in sizes[c]}
+    records, _ = run_all(list(grid.values()), tmp_path / "grid")
     by = dict(zip(grid, records))
     metric = [r["decode_tokens_per_s"] for r in records if "skipped" not in r]
     target = Target.parse(target_text or f"tok/s>={statistics.median(metric)}")
@@ -45,7 +42,7 @@ def brute_force(tmp_path, target_text=None):
 def test_the_search_answers_what_the_whole_grid_answers(tmp_path):
     target, fewest, by = brute_force(tmp_path)
     assert 0 < len(fewest) < len(CONFIGS) or len({v for v in fewest.values()}) > 1  # the target splits the configs
-    result = search(TRACE, "mixtral-8x7b", CONFIGS, target, str(tmp_path / "search"), requests=3)
+    result = search(CONFIGS, target, str(tmp_path / "search"))
     got = {c: r["capacity_slots"] for c, r in result.answers}
     assert got == fewest
     for c, r in result.answers:
@@ -56,19 +53,19 @@ def test_the_search_answers_what_the_whole_grid_answers(tmp_path):
     front = result.pareto()
     for c, r in front:
         for c2, r2 in result.answers:
-            assert not (c2.devices <= c.devices and memory_gb(r2) < memory_gb(r)
+            assert not (c2.machine.devices <= c.machine.devices and memory_gb(r2) < memory_gb(r)
                         and r2["decode_tokens_per_s"] >= r["decode_tokens_per_s"])
 
 
 def test_a_repeated_search_simulates_nothing(tmp_path):
     target = Target.parse("tok/s>=3")
-    first = search(TRACE, "mixtral-8x7b", CONFIGS[:2], target, str(tmp_path), requests=3)
-    again = search(TRACE, "mixtral-8x7b", CONFIGS[:2], target, str(tmp_path), requests=3)
+    first = search(CONFIGS[:2], target, str(tmp_path))
+    again = search(CONFIGS[:2], target, str(tmp_path))
     assert first.simulated > 0 and again.simulated == 0
     assert [(c, r["capacity_slots"]) for c, r in again.answers] == [(c, r["capacity_slots"]) for c, r in first.answers]
 
 
-@pytest.mark.parametrize("text", ["tok/s<=3", "speed>>3", "ttft_p99>=2"])
+@pytest.mark.parametrize("text", ["tok/s<=3", "speed>>3", "ttft_p99>=2", "speed>=3", "tok/s>=fast", "tok/s>=nan"])
 def test_bad_targets_are_one_line_errors(text):
     with pytest.raises(SearchError):
         Target.parse(text)
@@ -96,39 +93,41 @@ def test_cli_search_errors_are_one_line(tmp_path, monkeypatch, capsys):
     assert exc.value.code == 2 and "better higher" in err and "Traceback" not in err, err
 
 
-LINKED = configs(["rtx4090x4"], [4], [PolicySpec("lru")], [], [], ["pcie3", "pcie4", "pcie5"], [48.0, 256.0])
+LINKED = configs(Grid.of({**BASE, "gpus": 4, "policy": "lru", "link": ["pcie3", "pcie4", "pcie5"],
+                           "host_ram": [48.0, 256.0]}))
 
 
 def test_links_and_host_ram_are_axes_pruned_against_the_whole_grid(tmp_path):
     """Link generations and host RAM sizes as axes: each config's answer is the brute-force
     grid's, a config that a faster-link or larger-RAM one dominates is settled without a run
     when that one misses, and fewer points run than plain bisection of every config needs."""
-    digest = file_digest(TRACE)
-    trace, preset = load_trace(TRACE), get_preset("mixtral-8x7b")
-    lo, hi = slot_range(trace, preset, LINKED[0])
-    grid = {(c, s): Point(TRACE, "mixtral-8x7b", c.spec(), c.policy, CapacitySpec(str(s)), 1, "load", c.devices, "",
-                          True, (0, 1, 2), digest) for c in LINKED for s in range(lo, hi + 1)}
-    records, _ = run_grid(list(grid.values()), tmp_path / "grid")
+    lo, hi = slot_range(LINKED[0])
+    grid = {(c, s): dataclasses.replace(c, capacity=CapacitySpec(str(s))) for c in LINKED for s in range(lo, hi + 1)}
+    records, _ = run_all(list(grid.values()), tmp_path / "grid")
     by = dict(zip(grid, records))
-    small_ram_fastest = next(c for c in LINKED if c.link == "pcie5" and c.host_ram_gib == 48.0)
+    hw = {c: c.machine.hardware for c in LINKED}
+    small_ram_fastest = next(c for c in LINKED if hw[c].h2d_pinned_gbs == max(h.h2d_pinned_gbs for h in hw.values())
+                             and hw[c].host_ram_gib == 48.0)
     best = max(by[small_ram_fastest, s]["decode_tokens_per_s"] for s in range(lo, hi + 1))
     target = Target.parse(f"tok/s>={best * 1.05}")  # beyond every 48 GiB config if faster links do no worse
     fewest = {c: min(s for s in range(lo, hi + 1) if target.met(by[c, s]))
               for c in LINKED if any(target.met(by[c, s]) for s in range(lo, hi + 1))}
     assert 0 < len(fewest) < len(LINKED)
-    result = search(TRACE, "mixtral-8x7b", LINKED, target, str(tmp_path / "search"), requests=3)
+    result = search(LINKED, target, str(tmp_path / "search"))
     assert {c: r["capacity_slots"] for c, r in result.answers} == fewest
     assert {c for c, _ in result.infeasible} == set(LINKED) - set(fewest)
     assert any(why.startswith("not simulated") for _, why in result.infeasible)
-    plain = sum(search(TRACE, "mixtral-8x7b", [c], target, str(tmp_path / "one"), requests=3).probed for c in LINKED)
+    plain = sum(search([c], target, str(tmp_path / "one")).probed for c in LINKED)
     assert result.simulated == result.probed < plain < result.grid
-    assert all(r["hardware"].startswith("rtx4090x4@link=") for r in result.records)
+    assert all(r["hardware"].startswith("rtx4090x4@gpus=4,link=") for r in result.records)
 
 
 def test_bad_links_and_ram_are_one_line_errors():
     from casmoe.sim.hardware import HardwareError
 
     with pytest.raises(HardwareError, match="unknown link generation"):
-        configs(["rtx4090x4"], [], [PolicySpec("lru")], [], [], ["pcie9"])
-    with pytest.raises(HardwareError, match="GiB > 0"):
-        configs(["rtx4090x4"], [], [PolicySpec("lru")], [], [], [], [0.0])
+        configs(Grid.of({**BASE, "policy": "lru", "link": "pcie9"}))
+    with pytest.raises(Exception, match="host_ram must be >= 0|GiB > 0"):
+        configs(Grid.of({**BASE, "policy": "lru", "host_ram": 0.0}))
+    with pytest.raises(SearchError, match="chooses the cache size"):
+        configs(Grid.of({**BASE, "policy": "lru", "capacity": 4}))

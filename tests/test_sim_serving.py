@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import shaped_preset, sim_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,9 +16,10 @@ from casmoe.policies.lru import LRU
 from casmoe.presets import ModelPreset
 from casmoe.replay import replay
 from casmoe.sim.compute import FixedCompute
-from casmoe.sim.engine import simulate
+from casmoe.sim.engine import run_trace
+from casmoe.sim.machine import Machine
 from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Schedule, ServingError, Workload
+from casmoe.sim.serving import Arrival, Schedule, ServingError, Traffic
 from casmoe.sim.tiers import HostCache, TierError
 from casmoe.testing import cases, traces
 from casmoe.trace import Request, Trace
@@ -26,19 +28,17 @@ HW = load_profile("rtx4090x4")
 HW0 = HW.with_values(copy_latency_us=0.0, sources={"copy_latency_us": "test: instant copies of tiny experts"})
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 VARIANTS = [(name, {}) for name in POLICIES if name != "casmoe"] + [("casmoe", {"predictor": "noisy"})]
-SERVING_ONLY = {"workload", "queue_length", "future_runs", "max_batch", "batch"}
+SERVING_ONLY = {"traffic", "queue_length", "future_runs", "max_batch", "batch"}
 
 
-def preset_for(g: Geometry) -> ModelPreset:
-    return ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
 
 
 def run(trace, policy="lru", capacity=2, hw=HW, **kw):
-    return simulate(trace, get_policy(policy), Capacity(capacity), hw, preset_for(trace.geometry), **kw)
+    return sim_run(trace, policy, capacity, hw, **kw)
 
 
-def closed(users=1, think=0.0, **kw) -> Workload:
-    return Workload(Arrival.CLOSED, users=users, think_s=think, **kw)
+def closed(users=1, think=0.0, **kw) -> Traffic:
+    return Traffic(Arrival.CLOSED, users=users, think=think, **kw)
 
 
 # ---- the fast path is the serving path with one user ----------------------------------------
@@ -52,8 +52,8 @@ def test_closed_loop_with_zero_think_time_equals_back_to_back(name, options, cas
     devices = min(devices, trace.geometry.layers) if cap.per_layer else 1
     kw = dict(options=options, miss_mode=mode, devices=devices)
     cls = get_policy(name)
-    offline = simulate(trace, cls, cap, HW, preset_for(trace.geometry), **kw).to_dict()
-    served = simulate(trace, cls, cap, HW, preset_for(trace.geometry), workload=closed(max_batch=1), **kw).to_dict()
+    offline = sim_run(trace, cls, cap, HW, **kw).to_dict()
+    served = sim_run(trace, cls, cap, HW, traffic=closed(max_batch=1), **kw).to_dict()
     assert {k: v for k, v in served.items() if k not in SERVING_ONLY} == {
         k: v for k, v in offline.items() if k not in SERVING_ONLY
     }
@@ -74,7 +74,7 @@ def test_poisson_arrivals_on_one_server_wait_as_m_d_1():
     # an M/D/1 queue, whose mean wait is rho * D / (2 (1 - rho)) (Pollaczek-Khinchine).
     D, lam, n = 1.0, 0.3, 20_000
     res = run(_one_step_requests(n), "lru", 2, hw=HW0, compute=FixedCompute(layer_s=D),
-              workload=Workload(Arrival.POISSON, rate=lam, max_batch=1, seed=1))
+              traffic=Traffic(Arrival.POISSON, rate=lam, max_batch=1, seed=1))
     rho = lam * D
     assert res.queue_wait_mean_s == pytest.approx(rho * D / (2 * (1 - rho)), rel=0.05)
     assert res.e2e_mean_s == pytest.approx(res.queue_wait_mean_s + D, rel=1e-6)
@@ -86,19 +86,19 @@ def test_arrivals_recorded_in_the_trace_are_replayed():
     tr = _one_step_requests(3)
     for r, t in zip(tr.requests, (5.0, 0.5, 0.7)):
         r.arrival = t
-    res = run(tr, "lru", 2, hw=HW0, compute=FixedCompute(layer_s=1.0), workload=Workload(Arrival.TRACE, max_batch=1))
+    res = run(tr, "lru", 2, hw=HW0, compute=FixedCompute(layer_s=1.0), traffic=Traffic(Arrival.TRACE, max_batch=1))
     # served in arrival order: 0.5 -> 1.5, 0.7 waits until 1.5 -> 2.5, 5.0 -> 6.0
     assert res.sim_time_s == pytest.approx(6.0, rel=1e-6)
     assert res.queue_wait_mean_s == pytest.approx(0.8 / 3, rel=1e-6)
     with pytest.raises(ServingError, match="arrival times"):
-        run(_one_step_requests(2), workload=Workload(Arrival.TRACE))
+        run(_one_step_requests(2), traffic=Traffic(Arrival.TRACE))
 
 
 def test_think_time_spaces_a_users_requests():
     tr = _one_step_requests(4)
-    res = run(tr, "lru", 2, hw=HW0, compute=FixedCompute(layer_s=1.0), workload=closed(users=1, think=2.0, max_batch=1))
+    res = run(tr, "lru", 2, hw=HW0, compute=FixedCompute(layer_s=1.0), traffic=closed(users=1, think=2.0, max_batch=1))
     assert res.sim_time_s == pytest.approx(4 * 1.0 + 3 * 2.0, rel=1e-6)
-    two = run(tr, "lru", 2, hw=HW0, compute=FixedCompute(layer_s=1.0), workload=closed(users=2, max_batch=1))
+    two = run(tr, "lru", 2, hw=HW0, compute=FixedCompute(layer_s=1.0), traffic=closed(users=2, max_batch=1))
     assert two.sim_time_s == pytest.approx(4.0, rel=1e-6) and two.queue_max == 1
 
 
@@ -115,9 +115,9 @@ def test_think_time_spaces_a_users_requests():
     users=st.integers(0, 3),
 )
 def test_continuous_batching_conserves_tokens_and_never_exceeds_max_batch(trace, max_batch, rate, schedule, chunk, users):
-    wl = (Workload(Arrival.POISSON, rate=rate, max_batch=max_batch, schedule=schedule, chunk=chunk) if not users
+    wl = (Traffic(Arrival.POISSON, rate=rate, max_batch=max_batch, schedule=schedule, chunk=chunk) if not users
           else closed(users=users, max_batch=max_batch, schedule=schedule, chunk=chunk))
-    res = run(trace, "lru", trace.geometry.top_k, workload=wl)
+    res = run(trace, "lru", trace.geometry.top_k, traffic=wl)
     assert res.prefill_tokens + res.decode_tokens == trace.tokens
     assert 1 <= res.peak_batch <= max_batch or not trace.tokens
     assert res.requests_per_s * res.sim_time_s == pytest.approx(len(trace.requests)) or not trace.tokens
@@ -132,8 +132,8 @@ def test_batched_decode_routes_the_union_and_shares_the_step():
     rows = np.zeros((5, 2, 1), np.int16)
     reqs = [Request(rows.copy(), np.ones(rows.shape, np.float32), prefill=1) for _ in range(2)]
     compute = FixedCompute(layer_s=1.0)
-    one = run(Trace(g, reqs), "lru", 4, compute=compute, workload=closed(users=2, max_batch=1))
-    two = run(Trace(g, reqs), "lru", 4, compute=compute, workload=closed(users=2, max_batch=2))
+    one = run(Trace(g, reqs), "lru", 4, compute=compute, traffic=closed(users=2, max_batch=1))
+    two = run(Trace(g, reqs), "lru", 4, compute=compute, traffic=closed(users=2, max_batch=2))
     assert one.mean_batch == 1 and two.mean_batch == 2 and two.peak_batch == 2
     assert two.decode_tokens == one.decode_tokens == 8
     assert two.stats.accesses < one.stats.accesses  # the shared expert is routed once per step
@@ -243,9 +243,9 @@ def test_no_policy_decides_differently_in_replay_and_simulate(name, options, cas
         assert name == "speculative" and batch > 1 and "batch 1" in str(exc)
         return
     cls2, log_sim = _recording(get_policy(name))
-    simulate(trace, cls2, cap, HW, preset_for(trace.geometry), options=options, batch=batch, compute=FixedCompute())
+    run_trace(trace, cls2, cap, Machine(shaped_preset(trace.geometry), HW), options=options, batch=batch, compute=FixedCompute())
     assert log_sim == log_replay
     if batch == 1:
         cls3, log_served = _recording(get_policy(name))
-        simulate(trace, cls3, cap, HW, preset_for(trace.geometry), options=options, workload=closed(max_batch=1))
+        run_trace(trace, cls3, cap, Machine(shaped_preset(trace.geometry), HW), options=options, traffic=closed(max_batch=1))
         assert log_served[-len(log_replay):] == log_replay or log_served == log_replay

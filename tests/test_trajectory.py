@@ -247,7 +247,7 @@ def test_start_prefetch_off_leaves_an_eviction_policy() -> None:
     assert replay(trace, on).stats.prefetch_loads == 2  # experts 3 and 2, the guess's best two
     stats = replay(trace, off).stats
     assert stats.prefetch_loads == 0 and stats.hits == len(topk) - 2  # first uses miss, then both stay
-    assert on.runs_compiled() and not off.runs_compiled()  # the twin always prefetches
+    assert CasMoE.twin.runs(on) and not CasMoE.twin.runs(off)  # the twin always prefetches
 
 
 def test_fallback_turns_to_lfu_order_when_the_map_misleads() -> None:

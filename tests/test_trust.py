@@ -14,23 +14,23 @@ import numpy as np
 import pytest
 
 import casmoe.sim
+from conftest import shaped_preset, sim_run
 from casmoe.cache import CacheConfigError, Capacity
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
-from casmoe.options import CapacitySpec
 from casmoe.planner.fitdata import FitData
 from casmoe.planner.patterns import expert_patterns, normalise
 from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.policies.lru import LRU
-from casmoe.presets import ModelPreset
 from casmoe.replay import replay
 from casmoe.selection import Selection, SelectionError, split_indices
 from casmoe.sim.compute import FixedCompute
-from casmoe.sim.engine import SimConfigError
-from casmoe.sim.engine import simulate as engine_simulate
+from casmoe.sim.engine import run_trace
+from casmoe.sim.machine import Machine, SimConfigError
 from casmoe.sim.hardware import load_profile, profile_paths
-from casmoe.sim.sweep import Grid, SweepError, input_digest, run_grid
-from casmoe.sim.whatif import what_if
+from casmoe.sim.grid import Grid, GridError
+from casmoe.sim.run import run_all
+from casmoe.sim.spec import policy_inputs
 from casmoe.trace import Request, Trace, TraceError
 from casmoe.trace_io import load_trace, save_trace
 
@@ -84,23 +84,45 @@ def box(tmp: Path, name: str = "box", **changes: float) -> Path:
 # ---- stale sweep points ----------------------------------------------------------------------------
 
 
-def _grid(trace: Path, hardware: str, policies: list[str], **kw) -> Grid:
+def _specs(trace: Path, hardware: str, policies: list[str], **kw) -> list:
     """The first 2 requests of `trace` (a Mixtral-shaped one) at 2 slots per layer."""
-    return Grid([str(trace)], ["mixtral-8x7b"], [hardware], [PolicySpec.parse(p) for p in policies],
-                [CapacitySpec("2")], requests=2, split="all", **kw)
+    grid = Grid.of({"trace": str(trace), "model": "mixtral-8x7b", "hardware": hardware, "policy": policies,
+                    "capacity": "2", "requests": 2, "split": "all", **kw})
+    return grid.specs(strict=False).specs
 
 
 def test_an_edited_profile_recomputes_its_points(tmp_path):
     hw = box(tmp_path, h2d_pinned_gbs=24.0)
     out = tmp_path / "sweep"
-    first, computed = run_grid(_grid(SHIPPED, str(hw), ["lru"]).points(), out)
+    first, computed = run_all(_specs(SHIPPED, str(hw), ["lru"]), out)
     assert computed == 1 and "skipped" not in first[0]
-    again, computed = run_grid(_grid(SHIPPED, str(hw), ["lru"]).points(), out)
+    again, computed = run_all(_specs(SHIPPED, str(hw), ["lru"]), out)
     assert computed == 0 and again == first
     box(tmp_path, h2d_pinned_gbs=2.4)  # the same path, another link
-    slow, computed = run_grid(_grid(SHIPPED, str(hw), ["lru"]).points(), out)
+    slow, computed = run_all(_specs(SHIPPED, str(hw), ["lru"]), out)
     assert computed == 1
     assert slow[0]["decode_tokens_per_s"] < first[0]["decode_tokens_per_s"] / 2
+
+
+def test_a_resumed_leaderboard_recomputes_what_an_edited_profile_changes(tmp_path):
+    """Issue 34: the leaderboard once stored its points without the profile's content, so a
+    resumed run reused results of the box as it was. Its runs are keyed like every command's now."""
+    hw = box(tmp_path, h2d_pinned_gbs=24.0)
+    out = tmp_path / "board"
+    args = ["leaderboard", "--trace", str(SHIPPED), "--hardware", str(hw), "--requests", "2", "--jobs", "1",
+            "--no-fit-planner", "--out", str(out)]
+    first = cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "computed now" in first.stdout
+    again = cli(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "(0 computed now)" in again.stdout
+    box(tmp_path, h2d_pinned_gbs=2.4)  # the same file, a slower link
+    edited = cli(*args, cwd=tmp_path)
+    assert edited.returncode == 0 and "(0 computed now)" not in edited.stdout
+    before = {r["key"]: r for r in json.loads((out / "results.json").read_text())}
+    assert all(k not in before or "skipped" in before[k] for k in [])  # keys are content: the edit made new ones
+    lru = [r for r in json.loads((out / "results.json").read_text()) if r["policy"] == "lru" and "skipped" not in r]
+    assert lru and all(r["hardware"] == "box" for r in lru)
 
 
 def test_a_user_policy_edit_and_a_new_profile_file_change_the_key(tmp_path, monkeypatch):
@@ -111,7 +133,7 @@ def test_a_user_policy_edit_and_a_new_profile_file_change_the_key(tmp_path, monk
     (pkg / "pol.py").write_text("from casmoe.policies.lru import LRU\n\nclass Mine(LRU):\n    pass\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    key = lambda policy: _grid(SHIPPED, "rtx4090x4", [policy]).points()[0].key()  # noqa: E731
+    key = lambda policy: _specs(SHIPPED, "rtx4090x4", [policy])[0].key  # noqa: E731
     before = key("mine.pol:Mine")
     assert key("mine.pol:Mine") == before
     (pkg / "helper.py").write_text("SLOTS = 2\n")  # a module of its package, not the policy's own
@@ -119,23 +141,33 @@ def test_a_user_policy_edit_and_a_new_profile_file_change_the_key(tmp_path, monk
     profile = tmp_path / "profile.npz"
     spec = PolicySpec.parse(f"static[profile={profile}]")
     with pytest.raises(CasmoeError, match="no such file"):  # refused before any point runs
-        _grid(SHIPPED, "rtx4090x4", [spec.label]).points()
-    missing = input_digest("rtx4090x4", "mixtral-8x7b", spec)
+        _specs(SHIPPED, "rtx4090x4", [spec.label])
+    missing = policy_inputs(spec)
     save_trace(load_trace(SHIPPED).subset(range(3)), profile)  # the file appears: another input
     present = key(spec.label)
-    assert input_digest("rtx4090x4", "mixtral-8x7b", spec) != missing
+    assert policy_inputs(spec) != missing
     save_trace(load_trace(SHIPPED).subset(range(4)), profile)  # and its content changes
     assert key(spec.label) != present
 
 
 def test_a_stored_point_that_is_not_a_record_is_recomputed(tmp_path):
-    points = _grid(SHIPPED, "rtx4090x4", ["lru"]).points()
-    stored = tmp_path / "sweep" / "points" / f"{points[0].key()}.json"
+    specs = _specs(SHIPPED, "rtx4090x4", ["lru"])
+    stored = tmp_path / "sweep" / "points" / f"{specs[0].key}.json"
     stored.parent.mkdir(parents=True)
-    for garbage in (b"{}", b"[]", b'{"key": "x"}', b"\xff\xfe", json.dumps({"key": points[0].key(), "skipped": 3}).encode()):
+    for garbage in (b"{}", b"[]", b'{"key": "x"}', b"\xff\xfe", json.dumps({"key": specs[0].key, "skipped": 3}).encode()):
         stored.write_bytes(garbage)
-        records, computed = run_grid(points, tmp_path / "sweep")
+        records, computed = run_all(specs, tmp_path / "sweep")
         assert computed == 1 and records[0]["decode_tokens_per_s"] > 0
+
+
+def test_two_runs_into_one_folder_at_once_are_refused(tmp_path):
+    from casmoe.sim.run import RunStoreError, one_writer
+
+    with one_writer(tmp_path):
+        with pytest.raises(RunStoreError, match="being written by another casmoe run"):
+            run_all(_specs(SHIPPED, "rtx4090x4", ["lru"]), tmp_path)
+    records, computed = run_all(_specs(SHIPPED, "rtx4090x4", ["lru"]), tmp_path)  # free again
+    assert computed == 1
 
 
 def test_grid_values_that_are_no_what_if_are_refused_and_duplicates_run_once(small, tmp_path):
@@ -144,11 +176,10 @@ def test_grid_values_that_are_no_what_if_are_refused_and_duplicates_run_once(sma
         toml = tmp_path / "g.toml"
         toml.write_text(f'traces = ["{small}"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4"]\n'
                         f'policies = ["lru"]\ncapacities = [2]\n{text}\n')
-        with pytest.raises(SweepError, match=message):
+        with pytest.raises(GridError, match=message):
             Grid.from_toml(toml)
-    grid = _grid(SHIPPED, "rtx4090x4", ["lru", "lru", "lfu"])
-    grid.capacities = [CapacitySpec("2"), CapacitySpec("2")]
-    assert [p.policy.label for p in grid.points()] == ["lru", "lfu"]
+    specs = _specs(SHIPPED, "rtx4090x4", ["lru", "lru", "lfu"], capacity=["2", "2"])
+    assert [s.policy.label for s in specs] == ["lru", "lfu"]
 
 
 # ---- oracles and fitted policies --------------------------------------------------------------------
@@ -171,7 +202,7 @@ def test_static_without_a_profile_is_profiled_on_the_train_split_and_scored_on_t
 
 def test_the_main_headline_never_calls_an_oracle_best_without_an_oracle():
     res = casmoe.sim.simulate(policies=["lfu", "static", "belady"], capacities=[4], requests=4)
-    (line,) = res.headline()
+    (line,) = res.headline().splitlines()
     assert "belady*" in line and "best without an oracle" in line
     best_real = line.split("best without an oracle: ")[1]
     assert not best_real.startswith("static*")
@@ -236,14 +267,14 @@ def test_replay_split_flag(small, tmp_path):
 
 
 def test_capacities_and_devices_the_box_lacks_are_refused_unless_overcommitted(tmp_path):
-    lru = parse_policies(["lru"], POLICIES)
-    what_if(SHIPPED, lru, [CapacitySpec("78.9GB")], shipped=True)  # 7 per layer: what 4 GPUs hold
+    lru = {"policy": "lru"}
+    Grid.of({**lru, "capacity": "78.9GB"}).specs()  # 7 per layer: what 4 GPUs hold
     with pytest.raises(CasmoeError, match="experts per layer, but rtx4090x4 x1 holds 1 beside"):
-        what_if(SHIPPED, lru, [CapacitySpec("78.9GB")], shipped=True, devices=1)
+        Grid.of({**lru, "capacity": "78.9GB", "devices": 1}).specs()
     with pytest.raises(CasmoeError, match="has 4 GPUs"):
-        what_if(SHIPPED, lru, [CapacitySpec("4")], shipped=True, devices=5)
-    plan = what_if(SHIPPED, lru, [CapacitySpec("4")], shipped=True, devices=5, overcommit=True)
-    assert plan.devices == 5 and "5 of its 4 GPUs" in plan.box()
+        Grid.of({**lru, "capacity": "4", "devices": 5}).specs()
+    runs = Grid.of({**lru, "capacity": "4", "devices": 5, "allow_overcommit": True}).specs()
+    assert runs.specs[0].machine.devices == 5 and "5 of its 4 GPUs" in runs.specs[0].machine.box()
     one_line_error(cli("simulate", "--policy", "lru", "--capacity", "78.9GB", "--devices", "1", cwd=tmp_path),
                    "--allow-overcommit")
     one_line_error(cli("simulate", "--policy", "lru", "--devices", "5", cwd=tmp_path), "has 4 GPUs")
@@ -268,9 +299,7 @@ def test_experts_beyond_host_ram_get_a_ram_tier(tmp_path):
 def test_timeliness_bound_per_device_on_four_gpus():
     trace = load_trace(SHIPPED).subset(range(3))
     g = trace.geometry
-    preset = ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
-    res = engine_simulate(trace, POLICIES["ondemand"], Capacity(2), load_profile("rtx4090x4"), preset, devices=4,
-                          compute=FixedCompute(layer_s=1e-5), detail=True)
+    res = sim_run(trace, "ondemand", 2, devices=4, compute=FixedCompute(layer_s=1e-5), detail=True)
     per_device = res.stall_bound_by_device_s
     assert len(per_device) == 4 and all(b > 0 for b in per_device)  # every device's link is short of bandwidth
     assert max(per_device) == pytest.approx(res.stall_bound_s)
@@ -307,10 +336,8 @@ def test_replay_refuses_what_would_count_wrong():
         replay(Trace(g, [Request(bad, r.weights, r.prefill)]), LRU(g, 4))
     with pytest.raises(TraceError, match="integer array"):
         replay(Trace(g, [Request(r.topk.astype(float), r.weights, r.prefill)]), LRU(g, 4))
-    hw = load_profile("rtx4090x4")
-    preset = ModelPreset("test", "tests", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
     with pytest.raises(SimConfigError, match="takes a policy class"):
-        engine_simulate(tr, LRU(g, 4), Capacity(4), hw, preset)
+        run_trace(tr, LRU(g, 4), Capacity(4), Machine(shaped_preset(g), load_profile("rtx4090x4")))
 
 
 def test_the_python_api_takes_the_cli_options_and_defaults():
@@ -325,10 +352,12 @@ def test_the_python_api_takes_the_cli_options_and_defaults():
 
 
 @pytest.mark.parametrize("kw,needle", [
-    (dict(hardware=None), "hardware must be"), (dict(seed="a", arrival="poisson", rate=0.5), "seed must be int"),
-    (dict(rate="fast"), "rate must be"), (dict(pinned="yes"), "pinned must be bool"),
-    (dict(batch=True), "batch must be int"), (dict(users=2.5), "users must be"), (dict(timeline=3), "timeline must be"),
-    (dict(allow_overcommit=1), "allow_overcommit must be bool"), (dict(split=None), "split must be str"),
+    (dict(hardware=3), "hardware = 3 is not a string"), (dict(seed="a", arrival="poisson", rate=0.5), "seed = 'a' is not a whole"),
+    (dict(rate="fast"), "rate = 'fast' is not a finite number"), (dict(pinned="yes"), "pinned = 'yes' is not true or false"),
+    (dict(batch=True), "batch = True is not a whole number"), (dict(users=2.5), "users = 2.5 is not a whole"),
+    (dict(timeline=3), "timeline must be"), (dict(allow_overcommit=1), "allow_overcommit = 1 is not true or false"),
+    (dict(split=3), "split = 3 is not a string"), (dict(global_capacity=4.5), "global_capacity = 4.5 is not a whole number of slots or a memory size"),
+    (dict(colour="red"), "unknown option 'colour'"),
 ])
 def test_the_python_api_refuses_arguments_of_the_wrong_type_in_one_line(kw, needle):
     with pytest.raises(CasmoeError, match=needle) as info:

@@ -5,8 +5,8 @@ Everything here mirrors Python that stays the definition: the mechanics of `casm
 of the built-in policies in `casmoe/policies/`, and the event order of `casmoe/replay.py`.
 Per-request hooks (`prefetch_request`, `on_request_end`) are not duplicated: the driver in
 `casmoe/compiled.py` calls the policy's own Python methods between kernel calls. Each policy
-declares the branch it equals (`compiled_kind`, a `kinds.Kind`) and hands over the state that
-branch reads (`twin_state`); a new compiled policy adds one branch to `_victim_key`.
+declares the branch it equals (`twin = Twin(Kind.X, ...)`, `casmoe.twin`) and hands over the state that
+branch reads (`Twin.state`); a new compiled policy adds one branch to `_victim_key`.
 tests/test_compiled_replay.py keeps the twins equal: same loads, victims, slots,
 substitutions and counters as the Python classes on random traces, for every built-in policy,
 pool kind and miss mode.

@@ -1,7 +1,7 @@
 """The branches of the compiled cache machine (`cache_machine.py`), as names a policy declares.
 
 A built-in policy names the branch whose decisions equal its Python hooks
-(`ExpertCache.compiled_kind`); `casmoe/compiled.py` puts that number in the kernel's settings
+(`Twin.kind`, `casmoe.twin`); `casmoe/compiled.py` puts that number in the kernel's settings
 and `cache_machine._victim_key` orders victims by it. This module imports no numba, so
 choosing between the compiled and the Python path stays cheap.
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 from casmoe.cache import ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
+from casmoe.twin import Twin
 from casmoe.policies.lazy_heap import LazyHeaps
 
 
 class Belady(ExpertCache):
     name = "belady"
-    compiled_kind = Kind.BELADY
+    twin = Twin(Kind.BELADY)
     needs_future = True
 
     def __init__(self, *args, **kw) -> None:

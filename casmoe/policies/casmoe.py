@@ -43,11 +43,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from casmoe.cache import CacheConfigError, ExpertCache, TwinState
+from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
 from casmoe.planner.cached import AUTO
+from casmoe.policies.fitting import PlannerFit
 from casmoe.trace import Request
+from casmoe.twin import Twin, TwinState
 
 if TYPE_CHECKING:
     from casmoe.planner.trajectory import Trajectory
@@ -109,7 +111,10 @@ class PlannerPredictor:
 
 class CasMoE(ExpertCache):
     name = "casmoe"
-    compiled_kind = Kind.CASMOE  # the static form (`runs_compiled`)
+    fit = PlannerFit()
+    variants = ({"planner": AUTO}, {"predictor": "exact"}, {"predictor": "noisy"})
+    """The deployable planner (fitted on the trace's train split, or `--planner DIR`), beside the
+    two oracle predictors that bracket what a planner can reach."""
 
     def __init__(
         self, *args, predictor: ExpertScorer, oracle: bool = False, trajectory: Trajectory | None = None,
@@ -146,48 +151,10 @@ class CasMoE(ExpertCache):
             self._begin_state(0)
         self.prefetches_per_layer = trajectory is not None
 
-    def runs_compiled(self) -> bool:
-        """Only the static form is what the compiled twin computes."""
-        return self.trajectory is None and self.start_prefetch
-
     @classmethod
     def reads_future(cls, options: dict[str, Any]) -> bool:
         """The `exact` and `noisy` predictors read the request's own routing; a planner does not."""
         return options.get("planner") is None and not callable(options.get("predictor"))
-
-    @classmethod
-    def fitted_requests(cls, options: dict[str, Any], trace: Any) -> set[int]:
-        """With a planner: the requests whose prompt it was fitted on (its stored fit data);
-        `planner=auto`: the trace's train split, which `bind` fits it on."""
-        folder = options.get("planner")
-        if folder is None:
-            return set()
-        if folder == AUTO:
-            from casmoe.planner.config import PlannerConfig
-            from casmoe.planner.planner import fit_split
-
-            return set(fit_split(trace, PlannerConfig()))
-        from casmoe.planner.fitdata import prompt_digests
-        from casmoe.planner.planner import read_fit_data
-
-        fit = read_fit_data(folder)
-        if fit is None:
-            return set()
-        seen = np.isin(prompt_digests([r.prompt for r in trace.requests]), fit.prompts)
-        return {int(i) for i in np.flatnonzero(seen)}
-
-    @classmethod
-    def bind(cls, options: dict[str, Any], trace: Any) -> dict[str, Any]:
-        """`planner=auto`: the planner fitted on `trace`'s train split, from the user cache or
-        fitted now (`casmoe.planner.cached`)."""
-        if options.get("planner") != AUTO:
-            return options
-        from casmoe.planner.cached import cached_planner
-
-        fitted = cached_planner(trace)
-        if fitted is None:
-            raise CacheConfigError("casmoe[planner=auto] fits a planner on the trace's prompts, and this trace has none")
-        return {**options, "planner": str(fitted.folder)}
 
     @classmethod
     def create(
@@ -196,8 +163,8 @@ class CasMoE(ExpertCache):
         capacity,
         *,
         trace: Any = None,
-        predictor: str | ExpertScorer = "exact",
-        noise: float = 0.3,
+        predictor: str | ExpertScorer | None = None,
+        noise: float | None = None,
         planner: str | None = None,
         update: bool = True,
         cadence: int | None = None,
@@ -209,6 +176,16 @@ class CasMoE(ExpertCache):
     ) -> ExpertCache:
         if cadence is not None and cadence < 1:
             raise CacheConfigError(f"cadence must be >= 1 decode token, got {cadence}")
+        if planner is not None and predictor is not None:
+            raise CacheConfigError("casmoe takes planner=DIR (a fitted planner) or predictor=exact|noisy (an oracle), "
+                                   "not both")
+        if noise is not None and predictor != "noisy":
+            raise CacheConfigError("casmoe's noise option shapes the noisy oracle: give predictor=noisy with it")
+        if planner is None and (not update or cadence is not None or not prefill_prefetch or fallback):
+            raise CacheConfigError("casmoe's update, cadence, prefill_prefetch and fallback options shape a fitted "
+                                   "planner's policy: give planner=DIR with them")
+        predictor = "exact" if predictor is None and planner is None else predictor
+        noise = 0.3 if noise is None else noise
         if planner == AUTO:
             raise CacheConfigError("casmoe[planner=auto] is fitted on the run's trace (replay, simulate, sweep); "
                                    "give planner=DIR, a folder of `casmoe planner fit`, here")
@@ -332,11 +309,17 @@ class CasMoE(ExpertCache):
 
     # ---- hooks ---------------------------------------------------------------------------
 
-    def twin_state(self) -> TwinState:
+    def _twin_state(self) -> TwinState:
         return TwinState(served=self._served)  # the kernel counts uses here; on_request_end reads them
 
-    def twin_request_key(self) -> np.ndarray:
+    def _twin_key(self) -> np.ndarray:
         return self._scores
+
+    def _twin_runs(self) -> bool:
+        """Only the static form is what the compiled twin computes."""
+        return self.trajectory is None and self.start_prefetch
+
+    twin = Twin(Kind.CASMOE, state=_twin_state, request_key=_twin_key, runs=_twin_runs)
 
     def on_access(self, expert: ExpertId) -> None:
         self._tick += 1

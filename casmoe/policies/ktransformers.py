@@ -29,7 +29,8 @@ import numpy as np
 from casmoe.cache import Capacity, CacheConfigError, ExpertCache
 from casmoe.geometry import Geometry
 from casmoe.policies.placement import Placement, budget_slots
-from casmoe.policies.static import Static, profile_counts
+from casmoe.policies.fitting import profile_counts
+from casmoe.policies.static import Static
 from casmoe.trace import Trace
 
 
@@ -41,8 +42,7 @@ class KTransformers(Placement):
         order = np.argsort(-np.asarray(popularity, dtype=np.float64).ravel(), kind="stable")
         super().__init__(geometry, cap, gpu=order[: budget_slots(geometry, cap)].tolist(), **kw)
 
-    fitted_requests = Static.fitted_requests
-    bind = Static.bind
+    fit = Static.fit
 
     @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | str | os.PathLike[str] | None = None,

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
+from casmoe.twin import Twin
 from casmoe.policies.lru import LRU
 
 
 class LeastStale(LRU):
     name = "least-stale"
-    compiled_kind = Kind.LEAST_STALE
+    twin = Twin(Kind.LEAST_STALE)
 
     def victim(self, layer: int, candidates) -> ExpertId:
         g = self.geometry

@@ -9,12 +9,13 @@ from __future__ import annotations
 from casmoe.cache import ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
+from casmoe.twin import Twin
 from casmoe.policies.lazy_heap import LazyHeaps
 
 
 class LFU(ExpertCache):
     name = "lfu"
-    compiled_kind = Kind.LFU
+    twin = Twin(Kind.LFU)
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from casmoe.cache import ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
+from casmoe.twin import Twin
 
 
 class LRU(ExpertCache):
@@ -16,7 +17,7 @@ class LRU(ExpertCache):
     """
 
     name = "lru"
-    compiled_kind = Kind.LRU
+    twin = Twin(Kind.LRU)
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)

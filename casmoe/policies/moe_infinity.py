@@ -33,6 +33,7 @@ import numpy as np
 
 from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
+from casmoe.policies.fitting import TraceFit
 from casmoe.trace import Trace, expert_counts
 from casmoe.trace_io import load_trace
 
@@ -52,6 +53,7 @@ def train_eams(trace: Trace) -> list[np.ndarray]:
 
 class MoEInfinity(ExpertCache):
     name = "moe-infinity"
+    fit = TraceFit("fit")
 
     def __init__(self, *args, collection: Sequence[np.ndarray] = (), size: int = 512, ahead: int = 3, **kw) -> None:
         super().__init__(*args, **kw)
@@ -79,29 +81,6 @@ class MoEInfinity(ExpertCache):
         self._tick = 0
         L = g.layers
         self._decay = 1.0 - np.arange(L) / (L + 1)
-
-    @classmethod
-    def fitted_requests(cls, options: dict[str, Any], trace: Trace) -> set[int]:
-        """Without `fit`: the trace's train split (`bind` seeds the collection from it). With a
-        `fit` of this very trace (the same routing): every request."""
-        from casmoe.selection import split_indices
-
-        fit = options.get("fit")
-        if fit is None:
-            return set(split_indices(trace, "train"))
-        fit = fit if isinstance(fit, Trace) else load_trace(os.fspath(fit))
-        same = fit.geometry == trace.geometry and np.array_equal(fit.popularity(), trace.popularity())
-        return set(range(len(trace.requests))) if same else set()
-
-    @classmethod
-    def bind(cls, options: dict[str, Any], trace: Trace) -> dict[str, Any]:
-        """No `fit` given: the collection starts from the trace's train split, never from the
-        scored requests (it grows online from those as they are served)."""
-        if options.get("fit") is not None:
-            return options
-        from casmoe.selection import split_indices
-
-        return {**options, "fit": trace.subset(split_indices(trace, "train"))}
 
     @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, fit: Trace | str | None = None, **kw: Any) -> ExpertCache:

@@ -9,10 +9,11 @@ used of them makes room.
 from __future__ import annotations
 
 from casmoe.kernels.kinds import Kind
+from casmoe.twin import Twin
 from casmoe.policies.lru import LRU
 
 
 class OnDemand(LRU):
     name = "ondemand"
-    compiled_kind = Kind.LRU
+    twin = Twin(Kind.LRU)
     keeps_experts = False

@@ -1,7 +1,7 @@
 """The policy registry: one name per built-in policy, and `package.module:Class` for users'.
 
 The classes listed here are the definitions, one module each. A built-in class that runs
-compiled declares its twin in its own module (`compiled_kind`, `twin_state`; see
+compiled declares its twin in its own module (`twin = Twin(...)`; see
 `casmoe.cache`), and tests/test_compiled_replay.py holds the two to identical decisions; users'
 classes, and subclasses of the built-in ones, always run their Python hooks.
 

@@ -13,14 +13,14 @@ except where moe-lrc would evict an expert the running layer uses.
 
 from __future__ import annotations
 
-from casmoe.cache import CacheConfigError, ExpertCache, TwinState
+from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
+from casmoe.twin import Twin, TwinState
 
 
 class SCH(ExpertCache):
     name = "sch"
-    compiled_kind = Kind.SCH
     needs_future = True
 
     def __init__(self, *args, m: int = 16, **kw) -> None:
@@ -31,8 +31,10 @@ class SCH(ExpertCache):
         self._last: dict[ExpertId, int] = {}
         self._tick = 0
 
-    def twin_state(self) -> TwinState:
+    def _twin_state(self) -> TwinState:
         return TwinState(lookahead=self.m)
+
+    twin = Twin(Kind.SCH, state=_twin_state)
 
     def on_access(self, expert: ExpertId) -> None:
         self._tick += 1

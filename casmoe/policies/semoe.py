@@ -7,15 +7,14 @@ are replaced in LRU order. After the last layer it prefetches layer 0 of the nex
 
 from __future__ import annotations
 
-from casmoe.cache import TwinState
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
 from casmoe.policies.lru import LRU
+from casmoe.twin import Twin, TwinState
 
 
 class SEMoE(LRU):
     name = "semoe"
-    compiled_kind = Kind.LRU
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
@@ -24,8 +23,10 @@ class SEMoE(LRU):
         self._budget = max(1, min(g.experts, per_layer))
         self._uses = [0] * g.total_experts
 
-    def twin_state(self) -> TwinState:
+    def _twin_state(self) -> TwinState:
         return TwinState(next_layer_budget=self._budget)
+
+    twin = Twin(Kind.LRU, state=_twin_state)
 
     def on_access(self, expert: ExpertId) -> None:
         super().on_access(expert)

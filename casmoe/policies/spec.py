@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from casmoe.cache import ExpertCache
 from casmoe.errors import CasmoeError
-from casmoe.policies.registry import get_policy
+from casmoe.policies.registry import POLICIES, get_policy
 
 
 class PolicySpecError(CasmoeError, ValueError):
@@ -104,11 +104,22 @@ class PolicySpec:
 
     def fitted_requests(self, trace: Any) -> set[int]:
         """Requests of `trace` that whatever this policy was fitted on saw (`casmoe.selection`)."""
-        return self.check().fitted_requests(dict(self.options), trace)
+        fit = self.check().fit
+        return set() if fit is None else fit.fitted_requests(dict(self.options), trace)
 
     def bound(self, trace: Any) -> dict[str, Any]:
-        """The options completed from `trace`, the whole trace of the run (`ExpertCache.bind`)."""
-        return self.check().bind(dict(self.options), trace)
+        """The options completed from `trace`, the whole trace of the run (`Fit.bind`)."""
+        fit = self.check().fit
+        return dict(self.options) if fit is None else fit.bind(dict(self.options), trace)
+
+    def on_train(self, train: Any) -> PolicySpec | None:
+        """This spec fitted on a train-half trace file (`Fit.on_train`); itself when it is
+        fitted on nothing or is an oracle; None when it cannot be fitted on it."""
+        fit = self.check().fit
+        if fit is None or self.oracle:
+            return self
+        options = fit.on_train(dict(self.options), train)
+        return None if options is None else PolicySpec(self.name, tuple(sorted(options.items())))
 
     def check(self) -> type[ExpertCache]:
         """The policy class, once its options are known to it and of the annotated type."""
@@ -129,30 +140,43 @@ class PolicySpec:
         return self.check().create(geometry, capacity, **runtime, **options)
 
 
-def default_policies(names: Iterable[str], planner: str | None = None) -> list[PolicySpec]:
-    """Every named policy; `casmoe` with the fitted `planner` if given, else twice, with the
-    exact and the noisy oracle predictors, which bracket what a real planner can reach."""
+def variants(name: str, planner: str | None = None) -> list[PolicySpec]:
+    """What a bare policy name runs: one spec per variant the policy declares (CasMoE's
+    planner and its oracle brackets); `planner` (a fitted folder) replaces `planner=auto`."""
+    from casmoe.planner.cached import AUTO
+
     out = []
-    for name in names:
-        if name == "casmoe" and planner is not None:
-            out.append(PolicySpec("casmoe", (("planner", planner),)))
-        elif name == "casmoe":
-            out += [PolicySpec.parse("casmoe[predictor=exact]"), PolicySpec.parse("casmoe[predictor=noisy]")]
-        else:
-            out.append(PolicySpec(name))
+    for options in get_policy(name).variants:
+        if planner is not None and options.get("planner") == AUTO:
+            options = {**options, "planner": planner}
+        out.append(PolicySpec(name, tuple(sorted(options.items()))))
     return out
 
 
-def parse_policies(texts: Iterable[str] | None, registered: Iterable[str], planner: str | None = None) -> list[PolicySpec]:
-    """The CLI's repeatable `--policy`: nothing or `all` means every registered policy."""
+def default_policies(names: Iterable[str], planner: str | None = None) -> list[PolicySpec]:
+    """Every variant of every named policy (`variants`)."""
+    return [spec for name in names for spec in variants(name, planner)]
+
+
+def parse_policies(texts: Iterable[str | PolicySpec] | None, registered: Iterable[str], planner: str | None = None) -> list[PolicySpec]:
+    """The CLI's repeatable `--policy`: nothing or `all` means every registered policy; a bare
+    name runs its variants (`casmoe`: the planner and the two oracle brackets)."""
     texts = list(texts or [])
     if not texts or texts == ["all"]:
         return default_policies(registered, planner)
     specs = []
     for t in texts:
-        spec = PolicySpec.parse(t)
-        # a bare `casmoe` is the planner when one is given, else the two oracle brackets
-        specs += default_policies(["casmoe"], planner) if spec == PolicySpec("casmoe") else [spec]
+        spec = t if isinstance(t, PolicySpec) else PolicySpec.parse(t)
+        specs += variants(spec.name, planner) if not spec.options and spec.name in POLICIES else [spec]
     for s in specs:
         s.check()  # an unknown name or option fails here, before any work
-    return specs
+    return list(dict.fromkeys(specs))
+
+
+
+def parse_policy(text: str) -> PolicySpec:
+    """One `--policy` as written, its name known and its options ones it takes."""
+    spec = PolicySpec.parse(text)
+    if spec.name in POLICIES:  # a user's `pkg.mod:Class` is imported when the runs are built
+        spec.check()
+    return spec

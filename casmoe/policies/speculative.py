@@ -37,16 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from casmoe.cache import CacheConfigError, ExpertCache, Guesses, TwinState, beyond_guesses
+from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
 from casmoe.policies.lru import LRU
 from casmoe.trace import Trace
+from casmoe.twin import Guesses, Twin, TwinState, beyond_guesses
 
 
 class Speculative(LRU):
     name = "speculative"
-    compiled_kind = Kind.LRU  # with the request's guesses before each layer (`twin_state`)
 
     def __init__(self, *args, spec: dict[int, np.ndarray] | None = None, experts: int | None = None,
                  ahead: int = 1, **kw) -> None:
@@ -99,19 +99,22 @@ class Speculative(LRU):
 
     # ---- the compiled twin ------------------------------------------------------------------
 
-    def runs_compiled(self) -> bool:
+    def _twin_runs(self) -> bool:
         """Deeper guesses learn from the routing as it runs: Python only."""
         return self.ahead == 1
 
-    def twin_state(self) -> TwinState:
+    def _twin_state(self) -> TwinState:
         g = self.geometry
         width = min(self.capacity.slots, g.experts)  # most a row guesses: a prefill's (`_ranked`)
         tokens = max((len(spec) for spec in self._spec_of.values()), default=0)  # a request's steps <= its tokens
         return TwinState(guess_rows=max(tokens * g.layers, 1), guess_ids=tokens * g.layers * self.n + g.layers * width,
                          guess_width=width)
 
-    def twin_request_guesses(self) -> Guesses | None:
+    def _twin_guesses(self) -> Guesses | None:
         return self._table
+
+    # LRU's branch, with the request's guesses before each layer
+    twin = Twin(Kind.LRU, state=_twin_state, request_guesses=_twin_guesses, runs=_twin_runs)
 
     def guess(self, layer: int, rows: np.ndarray) -> None:
         """A live runtime's guess of `layer`'s experts: [tokens, k] local ids (best first per

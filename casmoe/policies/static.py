@@ -8,23 +8,27 @@ one-time fill is what `CacheStats.cold_misses` counts), so static stays a demand
 
 from __future__ import annotations
 
-import hashlib
-import os
 from typing import Any
 
 import numpy as np
 
-from casmoe.cache import CacheConfigError, ExpertCache, TwinState
+from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.kernels.kinds import Kind
+from casmoe.policies.fitting import TraceFit, profile_counts
 from casmoe.policies.lru import LRU
 from casmoe.trace import Trace
-from casmoe.trace_io import load_trace
+from casmoe.twin import Twin, TwinState
 
 
 class Static(LRU):
     name = "static"
-    compiled_kind = Kind.STATIC
+    fit = TraceFit("profile")
+
+    def _twin_state(self) -> TwinState:
+        return TwinState(pinned=tuple(sorted(self.pinned)))
+
+    twin = Twin(Kind.STATIC, state=_twin_state)
 
     def __init__(self, *args, popularity: np.ndarray, remainder: int | None = None, **kw) -> None:
         super().__init__(*args, **kw)
@@ -41,34 +45,6 @@ class Static(LRU):
         else:
             pinned = np.argsort(-popularity, kind="stable")[:pin]
         self.pinned: frozenset[ExpertId] = frozenset(int(e) for e in pinned if popularity[e] > 0)
-
-    @classmethod
-    def fitted_requests(cls, options: dict[str, Any], trace: Trace) -> set[int]:
-        """Without a profile: the trace's train split (`bind` profiles on it). With a trace as
-        profile: the requests of `trace` it holds (the same routing). With a counts-only profile:
-        every request if it counts exactly this trace's routing (nothing finer can be told)."""
-        from casmoe.selection import split_indices
-
-        profile = options.get("profile")
-        if profile is None:
-            return set(split_indices(trace, "train"))
-        source = _profile_trace(profile)
-        if source is not None:
-            held = {_routing_digest(r) for r in source.requests}
-            return {i for i, r in enumerate(trace.requests) if _routing_digest(r) in held}
-        counts = profile_counts(profile)
-        if counts.shape == (trace.geometry.layers, trace.geometry.experts) and np.array_equal(counts, trace.popularity()):
-            return set(range(len(trace.requests)))
-        return set()
-
-    @classmethod
-    def bind(cls, options: dict[str, Any], trace: Trace) -> dict[str, Any]:
-        """No profile given: the popularity of the trace's train split, never of the scored requests."""
-        if options.get("profile") is not None:
-            return options
-        from casmoe.selection import split_indices
-
-        return {**options, "profile": trace.subset(split_indices(trace, "train"))}
 
     @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | str | None = None, **kw: Any) -> ExpertCache:
@@ -90,38 +66,7 @@ class Static(LRU):
             )
         return cls(geometry, capacity, popularity=counts.ravel(), **kw)
 
-    def twin_state(self) -> TwinState:
-        return TwinState(pinned=tuple(sorted(self.pinned)))
-
     def victim(self, layer: int, candidates) -> ExpertId:
         pinned = self.pinned
         unpinned = next((e for e in self.recency(layer) if e in candidates and e not in pinned), None)
         return unpinned if unpinned is not None else super().victim(layer, candidates)
-
-
-def profile_counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
-    """[L, E] routed counts of a profile: a Trace, a trace file or a `casmoe profile import` file."""
-    if isinstance(profile, Trace):
-        return profile.popularity()
-    if not isinstance(profile, (str, os.PathLike)):  # static[profile=0]: a number, not a file
-        raise CacheConfigError(f"a profile must be a file (a profile or a trace), not {profile!r}")
-    from casmoe.profile import load_profile
-
-    return load_profile(os.fspath(profile))
-
-
-def _profile_trace(profile: Trace | str | os.PathLike[str]) -> Trace | None:
-    """The profile as a trace, or None for a counts-only profile file."""
-    if isinstance(profile, Trace):
-        return profile
-    from casmoe.trace import TraceError
-
-    try:
-        return load_trace(os.fspath(profile))
-    except TraceError:
-        return None
-
-
-def _routing_digest(request) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(request.topk).tobytes() + str(request.prefill).encode(),
-                           digest_size=16).digest()

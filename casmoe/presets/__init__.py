@@ -11,6 +11,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 from dataclasses import dataclass
+from typing import Any
 from functools import cache
 from pathlib import Path
 
@@ -86,3 +87,24 @@ def get_preset(name: str) -> ModelPreset:
     if name not in presets:
         raise PresetError(f"unknown model preset {name!r}; known: {', '.join(sorted(presets))}")
     return presets[name]
+
+
+def preset_for(trace: Any, wanted: str | None = None) -> str | None:
+    """The preset a trace is priced as: `wanted`, else the one it was recorded from
+    (`meta["model_preset"]`), else the only preset of its shape; None when none fits."""
+    if wanted:
+        return wanted
+    presets = load_presets()
+    recorded = trace.meta.get("model_preset")
+    if recorded in presets:
+        return recorded
+    g = trace.geometry
+    fits = [n for n, p in presets.items() if (p.geometry.layers, p.geometry.experts) == (g.layers, g.experts)]
+    return fits[0] if len(fits) == 1 else None
+
+
+def shape_preset(geometry: Geometry, name: str = "trace's own shape") -> ModelPreset:
+    """A preset of exactly `geometry` with a token-sized dense part: what a count-only replay
+    prices a trace of no known model with (its measured expert bytes, else its own shape's)."""
+    return ModelPreset(name, "the trace's geometry", geometry, heads=1, kv_heads=1, head_dim=geometry.hidden or 8,
+                       vocab=16)

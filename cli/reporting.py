@@ -1,0 +1,120 @@
+"""The report folder of simulate and sweep: results.json, results.csv and PNG plots, and the
+tables printed from the same records.
+
+The PNGs are drawn by a detached process (`python -m casmoe.cli.plots OUT`) unless `--plots
+wait` asks to wait for them, so matplotlib's seconds are not spent before the command returns.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+
+class Plots(str, Enum):
+    BACKGROUND = "background"
+    WAIT = "wait"
+    NONE = "none"
+
+
+PLOTS = typer.Option(
+    Plots.BACKGROUND, "--plots",
+    help="background: draw the PNGs in a detached process (the command does not wait; each file appears whole when "
+    "drawn); wait: draw them before the command ends; none: no plots.",
+)
+
+
+def _plots(records: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Which PNGs a report holds: (file name, `casmoe.report` function, its records).
+    decode_vs_capacity.png and stall_by_layer.png (at the smallest cache, where stalls differ
+    most), timeliness.png (stall vs the perfect-prefetch bound per layer, smallest cache), and
+    for serving runs queue.png (requests waiting over time) and, across rates,
+    latency_vs_load.png."""
+    ran = [r for r in records if "skipped" not in r]
+    if not ran:
+        return []
+    smallest = min(r["capacity_gb"] for r in ran)
+    at_smallest = [r for r in ran if r["capacity_gb"] == smallest]
+    plots = [
+        ("decode_vs_capacity.png", "plot_decode_vs_capacity", ran),
+        ("stall_by_layer.png", "plot_stall_by_layer", at_smallest),
+        ("timeliness.png", "plot_timeliness", at_smallest),
+    ]
+    served = [r for r in ran if "arrival" in r]
+    if served:
+        plots.append(("queue.png", "plot_queue", [r for r in served if r["capacity_gb"] == smallest]))
+    if len({r.get("rate") for r in served}) > 1:
+        plots.append(("latency_vs_load.png", "plot_latency_vs_load", served))
+    return plots
+
+
+def draw_plots(out: Path) -> list[Path]:
+    """Draw the report folder's PNGs from its results.json (`casmoe.cli.plots` runs this in
+    the background)."""
+    from casmoe import report
+
+    records = json.loads((out / "results.json").read_text())
+    return [getattr(report, fn)(out / name, rs) for name, fn, rs in _plots(records)]
+
+
+def write_report(out: Path, records: list[dict[str, Any]], plots: Plots) -> tuple[list[Path], str]:
+    """results.json (every record) and results.csv (the runs), then the plots as `plots` asks;
+    returns the files written and a line on the plots."""
+    import subprocess
+    import sys
+
+    from casmoe.report import write_csv, write_json
+
+    ran = [r for r in records if "skipped" not in r]
+    write_json(out / "results.json", records)
+    write_csv(out / "results.csv", ran)
+    written = [out / "results.json", out / "results.csv"]
+    names = [name for name, _, _ in _plots(records)]
+    if plots is Plots.NONE or not names:
+        return written, ""
+    if plots is Plots.WAIT:
+        return written + draw_plots(out), ""
+    for name in names:  # a plot of an earlier run must not pass for this one's
+        (out / name).unlink(missing_ok=True)
+    with open(out / "plots.log", "wb") as log:
+        subprocess.Popen([sys.executable, "-m", "casmoe.cli.plots", str(out)], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=log, start_new_session=True)
+    return written, (f"plots are being drawn in the background: {', '.join(names)} appear in {out} when done "
+                     f"(errors in {out / 'plots.log'}; --plots wait draws them before the command ends)")
+
+
+def report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str, timeline: Optional[Path],
+            serving_title: str, timeliness: bool, plots: Plots) -> None:
+    """Write the report folder, then print the records as JSON or as tables (and what was skipped)."""
+    from casmoe.report import print_simulation
+
+    written, pending = write_report(out, records, plots)
+    if as_json:
+        typer.echo(json.dumps(records, indent=2))
+        return
+    ran = [r for r in records if "skipped" not in r]
+    if ran:
+        files = ", ".join(str(p) for p in [*written, *([timeline] if timeline else [])])
+        print_simulation(ran, title, f"every measurement (latency percentiles, TTFT, stalls, bytes moved) is in {files}")
+    _print_serving(records, serving_title, timeliness)
+    for r in records:
+        if "skipped" in r:
+            typer.echo(f"skipped {r['policy']} @ {r['capacity_spec']}: {r['skipped']}")
+    if pending:
+        typer.echo(pending)
+
+
+def _print_serving(records: list[dict[str, Any]], title: str, timeliness: bool) -> None:
+    from casmoe.report import print_serving, print_tiers, print_timeliness
+
+    ran = [r for r in records if "skipped" not in r]
+    if title:
+        print_serving(ran, title)
+    if any(r["host_cache_gb"] for r in ran):
+        print_tiers(ran, "memory tiers: storage -> RAM tier -> GPU slots")
+    if timeliness:
+        print_timeliness(ran, "stall vs the perfect-prefetch bound (same loads, issued as early as the link allows)")
