@@ -117,8 +117,9 @@ class Precision:
         object.__setattr__(self, "bits", float(self.bits))
         if not 0 < self.bits <= MAX_BITS:
             raise PrecisionError(f"precision {self.name!r}: bits must be in (0, {MAX_BITS:g}] (got {self.bits:g})")
-        if isinstance(self.dequant_ops, bool) or not isinstance(self.dequant_ops, (int, float)) or self.dequant_ops < 0:
-            raise PrecisionError(f"precision {self.name!r}: dequant_ops must be a number >= 0 (got {self.dequant_ops!r})")
+        ops = self.dequant_ops
+        if isinstance(ops, bool) or not isinstance(ops, (int, float)) or ops < 0:
+            raise PrecisionError(f"precision {self.name!r}: dequant_ops must be a number >= 0 (got {ops!r})")
         if not isinstance(self.family, Family):
             raise PrecisionError(f"precision {self.name!r}: family must be a Family (got {self.family!r})")
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 0:
@@ -252,9 +253,9 @@ def _block_type(name: str, table: dict[str, Any], types: dict[str, Precision], r
         raise PrecisionError(f"{where}: fallback cycle {' -> '.join((*stack, name))}")
     bits = _number(table, "bits", where)
     block = int(table.get("block", 0))
-    if "block_bytes" in table:
-        if Fraction(int(table["block_bytes"]) * 8, block) != Fraction(repr(float(bits))):
-            raise PrecisionError(f"{where}: bits {bits} is not block_bytes*8/block ({table['block_bytes']}*8/{block})")
+    block_bits = Fraction(int(table["block_bytes"]) * 8, block) if "block_bytes" in table and block > 0 else None
+    if "block_bytes" in table and block_bits != Fraction(repr(float(bits))):
+        raise PrecisionError(f"{where}: bits {bits} is not block_bytes*8/block ({table['block_bytes']}*8/{block})")
     fallback = None
     if "fallback" in table:
         target = table["fallback"]
