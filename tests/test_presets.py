@@ -215,3 +215,20 @@ def test_preset_rows_show_shape_attention_and_sizes():
     assert v3["kv_bytes_per_token"] == 1152 * 61
     assert rows["mixtral-8x7b"]["experts_bytes"] == rows["mixtral-8x7b"]["experts_bf16_bytes"]
 
+
+
+def test_the_presets_command_prints_the_rows(monkeypatch):
+    import json
+
+    from casmoe.cli.app import app
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    table = runner.invoke(app, ["presets"])
+    assert table.exit_code == 0, table.output
+    assert "deepseek-v3" in table.output and "mla" in table.output and "mxfp4" in table.output
+    listed = runner.invoke(app, ["presets", "--json"])
+    data = json.loads(listed.output)
+    assert data["deepseek-v3"]["attention"] == "mla" and data["deepseek-v3"]["kv_lora_rank"] == 512
+    assert data["mixtral-8x7b"]["source"] and data["mixtral-8x7b"]["layers"] == 32  # the old fields stay
+    assert data["gpt-oss-120b"]["experts_bytes"] < data["gpt-oss-120b"]["experts_bf16_bytes"]
