@@ -19,5 +19,10 @@ packages = [sub for name, folder in ROOTS.items() for sub in [name, *(f"{name}.{
 setup(
     packages=[*packages, "casmoe.data"],
     package_dir={**ROOTS, "casmoe.data": "traces"},
-    package_data={"casmoe.presets": ["*.toml"], "casmoe.sim": ["profiles/*.toml", "links.toml"], "casmoe.data": DATA},
+    package_data={
+        "casmoe": ["precisions.toml"],
+        "casmoe.presets": ["*.toml"],
+        "casmoe.sim": ["profiles/*.toml", "links.toml"],
+        "casmoe.data": DATA,
+    },
 )

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from casmoe.errors import CasmoeError
+from casmoe.precision import Precision, load_precisions
 
 ExpertId = int
 """Flat expert id: `layer * geometry.experts + expert`."""
@@ -20,7 +21,8 @@ MAX_EXPERTS = 2**15 - 1
 
 
 class Quant(enum.Enum):
-    """Storage precision of expert weights; the value is bits per parameter."""
+    """The four precisions casmoe first knew, kept for `--quant` and old call sites; the value is
+    the name of its `Precision` (`casmoe/precisions.toml`), which every size now comes from."""
 
     FP16 = "fp16"
     BF16 = "bf16"
@@ -30,6 +32,11 @@ class Quant(enum.Enum):
     @property
     def bits(self) -> int:
         return {"fp16": 16, "bf16": 16, "int8": 8, "int4": 4}[self.value]
+
+    @property
+    def precision(self) -> Precision:
+        """Its `Precision`: the same bits per weight, plus a family, a dequantisation cost and a source."""
+        return load_precisions()[self.value]
 
 
 class GeometryError(CasmoeError, ValueError):
@@ -100,13 +107,17 @@ class Geometry:
     def expert_params(self) -> int:
         return (3 if self.gated else 2) * self.hidden * self.intermediate
 
-    def expert_bytes(self, layer: int = 0, quant: Quant = Quant.BF16) -> int:
-        """Bytes of one expert of `layer`: measured if known, else from the shape at `quant`."""
+    def expert_bytes(self, layer: int = 0, quant: Quant | Precision = Quant.BF16) -> int:
+        """Bytes of one expert of `layer`: measured if known, else from the shape at `quant` (a
+        `Quant` or any `Precision`; a llama.cpp mix varies by layer, its rules reading `layer`
+        of this geometry's `layers`, i.e. as if every block were an MoE block: a model with dense
+        blocks first prices its experts through `ModelPreset.expert_bytes_per_layer`)."""
         if self.layer_expert_bytes:
             return self.layer_expert_bytes[layer]
-        return self.expert_params * quant.bits // 8
+        precision = quant.precision if isinstance(quant, Quant) else quant
+        return precision.expert_bytes(self.hidden, self.intermediate, self.gated, layer, self.layers)
 
-    def bytes_per_layer(self, quant: Quant = Quant.BF16) -> list[int]:
+    def bytes_per_layer(self, quant: Quant | Precision = Quant.BF16) -> list[int]:
         return [self.expert_bytes(layer, quant) for layer in range(self.layers)]
 
     def flat(self, layer: int, expert: int) -> ExpertId:

@@ -14,28 +14,31 @@ def presets(
     as_json: bool = typer.Option(False, "--json", help="Print the presets' full geometry as JSON."),
 ) -> None:
     """List the model presets (`--model NAME`): the geometry and dense shape each run prices."""
-    from casmoe.geometry import Quant
-    from casmoe.presets import PRESETS_FILE, load_presets
+    from casmoe.presets import PRESETS_FILE, load_presets, preset_rows
 
-    loaded = load_presets()
+    rows = preset_rows()
     if as_json:
-        typer.echo(json.dumps({n: {"source": p.source, **p.geometry.to_dict()} for n, p in loaded.items()}, indent=2))
+        loaded = load_presets()
+        typer.echo(json.dumps({r["name"]: {**loaded[r["name"]].to_dict(), **r} for r in rows}, indent=2))
         return
     from casmoe.report import human_bytes, print_table
 
-    rows = [
+    shown = [
         {
-            "name": name,
-            "layers": p.geometry.layers,
-            "experts": p.geometry.experts,
-            "top_k": p.geometry.top_k,
-            "shared": p.geometry.shared_experts,
-            "hidden": p.geometry.hidden,
-            "experts bf16": human_bytes(sum(p.geometry.bytes_per_layer(Quant.BF16)) * p.geometry.experts),
+            "name": r["name"],
+            "layers": f"{r['layers']}+{r['dense_layers']}" if r["dense_layers"] else r["layers"],
+            "experts": r["experts"],
+            "top_k": r["top_k"],
+            "shared": r["shared"],
+            "attention": r["attention"],
+            "precision": f"{r['expert_precision']}/{r['dense_precision']}",
+            "experts native": human_bytes(r["experts_bytes"]),
+            "experts bf16": human_bytes(r["experts_bf16_bytes"]),
+            "KV/token": human_bytes(r["kv_bytes_per_token"]),
         }
-        for name, p in loaded.items()
+        for r in rows
     ]
-    print_table(rows, list(rows[0]), title="model presets")
+    print_table(shown, list(shown[0]), title="model presets (layers: MoE+dense; precision: experts/dense)")
     typer.echo(f"defined in {PRESETS_FILE} (each with its source: --json); pass --model NAME")
 
 
