@@ -1,0 +1,66 @@
+"""The suite runs the same on every host: nothing it asserts may depend on what this machine has
+in its user cache, its environment or its locale.
+
+Before any test module is imported (so subprocesses the tests start inherit it too):
+
+- `CASMOE_CACHE` is a fresh folder of this session, removed at the end: the planner=auto cache
+  and the embedder's ONNX export are built here, never read from (or written to) the user's
+  `~/.cache/casmoe`, where a damaged or foreign entry would change what a test sees;
+- casmoe's other switches are unset (`CASMOE_DEBUG` turns one-line errors into tracebacks,
+  `CASMOE_NPZ_LIMIT` moves the archive-size limit, `CASMOE_EMBEDDER` the embedding backend,
+  `CASMOE_DATA` the shipped data: tests that need one set it themselves), and so is
+  `XDG_CACHE_HOME`; the hub is offline (`HF_HUB_OFFLINE=1`: no test downloads);
+- text is UTF-8 in this process and its children (`PYTHONUTF8`, the C.UTF-8 locale where the
+  host has it): rich draws its tables with ASCII boxes under a non-UTF-8 locale, and tests read
+  the box characters.
+
+Tests that depend on the machine otherwise fix what they read: memory (`available_memory`
+patched), the umask, the working directory (absolute paths), timing (counted work instead of
+seconds where a test is about the work, not the speed).
+"""
+
+from __future__ import annotations
+
+import locale
+import os
+import shutil
+import tempfile
+
+CLEARED = ("CASMOE_DEBUG", "CASMOE_NPZ_LIMIT", "CASMOE_EMBEDDER", "CASMOE_DATA", "XDG_CACHE_HOME")
+_saved: dict[str, str | None] = {}
+_cache: str | None = None
+
+
+def _set(name: str, value: str | None) -> None:
+    _saved.setdefault(name, os.environ.get(name))
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def pytest_configure(config) -> None:  # noqa: ARG001  (pytest's hook signature)
+    global _cache
+    _cache = tempfile.mkdtemp(prefix="casmoe-test-cache-")
+    _set("CASMOE_CACHE", _cache)
+    for name in CLEARED:
+        _set(name, None)
+    _set("HF_HUB_OFFLINE", "1")
+    _set("PYTHONUTF8", "1")
+    for name in ("C.UTF-8", "C.utf8"):
+        try:
+            locale.setlocale(locale.LC_CTYPE, name)
+        except locale.Error:
+            continue
+        _set("LC_ALL", name)
+        break
+
+
+def pytest_unconfigure(config) -> None:  # noqa: ARG001
+    for name, value in _saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if _cache:
+        shutil.rmtree(_cache, ignore_errors=True)
