@@ -13,12 +13,14 @@ trace back (all but the optional logits and spec, which the CSV has no column fo
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
+from casmoe.filekind import TEXT, one_line, reading, require
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import exact_int, unique_pairs
 from casmoe.resources import check_allocation
@@ -34,12 +36,21 @@ _CASMOE_LINE = "# casmoe "
 _REQUEST_INTS = ("turn", "tokens", "prefill", "first_step", "rows")
 
 
+def _finite_seconds(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value)) and value >= 0
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
 def _request_line(value: Any, where: str) -> dict[str, Any]:
     """A `# casmoe request=` object, checked field by field."""
     ok = (
         isinstance(value, dict)
         and type(value.get("turn")) is int
-        and all(type(value.get(n, 0)) is int and value.get(n, 0) >= 0 for n in _REQUEST_INTS)
+        and all(type(value.get(n, 0)) is int and 0 <= value.get(n, 0) < 2**40 for n in _REQUEST_INTS)
         and all(isinstance(value.get(n), (str, type(None))) for n in ("prompt", "task", "output"))
     )
     if not ok:
@@ -48,8 +59,8 @@ def _request_line(value: Any, where: str) -> dict[str, Any]:
             "prefill, first_step and string prompt, task, output"
         )
     arrival = value.get("arrival")
-    if arrival is not None and (isinstance(arrival, bool) or not isinstance(arrival, (int, float))):
-        raise TraceError(f"{where}: turn {value['turn']}: arrival must be a number of seconds, got {arrival!r}")
+    if arrival is not None and not _finite_seconds(arrival):
+        raise TraceError(f"{where}: turn {value['turn']}: arrival must be a finite number of seconds >= 0, got {arrival!r}")
     ids = value.get("output_ids")
     if ids is not None and not (
         isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
@@ -164,9 +175,15 @@ def _columns(df: Any, k: int, where: str) -> tuple[dict[str, np.ndarray], np.nda
 def read_route_csv(path: str | Path) -> Trace:
     """Import a route CSV (casmoe's own, a `route_trace v1` engine's, or the minimal form); one
     request per turn, gaps kept as `NOT_COMPUTED`. A UTF-8 byte-order mark is skipped."""
+    where = str(path)
+    require(path, TEXT | {"other-text"}, "a routing CSV", TraceError)
+    with reading(where):
+        return _read_route_csv(path, where)
+
+
+def _read_route_csv(path: str | Path, where: str) -> Trace:
     import pandas as pd
 
-    where = str(path)
     try:
         with open(path, encoding="utf-8-sig") as fh:
             header = [line for line in fh if line.startswith("#")]
@@ -184,8 +201,10 @@ def read_route_csv(path: str | Path) -> Trace:
         raise TraceError(f"{where}: no such file") from None
     except pd.errors.EmptyDataError:
         raise TraceError(f"{where}: no column line and no rows (need {','.join(MINIMAL_COLUMNS)} and one row per routed expert)") from None
-    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError) as exc:
-        raise TraceError(f"{where}: not a readable route CSV: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise TraceError(f"{where}: not a readable route CSV: {one_line(exc)}") from None
     keys, layer_bytes, extra = _parse_header(header, where)
     g = _csv_geometry(keys, layer_bytes, extra, where)
     twice = next((c for c in df.columns if isinstance(c, str) and re.fullmatch(r".+\.\d+", c) and c.rsplit(".", 1)[0] in df.columns), None)
@@ -258,11 +277,16 @@ def _csv_request(
         if (phase[:prefill] == 1).any():
             raise TraceError(f"{where}: a decode step (phase 1) precedes a prefill step (phase 0)")
     ids = info.get("output_ids")
-    return Request(
-        topk=topk, weights=weights, prefill=prefill, prompt=info.get("prompt"), task=info.get("task"),
-        arrival=None if info.get("arrival") is None else float(info["arrival"]),
-        output_ids=None if ids is None else np.array(ids, dtype=np.int32), output=info.get("output"),
-    )
+    if ids is not None and any(i > np.iinfo(np.int32).max for i in ids):
+        raise TraceError(f"{where}: output token id {max(ids)} is beyond any vocabulary")
+    try:
+        return Request(
+            topk=topk, weights=weights, prefill=prefill, prompt=info.get("prompt"), task=info.get("task"),
+            arrival=None if info.get("arrival") is None else float(info["arrival"]),
+            output_ids=None if ids is None else np.array(ids, dtype=np.int32), output=info.get("output"),
+        )
+    except TraceError as exc:  # the request's own checks: every fault names the file and turn
+        raise exc.within(where) from None
 
 
 def write_route_csv(trace: Trace, path: str | Path, progress: bool = False) -> None:
