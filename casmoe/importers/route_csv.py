@@ -148,10 +148,16 @@ def _columns(df: Any, k: int, where: str) -> tuple[dict[str, np.ndarray], np.nda
             "optionally phase, slot, weight)"
         )
     present = [c for c in CSV_COLUMNS if c in df.columns]
-    try:
-        raw = {c: df[c].to_numpy(dtype=np.float64) for c in present}
-    except (ValueError, TypeError) as exc:
-        raise TraceError(f"{where}: non-numeric value in a routing column: {exc}") from None
+    raw = {}
+    for c in present:
+        try:
+            raw[c] = df[c].to_numpy(dtype=np.float64)
+        except (ValueError, TypeError):
+            import pandas as pd
+
+            bad = pd.to_numeric(df[c], errors="coerce").isna().to_numpy() & df[c].notna().to_numpy()
+            row = int(np.nonzero(bad)[0][0]) if bad.any() else 0
+            raise TraceError(f"{where}: data row {row + 1}: {c} {df[c].iloc[row]!r} is not a number") from None
     for c in present:
         if c == "weight":
             continue
