@@ -6,7 +6,8 @@ the decisions the count-only replay makes.
     def test_my_policy_keeps_the_contract():
         check_policy(MyPolicy)
 
-runs every invariant of `casmoe.testing` (capacity, protection, counts, determinism, in every
+(with the test extra installed: `pip install 'casmoe[test]'` brings hypothesis, which generates
+the cases) runs every invariant of `casmoe.testing` (capacity, protection, counts, determinism, in every
 miss mode) and then the same case through the simulator on a shipped hardware profile: its
 counts equal the replay's (a hit on an expert still on the wire counts as a late hit there); in
 `substitute` mode only an arrived expert can stand in, so there the simulator may load instead.
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from casmoe.cache import CacheStats, ExpertCache, MissMode
+from casmoe.testing import Case, check_replay, checked, run_contract  # first: without the test extra, one clear error
+
+from casmoe.cache import CacheStats, ExpertCache, MissMode  # noqa: I001
 from casmoe.presets import ModelPreset
 from casmoe.sim.engine import simulate
 from casmoe.sim.hardware import load_profile
-from casmoe.testing import Case, check_replay, checked, run_contract
 
 SAME_DECISIONS = ("accesses", "misses", "substitutions", "cpu_computed", "demand_loads", "prefetch_loads",
                   "prefetch_used", "prefetch_wasted", "evictions", "bytes_loaded")
