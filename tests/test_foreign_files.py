@@ -163,6 +163,23 @@ def test_every_csv_error_names_its_file(tmp_path, line, edit, column):
         assert str(exc).startswith(str(tmp_path / "my-routing.csv")) and "\n" not in str(exc), str(exc)
 
 
+@pytest.mark.parametrize("rows,says", [
+    ("0,0,0,1\n0,0,0,1\n", "data row 2: step 0, layer 0: expert 1 routed twice (first in data row 1)"),
+    ("0,0,0,1\n0,0,0,2\n0,0,0,3\n", "data row 3: step 0, layer 0: slot 0 given twice (first in data row 1)"),
+    ("0,0,0,1\n0,0,0,x\n", "data row 2: expert 'x' is not a number"),
+    ("0,0,0,1\n0,0,0,-2\n", "data row 2: expert -2 outside [0, 4)"),
+])
+def test_csv_faults_in_given_rows_name_the_row(tmp_path, rows, says):
+    text = "# n_layer=1 n_expert=4 n_expert_used=2\nturn,step,layer,expert\n" + rows
+    if "slot 0 given twice" in says:
+        text = text.replace("turn,step,layer,expert\n", "turn,step,layer,slot,expert\n").replace(
+            "0,0,0,1\n0,0,0,2\n0,0,0,3\n", "0,0,0,0,1\n0,0,0,1,2\n0,0,0,0,3\n")
+    (tmp_path / "x.csv").write_text(text)
+    with pytest.raises(TraceError) as err:
+        read_route_csv(tmp_path / "x.csv")
+    assert str(err.value).startswith(str(tmp_path / "x.csv")) and says in str(err.value), str(err.value)
+
+
 def test_a_non_numeric_cell_names_its_row_and_column(tmp_path):
     (tmp_path / "x.csv").write_text("# n_layer=1 n_expert=4 n_expert_used=2\nturn,step,layer,expert\n0,0,0,1\n0,0,0,x\n")
     with pytest.raises(TraceError, match=r"x\.csv: data row 2: expert 'x' is not a number"):

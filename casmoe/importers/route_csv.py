@@ -234,7 +234,7 @@ def _read_route_csv(path: str | Path, where: str) -> Trace:
         if not len(sel) and "tokens" not in info:
             raise TraceError(f"{where}: '# casmoe request=' declares turn {turn} but neither its tokens nor any row")
         rows = {c: v[sel] for c, v in cols.items()}
-        requests.append(_csv_request(g, rows, weight[sel], info, f"{where}: turn {turn}"))
+        requests.append(_csv_request(g, rows, weight[sel], info, f"{where}: turn {turn}", sel + 1))
     meta = {
         "source_model": keys.get("model", "unknown"),
         "arch": keys.get("arch"),
@@ -245,9 +245,11 @@ def _read_route_csv(path: str | Path, where: str) -> Trace:
 
 
 def _csv_request(
-    g: Geometry, cols: dict[str, np.ndarray], weight: np.ndarray, info: dict[str, Any], where: str
+    g: Geometry, cols: dict[str, np.ndarray], weight: np.ndarray, info: dict[str, Any], where: str,
+    data_rows: np.ndarray,
 ) -> Request:
-    """One turn's rows -> Request: token = step - first step, slot order kept."""
+    """One turn's rows -> Request: token = step - first step, slot order kept. A fault in given
+    rows names the first of them (`data_rows`: their numbers among the file's data rows)."""
     L, k = g.layers, g.top_k
     steps = cols["step"]
     first = int(info.get("first_step", steps.min() if len(steps) else 0))
@@ -256,14 +258,26 @@ def _csv_request(
     seen = len(np.unique(tok))
     if T > 4 * seen + 64:  # whole tokens without rows are rare; a wide span means a damaged step column
         raise TraceError(f"{where}: {T} tokens but only {seen} steps have rows; the step column looks damaged")
-    if len(tok) and (tok.min() < 0 or tok.max() >= T):
-        raise TraceError(f"{where}: steps outside the declared {T} tokens")
+    outside = (tok < 0) | (tok >= T)
+    if outside.any():
+        i = int(np.nonzero(outside)[0][0])
+        raise TraceError(f"{where}: data row {data_rows[i]}: step {int(steps[i])} outside the declared {T} tokens "
+                         f"(from step {first})")
     check_allocation(T * L * k * 14, f"{where}: {T} tokens x {L} layers x top-{k}")
     cell = (tok * L + cols["layer"]) * k + cols["slot"]  # unique per (token, layer, slot)
     uniq, counts = np.unique(cell, return_counts=True)
     if (counts > 1).any():
         c = int(uniq[counts > 1][0])
-        raise TraceError(f"{where}: step {first + c // (L * k)}, layer {c // k % L}: slot {c % k} given twice")
+        again = int(np.nonzero(cell == c)[0][1])
+        raise TraceError(f"{where}: data row {data_rows[again]}: step {first + c // (L * k)}, layer {c // k % L}: slot "
+                         f"{c % k} given twice (first in data row {data_rows[np.nonzero(cell == c)[0][0]]})")
+    same = (tok * L + cols["layer"]) * g.experts + cols["expert"]  # one expert twice in a token-layer
+    uniq_e, counts_e = np.unique(same, return_counts=True)
+    if (counts_e > 1).any():
+        rows_twice = np.nonzero(same == uniq_e[counts_e > 1][0])[0]
+        raise TraceError(f"{where}: data row {data_rows[rows_twice[1]]}: step {int(steps[rows_twice[1]])}, layer "
+                         f"{int(cols['layer'][rows_twice[1]])}: expert {int(cols['expert'][rows_twice[1]])} routed twice "
+                         f"(first in data row {data_rows[rows_twice[0]]})")
     topk = np.full(T * L * k, NOT_COMPUTED, dtype=np.int16)
     weights = np.zeros(T * L * k, dtype=np.float32)
     topk[cell] = cols["expert"]
@@ -280,8 +294,10 @@ def _csv_request(
     else:
         pre = np.nonzero(phase == 0)[0]
         prefill = int(pre.max() + 1) if len(pre) else 0
-        if (phase[:prefill] == 1).any():
-            raise TraceError(f"{where}: a decode step (phase 1) precedes a prefill step (phase 0)")
+        early = np.nonzero((tok < prefill) & (cols["phase"] == 1))[0]
+        if len(early):
+            raise TraceError(f"{where}: data row {data_rows[early[0]]}: a decode step (phase 1) precedes a prefill "
+                             "step (phase 0)")
     ids = info.get("output_ids")
     if ids is not None and any(i > np.iinfo(np.int32).max for i in ids):
         raise TraceError(f"{where}: output token id {max(ids)} is beyond any vocabulary")
