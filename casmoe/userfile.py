@@ -47,4 +47,6 @@ def read_toml(path: str | os.PathLike[str], what: str, error: type[Exception]) -
     try:
         return tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as exc:
-        raise error(f"{path}: not valid TOML: {exc}") from None
+        from casmoe.filekind import one_line
+
+        raise error(f"{path}: not valid TOML: {one_line(exc)}") from None

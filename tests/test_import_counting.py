@@ -166,6 +166,16 @@ def test_an_engine_dump_given_twice_is_refused(tmp_path):
         import_profile([tmp_path / "f.pt", tmp_path / "g.pt"], "ktransformers")
 
 
+def test_two_dumps_holding_the_same_passes_are_refused(tmp_path):
+    """A second dump taken without resetting the recorder holds the first one's passes again."""
+    rng = np.random.default_rng(13)
+    reqs, passes = _one_after_another([(3, 2), (4, 2)], rng)
+    sglang_dump(passes[:3], reqs, np.random.default_rng(1), tmp_path / "first_0.pt")
+    sglang_dump(passes, reqs, np.random.default_rng(1), tmp_path / "second_0.pt")
+    with pytest.raises(TraceError, match=r"second_0\.pt record 0: forward pass 0 of rank 0 again \(first in .*first_0"):
+        import_trace([tmp_path])
+
+
 # ---- expert ids: only the documented sentinel means "not computed" ---------------------------------
 
 

@@ -96,7 +96,7 @@ def decode_array(value: Any, where: str) -> np.ndarray | None:
             try:
                 return np.load(io.BytesIO(raw), allow_pickle=False)
             except ValueError as exc:
-                raise TraceError(f"{where}: base64 .npy array cannot be read: {exc}") from None
+                raise TraceError(f"{where}: base64 .npy array cannot be read: {one_line(exc)}") from None
         raise TraceError(f"{where}: base64 routed experts without a shape; save them as a list or with 'shape'")
     raise TraceError(f"{where}: routed experts must be a list, an array or base64, got {type(value).__name__}")
 

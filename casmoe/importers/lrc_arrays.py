@@ -83,7 +83,7 @@ def _read_arrays(path: Path) -> np.ndarray:
     try:
         return np.concatenate(out)
     except ValueError as exc:
-        raise TraceError(f"{where}: its arrays disagree in shape: {exc}") from None
+        raise TraceError(f"{where}: its arrays disagree in shape: {one_line(exc)}") from None
 
 
 def _to_topk(

@@ -237,6 +237,7 @@ def read_per_token(files: Sequence[Path], where: str) -> Trace:
     """per_token dumps (one or more ranks, one or more dumps) -> one trace."""
     by_rank: dict[Any, list[dict[str, Any]]] = {}
     maps: list[tuple[np.ndarray | None, int | None]] = []
+    seen: dict[tuple[str, int], str] = {}
     for f in files:
         doc = load_torch_file(f, "an SGLang per_token dump (.pt)")
         if not isinstance(doc, dict) or "records" not in doc:
@@ -258,6 +259,11 @@ def read_per_token(files: Sequence[Path], where: str) -> Trace:
         for i, rec in enumerate(doc["records"]):
             r = _record(rec, f"{f} record {i}")
             r["topk"] = physical_to_logical(r["topk"], mapping, f"{f} record {i}")
+            key = (str(r["rank"]), r["id"])  # SGLang numbers passes once per server: a pass twice is a dump twice
+            if key in seen:
+                raise TraceError(f"{f} record {i}: forward pass {r['id']} of rank {r['rank']} again (first in "
+                                 f"{seen[key]}): passes given twice would count twice; give each dump once")
+            seen[key] = f"{f} record {i}"
             by_rank.setdefault(r["rank"], []).append(r)
     Es = {E for _, E in maps}
     if len(Es) > 1:
@@ -294,7 +300,7 @@ def _response(doc: Any, where: str, top_k: int | None) -> EngineRequest:
         raise TraceError(f"{where}: meta_info needs integer prompt_tokens and completion_tokens")
     raw = b64_bytes(info["routed_experts"], where)
     T = n_prompt + max(n_out - 1, 0)
-    if len(raw) % 4 or not T or (len(raw) // 4) % (T * top_k):
+    if len(raw) % 4 or not T or not raw or (len(raw) // 4) % (T * top_k):
         raise TraceError(f"{where}: {len(raw)} bytes of int32 ids do not split into {T} tokens x layers x top-{top_k}")
     ids = np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(T, -1, top_k)
     out_ids = doc.get("output_ids")
