@@ -9,7 +9,7 @@ not one of the `accepted` kinds, raises one line that says what it is and what w
 
     x.csv is a zip archive, not a routing CSV
 
-Kinds (`sniff`): `folder`, `missing`, `empty`; archives `npz` (a zip of `.npy` members),
+Kinds (`sniff`): `folder`, `missing`, `special` (a pipe or device: never read to look), `empty`; archives `npz` (a zip of `.npy` members),
 `npz-pickle` (one of them pickled objects), `torch` (`torch.save`, zip or legacy), `zip`,
 `damaged-zip` (a zip signature with no readable directory: its reader names the damage);
 arrays `npy`, `npy-pickle`, `safetensors`; `pickle`; other binary formats (gzip, bz2, xz,
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import os
+import stat
 import warnings
 import zipfile
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ _SNIFF_BYTES = 1 << 16
 
 DESCRIPTIONS = {
     "folder": "a folder",
+    "special": "a pipe or device (save it to a file first)",
     "empty": "an empty file",
     "npz": "a NumPy .npz archive",
     "npz-pickle": "a NumPy .npz archive holding pickled Python objects (casmoe never unpickles)",
@@ -89,6 +91,9 @@ def sniff(path: str | os.PathLike[str]) -> str:
     if p.is_dir():
         return "folder"
     try:
+        info = p.stat()
+        if not stat.S_ISREG(info.st_mode):  # a pipe or a device: reading it to look would consume or block
+            return "special"
         with open(p, "rb") as fh:
             head = fh.read(_SNIFF_BYTES)
     except FileNotFoundError:
@@ -97,18 +102,29 @@ def sniff(path: str | os.PathLike[str]) -> str:
         return "folder"
     except OSError:
         return "missing" if not p.exists() else "binary"
+    return _kind(head, info.st_size, lambda: zipfile.ZipFile(p))
+
+
+def sniff_data(data: bytes) -> str:
+    """The kind of a file's bytes already read (a file read once, as a pipe can only be)."""
+    import io
+
+    return _kind(data[:_SNIFF_BYTES], len(data), lambda: zipfile.ZipFile(io.BytesIO(data)))
+
+
+def _kind(head: bytes, size: int, open_zip) -> str:
     if not head:
         return "empty"
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08"):
-        return _zip_kind(p)
+        return _zip_kind(open_zip)
     if head.startswith(b"\x93NUMPY"):
         return "npy-pickle" if _npy_holds_objects(head) else "npy"
     if head.startswith(_TORCH_LEGACY):
         return "torch"
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return "pickle"
-    if _is_safetensors(head, p):
-        return "safetensors"
+    if len(head) >= 10 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= size - 8:
+        return "safetensors"  # an 8-byte little-endian header length, then a JSON object within the file
     for magic, kind in _MAGIC:
         if head.startswith(magic):
             return kind
@@ -154,9 +170,9 @@ def one_line(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _zip_kind(path: Path) -> str:
+def _zip_kind(open_zip) -> str:
     try:
-        with zipfile.ZipFile(path) as zf:
+        with open_zip() as zf:
             names = zf.namelist()
             if any(n.rpartition("/")[2] == "data.pkl" for n in names):
                 return "torch"
@@ -185,17 +201,6 @@ def _npy_holds_objects(head: bytes) -> bool:
     except (ValueError, SyntaxError, KeyError, TypeError, MemoryError, RecursionError):
         return False
     return "O" in str(descr)
-
-
-def _is_safetensors(head: bytes, path: Path) -> bool:
-    """An 8-byte little-endian header length, then a JSON object of that length within the file."""
-    if len(head) < 10 or head[8:9] != b"{":
-        return False
-    n = int.from_bytes(head[:8], "little")
-    try:
-        return 2 <= n <= path.stat().st_size - 8
-    except OSError:
-        return False
 
 
 def _text_kind(head: bytes) -> str:

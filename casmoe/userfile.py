@@ -21,7 +21,7 @@ except ImportError:  # Python 3.10
 
 def read_text(path: str | os.PathLike[str], what: str, error: type[Exception]) -> str:
     """The file's text (UTF-8, a leading BOM dropped); `error` naming the file otherwise."""
-    from casmoe.filekind import describe, sniff
+    from casmoe.filekind import describe, sniff_data
 
     path = Path(path)
     try:
@@ -32,7 +32,7 @@ def read_text(path: str | os.PathLike[str], what: str, error: type[Exception]) -
         raise error(f"{path} is a folder, not a {what}") from None
     except OSError as exc:
         raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
-    kind = sniff(path) if b"\x00" in data[:1 << 16] or not data.isascii() else "text"
+    kind = sniff_data(data) if b"\x00" in data[:1 << 16] or not data.isascii() else "text"
     if kind not in ("text", "json", "other-text"):  # a zip, an image, a pickle: named as what it is
         raise error(f"{path} is {describe(kind)}, not a {what}")
     try:

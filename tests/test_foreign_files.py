@@ -127,6 +127,17 @@ def test_any_bytes_are_sniffed_and_refused_in_one_line(tmp_path, data, name):
         assert "\n" not in str(exc) and str(path) in str(exc)
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes")
+def test_a_pipe_is_never_read_to_look_at_it(tmp_path):
+    """Sniffing a pipe would consume its data (or block with no writer): it is named, not read."""
+    import os
+
+    os.mkfifo(tmp_path / "p.csv")
+    assert sniff(tmp_path / "p.csv") == "special"
+    with pytest.raises(TraceError, match=r"p\.csv is a pipe or device \(save it to a file first\), not a routing CSV"):
+        read_route_csv(tmp_path / "p.csv")
+
+
 def test_one_line_takes_the_first_line_of_a_library_paragraph():
     assert one_line(ValueError("\n  first line\nsecond line")) == "first line"
     assert one_line(ValueError("")) == "ValueError"
