@@ -1,10 +1,14 @@
 """Probe the CLI as a hostile user would: the 14 traceback classes and 6 silent-wrong classes of
-issue 14, and issue 19's damaged planner folders, non-atomic writes and unclear errors, each
-with one or more concrete inputs. Prints one row per probe and the counts per kind.
+issue 14, issue 19's damaged planner folders, non-atomic writes and unclear errors, and the user
+study's importers that counted wrongly without a word, foreign files named as another format's
+parse error, caches that failed a run and the missing test extra (`--issue study`; a probe whose
+input is legal checks the result it imports), each with one or more concrete inputs. Prints one
+row per probe and the counts per kind.
 
     python bench/probe_hardening.py            # all probes (~2 min on 2 cores)
     python bench/probe_hardening.py --skip-slow  # without the recording, fitting and kill probes
     python bench/probe_hardening.py --issue 19   # issue 19's probes only
+    python bench/probe_hardening.py --issue study  # the user study's: importers, foreign files, caches, extras
 
 A probe of a *traceback* class passes when casmoe exits 2 with one `casmoe: error:` line and no
 traceback (and leaves no partial file). A *non-atomic* probe passes when an interrupted or
@@ -685,6 +689,227 @@ def probes_19() -> list[Probe]:
     ]
 
 
+# ---- the user study and independent probe set: importers, foreign files, caches, extras ----------
+
+def _moe_rows(tokens: int, layers: int = 3, k: int = 2, experts: int = 6, dense: bool = True, seed: int = 0) -> list:
+    """Routed ids [tokens, layers, k] as an engine writes them: layer 0 dense (zeros) if `dense`."""
+    rng = np.random.default_rng(seed)
+    rows = np.argsort(rng.random((tokens, layers, experts)), axis=2)[:, :, :k]
+    if dense:
+        rows[:, 0] = 0
+    return rows.tolist()
+
+
+def vllm_whole(extra: int) -> Callable[[Path], None]:
+    """Older vLLM's whole-sequence array for 5 prompt + 3 generated tokens: 7 rows, plus `extra`."""
+    doc = {"prompt_token_ids": [1, 2, 3, 4, 5],
+           "outputs": [{"token_ids": [7, 8, 9], "routed_experts": _moe_rows(7 + extra)}]}
+    return write("r.json", json.dumps(doc))
+
+
+def vllm_response(rid: str | None = "cmpl-1", seed: int = 0) -> str:
+    doc = {"prompt_token_ids": [1, 2, 3], "prompt_routed_experts": _moe_rows(3, seed=seed), "created": 1700000000,
+           "choices": [{"token_ids": [4, 5, 6], "routed_experts": _moe_rows(2, seed=seed + 1)}]}
+    if rid is not None:
+        doc["id"] = rid
+    return json.dumps(doc)
+
+
+def sglang_dump(d: Path, passes: list, name: str = "d.pt", bad: int | None = None) -> None:
+    """An SGLang per_token dump of `passes` [(mode, [(first position, tokens)])]: 3 layers (0
+    dense), top-2, an identity map over 6 experts; `bad` replaces one routed id."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    records = []
+    for fid, (mode, segments) in enumerate(passes):
+        n = sum(t for _, t in segments)
+        topk = np.full((3, n, 8), -1, dtype=np.int32)
+        topk[1:, :, :2] = np.argsort(rng.random((2, n, 6)), axis=2)[:, :, :2]
+        if bad is not None and fid == 0:
+            topk[1, 0, 0] = bad
+        records.append({
+            "forward_pass_id": fid, "rank": 0, "input_ids": [int(i) for i in rng.integers(0, 99, n)],
+            "positions": [p for start, t in segments for p in range(start, start + t)],
+            "extend_seq_lens": [t for _, t in segments] if mode == 1 else None, "forward_mode": mode,
+            "topk_ids_of_layer": torch.tensor(topk)})
+    torch.save({"records": records, "last_physical_to_logical_map": torch.tensor(np.tile(np.arange(6), (3, 1)))},
+               d / name)
+
+
+SERIAL = [(1, [(0, 3)]), (2, [(3, 1)]), (2, [(4, 1)]), (2, [(5, 1)]),  # A: 3 prompt tokens, 3 decoded
+          (1, [(0, 5)]), (2, [(5, 1)]), (2, [(6, 1)]), (2, [(7, 1)])]  # then B: 5 prompt tokens, 3 decoded
+
+
+def sglang_response(experts_seen: int) -> str:
+    """An SGLang response routed over mixtral-8x7b's 32 layers, top-2, ids below `experts_seen`."""
+    import base64
+
+    rng = np.random.default_rng(2)
+    ids = np.stack([np.stack([rng.choice(experts_seen, 2, replace=False) for _ in range(32)]) for _ in range(5)])
+    return json.dumps({"text": "t", "output_ids": [1, 2, 3], "meta_info": {
+        "id": "r0", "prompt_tokens": 3, "completion_tokens": 3,
+        "routed_experts": base64.b64encode(ids.astype("<i4").tobytes()).decode()}})
+
+
+def torch_file(name: str, make: Callable[[], object]) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        import torch
+
+        torch.save(make(), d / name)
+
+    return setup
+
+
+def foreign(name: str, kind: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        import zipfile
+
+        p = d / name
+        if kind == "zip":
+            with zipfile.ZipFile(p, "w") as zf:
+                zf.writestr("notes.txt", "hello")
+        elif kind == "npy-pickle":
+            with open(p, "wb") as fh:
+                np.save(fh, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+        elif kind == "folder":
+            p.mkdir()
+        elif kind == "empty":
+            p.write_bytes(b"")
+        elif kind == "binary":
+            p.write_bytes(bytes(range(256)) * 8)
+
+    return setup
+
+
+def npy_declaring(rows: int) -> Callable[[Path], None]:
+    header = f"{{'descr': '<i8', 'fortran_order': False, 'shape': ({rows}, 2, 2), }}"
+    header += " " * (118 - len(header)) + "\n"
+    return write("big.npy", b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(64))
+
+
+def extreme_logits(d: Path) -> None:
+    logits = np.zeros((1, 3, 4))
+    logits[0, 0, :2] = (1e308, -1e308)  # the softmax's subtraction overflows
+    np.save(d / "l0.npy", logits)
+    np.save(d / "l1.npy", logits)
+
+
+def trace_is(check: Callable[[object], str]) -> Callable[[subprocess.CompletedProcess, Path], str]:
+    """Accepted, and the trace written to o.npz passes `check` ("" or what is wrong)."""
+    def inner(p: subprocess.CompletedProcess, d: Path) -> str:
+        bad = accepted(p, d)
+        if bad:
+            return bad
+        from casmoe.trace_io import load_trace
+
+        return check(load_trace(d / "o.npz"))
+
+    return inner
+
+
+def serial_requests(tr) -> str:
+    got = [(r.prefill, r.decode_tokens) for r in tr.requests]
+    return "" if got == [(3, 3), (5, 3)] else f"requests (prefill, decode) {got}, expected [(3, 3), (5, 3)]"
+
+
+def silent_accept(p: subprocess.CompletedProcess, d: Path) -> str:
+    """Accepted with nothing on stderr (no library warning lines)."""
+    return accepted(p, d) or (f"stderr: {p.stderr.strip().splitlines()[0][:80]}" if p.stderr.strip() else "")
+
+
+def run_python(code: str, d: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=d, capture_output=True, text=True, preexec_fn=_limits,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+
+
+def extras_probe(d: Path) -> str:
+    """`from casmoe.sim.testing import check_policy` without hypothesis: the last line names the extra."""
+    p = run_python("import sys; sys.modules['hypothesis'] = None\nfrom casmoe.sim.testing import check_policy\n", d)
+    last = (p.stderr.strip().splitlines() or [""])[-1]
+    return "" if "pip install 'casmoe[test]'" in last and "halted" not in p.stderr else f"last line: {last[:90]}"
+
+
+def damaged_cache_probe(d: Path) -> str:
+    """Fit casmoe[planner=auto] into a cache, cut its index, run again: the run goes on, refitted,
+    with one note line and no error."""
+    prompt_trace(d)
+    args = ["replay", "--trace", "t.npz", "--policy", "casmoe[planner=auto]", "--capacity", "4"]
+    env = {"CASMOE_CACHE": str(d / "cache")}
+    first = run(args, d, env=env)
+    if first.returncode != 0:
+        return f"setup: the first fit failed: {first.stderr.strip().splitlines()[-1][:80]}"
+    [entry] = (d / "cache").glob("planner-*")
+    truncate("eam.index")(entry)
+    again = run(args, d, env=env)
+    notes = [ln for ln in again.stderr.splitlines() if ln.startswith("casmoe: note:")]
+    return accepted(again, d) or ("" if len(notes) == 1 else f"{len(notes)} note lines: {again.stderr[-120:]}")
+
+
+ST = "study"
+
+
+def probes_study() -> list[Probe]:
+    imp = ["trace", "import"]
+    c2, c3, c4, c5 = f"{SW} 8 importer counting", f"{UE} 10 foreign files", f"{UE} 11 caches", f"{TB} 23 extras"
+    return [
+        # class 2: importers that count or place wrongly without a word
+        Probe(c2, "vLLM whole sequence one row longer", imp + ["r.json", "-o", "o.npz"], setup=vllm_whole(1),
+              check=names("r.json", "8 rows", "make 7")),
+        Probe(c2, "vLLM whole sequence one row shorter", imp + ["r.json", "-o", "o.npz"], setup=vllm_whole(-1),
+              check=names("r.json", "6 rows", "make 7")),
+        Probe(c2, "vLLM whole sequence that adds up", imp + ["r.json", "-o", "o.npz"], setup=vllm_whole(0),
+              check=trace_is(lambda tr: "" if tr.requests[0].prefill == 5 else f"prefill {tr.requests[0].prefill}")),
+        Probe(c2, "the same response twice in a JSONL", imp + ["r.jsonl", "-o", "o.npz"],
+              setup=write("r.jsonl", (vllm_response() + "\n") * 2), check=names("twice")),
+        Probe(c2, "the same file given twice", imp + ["r.json", "r.json", "-o", "o.npz"],
+              setup=write("r.json", vllm_response()), check=names("twice")),
+        Probe(c2, "a file and its copy", imp + ["r.json", "copy.json", "-o", "o.npz"],
+              setup=chain(write("r.json", vllm_response()), write("copy.json", vllm_response())), check=names("twice")),
+        Probe(c2, "negative physical expert id in an SGLang dump", imp + ["d.pt", "-o", "o.npz"],
+              setup=lambda d: sglang_dump(d, SERIAL[:2], bad=-5), check=names("d.pt", "record 0", "layer 1", "-5")),
+        Probe(c2, "SGLang requests of different lengths one after another", imp + ["d.pt", "-o", "o.npz"],
+              setup=lambda d: sglang_dump(d, SERIAL), check=trace_is(serial_requests)),
+        Probe(c2, "a boolean mask as popularity counts", ["profile", "import", "--format", "ktransformers", "m.pt", "-o",
+                                                          "p.npz"],
+              setup=torch_file("m.pt", lambda: __import__("torch").rand(4, 8) > 0.5), check=names("m.pt", "boolean")),
+        Probe(c2, "an expert nobody routed to and a correct --model", imp + ["r.json", "--model", "mixtral-8x7b", "-o",
+                                                                           "o.npz"],
+              setup=write("r.json", sglang_response(6)),
+              check=trace_is(lambda tr: "" if tr.geometry.experts == 8 else f"{tr.geometry.experts} experts")),
+        # class 3: messages that name the file, row and cause
+        Probe(c3, "a zip named .csv", imp + ["x.csv", "-o", "o.npz"], setup=foreign("x.csv", "zip"),
+              check=names("x.csv is a zip archive, not a routing CSV")),
+        Probe(c3, "a pickled .npy", imp + ["x.npy", "--num-experts", "4", "-o", "o.npz"],
+              setup=foreign("x.npy", "npy-pickle"), check=names("x.npy is a NumPy .npy file of pickled")),
+        Probe(c3, "a .pt that is not a profile", ["profile", "info", "m.pt"],
+              setup=torch_file("m.pt", lambda: {"weight": __import__("torch").zeros(3)}),
+              check=names("m.pt is a torch.save file, not a casmoe profile")),
+        Probe(c3, "a .pt as static[profile=]", ["replay", *T, "--policy", "static[profile=m.pt]", "--capacity", "4"],
+              setup=torch_file("m.pt", lambda: {"weight": __import__("torch").zeros(3)}),
+              check=names("m.pt is a torch.save file")),
+        Probe(c3, "an empty file", imp + ["e.csv", "-o", "o.npz"], setup=foreign("e.csv", "empty"),
+              check=names("e.csv is an empty file")),
+        Probe(c3, "a folder given as a CSV", imp + ["--format", "csv", "d.csv", "-o", "o.npz"],
+              setup=foreign("d.csv", "folder"), check=names("d.csv is a folder")),
+        Probe(c3, "binary garbage named .csv", imp + ["g.csv", "-o", "o.npz"], setup=foreign("g.csv", "binary"),
+              check=names("g.csv is binary data")),
+        Probe(c3, "a non-numeric CSV cell", imp + ["x.csv", "-o", "o.npz"],
+              setup=write("x.csv", csv_text(rows="0,1,0,0,0,1,0.5\n0,1,0,0,1,x,0.5\n")), check=names("x.csv", "data row 2")),
+        Probe(c3, "an .npy declaring 10^12 rows", imp + ["big.npy", "--num-experts", "4", "-o", "o.npz"],
+              setup=npy_declaring(10**12), check=within(10, names("big.npy", "out of memory"))),
+        Probe(c3, "numpy's warnings on extreme logits", imp + ["l0.npy", "l1.npy", "--top-k", "2", "-o", "o.npz"],
+              setup=extreme_logits, check=silent_accept),
+        # class 4: caches
+        Probe(c4, "CASMOE_CACHE names a file", ["replay", "--trace", "t.npz", "--policy", "casmoe[planner=auto]"],
+              setup=chain(prompt_trace, write("f", "mine")), env={"CASMOE_CACHE": "f"},
+              check=names("f is a file, not a folder", "CASMOE_CACHE")),
+        Probe(c4, "a damaged planner=auto cache entry is fitted again", [], slow=True),
+        # class 5: extras
+        Probe(c5, "check_policy without the test extra", []),
+    ]
+
+
 def gap_trace(d: Path) -> None:
     from casmoe.trace import NOT_COMPUTED
     from casmoe.trace_io import load_trace, save_trace
@@ -708,6 +933,10 @@ def run_probe(pr: Probe, d: Path) -> str:
         return probe_record(d)
     if pr.name == "a killed save leaves the old planner whole":
         return pr.check(killed_planner_save(d), d) if pr.check else ""
+    if pr.name == "a damaged planner=auto cache entry is fitted again":
+        return damaged_cache_probe(d)
+    if pr.name == "check_policy without the test extra":
+        return extras_probe(d)
     p = run(pr.args, d, env=pr.env)
     return (pr.check or no_tmp_left(one_line_error))(p, d)
 
@@ -738,10 +967,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-slow", action="store_true")
     ap.add_argument("--only", default="", help="run probes whose name or class contains this")
-    ap.add_argument("--issue", choices=("14", "19"), help="only that issue's probes (default: both)")
+    ap.add_argument("--issue", choices=("14", "19", ST),
+                    help="only that issue's probes, or the user study's (default: all)")
     a = ap.parse_args()
     counts: dict[str, list[int]] = {}
-    chosen = {"14": probes(), "19": probes_19(), None: probes() + probes_19()}[a.issue]
+    chosen = {"14": probes(), "19": probes_19(), ST: probes_study(), None: probes() + probes_19() + probes_study()}[a.issue]
     for pr in chosen:
         if (a.skip_slow and pr.slow) or (a.only not in pr.name and a.only not in pr.klass):
             continue

@@ -44,7 +44,7 @@ def check_sizes(fh: IO[bytes], where: str, error: type[Exception]) -> None:
         with zipfile.ZipFile(fh) as zf:
             declared = sum(info.file_size for info in zf.infolist())
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise error(f"{where}: not a readable .npz (zip) archive: {exc}") from None
+        raise error(f"{where}: not a readable .npz (zip) archive: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
     finally:
         fh.seek(0)
     limit = _limit(compressed)
@@ -56,9 +56,14 @@ def check_sizes(fh: IO[bytes], where: str, error: type[Exception]) -> None:
         )
 
 
-def read_npz(path: str | os.PathLike[str], error: type[Exception]) -> dict[str, np.ndarray]:
-    """Every array of the archive at `path` (no pickle); any fault raises `error` naming it."""
+def read_npz(path: str | os.PathLike[str], error: type[Exception], what: str = "a NumPy .npz archive",
+             hint: str = "") -> dict[str, np.ndarray]:
+    """Every array of the archive at `path` (no pickle); any fault raises `error` naming it, a
+    file of another kind named as what it is (`casmoe.filekind`), not `what`."""
+    from casmoe.filekind import NPZ, one_line, require
+
     where = str(path)
+    require(path, NPZ, what, error, hint)
     try:
         with open(path, "rb") as fh:
             check_sizes(fh, where, error)
@@ -68,8 +73,10 @@ def read_npz(path: str | os.PathLike[str], error: type[Exception]) -> dict[str, 
         raise
     except FileNotFoundError:
         raise error(f"{where}: no such file") from None
-    except Exception as exc:  # zipfile, zlib, numpy's header parser, MemoryError: all say "damaged"
-        raise error(f"{where}: damaged .npz archive ({type(exc).__name__}: {exc})") from None
+    except MemoryError as exc:
+        raise error(f"{where}: out of memory reading it ({one_line(exc)}); check the sizes its arrays declare") from None
+    except Exception as exc:  # zipfile, zlib, numpy's header parser: all say "damaged"
+        raise error(f"{where}: damaged .npz archive ({type(exc).__name__}: {one_line(exc)})") from None
 
 
 def require(

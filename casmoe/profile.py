@@ -14,10 +14,8 @@ array. Counts are finite and non-negative, and at least one is positive.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -95,17 +93,37 @@ class Profile:
         return cls(arrays["counts"], meta)
 
 
+def count_array(counts: Any, where: str) -> np.ndarray:
+    """`counts` as float64 if they are counts: an integer or float array (never a boolean mask,
+    strings, objects or complex numbers, whose conversion would make "counts" of a flag or
+    fail later), finite, non-negative and with a finite total. Every engine's counts pass here
+    before they are summed or converted."""
+    arr = np.asarray(counts)
+    kind = "a boolean mask" if arr.dtype == bool else str(arr.dtype)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise ProfileError(f"{where}: counts must be numbers of routed tokens, not {kind}")
+    out = arr.astype(np.float64)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        raise ProfileError(f"{where}: counts hold NaN or infinity (at {_index(bad)})")
+    if (out < 0).any():
+        raise ProfileError(f"{where}: negative count {float(out.min())} (at {_index(out < 0)})")
+    if out.size and not np.isfinite(out.sum()):
+        raise ProfileError(f"{where}: counts too large to add up (their total is beyond a float)")
+    return out
+
+
+def _index(mask: np.ndarray) -> str:
+    """The first True position of `mask`, as `[i, j]`."""
+    return str([int(x[0]) for x in np.nonzero(mask)])
+
+
 def check_counts(counts: Any, where: str) -> None:
-    """Refuse what no popularity ranking can use: not [L, E] numbers, NaN, negative, all zero."""
+    """Refuse what no popularity ranking can use: not [L, E] counts (`count_array`), all zero."""
     arr = np.asarray(counts)
     if arr.ndim != 2 or 0 in arr.shape:
         raise ProfileError(f"{where}: counts must be [layers, experts], got shape {arr.shape}")
-    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)) or arr.dtype == bool:
-        raise ProfileError(f"{where}: counts must be numbers, not {arr.dtype}")
-    if not np.isfinite(arr).all():
-        raise ProfileError(f"{where}: counts hold NaN or infinity")
-    if (arr < 0).any():
-        raise ProfileError(f"{where}: negative count {float(arr.min())}")
+    arr = count_array(arr, where)
     if not (arr > 0).any():
         raise ProfileError(f"{where}: every count is zero; the dump recorded no routing")
 
@@ -117,8 +135,8 @@ def from_engine_counts(counts: np.ndarray, where: str, *, model_layers: int | No
     Engines count every decoder layer; dense layers stay all zero and are dropped (the kept
     engine layer ids go in the metadata), unless `model_layers` (the model's MoE layer count)
     equals the engine's layer count: then a zero row is a real, cold layer."""
+    check_counts(counts, where)  # before any conversion: a boolean mask is no counts
     counts = np.asarray(counts, dtype=np.float64)
-    check_counts(counts, where)
     keep = np.arange(len(counts))
     if model_layers is None or model_layers != len(counts):
         keep = np.nonzero(counts.sum(axis=1) > 0)[0]
@@ -130,19 +148,12 @@ def from_engine_counts(counts: np.ndarray, where: str, *, model_layers: int | No
 
 
 def _npz_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    where = str(path)
-    try:
-        data = Path(path).read_bytes()
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            return {n: npz[n] for n in npz.files}
-    except FileNotFoundError:
-        raise ProfileError(f"{where}: no such file") from None
-    except IsADirectoryError:
-        raise ProfileError(f"{where}: is a folder; give a profile or trace .npz") from None
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise ProfileError(f"{where}: not a readable .npz: {exc}") from None
-    except Exception as exc:  # zlib and friends from a corrupted member
-        raise ProfileError(f"{where}: corrupted .npz: {type(exc).__name__}: {exc}") from None
+    """The arrays of a profile or trace archive: sizes checked before inflating, no pickle, a
+    file of another kind named as what it is (`casmoe.npz.read_npz`)."""
+    from casmoe.npz import read_npz
+
+    return read_npz(path, ProfileError, "a casmoe profile or trace (.npz)",
+                    hint="turn engine dumps into a profile with `casmoe profile import`")
 
 
 def read_profile(path: str | os.PathLike[str]) -> Profile:

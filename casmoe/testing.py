@@ -21,6 +21,10 @@ when an invariant breaks:
 - a policy that does not declare `needs_future` never reads it (the base raises if it tries);
 - all of it in every miss mode (`load`, `substitute`, `cpu`).
 
+The contract needs hypothesis, which comes with the test extra (`pip install 'casmoe[test]'`);
+without it, importing this module (or `casmoe.sim.testing`) is one `MissingExtraError` that
+says so, not a `ModuleNotFoundError` from deep inside.
+
 `run_contract` runs any per-case check (`check_replay`, or a runtime's that starts from it) on
 generated cases, so a runtime built on the core adds its own comparison without repeating the
 generators. The built-in policies pass the full suite
@@ -34,8 +38,23 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+
+from casmoe.errors import CasmoeError
+
+
+class MissingExtraError(CasmoeError, ModuleNotFoundError):
+    """An optional dependency of casmoe is not installed; the message names the extra to install."""
+
+
+try:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ModuleNotFoundError as exc:  # only the test extra brings hypothesis
+    if exc.name != "hypothesis":
+        raise
+    raise MissingExtraError(
+        "check_policy (casmoe.sim.testing, casmoe.testing) generates its cases with hypothesis, which is not "
+        "installed: pip install 'casmoe[test]'", name="hypothesis") from None
 
 from casmoe.cache import CacheStats, Capacity, ExpertCache, Load, MissMode
 from casmoe.geometry import Geometry

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from casmoe.filekind import NPZ, one_line, reading, require
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.npz import check_sizes, format_meta
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
@@ -76,16 +77,19 @@ def trace_arrays(trace: Trace) -> dict[str, np.ndarray]:
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate; every fault raises `TraceError` naming the file."""
+    """Read and validate; every fault raises `TraceError` naming the file (a file of another
+    kind is named as what it is: `casmoe.filekind`)."""
     where = str(path)
+    require(path, NPZ, "a casmoe trace (.npz)", TraceError,
+            hint="convert other formats with `casmoe trace import`")
+    with reading(where):
+        return _load_trace(path, where)
+
+
+def _load_trace(path: str | os.PathLike[str], where: str) -> Trace:
     try:
         with open(path, "rb") as fh:
             data = fh.read()
-        if data[:2] != b"PK":
-            raise TraceError(
-                f"{where}: not an .npz file (a casmoe trace is a zip of .npy arrays); "
-                "convert other formats with `casmoe trace import`"
-            )
         check_sizes(io.BytesIO(data), where, TraceError)  # before anything is inflated
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
@@ -94,9 +98,11 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     except TraceError:
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, RuntimeError) as exc:
-        raise TraceError(f"{where}: not a readable casmoe trace (.npz): {exc}") from exc
+        raise TraceError(f"{where}: not a readable casmoe trace (.npz): {one_line(exc)}") from None
+    except MemoryError:
+        raise
     except Exception as exc:  # zlib.error and friends from corrupted members
-        raise TraceError(f"{where}: corrupted trace file: {type(exc).__name__}: {exc}") from exc
+        raise TraceError(f"{where}: corrupted trace file: {type(exc).__name__}: {one_line(exc)}") from None
     return trace_from_arrays(arrays, where)
 
 

@@ -6,7 +6,8 @@ the decisions the count-only replay makes.
     def test_my_policy_keeps_the_contract():
         check_policy(MyPolicy)
 
-runs every invariant of `casmoe.testing` (capacity, protection, counts, determinism, in every
+(with the test extra installed: `pip install 'casmoe[test]'` brings hypothesis, which generates
+the cases) runs every invariant of `casmoe.testing` (capacity, protection, counts, determinism, in every
 miss mode) and then the same case through the simulator on a shipped hardware profile: its
 counts equal the replay's (a hit on an expert still on the wire counts as a late hit there); in
 `substitute` mode only an arrived expert can stand in, so there the simulator may load instead.
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from casmoe.cache import CacheStats, ExpertCache, MissMode
-from casmoe.presets import ModelPreset
+from casmoe.testing import Case, check_replay, checked, run_contract  # first: without the test extra, one clear error
+
+from casmoe.cache import CacheStats, ExpertCache, MissMode  # noqa: I001
+from casmoe.presets import shape_preset
 from casmoe.sim.engine import run_trace
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.machine import Machine
-from casmoe.testing import Case, check_replay, checked, run_contract
 
 SAME_DECISIONS = ("accesses", "misses", "substitutions", "cpu_computed", "demand_loads", "prefetch_loads",
                   "prefetch_used", "prefetch_wasted", "evictions", "bytes_loaded")
@@ -43,8 +45,7 @@ def check_case(policy: type[ExpertCache], case: Case, options: dict[str, Any] | 
 def _simulate(policy: type[ExpertCache], case: Case, options: dict[str, Any]) -> CacheStats:
     """The case through the simulator, on a shipped hardware profile with a preset of the
     case's own geometry; returns its cache counters."""
-    g = case.trace.geometry
-    preset = ModelPreset("contract", "casmoe.sim.testing", g, heads=1, kv_heads=1, head_dim=g.hidden or 8, vocab=16)
+    preset = shape_preset(case.trace.geometry, "contract")
     result = run_trace(case.trace, policy, case.capacity, Machine(preset, load_profile("rtx4090x4")), options=options,
                        miss_mode=case.miss_mode, compiled=False)
     return result.stats

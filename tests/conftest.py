@@ -1,26 +1,78 @@
-"""Builders the test modules share: a model preset of a trace's own routing shape, the seed's
-hardware profile, and one simulator run from a policy name."""
+"""The suite runs the same on every host: nothing it asserts may depend on what this machine has
+in its user cache, its environment or its locale.
+
+Before any test module is imported (so subprocesses the tests start inherit it too):
+
+- `CASMOE_CACHE` is a fresh folder of this session, removed at the end: the planner=auto cache
+  and the embedder's ONNX export are built here, never read from (or written to) the user's
+  `~/.cache/casmoe`, where a damaged or foreign entry would change what a test sees;
+- casmoe's other switches are unset (`CASMOE_DEBUG` turns one-line errors into tracebacks,
+  `CASMOE_NPZ_LIMIT` moves the archive-size limit, `CASMOE_EMBEDDER` the embedding backend,
+  `CASMOE_DATA` the shipped data: tests that need one set it themselves), and so is
+  `XDG_CACHE_HOME`; the hub is offline (`HF_HUB_OFFLINE=1`: no test downloads);
+- text is UTF-8 in this process and its children (`PYTHONUTF8`, the C.UTF-8 locale where the
+  host has it): rich draws its tables with ASCII boxes under a non-UTF-8 locale, and tests read
+  the box characters.
+
+Tests that depend on the machine otherwise fix what they read: memory (`available_memory`
+patched), the umask, the working directory (absolute paths), timing (counted work instead of
+seconds where a test is about the work, not the speed).
+
+Builders the test modules share: a model preset of a trace's own routing shape
+(`shaped_preset`), the seed's hardware profile (`seed_box`), one simulator run from a policy
+name (`sim_run`) and the one `RunSpec` of some `casmoe simulate` options (`one_spec`).
+"""
 
 from __future__ import annotations
 
+import locale
+import os
+import shutil
+import tempfile
 from typing import Any
-
-import pytest
 
 from casmoe.cache import Capacity
 from casmoe.geometry import Geometry
 from casmoe.presets import ModelPreset
 
+CLEARED = ("CASMOE_DEBUG", "CASMOE_NPZ_LIMIT", "CASMOE_EMBEDDER", "CASMOE_DATA", "XDG_CACHE_HOME")
+_saved: dict[str, str | None] = {}
+_cache: str | None = None
 
-@pytest.fixture(autouse=True)
-def _own_user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test reads or fills the user's cache (`~/.cache/casmoe`): a test must not pass or fail
-    by what an earlier run left there. One folder for the whole session, so a planner or an
-    embedder export fitted by one test serves the next, as it would a user."""
-    import os
 
-    if "CASMOE_CACHE" not in os.environ or not os.environ["CASMOE_CACHE"].startswith(str(tmp_path_factory.getbasetemp())):
-        monkeypatch.setenv("CASMOE_CACHE", str(tmp_path_factory.getbasetemp() / "casmoe-cache"))
+def _set(name: str, value: str | None) -> None:
+    _saved.setdefault(name, os.environ.get(name))
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def pytest_configure(config) -> None:  # noqa: ARG001  (pytest's hook signature)
+    global _cache
+    _cache = tempfile.mkdtemp(prefix="casmoe-test-cache-")
+    _set("CASMOE_CACHE", _cache)
+    for name in CLEARED:
+        _set(name, None)
+    _set("HF_HUB_OFFLINE", "1")
+    _set("PYTHONUTF8", "1")
+    for name in ("C.UTF-8", "C.utf8"):
+        try:
+            locale.setlocale(locale.LC_CTYPE, name)
+        except locale.Error:
+            continue
+        _set("LC_ALL", name)
+        break
+
+
+def pytest_unconfigure(config) -> None:  # noqa: ARG001
+    for name, value in _saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if _cache:
+        shutil.rmtree(_cache, ignore_errors=True)
 
 
 def shaped_preset(g: Geometry, head_dim: int = 8, name: str = "test") -> ModelPreset:

@@ -77,7 +77,9 @@ def test_calibrate_writes_a_profile_the_simulator_loads(model_dir, tmp_path):
     assert code == 0, text
     prof = load_profile(out)
     assert prof.dense_tflops > 0
-    assert 0.02 < prof.h2d_pinned_gbs < 0.06  # the emulated 0.05 GB/s link, measured through the copier
+    # the emulated 0.05 GB/s link, measured through the copier: never faster than the cap; slower
+    # by as much as the host is busy, so the lower bound only says it measured this link at all
+    assert 0.005 < prof.h2d_pinned_gbs < 0.06
     code, text = _run(["calibrate", "--model", str(model_dir / "m"), "--out", str(tmp_path / "again.toml"), "--prompts",
                        str(model_dir / "prompts.txt"), "--max-new-tokens", "3", "--json"])
     cal = json.loads(text)

@@ -35,12 +35,16 @@ def test_onnx_embeddings_equal_torch_ones():
 
 
 def test_export_is_built_once_and_reused(tmp_path, monkeypatch):
+    """The real export (tests/test_user_cache.py checks its keying and repair with a fake one)."""
     monkeypatch.setenv("CASMOE_CACHE", str(tmp_path))
     path = onnx_export()
-    assert path.parent == tmp_path and path.stat().st_size > 80 * 2**20
+    assert path.parent == tmp_path / "embedder" and path.stat().st_size > 80 * 2**20
     stamp = path.stat().st_mtime_ns
     assert onnx_export() == path and path.stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+    record = json.loads(path.with_name(path.name + ".json").read_text())
+    assert record["bytes"] == path.stat().st_size and len(record["sha256"]) == 64
+    left = sorted(p.name for p in path.parent.iterdir())  # no temporary file left behind
+    assert left == sorted([path.name, path.name + ".json", path.name + ".lock", "digests.json"]), left
 
 
 def test_backend_choice(monkeypatch):

@@ -477,7 +477,11 @@ def test_a_killed_sweep_takes_its_workers_with_it(tmp_path):
 
 
 def test_sizes_beyond_memory_fail_before_allocating(tmp_path, monkeypatch, capsys):
-    """A typo'd size is refused by arithmetic on the declared shape, not by a MemoryError."""
+    """A typo'd size is refused by arithmetic on the declared shape, not by a MemoryError. The
+    machine's free memory is fixed at 16 GiB here: a host with a terabyte would hold the sizes."""
+    import casmoe.resources
+
+    monkeypatch.setattr(casmoe.resources, "available_memory", lambda: 16 * 2**30)
     with pytest.raises(ResourceError, match="GiB are available"):
         LRU(Geometry(100_000, 30_000, 2), 4)
     code, _, err = cli(["trace", "synth", "x.npz", "--layers", "4000", "--experts", "30000", "--requests", "100000"],

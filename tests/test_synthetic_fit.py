@@ -151,7 +151,7 @@ def test_rank_weights_extend_their_log_linear_decay_and_keep_the_total():
 
 
 @pytest.mark.slow  # 12-22 s of fitting: the default suite keeps the fit's other checks
-def test_top_k_extrapolation_draws_more_of_the_same_ranking():
+def test_top_k_extrapolation_draws_more_of_the_same_ranking(tmp_path):
     """Fitted at k = 2, generated at 4: each token routes 4 distinct experts, the hottest expert
     of each layer stays the hottest, and the first 2 ranks' popularity barely moves."""
     from casmoe.synthetic_fit import with_top_k
@@ -167,5 +167,6 @@ def test_top_k_extrapolation_draws_more_of_the_same_ranking():
         assert (np.sort(dec, axis=2)[:, :, 1:] != np.sort(dec, axis=2)[:, :, :-1]).all()
     narrow = generate_like(model, 40, seed=1)
     assert (decode_popularity(syn).argmax(axis=1) == decode_popularity(narrow).argmax(axis=1)).all()
-    r = CliRunner().invoke(app, ["trace", "synth", "x.npz", "--like", "traces/real/gptoss.route.csv", "--top-k", "999"])
+    r = CliRunner().invoke(app, ["trace", "synth", str(tmp_path / "x.npz"), "--like", str(REAL / "gptoss.route.csv"),
+                                 "--top-k", "999"])  # absolute paths: the suite runs from any folder
     assert r.exit_code != 0 and "--top-k" in str(r.exception or r.output)

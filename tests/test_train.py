@@ -185,16 +185,24 @@ def _model_folder(path, weights: bytes, environment: dict | None, settings: dict
     return path
 
 
-def test_reproduction_names_what_differs(tmp_path) -> None:
-    from casmoe.backends.train import reproduction, training_environment
+def test_reproduction_names_what_differs(tmp_path, monkeypatch) -> None:
+    """Host-independent: "here" is a fixed fake environment (this host's own CPU kernels, e.g.
+    AVX512, would otherwise equal a recorded value and nothing would differ), and the recorded
+    one differs in values no host has."""
+    from casmoe.backends import train
+    from casmoe.backends.train import reproduction
 
-    here = training_environment()
+    here = {"torch": "9.9.9", "transformers": "9.9.9", "tokenizers": "9.9.9", "numpy": "9.9.9",
+            "cpu_capability": "HOST-KERNELS", "machine": "host-arch"}
+    monkeypatch.setattr(train, "training_environment", lambda: dict(here))
     ours = _model_folder(tmp_path / "ours", b"new", here)
     same_env = _model_folder(tmp_path / "same", b"old", here)
     assert "same recorded environment" in reproduction("tiny-olmoe", ours, same_env)
-    other = _model_folder(tmp_path / "other", b"old", {**here, "transformers": "0.0.1", "cpu_capability": "AVX512"})
+    other = _model_folder(tmp_path / "other", b"old",
+                          {**here, "transformers": "0.0.1", "cpu_capability": "NO-SUCH-KERNELS"})
     line = reproduction("tiny-olmoe", ours, other)
-    assert "transformers" in line and "0.0.1 recorded" in line and "AVX512 recorded" in line
+    assert "transformers" in line and "0.0.1 recorded" in line and "NO-SUCH-KERNELS recorded" in line
+    assert "HOST-KERNELS here" in line
     assert "torch" not in line  # what matches is not named
     unrecorded = _model_folder(tmp_path / "unrecorded", b"old", None)
     assert "records no environment" in reproduction("tiny-olmoe", ours, unrecorded)

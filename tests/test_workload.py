@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -192,7 +193,8 @@ def test_cli_table_json_and_csv(tmp_path):
     a = tmp_path / "sticky.npz"
     save_trace(sticky(T=40, E=16, k=2), a)
     runner = CliRunner()
-    r = runner.invoke(app, ["trace", "stats", str(a), "traces/real/gptoss.route.csv"])
+    real = Path(__file__).resolve().parents[1] / "traces" / "real" / "gptoss.route.csv"  # from any folder
+    r = runner.invoke(app, ["trace", "stats", str(a), str(real)])
     assert r.exit_code == 0, r.output
     assert "exact_reuse" in r.output and "above" in r.output and "gptoss" in r.output
     r = runner.invoke(app, ["trace", "stats", str(a), "--json", "--no-band"])

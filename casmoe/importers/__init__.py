@@ -26,6 +26,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from casmoe.filekind import reading
 from casmoe.geometry import Geometry
 from casmoe.importers.checks import agree, positive_option
 from casmoe.importers.json_routing import read_json
@@ -53,7 +54,12 @@ def detect_format(sources: Sequence[Path]) -> str:
         if npz:
             return "vllm" if _npz_kind(npz[0]) == "vllm" else "arrays"
         docs = sorted(p for p in first.iterdir() if p.suffix in (".json", ".jsonl"))
-        return _json_kind(docs[0]) if docs else "arrays"
+        if docs:
+            return _json_kind(docs[0])
+        if suffixes & {".npy", ".safetensors"}:
+            return "arrays"
+        raise TraceError(f"{first} is a folder without routing files (engine dumps .pt, .json, .jsonl, .npz; layer "
+                         "arrays .npy, .npz, .safetensors); a route CSV or JSON file is imported by its own name")
     if first.suffix == ".pt":
         return "sglang"
     if first.suffix in (".npy", ".safetensors"):
@@ -131,6 +137,12 @@ def import_trace(
     if not many and len(sources) != 1:
         raise TraceError(f"format {fmt} takes one input file, got {len(sources)}")
     where = ", ".join(map(str, sources[:3])) + (" ..." if len(sources) > 3 else "")
+    with reading(where):
+        return _import(sources, fmt, where, model, num_experts, top_k, options)
+
+
+def _import(sources: list[Path], fmt: str, where: str, model: Geometry | None, num_experts: int | None,
+            top_k: int | None, options: dict[str, Any]) -> Trace:
     E = num_experts if num_experts is not None else (model.experts if model is not None else None)
     k = top_k if top_k is not None else (model.top_k if model is not None else None)
     if fmt == "csv":
@@ -146,7 +158,7 @@ def import_trace(
     elif fmt == "sglang":
         from casmoe.importers.sglang import read_sglang
 
-        trace = read_sglang(sources, top_k=k, num_experts=num_experts)
+        trace = read_sglang(sources, top_k=k, num_experts=E)
     else:
         names = ("kind", "prefill", "keep_logits")
         opts = {n: options[n] for n in names if options.get(n) is not None}
@@ -159,6 +171,11 @@ def import_profile(sources: Sequence[str | Path], fmt: str, *, model: Geometry |
     sources = [Path(s) for s in sources]
     if not sources:
         raise ProfileError("no input given")
+    with reading(", ".join(map(str, sources[:3])) + (" ..." if len(sources) > 3 else "")):
+        return _import_profile(sources, fmt, model)
+
+
+def _import_profile(sources: list[Path], fmt: str, model: Geometry | None) -> Profile:
     layers = model.layers if model is not None else None
     if fmt == "trtllm":
         from casmoe.importers.trtllm import read_trtllm

@@ -46,8 +46,16 @@ def agree(trace: Trace, where: str, *, num_experts: int | None = None, top_k: in
     """`trace` if its geometry agrees with what the user declared, else one line naming both.
 
     With `model` (a preset's geometry) the trace takes the model's sizes (bytes per expert,
-    shared experts), which engine dumps do not carry."""
+    shared experts), which engine dumps do not carry. Where a reader inferred the expert count
+    from the ids seen (`meta["experts_inferred"]`: the largest id + 1), that count is a lower
+    bound, not a fact: an expert nobody was routed to is still the model's, so a claim of more
+    experts is taken (the trace widened to it), and only a claim of fewer is refused."""
     g = trace.geometry
+    said_e = num_experts if num_experts is not None else (model.experts if model is not None else None)
+    if trace.meta.get("experts_inferred") and said_e is not None and said_e > g.experts:
+        trace = Trace(replace(g, experts=said_e), trace.requests,
+                      {**trace.meta, "experts_inferred": False, "experts_seen": g.experts})
+        g = trace.geometry
     claims = [("--num-experts", num_experts, g.experts, "experts"), ("--top-k", top_k, g.top_k, "top_k")]
     if model is not None:
         claims += [("--model", model.layers, g.layers, "MoE layers"), ("--model", model.experts, g.experts, "experts"),

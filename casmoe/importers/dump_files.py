@@ -13,26 +13,56 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from casmoe.filekind import TEXT, one_line, require
 from casmoe.importers.checks import unique_pairs
 from casmoe.trace import TraceError
 
 
-def engine_files(sources: Sequence[str | Path], suffixes: tuple[str, ...], engine: str) -> list[Path]:
-    """The files of `sources`, a folder expanding to its files with `suffixes`, in name order."""
+def distinct_files(files: Sequence[Path], error: type[Exception] = TraceError, same_bytes: bool = True) -> list[Path]:
+    """`files`, refusing one given twice: the same file under two spellings (or a folder and a
+    file in it), or, with `same_bytes`, two files with the same bytes (a copy): every request or
+    count in it would count twice. One line names both."""
+    seen: dict[Path, Path] = {}
+    for f in files:
+        key = f.resolve()
+        if key in seen:
+            raise error(f"{f} is given twice ({seen[key]} and {f}): its requests would count twice; give it once")
+        seen[key] = f
+    if same_bytes:
+        from casmoe.folder import sha256_file
+
+        by_size: dict[int, list[Path]] = {}
+        for f in files:
+            by_size.setdefault(f.stat().st_size, []).append(f)
+        for group in (g for g in by_size.values() if len(g) > 1):
+            digests: dict[str, Path] = {}
+            for f in group:
+                d = sha256_file(f)
+                if d in digests:
+                    raise error(f"{f} has the same bytes as {digests[d]}: the same dump given twice would count its "
+                                "requests twice; give it once")
+                digests[d] = f
+    return list(files)
+
+
+def engine_files(sources: Sequence[str | Path], suffixes: tuple[str, ...], engine: str,
+                 error: type[Exception] = TraceError) -> list[Path]:
+    """The files of `sources`, a folder expanding to its files with `suffixes`, in name order;
+    a file given twice (`distinct_files`) is refused."""
     files: list[Path] = []
     for src in map(Path, sources):
         if src.is_dir():
             found = sorted(p for p in src.iterdir() if p.suffix in suffixes)
             if not found:
-                raise TraceError(f"{src}: no {'/'.join(suffixes)} files of a {engine} dump in this folder")
+                raise error(f"{src}: no {'/'.join(suffixes)} files of a {engine} dump in this folder")
             files += found
         elif not src.exists():
-            raise TraceError(f"{src}: no such file")
+            raise error(f"{src}: no such file")
         else:
             files.append(src)
     if not files:
-        raise TraceError("no input given")
-    return files
+        raise error("no input given")
+    return distinct_files(files, error)
 
 
 def decode_array(value: Any, where: str) -> np.ndarray | None:
@@ -66,7 +96,7 @@ def decode_array(value: Any, where: str) -> np.ndarray | None:
             try:
                 return np.load(io.BytesIO(raw), allow_pickle=False)
             except ValueError as exc:
-                raise TraceError(f"{where}: base64 .npy array cannot be read: {exc}") from None
+                raise TraceError(f"{where}: base64 .npy array cannot be read: {one_line(exc)}") from None
         raise TraceError(f"{where}: base64 routed experts without a shape; save them as a list or with 'shape'")
     raise TraceError(f"{where}: routed experts must be a list, an array or base64, got {type(value).__name__}")
 
@@ -114,24 +144,31 @@ def seconds(value: Any, where: str) -> float | None:
     return float(value)
 
 
-def json_records(path: Path) -> Iterator[tuple[str, Any]]:
-    where = str(path)
+def _parse_json(text: str, where: str) -> Any:
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{where}: not readable text: {exc}") from None
-    hook = lambda pairs: unique_pairs(pairs, where)  # noqa: E731
-    try:
-        if path.suffix == ".jsonl":
-            for i, line in enumerate(text.splitlines()):
-                if line.strip():
-                    yield f"{where} line {i + 1}", json.loads(line, object_pairs_hook=hook)
-            return
-        doc = json.loads(text, object_pairs_hook=hook)
+        return json.loads(text, object_pairs_hook=lambda pairs: unique_pairs(pairs, where))
     except json.JSONDecodeError as exc:
-        raise TraceError(f"{where}: not valid JSON: {exc}") from None
+        raise TraceError(f"{where}: not valid JSON: {one_line(exc)}") from None
     except RecursionError:
         raise TraceError(f"{where}: JSON nested too deeply") from None
+
+
+def json_records(path: Path) -> Iterator[tuple[str, Any]]:
+    where = str(path)
+    require(path, TEXT | {"other-text"}, "JSON or JSONL of engine responses", TraceError)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise TraceError(f"{where}: not readable: {one_line(exc)}") from None
+    if path.suffix == ".jsonl":
+        for i, line in enumerate(text.splitlines()):
+            if line.strip():
+                label = f"{where} line {i + 1}"
+                yield label, _parse_json(line, label)
+        return
+    doc = _parse_json(text, where)
     if isinstance(doc, list):
         for i, d in enumerate(doc):
             yield f"{where} item {i}", d

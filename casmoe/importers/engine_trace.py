@@ -10,6 +10,7 @@ gives every routed expert the weight 1/k (the dumps carry none).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -35,6 +36,39 @@ class EngineRequest:
     name: str | None = None
     cached_prefix: int = 0
     """Leading tokens served from a prefix cache: computed by an earlier request, so not routed here."""
+    request_id: str | None = None
+    """The engine's own id of the request (and choice), when the dump has one: two requests with
+    one id are one response given twice."""
+
+    def fingerprint(self) -> bytes:
+        """Everything the request holds, arrival time included: two equal ones are one record twice."""
+        h = hashlib.sha256(repr((self.arrival, self.prompt, self.output, self.prompt_rows.shape,
+                                 self.decode_rows.shape)).encode())
+        for a in (self.prompt_rows, self.decode_rows, self.output_ids):
+            if a is not None:
+                h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+        return h.digest()
+
+
+def refuse_duplicates(requests: Sequence[EngineRequest]) -> None:
+    """One request given twice (the same response pasted twice, a file listed twice under two
+    names) would count twice in every statistic: refused, naming both places. Twice means the
+    same engine request id (and choice) or, for a record without an id, the same content with
+    the same arrival time. Requests with two ids, or equal routing but neither id nor time, are
+    two requests (a prompt sent twice decodes the same greedily)."""
+    seen: dict[tuple[str, Any], str] = {}
+    for r in requests:
+        if r.request_id is not None:
+            key: tuple[str, Any] = ("id", r.request_id)
+        elif r.arrival is not None:
+            key = ("content", r.fingerprint())
+        else:
+            continue
+        if key in seen:
+            same = f"request id {key[1]!r}" if key[0] == "id" else "arrival time, routing and tokens"
+            raise TraceError(f"{r.where}: the same request as {seen[key]} ({same}); a response given twice "
+                             "would count twice: give each once")
+        seen[key] = r.where
 
 
 def _blank(rows: np.ndarray, zero_blank: bool) -> np.ndarray:
@@ -43,6 +77,22 @@ def _blank(rows: np.ndarray, zero_blank: bool) -> np.ndarray:
     if zero_blank:  # k > 1: a real routing never names expert 0 twice
         blank |= (rows == 0).all(axis=-1)
     return blank
+
+
+def _ids_in_range(r: EngineRequest, rows: np.ndarray, num_experts: int | None) -> None:
+    """Refuse an id below -1 (only -1, the documented "none", means no expert) or at or beyond
+    `num_experts`, naming the request, the token (its position in the sequence) and the layer."""
+    bad = rows < -1
+    if num_experts is not None:
+        bad |= rows >= num_experts
+    if bad.any():
+        t, layer, j = (int(x[0]) for x in np.nonzero(bad))
+        position = t + (0 if rows is r.prompt_rows else len(r.prompt_rows)) + r.cached_prefix
+        what = "prompt" if rows is r.prompt_rows else "generated"
+        limit = "ids are >= 0, and -1 alone means none" if rows[t, layer, j] < -1 else \
+            f"the model has {num_experts} experts per layer"
+        raise TraceError(f"{r.where}: token {position} ({what}), layer {layer}: expert id {int(rows[t, layer, j])} "
+                         f"({limit})")
 
 
 def build_trace(
@@ -59,6 +109,7 @@ def build_trace(
     says it; otherwise it is the largest id seen plus one, and the metadata says so."""
     if not requests:
         raise TraceError(f"{where}: no requests in the dump; nothing to import")
+    refuse_duplicates(requests)
     first: dict[tuple[int, ...], str] = {}  # [layers, top_k] -> the first request that has it
     for r in requests:
         for rows in (r.prompt_rows, r.decode_rows):
@@ -79,15 +130,12 @@ def build_trace(
     for r in requests:
         for rows in (r.prompt_rows, r.decode_rows):
             if len(rows):
-                if (rows < -1).any():
-                    raise TraceError(f"{r.where}: expert id {int(rows.min())} (ids are >= 0, -1 for none)")
+                _ids_in_range(r, rows, num_experts)
                 used |= ~_blank(rows, zero_blank).all(axis=0)
                 top = max(top, int(rows.max()))
     moe = np.nonzero(used)[0]
     if not len(moe):
         raise TraceError(f"{where}: no token was routed to any expert in any layer")
-    if num_experts is not None and top >= num_experts:
-        raise TraceError(f"{where}: expert id {top} but the model has {num_experts} experts per layer")
     E = num_experts if num_experts is not None else top + 1
     try:
         g = Geometry(layers=len(moe), experts=E, top_k=k)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from casmoe.filekind import TEXT, one_line, reading, require
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import exact_int, unique_pairs
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
@@ -78,13 +79,21 @@ def _geometry(layers: int, experts: int, top_k: int, where: str) -> Geometry:
 def read_json(path: str | Path, key: str | None = None) -> Trace:
     """Plain JSON routing -> Trace (see the module docstring for the accepted shapes)."""
     where = str(path)
+    require(path, TEXT | {"other-text"}, "a JSON routing file", TraceError)
+    with reading(where):
+        return _read_json(path, key, where)
+
+
+def _read_json(path: str | Path, key: str | None, where: str) -> Trace:
     try:
         with open(path, encoding="utf-8-sig") as fh:
             doc = json.load(fh, object_pairs_hook=lambda pairs: unique_pairs(pairs, where))
     except FileNotFoundError:
         raise TraceError(f"{where}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{where}: not readable JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TraceError(f"{where}: not readable JSON: {one_line(exc)}") from None
     except RecursionError:
         raise TraceError(f"{where}: JSON nested too deeply to be a routing trace") from None
     common: dict[str, Any] = {}

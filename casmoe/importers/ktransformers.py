@@ -17,25 +17,33 @@ import numpy as np
 
 from casmoe.importers.dump_files import engine_files
 from casmoe.importers.torch_file import load_torch_file
-from casmoe.profile import Profile, ProfileError, from_engine_counts
+from casmoe.profile import Profile, ProfileError, count_array, from_engine_counts
 
 
 def frequency_table(obj: object, where: str) -> np.ndarray:
-    """[layers, experts] counts from a tensor or a dict with `logical_count`, summed over steps."""
+    """[layers, experts] counts from a tensor or a dict with `logical_count`, summed over steps.
+
+    The tensor must hold counts (`casmoe.profile.count_array`): a boolean mask or a table of
+    anything but finite non-negative numbers is refused before it is summed."""
     if isinstance(obj, dict):
         if "logical_count" not in obj:
-            raise ProfileError(f"{where}: a dict without 'logical_count' (keys: {', '.join(map(str, obj))})")
+            keys = ", ".join(map(str, list(obj)[:8])) + (" ..." if len(obj) > 8 else "")
+            raise ProfileError(f"{where}: a torch.save file of a dict without 'logical_count' (keys: {keys}), not "
+                               "activation counts [layers, experts] or an SGLang stat dump")
         obj = obj["logical_count"]
     if not isinstance(obj, np.ndarray) or obj.ndim not in (2, 3):
-        shape = getattr(obj, "shape", type(obj).__name__)
-        raise ProfileError(f"{where}: expected a tensor [layers, experts] or [steps, layers, experts], got {shape}")
-    return (obj.sum(axis=0) if obj.ndim == 3 else obj).astype(np.float64)
+        shape = list(obj.shape) if isinstance(obj, np.ndarray) else type(obj).__name__
+        raise ProfileError(f"{where}: expected a tensor of counts [layers, experts] or [steps, layers, experts], "
+                           f"got {shape}")
+    counts = count_array(obj, where)
+    return counts.sum(axis=0) if counts.ndim == 3 else counts
 
 
 def read_ktransformers(sources: Sequence[str | Path], *, model_layers: int | None = None) -> Profile:
     """One or more `.pt` frequency files, or their folder (summed) -> Profile."""
-    paths = engine_files(sources, (".pt",), "KTransformers")
-    tables = [frequency_table(load_torch_file(p), str(p)) for p in paths]
+    paths = engine_files(sources, (".pt",), "KTransformers", ProfileError)
+    tables = [frequency_table(load_torch_file(p, "KTransformers activation frequencies (.pt)", ProfileError), str(p))
+              for p in paths]
     if len({t.shape for t in tables}) != 1:
         raise ProfileError(f"the files disagree on [layers, experts]: {sorted({t.shape for t in tables})}")
     return from_engine_counts(sum(tables), ", ".join(map(str, paths)), model_layers=model_layers, meta={

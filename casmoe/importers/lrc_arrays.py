@@ -12,8 +12,10 @@ from typing import Sequence
 
 import numpy as np
 
+from casmoe.filekind import one_line, require
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import positive_option
+from casmoe.importers.dump_files import distinct_files
 from casmoe.npz import read_npz
 from casmoe.trace import Request, Trace, TraceError
 from casmoe.trace_io import checked_trace
@@ -31,6 +33,7 @@ def _layer_files(sources: Sequence[str | Path]) -> list[Path]:
             files.append(src)
     if not files:
         raise TraceError(f"{', '.join(map(str, sources))}: no .npy/.npz/.safetensors files")
+    distinct_files(files, same_bytes=False)  # a layer file twice is a layer twice (equal layers are possible)
 
     def layer_of(p: Path) -> tuple[int, str]:
         nums = re.findall(r"\d+", p.stem)
@@ -42,24 +45,32 @@ def _layer_files(sources: Sequence[str | Path]) -> list[Path]:
 def _read_arrays(path: Path) -> np.ndarray:
     """All arrays of one layer file stacked as [sequences, tokens, last]; 2D arrays are one sequence."""
     where = str(path)
+    what = f"a per-layer routing array ({path.suffix or 'no suffix'}; layer files are {', '.join(ARRAY_SUFFIXES)})"
     try:
         if path.suffix == ".npy":
+            require(path, {"npy"}, what, TraceError)
             arrays = [np.load(path, allow_pickle=False)]
         elif path.suffix == ".npz":  # declared sizes checked before anything is inflated
-            arrays = [a for _, a in sorted(read_npz(path, TraceError).items())]
+            arrays = [a for _, a in sorted(read_npz(path, TraceError, what).items())]
         elif path.suffix == ".safetensors":
             from safetensors.numpy import load_file
 
+            require(path, {"safetensors"}, what, TraceError)
             loaded = load_file(str(path))
             arrays = [loaded[n] for n in sorted(loaded)]
         else:
-            raise TraceError(f"{where}: unknown array file type (use {', '.join(ARRAY_SUFFIXES)})")
+            kind = require(path, {"npy", "npz", "safetensors"}, what, TraceError)
+            raise TraceError(f"{where}: {kind} data named {path.suffix or 'without a suffix'}; name layer files "
+                             f"{', '.join(ARRAY_SUFFIXES)} after what they hold")
     except TraceError:
         raise
     except FileNotFoundError:
         raise TraceError(f"{where}: no such file") from None
+    except MemoryError as exc:
+        raise TraceError(f"{where}: out of memory reading it ({one_line(exc)}); check the shape its header "
+                         "declares") from None
     except Exception as exc:  # numpy/zip/safetensors raise many types for a damaged file
-        raise TraceError(f"{where}: not a readable array file: {type(exc).__name__}: {exc}") from None
+        raise TraceError(f"{where}: not a readable array file: {type(exc).__name__}: {one_line(exc)}") from None
     out = []
     for a in arrays:
         if a.ndim == 2:
@@ -72,7 +83,7 @@ def _read_arrays(path: Path) -> np.ndarray:
     try:
         return np.concatenate(out)
     except ValueError as exc:
-        raise TraceError(f"{where}: its arrays disagree in shape: {exc}") from None
+        raise TraceError(f"{where}: its arrays disagree in shape: {one_line(exc)}") from None
 
 
 def _to_topk(
@@ -148,8 +159,11 @@ def read_lrc_arrays(
     except GeometryError as exc:
         raise TraceError(f"{where}: {exc}") from None
     topk = np.stack([t for t, _, _, _ in layers], axis=2)  # [S, T, L, k]
-    if ((topk < 0) | (topk >= num_experts)).any():
-        raise TraceError(f"{where}: expert id outside [0, {num_experts})")
+    bad = (topk < 0) | (topk >= num_experts)
+    if bad.any():
+        s, t, layer, j = (int(x[0]) for x in np.nonzero(bad))
+        raise TraceError(f"{files[layer]}: sequence {s}, token {t}: expert id {int(topk[s, t, layer, j])} outside "
+                         f"[0, {num_experts})")
     weights = np.stack([w for _, w, _, _ in layers], axis=2)
     logits = None
     if keep_logits and all(lg is not None for _, _, lg, _ in layers):

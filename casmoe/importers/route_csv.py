@@ -13,12 +13,14 @@ trace back (all but the optional logits and spec, which the CSV has no column fo
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
+from casmoe.filekind import TEXT, one_line, reading, require
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import exact_int, unique_pairs
 from casmoe.resources import check_allocation
@@ -34,12 +36,21 @@ _CASMOE_LINE = "# casmoe "
 _REQUEST_INTS = ("turn", "tokens", "prefill", "first_step", "rows")
 
 
+def _finite_seconds(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value)) and value >= 0
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
 def _request_line(value: Any, where: str) -> dict[str, Any]:
     """A `# casmoe request=` object, checked field by field."""
     ok = (
         isinstance(value, dict)
         and type(value.get("turn")) is int
-        and all(type(value.get(n, 0)) is int and value.get(n, 0) >= 0 for n in _REQUEST_INTS)
+        and all(type(value.get(n, 0)) is int and 0 <= value.get(n, 0) < 2**40 for n in _REQUEST_INTS)
         and all(isinstance(value.get(n), (str, type(None))) for n in ("prompt", "task", "output"))
     )
     if not ok:
@@ -48,8 +59,8 @@ def _request_line(value: Any, where: str) -> dict[str, Any]:
             "prefill, first_step and string prompt, task, output"
         )
     arrival = value.get("arrival")
-    if arrival is not None and (isinstance(arrival, bool) or not isinstance(arrival, (int, float))):
-        raise TraceError(f"{where}: turn {value['turn']}: arrival must be a number of seconds, got {arrival!r}")
+    if arrival is not None and not _finite_seconds(arrival):
+        raise TraceError(f"{where}: turn {value['turn']}: arrival must be a finite number of seconds >= 0, got {arrival!r}")
     ids = value.get("output_ids")
     if ids is not None and not (
         isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
@@ -137,10 +148,16 @@ def _columns(df: Any, k: int, where: str) -> tuple[dict[str, np.ndarray], np.nda
             "optionally phase, slot, weight)"
         )
     present = [c for c in CSV_COLUMNS if c in df.columns]
-    try:
-        raw = {c: df[c].to_numpy(dtype=np.float64) for c in present}
-    except (ValueError, TypeError) as exc:
-        raise TraceError(f"{where}: non-numeric value in a routing column: {exc}") from None
+    raw = {}
+    for c in present:
+        try:
+            raw[c] = df[c].to_numpy(dtype=np.float64)
+        except (ValueError, TypeError):
+            import pandas as pd
+
+            bad = pd.to_numeric(df[c], errors="coerce").isna().to_numpy() & df[c].notna().to_numpy()
+            row = int(np.nonzero(bad)[0][0]) if bad.any() else 0
+            raise TraceError(f"{where}: data row {row + 1}: {c} {df[c].iloc[row]!r} is not a number") from None
     for c in present:
         if c == "weight":
             continue
@@ -164,9 +181,15 @@ def _columns(df: Any, k: int, where: str) -> tuple[dict[str, np.ndarray], np.nda
 def read_route_csv(path: str | Path) -> Trace:
     """Import a route CSV (casmoe's own, a `route_trace v1` engine's, or the minimal form); one
     request per turn, gaps kept as `NOT_COMPUTED`. A UTF-8 byte-order mark is skipped."""
+    where = str(path)
+    require(path, TEXT | {"other-text"}, "a routing CSV", TraceError)
+    with reading(where):
+        return _read_route_csv(path, where)
+
+
+def _read_route_csv(path: str | Path, where: str) -> Trace:
     import pandas as pd
 
-    where = str(path)
     try:
         with open(path, encoding="utf-8-sig") as fh:
             header = [line for line in fh if line.startswith("#")]
@@ -184,8 +207,10 @@ def read_route_csv(path: str | Path) -> Trace:
         raise TraceError(f"{where}: no such file") from None
     except pd.errors.EmptyDataError:
         raise TraceError(f"{where}: no column line and no rows (need {','.join(MINIMAL_COLUMNS)} and one row per routed expert)") from None
-    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError) as exc:
-        raise TraceError(f"{where}: not a readable route CSV: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise TraceError(f"{where}: not a readable route CSV: {one_line(exc)}") from None
     keys, layer_bytes, extra = _parse_header(header, where)
     g = _csv_geometry(keys, layer_bytes, extra, where)
     twice = next((c for c in df.columns if isinstance(c, str) and re.fullmatch(r".+\.\d+", c) and c.rsplit(".", 1)[0] in df.columns), None)
@@ -209,7 +234,7 @@ def read_route_csv(path: str | Path) -> Trace:
         if not len(sel) and "tokens" not in info:
             raise TraceError(f"{where}: '# casmoe request=' declares turn {turn} but neither its tokens nor any row")
         rows = {c: v[sel] for c, v in cols.items()}
-        requests.append(_csv_request(g, rows, weight[sel], info, f"{where}: turn {turn}"))
+        requests.append(_csv_request(g, rows, weight[sel], info, f"{where}: turn {turn}", sel + 1))
     meta = {
         "source_model": keys.get("model", "unknown"),
         "arch": keys.get("arch"),
@@ -220,9 +245,11 @@ def read_route_csv(path: str | Path) -> Trace:
 
 
 def _csv_request(
-    g: Geometry, cols: dict[str, np.ndarray], weight: np.ndarray, info: dict[str, Any], where: str
+    g: Geometry, cols: dict[str, np.ndarray], weight: np.ndarray, info: dict[str, Any], where: str,
+    data_rows: np.ndarray,
 ) -> Request:
-    """One turn's rows -> Request: token = step - first step, slot order kept."""
+    """One turn's rows -> Request: token = step - first step, slot order kept. A fault in given
+    rows names the first of them (`data_rows`: their numbers among the file's data rows)."""
     L, k = g.layers, g.top_k
     steps = cols["step"]
     first = int(info.get("first_step", steps.min() if len(steps) else 0))
@@ -231,14 +258,26 @@ def _csv_request(
     seen = len(np.unique(tok))
     if T > 4 * seen + 64:  # whole tokens without rows are rare; a wide span means a damaged step column
         raise TraceError(f"{where}: {T} tokens but only {seen} steps have rows; the step column looks damaged")
-    if len(tok) and (tok.min() < 0 or tok.max() >= T):
-        raise TraceError(f"{where}: steps outside the declared {T} tokens")
+    outside = (tok < 0) | (tok >= T)
+    if outside.any():
+        i = int(np.nonzero(outside)[0][0])
+        raise TraceError(f"{where}: data row {data_rows[i]}: step {int(steps[i])} outside the declared {T} tokens "
+                         f"(from step {first})")
     check_allocation(T * L * k * 14, f"{where}: {T} tokens x {L} layers x top-{k}")
     cell = (tok * L + cols["layer"]) * k + cols["slot"]  # unique per (token, layer, slot)
     uniq, counts = np.unique(cell, return_counts=True)
     if (counts > 1).any():
         c = int(uniq[counts > 1][0])
-        raise TraceError(f"{where}: step {first + c // (L * k)}, layer {c // k % L}: slot {c % k} given twice")
+        again = int(np.nonzero(cell == c)[0][1])
+        raise TraceError(f"{where}: data row {data_rows[again]}: step {first + c // (L * k)}, layer {c // k % L}: slot "
+                         f"{c % k} given twice (first in data row {data_rows[np.nonzero(cell == c)[0][0]]})")
+    same = (tok * L + cols["layer"]) * g.experts + cols["expert"]  # one expert twice in a token-layer
+    uniq_e, counts_e = np.unique(same, return_counts=True)
+    if (counts_e > 1).any():
+        rows_twice = np.nonzero(same == uniq_e[counts_e > 1][0])[0]
+        raise TraceError(f"{where}: data row {data_rows[rows_twice[1]]}: step {int(steps[rows_twice[1]])}, layer "
+                         f"{int(cols['layer'][rows_twice[1]])}: expert {int(cols['expert'][rows_twice[1]])} routed twice "
+                         f"(first in data row {data_rows[rows_twice[0]]})")
     topk = np.full(T * L * k, NOT_COMPUTED, dtype=np.int16)
     weights = np.zeros(T * L * k, dtype=np.float32)
     topk[cell] = cols["expert"]
@@ -255,14 +294,21 @@ def _csv_request(
     else:
         pre = np.nonzero(phase == 0)[0]
         prefill = int(pre.max() + 1) if len(pre) else 0
-        if (phase[:prefill] == 1).any():
-            raise TraceError(f"{where}: a decode step (phase 1) precedes a prefill step (phase 0)")
+        early = np.nonzero((tok < prefill) & (cols["phase"] == 1))[0]
+        if len(early):
+            raise TraceError(f"{where}: data row {data_rows[early[0]]}: a decode step (phase 1) precedes a prefill "
+                             "step (phase 0)")
     ids = info.get("output_ids")
-    return Request(
-        topk=topk, weights=weights, prefill=prefill, prompt=info.get("prompt"), task=info.get("task"),
-        arrival=None if info.get("arrival") is None else float(info["arrival"]),
-        output_ids=None if ids is None else np.array(ids, dtype=np.int32), output=info.get("output"),
-    )
+    if ids is not None and any(i > np.iinfo(np.int32).max for i in ids):
+        raise TraceError(f"{where}: output token id {max(ids)} is beyond any vocabulary")
+    try:
+        return Request(
+            topk=topk, weights=weights, prefill=prefill, prompt=info.get("prompt"), task=info.get("task"),
+            arrival=None if info.get("arrival") is None else float(info["arrival"]),
+            output_ids=None if ids is None else np.array(ids, dtype=np.int32), output=info.get("output"),
+        )
+    except TraceError as exc:  # the request's own checks: every fault names the file and turn
+        raise exc.within(where) from None
 
 
 def write_route_csv(trace: Trace, path: str | Path, progress: bool = False) -> None:

@@ -14,7 +14,12 @@ ties going to the request seen first, as SGLang keeps its running batch in order
 at p > 0 that continues nothing is a new request whose first p tokens came from the prefix
 cache (no routing for them), a decode token that continues nothing a request that began before
 the recording (no prompt rows). In a mixed pass a one-token sequence that continues a request
-is its decode token. Ids go through the map to logical experts. Ranks that recorded the same
+is its decode token. Every running request takes part in each decode (and mixed) pass, and a
+chunked prompt continues in the very next prefill, so a request absent from a decode or mixed
+pass has finished: it is closed there, and a later request at the same position (one served
+after it) never receives its tokens. Where a decode pass has fewer tokens at a position than
+open requests, requests that just completed their prefill take them before older decoding
+ones (which may have stopped; see `_decode_owners`). Ids go through the map to logical experts. Ranks that recorded the same
 passes (tensor parallelism) count once; others (data-parallel attention) add their requests.
 
 **responses** (`"return_routed_experts": true`): `meta_info.routed_experts` is base64 int32
@@ -29,6 +34,7 @@ for per_pass and per_token dumps).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -56,17 +62,26 @@ class _Open:
     next_pos: int = 0
     decoding: bool = False
     cached: int = 0
+    order: int = 0  # first appearance among the rank's requests
 
 
 def physical_to_logical(ids: np.ndarray, mapping: np.ndarray | None, where: str) -> np.ndarray:
-    """`ids [L, T, K]` physical -> logical through `mapping [L, P]` (-1 stays -1)."""
+    """`ids [L, T, K]` physical -> logical through `mapping [L, P]`. -1 (SGLang's "none") stays
+    -1; any other negative id, or one beyond the map, is refused naming the layer and token row
+    (never read as "not computed")."""
+    bad = ids < -1
+    if mapping is not None:
+        L, P = mapping.shape
+        if ids.shape[0] != L:
+            raise TraceError(f"{where}: {ids.shape[0]} layers of expert ids but the physical-to-logical map has {L}")
+        bad |= ids >= P
+    if bad.any():
+        layer, t, j = (int(x[0]) for x in np.nonzero(bad))
+        v = int(ids[layer, t, j])
+        why = "ids are >= 0, and -1 alone means none" if v < -1 else f"beyond the map's {P} physical experts"
+        raise TraceError(f"{where}: layer {layer}, token row {t}: physical expert id {v} ({why})")
     if mapping is None:
         return ids
-    L, P = mapping.shape
-    if ids.shape[0] != L:
-        raise TraceError(f"{where}: {ids.shape[0]} layers of expert ids but the physical-to-logical map has {L}")
-    if (ids >= P).any():
-        raise TraceError(f"{where}: physical expert id {int(ids.max())} beyond the map's {P} physical experts")
     rows = np.arange(L)[:, None, None]
     return np.where(ids >= 0, mapping[rows, np.clip(ids, 0, None)], -1)
 
@@ -124,7 +139,7 @@ def _record(rec: Any, where: str) -> dict[str, Any]:
 
 def _requests(records: list[dict[str, Any]], k: int, where: str, rank: Any) -> list[EngineRequest]:
     """Requests of one rank's passes, in forward-pass order (see the module docstring)."""
-    done: list[_Open] = []
+    done: list[_Open] = []  # every request, in order of first appearance
     by_next: dict[int, list[_Open]] = {}  # next position -> open requests, first seen first
 
     def take(pos: int, decoding: bool) -> _Open | None:
@@ -139,19 +154,22 @@ def _requests(records: list[dict[str, Any]], k: int, where: str, rank: Any) -> l
         if (rows[:, :, k:] >= 0).any():
             raise TraceError(f"{where}: pass {rec['id']}: more than top_k={k} experts for a token")
         rows = rows[:, :, :k]
-        start = 0
-        placed = []
+        segments, start = [], 0
         for n in rec["lens"].tolist():
-            pos, seg_rows, seg_ids = rec["pos"][start : start + n], rows[start : start + n], rec["ids"][start : start + n]
-            start += n
+            pos = rec["pos"][start : start + n]
             p0 = int(pos[0])
             if not np.array_equal(pos, np.arange(p0, p0 + n)):
                 raise TraceError(f"{where}: pass {rec['id']}: a sequence's positions are not consecutive")
             is_decode = rec["mode"] == DECODE or (rec["mode"] == MIXED and n == 1 and bool(by_next.get(p0)))
+            segments.append((p0, n, rows[start : start + n], rec["ids"][start : start + n], is_decode))
+            start += n
+        chosen = _decode_owners([s[0] for s in segments if s[4]], by_next)
+        placed = []
+        for p0, n, seg_rows, seg_ids, is_decode in segments:
             if is_decode:
-                r = take(p0, True) or take(p0, False)
+                r = chosen[p0].pop(0) if chosen.get(p0) else None
                 if r is None:  # began before the recording
-                    r = _Open(next_pos=p0, decoding=True)
+                    r = _Open(next_pos=p0, decoding=True, order=len(done))
                     done.append(r)
                 r.decoding = True
                 r.decode.append(seg_rows)
@@ -159,11 +177,13 @@ def _requests(records: list[dict[str, Any]], k: int, where: str, rank: Any) -> l
             else:
                 r = take(p0, False) if p0 > 0 else None
                 if r is None:
-                    r = _Open(next_pos=p0, cached=p0)
+                    r = _Open(next_pos=p0, cached=p0, order=len(done))
                     done.append(r)
                 r.prompt.append(seg_rows)
             r.next_pos = p0 + n
             placed.append(r)
+        if rec["mode"] in (DECODE, MIXED):
+            by_next.clear()  # every running request takes part in a decode pass: one absent has finished
         for r in placed:
             by_next.setdefault(r.next_pos, []).append(r)
     L = records[0]["topk"].shape[0] if records else 0
@@ -176,6 +196,23 @@ def _requests(records: list[dict[str, Any]], k: int, where: str, rank: Any) -> l
             output_ids=np.array(r.decode_ids, dtype=np.int64), name=f"rank{rank}/{i}", cached_prefix=r.cached,
         ))
     return out
+
+
+def _decode_owners(positions: list[int], by_next: dict[int, list[_Open]]) -> dict[int, list[_Open]]:
+    """The open requests the decode tokens of one pass belong to, per position, in batch order.
+
+    At a position with fewer tokens than open requests some have finished. A request whose
+    prefill just completed decodes next unless it stopped at its first token, while one already
+    decoding may stop at any step: so prefilled requests are chosen first, then decoding ones,
+    each first seen first; the chosen take the tokens in the order they joined the batch."""
+    owners: dict[int, list[_Open]] = {}
+    for pos, m in Counter(positions).items():
+        open_here = by_next.get(pos, [])
+        ranked = [r for r in open_here if not r.decoding] + [r for r in open_here if r.decoding]
+        owners[pos] = sorted(ranked[:m], key=lambda r: r.order)
+        for r in owners[pos]:
+            open_here.remove(r)
+    return owners
 
 
 def _top_k(records: list[dict[str, Any]], where: str) -> int:
@@ -200,15 +237,21 @@ def read_per_token(files: Sequence[Path], where: str) -> Trace:
     """per_token dumps (one or more ranks, one or more dumps) -> one trace."""
     by_rank: dict[Any, list[dict[str, Any]]] = {}
     maps: list[tuple[np.ndarray | None, int | None]] = []
+    seen: dict[tuple[str, int], str] = {}
     for f in files:
-        doc = load_torch_file(f)
+        doc = load_torch_file(f, "an SGLang per_token dump (.pt)")
         if not isinstance(doc, dict) or "records" not in doc:
-            hint = ""
+            hint, held = "", type(doc).__name__
+            if isinstance(doc, dict):
+                keys = ", ".join(map(str, list(doc)[:8])) + (" ..." if len(doc) > 8 else "")
+                held = f"a dict (keys: {keys or 'none'})"
             if isinstance(doc, dict) and "logical_count" in doc:
-                hint = " (a stat dump: counts only, use `casmoe profile import --format sglang-stat`)"
+                hint = "; a stat dump holds counts only: use `casmoe profile import --format sglang-stat`"
             elif isinstance(doc, np.ndarray):
-                hint = " (a counts table: use `casmoe profile import --format ktransformers`)"
-            raise TraceError(f"{f}: not an SGLang per_token dump (a dict with 'records'){hint}")
+                held = f"a tensor {list(doc.shape)}"
+                hint = "; a counts table: use `casmoe profile import --format ktransformers`"
+            raise TraceError(f"{f} is a torch.save file of {held}, not an SGLang per_token dump (a dict with "
+                             f"'records'){hint}")
         if not isinstance(doc["records"], list):
             raise TraceError(f"{f}: 'records' must be a list")
         mapping, E = load_map(doc, str(f))
@@ -216,6 +259,11 @@ def read_per_token(files: Sequence[Path], where: str) -> Trace:
         for i, rec in enumerate(doc["records"]):
             r = _record(rec, f"{f} record {i}")
             r["topk"] = physical_to_logical(r["topk"], mapping, f"{f} record {i}")
+            key = (str(r["rank"]), r["id"])  # SGLang numbers passes once per server: a pass twice is a dump twice
+            if key in seen:
+                raise TraceError(f"{f} record {i}: forward pass {r['id']} of rank {r['rank']} again (first in "
+                                 f"{seen[key]}): passes given twice would count twice; give each dump once")
+            seen[key] = f"{f} record {i}"
             by_rank.setdefault(r["rank"], []).append(r)
     Es = {E for _, E in maps}
     if len(Es) > 1:
@@ -252,13 +300,16 @@ def _response(doc: Any, where: str, top_k: int | None) -> EngineRequest:
         raise TraceError(f"{where}: meta_info needs integer prompt_tokens and completion_tokens")
     raw = b64_bytes(info["routed_experts"], where)
     T = n_prompt + max(n_out - 1, 0)
-    if len(raw) % 4 or not T or (len(raw) // 4) % (T * top_k):
+    if len(raw) % 4 or not T or not raw or (len(raw) // 4) % (T * top_k):
         raise TraceError(f"{where}: {len(raw)} bytes of int32 ids do not split into {T} tokens x layers x top-{top_k}")
     ids = np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(T, -1, top_k)
     out_ids = doc.get("output_ids")
+    out_ids = None if out_ids is None else as_int_array(out_ids, where, "output_ids", 1)
+    if out_ids is not None and len(out_ids) != n_out:
+        raise TraceError(f"{where}: {len(out_ids)} output_ids but meta_info.completion_tokens says {n_out}")
+    engine_id = text_field(info.get("id"), where, "meta_info.id")
     return EngineRequest(ids[:n_prompt], ids[n_prompt:], where, output=text_field(doc.get("text"), where, "text"),
-                         output_ids=None if out_ids is None else as_int_array(out_ids, where, "output_ids", 1),
-                         name=text_field(info.get("id"), where, "meta_info.id"))
+                         output_ids=out_ids, name=engine_id, request_id=engine_id)
 
 
 def is_sglang_json(doc: Any) -> bool:
@@ -277,9 +328,10 @@ def read_sglang(sources: Sequence[str | Path], *, top_k: int | None = None, num_
         raise TraceError(f"{where}: mixes .pt dumps and JSON responses; import them one kind at a time")
     if kinds == {True}:
         trace = read_per_token(files, where)
-        if num_experts is not None and num_experts != trace.geometry.experts:
-            raise TraceError(f"{where}: --num-experts {num_experts}, the dump's map has {trace.geometry.experts}")
-        return trace
+        if num_experts is not None and not trace.meta.get("experts_inferred") and num_experts != trace.geometry.experts:
+            raise TraceError(f"{where}: {num_experts} experts per layer (--num-experts or --model), but the dump's map "
+                             f"has {trace.geometry.experts} logical experts")
+        return trace  # without a map the count is the largest id + 1, a lower bound (`checks.agree`)
     requests = [_response(doc, label, top_k) for f in files for label, doc in json_records(f)]
     return build_trace(requests, where, recorded_by=f"SGLang responses ({len(files)} files)", num_experts=num_experts)
 
@@ -290,10 +342,10 @@ def read_sglang_counts(sources: Sequence[str | Path], *, model_layers: int | Non
     `stat` dumps give `logical_count [steps, layers, experts]`; `per_pass` dumps a
     `global_physical_count [layers, physical]` per record and `per_token` dumps ids per token,
     both mapped to logical experts through `last_physical_to_logical_map`."""
-    files = engine_files(sources, (".pt",), "SGLang")
+    files = engine_files(sources, (".pt",), "SGLang", ProfileError)
     tables = []
     for f in files:
-        doc = load_torch_file(f)
+        doc = load_torch_file(f, "an SGLang expert-distribution dump (.pt)", ProfileError)
         if isinstance(doc, dict) and "records" in doc:
             tables.append(_pass_counts(doc, str(f)))
         else:

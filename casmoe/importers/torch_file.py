@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
+from casmoe.filekind import TORCH, one_line, require
 from casmoe.trace import TraceError
 
 
@@ -27,24 +27,29 @@ def _to_numpy(obj: Any) -> Any:
     return obj
 
 
-def load_torch_file(path: str | Path) -> Any:
-    """The file's object with tensors as numpy arrays; `TraceError` for a missing, damaged or
-    pickled-code file (one line naming it)."""
+def load_torch_file(path: str | Path, what: str = "a torch.save file", error: type[Exception] = TraceError) -> Any:
+    """The file's object with tensors as numpy arrays; `error` in one line naming the file for a
+    missing, damaged or pickled-code file, and for a file of another kind (a zip, an `.npz`, a
+    plain pickle: `casmoe.filekind`), named as what it is, not `what`."""
     import pickle
+    import warnings
 
     import torch
 
     where = str(path)
-    if not Path(path).is_file():
-        raise TraceError(f"{where}: no such file")
+    require(path, TORCH, what, error)
     try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's notes on pickle protocols: the file is refused or read, no more
+            warnings.simplefilter("ignore")
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TraceError(
+        lines = [ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "GLOBAL" in ln]
+        raise error(
             f"{where}: refused: it holds pickled Python objects beyond tensors, lists and numbers, which casmoe never "
-            f"loads ({first[:160]})"
+            f"loads ({lines[0][:160] if lines else one_line(exc, 160)})"
         ) from None
+    except MemoryError as exc:
+        raise error(f"{where}: out of memory reading it ({one_line(exc)}); check the sizes it declares") from None
     except Exception as exc:  # zip, EOF and torch's own errors for a damaged or foreign file
-        raise TraceError(f"{where}: not a readable torch.save file: {type(exc).__name__}: {str(exc)[:160]}") from None
+        raise error(f"{where}: not a readable torch.save file: {type(exc).__name__}: {one_line(exc, 160)}") from None
     return _to_numpy(obj)

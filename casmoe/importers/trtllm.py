@@ -18,6 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
+from casmoe.filekind import TEXT, one_line, require
+from casmoe.importers.dump_files import distinct_files
 from casmoe.profile import Profile, ProfileError, from_engine_counts
 
 _RANK_FILE = re.compile(r"rank(\d+)\.safetensors")
@@ -33,16 +35,18 @@ def read_trtllm(sources: Sequence[str | Path], *, model_layers: int | None = Non
         raise ProfileError("give TensorRT-LLM's expert-statistic folder (or files of one folder)")
     where = str(folder or paths[0].parent)
     meta_file = (folder or paths[0].parent) / "meta_info.json"
+    if meta_file.exists():
+        require(meta_file, TEXT, "TensorRT-LLM's meta_info.json", ProfileError)
     try:
         info = json.loads(meta_file.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ProfileError(f"{where}: no meta_info.json (TensorRT-LLM writes it with the rank files)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{meta_file}: not readable JSON: {exc}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ProfileError(f"{meta_file}: not readable JSON: {one_line(exc)}") from None
     E = info.get("num_experts") if isinstance(info, dict) else None
     if type(E) is not int or E < 1:
         raise ProfileError(f"{meta_file}: needs an integer num_experts >= 1, got {E!r}")
-    ranks = [p for p in files if _RANK_FILE.fullmatch(p.name)]
+    ranks = distinct_files([p for p in files if _RANK_FILE.fullmatch(p.name)], ProfileError, same_bytes=False)
     if not ranks:
         raise ProfileError(f"{where}: no rank{{r}}.safetensors files")
     from safetensors import SafetensorError
@@ -51,10 +55,11 @@ def read_trtllm(sources: Sequence[str | Path], *, model_layers: int | None = Non
     per_layer: dict[int, np.ndarray] = {}
     iterations: set[int] = set()
     for f in ranks:
+        require(f, {"safetensors"}, "a TensorRT-LLM rank file (safetensors)", ProfileError)
         try:
             tensors = load_file(str(f))
         except (SafetensorError, OSError, ValueError) as exc:
-            raise ProfileError(f"{f}: not a readable safetensors file: {exc}") from None
+            raise ProfileError(f"{f}: not a readable safetensors file: {one_line(exc)}") from None
         for key, counts in tensors.items():
             m = _KEY.fullmatch(key)
             if not m:
