@@ -22,7 +22,7 @@ setup(
     package_data={
         "casmoe": ["precisions.toml"],
         "casmoe.presets": ["*.toml"],
-        "casmoe.sim": ["profiles/*.toml", "links.toml"],
+        "casmoe.sim": ["profiles/*.toml", "links.toml", "prices.toml"],
         "casmoe.data": DATA,
     },
 )

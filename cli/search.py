@@ -28,6 +28,11 @@ def search(
     jobs: int = JOBS,
     ray: bool = RAY,
     ray_address: Optional[str] = RAY_ADDRESS,
+    prices: Optional[Path] = typer.Option(
+        None, "--prices", help="A TOML of hardware prices over the shipped sim/prices.toml (same shape: [gpu.\"NAME\"] "
+        "usd, [ram.ddr4|ddr5] usd_per_gib, [link.pcie3|4|5] usd, each with a source)."),
+    budget: Optional[float] = typer.Option(None, help="Most a box may cost (USD); dearer "
+                                           "configs are not searched (one of unknown price is)."),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON instead of tables."),
 ) -> None:
     """Find the cheapest configurations (cache slots per layer for every combination of the
@@ -35,17 +40,21 @@ def search(
     target: a Pareto table of memory against the metric, with each point's simulate record as
     evidence, and search.png. Bisects the cache size per configuration instead of running the
     whole grid, searches faster links and more RAM first (a miss there settles the slower ones;
-    a hit bounds them), and says how many points it simulated. Default: lru and semoe on the
-    first 12 requests."""
+    a hit bounds them), and says how many points it simulated. Every row prints its box's price
+    (sim/prices.toml, or --prices); answers whose metric is within 1% of each other are a tie,
+    won by the cheaper box. Default: lru and semoe on the first 12 requests."""
     from casmoe.output import check_dir_target, write_text
+    from casmoe.sim.prices import load_prices
     from casmoe.sim.search import Target, configs
     from casmoe.sim.search import search as run_search
 
     check_dir_target(out, "--out")
     goal = Target.parse(target)
+    table = load_prices(prices)
     defaults = {"policy": ("lru", "semoe"), "requests": 12}
     grid = grid.with_values(**{k: v for k, v in defaults.items() if k not in grid.given})
-    result = run_search(configs(grid), goal, str(out), jobs=jobs, ray_address=ray_target(ray, ray_address))
+    result = run_search(configs(grid), goal, str(out), jobs=jobs, ray_address=ray_target(ray, ray_address),
+                        prices=table, budget=budget)
     summary = _summary(result)
     write_text(out / "search.json", json.dumps(summary, indent=2))
     _plot(out / "search.png", result)
@@ -55,25 +64,34 @@ def search(
     _print(summary, result, out)
 
 
-def _row(config: Any, record: dict[str, Any], metric: str) -> dict[str, Any]:
+def _row(config: Any, record: dict[str, Any], result: Any) -> dict[str, Any]:
     from casmoe.sim.search import label, memory_gb
 
+    metric = result.target.metric
+    price = result.price(config)
     return {
         "config": label(config), "gpus": config.machine.devices, "policy": config.policy.label,
         "slots_per_layer": record["capacity_slots"], "memory_gb": round(memory_gb(record), 3),
+        "price_usd": None if price is None or price.usd is None else round(price.usd, 2),
+        "price": "unknown" if price is None else price.describe(),
+        "price_caveat": bool(price is not None and price.caveats),
         metric: record[metric], "evidence": f"points/{record['key']}.json",
     }
 
 
 def _summary(result: Any) -> dict[str, Any]:
-    from casmoe.sim.search import label
+    from casmoe.sim.search import TIE, label
 
-    metric = result.target.metric
+    boxes = {c.machine.hardware.name: p for c, p in result.prices.items()}
     return {
         "target": result.target.describe(),
-        "pareto": [_row(c, r, metric) for c, r in result.pareto()],
-        "answers": [_row(c, r, metric) for c, r in result.answers],
+        "tie": f"answers within {TIE:.0%} of each other on the metric are tied; the cheaper box wins",
+        "pareto": [_row(c, r, result) for c, r in result.pareto()],
+        "answers": [_row(c, r, result) for c, r in result.answers],
         "infeasible": [{"config": label(c), "why": why} for c, why in result.infeasible],
+        "boxes": {name: {"usd": p.usd, "parts": p.breakdown(), "price": p.describe(),
+                         "sources": {part.what: part.price.where for part in p.parts if part.price is not None}}
+                  for name, p in boxes.items()},
         "simulated_now": result.simulated, "points_looked_at": result.probed, "full_grid_points": result.grid,
     }
 
@@ -92,16 +110,31 @@ def _plot(path: Path, result: Any) -> None:
 def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
     from casmoe.report import print_table
 
+    from casmoe.sim.search import TIE
+
     metric = result.target.metric
-    cols = ["config", "slots_per_layer", "memory_gb", metric, "evidence"]
-    if summary["pareto"]:
-        print_table(summary["pareto"], cols, f"cheapest configurations meeting {summary['target']} (Pareto: GPUs, memory, {metric})")
+    cols = ["config", "price_usd", "slots_per_layer", "memory_gb", metric, "evidence"]
+    shown = [_priced(r) for r in summary["pareto"]]
+    if shown:
+        print_table(shown, cols, f"cheapest configurations meeting {summary['target']} (Pareto: GPUs, memory, box "
+                                 f"price, {metric}; within {TIE:.0%} on {metric} is a tie, won by the cheaper box)")
     else:
         typer.echo(f"no configuration tried meets {summary['target']}")
-    others = [r for r in summary["answers"] if r not in summary["pareto"]]
+    others = [_priced(r) for r in summary["answers"] if r not in summary["pareto"]]
     if others:
-        print_table(others, cols, "also meeting it (beaten on GPUs, memory or the metric)")
+        print_table(others, cols, "also meeting it (beaten on GPUs, memory, price or the metric)")
+    if any(r["price_caveat"] for r in shown + others):
+        typer.echo("* part of this price is a proxy, a street price or an old figure (sim/prices.toml says which; "
+                   "--prices FILE gives your own)")
+    for name, box in summary["boxes"].items():
+        typer.echo(f"price of {name}: {box['price']} = {box['parts']}")
     for row in summary["infeasible"]:
         typer.echo(f"cannot meet it: {row['config']}: {row['why']}")
     typer.echo(f"simulated {result.simulated} points now ({result.probed} looked at; the full grid over the same "
                f"cache sizes has {result.grid}); records in {out}/points, table in {out}/search.json, plot {out}/search.png")
+
+
+def _priced(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as the table prints it: the price in USD, starred where a part of it is a proxy."""
+    usd = row["price_usd"]
+    return {**row, "price_usd": "unknown" if usd is None else f"{usd:,.0f}" + ("*" if row["price_caveat"] else "")}

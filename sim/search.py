@@ -19,6 +19,7 @@ simulate record is `points/<key>.json`).
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass, field, replace
@@ -27,6 +28,7 @@ from typing import Any, Callable, Sequence
 from casmoe.errors import CasmoeError
 from casmoe.options import CapacitySpec
 from casmoe.sim.grid import Grid
+from casmoe.sim.prices import BoxPrice, Prices, load_prices
 from casmoe.sim.run import run_all, whole_trace
 from casmoe.sim.spec import RunSpec
 
@@ -44,21 +46,49 @@ class SearchError(CasmoeError, ValueError):
     """A search that cannot run (a target that does not parse, no config to try)."""
 
 
+INPUTS = ("capacity_slots", "capacity_gb", "host_cache_gb", "batch", "devices", "requests", "prefill_tokens",
+          "decode_tokens", "max_batch", "accesses", "future_runs")
+"""Numeric record fields that a run is given, not what it measures: no target."""
+SERVING = ("queue_wait_mean_s", "queue_wait_p99_s", "queue_mean", "queue_max", "peak_batch", "mean_batch")
+"""Fields measured only when requests arrive over time (0 or 1 back to back)."""
+HIGHER = ("decode_tokens_per_s", "throughput_tokens_per_s", "requests_per_s", "hit_rate", "warm_hit_rate", "hits",
+          "host_hits", "prefetch_used", "mean_batch", "peak_batch")
+"""Measured fields where more is better; every other measured number is better lower."""
+TIE = 0.01
+"""Two answers whose metric differs by at most this share of the larger are tied: the cheaper wins."""
+
+
 def numeric_fields() -> dict[str, str]:
-    """The fields of a simulate record a target may name: the `SimResult` numbers (and the cache
-    counters it carries), with how each is better; unknown ones are lower-is-better."""
+    """The fields of a simulate record a target may name, with how each is better: the
+    `SimResult` numbers and the cache counters it carries, and the record's derived totals
+    (`stall_s`, `loads`, `hit_rate`, `warm_hit_rate`), less what a run is given (`INPUTS`)."""
     from dataclasses import fields
 
     from casmoe.cache import CacheStats
     from casmoe.sim.result import SimResult
 
-    out = {f.name: "<=" for f in fields(SimResult) if f.type in ("int", "float")}
-    out.update({f.name: ">=" for f in fields(CacheStats) if f.type in ("int", "float")})
-    for better in ("decode_tokens_per_s", "throughput_tokens_per_s", "requests_per_s", "hit_rate", "warm_hit_rate",
-                   "hits", "prefetch_used", "mean_batch", "peak_batch"):
-        out[better] = ">="
-    out.update({"hit_rate": ">=", "warm_hit_rate": ">="})
-    return out
+    names = [f.name for f in fields(SimResult) if f.type in ("int", "float")]
+    names += [f.name for f in fields(CacheStats) if f.type in ("int", "float")]
+    names += ["stall_s", "loads", "hit_rate", "warm_hit_rate"]
+    return {n: (">=" if n in HIGHER else "<=") for n in names if n not in INPUTS}
+
+
+def _not_a_metric(name: str) -> str | None:
+    """Why a record field that exists cannot be a target, or None when it is unknown."""
+    from dataclasses import fields
+
+    from casmoe.sim.result import SimResult
+
+    if name in INPUTS:
+        return f"{name} is what a run is given, not what it measures; search chooses the cache size, and --batch, " \
+               "--gpus, --requests set the rest"
+    types = {f.name: str(f.type) for f in fields(SimResult)}
+    if name in types and types[name].startswith("tuple"):
+        return f"{name} is a list (per layer, device or time), not one number; target a total such as stall_s"
+    if name in types or name in ("trace", "model", "hardware", "policy", "capacity_spec", "oracle", "scored", "key",
+                                 "arrival", "rate", "users", "adaptive_gating"):
+        return f"{name} is not a measured number"
+    return None
 
 
 @dataclass(frozen=True)
@@ -71,9 +101,10 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> Target:
+        example = "e.g. tok/s>=10, ttft_p99<=2, hit_rate>=0.5"
         m = re.fullmatch(r"\s*([\w/]+)\s*(>=|<=)\s*(\S+)\s*", text)
         if not m:
-            raise SearchError(f"bad target {text!r}; write METRIC>=X or METRIC<=X, e.g. tok/s>=10, ttft_p99<=2")
+            raise SearchError(f"bad target {text!r}; write METRIC>=X or METRIC<=X, {example}")
         name, op, value = m.groups()
         known = numeric_fields()
         if name in METRICS:
@@ -81,24 +112,45 @@ class Target:
         elif name in known:
             metric, better = name, known[name]
         else:
-            raise SearchError(f"target {text!r}: unknown metric {name!r}; use {', '.join(METRICS)} or a numeric "
-                              "simulate field (decode_tokens_per_s, e2e_p99_s, hit_rate, ...)")
+            why = _not_a_metric(name)
+            hint = f"use {', '.join(METRICS)} or a measured simulate field (decode_tokens_per_s, e2e_p99_s, " \
+                   "hit_rate, stall_s, ...)"
+            raise SearchError(f"target {text!r}: {why}; {hint}" if why else
+                              f"target {text!r}: unknown metric {name!r}; {hint}")
         if op != better:
-            raise SearchError(f"target {text!r}: {name} is better {'higher' if better == '>=' else 'lower'}; use {better}")
+            raise SearchError(f"target {text!r}: {name} is better {'higher' if better == '>=' else 'lower'}; write "
+                              f"{name}{better}{value}")
         try:
-            number = float(value)
+            number = float(value.rstrip("%")) / 100 if value.endswith("%") and metric.endswith("rate") else float(value)
         except ValueError:
-            raise SearchError(f"bad target value {value!r} in {text!r}; give a number") from None
-        if number != number or number in (float("inf"), float("-inf")):
-            raise SearchError(f"bad target value {value!r} in {text!r}; give a finite number")
+            raise SearchError(f"bad target value {value!r} in {text!r}; give a number, {example}") from None
+        if not math.isfinite(number):
+            raise SearchError(f"bad target value {value!r} in {text!r}; give a finite number, {example}")
         return cls(metric, op, number)
 
+    def check(self, configs: Sequence[RunSpec]) -> None:
+        """A metric measured only under arrivals needs them in every config."""
+        if self.metric in SERVING and any(c.traffic is None for c in configs):
+            raise SearchError(f"{self.metric} is measured only when requests arrive over time (it is 0 or 1 back to "
+                              "back); add --rate R (Poisson arrivals) or --users N, or target tok/s or ttft_p99")
+
+    def value_of(self, record: dict[str, Any]) -> float:
+        value = record.get(self.metric)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SearchError(f"point {record.get('key', '?')} has no number {self.metric} (got {value!r}); "
+                              "remove its file under points/ to simulate it again")
+        return float(value)
+
     def met(self, record: dict[str, Any]) -> bool:
-        return "skipped" not in record and _OPS[self.op](record[self.metric], self.value)
+        return "skipped" not in record and _OPS[self.op](self.value_of(record), self.value)
 
     def better(self, a: float, b: float) -> bool:
         """`a` at least as good as `b`."""
         return a >= b if self.op == ">=" else a <= b
+
+    def tied(self, a: float, b: float) -> bool:
+        """Within `TIE` of each other (a relative tolerance)."""
+        return abs(a - b) <= TIE * max(abs(a), abs(b))
 
     def describe(self) -> str:
         return f"{self.metric} {self.op} {self.value:g}"
@@ -172,18 +224,42 @@ class SearchResult:
     probed: int  # points the search looked at (computed or stored)
     grid: int  # points a full grid over the same slot ranges would hold
     records: list[dict[str, Any]] = field(default_factory=list)  # every point looked at
+    prices: dict[RunSpec, BoxPrice] = field(default_factory=dict)  # each config's box price
+
+    def price(self, config: RunSpec) -> BoxPrice | None:
+        return self.prices.get(config)
+
+    def beats(self, a: tuple[RunSpec, dict[str, Any]], b: tuple[RunSpec, dict[str, Any]]) -> bool:
+        """`a` costs no more GPUs, memory and money than `b` and its metric is at least as good
+        (within `TIE`: a tie), and it is cheaper somewhere or its metric better beyond the tie.
+        A price that is unknown compares with no known one (neither beats the other on it)."""
+        (ca, ra), (cb, rb) = a, b
+        pa, pb = self.price(ca), self.price(cb)
+        usd_a, usd_b = (pa.usd if pa else None), (pb.usd if pb else None)
+        if (usd_a is None) != (usd_b is None):
+            return False
+        cost_a = (ca.machine.devices, memory_gb(ra), usd_a or 0.0)
+        cost_b = (cb.machine.devices, memory_gb(rb), usd_b or 0.0)
+        if not all(x <= y for x, y in zip(cost_a, cost_b)):
+            return False
+        t = self.target
+        ma, mb = t.value_of(ra), t.value_of(rb)
+        tied = t.tied(ma, mb)
+        if not (tied or t.better(ma, mb)):
+            return False
+        return cost_a != cost_b or (t.better(ma, mb) and not tied)
 
     def pareto(self) -> list[tuple[RunSpec, dict[str, Any]]]:
-        """Answers no other beats on GPUs, memory and the metric at once."""
-        def beats(a: tuple[RunSpec, dict[str, Any]], b: tuple[RunSpec, dict[str, Any]]) -> bool:
-            (ca, ra), (cb, rb) = a, b
-            key_a = (ca.machine.devices, memory_gb(ra))
-            key_b = (cb.machine.devices, memory_gb(rb))
-            no_worse = all(x <= y for x, y in zip(key_a, key_b)) and self.target.better(ra[self.target.metric], rb[self.target.metric])
-            return no_worse and (key_a != key_b or ra[self.target.metric] != rb[self.target.metric])
+        """Answers no other beats (`beats`) on GPUs, memory, price and the metric at once,
+        cheapest box first (an unknown price last)."""
+        front = [a for a in self.answers if not any(self.beats(b, a) for b in self.answers if b is not a)]
 
-        front = [a for a in self.answers if not any(beats(b, a) for b in self.answers if b is not a)]
-        return sorted(front, key=lambda a: (memory_gb(a[1]), a[0].machine.devices))
+        def order(a: tuple[RunSpec, dict[str, Any]]) -> tuple[Any, ...]:
+            price = self.price(a[0])
+            usd = price.usd if price is not None else None
+            return (usd is None, usd or 0.0, memory_gb(a[1]), a[0].machine.devices)
+
+        return sorted(front, key=order)
 
 
 def memory_gb(record: dict[str, Any]) -> float:
@@ -217,16 +293,28 @@ def search(
     jobs: int = 1,
     ray_address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    prices: Prices | None = None,
+    budget: float | None = None,
 ) -> SearchResult:
     """Bisect each config's cache size; the rounds of all configs run as one batch each. Configs
     that dominate others (`dominates`: a faster link, more host RAM) are searched first: one
     that misses the target at its largest cache settles every config it dominates unprobed, and
-    one's answer is the others' lower bound."""
+    one's answer is the others' lower bound. Each config's box is priced (`prices`, default the
+    shipped `sim/prices.toml`); one whose known price exceeds `budget` (USD) is not searched."""
+    target.check(candidates)
+    if budget is not None and (isinstance(budget, bool) or not math.isfinite(budget) or budget <= 0):
+        raise SearchError(f"--budget must be a finite number of USD > 0, got {budget!r}")
+    prices = prices or load_prices()
+    priced = {c: prices.box(c.machine.hardware) for c in candidates}
     states, infeasible = [], []
     for c in candidates:
+        usd = priced[c].usd
+        if budget is not None and usd is not None and usd > budget:
+            infeasible.append((c, f"its box costs {priced[c].describe()}, over --budget ${budget:,.0f}"))
+            continue
         lo, hi = slot_range(c)
         if hi < lo:
-            infeasible.append((c, f"the GPUs hold {hi} slots per layer, below top_k={lo}"))
+            infeasible.append((c, f"the GPUs hold {hi} slots per layer, below top_k={lo}; {fits_instead(c, lo)}"))
         else:
             states.append(_Bisect(c, lo, hi))
     grid = sum(s.hi - s.lo + 1 for s in states)
@@ -269,4 +357,33 @@ def search(
             infeasible.append((s.config, s.last["skipped"]))
         elif s.last is not None:
             infeasible.append((s.config, f"{target.metric} = {s.last[target.metric]:.4g} at {s.hi} slots per layer, the most that fit"))
-    return SearchResult(target, answers, infeasible, simulated, probed, grid, records)
+    return SearchResult(target, answers, infeasible, simulated, probed, grid, records, priced)
+
+
+def fits_instead(config: RunSpec, top_k: int) -> str:
+    """A step that makes `config` hold top_k slots per layer: a smaller precision, or more GPUs
+    of the same kind (each with the slots it would hold), else what to change by hand."""
+    from casmoe.options import parse_quant
+    from casmoe.sim.hardware import variant
+
+    trace = whole_trace(config.trace.path, config.trace.digest)
+    m = config.machine
+    steps = []
+    for q in ("int8", "int4"):
+        cheaper = replace(m, quant=parse_quant(q))
+        if m.quant != cheaper.quant and cheaper.expert_bytes(trace)[0] < m.expert_bytes(trace)[0]:
+            held = min(cheaper.max_slots(cheaper.expert_bytes(trace)), trace.geometry.experts)
+            if held >= top_k:
+                steps.append(f"--quant {q} holds {held}")
+                break
+    layers = trace.geometry.layers
+    for gpus in (2, 4, 8):
+        if gpus > m.hardware.gpus:
+            more = replace(m, hardware=variant(m.hardware, gpus=gpus), devices=min(gpus, layers))
+            held = min(more.max_slots(more.expert_bytes(trace)), trace.geometry.experts)
+            if held >= top_k:
+                steps.append(f"--gpus {gpus} holds {held}")
+                break
+    if not steps:
+        return "use GPUs with more memory (--hardware), or a smaller model (--model)"
+    return "; ".join(steps)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -131,3 +132,86 @@ def test_bad_links_and_ram_are_one_line_errors():
         configs(Grid.of({**BASE, "policy": "lru", "host_ram": 0.0}))
     with pytest.raises(SearchError, match="chooses the cache size"):
         configs(Grid.of({**BASE, "policy": "lru", "capacity": 4}))
+
+
+# ---- the box's price: a Pareto dimension, and a tie goes to the cheaper box ----------------------
+
+from casmoe.sim.prices import load_prices  # noqa: E402
+from casmoe.sim.search import TIE, SearchResult  # noqa: E402
+
+PCIE = configs(Grid.of({**BASE, "gpus": 4, "policy": "lru", "link": ["pcie4", "pcie5"]}))
+
+
+def _answers(speeds, memory=(2.0, 2.0), configs_=PCIE):
+    return [(c, {"decode_tokens_per_s": v, "capacity_gb": m, "key": f"k{i}"})
+            for i, (c, v, m) in enumerate(zip(configs_, speeds, memory))]
+
+
+def _result(answers, prices=None):
+    prices = prices or load_prices()
+    return SearchResult(Target.parse("tok/s>=3"), answers, [], 0, 0, 0, [],
+                        {c: prices.box(c.machine.hardware) for c, _ in answers})
+
+
+def _link(config):
+    return config.machine.hardware.name.rpartition("link=")[2]
+
+
+def test_a_tie_within_one_percent_goes_to_the_cheaper_box():
+    """The study's case: PCIe 5 for a placement that never uses the link, 30.62 against 30.58."""
+    pcie4, pcie5 = PCIE if _link(PCIE[0]) == "pcie4" else PCIE[::-1]
+    result = _result(_answers([30.58, 30.62], configs_=[pcie4, pcie5]))
+    assert result.price(pcie4).usd < result.price(pcie5).usd
+    assert [_link(c) for c, _ in result.pareto()] == ["pcie4"]
+    # beyond the tolerance the faster, dearer box is an answer too, listed after the cheaper one
+    result = _result(_answers([30.0, 30.0 * (1 + 2 * TIE)], configs_=[pcie4, pcie5]))
+    assert [_link(c) for c, _ in result.pareto()] == ["pcie4", "pcie5"]
+    # the dearer box that needs less memory is an answer as well
+    result = _result(_answers([30.58, 30.62], memory=(4.0, 2.0), configs_=[pcie4, pcie5]))
+    assert [_link(c) for c, _ in result.pareto()] == ["pcie4", "pcie5"]
+
+
+def test_a_box_of_unknown_price_is_searched_and_shown_as_unknown(tmp_path):
+    text = (Path(__file__).resolve().parents[1] / "sim" / "profiles" / "rtx4090x4.toml").read_text()
+    (tmp_path / "box.toml").write_text(text.replace('gpu = "NVIDIA GeForce RTX 4090"', 'gpu = "Unpriced GPU"'))
+    mine = configs(Grid.of({**BASE, "gpus": 4, "policy": "lru", "hardware": str(tmp_path / "box.toml")}))
+    shipped_box = [c for c in PCIE if _link(c) == "pcie4"]
+    result = _result(_answers([30.0, 40.0], configs_=shipped_box + mine))
+    assert result.price(mine[0]).usd is None and "no price for GPU 'Unpriced GPU'" in result.price(mine[0]).describe()
+    assert [c for c, _ in result.pareto()] == shipped_box + mine  # neither beats the other on price; unknown last
+
+
+def test_the_cli_prints_each_rows_price_and_takes_a_prices_file(tmp_path):
+    (tmp_path / "p.toml").write_text('[gpu."NVIDIA GeForce RTX 4090"]\nusd = 1000\nsource = "a quote"\n')
+    out = tmp_path / "s"
+    res = CliRunner().invoke(app, ["search", "--target", "tok/s>=3", "--gpus", "4", "--policy", "lru", "--requests", "3",
+                                   "--out", str(out), "--jobs", "1", "--prices", str(tmp_path / "p.toml")])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "search.json").read_text())
+    (row,) = summary["pareto"]
+    assert row["price_usd"] == pytest.approx(4 * 1000 + 256 * 6.25 + 100)
+    assert "price_usd" in res.output and "4 x NVIDIA GeForce RTX 4090 $4,000" in res.output and "a tie" in res.output
+    res = CliRunner().invoke(app, ["search", "--target", "tok/s>=3", "--gpus", "4", "--policy", "lru", "--requests", "3",
+                                   "--out", str(out), "--jobs", "1", "--budget", "5000"])
+    assert res.exit_code == 0 and "over --budget $5,000" in res.output, res.output
+
+
+@pytest.mark.parametrize("text, says", [
+    ("policy>=3", "not a measured number"),
+    ("late_by_layer<=1", "is a list"),
+    ("devices>=2", "what a run is given"),
+    ("capacity_slots<=4", "what a run is given"),
+    ("misses>=100", "better lower"),
+    ("hit_rate>=fifty", "give a number"),
+    ("tok/s>=1e999", "finite"),
+])
+def test_targets_that_are_no_measured_number_are_refused(text, says):
+    with pytest.raises(SearchError, match=says):
+        Target.parse(text)
+
+
+def test_every_measured_number_of_a_record_is_a_target_in_its_direction():
+    assert Target.parse("misses<=100").op == "<=" and Target.parse("stall_s<=1").metric == "stall_s"
+    assert Target.parse("hit_rate>=50%").value == 0.5 and Target.parse("hits>=10").op == ">="
+    with pytest.raises(SearchError, match="--rate"):
+        Target.parse("queue_wait_p99_s<=1").check(CONFIGS)
