@@ -62,7 +62,7 @@ def leaderboard(
     bar.close()
     write_json(out / "results.json", records)
     write_csv(out / "leaderboard.csv", [r for r in records if "skipped" not in r])
-    table = lb.markdown(records, halves)
+    table = lb.markdown(records, halves, specs)
     write_text(out / "leaderboard.md", table)
     for h in halves:
         ran = [{**r, "policy": lb.short_label(r["policy"], h)}  # the table's labels

@@ -13,6 +13,7 @@ by `run_all` like every other command's, keyed by the content of everything they
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -100,20 +101,72 @@ METRICS = (("hit_rate", "hit rate", "{:.1%}"), ("decode_tokens_per_s", "decode t
            ("ttft_p50_s", "TTFT p50 (s)", "{:.3g}"), ("link_bytes", "bytes moved (GB)", "{:.3g}"))
 
 
-def markdown(records: Sequence[dict[str, Any]], halves: Sequence[Halves]) -> str:
-    """One table per workload and metric: policies (oracles starred) x slots per layer; the
-    train half's file, and a planner fitted on it, are written `train`."""
+def markdown(records: Sequence[dict[str, Any]], halves: Sequence[Halves], specs: Sequence[Any] = ()) -> str:
+    """One table per workload, machine and metric: policies (oracles starred) x slots per layer;
+    the train half's file, and a planner fitted on it, are written `train`. Each machine's
+    tables say the model, the experts' precision and the box they were priced on (from `specs`,
+    the runs of `records` in order); the points a machine could not run are one line per
+    reason, naming the cells it covers, not one per cell."""
     lines = []
+    machines = [s.machine for s in specs] if len(specs) == len(records) else [None] * len(records)
     for h in halves:
-        mine = [r for r in records if Path(r["trace"]).name == h.scored.name]
+        mine = [(m, r) for m, r in zip(machines, records) if Path(r["trace"]).name == h.scored.name]
         if not mine:
             continue
-        caps = sorted({r["capacity_spec"] for r in mine}, key=int)
         lines += [f"### {h.name}: {h.requests} held-out requests, {h.tokens} tokens ({h.split})", ""]
+        boxes: dict[Any, list[dict[str, Any]]] = {}
+        for m, r in mine:
+            boxes.setdefault(m if m is not None else (r["model"], r["hardware"]), []).append(r)
+        for machine, rs in boxes.items():
+            lines += [_priced(machine, rs, h), ""]
+            lines += _tables(rs, h)
+            advice = _to_run(machine, rs, h)
+            lines += [advice, ""] if advice else []
+    lines.append("\\* oracle: reads the future (a bound, not a deployable policy).")
+    return "\n".join(lines) + "\n"
+
+
+def _priced(machine: Any, records: Sequence[dict[str, Any]], halves: Halves) -> str:
+    """'priced as mixtral-8x7b, bf16 experts (176 MB each), on my4090 (1 GPU)'."""
+    if isinstance(machine, tuple):
+        return f"priced as {machine[0]} on {machine[1]}"
+    from casmoe.report import human_bytes
+    from casmoe.sim.run import whole_trace
+
+    trace = whole_trace(str(halves.scored), file_digest(halves.scored))
+    nbytes = machine.expert_bytes(trace)
+    precision = machine.precision_label(trace.geometry)
+    what = "the trace's measured bytes" if precision == "trace" else precision
+    return (f"priced as {machine.preset.name}, experts at {what} ({human_bytes(nbytes[0])} each), on "
+            f"{machine.box()}")
+
+
+def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:
+    """For a machine that could not hold some of the leaderboard's cache sizes (fixed multiples
+    of top_k): the options that would hold the largest of them."""
+    refused = [r for r in records if "skipped" in r and "beside the dense weights" in r["skipped"]]
+    if not refused or isinstance(machine, tuple):
+        return ""
+    from casmoe.sim.run import whole_trace
+    from casmoe.sim.search import steps_to_hold
+
+    trace = whole_trace(str(h.scored), file_digest(h.scored))
+    sizes = [int(r["capacity_spec"]) for r in refused]
+    steps = steps_to_hold(machine, trace, max(sizes), min(sizes))
+    return (f"to run the sizes it skipped ({', '.join(map(str, sorted(set(sizes))))} slots/layer; the leaderboard's "
+            f"sizes are 1, 1.5, 2 and 4 x top_k): {steps + ' per layer; or ' if steps else ''}--allow-overcommit "
+            "(simulates a cache the GPUs do not hold)")
+
+
+def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
+    lines: list[str] = []
+    caps = sorted({r["capacity_spec"] for r in records}, key=int)
+    ran = [r for r in records if "skipped" not in r]
+    if ran:
         for key, title, fmt in METRICS:
             lines += [f"{title} | " + " | ".join(f"{c} slots/layer" for c in caps), "---|" + "---|" * len(caps)]
             rows: dict[str, dict[str, str]] = {}
-            for r in mine:
+            for r in records:
                 label = short_label(r["policy"], h) + ("*" if r.get("oracle") else "")
                 row = rows.setdefault(label, {})
                 if "skipped" in r:
@@ -123,15 +176,40 @@ def markdown(records: Sequence[dict[str, Any]], halves: Sequence[Halves]) -> str
                     row[r["capacity_spec"]] = fmt.format(value)
             lines += [f"{label} | " + " | ".join(row.get(c, "-") for c in caps) for label, row in rows.items()]
             lines.append("")
-        skipped = sorted({f"{short_label(r['policy'], h)}: {r['skipped']}" for r in mine if "skipped" in r})
-        lines += [f"n/a: {s}" for s in skipped] + ([""] if skipped else [])
-    lines.append("\\* oracle: reads the future (a bound, not a deployable policy).")
-    return "\n".join(lines) + "\n"
+    else:
+        lines += ["no point of this workload could be simulated on this machine:", ""]
+    skipped = skipped_lines(records, h)
+    lines += skipped + ([""] if skipped else [])
+    return lines
+
+
+def skipped_lines(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
+    """One line per distinct reason a point was skipped, with the cells it covers: reasons that
+    differ only in the cache size they name are one line (N standing for it)."""
+    policies = list(dict.fromkeys(short_label(r["policy"], h) for r in records))
+    caps = sorted({r["capacity_spec"] for r in records}, key=int)
+    reasons: dict[str, list[tuple[str, str]]] = {}
+    for r in records:
+        if "skipped" in r:
+            cap = r["capacity_spec"]
+            why = re.sub(rf"(?<![\w.]){re.escape(cap)}(?![\w.])", "N", r["skipped"]) if cap.isdigit() else r["skipped"]
+            reasons.setdefault(why, []).append((short_label(r["policy"], h), cap))
+    out = []
+    for why, cells in reasons.items():
+        sizes = sorted({c for _, c in cells}, key=int)
+        if len(sizes) == 1:
+            why = re.sub(r"(?<![\w.])N(?![\w.])", sizes[0], why)
+        names = list(dict.fromkeys(p for p, _ in cells))
+        full = len(cells) == len(names) * len(sizes)  # every policy named, at every size named
+        who = "every policy" if full and len(names) == len(policies) else ", ".join(names) if full else \
+            "; ".join(f"{p} @ {', '.join(c for q, c in cells if q == p)}" for p in names)
+        where = "every size" if full and len(sizes) == len(caps) else f"{', '.join(sizes)} slots/layer"
+        n = f" (N = {', '.join(sizes)})" if len(sizes) > 1 and "N" in re.findall(r"(?<![\w.])N(?![\w.])", why) else ""
+        out.append(f"n/a, {who} at {where}{n}: {why}" if full else f"n/a, {who}{n}: {why}")
+    return out
 
 
 def short_label(label: str, halves: Halves) -> str:
     """A policy's label with the train half's file, and a planner folder fitted on it, written `train`."""
-    import re
-
     label = label.replace(str(halves.train), "train")
     return re.sub(r"planner=[^,\]]*planner-[0-9a-f]{16}", "planner=train", label)

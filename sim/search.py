@@ -361,29 +361,36 @@ def search(
 
 
 def fits_instead(config: RunSpec, top_k: int) -> str:
-    """A step that makes `config` hold top_k slots per layer: a smaller precision, or more GPUs
-    of the same kind (each with the slots it would hold), else what to change by hand."""
+    """A step that makes `config` hold top_k slots per layer (`steps_to_hold`)."""
+    trace = whole_trace(config.trace.path, config.trace.digest)
+    return steps_to_hold(config.machine, trace, top_k) or "use GPUs with more memory (--hardware), or a smaller model"
+
+
+def steps_to_hold(machine: Any, trace: Any, slots: int, smallest: int | None = None) -> str:
+    """Options that make `machine` hold `slots` per layer of `trace`'s experts: a smaller
+    precision, or more GPUs of the same kind, each with the slots it would hold ('' if none).
+    With `smallest`, an option that holds at least that many is named too."""
+    needed = slots if smallest is None else smallest
+    steps = [f"{flag} holds {held}" for flag, held in holds(machine, trace) if held >= needed]
+    enough = [s for s in steps if int(s.rpartition(" ")[2]) >= slots]
+    return "; ".join(steps[: steps.index(enough[0]) + 1] if enough else steps)
+
+
+def holds(machine: Any, trace: Any) -> list[tuple[str, int]]:
+    """(option, slots per layer it holds) for --quant int8 and int4 (where smaller than now)
+    and --gpus 2, 4, 8 (where more than now), in that order."""
     from casmoe.options import parse_quant
     from casmoe.sim.hardware import variant
 
-    trace = whole_trace(config.trace.path, config.trace.digest)
-    m = config.machine
-    steps = []
+    m = machine
+    experts, layers = trace.geometry.experts, trace.geometry.layers
+    out = []
     for q in ("int8", "int4"):
         cheaper = replace(m, quant=parse_quant(q))
-        if m.quant != cheaper.quant and cheaper.expert_bytes(trace)[0] < m.expert_bytes(trace)[0]:
-            held = min(cheaper.max_slots(cheaper.expert_bytes(trace)), trace.geometry.experts)
-            if held >= top_k:
-                steps.append(f"--quant {q} holds {held}")
-                break
-    layers = trace.geometry.layers
+        if cheaper.expert_bytes(trace)[0] < m.expert_bytes(trace)[0]:
+            out.append((f"--quant {q}", min(cheaper.max_slots(cheaper.expert_bytes(trace)), experts)))
     for gpus in (2, 4, 8):
         if gpus > m.hardware.gpus:
             more = replace(m, hardware=variant(m.hardware, gpus=gpus), devices=min(gpus, layers))
-            held = min(more.max_slots(more.expert_bytes(trace)), trace.geometry.experts)
-            if held >= top_k:
-                steps.append(f"--gpus {gpus} holds {held}")
-                break
-    if not steps:
-        return "use GPUs with more memory (--hardware), or a smaller model (--model)"
-    return "; ".join(steps)
+            out.append((f"--gpus {gpus}", min(more.max_slots(more.expert_bytes(trace)), experts)))
+    return out
