@@ -99,9 +99,12 @@ def load_model(name_or_path: str | Path, dtype: str | None = None) -> tuple[Any,
     config = load_config(name_or_path)
     where = resolve_model(name_or_path)
     cls = adapter_for(config.model_type).model_class()
+    from casmoe.quiet import quiet_loads
+
     try:
-        model = cls.from_pretrained(where, dtype=torch_dtype(dtype) or "auto").eval()
-        tokenizer = AutoTokenizer.from_pretrained(where)
+        with quiet_loads():
+            model = cls.from_pretrained(where, dtype=torch_dtype(dtype) or "auto").eval()
+            tokenizer = AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError) as exc:
         raise ModelError(f"{where}: cannot load weights or tokenizer: "
                          f"{str(exc).splitlines()[0]}") from None

@@ -5,7 +5,8 @@
 range), operating-system errors (disk full, permission, a directory where a file is
 meant) and faults raised inside a user's own policy module print one line and exit 2; SIGTERM
 unwinds like Ctrl-C so that no temporary file is left behind. `CASMOE_DEBUG=1` shows the
-traceback instead.
+traceback instead. A library's warning (numpy's "invalid value encountered", a deprecation)
+is one `casmoe: warning: ...` line, once per message, never the multi-line form Python prints.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import os
 import signal
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from types import TracebackType
+from typing import Any, TextIO
 
 import typer
 
@@ -70,12 +73,44 @@ def _terminate(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds: finally blocks remove temporary files
 
 
+def _warning_source(filename: str) -> str:
+    """The package a warning came from ('numpy'), or '' for casmoe's own and a user's code."""
+    parts = Path(filename).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py")
+    return ""
+
+
+def _one_line_warnings() -> Any:
+    """A `warnings.showwarning` printing `casmoe: warning: MESSAGE (from PACKAGE)` once per
+    message: no source line, no file path, no second line."""
+    shown: set[tuple[type, str]] = set()
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        text = " ".join(str(message).split()) or category.__name__
+        if (category, text) in shown:
+            return
+        shown.add((category, text))
+        source = _warning_source(filename)
+        try:
+            print(f"casmoe: warning: {text}" + (f" (from {source})" if source else ""), file=file or sys.stderr)
+        except (OSError, ValueError):  # a closed or broken stderr: a warning is not worth a failure
+            pass
+
+    return show
+
+
 def main() -> None:
     previous = signal.signal(signal.SIGTERM, _terminate)
+    shown = warnings.showwarning
+    warnings.showwarning = _one_line_warnings()
     try:
         _run()
     finally:
         signal.signal(signal.SIGTERM, previous)  # in-process callers (tests) get theirs back
+        warnings.showwarning = shown
 
 
 def _run() -> None:

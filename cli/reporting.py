@@ -101,11 +101,20 @@ def report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str, 
         files = ", ".join(str(p) for p in [*written, *([timeline] if timeline else [])])
         print_simulation(ran, title, f"every measurement (latency percentiles, TTFT, stalls, bytes moved) is in {files}")
     _print_serving(records, serving_title, timeliness)
-    for r in records:
-        if "skipped" in r:
-            typer.echo(f"skipped {r['policy']} @ {r['capacity_spec']}: {r['skipped']}")
+    for line in skipped_lines(records):
+        typer.echo(line)
     if pending:
         typer.echo(pending)
+
+
+def skipped_lines(records: list[dict[str, Any]]) -> list[str]:
+    """One line per policy and reason it was skipped for, with the cache sizes it covers
+    (`skipped speculative @ 6, 12, 18: ...`), not one line per size."""
+    reasons: dict[tuple[str, str], list[str]] = {}
+    for r in records:
+        if "skipped" in r:
+            reasons.setdefault((r["policy"], r["skipped"]), []).append(str(r["capacity_spec"]))
+    return [f"skipped {policy} @ {', '.join(dict.fromkeys(sizes))}: {why}" for (policy, why), sizes in reasons.items()]
 
 
 def _print_serving(records: list[dict[str, Any]], title: str, timeliness: bool) -> None:

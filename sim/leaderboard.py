@@ -130,15 +130,26 @@ def _priced(machine: Any, records: Sequence[dict[str, Any]], halves: Halves) -> 
     """'priced as mixtral-8x7b, bf16 experts (176 MB each), on my4090 (1 GPU)'."""
     if isinstance(machine, tuple):
         return f"priced as {machine[0]} on {machine[1]}"
-    from casmoe.report import human_bytes
     from casmoe.sim.run import whole_trace
 
     trace = whole_trace(str(halves.scored), file_digest(halves.scored))
-    nbytes = machine.expert_bytes(trace)
+    return f"priced as {machine.preset.name}, {experts_priced(machine, trace)}, on {machine.box()}"
+
+
+def experts_priced(machine: Any, trace: Any) -> str:
+    """The precision a run prices the model's experts at, in words: 'experts at bf16 (352 MB
+    each)', or at the trace's measured bytes beside what the model's released checkpoint weighs."""
+    from casmoe.report import human_bytes
+
+    nbytes = machine.expert_bytes(trace)[0]
     precision = machine.precision_label(trace.geometry)
-    what = "the trace's measured bytes" if precision == "trace" else precision
-    return (f"priced as {machine.preset.name}, experts at {what} ({human_bytes(nbytes[0])} each), on "
-            f"{machine.box()}")
+    if precision != "trace":
+        return f"experts at {precision} ({human_bytes(nbytes)} each)"
+    preset = machine.preset
+    released = preset.expert_bytes_per_layer()[0]
+    name = preset.expert_precision.name if preset.expert_precision is not None else "bf16"
+    return (f"experts at the trace's measured bytes ({human_bytes(nbytes)} each; {preset.name}'s released {name} "
+            f"experts are {human_bytes(released)}: --quant {name} prices those)")
 
 
 def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:

@@ -130,7 +130,10 @@ class TorchEmbedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(str(model_dir()), device="cpu")
+        from casmoe.quiet import quiet_loads
+
+        with quiet_loads():
+            self.model = SentenceTransformer(str(model_dir()), device="cpu")
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import torch
@@ -380,8 +383,11 @@ def _export(src: Path, out: Path) -> None:
     import torch
     from transformers import AutoModel
 
+    from casmoe.quiet import quiet_loads
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    bert = AutoModel.from_pretrained(str(src), attn_implementation="eager").eval()
+    with quiet_loads():
+        bert = AutoModel.from_pretrained(str(src), attn_implementation="eager").eval()
 
     class Sentence(torch.nn.Module):
         def __init__(self) -> None:
