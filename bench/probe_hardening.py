@@ -2,13 +2,16 @@
 issue 14, issue 19's damaged planner folders, non-atomic writes and unclear errors, and the user
 study's importers that counted wrongly without a word, foreign files named as another format's
 parse error, caches that failed a run and the missing test extra (`--issue study`; a probe whose
-input is legal checks the result it imports), each with one or more concrete inputs. Prints one
-row per probe and the counts per kind.
+input is legal checks the result it imports), and issue 38's user study on one RTX 4090 (`--issue
+38`: run option values reaching code unchecked, refusals whose advice is refused in turn, noise on
+a normal run, the box's price in search), each with one or more concrete inputs. Prints one row
+per probe and the counts per kind.
 
     python bench/probe_hardening.py            # all probes (~2 min on 2 cores)
     python bench/probe_hardening.py --skip-slow  # without the recording, fitting and kill probes
     python bench/probe_hardening.py --issue 19   # issue 19's probes only
     python bench/probe_hardening.py --issue study  # the user study's: importers, foreign files, caches, extras
+    python bench/probe_hardening.py --issue 38   # issue 38's: unchecked values, advice, noise, prices (~3 min)
 
 A probe of a *traceback* class passes when casmoe exits 2 with one `casmoe: error:` line and no
 traceback (and leaves no partial file). A *non-atomic* probe passes when an interrupted or
@@ -71,6 +74,7 @@ class Probe:
     check: Callable[[subprocess.CompletedProcess, Path], str] | None = None  # "" = passed, else what went wrong
     slow: bool = False
     env: dict[str, str] | None = None
+    runner: Callable[[Path], str] | None = None  # a probe that is not one command: "" = passed
 
 
 def one_line_error(p: subprocess.CompletedProcess, _: Path) -> str:
@@ -922,9 +926,294 @@ def gap_trace(d: Path) -> None:
     save_trace(tr, d / "g.npz")
 
 
+# ---- issue 38: the user study's question on one RTX 4090 (prices, noise, unchecked values) ---------
+
+I38 = "38"
+UC, NO, PR, AD = "unchecked", "noise", "price", "advice"
+QWEN = REPO / "traces" / "synthetic-qwen3.npz"
+
+
+def box_4090(d: Path) -> None:
+    """The study's box: rtx4090x4.toml copied, one GPU, 64 GB of RAM, PCIe 4 (as shipped)."""
+    hardware(name='"my4090"', gpus="1", host_ram_gib="64.0")(d)
+    (d / "hw.toml").rename(d / "my4090.toml")
+
+
+def no_loop(base: list[str], steps: dict[str, list[str]]) -> Callable[[Path], str]:
+    """Run `base`: refused in one line; every step its message suggests (a phrase -> the flags
+    that take it) must run, not be refused in turn; at least one must be suggested."""
+    def runner(d: Path) -> str:
+        first = run(base, d)
+        bad = one_line_error(first, d)
+        if bad:
+            return f"the first run: {bad}"
+        said = [phrase for phrase in steps if phrase in first.stderr]
+        if not said:
+            return f"names no step of {list(steps)}: {first.stderr.strip()[-110:]}"
+        for phrase in said:
+            again = run(base + steps[phrase], d)
+            if again.returncode != 0:
+                last = (again.stderr.strip().splitlines() or [""])[-1]
+                return f"its advice '{phrase}' is refused in turn: {last[:100]}"
+        return ""
+
+    return runner
+
+
+def without_noise(p: subprocess.CompletedProcess, d: Path) -> str:
+    """Accepted; stderr empty; no line the user did not ask for on stdout."""
+    bad = accepted(p, d)
+    if bad:
+        return bad
+    if p.stderr.strip():
+        return f"stderr: {p.stderr.strip().splitlines()[0][:90]}"
+    noisy = [ln for ln in p.stdout.splitlines() if "experts per layer fit in GPU memory" in ln]
+    return f"stdout: {noisy[0][-80:]}" if noisy else ""
+
+
+def lines_with(word: str, most: int) -> Callable[[subprocess.CompletedProcess, Path], str]:
+    def check(p: subprocess.CompletedProcess, d: Path) -> str:
+        bad = accepted(p, d)
+        n = sum(word in ln for ln in (p.stdout + p.stderr).splitlines())
+        return bad or (f"{n} lines with {word!r} (at most {most})" if n > most else "")
+
+    return check
+
+
+def warning_line(p: subprocess.CompletedProcess, d: Path) -> str:
+    """A multi-line library warning reaches the user as one `casmoe: warning:` line."""
+    bad = accepted(p, d)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    return bad or ("" if lines == ["casmoe: warning: first line second line"] else f"stderr: {lines[:3]}")
+
+
+def api(call: str, runs: bool) -> Callable[[Path], str]:
+    """`casmoe.sim.simulate(...)` from Python: it runs, or raises a CasmoeError of one line."""
+    code = ("import numpy as np, pathlib, sys\nimport casmoe.sim\nfrom casmoe.errors import CasmoeError\n"
+            f"try:\n    r = casmoe.sim.simulate(trace={str(TRACE)!r}, requests=2, {call})\n"
+            "    print('ran', len(r.records))\n"
+            "except CasmoeError as e:\n    print('refused:', e)\n")
+
+    def runner(d: Path) -> str:
+        p = run_python(code, d)
+        out = p.stdout.strip()
+        if p.returncode != 0:
+            return f"exit {p.returncode}: {(p.stderr.strip().splitlines() or [''])[-1][:90]}"
+        if runs:
+            return "" if out.startswith("ran") else out[:110]
+        return "" if out.startswith("refused:") and len(out.splitlines()) == 1 else f"accepted: {out[:90]}"
+
+    return runner
+
+
+def held_lock(args: list[str]) -> Callable[[Path], str]:
+    """Another casmoe run holds `o`'s lock: a second writer into it is refused in one line."""
+    def runner(d: Path) -> str:
+        import fcntl
+
+        (d / "o" / "points").mkdir(parents=True)
+        with open(d / "o" / "points" / ".lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fh.write("pid 1")
+            fh.flush()
+            return names("another casmoe run", "--out")(run(args, d), d)
+
+    return runner
+
+
+def search_json(check: Callable[[dict], str]) -> Callable[[subprocess.CompletedProcess, Path], str]:
+    def inner(p: subprocess.CompletedProcess, d: Path) -> str:
+        bad = accepted(p, d)
+        return bad or check(json.loads((d / "s" / "search.json").read_text()))
+
+    return inner
+
+
+def cheaper_link_wins(summary: dict) -> str:
+    links = [row["config"].split("link=")[1].split(",")[0] for row in summary["pareto"]]
+    return "" if links == ["pcie4"] else f"Pareto links {links}, expected the cheaper ['pcie4'] alone"
+
+
+def unknown_price(summary: dict) -> str:
+    rows = summary["pareto"] + summary["answers"]
+    return "" if rows and all(r["price_usd"] is None and r["price"].startswith("unknown") for r in rows) else \
+        f"prices {[r.get('price') for r in rows][:2]}"
+
+
+def quant_advice_runs(d: Path) -> str:
+    """search on a box that holds fewer experts than top_k: the answer names an option that
+    holds them, and searching with it answers."""
+    base = ["search", *T, "--model", "mixtral-8x7b", "--hardware", "my4090.toml", "--policy", "lru", "--requests", "2",
+            "--target", "tok/s>=0.1", "--out", "s"]
+    first = run(base, d)
+    if first.returncode != 0:
+        return f"refused: {(first.stderr.strip().splitlines() or [''])[-1][:90]}"
+    if "--quant int8 holds" not in first.stdout:
+        return f"names no option that holds top_k: {first.stdout.strip()[-100:]}"
+    again = run(base + ["--quant", "int8"], d)
+    return accepted(again, d) or ("" if "cheapest configurations" in again.stdout else "still no answer with --quant int8")
+
+
+def probes_38() -> list[Probe]:
+    sim = ["simulate", *T, "--requests", "2", "--out", "o", "--plots", "none"]
+    lru = sim + ["--policy", "lru", "--capacity", "2"]
+    srch = ["search", *T, "--requests", "2", "--policy", "lru", "--out", "s"]
+    mine = ["simulate", *T, "--model", "mixtral-8x7b", "--hardware", "my4090.toml", "--requests", "2", "--policy", "lru",
+            "--out", "o", "--plots", "none"]
+    tg, po, hw, hc, py, sw, bx, wr = (f"{UC} {I38} {c}" for c in ("target", "policy options", "hardware variant",
+                                                                   "host cache", "python api", "sweep types",
+                                                                   "box flags", "one writer"))
+    sweep = ["sweep", "g.toml", "--out", "sw", "--jobs", "1", "--plots", "none"]
+    return [
+        # search --target: a metric that does not exist, is no number, or goes the wrong way
+        Probe(tg, "--target speed>=3", srch + ["--target", "speed>=3"], check=names("tok/s")),
+        Probe(tg, "--target policy>=3 (a text field)", srch + ["--target", "policy>=3"], check=names("not a measured")),
+        Probe(tg, "--target late_by_layer<=1 (a list)", srch + ["--target", "late_by_layer<=1"], check=names("list")),
+        Probe(tg, "--target devices>=2 (an input)", srch + ["--target", "devices>=2"], check=names("given")),
+        Probe(tg, "--target misses>=100 (wrong way)", srch + ["--target", "misses>=100"], check=names("misses<=100")),
+        Probe(tg, "--target misses<=1e9 is a legal target", srch + ["--target", "misses<=1e9"], check=accepted),
+        Probe(tg, "--target stall_s<=1e3 (a record total)", srch + ["--target", "stall_s<=1e3"], check=accepted),
+        Probe(tg, "--target tok/s>=fast", srch + ["--target", "tok/s>=fast"], check=names("give a number")),
+        Probe(tg, "--target tok/s>=1e999", srch + ["--target", "tok/s>=1e999"], check=names("finite")),
+        Probe(tg, "--target hit_rate>=50%", srch + ["--target", "hit_rate>=50%"], check=accepted),
+        Probe(tg, "--target queue_wait_p99_s<=1 without arrivals", srch + ["--target", "queue_wait_p99_s<=1"],
+              check=names("--rate")),
+        Probe(tg, "two --target flags", srch + ["--target", "tok/s>=3", "--target", "ttft_p99<=2"],
+              check=names("one --target")),
+        # policy options that collide with constructor arguments, or drop one another
+        Probe(po, "n-cpu-moe[gpu=3] names what it takes", sim + ["--policy", "n-cpu-moe[gpu=3]", "--capacity", "2"],
+              check=names("n=")),
+        Probe(po, "n-cpu-moe[gpu=3] beside lru is refused, not skipped", lru + ["--policy", "n-cpu-moe[gpu=3]"],
+              check=refused),
+        Probe(po, "lru[capacity=3]", lru + ["--policy", "lru[capacity=3]"], check=refused),
+        Probe(po, "speculative[experts=1,experts=2]", lru + ["--policy", "speculative[experts=1,experts=2]"],
+              check=names("twice")),
+        Probe(po, "casmoe[planner=auto,planner=p]", lru + ["--policy", "casmoe[planner=auto,planner=p]"],
+              check=names("twice")),
+        Probe(po, "casmoe[predictor=noisy,planner=auto]", sim + ["--policy", "casmoe[predictor=noisy,planner=auto]",
+                                                                 "--capacity", "2"], check=names("not both")),
+        Probe(po, "casmoe[predictor=noisy,planner=auto] beside lru is refused, not skipped",
+              lru + ["--policy", "casmoe[predictor=noisy,planner=auto]"], check=refused),
+        Probe(po, "static[profile=] (empty value)", lru + ["--policy", "static[profile=]"], check=names("profile=")),
+        Probe(po, "--planner with no casmoe policy", lru + ["--planner", "p"], check=names("--planner")),
+        Probe(po, "casmoe[planner=auto] with --planner DIR", lru + ["--policy", "casmoe[planner=auto]", "--planner", "p"],
+              check=names("--planner")),
+        Probe(po, "--host-policy with no RAM tier", lru + ["--host-cache", "none", "--host-policy", "lfu"],
+              check=names("--host-policy")),
+        # hardware variant strings: empty or contradicting values
+        Probe(hw, "NAME@ (empty)", lru + ["--hardware", "rtx4090x4@"], check=names("rtx4090x4@gpus=")),
+        Probe(hw, "NAME@gpus= (empty value)", lru + ["--hardware", "rtx4090x4@gpus="], check=refused),
+        Probe(hw, "NAME@gpus=2,gpus=4", lru + ["--hardware", "rtx4090x4@gpus=2,gpus=4"], check=names("twice")),
+        Probe(hw, "NAME@gpus=2@gpus=4", lru + ["--hardware", "rtx4090x4@gpus=2@gpus=4"], check=refused),
+        Probe(hw, "@gpus=2 with --gpus 4", lru + ["--hardware", "rtx4090x4@gpus=2", "--gpus", "4"], check=refused),
+        Probe(hw, "@link=pcie3 with --link pcie5", lru + ["--hardware", "rtx4090x4@link=pcie3", "--link", "pcie5"],
+              check=refused),
+        Probe(hw, "@host_ram_gib=64 with --host-ram 128",
+              lru + ["--hardware", "rtx4090x4@host_ram_gib=64", "--host-ram", "128"], check=refused),
+        Probe(hw, "@gpus=2 (no profile name)", lru + ["--hardware", "@gpus=2"], check=names("rtx4090x4")),
+        Probe(hw, "--hardware '' names the profiles", lru + ["--hardware", ""], check=names("rtx4090x4")),
+        Probe(hw, "@host_ram_gib=1e-300 is about RAM", lru + ["--hardware", "rtx4090x4@host_ram_gib=1e-300"],
+              check=names("RAM")),
+        Probe(hw, "@gpus=2_0 is not 20 GPUs", lru + ["--hardware", "rtx4090x4@gpus=2_0"], check=refused),
+        Probe(hw, "@link=pcie9", lru + ["--hardware", "rtx4090x4@link=pcie9"], check=names("pcie5")),
+        Probe(hw, "@host_ram_gib=nan", lru + ["--hardware", "rtx4090x4@host_ram_gib=nan"], check=names("finite")),
+        Probe(hw, "--link '' (empty)", lru + ["--link", ""], check=names("pcie4")),
+        # --host-cache values that exit 0, or fail naming something else
+        Probe(hc, "--host-cache none on a box whose RAM holds fewer experts",
+              ["simulate", *T, "--model", "mixtral-8x7b", "--hardware", "my4090.toml@gpus=4", "--requests", "2",
+               "--policy", "lru", "--capacity", "2", "--host-cache", "none", "--out", "o", "--plots", "none"],
+              setup=box_4090, check=names("--allow-overcommit")),
+        Probe(hc, "--host-cache -5GB names --host-cache", lru + ["--host-cache", "-5GB"], check=names("--host-cache")),
+        Probe(hc, "--host-cache experts (the help's word)", lru + ["--host-cache", "experts"], check=names("--host-cache")),
+        Probe(hc, "--host-cache 0", lru + ["--host-cache", "0"], check=refused),
+        Probe(hc, "--host-cache 3.5", lru + ["--host-cache", "3.5"], check=refused),
+        Probe(hc, "--host-cache 1000TB names what fits", lru + ["--host-cache", "1000TB"], check=names("256")),
+        # the Python API
+        Probe(py, "simulate(capacities=4.5)", runner=api("policies=['lru'], capacities=4.5", runs=False)),
+        Probe(py, "simulate(capacities=np.int64(4))", runner=api("policies=['lru'], capacities=np.int64(4)", runs=True)),
+        Probe(py, "simulate(capacities=np.array([2, 4]), batch=np.int32(1))",
+              runner=api("policies=['lru'], capacities=np.array([2, 4]), batch=np.int32(1)", runs=True)),
+        Probe(py, "simulate(capacities=True)", runner=api("policies=['lru'], capacities=True", runs=False)),
+        Probe(py, "simulate(rate=np.float64('nan'))", runner=api("policies=['lru'], capacities=[2], rate=np.nan", runs=False)),
+        Probe(py, "simulate(hardware=pathlib.Path(...))", setup=box_4090,
+              runner=api("policies=['lru'], capacities=[2], quant='int4', hardware=pathlib.Path('my4090.toml')", runs=True)),
+        Probe(py, "simulate(capacities=[])", runner=api("policies=['lru'], capacities=[]", runs=False)),
+        Probe(py, "simulate(link='')", runner=api("policies=['lru'], capacities=[2], link=''", runs=False)),
+        # sweep files: values of the wrong type, empty lists
+        Probe(sw, "batch = \"2\"", sweep, setup=grid('batch = "2"\ncapacities = [4]'), check=names("g.toml")),
+        Probe(sw, "capacities = [[4]]", sweep, setup=grid("capacities = [[4]]"), check=names("g.toml")),
+        Probe(sw, "hardware = 5", sweep, setup=write("g.toml", f'traces = ["{TRACE}"]\nmodels = ["mixtral-8x7b"]\nhardware = 5\npolicies = ["lru"]\n'
+                              "requests = 2\ncapacities = [4]\n"), check=names("g.toml")),
+        Probe(sw, "pinned = \"yes\"", sweep, setup=grid('pinned = "yes"\ncapacities = [4]'), check=names("g.toml")),
+        Probe(sw, "host_cache = [4.5]", sweep, setup=grid("host_cache = [4.5]\ncapacities = [4]"), check=names("g.toml")),
+        Probe(sw, "link = \"\"", sweep, setup=grid('link = ""\ncapacities = [4]'), check=names("g.toml")),
+        Probe(sw, "capacities = [] (no size)", sweep, setup=grid("capacities = []"), check=names("g.toml")),
+        # --gpus 0, --link pcie9, --host-ram nan, and the rest of the box's flags
+        Probe(bx, "simulate --gpus 0", lru + ["--gpus", "0"], check=refused),
+        Probe(bx, "simulate --link pcie9", lru + ["--link", "pcie9"], check=names("pcie3")),
+        Probe(bx, "simulate --host-ram nan", lru + ["--host-ram", "nan"], check=names("finite")),
+        Probe(bx, "simulate --host-ram 0", lru + ["--host-ram", "0"], check=refused),
+        Probe(bx, "search --gpus 0", srch + ["--target", "tok/s>=3", "--gpus", "0"], check=refused),
+        Probe(bx, "search --link pcie9", srch + ["--target", "tok/s>=3", "--link", "pcie9"], check=names("pcie3")),
+        Probe(bx, "search --host-ram nan", srch + ["--target", "tok/s>=3", "--host-ram", "nan"], check=names("finite")),
+        Probe(bx, "search --budget 0", srch + ["--target", "tok/s>=3", "--budget", "0"], check=names("--budget")),
+        Probe(bx, "search --prices without sources", srch + ["--target", "tok/s>=3", "--prices", "p.toml"],
+              setup=write("p.toml", '[gpu."NVIDIA GeForce RTX 4090"]\nusd = 1000\n'), check=names("p.toml", "source")),
+        Probe(bx, "search --gpus 1 --gpus 2 --devices 2", ["search", *T, "--model", "mixtral-8x7b", "--requests", "2",
+                                                            "--policy", "lru", "--out", "s", "--target", "tok/s>=0.1",
+                                                            "--hardware", "my4090.toml", "--quant", "int4", "--gpus", "1",
+                                                            "--gpus", "2", "--devices", "2"],
+              setup=box_4090, check=accepted),
+        # two runs into one folder at once
+        Probe(wr, "sweep into a folder another run writes", runner=held_lock(
+            ["sweep", "--trace", str(TRACE), "--requests", "2", "--policy", "lru", "--capacity", "2", "--out", "o"])),
+        Probe(wr, "search into a folder another run writes", runner=held_lock(srch[:-1] + ["o", "--target", "tok/s>=3"])),
+        Probe(wr, "leaderboard into a folder another run writes", runner=held_lock(
+            ["leaderboard", *T, "--requests", "1", "--no-fit-planner", "--out", "o"])),
+        Probe(wr, "simulate into a folder another run writes", runner=held_lock(lru)),
+        # every refusal names a step that works
+        Probe(f"{AD} {I38} loops", "no default cache fits: the advice runs", setup=box_4090, runner=no_loop(
+            mine, {"more --devices": ["--devices", "2"], "--capacity for a what-if": ["--capacity", "2"],
+                   "smaller --quant": ["--quant", "int8"]})),
+        Probe(f"{AD} {I38} loops", "--capacity 2 over what the box holds: the advice runs", setup=box_4090, runner=no_loop(
+            mine + ["--capacity", "2"], {"smaller --capacity": ["--capacity", "1"], "more --devices": ["--devices", "2"],
+                                         "--allow-overcommit": ["--allow-overcommit"]})),
+        Probe(f"{AD} {I38} loops", "--devices 2 on a 1-GPU box names --gpus", mine + ["--quant", "int4", "--devices", "2"],
+              setup=box_4090, check=names("--gpus 2")),
+        Probe(f"{AD} {I38} loops", "--users with --rate names --rate", lru + ["--users", "2", "--rate", "0.5"],
+              check=names("--rate")),
+        Probe(f"{AD} {I38} loops", "search on a box below top_k names an option that holds it", setup=box_4090,
+              runner=quant_advice_runs),
+        # no noise on a normal run
+        Probe(f"{NO} {I38} normal run", "simulate prints only what was asked", lru + ["--policy", "lfu"],
+              check=without_noise),
+        Probe(f"{NO} {I38} normal run", "speculative without spec: one skipped line",
+              ["simulate", "--trace", str(QWEN), "--requests", "1", "--policy", "speculative", "--policy", "lru",
+               "--capacity", "6", "--capacity", "9", "--capacity", "12", "--out", "o", "--plots", "none"],
+              check=lines_with("skipped", 1)),
+        Probe(f"{NO} {I38} normal run", "a library's multi-line warning is one line", sim + ["--policy", "userpol:P",
+                                                                                             "--capacity", "2"],
+              setup=user_policy("    def prefetch_layer(self, step, layer):\n        import warnings\n"
+                                "        warnings.warn('first line\\nsecond line', RuntimeWarning)\n        return []\n"),
+              check=warning_line),
+        Probe(f"{NO} {I38} normal run", "leaderboard on a box that skips a workload: one n/a line per reason",
+              ["leaderboard", *T, "--hardware", "my4090.toml", "--requests", "1", "--no-fit-planner", "--out", "o"],
+              setup=box_4090, check=lines_with("n/a", 1)),
+        # the box's price
+        Probe(f"{PR} {I38} tie", "a placement that ignores the link: the cheaper link wins",
+              ["search", *T, "--requests", "2", "--policy", "n-cpu-moe", "--gpus", "4", "--link", "pcie4", "--link",
+               "pcie5", "--target", "tok/s>=1", "--out", "s"], check=search_json(cheaper_link_wins)),
+        Probe(f"{PR} {I38} tie", "a GPU with no price is searched, its price unknown",
+              ["search", *T, "--requests", "2", "--policy", "lru", "--hardware", "hw.toml", "--target", "tok/s>=1",
+               "--out", "s"], setup=hardware(gpu='"Unpriced GPU"'), check=search_json(unknown_price)),
+    ]
+
+
 def run_probe(pr: Probe, d: Path) -> str:
     if pr.setup:
         pr.setup(d)
+    if pr.runner is not None:
+        return pr.runner(d)
     if pr.name == "SIGKILLed trace export":
         return pr.check(kill_export(d), d)
     if pr.name == "SIGKILLed sweep leaves workers":
@@ -967,11 +1256,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-slow", action="store_true")
     ap.add_argument("--only", default="", help="run probes whose name or class contains this")
-    ap.add_argument("--issue", choices=("14", "19", ST),
+    ap.add_argument("--issue", choices=("14", "19", ST, I38),
                     help="only that issue's probes, or the user study's (default: all)")
     a = ap.parse_args()
     counts: dict[str, list[int]] = {}
-    chosen = {"14": probes(), "19": probes_19(), ST: probes_study(), None: probes() + probes_19() + probes_study()}[a.issue]
+    chosen = {"14": probes, "19": probes_19, ST: probes_study, I38: probes_38,
+              None: lambda: probes() + probes_19() + probes_study() + probes_38()}[a.issue]()
     for pr in chosen:
         if (a.skip_slow and pr.slow) or (a.only not in pr.name and a.only not in pr.klass):
             continue
@@ -995,7 +1285,7 @@ def main() -> None:
         counts[klass][0 if outcome else 1] += 1
         print(f"{'FAIL' if outcome else 'ok':6} {pr.klass:32} {pr.name:42} {outcome}", flush=True)
     print()
-    for kind in ("traceback", "silent", NA, UE):
+    for kind in ("traceback", "silent", NA, UE, UC, NO, PR, AD):
         mine = {k: v for k, v in counts.items() if k.startswith(kind)}
         failing = sum(1 for bad, _ in mine.values() if bad)
         probes_bad = sum(bad for bad, _ in mine.values())

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 @run_options("routing", "box", "serving", exclude=("capacity", "global_capacity"))
 def search(
     grid: Grid,
-    target: str = typer.Option(..., help="What to meet: tok/s>=10 (decode at batch 1), tpot_p50<=0.1, tpot_p99<=0.2, "
+    target: list[str] = typer.Option(..., help="What to meet: tok/s>=10 (decode at batch 1), tpot_p50<=0.1, tpot_p99<=0.2, "
                                          "ttft_p99<=2 (with --rate), or any numeric simulate field, e.g. e2e_p99_s<=30."),
     out: Path = typer.Option(Path("casmoe-search"), help="Output folder; simulated points are kept and reused on re-runs."),
     jobs: int = JOBS,
@@ -45,17 +45,21 @@ def search(
     won by the cheaper box. Default: lru and semoe on the first 12 requests."""
     from casmoe.output import check_dir_target, write_text
     from casmoe.sim.prices import load_prices
-    from casmoe.sim.search import Target, configs
+    from casmoe.sim.search import SearchError, Target, configs
     from casmoe.sim.search import search as run_search
 
     check_dir_target(out, "--out")
-    goal = Target.parse(target)
+    if len(target) > 1:
+        raise SearchError(f"give one --target (got {len(target)}: {', '.join(target)}); search meets one metric at a "
+                          "time: run it once per target, with the same --out to reuse the points")
+    goal = Target.parse(target[0])
     table = load_prices(prices)
     defaults = {"policy": ("lru", "semoe"), "requests": 12}
     grid = grid.with_values(**{k: v for k, v in defaults.items() if k not in grid.given})
     result = run_search(configs(grid), goal, str(out), jobs=jobs, ray_address=ray_target(ray, ray_address),
                         prices=table, budget=budget)
     summary = _summary(result)
+    out.mkdir(parents=True, exist_ok=True)  # no point ran when every config is settled before a run
     write_text(out / "search.json", json.dumps(summary, indent=2))
     _plot(out / "search.png", result)
     if as_json:
