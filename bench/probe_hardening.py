@@ -1036,7 +1036,7 @@ def cheaper_link_wins(summary: dict) -> str:
 
 def unknown_price(summary: dict) -> str:
     rows = summary["pareto"] + summary["answers"]
-    return "" if rows and all(r["price_usd"] is None and r["price"].startswith("unknown") for r in rows) else \
+    return "" if rows and all(r.get("price_usd", 0) is None and r.get("price", "").startswith("unknown") for r in rows) else \
         f"prices {[r.get('price') for r in rows][:2]}"
 
 
