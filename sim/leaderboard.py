@@ -116,7 +116,7 @@ def markdown(records: Sequence[dict[str, Any]], halves: Sequence[Halves], specs:
         lines += [f"### {h.name}: {h.requests} held-out requests, {h.tokens} tokens ({h.split})", ""]
         boxes: dict[Any, list[dict[str, Any]]] = {}
         for m, r in mine:
-            boxes.setdefault(m if m is not None else (r["model"], r["hardware"]), []).append(r)
+            boxes.setdefault(m if m is not None else (r.get("model", "?"), r.get("hardware", "?")), []).append(r)
         for machine, rs in boxes.items():
             lines += [_priced(machine, rs, h), ""]
             lines += _tables(rs, h)
