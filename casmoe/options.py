@@ -15,6 +15,7 @@ from typing import Sequence
 from casmoe.cache import Capacity, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, Quant
+from casmoe.precision import Precision, PrecisionError, parse_precision
 
 
 class OptionError(CasmoeError, ValueError):
@@ -92,13 +93,16 @@ def parse_miss_mode(text: str | MissMode, what: str = "--miss-mode") -> MissMode
         raise OptionError(f"unknown {what} {text!r}; one of {', '.join(m.value for m in MissMode)}") from None
 
 
-def parse_quant(text: str | Quant | None, what: str = "--quant") -> Quant | None:
-    """`None`, "" or "trace" keeps the trace's measured bytes per expert (bf16 when it has none)."""
-    if text is None or isinstance(text, Quant):
+def parse_quant(text: str | Precision | Quant | None, what: str = "--quant") -> Precision | None:
+    """A precision by name (`bf16`, `q4_k_m`, `hqq2`, `mxfp4`, ...) or width (`4.5bpw`); `None`,
+    "" or "trace" keeps the default (the trace's measured bytes per expert, else the checkpoint's)."""
+    if text is None or isinstance(text, Precision):
         return text
+    if isinstance(text, Quant):
+        return text.precision
     if str(text).strip().lower() in ("", "trace"):
         return None
     try:
-        return Quant(str(text).strip().lower())
-    except ValueError:
-        raise OptionError(f"unknown {what} {text!r}; one of {', '.join(q.value for q in Quant)}") from None
+        return parse_precision(str(text).strip())
+    except PrecisionError as exc:
+        raise OptionError(f"unknown {what} {text!r}: {exc}") from None

@@ -27,6 +27,7 @@ from casmoe.sim.machine import Machine, presets_of_shape
 from casmoe.sim.run_options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
 from casmoe.sim.serving import Traffic
 from casmoe.sim.spec import RunSpec, TraceRef, file_digest
+from casmoe.sim.stack import DEFAULT_STACK, load_stack
 from casmoe.sim.tiers import HostCache
 
 @dataclass(frozen=True)
@@ -254,9 +255,9 @@ class _Builder:
         """Each model x hardware variant x devices x precision, checked."""
         g = self.grid
         overcommit = bool(g.value("allow_overcommit"))
-        for model, hw_name, gpus, link, ram, devices, quant in itertools.product(
+        for model, hw_name, gpus, link, ram, devices, quant, dense_quant, host_quant, stack in itertools.product(
             g.values("model"), g.values("hardware"), g.values("gpus"), g.values("link"), g.values("host_ram"),
-            g.values("devices"), g.values("quant"),
+            g.values("devices"), g.values("quant"), g.values("dense_quant"), g.values("host_quant"), g.values("stack"),
         ):
             name = preset_for(whole, model)
             if name is None and not self.shape_ok:
@@ -269,7 +270,8 @@ class _Builder:
             hw: HardwareProfile = load_profile(spec)
             n = devices or min(hw.gpus, whole.geometry.layers)  # every GPU of the box, one layer each at least
             check_devices(hw, n, overcommit)
-            machine = Machine(preset, hw, n, parse_quant(quant), bool(g.value("pinned")))
+            machine = Machine(preset, hw, n, parse_quant(quant), bool(g.value("pinned")), parse_quant(dense_quant),
+                              parse_quant(host_quant), load_stack(stack or DEFAULT_STACK))
             machine.check_geometry(whole.geometry)
             yield machine, spec
 

@@ -331,7 +331,7 @@ def test_a_callers_latency_log_holds_each_decode_step_in_request_order():
 
 def test_roofline_decode_is_bound_by_weight_streaming():
     p = get_preset("mixtral-8x7b")
-    c = RooflineCompute.build(HW, p, p.geometry.bytes_per_layer())
+    c = Machine(p, HW).compute(p.geometry.bytes_per_layer())
     stream = p.geometry.expert_bytes() / (HW.mem_bw_gbs * 1e9 * HW.mem_efficiency)
     assert c.expert(0, 1) == pytest.approx(stream + HW.expert_overhead_us * 1e-6)
     assert c.expert(0, 4096) > c.expert(0, 1)  # prefill-size batches become FLOP bound
