@@ -159,8 +159,9 @@ class Target:
 def label(spec: RunSpec) -> str:
     """A config in words: the box, GPUs used, policy, precision, RAM tier."""
     m = spec.machine
+    precision = m.precision_label(whole_trace(spec.trace.path, spec.trace.digest).geometry)
     parts = [m.hardware.name, f"{m.devices} GPU{'s' if m.devices > 1 else ''}", spec.policy.label,
-             m.quant.value if m.quant else "trace bytes"]
+             "trace bytes" if precision == "trace" else precision]
     if spec.host_cache is not None:
         parts.append(f"RAM tier {spec.host_cache.rows} experts")
     return ", ".join(parts)

@@ -215,3 +215,11 @@ def test_every_measured_number_of_a_record_is_a_target_in_its_direction():
     assert Target.parse("hit_rate>=50%").value == 0.5 and Target.parse("hits>=10").op == ">="
     with pytest.raises(SearchError, match="--rate"):
         Target.parse("queue_wait_p99_s<=1").check(CONFIGS)
+
+
+def test_a_config_label_names_its_precision():
+    from casmoe.sim.search import label
+
+    (forced,) = configs(Grid.of({**BASE, "gpus": 4, "policy": "lru", "quant": "int4"}))
+    (default,) = configs(Grid.of({**BASE, "gpus": 4, "policy": "lru"}))
+    assert label(forced).endswith("lru, int4") and label(default).endswith("lru, bf16")
