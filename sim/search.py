@@ -12,9 +12,12 @@ together through `casmoe.sim.run.run_all` (local processes or Ray), whose store 
 makes an interrupted search resume and a repeated one free.
 
 The answer per config is its cheapest point that meets the target; memory is the GPUs' expert
-cache plus the RAM tier. The Pareto table keeps the answers no other answer beats on GPUs,
-memory and the metric together; every row carries its evidence (the point's key: its
-simulate record is `points/<key>.json`).
+cache plus the RAM tier. Each config's box has a price (`casmoe.sim.prices`: its GPUs, host RAM
+and host link, from sim/prices.toml or a user's file; unknown when a part has none, never
+guessed). The Pareto table keeps the answers no other answer beats on GPUs, memory, price and
+the metric together, where two metrics within `TIE` (1%) of each other are equal, so that a tie
+goes to the cheaper box; every row carries its evidence (the point's key: its simulate record
+is `points/<key>.json`).
 """
 
 from __future__ import annotations
