@@ -1076,6 +1076,8 @@ def probes_38() -> list[Probe]:
         Probe(tg, "--target tok/s>=fast", srch + ["--target", "tok/s>=fast"], check=names("give a number")),
         Probe(tg, "--target tok/s>=1e999", srch + ["--target", "tok/s>=1e999"], check=names("finite")),
         Probe(tg, "--target hit_rate>=50%", srch + ["--target", "hit_rate>=50%"], check=accepted),
+        Probe(tg, "--target hit_rate>=1.5 (a share)", srch + ["--target", "hit_rate>=1.5"], check=names("0.5")),
+        Probe(tg, "--target ttft_p99<=-1 (never met)", srch + ["--target", "ttft_p99<=-1"], check=names(">= 0")),
         Probe(tg, "--target queue_wait_p99_s<=1 without arrivals", srch + ["--target", "queue_wait_p99_s<=1"],
               check=names("--rate")),
         Probe(tg, "two --target flags", srch + ["--target", "tok/s>=3", "--target", "ttft_p99<=2"],

@@ -57,6 +57,8 @@ SERVING = ("queue_wait_mean_s", "queue_wait_p99_s", "queue_mean", "queue_max", "
 HIGHER = ("decode_tokens_per_s", "throughput_tokens_per_s", "requests_per_s", "hit_rate", "warm_hit_rate", "hits",
           "host_hits", "prefetch_used", "mean_batch", "peak_batch")
 """Measured fields where more is better; every other measured number is better lower."""
+SHARES = ("hit_rate", "warm_hit_rate")
+"""Measured fields that are shares, between 0 and 1."""
 TIE = 0.01
 """Two answers whose metric differs by at most this share of the larger are tied: the cheaper wins."""
 
@@ -129,6 +131,11 @@ class Target:
             raise SearchError(f"bad target value {value!r} in {text!r}; give a number, {example}") from None
         if not math.isfinite(number):
             raise SearchError(f"bad target value {value!r} in {text!r}; give a finite number, {example}")
+        if number < 0:
+            raise SearchError(f"target {text!r}: {name} is never negative; give a number >= 0")
+        if metric in SHARES and number > 1:
+            raise SearchError(f"target {text!r}: {name} is a share between 0 and 1; write {name}{op}0.5 or "
+                              f"{name}{op}50%")
         return cls(metric, op, number)
 
     def check(self, configs: Sequence[RunSpec]) -> None:

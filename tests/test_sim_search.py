@@ -204,6 +204,9 @@ def test_the_cli_prints_each_rows_price_and_takes_a_prices_file(tmp_path):
     ("misses>=100", "better lower"),
     ("hit_rate>=fifty", "give a number"),
     ("tok/s>=1e999", "finite"),
+    ("ttft_p99<=-1", "never negative"),
+    ("hit_rate>=1.5", "between 0 and 1"),
+    ("hit_rate>=150%", "between 0 and 1"),
 ])
 def test_targets_that_are_no_measured_number_are_refused(text, says):
     with pytest.raises(SearchError, match=says):
