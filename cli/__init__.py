@@ -102,10 +102,18 @@ def _one_line_warnings() -> Any:
     return show
 
 
+_TRACKER = "ignore:resource_tracker:UserWarning"
+"""multiprocessing's resource tracker, a process of its own, warns in two lines at exit about a
+semaphore a finished worker pool left (nothing the user can act on); its -W options come from
+this process's `sys.warnoptions`, so this filter reaches it where `showwarning` cannot."""
+
+
 def main() -> None:
     previous = signal.signal(signal.SIGTERM, _terminate)
     shown = warnings.showwarning
     warnings.showwarning = _one_line_warnings()
+    if _TRACKER not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER)
     try:
         _run()
     finally:
