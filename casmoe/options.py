@@ -67,9 +67,13 @@ class CapacitySpec:
         return self.text.strip() + ("" if self.per_layer else " global")
 
 
-def capacity_text(text: str) -> CapacitySpec:
-    """A capacity as written (slots or memory), checked: a malformed one is an `OptionError`."""
-    return CapacitySpec(text)
+FIT = "fit"
+"""A capacity written `fit`: the most the box holds (resolved where the box is known)."""
+
+
+def capacity_text(text: str) -> CapacitySpec | None:
+    """A capacity as written (slots, memory, or `fit`), checked: a malformed one is an `OptionError`."""
+    return None if text.strip().lower() == FIT else CapacitySpec(text)
 
 
 def one_capacity(capacity: str | None, global_capacity: str | None, geometry: Geometry) -> Capacity:
