@@ -35,7 +35,8 @@ def leaderboard(
     from tqdm import tqdm
 
     from casmoe.output import check_dir_target, write_text
-    from casmoe.report import plot_decode_vs_capacity, write_csv, write_json
+    from casmoe.plots import plot_decode_vs_capacity
+    from casmoe.report import write_csv, write_json
     from casmoe.shipped import shipped
     from casmoe.sim import leaderboard as lb
     from casmoe.sim.hardware import load_profile
