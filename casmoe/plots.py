@@ -31,9 +31,9 @@ ORACLE_LEGEND = "* oracle (dashed): reads the future,\nor fitted on the requests
 
 COLOURS = (  # tab10, then ten darker or more saturated ones; with the markers, 60 distinct pairs
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-    "#000000", "#393b79", "#a6761d", "#66a61e", "#e7298a", "#a50f15", "#006d6f", "#6a3d9a", "#b15928", "#6b6b00",
+    "#000000", "#393b79", "#a6761d", "#e7298a", "#006d6f", "#66a61e", "#a50f15", "#6a3d9a", "#b15928", "#6b6b00",
 )
-MARKERS = ("o", "s", "D", "^", "v", "<", ">", "p", "*", "X", "P", "d", "h", "H", "8")
+MARKERS = ("o", "s", "D", "^", "v", "<", ">", "p", "*", "X", "P", "d", "h", "x", "+")  # no two alike
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,8 @@ def run_context(records: Sequence[dict[str, Any]], per: str = "panel") -> str:
     model = r.get("model", "?") if same("model") else f"each {per}'s model"
     where = box(r) if same("hardware", "devices") else f"each {per}'s box"
     trace = _trace(r) if same("trace") else f"each {per}'s trace"
-    settings = [_setting(a, r) for a in ("batch", "miss_mode", "quant") if a in r and same(a)]
+    settings = [_setting(a, r) for a in ("batch", "miss_mode", "quant", "host_cache_gb") if a in r and same(a)
+                and (a != "host_cache_gb" or r[a])]
     if "workload" in r and same("workload"):
         settings.append(str(r["workload"]).replace("back-to-back", "requests back to back"))
     return f"{model} on {where}, {trace}" + (f"\n{', '.join(settings)}" if settings else "")
@@ -414,7 +415,7 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
     panels: list[tuple[str, str, Callable[[dict[str, Any], Any], float | None]]] = [
         ("decode speed", "decode tokens/s", lambda r, _: r[SPEED]),
     ]
-    if any(r["policy"] == "lru" for r in records):
+    if any(r["policy"] == "lru" for r in records) and any(r["policy"] != "lru" for r in records):
         panels.append(("change over LRU", "decode tokens/s vs LRU at the same size (%)", _vs_lru))
     panels.append(("misses loaded over the link", "loaded misses (% of expert accesses)", _loaded_misses))
     if any(r.get("cpu_computed") for r in records):
@@ -455,7 +456,7 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
                     ticks = [-100, -50, 0, 50, 100] + [t for t in (200, 500, 1000, 2000, 5000, 10000) if t <= top * 1.2]
                     ax.yaxis.set_major_locator(FixedLocator(ticks))
                     ax.yaxis.set_minor_locator(NullLocator())
-                ax.yaxis.set_major_formatter(lambda v, _: f"{v:+,.0f}%" if v else "0 (LRU)")
+                ax.yaxis.set_major_formatter(lambda v, _: f"{v:+,.4g}%" if v else "0 (LRU)")
             elif name.startswith("misses loaded"):
                 _zero_safe_log(ax, values, linear_below=1 if any(v == 0 for v in values) else None, unit="%")
                 _log_ticks(ax)
@@ -569,7 +570,9 @@ def figure_queue(records: Sequence[dict[str, Any]], styles: PolicyStyles | None 
     drawn: set[str] = set()
     for ax, (facet, rs) in zip(axs[0], facets):
         for r in rs:  # runs differ in their times: one call each
-            pts = r.get("queue_length") or [(0.0, 0), (r.get("sim_time_s", 1.0), 0)]
+            pts = [tuple(p) for p in r.get("queue_length") or [(0.0, 0)]]
+            if r.get("sim_time_s", 0) > pts[-1][0]:  # the last length holds to the end of the run
+                pts.append((r["sim_time_s"], pts[-1][1]))
             x, y = [p[0] for p in pts], [float(p[1]) for p in pts]
             _series(ax, x, {policy_label(r): y}, styles, same, step=True)
             drawn.add(policy_label(r))
@@ -720,7 +723,7 @@ def plot_search(path: Path, points: Sequence[SearchPoint], metric: str, target: 
 def _lrc_trace(res: Any) -> str:
     g = res.geometry
     return (f"{res.name}: {g.layers} MoE layer{'s' * (g.layers != 1)}, {g.experts} experts, top-{g.top_k}; "
-            f"{res.requests} requests, {res.tokens:,} tokens ({res.token_selection})")
+            f"{res.requests} request{'s' * (res.requests != 1)}, {res.tokens:,} tokens ({res.token_selection})")
 
 
 def _lrc_context(results: Sequence[Any]) -> str:
@@ -805,27 +808,38 @@ def plot_lrc_srp(path: Path, results: Sequence[Any]) -> Path:
 
 
 def figure_lrc_layers(results: Sequence[Any], rho: float = 2.0) -> Any:
-    """Per-layer heatmaps (MoE layer x m): SRP, and SCH of a per-layer cache at `rho`, one
-    column per trace, on one 0-1 colour scale."""
+    """Per-layer heatmaps (m x MoE layer, layers along the width so that a deep model stays
+    readable): SRP, and SCH of a per-layer cache at `rho`, per trace (a column each when
+    models are shallow, else two rows each), on one 0-1 colour scale; small maps print
+    their values."""
     plt = _pyplot()
     layers = max(r.geometry.layers for r in results)
-    height = min(9.0, max(1.6, 0.16 * layers + 1.0))
-    fig, axs = plt.subplots(2, len(results), figsize=(1.2 + 2.9 * len(results), 2 * height + 1.2), squeeze=False,
-                            layout="constrained")
+    ms_most = max(len(r.srp) for r in results)
+    side = layers <= 12  # traces side by side
+    width = min(14.0, max(3.2, 0.16 * layers + 1.5))
+    rows, cols = (2, len(results)) if side else (2 * len(results), 1)
+    fig, axs = plt.subplots(rows, cols, figsize=(cols * width + 1.2, rows * (0.3 * ms_most + 1.3) + 1.2),
+                            squeeze=False, layout="constrained")
     im = None
-    for col, res in enumerate(results):
+    for i, res in enumerate(results):
         ms = list(res.srp)
         n = res.geometry.layers
-        srp = [[float(res.srp[m].layers.value[layer]) for m in ms] for layer in range(n)]
-        sch = [[(res.sch_at(m, rho, "layer", layer) or {"value": float("nan")})["value"] for m in ms] for layer in range(n)]
-        for row, (data, what) in enumerate(((srp, "SRP (best F1)"), (sch, f"SCH at rho = {rho:g} per layer"))):
-            ax = axs[row][col]
+        srp = [[float(res.srp[m].layers.value[layer]) for layer in range(n)] for m in ms]
+        sch = [[(res.sch_at(m, rho, "layer", layer) or {"value": float("nan")})["value"] for layer in range(n)] for m in ms]
+        for j, (data, what) in enumerate(((srp, "SRP (best F1)"), (sch, f"SCH of a per-layer cache at rho = {rho:g}"))):
+            ax = axs[j][i] if side else axs[2 * i + j][0]
             im = ax.imshow(data, aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
-            ax.set_xticks(range(len(ms)), [str(m) for m in ms])
-            ax.set_yticks(range(n) if n <= 12 else range(0, n, max(1, n // 8)))
-            ax.set_xlabel("segment length m (tokens)", fontsize="small")
-            ax.set_ylabel("MoE layer", fontsize="small")
+            ax.set_yticks(range(len(ms)), [str(m) for m in ms])
+            ax.set_xticks(range(n) if n <= 16 else range(0, n, max(1, n // 12)))
+            ax.set_ylabel("m (tokens)", fontsize="small")
+            ax.set_xlabel("MoE layer", fontsize="small")
             ax.set_title(f"{res.name}: {what}", fontsize="small")
+            if n * len(ms) <= 60:
+                for y, row in enumerate(data):
+                    for x, v in enumerate(row):
+                        if math.isfinite(v):
+                            ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize="x-small",
+                                    color="black" if v > 0.6 else "white")
     fig.colorbar(im, ax=axs, fraction=0.04, label="SRP or hit rate (0-1)")
     _title(fig, "Per-layer routing consistency", _lrc_context(results))
     return fig
