@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, Sequence
 from casmoe.output import atomic_open
 from casmoe.report import SPEED, sig, varied_axes
 
-ORACLE_LEGEND = "* oracle (dashed): reads the future,\nor fitted on the requests it is\nscored on: a bound, not deployable"
+ORACLE_LEGEND = ("* oracle (dashed): reads the future,\nor fitted on the requests it is\n"
+                 "scored on: a bound, not deployable")
 
 # ---- styles and titles ---------------------------------------------------------------------------
 
@@ -78,7 +79,6 @@ class PolicyStyles:
 
         self._fixed = {name: i for i, name in enumerate(POLICIES)}
         self._slots: dict[str, int] = {}
-        self._order: list[str] = []
         for label in labels:
             self(label)
 
@@ -95,7 +95,6 @@ class PolicyStyles:
             if slot is None or slot in taken:
                 slot = next(i for i in range(len(self._fixed), 10**6) if i not in taken)
             self._slots[key] = slot
-            self._order.append(label)
         slot = self._slots[key]
         return Style(COLOURS[slot % len(COLOURS)], MARKERS[slot % len(MARKERS)], label.endswith("*"))
 
@@ -194,6 +193,16 @@ def _figure(rows: int, cols: int, width: float, height: float, legend_width: flo
     return fig, axs
 
 
+def _facet_grid(n: int, width: float, height: float, small_width: float, small_height: float):
+    """`_figure` for n panels that share their y axis: one big panel, or smaller ones two to a row."""
+    if n == 1:
+        return _figure(1, 1, width, height)
+    fig, axs = _figure(-(-n // 2), 2, small_width, small_height, sharey=True, sharex=False)
+    for ax in axs.flat[n:]:
+        ax.set_visible(False)
+    return fig, axs
+
+
 def _title(fig: Any, what: str, context: str) -> None:
     """What the figure shows, then the run, centred over the panels and wrapped to their width
     (the legend beside them keeps its place: call this after the legend)."""
@@ -226,7 +235,8 @@ def _policy_legend(fig: Any, styles: PolicyStyles, labels: Iterable[str], same: 
     for label in labels:
         earlier = [x for x in styles.sort(same.get(label, ())) if labels.index(x) < labels.index(label)]
         later = [x for x in styles.sort(same.get(label, ())) if labels.index(x) > labels.index(label)]
-        names.append(f"{label}  (= {earlier[0]})" if earlier else f"{label}  (= {', '.join(later)})" if later else label)
+        alike = earlier[:1] or later
+        names.append(f"{label}  (= {', '.join(alike)})" if alike else label)
     handles = [_handle(styles(label), name) for label, name in zip(labels, names)]
     title = "policy" + (f"\n{ORACLE_LEGEND}" if any(label.endswith("*") for label in labels) else "")
     return _legend(fig, [*handles, *extra], title)
@@ -236,7 +246,7 @@ def _series(ax: Any, x: Sequence[float], series: dict[str, Sequence[float]], sty
             same: dict[str, set[str]], step: bool = False) -> None:
     """One line per policy in its style, every one drawn even where lines lie on each other:
     the earlier ones a little wider, and their markers either bigger (few points: concentric)
-    or at other points (many points: every n-th, staggered). `same` keeps, per label, the
+    or at other points (many points: every n-th, staggered by the line's place). `same` keeps, per label, the
     labels equal to it in every panel so far."""
     def key(ys: Sequence[float]) -> tuple:
         return tuple(round(float(v), 9) if math.isfinite(v) else None for v in ys)
@@ -244,7 +254,7 @@ def _series(ax: Any, x: Sequence[float], series: dict[str, Sequence[float]], sty
     groups: dict[tuple, list[str]] = {}
     for label, ys in series.items():
         groups.setdefault(key(ys), []).append(label)
-    for label, ys in series.items():
+    for i, (label, ys) in enumerate(series.items()):
         group = groups[key(ys)]
         j = group.index(label)
         under = min(4, len(group) - 1 - j)  # lines drawn over this one
@@ -253,7 +263,8 @@ def _series(ax: Any, x: Sequence[float], series: dict[str, Sequence[float]], sty
         kw: dict[str, Any] = {**styles(label).line(), "linewidth": 1.2 + 0.8 * under, "gid": label, "label": label}
         if len(ys) > 12:
             every = max(len(ys) // 10, len(group))
-            kw.update(markersize=5, markevery=(j % every, every))
+            start = j if len(group) > 1 else i  # equal lines' markers all at different points, others spread
+            kw.update(markersize=5, markevery=(start % every, every))
         else:
             kw.update(markersize=5 + 2.5 * under)
         if step:
@@ -263,13 +274,15 @@ def _series(ax: Any, x: Sequence[float], series: dict[str, Sequence[float]], sty
 
 
 def _zero_safe_log(ax: Any, values: Iterable[float], linear_below: float | None = None, unit: str = "") -> None:
-    """A log y axis, or, when a value is zero, a symlog one (linear from 0 to the smallest
-    positive value's power of ten, log above) with 0 marked: zeros are drawn, not dropped."""
+    """A log y axis where the values span a decade or more, else a linear one from 0; when a
+    value is zero, symlog instead of log (linear from 0 to the smallest positive value's power
+    of ten, log above, the switch marked): zeros are drawn, not dropped."""
     finite = [v for v in values if math.isfinite(v)]
     positive = [v for v in finite if v > 0]
-    if not positive:
+    if not positive or max(positive) < 10 * min(positive):
         ax.set_yscale("linear")
-        ax.set_ylim(-0.05, 1)
+        top = 1.05 * max(positive, default=1.0)
+        ax.set_ylim(-0.03 * top, top)
         return
     if all(v > 0 for v in finite) and linear_below is None:
         ax.set_yscale("log")
@@ -308,8 +321,9 @@ def _from_zero(ax: Any, counts: bool = False) -> None:
     numbers only for counts; an axis with nothing above 0 still shows its zeros."""
     from matplotlib.ticker import MaxNLocator
 
-    hi = ax.get_ylim()[1]
-    if not any(v > 0 for line in ax.get_lines() for v in line.get_ydata() if math.isfinite(float(v))):
+    data = [float(v) for line in ax.get_lines() for v in line.get_ydata() if math.isfinite(float(v))]
+    hi = max(ax.get_ylim()[1], 1.05 * max(data, default=0.0))  # a top point drawn whole too
+    if not any(v > 0 for v in data):
         hi = 1.0
     ax.set_ylim(-0.03 * hi, hi)
     if counts:
@@ -400,6 +414,25 @@ def _vs_lru(r: dict[str, Any], lru: dict[str, Any] | None) -> float | None:
     return 100 * (r[SPEED] / lru[SPEED] - 1) if lru and lru[SPEED] > 0 else None
 
 
+def _change_axis(ax: Any, values: Sequence[float]) -> None:
+    """The change over LRU: a line at 0 (LRU itself); linear, or, when some policy gains more
+    than +100%, linear up to +100% and logarithmic above (symlog), the switch marked."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.axhline(0, color="0.3", linewidth=0.8)
+    finite = [v for v in values if math.isfinite(v)]
+    if finite and max(finite) > 100:
+        ax.set_yscale("symlog", linthresh=100, linscale=1.5)
+        ax.axhline(100, color="0.6", linewidth=0.6, linestyle=":")
+        ax.text(0.005, 100, " log above +100%", transform=ax.get_yaxis_transform(), fontsize="x-small", color="0.4",
+                ha="left", va="bottom")
+        ax.set_ylim(min(-10.0, min(finite) - 10), 1.6 * max(finite))  # headroom: the top point drawn whole
+        ticks = [-100, -50, 0, 50, 100] + [t for t in (200, 500, 1000, 2000, 5000, 10000) if t <= 1.2 * max(finite)]
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:+,.4g}%" if v else "0 (LRU)")
+
+
 def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Any:
     """Against the expert-cache size: decode tokens/s; the change over LRU; the misses loaded
     over the link (log, zeros kept); and, when some policy has them, the misses computed on the
@@ -422,7 +455,8 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
         panels.append(("misses computed on the host (not loaded)", "computed on the host (% of accesses)",
                        _share("cpu_computed")))
     if any(r.get("substitutions") for r in records):
-        panels.append(("misses substituted (lossy, not loaded)", "substituted (% of accesses)", _share("substitutions")))
+        panels.append(("misses substituted (lossy, not loaded)", "substituted (% of accesses)",
+                       _share("substitutions")))
     square = len(rows) == 1 and len(panels) == 4  # 2 x 2 rather than a strip
     fig, axs = _figure(2 if square else len(rows), 2 if square else len(panels), 4.3, 3.5)
     same: dict[str, set[str]] = {}
@@ -444,19 +478,7 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
             drawn |= set(series)
             values = [v for ys in series.values() for v in ys]
             if name == "change over LRU":
-                ax.axhline(0, color="0.3", linewidth=0.8)
-                if values and max(v for v in values if math.isfinite(v)) > 100:
-                    ax.set_yscale("symlog", linthresh=100, linscale=1.5)
-                    ax.axhline(100, color="0.6", linewidth=0.6, linestyle=":")
-                    ax.text(0.005, 100, " log above +100%", transform=ax.get_yaxis_transform(), fontsize="x-small",
-                            color="0.4", ha="left", va="bottom")
-                    from matplotlib.ticker import FixedLocator, NullLocator
-
-                    top = max(v for v in values if math.isfinite(v))
-                    ticks = [-100, -50, 0, 50, 100] + [t for t in (200, 500, 1000, 2000, 5000, 10000) if t <= top * 1.2]
-                    ax.yaxis.set_major_locator(FixedLocator(ticks))
-                    ax.yaxis.set_minor_locator(NullLocator())
-                ax.yaxis.set_major_formatter(lambda v, _: f"{v:+,.4g}%" if v else "0 (LRU)")
+                _change_axis(ax, values)
             elif name.startswith("misses loaded"):
                 _zero_safe_log(ax, values, linear_below=1 if any(v == 0 for v in values) else None, unit="%")
                 _log_ticks(ax)
@@ -494,11 +516,11 @@ def figure_stall_by_layer(records: Sequence[dict[str, Any]], styles: PolicyStyle
     axes that vary."""
     styles = styles or PolicyStyles.of(records)
     facets = _facets(records, extra=("capacity",))
-    fig, axs = _figure(1, len(facets), 6.2, 4.2, sharey=True)
+    fig, axs = _facet_grid(len(facets), 7.6, 5.6, 6.0, 4.4)
     same: dict[str, set[str]] = {}
     drawn: set[str] = set()
     values: list[float] = []
-    for ax, (facet, rs) in zip(axs[0], facets):
+    for ax, (facet, rs) in zip(axs.flat, facets):
         series = {policy_label(r): [float(v) for v in r["stall_by_layer_s"]] for r in rs if r.get("stall_by_layer_s")}
         if series:
             _series(ax, list(range(len(next(iter(series.values()))))), series, styles, same)
@@ -509,7 +531,8 @@ def figure_stall_by_layer(records: Sequence[dict[str, Any]], styles: PolicyStyle
         ax.grid(True, alpha=0.3)
     _zero_safe_log(axs[0][0], values, unit=" s")  # shared by every panel
     _log_ticks(axs[0][0])
-    axs[0][0].set_ylabel("stall waiting for expert loads (s, run total)", fontsize="small")
+    for ax in axs[:, 0]:
+        ax.set_ylabel("stall waiting for expert loads (s, run total)", fontsize="small")
     _policy_legend(fig, styles, drawn, same)
     _title(fig, "Stall per MoE layer" + _where(records), run_context(records))
     return fig
@@ -533,7 +556,7 @@ def figure_timeliness(records: Sequence[dict[str, Any]], styles: PolicyStyles | 
     one line per policy, on linear axes (zeros drawn)."""
     styles = styles or PolicyStyles.of(records)
     facets = _facets(records, extra=("capacity",))
-    fig, axs = _figure(len(_TIMELINESS), len(facets), 6.2, 2.6, sharex=True)
+    fig, axs = _figure(len(_TIMELINESS), len(facets), 7.6 if len(facets) == 1 else 5.4, 2.8, sharex=True)
     same: dict[str, set[str]] = {}
     drawn: set[str] = set()
     for col, (facet, rs) in enumerate(facets):
@@ -565,10 +588,10 @@ def figure_queue(records: Sequence[dict[str, Any]], styles: PolicyStyles | None 
     whose queue stayed empty is drawn at 0), one panel per value of the axes that vary."""
     styles = styles or PolicyStyles.of(records)
     facets = _facets(records, extra=("capacity",))
-    fig, axs = _figure(1, len(facets), 6.2, 3.8, sharey=True)
+    fig, axs = _facet_grid(len(facets), 7.6, 4.2, 6.0, 3.6)
     same: dict[str, set[str]] = {}
     drawn: set[str] = set()
-    for ax, (facet, rs) in zip(axs[0], facets):
+    for ax, (facet, rs) in zip(axs.flat, facets):
         for r in rs:  # runs differ in their times: one call each
             pts = [tuple(p) for p in r.get("queue_length") or [(0.0, 0)]]
             if r.get("sim_time_s", 0) > pts[-1][0]:  # the last length holds to the end of the run
@@ -580,7 +603,8 @@ def figure_queue(records: Sequence[dict[str, Any]], styles: PolicyStyles | None 
         ax.set_xlabel("simulated time (s)", fontsize="small")
         ax.grid(True, alpha=0.3)
     _from_zero(axs[0][0], counts=True)  # shared by every panel: after all are drawn
-    axs[0][0].set_ylabel("requests waiting for admission (count)", fontsize="small")
+    for ax in axs[:, 0]:
+        ax.set_ylabel("requests waiting for admission (count)", fontsize="small")
     _policy_legend(fig, styles, drawn)
     _title(fig, "Admission queue over time" + _where(records), run_context(records))
     return fig
@@ -608,7 +632,8 @@ def figure_latency_vs_load(records: Sequence[dict[str, Any]], styles: PolicyStyl
         for ax, (what, pct) in zip(axs[row], _LATENCY):
             series: dict[str, list[float]] = {}
             for r in rs:
-                series.setdefault(policy_label(r), [math.nan] * len(rates))[rates.index(r["rate"])] = r[f"{what}_{pct}_s"]
+                ys = series.setdefault(policy_label(r), [math.nan] * len(rates))
+                ys[rates.index(r["rate"])] = r[f"{what}_{pct}_s"]
             _series(ax, rates, series, styles, same)
             drawn |= set(series)
             ax.set_title((f"{facet}\n" if facet else "") + f"{_LATENCY_NAMES[what]}, {pct}", fontsize="small")
@@ -825,7 +850,8 @@ def figure_lrc_layers(results: Sequence[Any], rho: float = 2.0) -> Any:
         ms = list(res.srp)
         n = res.geometry.layers
         srp = [[float(res.srp[m].layers.value[layer]) for layer in range(n)] for m in ms]
-        sch = [[(res.sch_at(m, rho, "layer", layer) or {"value": float("nan")})["value"] for layer in range(n)] for m in ms]
+        sch = [[(res.sch_at(m, rho, "layer", layer) or {"value": math.nan})["value"] for layer in range(n)]
+               for m in ms]
         for j, (data, what) in enumerate(((srp, "SRP (best F1)"), (sch, f"SCH of a per-layer cache at rho = {rho:g}"))):
             ax = axs[j][i] if side else axs[2 * i + j][0]
             im = ax.imshow(data, aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
