@@ -759,6 +759,8 @@ def figure_lrc_sch(results: Sequence[Any], styles: PolicyStyles | None = None) -
     """Model-level SCH (the best hit rate a cache of C slots reaches on segments of m tokens)
     against rho = C / active experts, one row per trace, one column per m, with its bootstrap
     interval; replayed baselines in their policy styles."""
+    from matplotlib.ticker import LogLocator
+
     from casmoe.policies.registry import POLICIES
 
     def label(policy: str) -> str:  # starred (and dashed) when it reads the future, as elsewhere
@@ -782,7 +784,8 @@ def figure_lrc_sch(results: Sequence[Any], styles: PolicyStyles | None = None) -
                     ax.plot([p for p, _ in pts], [v for _, v in pts], **styles(label(policy)).line(), markersize=5,
                             linewidth=1.1, gid=label(policy), label=label(policy))
             ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}")
+            ax.xaxis.set_major_locator(LogLocator(base=2, numticks=7))
+            ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}" if v >= 1 else f"1/{1 / v:g}")
             ax.set_ylim(0, 1.02)
             ax.set_title(f"{res.name}, m = {m} tokens", fontsize="small")
             ax.set_xlabel("rho = cache slots C / active experts", fontsize="small")
