@@ -43,7 +43,7 @@ class CapacitySpec:
     def _parts(self) -> tuple[float, str]:
         m = _CAPACITY.fullmatch(self.text)
         if not m:
-            raise OptionError(f"bad capacity {self.text!r}; give slots (4) or memory (24GB, 512MiB)")
+            raise OptionError(f"bad capacity {self.text!r}; give slots (4), memory (24GB, 512MiB) or fit (the most the GPUs hold)")
         number, unit = float(m.group(1)), (m.group(2) or "").lower()
         if not unit and number != int(number):
             raise OptionError(f"capacity in slots must be a whole number, got {self.text!r}")
