@@ -43,7 +43,7 @@ class CapacitySpec:
     def _parts(self) -> tuple[float, str]:
         m = _CAPACITY.fullmatch(self.text)
         if not m:
-            raise OptionError(f"bad capacity {self.text!r}; give slots (4) or memory (24GB, 512MiB)")
+            raise OptionError(f"bad capacity {self.text!r}; give slots (4), memory (24GB, 512MiB) or fit (the most the GPUs hold)")
         number, unit = float(m.group(1)), (m.group(2) or "").lower()
         if not unit and number != int(number):
             raise OptionError(f"capacity in slots must be a whole number, got {self.text!r}")
@@ -67,9 +67,13 @@ class CapacitySpec:
         return self.text.strip() + ("" if self.per_layer else " global")
 
 
-def capacity_text(text: str) -> CapacitySpec:
-    """A capacity as written (slots or memory), checked: a malformed one is an `OptionError`."""
-    return CapacitySpec(text)
+FIT = "fit"
+"""A capacity written `fit`: the most the box holds (resolved where the box is known)."""
+
+
+def capacity_text(text: str) -> CapacitySpec | None:
+    """A capacity as written (slots, memory, or `fit`), checked: a malformed one is an `OptionError`."""
+    return None if text.strip().lower() == FIT else CapacitySpec(text)
 
 
 def one_capacity(capacity: str | None, global_capacity: str | None, geometry: Geometry) -> Capacity:

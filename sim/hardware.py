@@ -254,9 +254,16 @@ OPTIONAL = {
 ABSENT = "not given in the profile (0: not modelled)"
 
 
-def profile_paths() -> dict[str, Path]:
-    """Shipped profiles by name."""
-    return {p.stem: p for p in sorted(PROFILES_DIR.glob("*.toml"))}
+PUBLISHED_DIR = Path(__file__).with_name("published") / "profiles"
+"""Profiles of the boxes of the published measurements (`bench/published_profiles.py`)."""
+
+
+def profile_paths(published: bool = False) -> dict[str, Path]:
+    """Shipped profiles by name; with `published`, the published boxes' too."""
+    out = {p.stem: p for p in sorted(PROFILES_DIR.glob("*.toml"))}
+    if published:
+        out.update({p.stem: p for p in sorted(PUBLISHED_DIR.glob("*.toml")) if p.stem not in out})
+    return out
 
 
 LINKS_FILE = Path(__file__).with_name("links.toml")
@@ -337,7 +344,7 @@ def load_profile(spec: str | Path) -> HardwareProfile:
         except ValueError:
             raise HardwareError(f"gpus must be a whole number, got {options['gpus']!r} in {text!r}") from None
         return variant(load_profile(base), options.get("link", ""), ram, gpus)
-    shipped = profile_paths()
+    shipped = profile_paths(published=True)
     if str(spec) in shipped:
         return HardwareProfile.from_file(shipped[str(spec)])
     path = Path(spec)
@@ -346,6 +353,7 @@ def load_profile(spec: str | Path) -> HardwareProfile:
             raise HardwareError(f"hardware profile file {path} not found")
         return HardwareProfile.from_file(path)
     raise HardwareError(
-        f"unknown hardware profile {str(spec)!r}; shipped: {', '.join(shipped)}; or pass the path of your own "
+        f"unknown hardware profile {str(spec)!r}; shipped: {', '.join(profile_paths())} (and the published boxes of "
+        "`casmoe profiles --published`); or pass the path of your own "
         "TOML file (see `casmoe profiles`)"
     )

@@ -124,16 +124,28 @@ class Machine:
                 best = min(best, max(0, int(free // per_slot)))
         return best
 
+    def max_pool_slots(self, expert_bytes: Sequence[int]) -> int:
+        """Most whole experts one pool of all layers holds on the GPUs beside the dense weights
+        (each device its share, an expert of its layers' average size); at most every expert."""
+        preset = self.preset
+        g = preset.geometry
+        head = self.dense_precision.bits / 8 * 2 * preset.vocab * g.hidden
+        total = 0
+        for d, layers in enumerate(split_layers(g.layers, self.devices)):
+            free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
+            free -= head if d in (0, self.devices - 1) else 0
+            mean = sum(expert_bytes[layer] for layer in layers) / len(layers)
+            total += g.experts * len(layers) if mean <= 0 else max(0, int(free // mean))
+        return min(total, g.total_experts)
+
     def compute(self, expert_bytes: Sequence[int]) -> RooflineCompute:
         """The roofline times of this model's parts on this box under this stack."""
         from casmoe.sim.compute import RooflineCompute
-        from casmoe.sim.stack import load_shared
 
         hw, preset, g = self.hardware, self.preset, self.preset.geometry
-        stack = self.stack
-        shared = load_shared()
-        host_bw_eff = hw.cpu_mem_efficiency or stack.host_efficiency or shared.host_efficiency
-        host_flop_eff = hw.cpu_matmul_efficiency or stack.host_flops_efficiency or shared.host_flops_efficiency
+        stack = self.stack.resolved()  # a stack's zeros: the shared defaults (`sim/stacks/shared.toml`)
+        host_bw_eff = hw.cpu_mem_efficiency or stack.host_efficiency
+        host_flop_eff = hw.cpu_matmul_efficiency or stack.host_flops_efficiency
         numa = 1.0 if stack.numa_aware or hw.sockets == 1 else 1.0 / hw.sockets
         bw = hw.mem_bw_gbs * 1e9 * hw.mem_efficiency
         full, windowed = self._kv_split()

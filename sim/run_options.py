@@ -105,9 +105,10 @@ OPTIONS: tuple[Option, ...] = (
            "package.module:Class; default: every policy, CasMoE with a planner fitted on the trace's train split "
            "(casmoe[planner=auto]) beside its oracle brackets.", alias="policies", parser="casmoe.policies.spec:parse_policy"),
     Option("planner", str, "A fitted planner folder: a bare `casmoe` policy runs with it.", axis=False),
-    Option("capacity", str, "Cache per MoE layer in slots (4) or of all GPUs in memory (6GB), repeatable; default: "
-           "top_k, 2, 3 and 4 x top_k and the most that fits.", alias="capacities", parser="casmoe.options:capacity_text"),
-    Option("global_capacity", str, "One pool for all layers, in slots or memory, repeatable.",
+    Option("capacity", str, "Cache per MoE layer in slots (4), of all GPUs in memory (6GB), or fit (the most the GPUs "
+           "hold), repeatable; default: top_k, 2, 3 and 4 x top_k and the most that fits.", alias="capacities", parser="casmoe.options:capacity_text"),
+    Option("global_capacity", str, "One pool for all layers: whole experts (60), memory (18GB) or fit, repeatable; "
+           "placements (n-cpu-moe, ktransformers) take 0: every expert on the host.",
            alias="global_capacities", parser="casmoe.options:capacity_text"),
     Option("batch", int, "Requests whose decode tokens share a step, repeatable.", default=1, minimum=1),
     Option("miss_mode", str, "What a miss does, repeatable: load (stall), substitute (lossy) or cpu (computed on the "

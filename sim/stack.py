@@ -10,7 +10,8 @@ What each field adds to a run (`Machine`, `casmoe.sim.compute`, `casmoe.sim.timi
 
 - `step_us`: per forward pass (a decode token of the batch, or a prefill), on the compute
   thread: the Python loop, sampling, launching the graph;
-- `layer_us`: per computed MoE layer, beyond the profile's kernel-launch overhead;
+- `layer_us`: per block of a pass (each MoE layer, each dense-only block and the LM head: the
+  runtime's module calls), beyond the profile's kernel-launch overhead;
 - `expert_us`: per routed expert run on a GPU, beyond the profile's launch overhead;
 - `host_expert_us`: per expert computed on the host (dispatch, hand-over, synchronisation);
 - `copy_us`: compute-thread time per expert copy issued (building and queueing the copy);
@@ -99,7 +100,10 @@ class Stack:
         return [f.name for f in fields(cls) if f.type in ("int", "float")]
 
     def resolved(self, shared: Shared | None = None) -> Stack:
-        """This stack with the shared defaults in place of its zeros (host efficiencies)."""
+        """This stack with the shared defaults in place of its zeros (host efficiencies); a
+        resolved stack is itself (its values stay, whatever `shared` says)."""
+        if self.host_efficiency and self.host_flops_efficiency:
+            return self
         shared = shared or load_shared()
         values, sources = {}, {}
         for n in ("host_efficiency", "host_flops_efficiency"):

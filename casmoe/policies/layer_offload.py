@@ -38,7 +38,9 @@ class LayerOffload(ExpertCache):
         n = fewest if n is None else n
         if not 0 <= n <= L:
             raise CacheConfigError(f"layer-offload: n must lie in [0, {L}] layers, got {n}")
-        need = (L - n) * E + (geometry.top_k if n else 0)
+        # streamed experts pass through top_k staging slots; a capacity below top_k gets them
+        # from the cache as transient slots (`ExpertCache.loads_on_demand`)
+        need = (L - n) * E + (min(geometry.top_k, max(budget, 1)) if n else 0)
         if need > budget:
             raise CacheConfigError(
                 f"layer-offload[n={n}] keeps {L - n} layers x {E} experts on the GPUs plus staging slots for the "
@@ -48,6 +50,7 @@ class LayerOffload(ExpertCache):
         super().__init__(geometry, Capacity(budget, per_layer=False), **kw)
         self.n = n
         self._resident = [e for e in range(n * E, L * E)]
+        self._streamed: set[ExpertId] = set()  # streamed experts holding a slot (a few layers' worth at most)
 
     def prefetch_request(self, request: RequestStart) -> list[ExpertId]:
         """The resident layers' experts, where not yet loaded (the first request's start-up fill)."""
@@ -60,10 +63,17 @@ class LayerOffload(ExpertCache):
         E = self.geometry.experts
         return list(range(layer * E, (layer + 1) * E))
 
+    def on_insert(self, expert: ExpertId) -> None:
+        if expert < self.n * self.geometry.experts:
+            self._streamed.add(expert)
+
+    def on_evict(self, expert: ExpertId) -> None:
+        self._streamed.discard(expert)
+
     def victim(self, layer: int, candidates) -> ExpertId:
-        """A streamed expert (one of another offloaded layer), never a resident layer's."""
-        limit = self.n * self.geometry.experts
-        streamed = [e for e in candidates if e < limit]
+        """A streamed expert (one of another offloaded layer), never a resident layer's: read
+        from the streamed residents, not the whole pool (which holds every resident layer)."""
+        streamed = [e for e in self._streamed if e in candidates]
         if not streamed:
             raise CacheConfigError("layer-offload: no streamed expert to make room for; give a larger capacity")
         return min(streamed, key=lambda e: (e // self.geometry.experts == layer, e))
