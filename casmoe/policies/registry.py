@@ -20,6 +20,8 @@ from casmoe.cache import ExpertCache
 from casmoe.errors import CasmoeError
 from casmoe.policies.belady import Belady
 from casmoe.policies.casmoe import CasMoE
+from casmoe.policies.fiddler import Fiddler
+from casmoe.policies.hybrimoe import HybriMoE
 from casmoe.policies.ktransformers import KTransformers
 from casmoe.policies.least_stale import LeastStale
 from casmoe.policies.lfu import LFU
@@ -34,8 +36,8 @@ from casmoe.policies.static import Static
 
 POLICIES: dict[str, type[ExpertCache]] = {
     cls.name: cls
-    for cls in (OnDemand, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE, KTransformers, Belady, SCH,
-                CasMoE)
+    for cls in (OnDemand, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE, KTransformers, Fiddler,
+                HybriMoE, Belady, SCH, CasMoE)
 }
 
 
