@@ -62,8 +62,8 @@ class HostTier:
                                    "tier's future (the devices' loads) is in no trace")
         self.cache = policy.create(geometry, Capacity(rows, per_layer=False), **(options or {}))
         if self.cache.host_experts or self.cache.decides_host:
-            raise CacheConfigError(f"the RAM tier cannot run {policy.name!r}: it places experts on the GPUs and the "
-                                   "host, not a caching policy")
+            raise CacheConfigError(f"the RAM tier cannot run {policy.name!r}: it is a placement of GPU and host "
+                                   "experts (or computes misses on the host), not a caching policy")
         self.experts = geometry.experts
         self.rows = store.empty_rows(rows, pin=pin)
         self.store = store
