@@ -96,7 +96,8 @@ class Decider:
         elif before is None:
             visits = [((), route(step, layer, routed)) for layer, routed in enumerate(experts) if routed]
         else:
-            visits = [(before(step, layer), route(step, layer, routed)) for layer, routed in enumerate(experts) if routed]
+            visits = [(before(step, layer), route(step, layer, routed))
+                      for layer, routed in enumerate(experts) if routed]
         if ending:
             self.end(ending)
         return StepDecisions(begin, visits)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from casmoe.cache import Capacity, CacheConfigError, MissMode
 from casmoe.costs import ExpertCosts, PublishedCosts
 from casmoe.geometry import Geometry
-from casmoe.policies import POLICIES, get_policy
+from casmoe.policies import POLICIES
 from casmoe.policies.fiddler import Fiddler
 from casmoe.policies.hybrimoe import HybriMoE
 from casmoe.policies.ktransformers import KTransformers
@@ -294,9 +294,10 @@ def test_serving_and_substitute_mode_pass_the_step_counts(shipped_mixtral):
 
     trace = shipped_mixtral
     machine = Machine(load_presets()["mixtral-8x7b"], load_profile("rtx4090x4"))
-    offline = run_trace(trace, NCpuMoE, Capacity(3), machine, options={"gpu_prefill": 16})
-    served = run_trace(trace, NCpuMoE, Capacity(3), machine, options={"gpu_prefill": 16}, traffic=Traffic(Arrival.CLOSED, max_batch=1))
-    walked = run_trace(trace, NCpuMoE, Capacity(3), machine, options={"gpu_prefill": 16}, miss_mode=MissMode.SUBSTITUTE)
+    options = {"gpu_prefill": 16}
+    offline = run_trace(trace, NCpuMoE, Capacity(3), machine, options=options)
+    served = run_trace(trace, NCpuMoE, Capacity(3), machine, options=options, traffic=Traffic(Arrival.CLOSED, max_batch=1))
+    walked = run_trace(trace, NCpuMoE, Capacity(3), machine, options=options, miss_mode=MissMode.SUBSTITUTE)
     assert offline.stats.demand_loads > 0
     for res in (served, walked):
         for f in ("demand_loads", "cpu_computed", "misses"):
