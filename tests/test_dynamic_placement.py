@@ -190,6 +190,18 @@ def test_hybrimoe_evicts_the_lowest_decayed_score():
     assert acc.loads[0].victim == 1
 
 
+def test_hybrimoe_prefetches_the_next_layers_best_scored_uncached_experts_in_decode():
+    g = Geometry(2, 4, 1)
+    cache = HybriMoE(g, Capacity(1), prefetch=1, split=False)
+    for step, layer1 in enumerate((5, 6)):  # layer 1: expert 1, then expert 2 (which evicts it)
+        _land(cache, cache.before_layer(step, 0) + list(cache.route(step, 0, [0]).loads))
+        _land(cache, cache.before_layer(step, 1) + list(cache.route(step, 1, [layer1]).loads))
+    assert cache.is_resident(6) and not cache.is_resident(5)
+    assert [ld.expert for ld in cache.before_layer(2, 0)] == [5]  # S[1]: expert 2 (resident) 0.5, expert 1 0.25
+    cache.route(2, 0, [0], counts=[3], tokens=3)  # a prefill-sized step: no prefetch after it
+    assert cache.before_layer(2, 1) == [] and cache.before_layer(3, 0) == []
+
+
 # ---- the GPU-prefill threshold -----------------------------------------------------------------
 
 

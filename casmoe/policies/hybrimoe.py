@@ -97,14 +97,19 @@ class HybriMoE(ExpertCache):
     # ---- (ii) prefetch -----------------------------------------------------------------------
 
     def prefetch_layer(self, step: int, layer: int) -> Sequence[ExpertId]:
-        """In decode, the `prefetch` experts of the next layer with the highest score."""
+        """In decode, the `prefetch` uncached experts of the next layer with the highest score."""
         g = self.geometry
         if not self._decoding or layer + 1 >= g.layers:
             return ()
         row = self._score[layer + 1]
-        best = np.argsort(-row, kind="stable")[: self.prefetch]
         base = (layer + 1) * g.experts
-        return [base + int(x) for x in best if row[x] > 0]
+        out: list[ExpertId] = []
+        for x in np.argsort(-row, kind="stable").tolist():
+            if len(out) == self.prefetch or row[x] <= 0:
+                break
+            if not self.is_resident(base + x):
+                out.append(base + x)
+        return out
 
     # ---- (i) the intra-layer split -----------------------------------------------------------
 
