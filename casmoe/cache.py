@@ -71,7 +71,8 @@ class Load(NamedTuple):
 class Access(NamedTuple):
     """What `route` found: counts for hits, the experts still in flight (late hits), misses,
     the demand loads issued for them (the layer waits for these), (missed, used-instead) pairs
-    in substitute mode, experts computed on the host in cpu mode, and `background` loads the
+    in substitute mode, experts computed on the host (cpu mode's misses, a placement's host
+    experts, the misses `host_misses` chose), and `background` loads the
     layer does not wait for (a substituted expert is fetched for the tokens after this one)."""
 
     hits: int
