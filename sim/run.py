@@ -95,7 +95,11 @@ def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
         trace_name=ref.name,
         detail=True,
     )
-    return {**spec.describe(), **result.to_dict()}
+    from casmoe.sim.validation import spread
+
+    record = {**spec.describe(), **result.to_dict()}
+    record["uncertainty"] = spread(record)
+    return record
 
 
 def run_or_skip(spec: RunSpec) -> dict[str, Any]:

@@ -38,10 +38,10 @@ def test_a_built_in_policy_is_its_own_module(name):
     assert defined == [cls], f"{module.__name__} defines {defined}"
 
 
-PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers", "fiddler", "hybrimoe")
+PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers", "layer-offload", "fiddler", "hybrimoe")
 """Built-in policies without a compiled twin (issues 22, 37): they run their Python hooks everywhere
-(a placement has no victim to choose; fiddler's and hybrimoe's per-step CPU-or-copy choice is in
-no kernel)."""
+(a placement has no victim to choose; layer-offload's streaming, fiddler's and hybrimoe's per-step
+CPU-or-copy choice are in no kernel)."""
 
 
 def test_options_a_twin_cannot_mirror_run_in_python():

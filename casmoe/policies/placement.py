@@ -55,6 +55,8 @@ class Placement(ExpertCache):
     """The experts `choose_gpu` names stay on the GPUs; the rest run on the host, or are copied
     for one step when `host_misses` says so (`gpu_prefill` tokens or more, by default)."""
 
+    loads_on_demand = False  # a miss is computed on the host: no slot needed, none at all for an all-host placement
+
     def __init__(self, geometry: Geometry, capacity: int | Capacity, *, gpu_prefill: int | None = None,
                  stage: int | None = None, **kw) -> None:
         cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)

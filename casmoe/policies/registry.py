@@ -23,6 +23,7 @@ from casmoe.policies.casmoe import CasMoE
 from casmoe.policies.fiddler import Fiddler
 from casmoe.policies.hybrimoe import HybriMoE
 from casmoe.policies.ktransformers import KTransformers
+from casmoe.policies.layer_offload import LayerOffload
 from casmoe.policies.least_stale import LeastStale
 from casmoe.policies.lfu import LFU
 from casmoe.policies.lru import LRU
@@ -36,8 +37,8 @@ from casmoe.policies.static import Static
 
 POLICIES: dict[str, type[ExpertCache]] = {
     cls.name: cls
-    for cls in (OnDemand, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE, KTransformers, Fiddler,
-                HybriMoE, Belady, SCH, CasMoE)
+    for cls in (OnDemand, LayerOffload, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE,
+                KTransformers, Fiddler, HybriMoE, Belady, SCH, CasMoE)
 }
 
 
