@@ -51,6 +51,7 @@ class RooflineCompute:
     step_overhead: float = 0.0  # the runtime's own cost per forward pass
     dense_block_params: int = 0  # one dense-only block (attention and its FFN)
     dense_blocks: int = 0  # dense-only blocks a token passes (DeepSeek's first layers)
+    moe_layer_overhead: float = 0.0  # the runtime's own cost per MoE layer beyond `layer_overhead` (its loop over every expert)
 
     def dense(self, tokens: int, attn_pairs: int, kv_tokens: int, requests: int = 1) -> float:
         """One layer's dense part for `tokens` new tokens of `requests` requests that attend over
@@ -60,7 +61,7 @@ class RooflineCompute:
         nbytes = self.dense_bytes_per_param * self.dense_params + self.kv_bytes_per_token * kv_tokens
         if self.window:
             nbytes += self.kv_window_bytes_per_token * min(kv_tokens, requests * self.window)
-        return max(flops / self.flops, nbytes / self.bw) + self.layer_overhead
+        return max(flops / self.flops, nbytes / self.bw) + self.layer_overhead + self.moe_layer_overhead
 
     def dense_many(self, tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray,
                    requests: int = 1) -> np.ndarray:
@@ -70,7 +71,7 @@ class RooflineCompute:
         nbytes = self.dense_bytes_per_param * self.dense_params + self.kv_bytes_per_token * kv_tokens
         if self.window:
             nbytes = nbytes + self.kv_window_bytes_per_token * np.minimum(kv_tokens, requests * self.window)
-        return np.maximum(flops / self.flops, nbytes / self.bw) + self.layer_overhead
+        return np.maximum(flops / self.flops, nbytes / self.bw) + self.layer_overhead + self.moe_layer_overhead
 
     def expert(self, layer: int, tokens: int) -> float:
         """One routed expert of `layer` applied to `tokens` tokens."""

@@ -182,6 +182,7 @@ class Machine:
             step_overhead=stack.step_us * 1e-6,
             dense_block_params=preset.dense_layer_params if preset.dense_layers else 0,
             dense_blocks=preset.dense_layers,
+            moe_layer_overhead=stack.expert_loop_us * g.experts * 1e-6,
         )
 
     def _kv_split(self) -> tuple[float, float]:

@@ -13,6 +13,10 @@ What each field adds to a run (`Machine`, `casmoe.sim.compute`, `casmoe.sim.timi
 - `layer_us`: per block of a pass (each MoE layer, each dense-only block and the LM head: the
   runtime's module calls), beyond the profile's kernel-launch overhead;
 - `expert_us`: per routed expert run on a GPU, beyond the profile's launch overhead;
+- `expert_loop_us`: per expert of each MoE layer a pass goes through, routed or not: runtimes
+  whose MoE block walks every expert (HF transformers' `for expert_idx in range(self.num_experts)`
+  with a `torch.where` on its mask, a device sync each), so a layer of 128 experts costs 16x
+  one of 8;
 - `host_expert_us`: per expert computed on the host (dispatch, hand-over, synchronisation);
 - `copy_us`: compute-thread time per expert copy issued (building and queueing the copy);
 - `copy_efficiency`: the share of the link's pinned rate the runtime's copies reach (pageable
@@ -64,6 +68,7 @@ class Stack:
     step_us: float = 0.0
     layer_us: float = 0.0
     expert_us: float = 0.0
+    expert_loop_us: float = 0.0
     host_expert_us: float = 0.0
     copy_us: float = 0.0
     copy_efficiency: float = 1.0

@@ -38,10 +38,9 @@ import tomllib
 from casmoe.sim.stack import Shared, Stack, load_shared, load_stack
 
 from casmoe.errors import CasmoeError
+from casmoe.sim.uncertainty import FAMILIES, PUBLISHED, SPREAD_FILE, family
 
-PUBLISHED = Path(__file__).with_name("published")
 MEASUREMENTS = PUBLISHED / "measurements.toml"
-SPREAD_FILE = PUBLISHED / "spread.toml"
 SHIPPED_TRACES = {"mixtral-8x7b": ("tiny-mixtral.npz", 2), "qwen3-30b-a3b": ("synthetic-qwen3-top8.npz", 8)}
 """Model preset -> (shipped trace of its routing shape, its top-k)."""
 REQUESTS = 3
@@ -90,15 +89,8 @@ class Row:
 
     @property
     def family(self) -> str:
-        """The kind of configuration, for the spreads: host compute, streaming, or caching."""
-        policy = str((self.run or {}).get("policy", ""))
-        if policy == "n-cpu-moe[n=0]":  # every expert on the GPU: nothing offloaded
-            return "gpu"
-        if policy.startswith(("n-cpu-moe", "ktransformers")):
-            return "host"
-        if policy.startswith("layer-offload"):
-            return "stream"
-        return "cache"
+        """The kind of configuration, for the spreads (`uncertainty.family`)."""
+        return family(str((self.run or {}).get("policy", "")))
 
 
 def load_rows(path: Path = MEASUREMENTS) -> list[Row]:
@@ -215,7 +207,7 @@ _PREDICTED: dict[tuple, float] = {}
 # ---- fitting ------------------------------------------------------------------------------------
 
 
-FIT_BOUNDS = {"step_us": (0.0, 5e6), "layer_us": (0.0, 1e5), "expert_us": (0.0, 1e5), "host_expert_us": (0.0, 1e5),
+FIT_BOUNDS = {"step_us": (0.0, 5e6), "layer_us": (0.0, 1e5), "expert_us": (0.0, 1e5), "expert_loop_us": (0.0, 1e5), "host_expert_us": (0.0, 1e5),
               "copy_us": (0.0, 1e5), "host_efficiency": (0.01, 1.0), "gpu_efficiency": (0.01, 1.0),
               "copy_efficiency": (0.01, 1.0)}
 
@@ -387,11 +379,11 @@ class Validation:
         """Per kind of configuration (family x stack validated or not): the 80th percentile
         of |log ratio| over the predicted rows (how far to trust a figure of that kind)."""
         out: dict[str, dict[str, float]] = {}
-        for family in ("cache", "host", "stream", "gpu"):
-            logs = sorted(abs(math.log(r.ratio)) for r in self.predicted() if r.row.family == family and r.ratio)
+        for kind in FAMILIES:
+            logs = sorted(abs(math.log(r.ratio)) for r in self.predicted() if r.row.family == kind and r.ratio)
             if logs:
                 q = logs[min(len(logs) - 1, math.ceil(0.8 * len(logs)) - 1)]
-                out[family] = {"p80_abs_log_ratio": q, "rows": len(logs), "median_abs_log_ratio": statistics.median(logs)}
+                out[kind] = {"p80_abs_log_ratio": q, "rows": len(logs), "median_abs_log_ratio": statistics.median(logs)}
         return out
 
 
@@ -476,25 +468,3 @@ def write_fitted(v: Validation) -> list[Path]:
         lines += ["", f"[{family}]"] + [f"{k} = {v_!r}" for k, v_ in d.items()]
     written.append(write_text(SPREAD_FILE, "\n".join(lines) + "\n"))
     return written
-
-
-@lru_cache(maxsize=1)
-def _spreads() -> dict[str, dict[str, float]]:
-    if not SPREAD_FILE.exists():
-        return {}
-    return tomllib.loads(SPREAD_FILE.read_text())
-
-
-def spread(record: dict[str, Any]) -> str:
-    """What a simulate record's decode figure is worth, in words: the validated spread of its
-    kind of configuration, or why it has none."""
-    stack = record.get("stack", "ideal")
-    if stack == "ideal":
-        return "not validated: the ideal stack is an upper bound (name the runtime with --stack)"
-    policy = str(record.get("policy", ""))
-    family = "host" if policy.startswith(("n-cpu-moe", "ktransformers")) else (
-        "stream" if policy.startswith("layer-offload") else "cache")
-    d = _spreads().get(family)
-    if not d:
-        return f"not validated: no published row of a {family} configuration"
-    return f"x/÷ {math.exp(d['p80_abs_log_ratio']):.2f} (80% of {int(d['rows'])} published {family} rows)"

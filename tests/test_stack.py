@@ -131,6 +131,16 @@ def test_layer_cost_adds_per_block_of_every_pass(two_requests) -> None:
     assert slow.sim_time_s - base.sim_time_s == pytest.approx(passes * blocks * 1e-3, rel=1e-9)
 
 
+def test_expert_loop_cost_adds_per_expert_of_every_moe_layer_passed(two_requests) -> None:
+    """Routed or not: a runtime that walks all of a layer's experts pays for each."""
+    ideal = load_stack("ideal")
+    base = _run(two_requests, ideal)
+    slow = _run(two_requests, dataclasses.replace(ideal, expert_loop_us=10.0))
+    g = two_requests.geometry
+    passes = base.decode_tokens + base.requests
+    assert slow.sim_time_s - base.sim_time_s == pytest.approx(passes * g.layers * g.experts * 10e-6, rel=1e-9)
+
+
 def test_expert_cost_adds_per_expert_run(two_requests) -> None:
     """Per (pass, layer, distinct routed expert): a prefill runs each expert its prompt routes once."""
     ideal = load_stack("ideal")

@@ -125,10 +125,15 @@ def test_summary_rankings_and_spreads_read_only_predicted_rows() -> None:
     assert spreads["cache"]["p80_abs_log_ratio"] == pytest.approx(math.log(2.5))
 
 
-def test_spread_says_what_a_figure_is_worth() -> None:
-    assert "not validated" in v.spread({"stack": "ideal", "policy": "lru"})
-    text = v.spread({"stack": "llama.cpp", "policy": "n-cpu-moe[n=3]"})
-    assert text.startswith(("x/÷", "not validated: no published row"))
+def test_spread_says_what_a_figure_is_worth(monkeypatch) -> None:
+    from casmoe.sim import uncertainty as u
+
+    monkeypatch.setattr(u, "spreads", lambda: {"host": {"p80_abs_log_ratio": math.log(1.5), "rows": 7.0}})
+    assert "not validated" in u.spread({"stack": "ideal", "policy": "lru"})
+    assert u.spread({"stack": "llama.cpp", "policy": "n-cpu-moe[n=3]"}) == "x/÷ 1.50 (80% of 7 published host rows)"
+    assert u.spread({"stack": "llama.cpp", "policy": "lru"}) == "not validated: no published row of a cache configuration"
+    assert [u.family(p) for p in ("n-cpu-moe[n=0]", "fiddler", "layer-offload[n=2]", "se-moe")] == [
+        "gpu", "host", "stream", "cache"]
 
 
 def test_cli_help_names_the_published_mode() -> None:
