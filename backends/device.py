@@ -6,8 +6,9 @@ The cache events are the simulator's, in its order: `begin_request`; per step an
 an `expert_ops.ExpertPlan` in rounds: each round waits for the routed experts still in flight, computes
 every routed expert resident at that point, then starts the loads that had to wait for one of
 this layer's own experts to be computed (a prefill routing more experts than the layer has
-slots streams through them). A miss in `cpu` mode is computed on the host from the RAM tier or
-the store, while the device runs the rest.
+slots streams through them). A miss in `cpu` mode, a placement's host expert, or a miss a
+per-step policy leaves to the host (`ExpertCache.host_misses`) is computed on the host from the
+RAM tier or the store, while the device runs the rest.
 """
 
 from __future__ import annotations
@@ -74,14 +75,19 @@ class DeviceRuntime:
 
     # ---- the per-layer path --------------------------------------------------------------
 
-    def layer(self, step: int, local: int, plan: ExpertPlan, experts: Sequence[int], scores: np.ndarray | None
-              ) -> torch.Tensor:
-        """Route `experts` (flat ids, in the trace's step order), then compute `plan`."""
+    def layer(self, step: int, local: int, plan: ExpertPlan, experts: Sequence[int], scores: np.ndarray | None,
+              counts: Sequence[int] | None = None, tokens: int = 1) -> torch.Tensor:
+        """Route `experts` (flat ids, in the trace's step order; `counts` tokens each, None: one;
+        `tokens` in the step), then compute `plan`: the experts the cache leaves to the host
+        (`Access.cpu`: a placement's, or those a per-step policy chose) on the host, the rest here."""
         self.step = step
         cache = self.cache
         self.drain()
         t0 = time.perf_counter()
-        acc = cache.route(step, local, experts, scores)
+        if cache.decides_host:
+            acc = cache.route(step, local, experts, scores, counts, tokens)
+        else:
+            acc = cache.route(step, local, experts, scores)
         before_s, before_loads = self._decided
         self.decisions.add(before_s + time.perf_counter() - t0, before_loads + len(acc.loads) + len(acc.background))
         self._decided = (0.0, 0)

@@ -61,9 +61,9 @@ class HostTier:
             raise CacheConfigError(f"the RAM tier cannot run {policy.name!r}: it reads the future, and the RAM "
                                    "tier's future (the devices' loads) is in no trace")
         self.cache = policy.create(geometry, Capacity(rows, per_layer=False), **(options or {}))
-        if self.cache.host_experts:
-            raise CacheConfigError(f"the RAM tier cannot run {policy.name!r}: it is a placement of GPU and host experts, "
-                                   "not a caching policy")
+        if self.cache.host_experts or self.cache.decides_host:
+            raise CacheConfigError(f"the RAM tier cannot run {policy.name!r}: it is a placement of GPU and host "
+                                   "experts (or computes misses on the host), not a caching policy")
         self.experts = geometry.experts
         self.rows = store.empty_rows(rows, pin=pin)
         self.store = store

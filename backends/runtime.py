@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode
+from casmoe.costs import ExpertCosts
 from casmoe.errors import CasmoeError
 from casmoe.geometry import split_layers
 from casmoe.trace import Future, Trace, prefill_step
@@ -168,13 +169,21 @@ class OffloadedModel:
         d = p.devices[self._device_of[layer]]
         local = layer - d.layers.start
         E = self.geometry.experts
+        counts: list[int] | None = None  # tokens routed to each expert, for a cache that decides where misses run
         if p.prefill:
             offsets = np.full((1, 1, 1), local * E, dtype=np.int64)
-            experts = prefill_step(idx[:, None, :], p.weights[layer][:, None, :], offsets, E).experts[0]
+            step = prefill_step(idx[:, None, :], p.weights[layer][:, None, :], offsets, E)
+            experts, counts = step.experts[0], step.counts[0]
         else:  # one token per request: the union in token order, as Trace.steps(batch) merges them
-            experts = list(dict.fromkeys((idx.astype(np.int64) + local * E)[idx >= 0].tolist()))
+            flat = (idx.astype(np.int64) + local * E)[idx >= 0].tolist()
+            experts = list(dict.fromkeys(flat))
+            if len(flat) > len(experts):  # a batch whose tokens share experts (merge_steps' tallies)
+                tally = dict.fromkeys(experts, 0)
+                for e in flat:
+                    tally[e] += 1
+                counts = list(tally.values())
         plan = self.plan_cls(self.attrs, hidden, top_k_index, top_k_weights)
-        out = d.layer(p.step, local, plan, experts, p.scores[layer])
+        out = d.layer(p.step, local, plan, experts, p.scores[layer], counts, int(idx.shape[0]))
         if self.on_layer is not None:
             self.on_layer(self, layer)
         return out
@@ -231,14 +240,20 @@ class OffloadedModel:
         host: HostCache | None = None,
         batch: int = 1,
         gating: float | None = None,
+        costs: ExpertCosts | None = None,
     ) -> Session:
         """Caches, pools and loaders for `policy` at `capacity` per device (and the RAM tier
         `host`), ready to serve `prompts` in order (oracles and profile-ranked policies get
         `trace`, or else the routing of a reference run of the same prompts and `batch`:
         identical to this run's in load mode). `link` overrides the model's emulated link;
-        `gating` runs adaptive gating at that threshold (`casmoe.gating`: lossy)."""
+        `gating` runs adaptive gating at that threshold (`casmoe.gating`: lossy); `costs`, the
+        prices a per-step CPU-or-copy policy weighs (`casmoe.costs`, by global layer: e.g.
+        `casmoe.sim.decide.machine_costs` of a calibrated profile; None: the policy's published ones)."""
         trace, caches = self._caches(policy, capacity, miss_mode, options or {}, trace, prompts, max_new_tokens,
                                      batch, gating)
+        if costs is not None:
+            for layers, cache in zip(self.chunks, caches):
+                cache.attach_costs(costs.shifted(layers.start))
         g = self.geometry
         ram = None if host is None else HostTier(
             self.store, g, host.rows, host.policy, host.options, pin=any(d.type == "cuda" for d in self.devices))

@@ -7,6 +7,11 @@ chooses, through a few hooks:
 
 - `prefetch_request(request)` / `prefetch_layer(step, layer)`: experts to load ahead of need;
 - `victim(layer, candidates)`: which resident to evict (candidates are set-like);
+- `host_misses(layer, misses, routing)`: which of a layer's misses to compute on the host
+  instead of loading (the per-step CPU-or-copy choice of Fiddler and HybriMoE), from the tokens
+  routed to each and, where the runtime gives one, its cost model (`casmoe.costs`, never a clock);
+- `keeps(expert)`: whether an expert keeps its slot once its layer is done (a copy made for one
+  layer only is released, as on-demand loading releases every expert);
 - `on_access`, `on_insert`, `on_evict`: bookkeeping for the policy's own order.
 
 A policy is one file. Beside the hooks it declares what it is, as class attributes: its
@@ -27,7 +32,7 @@ from __future__ import annotations
 import enum
 import operator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Collection, Iterator, Mapping, NamedTuple, Sequence
 
 from casmoe.errors import CasmoeError
 from casmoe.geometry import ExpertId, Geometry
@@ -35,6 +40,7 @@ from casmoe.geometry import ExpertId, Geometry
 if TYPE_CHECKING:
     import numpy as np
 
+    from casmoe.costs import ExpertCosts
     from casmoe.policies.fitting import Fit
     from casmoe.trace import Future, Request
     from casmoe.twin import Twin
@@ -65,7 +71,8 @@ class Load(NamedTuple):
 class Access(NamedTuple):
     """What `route` found: counts for hits, the experts still in flight (late hits), misses,
     the demand loads issued for them (the layer waits for these), (missed, used-instead) pairs
-    in substitute mode, experts computed on the host in cpu mode, and `background` loads the
+    in substitute mode, experts computed on the host (cpu mode's misses, a placement's host
+    experts, the misses `host_misses` chose), and `background` loads the
     layer does not wait for (a substituted expert is fetched for the tokens after this one)."""
 
     hits: int
@@ -75,6 +82,23 @@ class Access(NamedTuple):
     substitutes: tuple[tuple[ExpertId, ExpertId], ...] = ()
     cpu: tuple[ExpertId, ...] = ()
     background: tuple[Load, ...] = ()
+
+
+class Routing(NamedTuple):
+    """The running layer's routing as `route` got it, for `host_misses`: the routed experts (in
+    routing order), how many of the step's tokens route to each, and the step's tokens through
+    the layer (a decode token: 1 each, 1 token)."""
+
+    experts: Sequence[ExpertId]
+    counts: Sequence[int]
+    tokens: int
+
+    def count(self, expert: ExpertId) -> int:
+        """Tokens routed to `expert` (0 if it is not routed)."""
+        for e, c in zip(self.experts, self.counts):
+            if e == expert:
+                return c
+        return 0
 
 
 class CacheConfigError(CasmoeError, ValueError):
@@ -218,7 +242,8 @@ class ExpertCache:
     host_experts: frozenset[ExpertId] = frozenset()
     """Experts a placement keeps on the host for good (`casmoe.policies.placement`): a miss on
     one is computed there, whatever the miss mode, as the cpu miss mode computes every miss
-    (counted in `cpu_computed`, reported in `Access.cpu`), and never loaded."""
+    (counted in `cpu_computed`, reported in `Access.cpu`), unless the policy's `host_misses`
+    chooses to copy it for the step (a GPU-prefill threshold)."""
 
     def __init__(
         self,
@@ -265,6 +290,10 @@ class ExpertCache:
         self._future: Future | None = None
         self.prefetches_per_layer = type(self).prefetch_layer is not ExpertCache.prefetch_layer
         """False: `before_layer` would only return [] and runtimes may skip calling it."""
+        self.decides_host = type(self).host_misses is not ExpertCache.host_misses
+        """True: `host_misses` decides per step, and runtimes pass `route` the step's token counts."""
+        self._releasing = not self.keeps_experts or type(self).keeps is not ExpertCache.keeps
+        self._costs: ExpertCosts | None = None
         self._step = 0
         self._layer = 0
         self._n = dict.fromkeys(CacheStats.__dataclass_fields__, 0)
@@ -342,6 +371,37 @@ class ExpertCache:
     def on_request_end(self) -> None:
         """The current request finished."""
 
+    def host_misses(self, layer: int, misses: Sequence[ExpertId], routing: Routing) -> Collection[ExpertId]:
+        """Which of `layer`'s `misses` (routed, not resident, in routing order) to compute on the
+        host this step; every other one loads (or, in substitute mode, is substituted). Called
+        once per layer with misses, before any of them is served; `routing` says how many of the
+        step's tokens route to each expert. The default is the miss mode's answer: every miss
+        in `cpu` mode, else a placement's host experts. A policy that overrides it decides in
+        every miss mode; it may read `self.costs` (the runtime's prices, or None), never a clock."""
+        if self.miss_mode is MissMode.CPU:
+            return misses
+        host = self.host_experts
+        return [e for e in misses if e in host] if host else ()
+
+    def keeps(self, expert: ExpertId) -> bool:
+        """Whether `expert` keeps its slot once the layer that used it is done; False releases it
+        when the next layer starts (on-demand loading: every expert; a placement: the host experts
+        it copied for one step)."""
+        return self.keeps_experts
+
+    # ---- costs ---------------------------------------------------------------------------
+
+    def attach_costs(self, costs: ExpertCosts) -> None:
+        """The runtime's prices of copying an expert and of computing it on the host or the GPU
+        (`casmoe.costs`): the simulator's from its compute model, the backend's from a
+        calibrated profile. Runtimes call this before the first event; replay has none."""
+        self._costs = costs
+
+    @property
+    def costs(self) -> ExpertCosts | None:
+        """The prices the runtime attached, or None (replay: a policy then uses its published ones)."""
+        return self._costs
+
     # ---- oracle support ------------------------------------------------------------------
 
     def attach_future(self, future: Future) -> None:
@@ -380,23 +440,27 @@ class ExpertCache:
         self._layer = layer
         return self._prefetch(self._expert_ids(self.prefetch_layer(step, layer), "prefetch_layer"))
 
-    def route(self, step: int, layer: int, experts: Sequence[ExpertId], scores: np.ndarray | None = None) -> Access:
+    def route(self, step: int, layer: int, experts: Sequence[ExpertId], scores: np.ndarray | None = None,
+              counts: Sequence[int] | None = None, tokens: int | None = None) -> Access:
         """Account `layer`'s routed experts and return the demand loads its misses need.
 
         Two phases, so that a miss can never evict an expert this same layer is about to use:
         first every routed resident is counted (hit, or late hit if still in flight) and
         protected, then the misses are served in order. Everything routed stays protected
         until the next `before_layer`. `scores` ([E] router scores of this layer) choose the
-        substitute in substitute mode.
+        substitute in substitute mode. `counts[i]`, the step's tokens routed to `experts[i]`
+        (None: one each), and `tokens`, the step's tokens through the layer (None: one, or the
+        counts over top_k), are what `host_misses` reads; runtimes pass them to a cache that
+        `decides_host`.
         """
         protected = self._protected
         if protected:  # the previous layer is done (runtimes may skip before_layer)
-            if self.keeps_experts:
+            if self._releasing:
+                self._release()
+            else:
                 protected.clear()
                 if self._over:
                     self._trim()
-            else:
-                self._release()
         self._step = step
         self._layer = layer
         slot_of = self._slot_of
@@ -431,28 +495,40 @@ class ExpertCache:
             n["late_hits"] += len(late)
         if not absent:
             return Access(hits, tuple(late), (), ())
+        if self.decides_host:
+            if counts is None:
+                routing = Routing(experts, (1,) * len(experts), 1 if tokens is None else tokens)
+            else:  # without `tokens`: the token-expert pairs over top_k (exact unless a gate dropped some)
+                routing = Routing(experts, counts, -(-sum(counts) // self.geometry.top_k) if tokens is None else tokens)
+            return self._serve_misses(layer, scores, hits, tuple(late), absent, tail, routing)
         return self._serve_misses(layer, scores, hits, tuple(late), absent, tail)
 
     def _serve_misses(
         self, layer: int, scores: np.ndarray | None, hits: int, late: tuple[ExpertId, ...], absent: list[ExpertId],
-        tail: list[ExpertId],
+        tail: list[ExpertId], routing: Routing | None = None,
     ) -> Access:
         """Phase 2 of `route`, for a layer with misses: in routing order from the first miss,
-        load each miss (or substitute it, or leave it to the CPU) and report each use."""
+        load each miss (or substitute it, or leave it to the CPU) and report each use. With
+        `routing` (a cache that `decides_host`), `host_misses` says which misses run on the host."""
         n, slot_of, protected, on_access = self._n, self._slot_of, self._protected, self.on_access
         n["misses"] += len(absent)
-        if self.miss_mode is MissMode.CPU:
+        if routing is not None:
+            host: Collection[ExpertId] = self.host_misses(layer, absent, routing)
+            if host and not isinstance(host, (set, frozenset)):
+                host = set(host)
+        elif self.miss_mode is MissMode.CPU:
             n["cpu_computed"] += len(absent)
             for e in tail:
                 if e in slot_of:
                     on_access(e)
             return Access(hits, late, (), (), (), tuple(absent))
+        else:
+            host = self.host_experts
         misses: list[ExpertId] = []
         loads: list[Load] = []
         subs: list[tuple[ExpertId, ExpertId]] = []
         background: list[Load] = []
         on_host: list[ExpertId] = []
-        host = self.host_experts
         missing = set(absent)
         for e in tail:
             if e not in missing:
@@ -549,11 +625,12 @@ class ExpertCache:
         return layer if self.capacity.per_layer else 0
 
     def _release(self) -> None:
-        """The running layer is done: its experts lose protection (and their slots, for
-        policies that keep nothing)."""
-        if not self.keeps_experts:
+        """The running layer is done: its experts lose protection (and their slots, those the
+        policy does not keep)."""
+        if self._releasing:
+            keeps = self.keeps
             for e in self._protected:
-                if e in self._slot_of:
+                if e in self._slot_of and not keeps(e):
                     pool = self._pool(e // self._E)
                     self._free[pool].append(self._evict(e, pool, force=True))
         self._protected.clear()

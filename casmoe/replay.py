@@ -1,7 +1,10 @@
 """The count-only runtime: walks a trace through a cache with no timing.
 
 It defines the semantics the simulator and the backend reproduce: per step, per computed layer,
-`before_layer` then `route`; every load arrives at once (so replay has no late hits).
+`before_layer` then `route`; every load arrives at once (so replay has no late hits). A cache
+that decides per step where a miss runs (`ExpertCache.decides_host`) gets each layer's token
+counts with `route`; replay has no hardware, so it attaches no prices (`casmoe.costs`): such a
+policy uses its source's published constants unless the caller attached others.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ def _replay_python(trace: Trace, cache: ExpertCache, batch: int, steps: list[Ste
     before = cache.before_layer
     route = cache.route
     per_layer = cache.prefetches_per_layer
+    counted = cache.decides_host
 
     def land(loads: Iterable[Load]) -> None:
         for ld in loads:
@@ -117,7 +121,10 @@ def _replay_python(trace: Trace, cache: ExpertCache, batch: int, steps: list[Ste
                 continue
             if per_layer:
                 land(before(s, layer))
-            acc = route(s, layer, experts)
+            if counted:
+                acc = route(s, layer, experts, None, None if step.counts is None else step.counts[layer], step.tokens)
+            else:
+                acc = route(s, layer, experts)
             for ld in acc.loads:
                 arrived(ld.expert)
             if acc.background:

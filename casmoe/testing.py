@@ -16,7 +16,7 @@ when an invariant breaks:
 - an expert routed in the running layer is never evicted;
 - hits + late hits + misses = routed accesses; bytes loaded = loads x expert bytes;
 - in `load` mode every routed expert is resident once `route` returns (when the layer's
-  routed set fits in its pool);
+  routed set fits in its pool), unless the layer computes it on the host (`Access.cpu`);
 - the same inputs give the same counts (no hidden randomness or global state);
 - a policy that does not declare `needs_future` never reads it (the base raises if it tries);
 - all of it in every miss mode (`load`, `substitute`, `cpu`).
@@ -57,6 +57,7 @@ except ModuleNotFoundError as exc:  # only the test extra brings hypothesis
         "installed: pip install 'casmoe[test]'", name="hypothesis") from None
 
 from casmoe.cache import CacheStats, Capacity, ExpertCache, Load, MissMode
+from casmoe.costs import ExpertCosts
 from casmoe.geometry import Geometry
 from casmoe.replay import replay
 from casmoe.trace import Request, Trace
@@ -170,8 +171,11 @@ def checked(policy: type[ExpertCache]) -> type[ExpertCache]:
             self._check_loads(loads, frozenset())  # the previous layer is done: nothing protected
             return loads
 
-        def route(self, step, layer, experts, scores=None):  # type: ignore[override]
-            acc = super().route(step, layer, experts, scores)
+        def route(self, step, layer, experts, scores=None, counts=None, tokens=None):  # type: ignore[override]
+            if counts is None and tokens is None:  # what runtimes pass a cache that does not decide where misses run
+                acc = super().route(step, layer, experts, scores)
+            else:
+                acc = super().route(step, layer, experts, scores, counts, tokens)
             slots = max(self.capacity.slots, self.geometry.top_k) if self.transient else self.capacity.slots
             fits = len(experts) <= slots  # else a long prefill streams through the slots
             # what the layer runs: its routed experts, but a substituted one runs its stand-in
@@ -179,7 +183,8 @@ def checked(policy: type[ExpertCache]) -> type[ExpertCache]:
             used = (set(experts) - {m for m, _ in acc.substitutes}) | {s for _, s in acc.substitutes}
             self._check_loads(acc.loads + acc.background, frozenset(used) if fits else frozenset())
             if self.miss_mode is MissMode.LOAD and fits:
-                missing = [e for e in experts if not self.is_resident(e) and e not in self.host_experts]
+                on_host = set(acc.cpu)  # a placement's host experts, or the misses the policy left to the host
+                missing = [e for e in experts if not self.is_resident(e) and e not in on_host]
                 assert not missing, f"{policy.__name__}: routed experts {missing} not resident when layer {layer} runs"
             assert acc.hits + len(acc.late) + len(acc.misses) + len(acc.substitutes) + len(acc.cpu) == len(experts)
             return acc
@@ -206,14 +211,18 @@ def textbook_lru_hits(visits: Iterable[Sequence[int]], capacity: int) -> int:
     return hits
 
 
-def check_replay(policy: type[ExpertCache], case: Case, options: dict[str, Any] | None = None) -> CacheStats:
+def check_replay(policy: type[ExpertCache], case: Case, options: dict[str, Any] | None = None,
+                 costs: ExpertCosts | None = None) -> CacheStats:
     """Replay one case through the checked policy twice, compare the counts and check them;
-    returns them (a runtime's own check compares its counts with these)."""
+    returns them (a runtime's own check compares its counts with these). `costs`: the prices a
+    runtime attaches (`casmoe.costs`), so that a cost-based policy decides as it does there."""
     options = options or {}
     g = case.trace.geometry
     results = []
     for _ in range(2):
         cache = checked(policy).create(g, case.capacity, trace=case.trace, miss_mode=case.miss_mode, **options)
+        if costs is not None:
+            cache.attach_costs(costs)
         results.append(replay(case.trace, cache).stats)
     stats = results[0]
     assert results[0] == results[1], f"{policy.__name__} is not deterministic: {results[0]} != {results[1]}"
@@ -225,7 +234,7 @@ def check_replay(policy: type[ExpertCache], case: Case, options: dict[str, Any] 
     assert stats.prefetch_used + stats.prefetch_wasted <= stats.prefetch_loads
     if case.miss_mode is not MissMode.SUBSTITUTE:
         assert stats.substitutions == 0
-    if case.miss_mode is not MissMode.CPU and not cache.host_experts:  # a placement's host experts run there
+    if case.miss_mode is not MissMode.CPU and not cache.host_experts and not cache.decides_host:  # those run there
         assert stats.cpu_computed == 0
     return stats
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode
 from casmoe.geometry import split_layers
 from casmoe.sim.compute import ComputeModel
-from casmoe.sim.decide import Decider
+from casmoe.sim.decide import Decider, link_costs
 from casmoe.sim.hardware import HardwareProfile
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.link import HostCap, Link
@@ -107,6 +107,7 @@ class Setup:
         offsets = [layers.start * g.experts if cache_per_device else 0 for layers in self.ranges]
         links = [Link(rate, latency, host, self.timeline, d, offsets[d], tier) for d in range(devices)]
         device_of = [d for d, layers in enumerate(self.ranges) for _ in layers]
+        costs = link_costs(self.compute, hw, self.pinned, self.expert_bytes)  # what a per-step choice weighs
         shards = []
         for i, layers in enumerate(self.shards):
             sub_trace = self.shard_traces[i]
@@ -115,8 +116,9 @@ class Setup:
                 sub_trace.geometry, self._share(i, layers), miss_mode=self.miss_mode, expert_bytes=shard_bytes,
                 trace=sub_trace, **dict(self.options),
             )
-            if cache.host_experts:  # a placement computes these on the host whatever the miss mode
+            if cache.host_experts or cache.decides_host:  # a placement's host experts, a per-step choice
                 hw.check_host_compute()
+                cache.attach_costs(costs.shifted(layers.start))
             if cache.needs_future:
                 cache.attach_future(Future(futures[i] if futures is not None else [], sub_trace.geometry))
             shards.append(

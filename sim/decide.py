@@ -10,7 +10,10 @@ only tells a late hit from a hit, and the timing pass reads that from the links.
 
 `Decider` is the one place that calls the cache; the timing pass calls its `begin`, `visit` and
 `end` itself, layer by layer, where decisions do depend on time (the substitute miss mode picks
-among arrived experts). `CompiledDecider` makes the same decisions for a fresh built-in policy
+among arrived experts; the driver then names the step being walked, `Decider.walking`). A cache
+that decides per step where a miss runs (`ExpertCache.decides_host`) gets each layer's token
+counts with `route`, and the prices of `ComputeCosts` (seconds from the compute model and the
+link, never a clock) from the assembly. `CompiledDecider` makes the same decisions for a fresh built-in policy
 through the compiled twin it declares (`casmoe.compiled`), a chunk of steps per kernel call; the records it
 returns carry what the timing pass reads (loads, background loads, host-computed misses, hit
 counts) and leave `Access.late` empty (lateness is the links' to say).
@@ -18,13 +21,20 @@ counts) and leave `Access.late` empty (lateness is the links' to say).
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from casmoe.cache import Access, ExpertCache, Load, LoadReason
+from casmoe.costs import ExpertCosts
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import Request, Step
+
+if TYPE_CHECKING:
+    from casmoe.sim.compute import ComputeModel
+    from casmoe.sim.hardware import HardwareProfile
+    from casmoe.sim.machine import Machine
+    from casmoe.trace import Trace
 
 Visit = tuple[Sequence[Load], Access]
 """One computed layer: the loads `before_layer` asked for, and what `route` found."""
@@ -45,6 +55,10 @@ class Decider:
         self.requests = requests
         self._before = cache.before_layer if cache.prefetches_per_layer else None
         self._route = cache.route
+        self.counted = cache.decides_host
+        """Whether `route` gets the step's token counts (the cache decides where misses run)."""
+        self.walking: Step | None = None
+        """The step the timing pass walks layer by layer (substitute mode), named by the driver."""
 
     def begin(self, starting: Sequence[int]) -> list[Load]:
         loads: list[Load] = []
@@ -54,20 +68,36 @@ class Decider:
 
     def visit(self, step: int, layer: int, experts: list[int]) -> Visit:
         before = self._before
-        return (before(step, layer) if before is not None else ()), self._route(step, layer, experts)
+        pre = before(step, layer) if before is not None else ()
+        if self.counted and self.walking is not None:
+            walking = self.walking
+            counts = None if walking.counts is None else walking.counts[layer]
+            return pre, self._route(step, layer, experts, None, counts, walking.tokens)
+        return pre, self._route(step, layer, experts)
 
     def end(self, requests: int) -> None:
         for _ in range(requests):
             self.cache.end_request()
 
-    def step(self, step: int, experts: list[list[int]], starting: Sequence[int], ending: int) -> StepDecisions:
-        """Every event of one step (`experts` per layer; an empty list: layer not computed)."""
+    def step(self, step: int, experts: list[list[int]], starting: Sequence[int], ending: int,
+             counts: list[list[int]] | None = None, tokens: int = 1) -> StepDecisions:
+        """Every event of one step (`experts` per layer; an empty list: layer not computed;
+        `counts`, tokens per routed expert, None: one each; `tokens`, the step's)."""
         begin = self.begin(starting) if starting else []
         before, route = self._before, self._route
-        if before is None:
-            visits: list[Visit] = [((), route(step, layer, routed)) for layer, routed in enumerate(experts) if routed]
+        visits: list[Visit]
+        if self.counted:
+            visits = []
+            for layer, routed in enumerate(experts):
+                if routed:
+                    pre = before(step, layer) if before is not None else ()
+                    tally = None if counts is None else counts[layer]
+                    visits.append((pre, route(step, layer, routed, None, tally, tokens)))
+        elif before is None:
+            visits = [((), route(step, layer, routed)) for layer, routed in enumerate(experts) if routed]
         else:
-            visits = [(before(step, layer), route(step, layer, routed)) for layer, routed in enumerate(experts) if routed]
+            visits = [(before(step, layer), route(step, layer, routed))
+                      for layer, routed in enumerate(experts) if routed]
         if ending:
             self.end(ending)
         return StepDecisions(begin, visits)
@@ -75,7 +105,43 @@ class Decider:
     def chunk(self, steps: Sequence[Step], first: int, last: int, starts: Mapping[int, Sequence[int]],
               finishing: Mapping[int, Sequence[int]]) -> list[StepDecisions]:
         """The decisions of steps `first..last-1` (this shard's view of them)."""
-        return [self.step(s, steps[s].experts, starts.get(s, ()), len(finishing.get(s, ()))) for s in range(first, last)]
+        return [self.step(s, steps[s].experts, starts.get(s, ()), len(finishing.get(s, ())), steps[s].counts,
+                          steps[s].tokens) for s in range(first, last)]
+
+
+class ComputeCosts(ExpertCosts):
+    """A cost-based policy's prices in the simulator (`casmoe.costs`): seconds to copy one expert
+    of a layer over the link (its per-copy latency plus bytes over the H2D rate), and the
+    compute model's time for one expert on the host (`cpu_expert`, activations both ways) or on
+    the GPU (`expert`), for n tokens. Global layer numbers; `shifted` gives a shard's view."""
+
+    def __init__(self, compute: ComputeModel, copy_s: Sequence[float]) -> None:
+        self.compute = compute
+        self.copy_s = list(copy_s)
+
+    def copy(self, layer: int) -> float:
+        return self.copy_s[layer]
+
+    def host(self, layer: int, tokens: int) -> float:
+        return self.compute.cpu_expert(layer, tokens)
+
+    def gpu(self, layer: int, tokens: int) -> float:
+        return self.compute.expert(layer, tokens)
+
+
+def link_costs(compute: ComputeModel, hardware: HardwareProfile, pinned: bool,
+               expert_bytes: Sequence[int]) -> ComputeCosts:
+    """The prices a run on `hardware` gives a cache: its links' copy time per layer, its compute."""
+    rate = hardware.h2d_gbs(pinned) * 1e9
+    latency = hardware.copy_latency_us * 1e-6
+    return ComputeCosts(compute, [latency + b / rate for b in expert_bytes])
+
+
+def machine_costs(machine: Machine, trace: Trace) -> ComputeCosts:
+    """The prices the simulator gives a cache of `trace` on `machine`; the backend's, from a
+    calibrated profile: `machine_costs(Machine(preset, load_profile("calibrated.toml")), trace)`."""
+    nbytes = machine.expert_bytes(trace)
+    return link_costs(machine.compute(nbytes), machine.hardware, machine.pinned, nbytes)
 
 
 class CompiledDecider:

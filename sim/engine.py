@@ -200,6 +200,9 @@ def run_offline(plan: StepPlan, machine: RunState, setup: Setup, log: LatencyLog
                 t = timer.begin(t, starting, decisions)
             step_start = now
             work = work_for(step.prefill, step.tokens, step.requests, pos, compute)
+            if interleaved:  # decided layer by layer: the deciders read the step's token counts
+                for i, d in enumerate(deciders):
+                    d.walking = shard_steps[i][s]  # type: ignore[union-attr]
             t = timer.step(s, work, [sub[s] for sub in shard_steps], decisions, t)
             now = now + (t - now)  # SimPy's clock arithmetic (env.timeout(t - now))
             if step.prefill:

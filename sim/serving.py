@@ -271,7 +271,11 @@ class Server:
                 subs = self._views(step)
                 decisions = None
                 if not timer.interleaved:
-                    decisions = [d.step(s, subs[i].experts, starting, len(plan.finishing)) for i, d in enumerate(deciders)]
+                    decisions = [d.step(s, sub.experts, starting, len(plan.finishing), sub.counts, sub.tokens)
+                                 for sub, d in zip(subs, deciders)]
+                else:  # decided layer by layer: the deciders read the step's token counts
+                    for d, sub in zip(deciders, subs):
+                        d.walking = sub
                 t = timer.begin(start, starting, decisions) if starting else start
                 t = timer.step(s, plan.work, subs, decisions, t)
             requests = [gpu.stream.request() for gpu in self.gpus]

@@ -21,6 +21,7 @@ from casmoe.testing import Case, check_replay, checked, run_contract  # first: w
 
 from casmoe.cache import CacheStats, ExpertCache, MissMode  # noqa: I001
 from casmoe.presets import shape_preset
+from casmoe.sim.decide import machine_costs
 from casmoe.sim.engine import run_trace
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.machine import Machine
@@ -30,9 +31,10 @@ SAME_DECISIONS = ("accesses", "misses", "substitutions", "cpu_computed", "demand
 
 
 def check_case(policy: type[ExpertCache], case: Case, options: dict[str, Any] | None = None) -> None:
-    """The replay's contract on one case, then the simulator's decisions against the replay's."""
+    """The replay's contract on one case, then the simulator's decisions against the replay's
+    (the replay given the simulator's prices, which a cost-based policy weighs)."""
     options = options or {}
-    stats = check_replay(policy, case, options)
+    stats = check_replay(policy, case, options, machine_costs(_machine(case), case.trace))
     simulated = _simulate(checked(policy), case, options)
     assert simulated.hits + simulated.late_hits + simulated.misses == simulated.accesses == stats.accesses
     if case.miss_mode is MissMode.SUBSTITUTE:
@@ -45,10 +47,14 @@ def check_case(policy: type[ExpertCache], case: Case, options: dict[str, Any] | 
 def _simulate(policy: type[ExpertCache], case: Case, options: dict[str, Any]) -> CacheStats:
     """The case through the simulator, on a shipped hardware profile with a preset of the
     case's own geometry; returns its cache counters."""
-    preset = shape_preset(case.trace.geometry, "contract")
-    result = run_trace(case.trace, policy, case.capacity, Machine(preset, load_profile("rtx4090x4")), options=options,
-                       miss_mode=case.miss_mode, compiled=False)
+    result = run_trace(case.trace, policy, case.capacity, _machine(case), options=options, miss_mode=case.miss_mode,
+                       compiled=False)
     return result.stats
+
+
+def _machine(case: Case) -> Machine:
+    """A shipped hardware profile with a preset of the case's own geometry."""
+    return Machine(shape_preset(case.trace.geometry, "contract"), load_profile("rtx4090x4"))
 
 
 def check_policy(policy: type[ExpertCache], *, max_examples: int = 60, options: dict[str, Any] | None = None) -> None:

@@ -145,8 +145,9 @@ class HostCache:
                                    trace=trace, **dict(self.options))
         if cache.needs_future:
             raise TierError(f"--host-policy {self.policy.name!r} reads the future; the RAM tier takes a causal policy")
-        if cache.host_experts:
-            raise TierError(f"--host-policy {self.policy.name!r} is a placement of GPU and host experts, not a RAM-tier "
-                            "policy; the RAM tier takes a caching policy (lru, lfu, ...)")
+        if cache.host_experts or cache.decides_host:
+            raise TierError(f"--host-policy {self.policy.name!r} is a placement of GPU and host experts (or computes "
+                            "misses on the host), not a RAM-tier policy; the RAM tier takes a caching policy "
+                            "(lru, lfu, ...)")
         storage = Storage(hw.storage_read_gbs * 1e9, hw.storage_latency_us * 1e-6, self.chunk_bytes)
         return HostTier(cache, storage, expert_bytes)

@@ -121,7 +121,9 @@ def test_capacity_for_every_expert_leaves_only_compulsory_misses(trace, per_laye
             continue
         stats = _run(name, trace, cap).stats()
         assert stats.evictions == 0, name
-        if stats.prefetch_loads == 0:
+        if stats.cpu_computed:  # a miss the policy computes on the host (hybrimoe's decode split) loads nothing
+            assert stats.loads <= distinct, name
+        elif stats.prefetch_loads == 0:
             assert stats.misses == distinct, name
         else:
             assert stats.misses <= distinct, name

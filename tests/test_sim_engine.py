@@ -17,6 +17,7 @@ from casmoe.policies import POLICIES, get_policy
 from casmoe.presets import ModelPreset, get_preset
 from casmoe.replay import replay
 from casmoe.sim.compute import FixedCompute, RooflineCompute
+from casmoe.sim.decide import link_costs
 from casmoe.sim.assembly import StepPlan
 from casmoe.sim.machine import Machine, SimConfigError
 from casmoe.sim.engine import run_trace
@@ -218,9 +219,13 @@ def test_counts_equal_replay_in_load_mode(name, options, case, instant):
     # still in flight (cancelled loads) happen often.
     trace, cap = case.trace, case.capacity
     cls = get_policy(name)
-    expected = replay(trace, cls.create(trace.geometry, cap, trace=trace, **options)).stats
     compute = FixedCompute() if instant else None
-    got = run_trace(trace, cls, cap, Machine(shaped_preset(trace.geometry), HW), options=options, compute=compute).stats
+    machine = Machine(shaped_preset(trace.geometry), HW)
+    cache = cls.create(trace.geometry, cap, trace=trace, **options)
+    nbytes = machine.expert_bytes(trace)  # a cost-based policy weighs the simulator's prices (fiddler, hybrimoe)
+    cache.attach_costs(link_costs(compute or machine.compute(nbytes), HW, machine.pinned, nbytes))
+    expected = replay(trace, cache).stats
+    got = run_trace(trace, cls, cap, machine, options=options, compute=compute).stats
     assert got.hits + got.late_hits == expected.hits
     assert dataclasses.replace(got, hits=expected.hits, late_hits=0) == expected
 

@@ -221,11 +221,14 @@ def _recording(cls):
         def before_layer(self, step, layer):
             return keep("before", super().before_layer(step, layer))
 
-        def route(self, step, layer, experts, scores=None) -> Access:
-            acc = super().route(step, layer, experts, scores)
+        def route(self, step, layer, experts, *args) -> Access:  # a cache that decides_host gets counts too
+            acc = super().route(step, layer, experts, *args)
             keep("route", acc.loads)
             log.append(("misses", tuple(acc.misses)))
             return acc
+
+        def attach_costs(self, costs):  # the same prices in every runtime: the policy's published ones
+            pass
 
     Recorded.name = cls.name
     return Recorded, log

@@ -14,6 +14,11 @@ the cpu miss mode runs a miss (beside the GPU's or after them, as the profile's 
 says). The profile is `profile` (a trace, a trace file or a `casmoe profile import` file), by
 default the popularity of the trace's train split, never of the scored requests (as `static`).
 
+`--kt-gpu-prefill-token-threshold T` is the placements' `gpu_prefill` option
+(`casmoe.policies.placement`): `ktransformers[gpu_prefill=T]` copies a step's routed host
+experts to a temporary GPU layer (E slots of the capacity) when the step has T tokens or more
+(its default, 0, is off: kt_ep_wrapper.py:2514).
+
 Not modelled: the dynamic expert update (`--kt-enable-dynamic-expert-update` re-ranks the GPU
 set during long prefills), expert deferral, the other strategies (uniform, front-loading,
 random), and the CPU kernels' real speed (the profile's `cpu_tflops`, `cpu_mem_bw_gbs`).
@@ -28,7 +33,7 @@ import numpy as np
 
 from casmoe.cache import Capacity, CacheConfigError, ExpertCache
 from casmoe.geometry import Geometry
-from casmoe.policies.placement import Placement, budget_slots
+from casmoe.policies.placement import Placement
 from casmoe.policies.fitting import profile_counts
 from casmoe.policies.static import Static
 from casmoe.trace import Trace
@@ -38,9 +43,12 @@ class KTransformers(Placement):
     name = "ktransformers"
 
     def __init__(self, geometry: Geometry, capacity: int | Capacity, *, popularity: np.ndarray, **kw) -> None:
-        cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
-        order = np.argsort(-np.asarray(popularity, dtype=np.float64).ravel(), kind="stable")
-        super().__init__(geometry, cap, gpu=order[: budget_slots(geometry, cap)].tolist(), **kw)
+        self.popularity = np.asarray(popularity, dtype=np.float64).ravel()
+        super().__init__(geometry, capacity, **kw)
+
+    def choose_gpu(self, slots: int) -> list[int]:
+        """The `slots` experts the profile routes to most, over all layers (ties: the lower id)."""
+        return np.argsort(-self.popularity, kind="stable")[:slots].tolist()
 
     fit = Static.fit
 
@@ -50,11 +58,11 @@ class KTransformers(Placement):
         """Frequencies from `profile`; without one (a direct call), from the trace being run:
         a profile of the very requests it is scored on (the command line binds the train split)."""
         if profile is None and trace is None:
-            raise CacheConfigError("ktransformers needs a profile (ktransformers[profile=FILE.npz]: a profile or a trace)")
+            raise CacheConfigError(f"{cls.name} needs a profile ({cls.name}[profile=FILE.npz]: a profile or a trace)")
         counts = profile_counts(profile) if profile is not None else trace.popularity()
         if counts.shape != (geometry.layers, geometry.experts):
             raise CacheConfigError(
-                f"ktransformers profile has {counts.shape[0]} layers x {counts.shape[1]} experts, the run "
+                f"{cls.name} profile has {counts.shape[0]} layers x {counts.shape[1]} experts, the run "
                 f"{geometry.layers} x {geometry.experts}; profile a trace of the same model"
             )
         return cls(geometry, capacity, popularity=counts, **kw)

@@ -14,9 +14,13 @@ complement fits the capacity (slots per layer x layers: the same expert memory e
 policy gets); an `n` whose GPU layers do not fit is refused. Nothing is profiled: llama.cpp's
 choice of layers does not depend on routing, so nothing is fitted on any request.
 
-Not modelled: llama.cpp's op offload (for prompt batches of at least 32 tokens ggml copies a
-host layer's expert weights to the GPU and computes there; here prefill runs host experts on
-the host too), its tensor split (which GPU holds which layer: the budget here is the box's, not
+llama.cpp's op offload (on by default: for ubatches of at least 32 tokens ggml copies the used
+experts of a host layer to the GPU and computes there) is the placements' `gpu_prefill` option
+(`casmoe.policies.placement`): `n-cpu-moe[gpu_prefill=32]`, one of the two variants a bare
+`n-cpu-moe` runs; its copies take a layer's worth of the capacity (E slots), so `n` defaults to
+one host layer more.
+
+Not modelled: its tensor split (which GPU holds which layer: the budget here is the box's, not
 each GPU's), and quantised kernels (the host's speed is the profile's `cpu_tflops` and
 `cpu_mem_bw_gbs`).
 """
@@ -25,24 +29,30 @@ from __future__ import annotations
 
 from casmoe.cache import Capacity, CacheConfigError
 from casmoe.geometry import Geometry
-from casmoe.policies.placement import Placement, budget_slots
+from casmoe.policies.placement import Placement
 
 
 class NCpuMoE(Placement):
     name = "n-cpu-moe"
+    variants = ({}, {"gpu_prefill": 32})
+    """llama.cpp as configured by `--n-cpu-moe` alone, and with its op offload (on by default,
+    32 tokens: `casmoe/engines/llama.cpp.toml [op_offload]`)."""
 
     def __init__(self, geometry: Geometry, capacity: int | Capacity, *, n: int | None = None, **kw) -> None:
-        L, E = geometry.layers, geometry.experts
-        cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
-        budget = budget_slots(geometry, cap)
-        fewest = L - min(L, budget // E)
-        n = fewest if n is None else n
+        self.n = n
+        super().__init__(geometry, capacity, **kw)
+
+    def choose_gpu(self, slots: int) -> range:
+        L, E = self.geometry.layers, self.geometry.experts
+        fewest = L - min(L, slots // E)
+        n = fewest if self.n is None else self.n
         if not 0 <= n <= L:
             raise CacheConfigError(f"n-cpu-moe: n must lie in [0, {L}] layers, got {n}")
         if n < fewest:
+            beside = f" beside {self.stage} staging slots" if self.stage else ""
             raise CacheConfigError(
-                f"n-cpu-moe[n={n}] keeps {L - n} layers x {E} experts on the GPUs, more than the {budget} slots "
-                f"of the capacity; use n >= {fewest} or a larger capacity"
+                f"n-cpu-moe[n={n}] keeps {L - n} layers x {E} experts on the GPUs, more than the {slots} slots "
+                f"of the capacity{beside}; use n >= {fewest} or a larger capacity"
             )
         self.n = n
-        super().__init__(geometry, cap, gpu=range(n * E, L * E), **kw)
+        return range(n * E, L * E)

@@ -20,6 +20,8 @@ from casmoe.cache import ExpertCache
 from casmoe.errors import CasmoeError
 from casmoe.policies.belady import Belady
 from casmoe.policies.casmoe import CasMoE
+from casmoe.policies.fiddler import Fiddler
+from casmoe.policies.hybrimoe import HybriMoE
 from casmoe.policies.ktransformers import KTransformers
 from casmoe.policies.layer_offload import LayerOffload
 from casmoe.policies.least_stale import LeastStale
@@ -35,8 +37,8 @@ from casmoe.policies.static import Static
 
 POLICIES: dict[str, type[ExpertCache]] = {
     cls.name: cls
-    for cls in (OnDemand, LayerOffload, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE, KTransformers,
-                Belady, SCH, CasMoE)
+    for cls in (OnDemand, LayerOffload, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE,
+                KTransformers, Fiddler, HybriMoE, Belady, SCH, CasMoE)
 }
 
 
