@@ -38,7 +38,7 @@ def test_a_built_in_policy_is_its_own_module(name):
     assert defined == [cls], f"{module.__name__} defines {defined}"
 
 
-PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers")
+PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers", "routed-placement")
 """Built-in policies without a compiled twin (issue 22): they run their Python hooks everywhere
 (a placement decides nothing per step: it has no victim to choose)."""
 
@@ -58,7 +58,8 @@ def test_a_policy_without_a_twin_runs_in_python(name):
     cls = POLICIES[name]
     assert twin_of(cls) is None
     g = Geometry(2, 4, 2, hidden=8, intermediate=4)
-    needs = {"ktransformers": {"popularity": [1.0] * g.total_experts}}
+    needs = {"ktransformers": {"popularity": [1.0] * g.total_experts},
+             "routed-placement": {"shares": [[1.0] * g.experts] * g.layers}}
     assert not has_twin(cls(g, 2, **needs.get(name, {})))
 
 
@@ -84,7 +85,7 @@ def test_a_policy_declares_its_fitting_and_its_variants():
     from casmoe.policies import default_policies, variants
 
     fitted = {name for name, cls in POLICIES.items() if cls.fit is not None}
-    assert fitted == {"static", "ktransformers", "moe-infinity", "casmoe"}
+    assert fitted == {"static", "ktransformers", "routed-placement", "moe-infinity", "casmoe"}
     assert [s.label for s in variants("casmoe")] == ["casmoe[planner=auto]", "casmoe[predictor=exact]",
                                                      "casmoe[predictor=noisy]"]
     assert [s.label for s in variants("casmoe", "my/planner")][0] == "casmoe[planner=my/planner]"
