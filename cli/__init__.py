@@ -20,7 +20,7 @@ from types import TracebackType
 
 import typer
 
-from casmoe.cli import backend, catalog, leaderboard, lrc, planner, profile, record, replay, search, simulate, sweep, trace  # noqa: F401  (register commands)
+from casmoe.cli import backend, catalog, leaderboard, lrc, plan, planner, profile, record, replay, search, simulate, sweep, trace  # noqa: F401  (register commands)
 from casmoe.cli.app import app, finite_floats
 from casmoe.errors import CasmoeError
 
