@@ -49,16 +49,33 @@ UNITS = ("expert", "layer")
 
 def step_shares(trace: Trace, batch: int = 1) -> np.ndarray:
     """[L, E] float64: the share of `trace`'s decode steps, `batch` requests a step, that route
-    to each expert (prefill steps skipped; a trace without decode tokens counts its prefill)."""
+    to each expert (the decode steps of `Trace.steps(batch)`: token t of `batch` consecutive
+    requests together); a trace without decode tokens counts each request's prefill as one step."""
     g = trace.geometry
-    used = np.zeros((g.layers, g.experts), dtype=np.float64)
-    steps = [s for s in trace.steps(batch) if not s.prefill] or trace.steps(batch)
-    flat = used.reshape(-1)
-    for step in steps:
-        ids = [e for lst in step.experts for e in lst]
-        if ids:
-            flat[np.unique(np.asarray(ids, dtype=np.int64))] += 1.0
-    return used / max(1, len(steps))
+    L, E = g.layers, g.experts
+    used = np.zeros((L, E), dtype=np.float64)
+    steps = 0
+    for start in range(0, len(trace.requests), batch):
+        group = [r.topk[r.prefill:] for r in trace.requests[start:start + batch]]  # [T, L, k] each
+        T = max((len(d) for d in group), default=0)
+        if T == 0:
+            continue
+        mark = np.zeros((T, L, E), dtype=bool)
+        for d in group:
+            t, layer, slot = np.nonzero(d >= 0)  # gaps and dropped slots are NOT_COMPUTED (< 0)
+            mark[t, layer, d[t, layer, slot]] = True
+        used += mark.sum(axis=0)
+        steps += T
+    if steps == 0:  # prompts only: one step each, the union of its tokens
+        for r in trace.requests:
+            d = r.topk[: r.prefill]
+            if len(d):
+                mark = np.zeros((L, E), dtype=bool)
+                t, layer, slot = np.nonzero(d >= 0)
+                mark[layer, d[t, layer, slot]] = True
+                used += mark
+                steps += 1
+    return used / max(1, steps)
 
 
 def gpu_experts(shares: np.ndarray, budget: int, unit: str = "expert") -> list[int]:
