@@ -8,8 +8,8 @@ SGLang's byte-budget offload, casmoe's own placement and cache. Each one is fill
 memory map of the box (`memory.base`, `placement.place`) and, where the simulator can price
 what the engine does, becomes one `RunSpec` through `Grid.of(...).specs()`; all of them run
 through `casmoe.sim.run.run_all` in one batch (content-keyed points under `out/points`, so a
-repeated plan is free; local processes or `--ray`). The best that fits is the plan; the others
-are its runners-up, each with its own numbers.
+repeated plan is free; local processes or `--ray`). The best that fits (fastest decode at the
+requested context) is the plan; the others are its runners-up, each with its own numbers.
 
 Speeds are the simulator's, at the routing's request lengths, on the trace's held-out requests
 (what the placement was fitted on never scores it), with what it does not model said beside
@@ -677,7 +677,7 @@ def make_plan(req: PlanRequest, out: str | Path, *, jobs: int = 1, ray_address: 
     engines = []
     for e in req.engines:
         cands = candidates[e]
-        ranked = sorted(cands, key=lambda c: (not c.fits, -(c.speed.decode or 0.0) if c.speed else 0.0))
+        ranked = sorted(cands, key=lambda c: (not c.fits, -_rank_speed(c)))
         best = ranked[0] if ranked else None
         version = _version(e)
         engines.append(EnginePlan(e, best, ranked[1:], version))
@@ -685,6 +685,12 @@ def make_plan(req: PlanRequest, out: str | Path, *, jobs: int = 1, ray_address: 
     plan.comparison = simulated[1]
     plan.published = published(preset.name, req.engines)
     return plan
+
+
+def _rank_speed(c: Candidate) -> float:
+    """What configurations are ranked by: decode tokens/s at the requested context."""
+    s = c.speed
+    return 0.0 if s is None else float(s.decode_at_context or s.decode or 0.0)
 
 
 def _version(engine: str) -> str:
@@ -781,9 +787,10 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], Any
     comp = None
     if rows:
         G = rows[0]["gpu_layers"]
+        quant, _ = sim_quant(ctx.precisions.host, ctx.preset, ctx.trace_bytes)
         cmd = (f"casmoe simulate --trace {ctx.routing.path} --model {ctx.preset.name} --hardware {ctx.box.hardware} "
-               f"--global-capacity {G * ctx.preset.geometry.experts} --split heldout --devices 1 "
-               f"--batch {ctx.req.concurrency} " + " ".join(f"--policy '{p}'" for p in
+               f"--quant {quant} --global-capacity {G * ctx.preset.geometry.experts} --split heldout --devices 1 "
+               f"--requests {ctx.req.requests} --batch {ctx.req.concurrency} " + " ".join(f"--policy '{p}'" for p in
                                                              dict.fromkeys(r["policy"] for r in rows)))
         comp = Comparison(G, G * ctx.preset.geometry.experts, tuple(rows), cmd)
     return computed, comp
