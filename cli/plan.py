@@ -160,7 +160,7 @@ def _print(result: Any, folder: Path) -> None:
     for e in result.engines:
         c = e.best
         typer.echo("")
-        typer.echo(f"== {e.engine} (flags as read in its source: {e.version.split(' (')[0]})")
+        typer.echo(f"== {e.engine} (flags as read in its source: {e.version})")
         if c is None:
             typer.echo("  no configuration")
             continue

@@ -208,3 +208,15 @@ def test_bad_input_is_one_line(argv, message, tmp_path, monkeypatch, capsys):
     assert code == 2, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert lines[-1].startswith("casmoe: error: ") and message in lines[-1] and "Traceback" not in err
+
+
+def test_a_shape_without_any_routing_gets_a_generated_one_and_says_so():
+    from casmoe.sim.deploy.routing import resolve
+    from casmoe.trace_io import load_trace
+
+    preset = get_preset("mixtral-8x22b")
+    routing = resolve(preset, None)
+    assert routing.how.startswith("GENERATED routing of mixtral-8x22b's shape") and "a guess" in routing.how
+    tr = load_trace(routing.path)
+    assert (tr.geometry.layers, tr.geometry.experts) == (preset.geometry.layers, preset.geometry.experts)
+    assert resolve(get_preset("qwen3-30b-a3b"), None).path.name == "synthetic-qwen3-top8.npz"

@@ -698,7 +698,10 @@ def _version(engine: str) -> str:
         from casmoe.sim.spec import casmoe_version
 
         return f"casmoe {casmoe_version()} (this checkout's `casmoe bench`)"
-    program = {"llama.cpp": eng.LLAMA_SERVER, "ktransformers": eng.SGLANG + " (ktransformers)", "vllm": eng.VLLM,
+    if engine == "ktransformers":
+        return ("kt-kernel of kvcache-ai/ktransformers v0.7.0 (95009ea6) with the kvcache-ai/sglang fork (sglang-kt, "
+                "04653fa8); upstream SGLang flags at d2b3c7fb")
+    program = {"llama.cpp": eng.LLAMA_SERVER, "vllm": eng.VLLM,
                "sglang": eng.SGLANG}[engine]
     return " ".join(eng.flag_list(program).version.split())
 

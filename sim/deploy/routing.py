@@ -9,6 +9,8 @@ fitted to the real Qwen3 trace); without that, the real route CSV of the model i
 fitted by `casmoe.synthetic_fit`, extended to the model's top-k and sampled into 100 requests
 with held-out ones (`casmoe trace synth --like ... --top-k K`), once: the result is kept in the
 user cache under the CSV's content and casmoe's version (about a minute of CPU the first time).
+A shape with no routing at all gets a generated trace (`casmoe.synthetic`: Zipf popularity, no
+fit), and the plan says in capitals that its expert choice is a guess.
 """
 
 from __future__ import annotations
@@ -104,8 +106,29 @@ def resolve(preset: ModelPreset, given: str | None, progress: Callable[[str], ob
         _, path, k = best
         return Routing(path, f"the shipped {path.name} (top-{k}: another top-k than {preset.name}'s {g.top_k}; no "
                              "--trace given)")
-    raise RoutingError(f"no shipped routing has {preset.name}'s shape ({g.layers} MoE layers x {g.experts} experts); "
-                       "give --trace (casmoe trace import turns vLLM, SGLang and llama.cpp routing dumps into one)")
+    return Routing(_generated(preset), f"GENERATED routing of {preset.name}'s shape (Zipf popularity, not fitted to "
+                                       "any recorded routing: no shipped trace has this shape): which experts it keeps "
+                                       "on the GPU is a guess; give --trace (casmoe trace import turns vLLM, SGLang "
+                                       "and llama.cpp routing dumps into one)")
+
+
+def _generated(preset: ModelPreset) -> Path:
+    """A synthetic trace of the preset's shape (`casmoe.synthetic`, default knobs), cached."""
+    from casmoe.geometry import Geometry
+    from casmoe.planner.embedding import cache_dir
+    from casmoe.synthetic import SynthConfig, generate
+    from casmoe.trace_io import save_trace
+
+    g = preset.geometry
+    shape = Geometry(g.layers, g.experts, g.top_k, hidden=g.hidden, intermediate=g.intermediate, gated=g.gated)
+    key = hashlib.sha256(f"{shape.describe()} {SYNTH_REQUESTS}".encode()).hexdigest()[:12]
+    folder = cache_dir(create=True) / "plan-routing"
+    path = folder / f"generated-{preset.name}-{key}.npz"
+    if not path.exists():
+        tr = generate(shape, SynthConfig(requests=SYNTH_REQUESTS // 2, seed=0, meta={"model_preset": preset.name}))
+        folder.mkdir(parents=True, exist_ok=True)
+        save_trace(tr, path)
+    return path
 
 
 def _synthesized(csv: Path, preset: ModelPreset, progress: Callable[[str], object] | None) -> Path:
