@@ -215,6 +215,10 @@ class Calibration:
             mem_bw_gbs=self.mem_bw / 1e9,
             matmul_efficiency=1.0,
             mem_efficiency=1.0,
+            cpu_matmul_efficiency=1.0,
+            cpu_mem_efficiency=1.0,
+            cpu_sockets=0,
+            host_reserved_gib=0.0,
             h2d_pinned_gbs=self.copy_bw / 1e9,
             h2d_pageable_gbs=self.copy_bw / 1e9,
             copy_latency_us=self.copy_latency * 1e6,
@@ -248,6 +252,10 @@ class Calibration:
             mem_bw_gbs=f"{host}: achieved bandwidth of a 64 MiB clone (read + write)",
             matmul_efficiency="1: dense_tflops is already the achieved rate",
             mem_efficiency="1: mem_bw_gbs is already the achieved bandwidth",
+            cpu_matmul_efficiency="1: cpu_tflops is already the achieved rate of this backend's host kernels",
+            cpu_mem_efficiency="1: cpu_mem_bw_gbs is already the achieved bandwidth of this backend's host kernels",
+            cpu_sockets="0: as measured, the host's sockets are in the achieved rates",
+            host_reserved_gib="0: not measured (the RAM the operating system and runtime keep is not subtracted)",
             h2d_pinned_gbs=f"{host}: expert copies through the backend's copier{cap} (two-size fit)",
             h2d_pageable_gbs=f"{host}: same copier; " + ("pinned figure reused" if cuda else "the CPU has one kind of memory"),
             copy_latency_us=f"{host}: per-copy cost of the backend's copier{cap} (two-size fit, batches of k)",
@@ -495,9 +503,9 @@ def _host_hop(cal: Calibration, om: OffloadedModel, host_expert: float) -> float
     experts all run on the host is as much shorter than its resident layer as the runtime's:
     priced with the simulator's own charges for a device expert (the roofline's, when longer
     than the measured marginal time) and for the host expert and its activations' transfers."""
-    from casmoe.sim.compute import RooflineCompute
+    from casmoe.sim.machine import Machine
 
-    roof = RooflineCompute.build(cal.profile(), model_preset(om.model, om.geometry), om.geometry.layer_expert_bytes)
+    roof = Machine(model_preset(om.model, om.geometry), cal.profile()).compute(om.geometry.layer_expert_bytes)
     charged = max(roof.expert(0, 1), cal.expert_s)
     return max((host_expert + charged - cal.expert_s - roof.cpu_expert(0, 1)) / 2, 0.0)
 
@@ -624,11 +632,11 @@ def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence
     L * (dense(1) + pass + k * expert(1)) + head(1) = step_s, with the roofline parts from `cal` and
     expert(1) as the simulator charges it (the roofline's memory term can exceed the measured
     marginal expert time: an expert small enough to stay in cache streams faster than DRAM)."""
-    from casmoe.sim.compute import RooflineCompute
+    from casmoe.sim.machine import Machine
 
     g = om.geometry
     base = replace(cal, step_s=step_s, layer_overhead=0.0, expert_overhead=0.0)
-    roof = RooflineCompute.build(base.profile(), model_preset(om.model, g), g.layer_expert_bytes)
+    roof = Machine(model_preset(om.model, g), base.profile()).compute(g.layer_expert_bytes)
     expert_overhead = max(cal.expert_s - roof.expert(0, 1), 0.0)
     expert = roof.expert(0, 1) + expert_overhead  # what the simulator charges per expert, token
     context = int(np.mean([len(p.ids) for p in prompts])) + max_new_tokens // 2

@@ -299,7 +299,14 @@ class OffloadedModel:
                 for r in self.chunks
             ]
 
-        ExpertCache(g.layer_slice(self.chunks[0]), capacity)  # a capacity below top-k fails here, before any work
+        cap = ExpertCache(g.layer_slice(self.chunks[0]), capacity).capacity  # a bad capacity fails here, before any work
+        if cap.slots < g.top_k:  # the simulator prices staging slots (Mixtral-Offloading's one resident expert); this pool has none
+            flag = "--capacity" if cap.per_layer else "--global-capacity"
+            raise CacheConfigError(
+                f"capacity of {cap.describe()} slots is below the {g.top_k} experts a token routes to per layer: "
+                f"the torch runtime computes a layer's experts from GPU slots, so use {flag} >= {g.top_k} "
+                "(casmoe simulate prices fewer slots with transient staging)"
+            )
         try:
             caches = build(trace)
         except CacheConfigError:

@@ -203,6 +203,12 @@ class ExpertCache:
     needs_future: ClassVar[bool] = False
     keeps_experts: ClassVar[bool] = True
     """False: a layer's experts are released when the next layer starts (on-demand loading)."""
+    loads_on_demand: ClassVar[bool] = True
+    """False: the policy never loads a routed expert on demand (a placement computes misses on
+    the host), so it may have fewer slots than top_k, even none. With True and fewer slots than
+    top_k (Mixtral-Offloading's `offload_per_layer=7`: one resident expert per layer), a layer's
+    other routed experts are loaded into staging slots and evicted (by the policy's `victim`)
+    once the layer is done: at most `capacity` experts stay."""
     twin: ClassVar[Twin | None] = None
     """The compiled twin this very class declares (`casmoe.twin`); subclasses run in Python."""
     fit: ClassVar[Fit | None] = None
@@ -224,12 +230,14 @@ class ExpertCache:
     ) -> None:
         cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
         cap = cap.clamped(geometry)
-        if cap.slots < geometry.top_k:
-            flag = "--capacity" if cap.per_layer else "--global-capacity"
-            raise CacheConfigError(
-                f"capacity of {cap.describe()} slots is below the {geometry.top_k} experts a token routes "
-                f"to per layer; use {flag} >= {geometry.top_k}"
-            )
+        if cap.slots < 0:
+            raise CacheConfigError(f"capacity must be >= 0 slots, got {cap.slots}")
+        physical = cap.slots
+        if self.loads_on_demand and cap.slots < geometry.top_k:
+            physical = geometry.top_k  # the rest of a layer's routed experts pass through staging slots
+        self._keep = cap.slots if physical > cap.slots else -1
+        """Slots per pool that keep experts between layers when fewer than top_k (-1: all)."""
+        self._over: set[int] = set()  # pools holding more than `_keep` experts
         if geometry.total_experts > 1_000_000:  # per-expert tables below: a typo'd geometry fails here
             from casmoe.resources import check_allocation
 
@@ -247,7 +255,7 @@ class ExpertCache:
         """Pool (slot group) of every flat expert id: its layer, or 0 for a global pool."""
         self._pool_members: list[set[ExpertId]] = [set() for _ in range(pools)]
         self._free: list[list[int]] = [
-            list(range((p + 1) * cap.slots - 1, p * cap.slots - 1, -1)) for p in range(pools)
+            list(range((p + 1) * physical - 1, p * physical - 1, -1)) for p in range(pools)
         ]
         self._slot_of: dict[ExpertId, int] = {}
         self._by_layer: list[set[ExpertId]] = [set() for _ in range(geometry.layers)]
@@ -385,6 +393,8 @@ class ExpertCache:
         if protected:  # the previous layer is done (runtimes may skip before_layer)
             if self.keeps_experts:
                 protected.clear()
+                if self._over:
+                    self._trim()
             else:
                 self._release()
         self._step = step
@@ -547,6 +557,23 @@ class ExpertCache:
                     pool = self._pool(e // self._E)
                     self._free[pool].append(self._evict(e, pool, force=True))
         self._protected.clear()
+        if self._over:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Pools holding more than the capacity (staging slots used by a layer) give the
+        surplus back, the policy choosing what leaves."""
+        for pool in sorted(self._over):
+            members = self._pool_members[pool]
+            while len(members) > self._keep:
+                victim = self.victim(pool if self.capacity.per_layer else self._layer, _Candidates(members, self._protected))
+                self._free[pool].append(self._evict(victim, pool))
+        self._over.clear()
+
+    @property
+    def transient(self) -> bool:
+        """Whether the cache has fewer slots than top_k and passes the rest through staging."""
+        return self._keep >= 0
 
     def _prefetch(self, experts: Sequence[ExpertId]) -> list[Load]:
         loads = []
@@ -584,6 +611,8 @@ class ExpertCache:
             slot = self._evict(victim, pool)
         self._slot_of[expert] = slot
         self._pool_members[pool].add(expert)
+        if self._keep >= 0 and len(self._pool_members[pool]) > self._keep:
+            self._over.add(pool)
         self._by_layer[layer].add(expert)
         self._inflight.add(expert)
         n = self._n

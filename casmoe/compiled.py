@@ -36,7 +36,7 @@ def has_twin(cache: ExpertCache) -> bool:
     """Whether `cache` is fresh, its class declares a compiled twin itself, and its options keep
     it to that twin's decisions (`Twin.runs`)."""
     twin = twin_of(type(cache))
-    return twin is not None and twin.runs(cache) and cache.fresh
+    return twin is not None and twin.runs(cache) and cache.fresh and not cache.transient
 
 
 def uses_twin(cache: ExpertCache, trace: Trace, compiled: bool | None = None) -> bool:

@@ -15,6 +15,7 @@ from typing import Sequence
 from casmoe.cache import Capacity, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, Quant
+from casmoe.precision import Precision, PrecisionError, parse_precision
 
 
 class OptionError(CasmoeError, ValueError):
@@ -42,7 +43,7 @@ class CapacitySpec:
     def _parts(self) -> tuple[float, str]:
         m = _CAPACITY.fullmatch(self.text)
         if not m:
-            raise OptionError(f"bad capacity {self.text!r}; give slots (4) or memory (24GB, 512MiB)")
+            raise OptionError(f"bad capacity {self.text!r}; give slots (4), memory (24GB, 512MiB) or fit (the most the GPUs hold)")
         number, unit = float(m.group(1)), (m.group(2) or "").lower()
         if not unit and number != int(number):
             raise OptionError(f"capacity in slots must be a whole number, got {self.text!r}")
@@ -66,9 +67,13 @@ class CapacitySpec:
         return self.text.strip() + ("" if self.per_layer else " global")
 
 
-def capacity_text(text: str) -> CapacitySpec:
-    """A capacity as written (slots or memory), checked: a malformed one is an `OptionError`."""
-    return CapacitySpec(text)
+FIT = "fit"
+"""A capacity written `fit`: the most the box holds (resolved where the box is known)."""
+
+
+def capacity_text(text: str) -> CapacitySpec | None:
+    """A capacity as written (slots, memory, or `fit`), checked: a malformed one is an `OptionError`."""
+    return None if text.strip().lower() == FIT else CapacitySpec(text)
 
 
 def one_capacity(capacity: str | None, global_capacity: str | None, geometry: Geometry) -> Capacity:
@@ -92,13 +97,16 @@ def parse_miss_mode(text: str | MissMode, what: str = "--miss-mode") -> MissMode
         raise OptionError(f"unknown {what} {text!r}; one of {', '.join(m.value for m in MissMode)}") from None
 
 
-def parse_quant(text: str | Quant | None, what: str = "--quant") -> Quant | None:
-    """`None`, "" or "trace" keeps the trace's measured bytes per expert (bf16 when it has none)."""
-    if text is None or isinstance(text, Quant):
+def parse_quant(text: str | Precision | Quant | None, what: str = "--quant") -> Precision | None:
+    """A precision by name (`bf16`, `q4_k_m`, `hqq2`, `mxfp4`, ...) or width (`4.5bpw`); `None`,
+    "" or "trace" keeps the default (the trace's measured bytes per expert, else the checkpoint's)."""
+    if text is None or isinstance(text, Precision):
         return text
+    if isinstance(text, Quant):
+        return text.precision
     if str(text).strip().lower() in ("", "trace"):
         return None
     try:
-        return Quant(str(text).strip().lower())
-    except ValueError:
-        raise OptionError(f"unknown {what} {text!r}; one of {', '.join(q.value for q in Quant)}") from None
+        return parse_precision(str(text).strip())
+    except PrecisionError as exc:
+        raise OptionError(f"unknown {what} {text!r}: {exc}") from None

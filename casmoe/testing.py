@@ -119,13 +119,17 @@ def _spec(topk: np.ndarray, g: Geometry, rng: np.random.Generator) -> np.ndarray
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> Case:
+def cases(draw: st.DrawFn, transient: bool = True) -> Case:
+    """A trace, a capacity (from one slot: fewer than top_k passes the rest of a layer's experts
+    through staging slots; `transient=False` keeps to top_k and up, where compiled twins run)
+    and a miss mode."""
     trace = draw(traces())
     g = trace.geometry
+    least = 1 if transient else g.top_k
     if draw(st.booleans()):
-        capacity = Capacity(draw(st.integers(g.top_k, g.experts + 1)))
+        capacity = Capacity(draw(st.integers(least, g.experts + 1)))
     else:
-        capacity = Capacity(draw(st.integers(g.top_k, g.total_experts + 1)), per_layer=False)
+        capacity = Capacity(draw(st.integers(least, g.total_experts + 1)), per_layer=False)
     return Case(trace, capacity, draw(st.sampled_from(list(MissMode))))
 
 
@@ -139,14 +143,22 @@ def checked(policy: type[ExpertCache]) -> type[ExpertCache]:
                 assert self.slot(ld.expert) in (ld.slot, None), "load names a slot its expert does not hold"
             self._check_capacity()
 
-        def _check_capacity(self) -> None:
+        def _check_capacity(self, settled: bool = False) -> None:
+            """Slots distinct and inside their pool; no more experts than slots, the staging
+            slots of a cache with fewer than top_k included until its layer is done (`settled`)."""
             slots = list(self._slot_of.values())
             assert len(slots) == len(set(slots)), f"{policy.__name__}: a slot holds two experts"
             per_pool = self.capacity.slots
+            physical = max(per_pool, self.geometry.top_k) if self.transient else per_pool
+            most = per_pool if settled else physical
             for pool, members in enumerate(self._pool_members):
-                assert len(members) <= per_pool, f"pool {pool} holds {len(members)} experts in {per_pool} slots"
+                assert len(members) <= most, f"pool {pool} holds {len(members)} experts in {most} slots"
                 for e in members:
-                    assert pool * per_pool <= self._slot_of[e] < (pool + 1) * per_pool, "slot outside its pool"
+                    assert pool * physical <= self._slot_of[e] < (pool + 1) * physical, "slot outside its pool"
+
+        def _trim(self) -> None:
+            super()._trim()  # a layer is done: staged experts gave their slots back
+            self._check_capacity(settled=True)
 
         def begin_request(self, request):  # type: ignore[override]
             loads = super().begin_request(request)
@@ -160,7 +172,8 @@ def checked(policy: type[ExpertCache]) -> type[ExpertCache]:
 
         def route(self, step, layer, experts, scores=None):  # type: ignore[override]
             acc = super().route(step, layer, experts, scores)
-            fits = len(experts) <= self.capacity.slots  # else a long prefill streams through the slots
+            slots = max(self.capacity.slots, self.geometry.top_k) if self.transient else self.capacity.slots
+            fits = len(experts) <= slots  # else a long prefill streams through the slots
             # what the layer runs: its routed experts, but a substituted one runs its stand-in
             # instead (that miss's background fetch may be evicted again, as a wasted prefetch)
             used = (set(experts) - {m for m, _ in acc.substitutes}) | {s for _, s in acc.substitutes}

@@ -210,7 +210,14 @@ def calibrate(
 
 @app.command()
 def validate(
-    model: str = MODEL,
+    model: Optional[str] = typer.Option(None, "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a "
+                                        "local model folder (not with --published)."),
+    published: bool = typer.Option(
+        False, "--published", help="Instead: hold the simulator against published measurements of real offloading "
+        "systems (sim/published/measurements.toml), every row predicted by constants fitted on other rows."),
+    fit: bool = typer.Option(False, "--fit", help="With --published: also write the constants fitted on every row "
+                             "(the stacks' fitted fields, the shared defaults, the spreads)."),
+    out: Optional[Path] = typer.Option(None, help="With --published: write validation.json and validation.csv here."),
     policy: Optional[list[str]] = typer.Option(
         None, help=f"Policies to compare, NAME or NAME[key=value,...], repeatable (default: {', '.join(FIDELITY_POLICIES)})."
     ),
@@ -232,6 +239,10 @@ def validate(
     """Fidelity: run the backend on the CPU with an emulated link, replay its own trace in the
     simulator with a calibrated profile, same policy and capacity; report the error of the
     median per-token latency."""
+    if published:
+        return _validate_published(fit, out, as_json)
+    if model is None:
+        raise typer.BadParameter("give --model (a shipped tiny model or a local folder), or --published", param_hint="--model")
     from casmoe.backends.calibrate import calibrate as measure
     from casmoe.backends.copier import responsive_copies
     from casmoe.backends.validate import balanced_link, validate as compare
@@ -279,3 +290,49 @@ def validate(
     print_table(rows, list(rows[0]), title=f"simulator vs backend, {model}, link {om.link.bandwidth / 1e9:.3g} GB/s "
                 f"(noise floor {records[0]['noise_floor']:.1%}: the backend's first run repeated "
                 f"{records[0]['repeat_error']:.1%} apart, baselines {records[0]['baseline_spread']:.1%})")
+
+
+def _validate_published(fit: bool, out: Optional[Path], as_json: bool) -> None:
+    """`casmoe validate --published`: predicted against published, per row and in summary."""
+    from casmoe.output import check_dir_target
+    from casmoe.report import print_table, write_csv, write_json
+    from casmoe.sim.validation import validate as against_published
+    from casmoe.sim.validation import write_fitted
+
+    if out is not None:
+        check_dir_target(out, "--out")
+    bar = _progress_steps("validate --published")
+    result = against_published(progress=bar)
+    records = [r.to_dict() for r in result.results]
+    summary = result.summary()
+    if out is not None:
+        write_json(out / "validation.json", {"summary": summary, "spreads": result.spreads(), "rows": records})
+        write_csv(out / "validation.csv", records)
+    if fit:
+        for path in write_fitted(result):
+            typer.echo(f"wrote {path}")
+    if as_json:
+        typer.echo(json.dumps({"summary": summary, "spreads": result.spreads(), "rows": records}, indent=2))
+        return
+    scored = [r for r in records if r["role"] != "out of scope"]
+    print_table([{"row": r["id"], "system": r["system"], "stack": r["stack"], "role": r["role"],
+                  "published tok/s": r["published_tok_s"], "predicted tok/s": r["predicted_tok_s"], "ratio": r["ratio"]}
+                 for r in scored], ["row", "system", "stack", "role", "published tok/s", "predicted tok/s", "ratio"],
+                title="casmoe against published measurements (ratio = predicted / published; fit rows are not scored)")
+    rank = summary["rankings"]
+    typer.echo(f"{summary['predicted']} rows predicted from {len(summary['systems'])} systems "
+               f"({summary['fit_rows']} fit rows, {summary['out_of_scope']} rows out of scope: see --out or --json for why); "
+               f"median |log ratio| {summary['median_abs_log_ratio']:.3f} (x{math.exp(summary['median_abs_log_ratio']):.2f}), "
+               f"worst x{math.exp(summary['max_abs_log_ratio']):.2f}, {summary['beyond_2x']} beyond 2x; same-source rankings kept "
+               f"{rank['kept']} of {rank['pairs']} pairs" + (f" (broken: {'; '.join(rank['broken'])})" if rank['broken'] else ""))
+
+
+def _progress_steps(desc: str):
+    """A line per step on a terminal (the validation's steps are few and long)."""
+    import sys
+
+    def say(message: str) -> None:
+        if sys.stderr.isatty():
+            print(f"{desc}: {message}", file=sys.stderr, flush=True)
+
+    return say

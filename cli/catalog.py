@@ -45,11 +45,13 @@ def presets(
 @app.command()
 def profiles(
     as_json: bool = typer.Option(False, "--json", help="Print the full profiles (with sources) as JSON."),
+    published: bool = typer.Option(False, "--published", help="Also the boxes of the published measurements "
+                                   "(sim/published/profiles: what `casmoe validate --published` simulates)."),
 ) -> None:
     """List the shipped hardware profiles; add your own as a TOML file and pass its path."""
     from casmoe.sim.hardware import PROFILES_DIR, load_profile, profile_paths
 
-    loaded = [load_profile(name) for name in profile_paths()]
+    loaded = [load_profile(name) for name in profile_paths(published)]
     if as_json:
         typer.echo(json.dumps([p.to_dict() for p in loaded], indent=2))
         return
@@ -72,3 +74,34 @@ def profiles(
     ]
     print_table(rows, list(rows[0]), title="hardware profiles")
     typer.echo(f"files in {PROFILES_DIR}; copy one, edit it (every number needs a [sources] entry), pass --hardware PATH")
+
+
+@app.command()
+def stacks(
+    as_json: bool = typer.Option(False, "--json", help="Print the full stacks (with sources and fitted rows) as JSON."),
+) -> None:
+    """List the software stacks (`--stack NAME`): each runtime's own costs, fitted on published rows."""
+    from casmoe.sim.stack import STACKS_DIR, load_shared, load_stack, stack_paths
+
+    loaded = [load_stack(name) for name in stack_paths()]
+    if as_json:
+        typer.echo(json.dumps([s.to_dict() for s in loaded], indent=2))
+        return
+    from casmoe.report import print_table
+
+    shared = load_shared()
+    rows = [
+        {
+            "name": s.name,
+            "per layer us": f"{s.layer_us:.4g}",
+            "per pass us": f"{s.step_us:.4g}",
+            "copy share": f"{s.copy_efficiency:.3g}",
+            "host bw share": f"{s.host_efficiency:.3g}" if s.host_efficiency else f"{shared.host_efficiency:.3g} (shared)",
+            "NUMA-aware": "yes" if s.numa_aware else "no",
+            "early prefetch": "yes" if s.prefetch_early else "no",
+            "fitted on": "; ".join(f"{k}: {', '.join(v)}" for k, v in s.fitted_on.items()) or "-",
+        }
+        for s in loaded
+    ]
+    print_table(rows, list(rows[0]), title="software stacks")
+    typer.echo(f"files in {STACKS_DIR}; each number has a source (--json); copy one, edit it, pass --stack PATH")

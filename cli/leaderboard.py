@@ -40,7 +40,8 @@ def leaderboard(
     workload to --out; an interrupted run resumes where it stopped.
     """
     from casmoe.output import check_dir_target, write_text
-    from casmoe.report import plot_decode_vs_capacity, write_csv, write_json
+    from casmoe.plots import plot_decode_vs_capacity
+    from casmoe.report import write_csv, write_json
     from casmoe.shipped import shipped
     from casmoe.sim import leaderboard as lb
     from casmoe.sim.run import run_all

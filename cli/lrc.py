@@ -63,7 +63,8 @@ def lrc(
     from casmoe.metrics.tokens import TokenSelection
     from casmoe.policies import get_policy
     from casmoe.output import check_dir_target, check_file_target
-    from casmoe.report import plot_lrc_layers, plot_lrc_sch, plot_lrc_srp, print_table, write_csv, write_json
+    from casmoe.plots import plot_lrc_layers, plot_lrc_sch, plot_lrc_srp
+    from casmoe.report import print_table, write_csv, write_json
 
     for path, what in ((out, "--out"), (csv_out, "--csv")):
         if path is not None:

@@ -122,12 +122,15 @@ def evaluate(
     result = ev.to_dict()
     if curve or plot:
         points = ev.epsilon_curve([i / 20 for i in range(21)])
-        from casmoe.report import plot_epsilon_curve, write_csv
+        from casmoe.plots import plot_epsilon_curve
+        from casmoe.report import write_csv
 
         if curve:
             write_csv(curve, points)
         if plot:
-            plot_epsilon_curve(points, plot, baseline=result["popularity"]["recall_at_k"])
+            plot_epsilon_curve(points, plot, baseline=result["popularity"]["recall_at_k"],
+                               trace=Path(trace or shipped(DEFAULT_TRACE)).name, model=str(tr.meta.get("model", "")),
+                               scope=ev.scope, k=ev.k, epsilon=epsilon)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return

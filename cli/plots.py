@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from casmoe.cli.reporting import draw_plots
+from casmoe.plots import draw_report
 
 if __name__ == "__main__":
-    draw_plots(Path(sys.argv[1]))
+    draw_report(Path(sys.argv[1]))

@@ -28,56 +28,24 @@ PLOTS = typer.Option(
 )
 
 
-def _plots(records: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
-    """Which PNGs a report holds: (file name, `casmoe.report` function, its records).
-    decode_vs_capacity.png and stall_by_layer.png (at the smallest cache, where stalls differ
-    most), timeliness.png (stall vs the perfect-prefetch bound per layer, smallest cache), and
-    for serving runs queue.png (requests waiting over time) and, across rates,
-    latency_vs_load.png."""
-    ran = [r for r in records if "skipped" not in r]
-    if not ran:
-        return []
-    smallest = min(r["capacity_gb"] for r in ran)
-    at_smallest = [r for r in ran if r["capacity_gb"] == smallest]
-    plots = [
-        ("decode_vs_capacity.png", "plot_decode_vs_capacity", ran),
-        ("stall_by_layer.png", "plot_stall_by_layer", at_smallest),
-        ("timeliness.png", "plot_timeliness", at_smallest),
-    ]
-    served = [r for r in ran if "arrival" in r]
-    if served:
-        plots.append(("queue.png", "plot_queue", [r for r in served if r["capacity_gb"] == smallest]))
-    if len({r.get("rate") for r in served}) > 1:
-        plots.append(("latency_vs_load.png", "plot_latency_vs_load", served))
-    return plots
-
-
-def draw_plots(out: Path) -> list[Path]:
-    """Draw the report folder's PNGs from its results.json (`casmoe.cli.plots` runs this in
-    the background)."""
-    from casmoe import report
-
-    records = json.loads((out / "results.json").read_text())
-    return [getattr(report, fn)(out / name, rs) for name, fn, rs in _plots(records)]
-
-
 def write_report(out: Path, records: list[dict[str, Any]], plots: Plots) -> tuple[list[Path], str]:
     """results.json (every record) and results.csv (the runs), then the plots as `plots` asks;
     returns the files written and a line on the plots."""
     import subprocess
     import sys
 
+    from casmoe.plots import draw_report, report_plots
     from casmoe.report import write_csv, write_json
 
     ran = [r for r in records if "skipped" not in r]
     write_json(out / "results.json", records)
     write_csv(out / "results.csv", ran)
     written = [out / "results.json", out / "results.csv"]
-    names = [name for name, _, _ in _plots(records)]
+    names = [p.name for p in report_plots(records)]
     if plots is Plots.NONE or not names:
         return written, ""
     if plots is Plots.WAIT:
-        return written + draw_plots(out), ""
+        return written + draw_report(out, records), ""
     for name in names:  # a plot of an earlier run must not pass for this one's
         (out / name).unlink(missing_ok=True)
     with open(out / "plots.log", "wb") as log:

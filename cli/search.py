@@ -79,14 +79,15 @@ def _summary(result: Any) -> dict[str, Any]:
 
 
 def _plot(path: Path, result: Any) -> None:
-    from casmoe.report import plot_search
+    from casmoe.plots import SearchPoint, plot_search
     from casmoe.sim.search import memory_gb
 
     metric = result.target.metric
-    points = [(r["policy"] + f" x{r['devices']} {r['hardware']}", memory_gb(r), r[metric], result.target.met(r))
+    pareto = {r["key"] for _, r in result.pareto()}
+    points = [SearchPoint(r, memory_gb(r), result.target.met(r), r["key"] in pareto)
               for r in result.records if "skipped" not in r]
     if points:
-        plot_search(path, points, [(memory_gb(r), r[metric]) for _, r in result.pareto()], metric, result.target.value)
+        plot_search(path, points, metric, result.target.describe(), result.target.value)
 
 
 def _print(summary: dict[str, Any], result: Any, out: Path) -> None:

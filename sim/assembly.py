@@ -19,6 +19,7 @@ from casmoe.sim.hardware import HardwareProfile
 from casmoe.sim.latency import LatencyLog
 from casmoe.sim.link import HostCap, Link
 from casmoe.sim.result import SimResult
+from casmoe.sim.stack import Stack
 from casmoe.sim.tiers import HostCache, HostTier
 from casmoe.sim.timeline import Timeline
 from casmoe.sim.timeliness import Timeliness
@@ -85,6 +86,7 @@ class Setup:
     expert_bytes: list[int]
     compute: ComputeModel
     pinned: bool
+    stack: Stack
     timeline: Timeline | None
     host_cache: HostCache | None
     detail: bool
@@ -100,7 +102,7 @@ class Setup:
         if self.host_cache is not None:
             tier = self.host_cache.build(g, self.expert_bytes, hw, self.trace)
         host = HostCap(hw.host_cap_gbs * 1e9) if hw.host_cap_gbs > 0 else None
-        rate = hw.h2d_gbs(self.pinned) * 1e9
+        rate = hw.h2d_gbs(self.pinned) * 1e9 * self.stack.copy_efficiency
         latency = hw.copy_latency_us * 1e-6
         offsets = [layers.start * g.experts if cache_per_device else 0 for layers in self.ranges]
         links = [Link(rate, latency, host, self.timeline, d, offsets[d], tier) for d in range(devices)]
@@ -132,7 +134,8 @@ class Setup:
             copy = [latency + b / rate for b in self.expert_bytes]
             timeliness = Timeliness(g.layers, g.experts, devices, copy)
         timer = StepTimer(
-            shards, links, self.compute, self.miss_mode, g.layers, g.experts, load_host_s=hw.load_host_us * 1e-6,
+            shards, links, self.compute, self.miss_mode, g.layers, g.experts,
+            load_host_s=(hw.load_host_us + self.stack.copy_us) * 1e-6, prefetch_early=self.stack.prefetch_early,
             load_layer_s=hw.load_layer_us * 1e-6,
             wake_s=hw.wake_us * 1e-6,
             resume_rate=hw.resume_per_stall, beside_s=hw.copy_beside_us * 1e-6,

@@ -110,6 +110,9 @@ def _work(trace: Any, batch: int, meta: tuple, compute: Any, multi: bool) -> tup
         context = P + np.arange(S) - first + (P == 0)  # a decode step's position, counting itself
         pairs = np.where(is_prefill, T * (T + 1) // 2, context)
         dense, head = compute.dense_many(T, pairs, np.where(is_prefill, T, context)), np.full(S, compute.head(1))
+        fixed = {t: compute.step_fixed(t) for t in set(tokens)}
+        if any(fixed.values()):  # the runtime's own cost per pass, the dense-only blocks
+            head = head + np.array([fixed[t] for t in tokens])
     handover = np.zeros(S)
     if multi:
         per_tokens = {t: compute.handover(t) for t in set(tokens)}
@@ -152,10 +155,10 @@ def _state(tk: Any, machine: Any, setup: Any, arrays: StepArrays) -> Any:
     hw, compute = setup.hardware, setup.compute
     L, E, D = len(shard.device), timer.E, len(links)
     N = L * E
-    cfg = np.zeros(8, np.int64)
-    cfg[[tk.C_E, tk.C_L, tk.C_D, tk.C_MULTI, tk.C_CPU_MODE, tk.C_DETAIL, tk.C_HOST_CAP, tk.C_HOST_COST]] = (
+    cfg = np.zeros(tk.N_CFG, np.int64)
+    cfg[[tk.C_E, tk.C_L, tk.C_D, tk.C_MULTI, tk.C_CPU_MODE, tk.C_DETAIL, tk.C_HOST_CAP, tk.C_HOST_COST, tk.C_EARLY]] = (
         E, L, D, D > 1, timer.miss_mode is MissMode.CPU, timer.timeliness is not None, links[0].host is not None,
-        bool(timer.load_host_s or timer.load_layer_s or timer.beside_s),
+        bool(timer.load_host_s or timer.load_layer_s or timer.beside_s), timer.prefetch_early,
     )
     par = np.zeros(tk.N_PAR)
     par[[tk.P_RATE, tk.P_LATENCY, tk.P_HOST_RATE, tk.P_LOAD_HOST, tk.P_LOAD_LAYER, tk.P_WAKE, tk.P_RESUME, tk.P_BESIDE,
@@ -374,8 +377,9 @@ class ServingPass:
             trace, compute = self.setup.trace, self.setup.compute
             context = sum(int(trace.requests[r].prefill) + k + (trace.requests[r].prefill == 0) for r, k in parts)
             pairs = context + P * np.arange(left, dtype=np.int64)
-            dense_all = compute.dense_many(np.full(left, P, np.int64), pairs, pairs)
-            head_all = np.full(left, compute.head(P))
+            dense_all = compute.dense_many(np.full(left, P, np.int64), pairs, pairs, P)
+            fixed = compute.step_fixed(P)
+            head_all = np.full(left, compute.head(P) + fixed if fixed else compute.head(P))
             handover_all = np.full(left, compute.handover(P) if self.multi else 0.0)
             self._tables(np.array([P], np.int64))
         mc.reg[km.R_LOG] = 0

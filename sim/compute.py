@@ -12,99 +12,97 @@ a routed expert is three (gated) or two matrices applied to the tokens routed to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
-
-from casmoe.presets import ModelPreset
-from casmoe.sim.hardware import HardwareProfile
-
-DENSE_BYTES_PER_PARAM = 2
-"""Dense weights (attention, router) stay in bf16; `--quant` applies to experts, which move."""
 
 
 @dataclass(frozen=True)
 class RooflineCompute:
-    """Per-part compute times in seconds for one model on one GPU of a profile."""
+    """Per-part compute times in seconds for one model on one GPU of a profile, built by
+    `Machine.compute` (the model's precisions and structure, the box, the software stack)."""
 
     flops: float  # achieved FLOP/s on the GPU
-    bw: float  # achieved bytes/s of GPU memory
-    cpu_flops: float
-    cpu_bw: float
-    h2d: float  # bytes/s of the host link (activations for CPU experts)
+    bw: float  # achieved bytes/s of GPU memory for the dense part
+    cpu_flops: float  # achieved FLOP/s of the host's expert kernels
+    cpu_bw: float  # achieved bytes/s of the host's expert kernels
+    h2d: float  # bytes/s of the host link (activations for host experts)
     cpu_hop: float  # one activation transfer between the GPU and the host (cpu miss mode)
     dense_params: int
-    attn_width: int  # heads * head_dim
-    kv_bytes_per_token: int
+    attn_pair_flops: int  # FLOPs of one (query, key) pair in one layer (`ModelPreset.attention_pair_flops`)
+    kv_bytes_per_token: float  # cache bytes one token adds to a layer attending to the whole context (averaged over layers)
     head_params: int  # lm head: vocab * hidden
     hidden: int
     expert_params: int
-    expert_bytes: tuple[int, ...]  # per MoE layer
+    expert_bytes: tuple[int, ...]  # per MoE layer, at the experts' precision on the GPU
     layer_overhead: float
     expert_overhead: float
     handover_latency: float
     p2p: float
     expert_pass: float = 0.0  # fixed cost of a layer's pass over its device experts
     cpu_serial: float = 0.0  # 0: host experts run beside the device's; 1: on the same thread
+    dense_bytes_per_param: float = 2.0  # the dense part's precision
+    expert_bw: float = 0.0  # bytes/s the expert kernels reach (0: `bw`)
+    dequant_ops: float = 0.0  # extra arithmetic per expert weight a GPU kernel spends dequantising
+    host_expert_bytes: tuple[int, ...] = ()  # per MoE layer, at the host experts' precision (): `expert_bytes`
+    host_dequant_ops: float = 0.0
+    host_expert_overhead: float = 0.0  # the runtime's own cost per host expert
+    kv_window_bytes_per_token: float = 0.0  # the same for layers attending to a window of `window` tokens
+    window: int = 0
+    step_overhead: float = 0.0  # the runtime's own cost per forward pass
+    dense_block_params: int = 0  # one dense-only block (attention and its FFN)
+    dense_blocks: int = 0  # dense-only blocks a token passes (DeepSeek's first layers)
+    moe_layer_overhead: float = 0.0  # the runtime's own cost per MoE layer beyond `layer_overhead` (its loop over every expert)
 
-    @classmethod
-    def build(
-        cls,
-        hw: HardwareProfile,
-        preset: ModelPreset,
-        expert_bytes: Sequence[int],
-        pinned: bool = True,
-    ) -> RooflineCompute:
-        """`expert_bytes` per layer carry the quantisation (weight-only: FLOPs are unchanged)."""
-        g = preset.geometry
-        return cls(
-            flops=hw.dense_tflops * 1e12 * hw.matmul_efficiency,
-            bw=hw.mem_bw_gbs * 1e9 * hw.mem_efficiency,
-            cpu_flops=hw.cpu_tflops * 1e12 * hw.matmul_efficiency,
-            cpu_bw=hw.cpu_mem_bw_gbs * 1e9 * hw.mem_efficiency,
-            h2d=hw.h2d_gbs(pinned) * 1e9,
-            cpu_hop=hw.cpu_hop_us * 1e-6,
-            dense_params=preset.dense_params_per_layer,
-            attn_width=preset.heads * preset.head_dim,
-            kv_bytes_per_token=preset.kv_bytes_per_token(),
-            head_params=preset.vocab * g.hidden,
-            hidden=g.hidden,
-            expert_params=g.expert_params,
-            expert_bytes=tuple(int(b) for b in expert_bytes),
-            layer_overhead=hw.layer_overhead_us * 1e-6,
-            expert_overhead=hw.expert_overhead_us * 1e-6,
-            handover_latency=hw.handover_us * 1e-6,
-            p2p=hw.p2p_gbs * 1e9,
-            expert_pass=hw.expert_pass_us * 1e-6,
-            cpu_serial=hw.cpu_serial,
-        )
+    def dense(self, tokens: int, attn_pairs: int, kv_tokens: int, requests: int = 1) -> float:
+        """One layer's dense part for `tokens` new tokens of `requests` requests that attend over
+        `attn_pairs` (query, key) pairs in all and read `kv_tokens` cached tokens (a windowed
+        layer reads at most `window` of each request's)."""
+        flops = 2 * self.dense_params * tokens + self.attn_pair_flops * attn_pairs
+        nbytes = self.dense_bytes_per_param * self.dense_params + self.kv_bytes_per_token * kv_tokens
+        if self.window:
+            nbytes += self.kv_window_bytes_per_token * min(kv_tokens, requests * self.window)
+        return max(flops / self.flops, nbytes / self.bw) + self.layer_overhead + self.moe_layer_overhead
 
-    def dense(self, tokens: int, attn_pairs: int, kv_tokens: int) -> float:
-        """One layer's dense part for `tokens` new tokens that attend over `attn_pairs`
-        (query, key) pairs in all and read `kv_tokens` cached tokens."""
-        flops = 2 * self.dense_params * tokens + 4 * self.attn_width * attn_pairs
-        nbytes = DENSE_BYTES_PER_PARAM * self.dense_params + self.kv_bytes_per_token * kv_tokens
-        return max(flops / self.flops, nbytes / self.bw) + self.layer_overhead
-
-    def dense_many(self, tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
-        """`dense` over int64 arrays of steps: the same operations elementwise, so the same bits."""
-        flops = 2 * self.dense_params * tokens + 4 * self.attn_width * attn_pairs
-        nbytes = DENSE_BYTES_PER_PARAM * self.dense_params + self.kv_bytes_per_token * kv_tokens
-        return np.maximum(flops / self.flops, nbytes / self.bw) + self.layer_overhead
+    def dense_many(self, tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray,
+                   requests: int = 1) -> np.ndarray:
+        """`dense` over int64 arrays of steps of `requests` requests each: the same operations
+        elementwise, so the same bits."""
+        flops = 2 * self.dense_params * tokens + self.attn_pair_flops * attn_pairs
+        nbytes = self.dense_bytes_per_param * self.dense_params + self.kv_bytes_per_token * kv_tokens
+        if self.window:
+            nbytes = nbytes + self.kv_window_bytes_per_token * np.minimum(kv_tokens, requests * self.window)
+        return np.maximum(flops / self.flops, nbytes / self.bw) + self.layer_overhead + self.moe_layer_overhead
 
     def expert(self, layer: int, tokens: int) -> float:
         """One routed expert of `layer` applied to `tokens` tokens."""
-        return max(2 * self.expert_params * tokens / self.flops, self.expert_bytes[layer] / self.bw) + self.expert_overhead
+        flops = 2 * self.expert_params * tokens
+        if self.dequant_ops:
+            flops += self.dequant_ops * self.expert_params
+        return max(flops / self.flops, self.expert_bytes[layer] / (self.expert_bw or self.bw)) + self.expert_overhead
 
     def cpu_expert(self, layer: int, tokens: int) -> float:
         """One expert computed on the host (cpu miss mode), activations sent both ways."""
-        run = max(2 * self.expert_params * tokens / self.cpu_flops, self.expert_bytes[layer] / self.cpu_bw)
+        flops = 2 * self.expert_params * tokens
+        if self.host_dequant_ops:
+            flops += self.host_dequant_ops * self.expert_params
+        nbytes = (self.host_expert_bytes or self.expert_bytes)[layer]
+        run = max(flops / self.cpu_flops, nbytes / self.cpu_bw) + self.host_expert_overhead
         return run + 2 * (self.cpu_hop + 2 * self.hidden * tokens / self.h2d)
 
     def head(self, tokens: int) -> float:
         """The LM head for `tokens` output positions."""
         flops = 2 * self.head_params * tokens
-        return max(flops / self.flops, DENSE_BYTES_PER_PARAM * self.head_params / self.bw) + self.layer_overhead
+        return max(flops / self.flops, self.dense_bytes_per_param * self.head_params / self.bw) + self.layer_overhead
+
+    def step_fixed(self, tokens: int) -> float:
+        """What a forward pass of `tokens` tokens costs besides its MoE layers and head: the
+        dense-only blocks (their weights and FFN; their attention's cache reads are left out)
+        and the runtime's own cost per pass."""
+        if not self.dense_blocks:
+            return self.step_overhead
+        flops = 2 * self.dense_block_params * tokens
+        block = max(flops / self.flops, self.dense_bytes_per_param * self.dense_block_params / self.bw)
+        return self.dense_blocks * (block + self.layer_overhead) + self.step_overhead
 
     def handover(self, tokens: int) -> float:
         """Activations of `tokens` tokens moving to the next device."""
@@ -123,10 +121,11 @@ class FixedCompute:
     expert_pass: float = 0.0
     cpu_serial: float = 0.0
 
-    def dense(self, tokens: int, attn_pairs: int, kv_tokens: int) -> float:
+    def dense(self, tokens: int, attn_pairs: int, kv_tokens: int, requests: int = 1) -> float:
         return self.layer_s
 
-    def dense_many(self, tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
+    def dense_many(self, tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray,
+                   requests: int = 1) -> np.ndarray:
         return np.full(len(tokens), self.layer_s)
 
     def expert(self, layer: int, tokens: int) -> float:
@@ -136,6 +135,9 @@ class FixedCompute:
         return self.cpu_expert_s
 
     def head(self, tokens: int) -> float:
+        return 0.0
+
+    def step_fixed(self, tokens: int) -> float:
         return 0.0
 
     def handover(self, tokens: int) -> float:

@@ -114,7 +114,7 @@ def run_trace(
         shard_traces = [trace.layer_slice(r) for r in ranges] if cache_per_device else [trace]
     setup = Setup(
         trace, policy, options or {}, capacity, miss_mode, hardware, ranges, shard_ranges, shard_traces, nbytes,
-        compute or machine.compute(nbytes), machine.pinned, timeline, host_cache, detail,
+        compute or machine.compute(nbytes), machine.pinned, machine.stack, timeline, host_cache, detail,
     )
     budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
     describe = dict(

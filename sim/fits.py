@@ -31,17 +31,24 @@ def check_devices(hw: HardwareProfile, devices: int, overcommit: bool) -> None:
         )
 
 
-def check_capacity(capacity: Capacity, fit: int, experts: int, layers: int, label: str, where: str,
+def check_capacity(capacity: Capacity, fit: int, pool_fit: int, experts: int, layers: int, label: str, where: str,
                    overcommit: bool) -> str | None:
-    """Refuse (or, overcommitted, note) a cache of more slots per layer than `fit`, the most the
-    GPUs hold beside the dense weights; a cache of every expert or more holds no more than all."""
-    per_layer = min(capacity.slots, experts) if capacity.per_layer else min(capacity.slots, experts * layers) / layers
-    if per_layer <= fit:
+    """Refuse (or, overcommitted, note) a cache the GPUs cannot hold beside the dense weights:
+    more slots per layer than `fit`, or a pool of more whole experts than `pool_fit`; a cache of
+    every expert or more holds no more than all. The refusal names the largest that fits."""
+    if capacity.per_layer:
+        have, most = min(capacity.slots, experts), fit
+        text = f"capacity {label} is {have:g} experts per layer, but {where} holds {most} beside the dense weights"
+        fits = f"--capacity {most}" if most else f"--global-capacity {pool_fit}" if pool_fit else ""
+    else:
+        have, most = min(capacity.slots, experts * layers), pool_fit
+        text = f"capacity {label} is {have:g} experts, but {where} holds {most} whole experts beside the dense weights"
+        fits = f"--global-capacity {most}" if most else ""
+    if have <= most:
         return None
-    text = (f"capacity {label} is {per_layer:g} experts per layer, but {where} holds {fit} beside the dense "
-            "weights")
     if not overcommit:
-        raise FitError(f"{text}; give a smaller --capacity, more --devices or a smaller --quant, or {OVERCOMMIT}")
+        works = f"give {fits} or less" if fits else "no expert fits beside the dense weights: use more --devices"
+        raise FitError(f"{text}; {works}, a smaller --quant, more --devices, or {OVERCOMMIT} for a what-if")
     return f"note: {text}; simulated anyway ({OVERCOMMIT})"
 
 

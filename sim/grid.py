@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from casmoe.errors import CasmoeError
-from casmoe.options import CapacitySpec, parse_miss_mode, parse_quant
+from casmoe.options import FIT, CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.presets import get_preset, preset_for, shape_preset
 from casmoe.selection import Scored, Selection
@@ -27,6 +27,7 @@ from casmoe.sim.machine import Machine, presets_of_shape
 from casmoe.sim.run_options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
 from casmoe.sim.serving import Traffic
 from casmoe.sim.spec import RunSpec, TraceRef, file_digest
+from casmoe.sim.stack import DEFAULT_STACK, Stack, load_stack
 from casmoe.sim.tiers import HostCache
 
 @dataclass(frozen=True)
@@ -136,13 +137,18 @@ class Runs:
         return [g.describe() for g in self.groups]
 
 
-def default_capacities(fit: int, top_k: int, where: str) -> list[CapacitySpec]:
-    """top_k, 2, 3 and 4 x top_k and the most that fits (slots per layer)."""
+def default_capacities(fit: int, pool_fit: int, top_k: int, where: str) -> list[CapacitySpec]:
+    """top_k, 2, 3 and 4 x top_k and the most that fits (slots per layer); on a box that holds
+    fewer than top_k per layer, the most that fits (the rest of a layer's experts pass through
+    staging slots) and the largest pool of whole experts."""
     if fit < top_k:
-        raise GridError(
-            f"{where} holds {fit} experts per layer beside the dense weights, below top_k={top_k}; use more "
-            "--devices, a smaller --quant, bigger hardware, or give --capacity for a what-if"
-        )
+        if not pool_fit:
+            raise GridError(
+                f"{where} holds no expert beside the dense weights; use more --devices, a smaller --quant or "
+                "--dense-quant, bigger hardware, a placement that computes experts on the host (--policy n-cpu-moe "
+                "--global-capacity 0), or --allow-overcommit for a what-if"
+            )
+        return [*([CapacitySpec(str(fit))] if fit else []), CapacitySpec(str(pool_fit), per_layer=False)]
     sizes = sorted({top_k, *(s for s in (2 * top_k, 3 * top_k, 4 * top_k) if s < fit), fit})
     return [CapacitySpec(str(s)) for s in sizes]
 
@@ -203,11 +209,11 @@ class _Builder:
                     if mm.value == "cpu":
                         machine.hardware.check_host_compute(hardware)
                 nbytes = machine.expert_bytes(whole)
-                fit = machine.max_slots(nbytes)
+                fit, pool_fit = machine.max_slots(nbytes), machine.max_pool_slots(nbytes)
                 groups.append(Group(path, scored, tr.tokens, machine, fit))
                 where = f"{machine.hardware.name} x{machine.devices}" if machine.devices != machine.hardware.gpus \
                     else machine.hardware.name
-                capacities = self._capacities(whole, fit, nbytes, where, bool(g.value("allow_overcommit")))
+                capacities = self._capacities(whole, fit, pool_fit, nbytes, where, bool(g.value("allow_overcommit")))
                 for host_cache in self._host_caches(machine, whole, nbytes):
                     for (cap, why), traffic, batch, mm, policy in itertools.product(
                         capacities.items(), traffics, batches, miss_modes, policies
@@ -254,9 +260,9 @@ class _Builder:
         """Each model x hardware variant x devices x precision, checked."""
         g = self.grid
         overcommit = bool(g.value("allow_overcommit"))
-        for model, hw_name, gpus, link, ram, devices, quant in itertools.product(
+        for model, hw_name, gpus, link, ram, devices, quant, dense_quant, host_quant, stack in itertools.product(
             g.values("model"), g.values("hardware"), g.values("gpus"), g.values("link"), g.values("host_ram"),
-            g.values("devices"), g.values("quant"),
+            g.values("devices"), g.values("quant"), g.values("dense_quant"), g.values("host_quant"), g.values("stack"),
         ):
             name = preset_for(whole, model)
             if name is None and not self.shape_ok:
@@ -269,23 +275,31 @@ class _Builder:
             hw: HardwareProfile = load_profile(spec)
             n = devices or min(hw.gpus, whole.geometry.layers)  # every GPU of the box, one layer each at least
             check_devices(hw, n, overcommit)
-            machine = Machine(preset, hw, n, parse_quant(quant), bool(g.value("pinned")))
+            runtime = stack if isinstance(stack, Stack) else load_stack(stack or DEFAULT_STACK).resolved()
+            machine = Machine(preset, hw, n, parse_quant(quant), bool(g.value("pinned")), parse_quant(dense_quant),
+                              parse_quant(host_quant), runtime)
             machine.check_geometry(whole.geometry)
             yield machine, spec
 
-    def _capacities(self, whole: Any, fit: int, nbytes: Sequence[int], where: str,
+    def _capacities(self, whole: Any, fit: int, pool_fit: int, nbytes: Sequence[int], where: str,
                     overcommit: bool) -> dict[CapacitySpec, str | None]:
         """Capacity -> None, or why the box cannot hold it (refused when strict)."""
         g = self.grid
         geo = whole.geometry
-        given = [CapacitySpec(c) for c in g.given.get("capacity", ())]
-        given += [CapacitySpec(c, per_layer=False) for c in g.given.get("global_capacity", ())]
+        def spec(text: str, per_layer: bool) -> CapacitySpec:
+            if text.strip().lower() == FIT:  # the most the box holds
+                return CapacitySpec(str(fit if per_layer else pool_fit), per_layer)
+            return CapacitySpec(text, per_layer)
+
+        given = [spec(c, True) for c in g.given.get("capacity", ())]
+        given += [spec(c, False) for c in g.given.get("global_capacity", ())]
         if not given:
-            return dict.fromkeys(default_capacities(fit, geo.top_k, where))
+            return dict.fromkeys(default_capacities(fit, pool_fit, geo.top_k, where))
         out: dict[CapacitySpec, str | None] = {}
         for c in given:
             try:
-                self.note(check_capacity(c.resolve(nbytes), fit, geo.experts, geo.layers, c.label, where, overcommit))
+                self.note(check_capacity(c.resolve(nbytes), fit, pool_fit, geo.experts, geo.layers, c.label, where,
+                                         overcommit))
                 out[c] = None
             except CasmoeError as exc:
                 if self.strict:

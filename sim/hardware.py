@@ -63,6 +63,13 @@ class HardwareProfile:
     sum). `expert_pass_us` is the fixed cost of a layer's routed-experts pass on the device (one
     call of the experts function: launches, gathers), paid when any of its experts runs there:
     a layer whose experts all run on the host skips it.
+
+    The host: `cpu_tflops` and `cpu_mem_bw_gbs` are the peaks of all `cpu_sockets` sockets
+    together (0: one); `cpu_mem_efficiency` and `cpu_matmul_efficiency` are the shares of those
+    peaks this box's host expert kernels reach when it was measured (a calibrated CPU backend: 1,
+    its rates are achieved ones); 0 leaves them to the run's software stack and the shared
+    default (`casmoe.sim.stack`), never to the GPU's efficiencies. `host_reserved_gib` is the
+    host RAM kept for the operating system and the runtime: experts get the rest.
     """
 
     name: str
@@ -99,6 +106,10 @@ class HardwareProfile:
     cpu_hop_us: float = 0.0
     expert_pass_us: float = 0.0
     cpu_serial: float = 0.0
+    cpu_sockets: int = 0
+    cpu_mem_efficiency: float = 0.0
+    cpu_matmul_efficiency: float = 0.0
+    host_reserved_gib: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -123,6 +134,11 @@ class HardwareProfile:
                 raise HardwareError(f"profile {self.name!r}: {n} must be >= 0")
         if self.cpu_serial > 1:
             raise HardwareError(f"profile {self.name!r}: cpu_serial must be in [0, 1]")
+        for n in ("cpu_mem_efficiency", "cpu_matmul_efficiency"):
+            if getattr(self, n) > 1:
+                raise HardwareError(f"profile {self.name!r}: {n} must be in [0, 1] (0: the software stack's)")
+        if self.host_ram_gib and self.host_reserved_gib >= self.host_ram_gib:
+            raise HardwareError(f"profile {self.name!r}: host_reserved_gib must be below host_ram_gib")
         for n in ("matmul_efficiency", "mem_efficiency"):
             if not 0 < getattr(self, n) <= 1:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in (0, 1]")
@@ -144,6 +160,15 @@ class HardwareProfile:
 
     def h2d_gbs(self, pinned: bool = True) -> float:
         return self.h2d_pinned_gbs if pinned else self.h2d_pageable_gbs
+
+    @property
+    def sockets(self) -> int:
+        return self.cpu_sockets or 1
+
+    def host_ram_bytes(self) -> float:
+        """Host RAM the experts may use: all of it but the reserve for the OS and runtime (0: the
+        profile does not say how much RAM it has)."""
+        return (self.host_ram_gib - self.host_reserved_gib) * GIB if self.host_ram_gib else 0.0
 
     def usable_bytes(self) -> int:
         """Memory per GPU left for model weights and the expert cache."""
@@ -222,15 +247,23 @@ class HardwareProfile:
 OPTIONAL = {
     "storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0, "load_layer_us": 0.0,
     "wake_us": 0.0, "resume_per_stall": 0.0, "copy_beside_us": 0.0, "decide_us": 0.0, "decide_load_us": 0.0,
-    "cpu_hop_us": 0.0, "expert_pass_us": 0.0, "cpu_serial": 0.0,
+    "cpu_hop_us": 0.0, "expert_pass_us": 0.0, "cpu_serial": 0.0, "cpu_sockets": 0, "cpu_mem_efficiency": 0.0,
+    "cpu_matmul_efficiency": 0.0, "host_reserved_gib": 0.0,
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
 ABSENT = "not given in the profile (0: not modelled)"
 
 
-def profile_paths() -> dict[str, Path]:
-    """Shipped profiles by name."""
-    return {p.stem: p for p in sorted(PROFILES_DIR.glob("*.toml"))}
+PUBLISHED_DIR = Path(__file__).with_name("published") / "profiles"
+"""Profiles of the boxes of the published measurements (`bench/published_profiles.py`)."""
+
+
+def profile_paths(published: bool = False) -> dict[str, Path]:
+    """Shipped profiles by name; with `published`, the published boxes' too."""
+    out = {p.stem: p for p in sorted(PROFILES_DIR.glob("*.toml"))}
+    if published:
+        out.update({p.stem: p for p in sorted(PUBLISHED_DIR.glob("*.toml")) if p.stem not in out})
+    return out
 
 
 LINKS_FILE = Path(__file__).with_name("links.toml")
@@ -311,7 +344,7 @@ def load_profile(spec: str | Path) -> HardwareProfile:
         except ValueError:
             raise HardwareError(f"gpus must be a whole number, got {options['gpus']!r} in {text!r}") from None
         return variant(load_profile(base), options.get("link", ""), ram, gpus)
-    shipped = profile_paths()
+    shipped = profile_paths(published=True)
     if str(spec) in shipped:
         return HardwareProfile.from_file(shipped[str(spec)])
     path = Path(spec)
@@ -320,6 +353,7 @@ def load_profile(spec: str | Path) -> HardwareProfile:
             raise HardwareError(f"hardware profile file {path} not found")
         return HardwareProfile.from_file(path)
     raise HardwareError(
-        f"unknown hardware profile {str(spec)!r}; shipped: {', '.join(shipped)}; or pass the path of your own "
+        f"unknown hardware profile {str(spec)!r}; shipped: {', '.join(profile_paths())} (and the published boxes of "
+        "`casmoe profiles --published`); or pass the path of your own "
         "TOML file (see `casmoe profiles`)"
     )

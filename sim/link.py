@@ -103,6 +103,9 @@ class Link:
 
     def prefetch(self, now: float, expert: ExpertId, nbytes: int) -> None:
         """Queue a prefetch behind every earlier copy (its storage read, if any, starts now)."""
+        old = self._pending.get(expert)
+        if old is not None:  # queued again after its slot was released without a cancel (a staging slot): one copy
+            old[4] = False
         self._seq += 1
         chunks = None if self.tier is None else self._source(now, expert, nbytes)
         entry = [expert, nbytes, self._seq, now if chunks is None else max(now, chunks[0][0]), True, chunks]

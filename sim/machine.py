@@ -1,21 +1,25 @@
-"""`Machine`: what prices a token, the model at its precision on a box.
+"""`Machine`: what prices a token, the model at its precisions on a box under a software stack.
 
-A run's timing depends on the model preset (its shapes), the precision its experts move at,
-the hardware profile and how many of its GPUs the layers are split over, and whether copies
-come from pinned memory. Those travel together as one value, so every driver (the offline
-engine, the serving processes, calibration and validation) reads them from one place, and a
-new part of the machine (a precision per part, a software stack, host threads) is a field here.
+A run's timing depends on the model preset (its shapes and structure: attention type, KV bytes,
+dense-only blocks), the precision of each part (the experts that move or sit on the GPUs, the
+experts computed on the host, the dense part), the hardware profile and how many of its GPUs
+the layers are split over, whether copies come from pinned memory, and the software stack (the
+runtime's own costs, `casmoe.sim.stack`). Those travel together as one value, so every driver
+(the offline engine, the serving processes, calibration and validation) reads them from one
+place, and a new part of the machine is a field here and its use in `compute`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from casmoe.errors import CasmoeError
-from casmoe.geometry import Geometry, Quant, split_layers
+from casmoe.geometry import Geometry, split_layers
+from casmoe.precision import Precision
 from casmoe.presets import ModelPreset, load_presets
 from casmoe.sim.hardware import HardwareProfile
+from casmoe.sim.stack import DEFAULT_STACK, Stack, load_stack
 
 if TYPE_CHECKING:
     from casmoe.sim.compute import RooflineCompute
@@ -26,16 +30,28 @@ class SimConfigError(CasmoeError, ValueError):
     """A simulation that cannot be set up as asked (geometry mismatch, too many devices...)."""
 
 
+def _default_stack() -> Stack:
+    return load_stack(DEFAULT_STACK)
+
+
 @dataclass(frozen=True)
 class Machine:
-    """A model preset priced on `devices` GPUs of a hardware profile. `quant` None prices the
-    experts at the trace's measured bytes (bf16 when it has none)."""
+    """A model preset priced on `devices` GPUs of a hardware profile under a software stack.
+
+    Precisions (None: the default): `quant`, the experts on the GPUs and the copies (default:
+    the trace's measured bytes when it was recorded from this model's width, else the
+    checkpoint's native precision); `host_quant`, the experts computed on the host (default: as
+    `quant`); `dense_quant`, attention, shared experts, routers and embeddings (default: the
+    checkpoint's)."""
 
     preset: ModelPreset
     hardware: HardwareProfile
     devices: int = 1
-    quant: Quant | None = None
+    quant: Precision | None = None
     pinned: bool = True
+    dense_quant: Precision | None = None
+    host_quant: Precision | None = None
+    stack: Stack = field(default_factory=_default_stack)
 
     def check_geometry(self, trace: Geometry) -> None:
         """The trace's layers and experts must be the preset's; the error names presets that fit.
@@ -63,8 +79,8 @@ class Machine:
         return self.quant is None and bool(trace.layer_expert_bytes) and trace.hidden in (0, self.preset.geometry.hidden)
 
     def expert_bytes(self, trace: Trace) -> list[int]:
-        """Bytes per expert per layer: the trace's measured ones (`measured_bytes`), else the
-        preset's shape at the precision (bf16 unless forced)."""
+        """Bytes per expert per layer on the GPUs: the trace's measured ones (`measured_bytes`),
+        else the preset's at the experts' precision."""
         g = trace.geometry
         if self.measured_bytes(g):
             if min(g.layer_expert_bytes) <= 0:
@@ -73,31 +89,116 @@ class Machine:
                     f"(bf16, int8, ...) to price experts from the {self.preset.name} preset instead"
                 )
             return list(g.layer_expert_bytes)
-        return self.preset.geometry.bytes_per_layer(self.quant or Quant.BF16)
+        return self.preset.expert_bytes_per_layer(self.quant)
+
+    def host_expert_bytes(self, expert_bytes: Sequence[int]) -> list[int]:
+        """Bytes per host-computed expert per layer: at `host_quant`, else as on the GPUs."""
+        return list(expert_bytes) if self.host_quant is None else self.preset.expert_bytes_per_layer(self.host_quant)
 
     def precision_label(self, trace: Geometry) -> str:
-        """The experts' precision as a record names it: the forced one, `trace` (measured), or bf16."""
-        return self.quant.value if self.quant else ("trace" if self.measured_bytes(trace) else Quant.BF16.value)
+        """The experts' precision as a record names it: the forced one, `trace` (measured), or
+        the checkpoint's."""
+        if self.quant is not None:
+            return self.quant.name
+        return "trace" if self.measured_bytes(trace) else self.preset.expert_precision.name
+
+    @property
+    def dense_precision(self) -> Precision:
+        return self.dense_quant or self.preset.dense_precision
+
+    def dense_weight_bytes(self, blocks: int) -> float:
+        """Bytes of the dense part of `blocks` MoE blocks on a GPU, at the dense precision."""
+        return self.dense_precision.bits / 8 * self.preset.dense_params_per_layer * blocks
 
     def max_slots(self, expert_bytes: Sequence[int]) -> int:
         """Most slots per layer the GPUs hold next to the dense weights (capped at all experts)."""
         preset = self.preset
         g = preset.geometry
-        head = 2 * preset.vocab * g.hidden * 2  # embedding + lm head, bf16
+        head = self.dense_precision.bits / 8 * 2 * preset.vocab * g.hidden  # embedding + lm head
         best = g.experts
         for d, layers in enumerate(split_layers(g.layers, self.devices)):
-            free = self.hardware.usable_bytes() - 2 * preset.dense_params_per_layer * len(layers)
+            free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
             free -= head if d in (0, self.devices - 1) else 0
             per_slot = sum(expert_bytes[layer] for layer in layers)
             if per_slot > 0:  # experts of no known size (a shape without a width) take no memory
                 best = min(best, max(0, int(free // per_slot)))
         return best
 
+    def max_pool_slots(self, expert_bytes: Sequence[int]) -> int:
+        """Most whole experts one pool of all layers holds on the GPUs beside the dense weights
+        (each device its share, an expert of its layers' average size); at most every expert."""
+        preset = self.preset
+        g = preset.geometry
+        head = self.dense_precision.bits / 8 * 2 * preset.vocab * g.hidden
+        total = 0
+        for d, layers in enumerate(split_layers(g.layers, self.devices)):
+            free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
+            free -= head if d in (0, self.devices - 1) else 0
+            mean = sum(expert_bytes[layer] for layer in layers) / len(layers)
+            total += g.experts * len(layers) if mean <= 0 else max(0, int(free // mean))
+        return min(total, g.total_experts)
+
     def compute(self, expert_bytes: Sequence[int]) -> RooflineCompute:
-        """The roofline times of this model's parts on this box."""
+        """The roofline times of this model's parts on this box under this stack."""
         from casmoe.sim.compute import RooflineCompute
 
-        return RooflineCompute.build(self.hardware, self.preset, expert_bytes, self.pinned)
+        hw, preset, g = self.hardware, self.preset, self.preset.geometry
+        stack = self.stack.resolved()  # a stack's zeros: the shared defaults (`sim/stacks/shared.toml`)
+        host_bw_eff = hw.cpu_mem_efficiency or stack.host_efficiency
+        host_flop_eff = hw.cpu_matmul_efficiency or stack.host_flops_efficiency
+        numa = 1.0 if stack.numa_aware or hw.sockets == 1 else 1.0 / hw.sockets
+        bw = hw.mem_bw_gbs * 1e9 * hw.mem_efficiency
+        full, windowed = self._kv_split()
+        experts_p = self.quant or (None if self.measured_bytes(g) else preset.expert_precision)
+        host_p = self.host_quant or experts_p
+        return RooflineCompute(
+            flops=hw.dense_tflops * 1e12 * hw.matmul_efficiency,
+            bw=bw,
+            cpu_flops=hw.cpu_tflops * 1e12 * host_flop_eff * numa,
+            cpu_bw=hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa,
+            h2d=hw.h2d_gbs(self.pinned) * 1e9,
+            cpu_hop=hw.cpu_hop_us * 1e-6,
+            dense_params=preset.dense_params_per_layer,
+            attn_pair_flops=preset.attention_pair_flops,
+            kv_bytes_per_token=full,
+            head_params=preset.vocab * g.hidden,
+            hidden=g.hidden,
+            expert_params=g.expert_params,
+            expert_bytes=tuple(int(b) for b in expert_bytes),
+            layer_overhead=(hw.layer_overhead_us + stack.layer_us) * 1e-6,
+            expert_overhead=(hw.expert_overhead_us + stack.expert_us) * 1e-6,
+            handover_latency=hw.handover_us * 1e-6,
+            p2p=hw.p2p_gbs * 1e9,
+            expert_pass=hw.expert_pass_us * 1e-6,
+            cpu_serial=hw.cpu_serial,
+            dense_bytes_per_param=self.dense_precision.bits / 8,
+            expert_bw=bw * stack.gpu_efficiency,
+            dequant_ops=experts_p.dequant_ops if experts_p is not None else 0.0,
+            host_expert_bytes=tuple(self.host_expert_bytes(expert_bytes)) if self.host_quant else (),
+            host_dequant_ops=host_p.dequant_ops if host_p is not None else 0.0,
+            host_expert_overhead=stack.host_expert_us * 1e-6,
+            kv_window_bytes_per_token=windowed,
+            window=preset.sliding_window if windowed else 0,
+            step_overhead=stack.step_us * 1e-6,
+            dense_block_params=preset.dense_layer_params if preset.dense_layers else 0,
+            dense_blocks=preset.dense_layers,
+            moe_layer_overhead=stack.expert_loop_us * g.experts * 1e-6,
+        )
+
+    def _kv_split(self) -> tuple[float, float]:
+        """KV bytes one token adds to an MoE layer, averaged over the layers: of those attending
+        to the whole context, and of those attending to a window (gpt-oss's every other block)."""
+        preset = self.preset
+        per_token = preset.kv_bytes_per_token()
+        if not preset.sliding_window:
+            return per_token, 0.0
+        L = preset.geometry.layers
+        windowed = sum(1 for layer in range(L) if preset.window(preset.dense_layers + layer))
+        return per_token * (L - windowed) / L, per_token * windowed / L
+
+    def copy_rate(self) -> float:
+        """Bytes/s an expert copy moves at: the link's rate as this stack's copies reach it."""
+        return self.hardware.h2d_gbs(self.pinned) * 1e9 * self.stack.copy_efficiency
 
     def box(self) -> str:
         """'rtx4090x4 (4 GPUs)', or 'rtx4090x4, 2 of its 4 GPUs'."""

@@ -31,6 +31,7 @@ from casmoe.sim.assembly import StepPlan
 from casmoe.sim.engine import run_trace
 from casmoe.sim.spec import RunSpec, TraceRef
 from casmoe.sim.timeline import Timeline
+from casmoe.sim.uncertainty import spread
 from casmoe.trace import Trace
 from casmoe.trace_io import load_trace
 
@@ -95,7 +96,9 @@ def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
         trace_name=ref.name,
         detail=True,
     )
-    return {**spec.describe(), **result.to_dict()}
+    record = {**spec.describe(), **result.to_dict()}
+    record["uncertainty"] = spread(record)
+    return record
 
 
 def run_or_skip(spec: RunSpec) -> dict[str, Any]:

@@ -91,15 +91,24 @@ OPTIONS: tuple[Option, ...] = (
            f"{SHIPPED_REQUESTS} scored requests).", alias="traces"),
     Option("model", str, "Model preset (`casmoe presets`), repeatable; default: the trace's, else the one of its shape.",
            alias="models"),
-    Option("quant", str, "Expert precision, repeatable: bf16, fp16, int8, int4, or trace (the trace's measured bytes "
-           "per expert); default: trace, else bf16.", alias="quants", parser="casmoe.options:parse_quant"),
+    Option("quant", str, "Expert precision, repeatable: a name (bf16, fp8, int8, int4, nf4, q8_0, q4_k_m, q3_k_m, q2_k, "
+           "mxfp4, hqq2, hqq3, ...), a width (4.5bpw), or trace (the trace's measured bytes per expert); default: "
+           "trace, else the checkpoint's (`casmoe presets`).", alias="quants", parser="casmoe.options:parse_quant"),
+    Option("dense_quant", str, "Precision of the dense part (attention, shared experts, routers, embeddings), "
+           "repeatable; default: the checkpoint's (`casmoe presets`).", parser="casmoe.options:parse_quant"),
+    Option("host_quant", str, "Precision of the experts computed on the host, repeatable; default: as --quant "
+           "(llama.cpp PR #12511 runs GPU and host experts at different precisions).", parser="casmoe.options:parse_quant"),
+    Option("stack", str, "Software stack, repeatable: the runtime's own costs (`casmoe stacks`: ideal, llama.cpp, "
+           "ktransformers, mixtral-offloading, ...) or a TOML path; default: ideal, no runtime cost (an upper bound).",
+           parser="casmoe.sim.stack:check_stack", group="box"),
     Option("policy", str, "Policy, repeatable: NAME, NAME[key=value,...] (casmoe[predictor=noisy]) or "
            "package.module:Class; default: every policy, CasMoE with a planner fitted on the trace's train split "
            "(casmoe[planner=auto]) beside its oracle brackets.", alias="policies", parser="casmoe.policies.spec:parse_policy"),
     Option("planner", str, "A fitted planner folder: a bare `casmoe` policy runs with it.", axis=False),
-    Option("capacity", str, "Cache per MoE layer in slots (4) or of all GPUs in memory (6GB), repeatable; default: "
-           "top_k, 2, 3 and 4 x top_k and the most that fits.", alias="capacities", parser="casmoe.options:capacity_text"),
-    Option("global_capacity", str, "One pool for all layers, in slots or memory, repeatable.",
+    Option("capacity", str, "Cache per MoE layer in slots (4), of all GPUs in memory (6GB), or fit (the most the GPUs "
+           "hold), repeatable; default: top_k, 2, 3 and 4 x top_k and the most that fits.", alias="capacities", parser="casmoe.options:capacity_text"),
+    Option("global_capacity", str, "One pool for all layers: whole experts (60), memory (18GB) or fit, repeatable; "
+           "placements (n-cpu-moe, ktransformers) take 0: every expert on the host.",
            alias="global_capacities", parser="casmoe.options:capacity_text"),
     Option("batch", int, "Requests whose decode tokens share a step, repeatable.", default=1, minimum=1),
     Option("miss_mode", str, "What a miss does, repeatable: load (stall), substitute (lossy) or cpu (computed on the "

@@ -389,7 +389,8 @@ class Server:
             if k + 1 == job.nsteps:
                 finishing.append(job)
         compute = self.setup.compute
-        work = StepWork(tokens, compute.dense(tokens, pairs, kv), compute.head(heads))
+        head, fixed = compute.head(heads), compute.step_fixed(tokens)
+        work = StepWork(tokens, compute.dense(tokens, pairs, kv, len(parts)), head + fixed if fixed else head)
         return ScheduledStep(parts, work, decoding, prefill, chunk, finishing)
 
     def _step(self, plan: ScheduledStep) -> Step:

@@ -77,7 +77,8 @@ def work_for(prefill: bool, T: int, requests: Sequence[int], pos: list[int], com
             pairs += pos[r]
         kv = pairs
         head = compute.head(T)
-    return StepWork(T, compute.dense(T, pairs, kv), head)
+    fixed = compute.step_fixed(T)
+    return StepWork(T, compute.dense(T, pairs, kv, len(requests)), head + fixed if fixed else head)
 
 
 def _ignore(expert: ExpertId) -> None:
@@ -104,6 +105,7 @@ class StepTimer:
         beside_s: float = 0.0,
         decide_s: float = 0.0,
         decide_load_s: float = 0.0,
+        prefetch_early: bool = False,
         timeline: Timeline | None = None,
         timeliness: Timeliness | None = None,
         tier: HostTier | None = None,
@@ -122,6 +124,7 @@ class StepTimer:
         self.beside_s = beside_s
         self.decide_s = decide_s  # the policy's decisions per layer visit (beyond the resident step's)
         self.decide_load_s = decide_load_s  # and per load a visit asks for
+        self.prefetch_early = prefetch_early  # a layer's prefetches issued once the layer before it has routed
         self.timeline = timeline
         self.timeliness = timeliness
         self.tier = tier  # the RAM tier the links read through, told of request boundaries
@@ -197,7 +200,9 @@ class StepTimer:
         T, dense, links, first, exp_time = work.tokens, work.dense, shard.links, shard.first, shard.expert_time
         decide = shard.decider.visit
         landed: Callable[[ExpertId], None] = shard.cache.arrived if interleaved else _ignore
-        visit_iter = iter(visits or ())
+        early = self.prefetch_early and not interleaved
+        visit_list = visits or []
+        k = -1  # index of the running visit
         busy_total = self.compute_s
         for ll, experts in enumerate(sub.experts):
             if not experts:
@@ -208,20 +213,26 @@ class StepTimer:
             link = links[ll]
             if link.queue or (link.heap and link.heap[0][0] <= t):
                 link.land(t, landed)  # only this layer's experts are observed next
-            pre, acc = decide(s, ll, experts) if interleaved else next(visit_iter)
+            k += 1
+            pre, acc = decide(s, ll, experts) if interleaved else visit_list[k]
             routed = t + dense
             if decide_s or decide_load_s:  # the policy decides on the compute thread before any load
                 routed += decide_s + decide_load_s * (len(pre) + len(acc.loads) + len(acc.background))
-            if pre:
+            if pre and not (early and k):  # an early runtime issued them while the layer before ran
                 self._issue(shard, t, pre)
                 if host_cost:
                     routed += self._host_time(len(pre), len(pre))
             ready = routed
             if host_cost and (acc.loads or acc.background):
                 ready += self._host_time(len(acc.loads) + len(acc.background), len(acc.background))
+            nxt = visit_list[k + 1][0] if early and k + 1 < len(visit_list) else ()
+            if nxt and host_cost:
+                ready += self._host_time(len(nxt), len(nxt))
             start = ready
             if acc.loads or link.tokens or acc.background or (timeliness is not None and timeliness.unused):
                 start = self._wait(shard, link, ll, experts, acc, routed, ready, on_device, interleaved)
+            if nxt:  # the next layer's prefetches, issued as soon as this layer's router has run
+                self._issue(shard, routed, nxt)
             if counts is None and not acc.cpu:  # one token per routed expert, all on the GPU
                 run = expert_pass + len(experts) * exp_time[ll]
             else:

@@ -27,7 +27,8 @@ import numpy as np
 from casmoe.kernels.cache_machine import LOG_CPU, M_END, M_PRE, M_ROUTE, R_LOG, replay_steps
 
 # cfg slots (int64)
-C_E, C_L, C_D, C_MULTI, C_CPU_MODE, C_DETAIL, C_HOST_CAP, C_HOST_COST = range(8)
+C_E, C_L, C_D, C_MULTI, C_CPU_MODE, C_DETAIL, C_HOST_CAP, C_HOST_COST, C_EARLY = range(9)
+N_CFG = 9
 # par slots (float64): the link and the machine's host costs
 P_RATE, P_LATENCY, P_HOST_RATE, P_LOAD_HOST, P_LOAD_LAYER, P_WAKE, P_RESUME, P_BESIDE, P_EXPERT_PASS, P_CPU_SERIAL = range(10)
 P_DECIDE, P_DECIDE_LOAD = 10, 11  # the policy's decisions: per layer visit, per load asked for
@@ -48,7 +49,7 @@ slower; with every step inlined numba took minutes to compile it."""
 class State(NamedTuple):
     """One run's timing state (N experts of the shard, L layers, D links, Q ring, H heap)."""
 
-    cfg: np.ndarray  # int64 [8], the C_* settings
+    cfg: np.ndarray  # int64 [N_CFG], the C_* settings
     par: np.ndarray  # float64 [10], the P_* parameters
     acc: np.ndarray  # float64 [5], the A_* accumulators
     n: np.ndarray  # int64 [2], the N_* counters
@@ -413,8 +414,10 @@ def _experts_time(st, ll, experts, counts, weighted, lo, hi, log, a, ncpu):
 
 
 @_inlined
-def _layer(st, ll, on_device, t, dense, experts, counts, weighted, lo, hi, log, mark):
-    """One computed layer of `StepTimer._walk` from `t`; returns when it is done."""
+def _layer(st, ll, on_device, t, dense, experts, counts, weighted, lo, hi, log, mark, issued, nxt_a, nxt_b):
+    """One computed layer of `StepTimer._walk` from `t`; returns when it is done. `issued`:
+    this layer's prefetches went out while the layer before ran (an early runtime, `C_EARLY`);
+    `nxt_a..nxt_b`: the next layer's prefetch rows, to issue once this layer has routed."""
     pre, a, b = mark[M_PRE], mark[M_ROUTE], mark[M_END]
     cpu = b > a and log[a, 0] == LOG_CPU  # cpu mode: route's rows are its host-computed misses
     nloads = 0 if cpu else b - a
@@ -423,16 +426,20 @@ def _layer(st, ll, on_device, t, dense, experts, counts, weighted, lo, hi, log, 
     routed = t + dense
     if st.par[P_DECIDE] or st.par[P_DECIDE_LOAD]:
         routed += st.par[P_DECIDE] + st.par[P_DECIDE_LOAD] * ((a - pre) + nloads)
-    if a > pre:
+    if a > pre and not issued:
         _issue(st, t, log, pre, a)
         if st.cfg[C_HOST_COST]:
             routed += _host_time(st, a - pre, a - pre)
     ready = routed
     if st.cfg[C_HOST_COST] and nloads:
         ready += _host_time(st, nloads, 0)
+    if st.cfg[C_HOST_COST] and nxt_b > nxt_a:
+        ready += _host_time(st, nxt_b - nxt_a, nxt_b - nxt_a)
     start = ready
     if nloads or st.ntokens[d] or (st.cfg[C_DETAIL] and st.n[N_UNUSED]):
         start = _wait(st, d, ll, on_device, experts, lo, hi, log, a, nloads, routed, ready)
+    if nxt_b > nxt_a:  # the next layer's prefetches, issued as soon as this layer's router has run
+        _issue(st, routed, log, nxt_a, nxt_b)
     if not weighted and not ncpu:  # one token per routed expert, all on the GPU
         run = st.par[P_EXPERT_PASS] + (hi - lo) * st.expert_time[ll]
     else:
@@ -459,6 +466,7 @@ def run_steps(st, visit_ptr, experts, counts, weighted, log, marks, first, last,
         if begin_a[j] >= 0:
             t = _begin(st, t, log, begin_a[j], begin_b[j])
         on_device = 0
+        issued = False  # the running layer's prefetches went out while the layer before ran
         for ll in range(L):
             v = s * L + ll
             lo, hi = visit_ptr[v], visit_ptr[v + 1]
@@ -470,7 +478,16 @@ def run_steps(st, visit_ptr, experts, counts, weighted, log, marks, first, last,
                 t += handover[j]
             if st.q_head[d] < st.q_tail[d] or (st.h_size[d] > 0 and st.h_time[d, 0] <= t):
                 _land(st, d, t)  # only this layer's experts are observed next
-            t = _layer(st, ll, on_device, t, dense[j], experts, counts, weighted[s], lo, hi, log, marks[v - first * L])
+            nxt_a = nxt_b = 0
+            if st.cfg[C_EARLY]:  # the next computed layer's prefetch rows
+                for l2 in range(ll + 1, L):
+                    v2 = s * L + l2
+                    if visit_ptr[v2] < visit_ptr[v2 + 1]:
+                        nxt_a, nxt_b = marks[v2 - first * L, M_PRE], marks[v2 - first * L, M_ROUTE]
+                        break
+            t = _layer(st, ll, on_device, t, dense[j], experts, counts, weighted[s], lo, hi, log, marks[v - first * L],
+                       issued, nxt_a, nxt_b)
+            issued = st.cfg[C_EARLY] != 0
         st.acc[A_COMPUTE] += head[j]
         st.device_busy[on_device] += head[j]
         t = t + head[j]

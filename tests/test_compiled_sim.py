@@ -33,7 +33,7 @@ VARIANTS = [(name, o) for name in POLICIES for o in OPTIONS.get(name, [{}])]
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 @given(
     variant=st.sampled_from(VARIANTS),
-    case=cases(),
+    case=cases(transient=False),
     mode=st.sampled_from([MissMode.LOAD, MissMode.CPU]),
     batch=st.integers(1, 3),
     devices=st.integers(1, 2),

@@ -47,7 +47,7 @@ def _both(monkeypatch, run):
           database=None)
 @given(
     variant=st.sampled_from(VARIANTS),
-    case=cases(),
+    case=cases(transient=False),
     mode=st.sampled_from([MissMode.LOAD, MissMode.CPU]),
     batch=st.integers(1, 3),
     devices=st.integers(1, 3),
@@ -95,7 +95,7 @@ def test_compiled_timing_on_the_shipped_trace(monkeypatch, policy):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 @given(
     variant=st.sampled_from([v for v in VARIANTS if not get_policy(v[0]).needs_future and v[1].get("predictor") != "exact"]),
-    case=cases(),
+    case=cases(transient=False),
     mode=st.sampled_from([MissMode.LOAD, MissMode.CPU]),
     devices=st.integers(1, 2),
     slow_link=st.booleans(),

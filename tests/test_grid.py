@@ -17,14 +17,18 @@ from casmoe.sim.run_options import OPTIONS, SHIPPED_REQUESTS
 @given(st.integers(1, 16), st.integers(0, 80))
 def test_default_capacities_run_from_top_k_to_what_fits(k, extra):
     fit = k + extra
-    slots = [int(c.text) for c in default_capacities(fit, k, "box")]
+    slots = [int(c.text) for c in default_capacities(fit, fit * 8, k, "box")]
     assert slots == sorted(set(slots)) and slots[0] == k and slots[-1] == fit
     assert set(slots) - {fit} <= {k, 2 * k, 3 * k, 4 * k}
 
 
-def test_default_capacities_below_top_k_is_a_clear_error():
-    with pytest.raises(CasmoeError, match="below top_k=4"):
-        default_capacities(3, 4, "box")
+def test_default_capacities_below_top_k_run_what_fits():
+    """A box that holds fewer experts per layer than top_k runs what it holds (the rest staged)
+    and the largest pool of whole experts; one that holds none names a configuration that runs."""
+    assert [c.label for c in default_capacities(3, 57, 4, "box")] == ["3", "57 global"]
+    assert [c.label for c in default_capacities(0, 5, 4, "box")] == ["5 global"]
+    with pytest.raises(CasmoeError, match="n-cpu-moe --global-capacity 0"):
+        default_capacities(0, 0, 4, "box")
 
 
 def test_shipped_trace_runs_its_first_requests_and_specs_carry_the_parsed_miss_mode():

@@ -206,10 +206,23 @@ def test_only_oracles_declare_the_future():
     assert get_policy("casmoe").create(g, 2, predictor="noisy").needs_future
 
 
-def test_capacity_below_top_k_is_refused_with_the_fix():
+def test_capacity_below_top_k_keeps_that_many_between_layers():
+    """Mixtral-Offloading's one resident expert per layer: a token's second expert passes
+    through a staging slot and leaves once the layer is done, the policy choosing which."""
     g = Geometry(2, 8, 2, hidden=8, intermediate=4)
-    with pytest.raises(CacheConfigError, match="--capacity >= 2"):
-        POLICIES["lru"](g, 1)
+    cache = POLICIES["lru"](g, 1)
+    assert cache.transient
+    for step, routes in enumerate([[(0, 1), (8, 9)], [(1, 2), (9, 10)], [(1, 3), (10, 11)]]):
+        for layer, experts in enumerate(routes):
+            cache.before_layer(step, layer)
+            acc = cache.route(step, layer, list(experts))
+            assert all(cache.is_resident(e) for e in experts)  # both ran from the GPU
+            assert acc.hits + len(acc.late) + len(acc.misses) == 2
+    cache.before_layer(3, 0)  # the last layer is done
+    assert sorted(cache.resident) == [3, 11]  # the most recently used of each layer stayed
+    stats = cache.stats()
+    # kept a token and used again: 1 (layer 0), 9 and 10 (layer 1); 3 was the last-used of layer 0
+    assert stats.hits + stats.late_hits == 3 and stats.misses == 9 and stats.evictions == 7
 
 
 def test_unknown_policy_names_the_choices():

@@ -38,7 +38,7 @@ def test_a_built_in_policy_is_its_own_module(name):
     assert defined == [cls], f"{module.__name__} defines {defined}"
 
 
-PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers", "routed-placement")
+PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers", "layer-offload", "routed-placement")
 """Built-in policies without a compiled twin (issue 22): they run their Python hooks everywhere
 (a placement decides nothing per step: it has no victim to choose)."""
 

@@ -133,7 +133,7 @@ def test_simulate_with_no_arguments(tmp_path):
     "args,message",
     [
         (["--hardware", "nope"], "unknown hardware profile 'nope'"),
-        (["--capacity", "1", "--policy", "lru"], "--capacity >= 2"),
+        (["--capacity", "-1", "--policy", "lru"], "bad capacity '-1'; give slots"),
         (["--model", "qwen3-30b-a3b"], "pass --model mixtral-8x7b"),
         (["--policy", "nope"], "unknown policy 'nope'"),
         (["--quant", "fp3"], "unknown --quant"),

@@ -331,7 +331,7 @@ def test_a_callers_latency_log_holds_each_decode_step_in_request_order():
 
 def test_roofline_decode_is_bound_by_weight_streaming():
     p = get_preset("mixtral-8x7b")
-    c = RooflineCompute.build(HW, p, p.geometry.bytes_per_layer())
+    c = Machine(p, HW).compute(p.geometry.bytes_per_layer())
     stream = p.geometry.expert_bytes() / (HW.mem_bw_gbs * 1e9 * HW.mem_efficiency)
     assert c.expert(0, 1) == pytest.approx(stream + HW.expert_overhead_us * 1e-6)
     assert c.expert(0, 4096) > c.expert(0, 1)  # prefill-size batches become FLOP bound
@@ -375,10 +375,15 @@ def test_unknown_profile_names_the_shipped_ones():
         load_profile("rtx9999")
 
 
-def test_capacity_below_top_k_names_the_flag():
+def test_capacity_below_top_k_runs_with_staging_slots():
+    """Mixtral-Offloading's one resident expert per layer: it runs, and keeps fewer experts than
+    two slots do (more misses, more bytes on the link, a longer run)."""
     tr = _mixtral_trace(1)
-    with pytest.raises(CacheConfigError, match="--capacity >= 2"):
-        run_trace(tr, get_policy("lru"), Capacity(1), Machine(get_preset("mixtral-8x7b"), HW))
+    one = run_trace(tr, get_policy("lru"), Capacity(1), Machine(get_preset("mixtral-8x7b"), HW))
+    two = run_trace(tr, get_policy("lru"), Capacity(2), Machine(get_preset("mixtral-8x7b"), HW))
+    assert one.stats.accesses == two.stats.accesses
+    assert one.stats.misses > two.stats.misses and one.link_bytes > two.link_bytes
+    assert one.sim_time_s > two.sim_time_s
 
 
 def test_trace_that_does_not_match_the_preset_names_the_fix():

@@ -34,7 +34,7 @@ def test_bound_never_exceeds_the_stall_and_per_layer_counts_add_up(name, options
     g = trace.geometry
     devices = min(devices, g.layers)
     if not cap.per_layer:  # a global pool is split over the devices: each share must hold top_k
-        devices = max(d for d in range(1, devices + 1) if cap.slots * (g.layers // d) // g.layers >= g.top_k)
+        devices = max((d for d in range(1, devices + 1) if cap.slots * (g.layers // d) // g.layers >= g.top_k), default=1)
     res = run_trace(trace, get_policy(name), cap, Machine(shaped_preset(trace.geometry), HW, devices=devices), options=options, compute=FixedCompute(layer_s=layer_s), detail=True)
     assert 0 <= res.stall_bound_s <= res.stall_s * (1 + 1e-9) + 1e-15
     assert len(res.stall_bound_by_device_s) == devices and max(res.stall_bound_by_device_s) == res.stall_bound_s

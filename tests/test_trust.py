@@ -366,11 +366,13 @@ def test_the_python_api_refuses_arguments_of_the_wrong_type_in_one_line(kw, need
 
 
 def test_a_what_if_none_of_whose_runs_can_run_is_refused():
-    # every policy at a capacity below top_k: each run is skipped, so there is nothing to report
-    with pytest.raises(CasmoeError, match="no run could be simulated.*below the 2 experts"):
-        casmoe.sim.simulate(policies=["lru", "lfu"], capacities=[0], requests=2)
-    res = casmoe.sim.simulate(policies=["lru", "lfu"], capacities=[0, 2], requests=2)  # some runs: they are reported
-    assert sorted((r["capacity_spec"], "skipped" in r) for r in res.records) == [("0", True), ("0", True), ("2", False), ("2", False)]
+    # every policy built with an option out of range: each run is skipped, so there is nothing to report
+    # (a capacity below top_k is no longer one: staging slots price it)
+    with pytest.raises(CasmoeError, match="no run could be simulated.*must lie in"):
+        casmoe.sim.simulate(policies=["n-cpu-moe[n=99]", "layer-offload[n=99]"], capacities=[2], requests=2)
+    res = casmoe.sim.simulate(policies=["n-cpu-moe[n=99]", "lru"], capacities=[0, 2], requests=2)  # some runs: they are reported
+    assert sorted((r["policy"], r["capacity_spec"], "skipped" in r) for r in res.records) == [
+        ("lru", "0", False), ("lru", "2", False), ("n-cpu-moe[n=99]", "0", True), ("n-cpu-moe[n=99]", "2", True)]
 
 
 # ---- serving flags, files -----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ expert_predictor.py, expert_priority_score.py):
   one by the cosine similarity of each layer's row, averaged over the layers it has routed so
   far; the best match predicts the layers to come;
 - **prefetch priority**: as layer l is about to run, the matched EAM's experts of layers
-  l .. l+ahead-1 (up to a pool's slots each) are fetched in order of their share of the layer
+  l .. l+ahead-1 (up to a layer's share of the slots each) are fetched in order of their share of the layer
   times the code's layer decay `1 - (layer - l) / (L + 1)`;
 - **activation-aware eviction**: the resident with the lowest predicted share is evicted, then
   the one the running request has used least, then the least recently used.
@@ -34,6 +34,7 @@ import numpy as np
 from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
 from casmoe.policies.fitting import TraceFit
+from casmoe.policies.lazy_heap import LazyHeaps
 from casmoe.trace import Trace, expert_counts
 from casmoe.trace_io import load_trace
 
@@ -79,8 +80,15 @@ class MoEInfinity(ExpertCache):
         self._wanted: dict[int, list[ExpertId]] = {}  # layer -> its prefetch order under that match
         self._last = [0] * g.total_experts
         self._tick = 0
+        # residents by (pred, uses, last): a new match or a new request changes every key, so
+        # those rebuild the heaps (once per step at most) instead of a scan per eviction
+        self._heaps = LazyHeaps(self.pools)
+        self._stale = False
         L = g.layers
         self._decay = 1.0 - np.arange(L) / (L + 1)
+        # a layer's prefetch list is capped at its share of the slots: a global pool ranked in
+        # full would prefetch `ahead` whole layers at every layer and evict its own prefetches
+        self._layer_slots = self.capacity.slots if self.capacity.per_layer else max(1, self.capacity.total(g) // L)
 
     @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, fit: Trace | str | None = None, **kw: Any) -> ExpertCache:
@@ -118,6 +126,7 @@ class MoEInfinity(ExpertCache):
             self._ranked = [[] for _ in range(self.geometry.layers)]
             self._ranked_from, self._wanted = -1, {}
             self._pred = [0.0] * self.geometry.total_experts
+            self._stale = True
             return
         # rows the request has not routed yet are zero in `part`, so they add nothing
         sims = np.einsum("cle,le->c", self._bank[:n], _unit_rows(self._eam)) / seen
@@ -130,8 +139,9 @@ class MoEInfinity(ExpertCache):
         total = row.sum(axis=1, keepdims=True)
         share = np.divide(row, total, out=np.zeros_like(row), where=total > 0)  # [L, E]
         self._pred = share.ravel().tolist()
+        self._stale = True
         E = self.geometry.experts
-        top = np.argsort(-share, axis=1, kind="stable")[:, : self.capacity.slots]
+        top = np.argsort(-share, axis=1, kind="stable")[:, : self._layer_slots]
         for layer, (ids, weights) in enumerate(zip(top.tolist(), np.take_along_axis(share, top, axis=1).tolist())):
             self._ranked[layer] = [(w, layer * E + e) for e, w in zip(ids, weights) if w > 0]
 
@@ -165,16 +175,31 @@ class MoEInfinity(ExpertCache):
                 self._ranked_from = -1  # that entry's rankings are stale
         self._eam[:] = 0.0
         self._uses = [0] * self.geometry.total_experts
+        self._stale = True
         self._matched_step = -1
 
     # ---- eviction --------------------------------------------------------------------------
 
+    def _key(self, e: ExpertId) -> tuple[float, int, int]:
+        return (self._pred[e], self._uses[e], self._last[e])
+
     def on_access(self, expert: ExpertId) -> None:
         self._tick += 1
         self._last[expert] = self._tick
+        if not self._stale:
+            self._heaps.push(self.pool_of[expert], expert, self._key(expert))
 
     on_insert = on_access
 
+    def on_evict(self, expert: ExpertId) -> None:
+        if not self._stale:
+            self._heaps.forget(expert)
+
     def victim(self, layer: int, candidates) -> ExpertId:
-        pred, uses, last = self._pred, self._uses, self._last
-        return min(candidates, key=lambda e: (pred[e], uses[e], last[e]))
+        if self._stale:  # keys changed wholesale since the heaps were built
+            self._heaps = LazyHeaps(self.pools)
+            for e in self.resident:
+                self._heaps.push(self.pool_of[e], e, self._key(e))
+            self._stale = False
+        # last-use ticks are unique among residents, so the keys are and the choice is the scan's
+        return self._heaps.pop_min(self.pool_of[layer * self.geometry.experts], candidates)

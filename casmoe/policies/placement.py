@@ -24,6 +24,8 @@ from casmoe.geometry import ExpertId, Geometry
 class Placement(ExpertCache):
     """`gpu`: the experts kept on the GPUs (at most the capacity's slots); the rest run on the host."""
 
+    loads_on_demand = False  # every miss is computed on the host: no slot needed, none at all for an all-host placement
+
     def __init__(self, geometry: Geometry, capacity: int | Capacity, *, gpu: Iterable[ExpertId], **kw) -> None:
         cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
         budget = budget_slots(geometry, cap)

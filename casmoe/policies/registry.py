@@ -21,6 +21,7 @@ from casmoe.errors import CasmoeError
 from casmoe.policies.belady import Belady
 from casmoe.policies.casmoe import CasMoE
 from casmoe.policies.ktransformers import KTransformers
+from casmoe.policies.layer_offload import LayerOffload
 from casmoe.policies.least_stale import LeastStale
 from casmoe.policies.lfu import LFU
 from casmoe.policies.lru import LRU
@@ -35,7 +36,8 @@ from casmoe.policies.static import Static
 
 POLICIES: dict[str, type[ExpertCache]] = {
     cls.name: cls
-    for cls in (OnDemand, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE, KTransformers, RoutedPlacement,
+    for cls in (OnDemand, LayerOffload, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE, KTransformers,
+                RoutedPlacement,
                 Belady, SCH, CasMoE)
 }
 

@@ -33,9 +33,10 @@ class Static(LRU):
     def __init__(self, *args, popularity: np.ndarray, remainder: int | None = None, **kw) -> None:
         super().__init__(*args, **kw)
         g, cap = self.geometry, self.capacity
-        rest = g.top_k if remainder is None else remainder
-        if rest < g.top_k or rest > cap.slots:
-            raise CacheConfigError(f"static remainder must lie in [{g.top_k}, {cap.slots}] slots, got {rest}")
+        least = min(g.top_k, cap.slots)  # fewer slots than top_k: none pinned, all rotate (transient slots)
+        rest = least if remainder is None else remainder
+        if rest < least or rest > cap.slots:
+            raise CacheConfigError(f"static remainder must lie in [{least}, {cap.slots}] slots, got {rest}")
         pin = cap.slots - rest
         popularity = np.asarray(popularity)
         if cap.per_layer:

@@ -15,13 +15,12 @@ Speeds are the simulator's, at the routing's request lengths, on the trace's hel
 (what the placement was fitted on never scores it), with what it does not model said beside
 them: decode at the full context adds the attention's KV read in closed form; SGLang's
 whole-module copies are a closed form; llama.cpp's op offload of prefill is not modelled. The
-uncertainty comes from `casmoe.sim.validation.spread(spec)` once that module exists (the
-lead's validation table); until then each speed says it is not validated for its stack.
+uncertainty is the spread `casmoe validate --published` measured for the run's kind of
+configuration on its stack (`casmoe.sim.uncertainty`); a stack nothing validated says so.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -294,18 +293,15 @@ def _option(name: str) -> bool:
     return name in BY_NAME
 
 
-def uncertainty(spec: Any, decode: float | None) -> tuple[tuple[float, float] | None, str]:
-    """The validation table's spread for this kind of run, once `casmoe.sim.validation` exists."""
-    if decode is None or spec is None or importlib.util.find_spec("casmoe.sim.validation") is None:
+def uncertainty(record: dict[str, Any] | None, decode: float | None) -> tuple[tuple[float, float] | None, str]:
+    """The validation table's spread for this kind of run (`casmoe.sim.uncertainty`): a band
+    around `decode` and its words; none for a closed form or a stack nothing validated."""
+    if decode is None or record is None:
         return None, NOT_VALIDATED
-    from casmoe.sim import validation  # type: ignore[attr-defined]
+    from casmoe.sim.uncertainty import factor, spread
 
-    spread = validation.spread(spec)
-    if spread is None:
-        return None, NOT_VALIDATED
-    low, high = (spread.low, spread.high) if hasattr(spread, "low") else tuple(spread)
-    text = spread.describe() if hasattr(spread, "describe") else f"x{low:.2g} to x{high:.2g} (validation table)"
-    return (decode * low, decode * high), f"uncertainty: {text}"
+    f = factor(record)
+    return (None if f is None else (decode / f, decode * f)), f"uncertainty: {spread(record)}"
 
 
 # ------------------------------------------------------------------------------------- candidates
@@ -807,7 +803,7 @@ def _speed(rec: dict[str, Any], spec: Any, ctx: Context, c: Candidate) -> Speed:
     reqs, ttft = rec.get("requests") or 0, rec.get("ttft_p50_s") or 0.0
     if reqs and ttft > 0:
         prefill = rec.get("prefill_tokens", 0) / reqs / ttft
-    band, text = uncertainty(spec, decode)
+    band, text = uncertainty(rec, decode)
     return Speed(decode, prefill, _at_context(decode, ctx, c.placement), band, text,
                  f"simulated, {rec.get('scored', '')}", f"points/{spec.key}.json")
 
