@@ -20,9 +20,10 @@ setup(
     packages=[*packages, "casmoe.data"],
     package_dir={**ROOTS, "casmoe.data": "traces"},
     package_data={
-        "casmoe": ["precisions.toml"],
+        "casmoe": ["precisions.toml", "engines/*.toml", "engines/*.md"],
         "casmoe.presets": ["*.toml"],
-        "casmoe.sim": ["profiles/*.toml", "links.toml", "prices.toml"],
+        "casmoe.sim": ["profiles/*.toml", "links.toml", "prices.toml", "published/*.toml", "stacks/*.toml"],
+        "casmoe.sim.deploy": ["*.toml"],
         "casmoe.data": DATA,
     },
 )

@@ -45,7 +45,8 @@ def test_replay_all_policies_as_json(small_trace):
         assert r["hit_rate"] == pytest.approx((r["hits"] + r["late_hits"]) / r["accesses"])
         assert r["bytes_loaded"] == r["loads"] * 3 * 64 * 32 * 2
         # static and moe-infinity too: the trace is too short to hold requests out, so they are fitted on those scored
-        assert r["oracle"] == (r["policy"] in ("belady", "sch", "static", "ktransformers", "fiddler", "moe-infinity",
+        assert r["oracle"] == (r["policy"] in ("belady", "sch", "static", "ktransformers", "fiddler", "routed-placement",
+                                               "moe-infinity",
                                                "casmoe[planner=auto]", "casmoe[predictor=exact]",
                                                "casmoe[predictor=noisy]"))
     by = {r["policy"]: r for r in records}

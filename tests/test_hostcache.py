@@ -58,7 +58,7 @@ def test_any_policy_that_does_not_read_the_future_manages_the_ram_tier(name):
         with pytest.raises(CacheConfigError, match="reads the future"):
             HostTier(_store(), G, 4, policy)
         return
-    if name in ("n-cpu-moe", "ktransformers", "fiddler", "hybrimoe"):  # computed on the host, never cached there
+    if name in ("n-cpu-moe", "ktransformers", "fiddler", "hybrimoe", "routed-placement"):  # computed on the host, never cached there
         with pytest.raises(CacheConfigError, match="placement|profile"):
             HostTier(_store(), G, 4, policy)
         return

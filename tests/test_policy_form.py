@@ -38,7 +38,7 @@ def test_a_built_in_policy_is_its_own_module(name):
     assert defined == [cls], f"{module.__name__} defines {defined}"
 
 
-PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers", "layer-offload", "fiddler", "hybrimoe")
+PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers", "layer-offload", "fiddler", "hybrimoe", "routed-placement")
 """Built-in policies without a compiled twin (issues 22, 37): they run their Python hooks everywhere
 (a placement has no victim to choose; layer-offload's streaming, fiddler's and hybrimoe's per-step
 CPU-or-copy choice are in no kernel)."""
@@ -59,7 +59,8 @@ def test_a_policy_without_a_twin_runs_in_python(name):
     cls = POLICIES[name]
     assert twin_of(cls) is None
     g = Geometry(2, 4, 2, hidden=8, intermediate=4)
-    needs = {"ktransformers": {"popularity": [1.0] * g.total_experts}, "fiddler": {"popularity": [1.0] * g.total_experts}}
+    needs = {"ktransformers": {"popularity": [1.0] * g.total_experts}, "fiddler": {"popularity": [1.0] * g.total_experts},
+             "routed-placement": {"shares": [[1.0] * g.experts] * g.layers}}
     assert not has_twin(cls(g, 2, **needs.get(name, {})))
 
 
@@ -85,7 +86,7 @@ def test_a_policy_declares_its_fitting_and_its_variants():
     from casmoe.policies import default_policies, variants
 
     fitted = {name for name, cls in POLICIES.items() if cls.fit is not None}
-    assert fitted == {"static", "ktransformers", "fiddler", "moe-infinity", "casmoe"}
+    assert fitted == {"static", "ktransformers", "fiddler", "routed-placement", "moe-infinity", "casmoe"}
     assert [s.label for s in variants("casmoe")] == ["casmoe[planner=auto]", "casmoe[predictor=exact]",
                                                      "casmoe[predictor=noisy]"]
     assert [s.label for s in variants("casmoe", "my/planner")][0] == "casmoe[planner=my/planner]"

@@ -116,10 +116,11 @@ def test_simulate_with_no_arguments(tmp_path):
             "casmoe[planner=auto]", "casmoe[predictor=exact]", "casmoe[predictor=noisy]"} <= policies
     # static's and ktransformers' profiles, moe-infinity's collection and CasMoE's planner come
     # from the train split: only held-out requests are scored
-    seen = "the first 12 of the requests moe-infinity, static, ktransformers, fiddler, casmoe[planner=auto] never saw"
+    seen = ("the first 12 of the requests moe-infinity, static, ktransformers, fiddler, routed-placement, "
+            "casmoe[planner=auto] never saw")
     assert f"tiny-mixtral.npz: 12 of 800 requests ({seen})" in proc.stdout
     assert {r["scored"] for r in records} == {f"12 of 800 requests ({seen})"}
-    fitted = ("static", "moe-infinity", "ktransformers", "fiddler", "casmoe[planner=auto]")
+    fitted = ("static", "moe-infinity", "ktransformers", "fiddler", "routed-placement", "casmoe[planner=auto]")
     assert not any(r["oracle"] for r in records if r["policy"] in fitted)
     assert "casmoe[planner=auto]: a planner fitted on the trace's 679 train requests" in proc.stdout
     assert "model mixtral-8x7b" in proc.stdout

@@ -30,6 +30,7 @@ from casmoe.policies.lru import LRU
 from casmoe.policies.moe_infinity import MoEInfinity
 from casmoe.policies.n_cpu_moe import NCpuMoE
 from casmoe.policies.ondemand import OnDemand
+from casmoe.policies.routed_placement import RoutedPlacement
 from casmoe.policies.sch import SCH
 from casmoe.policies.semoe import SEMoE
 from casmoe.policies.speculative import Speculative
@@ -38,7 +39,7 @@ from casmoe.policies.static import Static
 POLICIES: dict[str, type[ExpertCache]] = {
     cls.name: cls
     for cls in (OnDemand, LayerOffload, LRU, LFU, SEMoE, Speculative, MoEInfinity, LeastStale, Static, NCpuMoE,
-                KTransformers, Fiddler, HybriMoE, Belady, SCH, CasMoE)
+                KTransformers, Fiddler, HybriMoE, RoutedPlacement, Belady, SCH, CasMoE)
 }
 
 
