@@ -174,7 +174,7 @@ def synthetic_trace(model: str, top_k: int | None, prompt: int, output: int) -> 
 
 
 def specs_for(row: Row, stack: Stack | None = None) -> list[Any]:
-    """The runs of a row (one), with `stack` in place of the named one when given."""
+    """The run of a row (a list of one), with `stack` in place of the named one when given."""
     from casmoe.sim.grid import Grid
 
     run = dict(row.run or {})
@@ -186,7 +186,11 @@ def specs_for(row: Row, stack: Stack | None = None) -> list[Any]:
                    f"row {row.id}")
     if stack is not None:
         grid = grid.with_values(stack=stack)
-    return grid.specs(strict=True).specs
+    specs = grid.specs(strict=True).specs
+    if len(specs) != 1:  # a bare policy name runs its variants: a row is one configuration
+        raise ValidationError(f"row {row.id}: its run expands to {len(specs)} runs ({', '.join(s.policy.label for s in specs)}); "
+                              "name one variant of the policy")
+    return specs
 
 
 def predict(row: Row, stack: Stack | None = None) -> float:
@@ -437,6 +441,17 @@ def validate(rows: list[Row] | None = None, progress: Callable[[str], None] | No
     return Validation(results, stacks, shared, errors)
 
 
+FITTED_MARK = " | fitted: "
+"""Where a fitted field's source (why the field exists, what it stands for) ends and the record
+of its last fit begins: a refit replaces the record, never the reason."""
+
+
+def _fitted_source(why: str, value: float, error: float | None, ids: Sequence[str]) -> str:
+    se = "not determined (as many fields as rows)" if error is None or math.isinf(error) else f"{error:.3g}"
+    return (f"{why.split(FITTED_MARK)[0]}{FITTED_MARK}{value:.4g} (standard error {se}) on {', '.join(ids)} "
+            "by casmoe validate --published --fit")
+
+
 def write_fitted(v: Validation) -> list[Path]:
     """Write the constants fitted on every row: each stack's fitted fields, the shared defaults,
     and the spreads per kind of configuration."""
@@ -448,10 +463,11 @@ def write_fitted(v: Validation) -> list[Path]:
     paths = stack_paths()
     for name, s in v.stacks.items():
         shipped = load_stack(name)
-        fitted = replace(shipped, **{f: getattr(s, f) for f in shipped.fitted_on},
-                         sources={**shipped.sources, **{f: f"fitted on {', '.join(ids)} (casmoe validate --published --fit)"
-                                                        for f, ids in shipped.fitted_on.items()}})
-        written.append(fitted.write(paths[name]))
+        sources = {**shipped.sources, **{f: _fitted_source(shipped.sources.get(f, ""), getattr(s, f), v.errors[name].get(f),
+                                                           ids) for f, ids in shipped.fitted_on.items()}}
+        fitted = replace(shipped, **{f: getattr(s, f) for f in shipped.fitted_on}, sources=sources)
+        header = [line for line in paths[name].read_text().splitlines() if line.startswith("#")]
+        written.append(write_text(paths[name], "\n".join([*header, fitted.to_toml()])))
     sh = v.shared
     text = ["# The constants every stack takes where it has no measurement of its own (a stack's 0 means",
             "# \"the shared default\"). Written by `casmoe validate --published --fit`, fitted on every validated",
