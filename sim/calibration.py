@@ -280,6 +280,10 @@ class Calibration:
     def fields(self) -> list[str]:
         return list(self.errors)
 
+    def describe(self, name: str) -> str:
+        """A fitted field's value and how well the rows determine it."""
+        return describe_error(name, getattr(self.stack, name), self.errors[name], len(self.checks) - len(self.errors))
+
     def left_out_median_abs_log_ratio(self) -> float | None:
         import statistics
 
@@ -295,12 +299,15 @@ class Calibration:
                 "left_out_median_abs_log_ratio": self.left_out_median_abs_log_ratio()}
 
 
-def describe_error(name: str, value: float, error: float) -> str:
-    """`400 ± 3.1 us`, or why there is no error bar."""
+def describe_error(name: str, value: float, error: float, spare: int) -> str:
+    """`400 ± 3.1 us`, or why there is no error bar (`spare`: rows beyond the fields fitted)."""
+    from casmoe.report import sig
+
     unit = " us" if name.endswith("_us") else ""
     if math.isinf(error):
-        return f"{value:.4g}{unit}, not determined (as many fields as rows: no residual to judge it by)"
-    return f"{value:.4g} ± {error:.2g}{unit} (standard error)"
+        return f"{sig(value, 4)}{unit}, not determined " + (
+            "(as many fields as rows: no residual to judge it by)" if spare <= 0 else "(the rows do not separate it)")
+    return f"{sig(value, 4)} ± {sig(error, 2)}{unit} (standard error)"
 
 
 def calibrate(rows: Sequence[Row], base: Stack, fields: Sequence[str] | None = None, *, source: str, when: str,
@@ -332,7 +339,7 @@ def calibrate(rows: Sequence[Row], base: Stack, fields: Sequence[str] | None = N
             without, _ = fit_stack(replace(base, fitted_on={f: others for f in fields}), by_id, shared)
             left_out = predict(r, without.resolved(shared))
         checks.append(Check(r, predict(r, resolved), left_out))
-    sources = {f: f"fitted by `{source}` on rows {', '.join(ids)} ({when}): {describe_error(f, getattr(fitted, f), errors[f])}"
+    sources = {f: f"fitted by `{source}` on rows {', '.join(ids)} ({when}): {describe_error(f, getattr(fitted, f), errors[f], len(rows) - len(fields))}"
                for f in fields}
     stack = replace(fitted, name=name or f"{base.name}-calibrated",
                     description=f"{base.name} calibrated on {len(rows)} measured row{'s' if len(rows) > 1 else ''} ({source})",
