@@ -300,14 +300,21 @@ class Calibration:
 
 
 def describe_error(name: str, value: float, error: float, spare: int) -> str:
-    """`400 ± 3.1 us`, or why there is no error bar (`spare`: rows beyond the fields fitted)."""
+    """`400 ± 3.1 us (standard error)`, or why there is no error bar (`spare`: rows beyond the
+    fields fitted); a value at its bound says so (the rows ask for more than the field can mean)."""
     from casmoe.report import sig
 
     unit = " us" if name.endswith("_us") else ""
     if math.isinf(error):
-        return f"{sig(value, 4)}{unit}, not determined " + (
+        text = f"{sig(value, 4)}{unit}, not determined " + (
             "(as many fields as rows: no residual to judge it by)" if spare <= 0 else "(the rows do not separate it)")
-    return f"{sig(value, 4)} ± {sig(error, 2)}{unit} (standard error)"
+    else:
+        text = f"{sig(value, 4)} ± {sig(error, 2)}{unit} (standard error)"
+    lo, hi = FIT_BOUNDS[name]
+    near = 1e-3 * (hi - lo)  # a bounded fit stops just inside its bound
+    if value <= lo + near or value >= hi - near:
+        text += f", at its bound ({sig(lo if value <= lo + near else hi, 4)})"
+    return text
 
 
 def calibrate(rows: Sequence[Row], base: Stack, fields: Sequence[str] | None = None, *, source: str, when: str,
