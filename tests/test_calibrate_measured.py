@@ -207,3 +207,25 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, text, a
 def test_without_measured_the_command_still_wants_a_model(tmp_path, monkeypatch, capsys) -> None:
     code, _, err = cli(["calibrate"], tmp_path, monkeypatch, capsys)
     assert code == 2 and "--model" in err and "--measured" in err
+
+
+def test_the_base_is_the_stack_the_rows_name_unless_given() -> None:
+    (row,) = _measured(["lru4"])
+    named = dataclasses.replace(row, run={**row.run, "stack": "llama.cpp"})
+    assert c.base_stack([row], None).name == "ideal"
+    assert c.base_stack([named], None).name == "llama.cpp"
+    assert c.base_stack([row], "vllm").name == "vllm"
+    with pytest.raises(c.CalibrationError, match="--stack vllm but the rows name stack llama.cpp"):
+        c.base_stack([named], "vllm")
+    other = dataclasses.replace(named, id="b", run={**row.run, "stack": "vllm"})
+    with pytest.raises(c.CalibrationError, match="different stacks"):
+        c.base_stack([named, other], None)
+
+
+def test_measuring_and_fitting_are_not_mixed(tmp_path, monkeypatch, capsys) -> None:
+    measured = tmp_path / "m.toml"
+    measured.write_text(_toml(_measured(["lru4"])))
+    code, _, err = cli(["calibrate", "--measured", str(measured), "--model", "tiny-mixtral"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "give one" in err
+    code, _, err = cli(["calibrate", "--model", "tiny-mixtral", "--fit", "layer_us"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "--stack and --fit go with --measured" in err
