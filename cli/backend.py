@@ -168,7 +168,8 @@ def bench(
 MEASURED_HELP = """Instead of measuring this machine: fit a software stack on runs you measured on your own box
 (TOML [[row]] tables like sim/published/measurements.toml, or a CSV with columns id, rate and run options).
 Each row: id = "lru4", rate = 5.1 (decode tok/s), run = { model = "mixtral-8x7b", hardware = "my-box.toml",
-quant = "int4", policy = "lru", capacity = "4" } (casmoe simulate options; model and hardware required)."""
+quant = "int4", policy = "lru", capacity = "4" } (casmoe simulate options; model and hardware required).
+See examples/measured.toml."""
 
 
 @app.command()
@@ -177,7 +178,7 @@ def calibrate(
                                         "local model folder (not with --measured)."),
     out: Optional[Path] = typer.Option(None, help="File to write: the hardware profile (default calibrated.toml), or "
                                        "with --measured the stack (default calibrated-stack.toml)."),
-    name: Optional[str] = typer.Option(None, help="Profile (default: calibrated) or stack (default: BASE-calibrated) name inside the file."),
+    name: Optional[str] = typer.Option(None, help="Profile (default: calibrated) or stack (default: the --out file's stem) name inside the file."),
     measured: Optional[Path] = typer.Option(None, "--measured", help=MEASURED_HELP),
     stack: Optional[str] = typer.Option(None, "--stack", help="With --measured: the stack to calibrate, a shipped name or a "
                                         "TOML (default: the stack the rows name, else ideal)."),
