@@ -266,6 +266,11 @@ def _calibrate_measured(measured: Path, stack: Optional[str], fit: Optional[str]
                 title=f"{base.name} calibrated on {measured} (ratio = predicted / measured"
                 + ("; left-out: refitted without that row, the honest check)" if loo else
                    "; no row to spare for a left-out check: measure more runs than fields)"))
+    for c in cal.checks:
+        if c.beyond_bound:
+            typer.echo(f"warning: row {c.row.id} measured {c.row.rate:.3g} tok/s, faster than its configuration can run in "
+                       f"casmoe's model ({c.bound:.3g} tok/s with no software cost): check its run (precision, box, cache "
+                       "size); the fit cannot explain it")
     for c in cal.choices:
         if c.fitted:
             typer.echo(f"{c.field} = {cal.describe(c.field)}: {c.why}")

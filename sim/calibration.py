@@ -39,7 +39,7 @@ from typing import Any
 
 from casmoe.errors import CasmoeError
 from casmoe.sim.stack import Shared, Stack, load_shared, load_stack
-from casmoe.sim.validation import FIT_BOUNDS, RATES, Row, fit_stack, predict, row_from_dict, specs_for
+from casmoe.sim.validation import BOUND_TOLERANCE, FIT_BOUNDS, RATES, Row, bound, fit_stack, predict, row_from_dict, specs_for
 
 ROW_KEYS = ("id", "rate", "metric", "value", "system", "source", "prompt_tokens", "output_tokens", "notes", "run")
 """Keys of a measured row itself; in a CSV every other column is a run option."""
@@ -251,18 +251,27 @@ def check_fields(names: Sequence[str], rows: Sequence[Row]) -> list[str]:
 @dataclass(frozen=True)
 class Check:
     """One measured row against the calibrated stack: fitted (the rows it was fitted on include
-    it) and, with more rows than fields, predicted by a refit without it."""
+    it), with more rows than fields predicted by a refit without it, and the fastest its
+    configuration can run in casmoe's model (`validation.bound`: no stack can fit a row beyond it)."""
 
     row: Row
     fitted: float
     left_out: float | None
+    bound: float
+
+    @property
+    def beyond_bound(self) -> bool:
+        """Measured faster than the configuration written for it can run: what ran is not what
+        the row says (a precision, a box or a cache size that differs), so no stack explains it."""
+        return self.row.rate > self.bound * BOUND_TOLERANCE
 
     def to_dict(self) -> dict[str, Any]:
         run = self.row.run or {}
         return {"id": self.row.id, "policy": run.get("policy"), "capacity": run.get("capacity") or run.get("global_capacity"),
                 "measured_tok_s": self.row.rate, "fitted_tok_s": self.fitted, "fitted_ratio": self.fitted / self.row.rate,
                 "left_out_tok_s": self.left_out,
-                "left_out_ratio": None if self.left_out is None else self.left_out / self.row.rate}
+                "left_out_ratio": None if self.left_out is None else self.left_out / self.row.rate,
+                "bound_tok_s": self.bound, "beyond_bound": self.beyond_bound}
 
 
 @dataclass(frozen=True)
@@ -345,7 +354,7 @@ def calibrate(rows: Sequence[Row], base: Stack, fields: Sequence[str] | None = N
             others = [i for i in ids if i != r.id]
             without, _ = fit_stack(replace(base, fitted_on={f: others for f in fields}), by_id, shared)
             left_out = predict(r, without.resolved(shared))
-        checks.append(Check(r, predict(r, resolved), left_out))
+        checks.append(Check(r, predict(r, resolved), left_out, bound(r)))
     sources = {f: f"fitted by `{source}` on rows {', '.join(ids)} ({when}): {describe_error(f, getattr(fitted, f), errors[f], len(rows) - len(fields))}"
                for f in fields}
     stack = replace(fitted, name=name or f"{base.name}-calibrated",

@@ -229,3 +229,27 @@ def test_measuring_and_fitting_are_not_mixed(tmp_path, monkeypatch, capsys) -> N
     assert code == 2 and "give one" in err
     code, _, err = cli(["calibrate", "--model", "tiny-mixtral", "--fit", "layer_us"], tmp_path, monkeypatch, capsys)
     assert code == 2 and "--stack and --fit go with --measured" in err
+
+
+def test_a_row_faster_than_its_configuration_can_run_is_flagged(three) -> None:
+    assert not any(ch.beyond_bound for ch in three.checks)
+    (row,) = _measured(["od"])
+    bound = v.bound(row)
+    fast = dataclasses.replace(row, value=bound * 2)
+    cal = c.calibrate([fast], load_stack("ideal"), source="test", when="today")
+    (check,) = cal.checks
+    assert check.beyond_bound and check.bound == pytest.approx(bound)
+    assert "at its bound" in cal.describe("layer_us")  # no software cost makes it fast enough
+
+
+def test_the_command_warns_of_a_row_beyond_its_bound(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from casmoe.cli import app
+
+    (row,) = _measured(["od"])
+    measured = tmp_path / "m.toml"
+    measured.write_text(_toml([dataclasses.replace(row, value=v.bound(row) * 2)]))
+    result = CliRunner().invoke(app, ["calibrate", "--measured", str(measured), "--out", str(tmp_path / "s.toml")])
+    assert result.exit_code == 0, result.output
+    assert "warning: row od measured" in result.output and "faster than its configuration can run" in result.output
