@@ -355,7 +355,8 @@ def calibrate(rows: Sequence[Row], base: Stack, fields: Sequence[str] | None = N
             without, _ = fit_stack(replace(base, fitted_on={f: others for f in fields}), by_id, shared)
             left_out = predict(r, without.resolved(shared))
         checks.append(Check(r, predict(r, resolved), left_out, bound(r)))
-    sources = {f: f"fitted by `{source}` on rows {', '.join(ids)} ({when}): {describe_error(f, getattr(fitted, f), errors[f], len(rows) - len(fields))}"
+    spare = len(rows) - len(fields)
+    sources = {f: f"fitted by `{source}` on rows {', '.join(ids)} ({when}): {describe_error(f, getattr(fitted, f), errors[f], spare)}"
                for f in fields}
     stack = replace(fitted, name=name or f"{base.name}-calibrated",
                     description=f"{base.name} calibrated on {len(rows)} measured row{'s' if len(rows) > 1 else ''} ({source})",
