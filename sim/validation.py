@@ -94,18 +94,21 @@ class Row:
 
 
 def load_rows(path: Path = MEASUREMENTS) -> list[Row]:
-    raw = tomllib.loads(path.read_text())["row"]
-    rows = []
-    for r in raw:
-        if r.get("run") is not None and r["metric"] not in RATES:
-            raise ValidationError(f"{path}: row {r['id']}: metric {r['metric']!r} cannot be validated yet (only {', '.join(RATES)})")
-        rows.append(Row(r["id"], r["system"], r["kind"], r["source"], r["metric"], float(r["value"]), r.get("run"),
-                        r.get("scope", ""), str(r.get("model", "")), str(r.get("box", "")),
-                        int(r.get("prompt_tokens") or 0), int(r.get("output_tokens") or 0)))
+    rows = [row_from_dict(r, str(path)) for r in tomllib.loads(path.read_text())["row"]]
     ids = [r.id for r in rows]
     if len(set(ids)) != len(ids):
         raise ValidationError(f"{path}: row ids repeat")
     return rows
+
+
+def row_from_dict(r: dict[str, Any], where: str) -> Row:
+    """One `[[row]]` of the published schema (a user's measurements, `casmoe.sim.calibration`,
+    are put in this schema first, so both tables mean the same by each key)."""
+    if r.get("run") is not None and r["metric"] not in RATES:
+        raise ValidationError(f"{where}: row {r['id']}: metric {r['metric']!r} cannot be validated yet (only {', '.join(RATES)})")
+    return Row(r["id"], r["system"], r["kind"], r["source"], r["metric"], float(r["value"]), r.get("run"),
+               r.get("scope", ""), str(r.get("model", "")), str(r.get("box", "")),
+               int(r.get("prompt_tokens") or 0), int(r.get("output_tokens") or 0))
 
 
 # ---- predicting one row ---------------------------------------------------------------------------
@@ -194,9 +197,11 @@ def specs_for(row: Row, stack: Stack | None = None) -> list[Any]:
 
 
 def predict(row: Row, stack: Stack | None = None) -> float:
-    """The row's metric as a rate, as casmoe predicts it (remembered per row and stack values:
-    the fits ask for the same runs again)."""
-    key = (row.id, None if stack is None else json.dumps(stack.to_dict(), sort_keys=True, default=str))
+    """The row's metric as a rate, as casmoe predicts it (remembered per row content, trace size
+    and stack values: the fits ask for the same runs again; two tables may reuse an id)."""
+    key = (row.id, json.dumps(row.run, sort_keys=True, default=str), row.metric, row.prompt_tokens,
+           (REQUESTS, DECODE_TOKENS, STREAM_DECODE_TOKENS),
+           None if stack is None else json.dumps(stack.to_dict(), sort_keys=True, default=str))
     if key not in _PREDICTED:
         from casmoe.sim.run import run
 
