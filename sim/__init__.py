@@ -37,7 +37,8 @@ Questions answered with runs:
   workload, scored on requests no fitted part saw; `deploy/`: `casmoe plan`, engine commands,
   memory maps and placements;
 - `validation`: the published measurements (`published/`) predicted with stacks fitted on other
-  rows; `uncertainty`: the spread it measured, said beside every figure;
+  rows; `uncertainty`: the spread it measured, said beside every figure; `calibration`: a
+  stack fitted on a user's own measured runs (`casmoe calibrate --measured`);
 - `testing`: the simulator half of the policy contract (`check_policy`).
 """
 

@@ -190,9 +190,11 @@ def specs_for(row: Row, stack: Stack | None = None) -> list[Any]:
     if stack is not None:
         grid = grid.with_values(stack=stack)
     specs = grid.specs(strict=True).specs
-    if len(specs) != 1:  # a bare policy name runs its variants: a row is one configuration
-        raise ValidationError(f"row {row.id}: its run expands to {len(specs)} runs ({', '.join(s.policy.label for s in specs)}); "
-                              "name one variant of the policy")
+    if len(specs) != 1:  # a bare policy name runs its variants, a missing capacity the default sizes
+        runs = [s.describe() for s in specs]
+        varies = sorted(k for k in runs[0] if len({json.dumps(r.get(k), default=str) for r in runs}) > 1)
+        raise ValidationError(f"row {row.id}: its run expands to {len(specs)} runs, differing in {', '.join(varies)}; "
+                              "a row is one configuration: give one value of each (a policy's variant, a capacity)")
     return specs
 
 
