@@ -23,7 +23,7 @@ from casmoe.sim.stack import Stack
 from casmoe.sim.tiers import HostCache, HostTier
 from casmoe.sim.timeline import Timeline
 from casmoe.sim.timeliness import Timeliness
-from casmoe.sim.timing import Shard, StepTimer
+from casmoe.sim.timing import Shard, StepTimer, histories
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import Future, Step, Trace
 
@@ -90,6 +90,12 @@ class Setup:
     timeline: Timeline | None
     host_cache: HostCache | None
     detail: bool
+    context: int = 0  # tokens of context each request is served at (0: its own length; `timing.histories`)
+
+    def positions(self) -> list[int]:
+        """Each request's context before its first token (`timing.histories`): where the
+        pricing of its attention starts."""
+        return histories(self.trace.requests, self.context)
 
     def start(self, futures: Sequence[Sequence[Step]] | None) -> RunState:
         """Links, caches (attached to `futures`, one step sequence per shard, if they read the

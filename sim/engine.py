@@ -74,6 +74,7 @@ def run_trace(
     detail: bool = False,
     compiled: bool | None = None,
     latency: LatencyLog | None = None,
+    context: int = 0,
 ) -> SimResult:
     """Run `trace` through `policy` caches on `machine`; see the module docstring.
     `traffic` (`serving.Traffic`) serves the requests as they arrive instead of one after
@@ -84,7 +85,9 @@ def run_trace(
     `casmoe.replay.replay` chooses its path (built-in policies' compiled twins; identical
     results either way). `plan` shares the trace's steps between runs (with traffic: its
     batch-1 arrays, which the compiled serving passes read). `latency`, a log to fill instead
-    of a fresh one, gives a caller every step's time (requests one after another only)."""
+    of a fresh one, gives a caller every step's time (requests one after another only).
+    `context` prices each request's attention at that served context (`timing.histories`; 0:
+    its own length)."""
     if not (isinstance(policy, type) and issubclass(policy, ExpertCache)):
         raise SimConfigError(
             f"run_trace takes a policy class (each run builds fresh caches), e.g. LRU, not {type(policy).__name__} "
@@ -114,7 +117,7 @@ def run_trace(
         shard_traces = [trace.layer_slice(r) for r in ranges] if cache_per_device else [trace]
     setup = Setup(
         trace, policy, options or {}, capacity, miss_mode, hardware, ranges, shard_ranges, shard_traces, nbytes,
-        compute or machine.compute(nbytes), machine.pinned, machine.stack, timeline, host_cache, detail,
+        compute or machine.compute(nbytes), machine.pinned, machine.stack, timeline, host_cache, detail, context,
     )
     budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
     describe = dict(
@@ -181,7 +184,7 @@ def run_offline(plan: StepPlan, machine: RunState, setup: Setup, log: LatencyLog
     starts, finishing = starts_and_ends(steps)
     compute = setup.compute
     shard_steps = plan.shard_steps
-    pos = [0] * len(setup.trace.requests)  # tokens each request has processed
+    pos = setup.positions()  # tokens of context each request has
     now = 0.0
     for c0 in range(0, len(steps), CHUNK_STEPS):
         c1 = min(len(steps), c0 + CHUNK_STEPS)

@@ -21,7 +21,7 @@ from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.presets import get_preset, preset_for, shape_preset
 from casmoe.selection import Scored, Selection
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.sim.fits import check_capacity, check_devices, default_host_cache
+from casmoe.sim.fits import check_capacity, check_devices, check_kv, default_host_cache
 from casmoe.sim.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.machine import Machine, presets_of_shape
 from casmoe.sim.run_options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
@@ -184,6 +184,7 @@ class _Builder:
         miss_modes = list(dict.fromkeys(parse_miss_mode(m) for m in g.values("miss_mode")))
         traffics = self._traffics()
         batches = list(dict.fromkeys(g.values("batch")))
+        contexts = [c or 0 for c in dict.fromkeys(g.values("context"))]
         if any(t is not None for t in traffics) and batches != [1]:
             raise GridError("--batch makes static batches of back-to-back requests; with --arrival or --users use "
                             "--max-batch")
@@ -214,12 +215,20 @@ class _Builder:
                 where = f"{machine.hardware.name} x{machine.devices}" if machine.devices != machine.hardware.gpus \
                     else machine.hardware.name
                 capacities = self._capacities(whole, fit, pool_fit, nbytes, where, bool(g.value("allow_overcommit")))
+                longest = max((r.tokens for r in tr.requests), default=0)
+                short = [c for c in contexts if 0 < c < longest]
+                if short:
+                    raise GridError(f"--context {short[0]} is below the longest scored request of {path.name} "
+                                    f"({longest} tokens); give --context {longest} or more, or leave it out to serve "
+                                    "each request at its own length")
                 for host_cache in self._host_caches(machine, whole, nbytes):
-                    for (cap, why), traffic, batch, mm, policy in itertools.product(
-                        capacities.items(), traffics, batches, miss_modes, policies
+                    for (cap, why), traffic, batch, context, mm, policy in itertools.product(
+                        capacities.items(), traffics, batches, contexts, miss_modes, policies
                     ):
+                        if why is None:
+                            why = self._kv_fits(machine, nbytes, cap, context or longest, batch, traffic, where)
                         spec = RunSpec(ref, policy, cap, machine, hardware, batch, mm, traffic, host_cache,
-                                       bool(g.value("allow_overcommit")), policy.label in scored.starred)
+                                       bool(g.value("allow_overcommit")), policy.label in scored.starred, context)
                         if why is not None:
                             refused[spec] = why
                         specs.append(spec)
@@ -306,6 +315,21 @@ class _Builder:
                     raise
                 out[c] = str(exc)
         return out
+
+    def _kv_fits(self, machine: Machine, nbytes: Sequence[int], cap: CapacitySpec, context: int, batch: int,
+                 traffic: Traffic | None, where: str) -> str | None:
+        """None when the KV cache of `context` tokens times the run's concurrency (the static
+        batch, or the requests the server runs at once) fits beside the dense part and the
+        cache `cap`; else why not (refused when strict)."""
+        sequences, flag = (batch, "--batch") if traffic is None else traffic.sequences
+        try:
+            self.note(check_kv(machine, nbytes, cap.resolve(nbytes), cap.label, context, sequences, flag, where,
+                               bool(self.grid.value("allow_overcommit"))))
+        except CasmoeError as exc:
+            if self.strict:
+                raise
+            return str(exc)
+        return None
 
     def _host_caches(self, machine: Machine, whole: Any, nbytes: Sequence[int]) -> list[HostCache | None]:
         g = self.grid

@@ -95,6 +95,7 @@ def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
         timeline=timeline,
         trace_name=ref.name,
         detail=True,
+        context=spec.context,
     )
     record = {**spec.describe(), **result.to_dict()}
     record["uncertainty"] = spread(record)

@@ -110,6 +110,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("global_capacity", str, "One pool for all layers: whole experts (60), memory (18GB) or fit, repeatable; "
            "placements (n-cpu-moe, ktransformers) take 0: every expert on the host.",
            alias="global_capacities", parser="casmoe.options:capacity_text"),
+    Option("context", int, "Tokens of context each request is served at, repeatable: a request of n tokens "
+           "continues a conversation of context - n earlier tokens (its attention reads them, its KV cache holds "
+           "them); the KV cache of this context x the concurrency (--batch, --max-batch, --users) must fit the GPUs "
+           "beside the dense part and the expert cache. Default: the trace's own request lengths.", minimum=1),
     Option("batch", int, "Requests whose decode tokens share a step, repeatable.", default=1, minimum=1),
     Option("miss_mode", str, "What a miss does, repeatable: load (stall), substitute (lossy) or cpu (computed on the "
            "host).", default="load", alias="miss_modes", parser="casmoe.options:parse_miss_mode"),

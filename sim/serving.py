@@ -126,6 +126,15 @@ class Traffic:
             raise ServingError("--arrival poisson needs --rate (requests per second)")
         return cls(kinds[arrival], rate or 0.0, users or 1, think, max_batch, schedules[schedule], chunk, seed)
 
+    @property
+    def sequences(self) -> tuple[int, str]:
+        """The most requests whose KV cache the server holds at once, and the flag that sets
+        it: every running request keeps its cache, up to `max_batch`; a closed loop of fewer
+        users never runs more than its users."""
+        if self.arrival is Arrival.CLOSED and self.users < self.max_batch:
+            return self.users, "--users"
+        return self.max_batch, "--max-batch"
+
     def describe(self) -> str:
         if self.arrival is Arrival.POISSON:
             how = f"poisson {self.rate:g}/s"
@@ -159,6 +168,7 @@ class Job:
     geometry: Geometry
     pos: int = 0  # tokens computed
     decoded: int = 0  # decode steps done
+    history: int = 0  # tokens of earlier context its attention reads (`timing.histories`)
 
     @property
     def prompt(self) -> int:
@@ -220,6 +230,7 @@ class Server:
         """The step sequence, for oracles' next run (kept by the Python passes: the compiled
         ones serve no policy that reads the future)."""
         self.clock = 0.0  # the end of the last step: the makespan, once all is served
+        self.history = setup.positions()
         g = setup.trace.geometry
         self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self._E = g.experts
@@ -230,7 +241,7 @@ class Server:
     def submit(self, r: int) -> simpy.Event:
         """Request `r` arrives now; the event fires with its last token."""
         request = self.setup.trace.requests[r]
-        job = Job(r, request, self.env.event(), self.setup.trace.geometry)
+        job = Job(r, request, self.env.event(), self.setup.trace.geometry, history=self.history[r])
         self.log.arrive(r, self.env.now)
         if not job.nsteps:
             self.log.admit(r, self.env.now, len(self.running))
@@ -377,8 +388,9 @@ class Server:
             a, b = chunk
             parts.append((prefill, 0 if (a, b) == (0, prefill.prompt) else -1))  # the whole prompt: as offline
             tokens += b - a
-            pairs += (b * (b + 1) - a * (a + 1)) // 2
-            kv += b
+            h = prefill.history
+            pairs += (b * (b + 1) - a * (a + 1)) // 2 + (b - a) * h
+            kv += b + h
             if b == prefill.prompt:
                 heads += 1
                 if prefill.nsteps == 1:
@@ -386,7 +398,7 @@ class Server:
         for job in decoding:
             k = job.decoded + bool(job.prompt)
             parts.append((job, k))
-            p = job.pos + 1
+            p = job.history + job.pos + 1
             pairs += p
             kv += p
             heads += 1

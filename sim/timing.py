@@ -61,13 +61,23 @@ class StepWork(NamedTuple):
     head: float
 
 
+def histories(requests: Sequence[Request], context: int) -> list[int]:
+    """Tokens of earlier context each request continues at served context `context` (0: the
+    trace's own lengths): a request of n tokens continues a conversation of `context` - n
+    earlier tokens, whose KV cache its attention reads, so its last token attends over exactly
+    `context` tokens. The routing replayed stays the trace's own."""
+    return [max(0, context - r.tokens) if context else 0 for r in requests]
+
+
 def work_for(prefill: bool, T: int, requests: Sequence[int], pos: list[int], compute: ComputeModel) -> StepWork:
     """Dense and head time of a prefill (one request, all its `T` prompt tokens) or a decode
-    step (one token per request), from the requests' context lengths (`pos`, updated)."""
+    step (one token per request), from the requests' context lengths (`pos`, updated; a
+    request's starts at its earlier context, `histories`)."""
     if prefill:
         (r,) = requests
-        pairs = T * (T + 1) // 2
-        kv = T
+        before = pos[r]
+        pairs = T * (T + 1) // 2 + T * before
+        kv = T + before
         pos[r] += T
         head = compute.head(1)
     else:
