@@ -202,6 +202,12 @@ class _Builder:
             scored = selection.resolve(whole, policies)
             ref = TraceRef(str(path), digest, () if scored.everything else scored.indices, scored.describe(), gating)
             tr = scored.pick(whole)
+            longest = max((r.tokens for r in tr.requests), default=0)
+            short = [c for c in contexts if 0 < c < longest]
+            if short:
+                raise GridError(f"--context {short[0]} is below the longest scored request of {path.name} "
+                                f"({longest} tokens); give --context {longest} or more, or leave it out to serve "
+                                "each request at its own length")
             for traffic in traffics:
                 if traffic is not None:
                     traffic.arrival_times(tr.requests)  # --arrival trace on a trace without times fails here
@@ -210,17 +216,18 @@ class _Builder:
                     if mm.value == "cpu":
                         machine.hardware.check_host_compute(hardware)
                 nbytes = machine.expert_bytes(whole)
-                fit, pool_fit = machine.max_slots(nbytes), machine.max_pool_slots(nbytes)
+                # the most that fits beside the KV cache of the grid's longest context and most sequences (the
+                # default capacities, `fit`); a capacity given is checked beside the dense weights, then beside
+                # its own run's KV cache (`_kv_fits`), whose refusal names a context and a concurrency too
+                kv = machine.kv_bytes(max(contexts) or longest, max(self._sequences(t, b)[0]
+                                                                   for t in traffics for b in batches))
+                fit, pool_fit = machine.max_slots(nbytes, kv), machine.max_pool_slots(nbytes, kv)
+                beside_dense = machine.max_slots(nbytes), machine.max_pool_slots(nbytes)
                 groups.append(Group(path, scored, tr.tokens, machine, fit))
                 where = f"{machine.hardware.name} x{machine.devices}" if machine.devices != machine.hardware.gpus \
                     else machine.hardware.name
-                capacities = self._capacities(whole, fit, pool_fit, nbytes, where, bool(g.value("allow_overcommit")))
-                longest = max((r.tokens for r in tr.requests), default=0)
-                short = [c for c in contexts if 0 < c < longest]
-                if short:
-                    raise GridError(f"--context {short[0]} is below the longest scored request of {path.name} "
-                                    f"({longest} tokens); give --context {longest} or more, or leave it out to serve "
-                                    "each request at its own length")
+                capacities = self._capacities(whole, fit, pool_fit, beside_dense, nbytes, where,
+                                              bool(g.value("allow_overcommit")))
                 for host_cache in self._host_caches(machine, whole, nbytes):
                     for (cap, why), traffic, batch, context, mm, policy in itertools.product(
                         capacities.items(), traffics, batches, contexts, miss_modes, policies
@@ -290,9 +297,11 @@ class _Builder:
             machine.check_geometry(whole.geometry)
             yield machine, spec
 
-    def _capacities(self, whole: Any, fit: int, pool_fit: int, nbytes: Sequence[int], where: str,
-                    overcommit: bool) -> dict[CapacitySpec, str | None]:
-        """Capacity -> None, or why the box cannot hold it (refused when strict)."""
+    def _capacities(self, whole: Any, fit: int, pool_fit: int, beside_dense: tuple[int, int], nbytes: Sequence[int],
+                    where: str, overcommit: bool) -> dict[CapacitySpec, str | None]:
+        """Capacity -> None, or why the box cannot hold it (refused when strict). `fit` and
+        `pool_fit` count the KV cache too (defaults, `fit`); `beside_dense` does not (the
+        slots per layer and whole experts of a pool the GPUs hold beside the dense weights)."""
         g = self.grid
         geo = whole.geometry
         def spec(text: str, per_layer: bool) -> CapacitySpec:
@@ -307,7 +316,7 @@ class _Builder:
         out: dict[CapacitySpec, str | None] = {}
         for c in given:
             try:
-                self.note(check_capacity(c.resolve(nbytes), fit, pool_fit, geo.experts, geo.layers, c.label, where,
+                self.note(check_capacity(c.resolve(nbytes), *beside_dense, geo.experts, geo.layers, c.label, where,
                                          overcommit))
                 out[c] = None
             except CasmoeError as exc:
@@ -316,12 +325,17 @@ class _Builder:
                 out[c] = str(exc)
         return out
 
+    @staticmethod
+    def _sequences(traffic: Traffic | None, batch: int) -> tuple[int, str]:
+        """Requests whose KV cache the run holds at once, and the flag that sets it."""
+        return (batch, "--batch") if traffic is None else traffic.sequences
+
     def _kv_fits(self, machine: Machine, nbytes: Sequence[int], cap: CapacitySpec, context: int, batch: int,
                  traffic: Traffic | None, where: str) -> str | None:
         """None when the KV cache of `context` tokens times the run's concurrency (the static
         batch, or the requests the server runs at once) fits beside the dense part and the
         cache `cap`; else why not (refused when strict)."""
-        sequences, flag = (batch, "--batch") if traffic is None else traffic.sequences
+        sequences, flag = self._sequences(traffic, batch)
         try:
             self.note(check_kv(machine, nbytes, cap.resolve(nbytes), cap.label, context, sequences, flag, where,
                                bool(self.grid.value("allow_overcommit"))))

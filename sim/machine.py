@@ -119,23 +119,25 @@ class Machine:
         free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
         return free - head if device in (0, self.devices - 1) else free
 
-    def max_slots(self, expert_bytes: Sequence[int]) -> int:
-        """Most slots per layer the GPUs hold next to the dense weights (capped at all experts)."""
+    def max_slots(self, expert_bytes: Sequence[int], reserved: Sequence[float] = ()) -> int:
+        """Most slots per layer the GPUs hold next to the dense weights (capped at all experts),
+        and next to `reserved` bytes per device when given (the KV cache, `kv_bytes`)."""
         best = self.preset.geometry.experts
         for d, layers in enumerate(split_layers(self.preset.geometry.layers, self.devices)):
-            free = self.free_bytes(d, layers)
+            free = self.free_bytes(d, layers) - (reserved[d] if reserved else 0.0)
             per_slot = sum(expert_bytes[layer] for layer in layers)
             if per_slot > 0:  # experts of no known size (a shape without a width) take no memory
                 best = min(best, max(0, int(free // per_slot)))
         return best
 
-    def max_pool_slots(self, expert_bytes: Sequence[int]) -> int:
+    def max_pool_slots(self, expert_bytes: Sequence[int], reserved: Sequence[float] = ()) -> int:
         """Most whole experts one pool of all layers holds on the GPUs beside the dense weights
-        (each device its share, an expert of its layers' average size); at most every expert."""
+        (each device its share, an expert of its layers' average size), and beside `reserved`
+        bytes per device when given (the KV cache); at most every expert."""
         g = self.preset.geometry
         total = 0
         for d, layers in enumerate(split_layers(g.layers, self.devices)):
-            free = self.free_bytes(d, layers)
+            free = self.free_bytes(d, layers) - (reserved[d] if reserved else 0.0)
             mean = sum(expert_bytes[layer] for layer in layers) / len(layers)
             total += g.experts * len(layers) if mean <= 0 else max(0, int(free // mean))
         return min(total, g.total_experts)

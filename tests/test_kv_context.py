@@ -128,3 +128,10 @@ def test_check_kv_counts_the_pool_of_a_global_capacity():
     assert check_kv(m, nbytes, Capacity(pool, per_layer=False), str(pool), 1, 1, "--batch", "box", False) is None
     with pytest.raises(FitError, match="--global-capacity"):
         check_kv(m, nbytes, Capacity(pool, per_layer=False), str(pool), 131072, 8, "--batch", "box", False)
+
+
+def test_fit_and_the_default_capacities_leave_room_for_the_kv_cache():
+    (spec,) = Grid.of({"policy": "lru", "capacity": "fit", "context": 32768, "batch": 8}).specs().specs
+    assert spec.capacity.text == "4"  # 7 beside the dense weights alone
+    defaults = Grid.of({"policy": "lru", "context": 32768, "batch": 8}).specs().specs
+    assert max(int(s.capacity.text) for s in defaults) == 4
