@@ -43,6 +43,7 @@ class StepPlan:
     shards: list[range]  # layers of each cache
     shard_traces: list[Trace]
     shard_steps: list[list[Step]]
+    prefill_batch: int = 1  # prompts of a static batch prefilled together (`Trace.steps`)
 
     _arrays: dict[int, StepArrays] = field(default_factory=dict, repr=False)
 
@@ -58,15 +59,16 @@ class StepPlan:
         return self._arrays[i]
 
     @classmethod
-    def build(cls, trace: Trace, batch: int = 1, devices: int = 1, cache_per_device: bool = False) -> StepPlan:
+    def build(cls, trace: Trace, batch: int = 1, devices: int = 1, cache_per_device: bool = False,
+              prefill_batch: int = 1) -> StepPlan:
         g = trace.geometry
         ranges = split_layers(g.layers, devices)
-        steps = trace.steps(batch)
+        steps = trace.steps(batch, prefill_batch)
         if not cache_per_device or devices == 1:
-            return cls(trace, batch, ranges, steps, [range(g.layers)], [trace], [steps])
+            return cls(trace, batch, ranges, steps, [range(g.layers)], [trace], [steps], prefill_batch)
         traces = [trace.layer_slice(layers) for layers in ranges]
         dsteps = [[s.layer_slice(layers, g.experts) for s in steps] for layers in ranges]
-        return cls(trace, batch, ranges, steps, list(ranges), traces, dsteps)
+        return cls(trace, batch, ranges, steps, list(ranges), traces, dsteps, prefill_batch)
 
 
 @dataclass

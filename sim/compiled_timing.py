@@ -62,7 +62,7 @@ def run(plan: Any, machine: Any, setup: Any, log: LatencyLog, decider: CompiledD
         now = tk.run_steps(st, arrays.visit_ptr, arrays.experts, arrays.counts, arrays.weighted, rows, marks, c0, c1,
                            *_per_step(meta, c0, c1, begin_rows), dense[c0:c1], head[c0:c1], handover[c0:c1], now,
                            out_start, out_end)
-        _log(log, meta, plan.batch, c0, c1, out_start.tolist(), out_end.tolist())
+        _log(log, plan.trace, meta, plan.batch, c0, c1, out_start.tolist(), out_end.tolist())
     _write_back(tk, st, machine)
     return now
 
@@ -103,7 +103,8 @@ def _work(trace: Any, batch: int, meta: tuple, compute: Any, multi: bool,
     S = len(prefill)
     if batch != 1:
         pos = list(history)
-        works = [work_for(prefill[s], tokens[s], requests[s], pos, compute) for s in range(S)]
+        prompts = [r.prefill for r in trace.requests]
+        works = [work_for(prefill[s], tokens[s], requests[s], pos, compute, prompts) for s in range(S)]
         dense, head = np.array([w.dense for w in works]), np.array([w.head for w in works])
     else:  # a request's prefill step (T tokens) attends T(T + 1)/2 pairs, its i-th decode token P + i
         T, is_prefill = np.array(tokens, np.int64), np.array(prefill, np.bool_)
@@ -136,16 +137,19 @@ def _per_step(meta: tuple, c0: int, c1: int, begin_rows: dict[int, tuple[int, in
     return begin_a, begin_b, ending
 
 
-def _log(log: LatencyLog, meta: tuple, batch: int, c0: int, c1: int, start: list[float], end: list[float]) -> None:
+def _log(log: LatencyLog, trace: Any, meta: tuple, batch: int, c0: int, c1: int, start: list[float],
+         end: list[float]) -> None:
     """The latency log's events of the chunk, as `engine.run_offline` records them."""
     prefill, tokens, requests, starts, finishing = meta
+    prompts = [r.prefill for r in trace.requests]
     for j, s in enumerate(range(c0, c1)):
         t0, t = start[j], end[j]
         for r in starts.get(s, ()):
             log.arrive(r, log.arrival.get(r - r % batch, t0))  # a static batch arrives together
             log.admit(r, t0, r % batch + 1)
         if prefill[s]:
-            log.prefilled(requests[s][0], tokens[s], t)
+            for r in requests[s]:
+                log.prefilled(r, prompts[r] if len(requests[s]) > 1 else tokens[s], t)
         else:
             log.decoded(t0, t, requests[s])
         for r in finishing.get(s, ()):

@@ -185,6 +185,10 @@ class _Builder:
         traffics = self._traffics()
         batches = list(dict.fromkeys(g.values("batch")))
         contexts = [c or 0 for c in dict.fromkeys(g.values("context"))]
+        prefill_batch = g.value("prefill_batch")
+        if all(t is None for t in traffics) and prefill_batch > min(batches):
+            raise GridError(f"--prefill-batch {prefill_batch} prefills the prompts of a static batch together: give at "
+                            f"most --batch ({min(batches)}), a larger --batch, or serve arrivals (--users, --arrival)")
         if any(t is not None for t in traffics) and batches != [1]:
             raise GridError("--batch makes static batches of back-to-back requests; with --arrival or --users use "
                             "--max-batch")
@@ -235,7 +239,8 @@ class _Builder:
                         if why is None:
                             why = self._kv_fits(machine, nbytes, cap, context or longest, batch, traffic, where)
                         spec = RunSpec(ref, policy, cap, machine, hardware, batch, mm, traffic, host_cache,
-                                       bool(g.value("allow_overcommit")), policy.label in scored.starred, context)
+                                       bool(g.value("allow_overcommit")), policy.label in scored.starred, context,
+                                       prefill_batch if traffic is None else 1)
                         if why is not None:
                             refused[spec] = why
                         specs.append(spec)
@@ -247,7 +252,7 @@ class _Builder:
     def _traffics(self) -> list[Traffic | None]:
         g = self.grid
         common = dict(think=g.value("think"), max_batch=g.value("max_batch"), schedule=g.value("schedule"),
-                      chunk=g.value("chunk"), seed=g.value("seed"))
+                      chunk=g.value("chunk"), seed=g.value("seed"), prefill_batch=g.value("prefill_batch"))
         return [Traffic.from_options(g.value("arrival"), rate, g.value("users"), **common) for rate in g.values("rate")]
 
     def _policies(self, routed: Any) -> list[PolicySpec]:

@@ -115,6 +115,11 @@ OPTIONS: tuple[Option, ...] = (
            "them); the KV cache of this context x the concurrency (--batch, --max-batch, --users) must fit the GPUs "
            "beside the dense part and the expert cache. Default: the trace's own request lengths.", minimum=1),
     Option("batch", int, "Requests whose decode tokens share a step, repeatable.", default=1, minimum=1),
+    Option("prefill_batch", int, "Prompts prefilled together in one step (throughput-oriented serving, as "
+           "MoE-Lightning batches them): their tokens share the step's expert work, the union of their experts per "
+           "layer. Back to back: the prompts of each static --batch, at most --batch; served: up to N waiting "
+           "prompts when no prompt is running (--schedule prefill-first). Default 1: each prompt alone.",
+           default=1, axis=False, minimum=1),
     Option("miss_mode", str, "What a miss does, repeatable: load (stall), substitute (lossy) or cpu (computed on the "
            "host).", default="load", alias="miss_modes", parser="casmoe.options:parse_miss_mode"),
     Option("adaptive_gating", float, "AdapMoE's adaptive gating (lossy): a token whose top router weight is at least "

@@ -68,6 +68,7 @@ class RunSpec:
     overcommit: bool = False
     fitted: bool = False
     context: int = 0  # tokens of context each request is served at (0: its own length)
+    prefill_batch: int = 1  # prompts of a static batch prefilled together (served: `Traffic.prefill_batch`)
 
     @cached_property
     def key(self) -> str:
@@ -93,11 +94,14 @@ class RunSpec:
             "stack": {k: v for k, v in m.stack.to_dict().items() if k not in ("sources", "fitted_on")},
             "batch": self.batch,
             "miss_mode": self.miss_mode.value,
-            "traffic": None if self.traffic is None else asdict(self.traffic),
+            "traffic": None if self.traffic is None else {
+                k: v for k, v in asdict(self.traffic).items() if k != "prefill_batch" or v != 1  # older keys stay
+            },
             "host_cache": tier,
             "overcommit": self.overcommit,
             "fitted": self.fitted,
             **({"context": self.context} if self.context else {}),  # absent when not given: older keys stay
+            **({"prefill_batch": self.prefill_batch} if self.prefill_batch != 1 else {}),
         }
         text = json.dumps(blob, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -69,17 +69,22 @@ def histories(requests: Sequence[Request], context: int) -> list[int]:
     return [max(0, context - r.tokens) if context else 0 for r in requests]
 
 
-def work_for(prefill: bool, T: int, requests: Sequence[int], pos: list[int], compute: ComputeModel) -> StepWork:
-    """Dense and head time of a prefill (one request, all its `T` prompt tokens) or a decode
-    step (one token per request), from the requests' context lengths (`pos`, updated; a
-    request's starts at its earlier context, `histories`)."""
+def work_for(prefill: bool, T: int, requests: Sequence[int], pos: list[int], compute: ComputeModel,
+             prompts: Sequence[int] = ()) -> StepWork:
+    """Dense and head time of a prefill (all `T` prompt tokens of one request, or of several
+    prefilled together: request r's `prompts[r]` of them) or a decode step (one token per
+    request), from the requests' context lengths (`pos`, updated; a request's starts at its
+    earlier context, `histories`). Prompts prefilled together attend each to its own tokens
+    only, and each gives one output token."""
     if prefill:
-        (r,) = requests
-        before = pos[r]
-        pairs = T * (T + 1) // 2 + T * before
-        kv = T + before
-        pos[r] += T
-        head = compute.head(1)
+        pairs = kv = 0
+        for r in requests:
+            n = T if len(requests) == 1 else prompts[r]
+            before = pos[r]
+            pairs += n * (n + 1) // 2 + n * before
+            kv += n + before
+            pos[r] += n
+        head = compute.head(len(requests))
     else:
         pairs = 0
         for r in requests:
