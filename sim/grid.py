@@ -281,9 +281,10 @@ class _Builder:
         """Each model x hardware variant x devices x precision, checked."""
         g = self.grid
         overcommit = bool(g.value("allow_overcommit"))
-        for model, hw_name, gpus, link, ram, devices, quant, dense_quant, host_quant, stack in itertools.product(
+        for model, hw_name, gpus, link, ram, threads, devices, quant, dense_quant, host_quant, stack in itertools.product(
             g.values("model"), g.values("hardware"), g.values("gpus"), g.values("link"), g.values("host_ram"),
-            g.values("devices"), g.values("quant"), g.values("dense_quant"), g.values("host_quant"), g.values("stack"),
+            g.values("cpu_threads"), g.values("devices"), g.values("quant"), g.values("dense_quant"),
+            g.values("host_quant"), g.values("stack"),
         ):
             name = preset_for(whole, model)
             if name is None and not self.shape_ok:
@@ -292,7 +293,7 @@ class _Builder:
                                 f"of its layers and experts: {fits}); pass --model, or add a preset to "
                                 "casmoe/presets/models.toml")
             preset = shape_preset(whole.geometry) if name is None else get_preset(name)
-            spec = variant_spec(hw_name, link or "", ram, gpus)
+            spec = variant_spec(hw_name, link or "", ram, gpus, threads)
             hw: HardwareProfile = load_profile(spec)
             n = devices or min(hw.gpus, whole.geometry.layers)  # every GPU of the box, one layer each at least
             check_devices(hw, n, overcommit)

@@ -184,8 +184,8 @@ class Machine:
         return RooflineCompute(
             flops=hw.dense_tflops * 1e12 * hw.matmul_efficiency,
             bw=bw,
-            cpu_flops=hw.cpu_tflops * 1e12 * host_flop_eff * numa,
-            cpu_bw=hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa,
+            cpu_flops=hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale,
+            cpu_bw=min(hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa, hw.host_thread_bw()),
             h2d=hw.h2d_gbs(self.pinned) * 1e9,
             cpu_hop=hw.cpu_hop_us * 1e-6,
             dense_params=preset.dense_params_per_layer,

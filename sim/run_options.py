@@ -139,6 +139,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("link", str, "Host-link generation, repeatable: pcie3, pcie4, pcie5 (sim/links.toml); default: the "
            "profile's own.", alias="links", group="box"),
     Option("host_ram", float, "Host RAM in GiB, repeatable; default: the profile's.", minimum=0.0, group="box"),
+    Option("cpu_threads", int, "Host threads the experts computed on the host run on, repeatable (llama.cpp -t, "
+           "KTransformers --cpu_infer): FLOPs scale with the cores in use, bandwidth with the threads up to the "
+           "sockets' (the profile's cpu_cores, cpu_thread_gbs); default: one per core.", minimum=1, group="box"),
     Option("devices", int, "GPUs the layers are split over, repeatable (0: every GPU of the box).", default=0,
            minimum=0, group="box"),
     Option("pinned", bool, "Copy from pinned host memory (--pageable: pageable).", default=True, axis=False,
