@@ -112,7 +112,8 @@ def check_kv(machine: Machine, expert_bytes: Sequence[int], capacity: Capacity, 
     shorter = most(context, lambda c: fits(c, sequences))
     fewer = most(sequences, lambda n: fits(context, n))
     top = capacity.clamped(g).slots
-    smaller = most(top, lambda n: fits(context, sequences, machine.slot_bytes(expert_bytes, Capacity(n, capacity.per_layer))))
+    smaller = most(top, lambda n: fits(context, sequences,
+                                       machine.slot_bytes(expert_bytes, Capacity(n, capacity.per_layer))))
     works = [f"--context {shorter}" if shorter else "",
              f"{'--capacity' if capacity.per_layer else '--global-capacity'} {smaller}" if smaller else "",
              f"{flag} {fewer}" if fewer else ""]

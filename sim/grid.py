@@ -281,11 +281,10 @@ class _Builder:
         """Each model x hardware variant x devices x precision, checked."""
         g = self.grid
         overcommit = bool(g.value("allow_overcommit"))
-        for model, hw_name, gpus, link, ram, threads, devices, quant, dense_quant, host_quant, stack in itertools.product(
-            g.values("model"), g.values("hardware"), g.values("gpus"), g.values("link"), g.values("host_ram"),
-            g.values("cpu_threads"), g.values("devices"), g.values("quant"), g.values("dense_quant"),
-            g.values("host_quant"), g.values("stack"),
-        ):
+        axes = ("model", "hardware", "gpus", "link", "host_ram", "cpu_threads", "devices", "quant", "dense_quant",
+                "host_quant", "stack")
+        for (model, hw_name, gpus, link, ram, threads, devices, quant, dense_quant, host_quant,
+             stack) in itertools.product(*(g.values(a) for a in axes)):
             name = preset_for(whole, model)
             if name is None and not self.shape_ok:
                 fits = ", ".join(presets_of_shape(whole.geometry)) or "none"

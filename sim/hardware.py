@@ -405,7 +405,8 @@ def load_profile(spec: str | Path) -> HardwareProfile:
         try:
             threads = int(options["cpu_threads"]) if "cpu_threads" in options else None
         except ValueError:
-            raise HardwareError(f"cpu_threads must be a whole number, got {options['cpu_threads']!r} in {text!r}") from None
+            raise HardwareError(f"cpu_threads must be a whole number, got {options['cpu_threads']!r} in "
+                                f"{text!r}") from None
         return variant(load_profile(base), options.get("link", ""), ram, gpus, threads)
     shipped = profile_paths(published=True)
     if str(spec) in shipped:

@@ -219,7 +219,7 @@ class ScheduledStep:
     prefill: Job | None = None
     chunk: tuple[int, int] = (0, 0)
     finishing: list[Job] = field(default_factory=list)
-    together: list[Job] = field(default_factory=list)  # whole prompts prefilled with `prefill` (`Traffic.prefill_batch`)
+    together: list[Job] = field(default_factory=list)  # whole prompts prefilled with `prefill` (prefill_batch)
 
 
 class Server:

@@ -11,12 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import one_spec, sim_run
-
-from casmoe.cache import Capacity
-from casmoe.errors import CasmoeError
-from casmoe.geometry import Geometry
-from casmoe.presets import get_preset
 from casmoe.sim.compute import FixedCompute
 from casmoe.sim.fits import FitError, check_kv
 from casmoe.sim.grid import Grid
@@ -24,6 +18,12 @@ from casmoe.sim.hardware import load_profile
 from casmoe.sim.machine import Machine
 from casmoe.sim.serving import Arrival, Traffic
 from casmoe.sim.timing import histories, work_for
+from conftest import one_spec, sim_run
+
+from casmoe.cache import Capacity
+from casmoe.errors import CasmoeError
+from casmoe.geometry import Geometry
+from casmoe.presets import get_preset
 from casmoe.trace import Request, Trace
 
 HW = load_profile("rtx4090x4")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from casmoe.sim.compute import FixedCompute
+from casmoe.sim.hardware import load_profile
+from casmoe.sim.serving import Arrival, Schedule, ServingError, Traffic
 from conftest import one_spec, sim_run
 
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
-from casmoe.sim.compute import FixedCompute
-from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Schedule, ServingError, Traffic
 from casmoe.trace import Request, Trace
 
 HW0 = load_profile("rtx4090x4").with_values(copy_latency_us=0.0, sources={"copy_latency_us": "test: instant copies"})
