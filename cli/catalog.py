@@ -69,6 +69,7 @@ def profiles(
             "NVMe GB/s": f"{p.storage_read_gbs:g}",
             "host RAM GiB": f"{p.host_ram_gib:g}",
             "host": p.cpu,
+            "host compute": p.describe_host(),
         }
         for p in loaded
     ]

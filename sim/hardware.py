@@ -70,6 +70,17 @@ class HardwareProfile:
     its rates are achieved ones); 0 leaves them to the run's software stack and the shared
     default (`casmoe.sim.stack`), never to the GPU's efficiencies. `host_reserved_gib` is the
     host RAM kept for the operating system and the runtime: experts get the rest.
+
+    Host threads, as a runtime runs them (llama.cpp `-t`, KTransformers `--cpu_infer`):
+    `cpu_cores` are the physical cores of all sockets, `cpu_threads` those the expert kernels
+    run on (0: one per core). FLOPs scale with the cores in use (`cpu_tflops` is the peak of
+    all cores; a second hardware thread on a core shares its FMA units), and DRAM bandwidth
+    with the threads until the sockets' is reached: one thread streams `cpu_thread_gbs` (0:
+    not limiting). llama.cpp's thread sweeps show both: decode time halves from 1 to 2
+    threads and stops improving once the channels are saturated (ggml-org/llama.cpp#34).
+    `cpu_matrix_speedup` is how many times matrix units (Intel AMX) raise the FLOP peak of
+    `cpu_tflops` (AVX-512 FMA) for kernels that use them (0: none): it speeds up prefill-sized
+    host experts, not decode, which streams weights.
     """
 
     name: str
@@ -110,6 +121,10 @@ class HardwareProfile:
     cpu_mem_efficiency: float = 0.0
     cpu_matmul_efficiency: float = 0.0
     host_reserved_gib: float = 0.0
+    cpu_cores: int = 0
+    cpu_threads: int = 0
+    cpu_thread_gbs: float = 0.0
+    cpu_matrix_speedup: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -137,6 +152,10 @@ class HardwareProfile:
         for n in ("cpu_mem_efficiency", "cpu_matmul_efficiency"):
             if getattr(self, n) > 1:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in [0, 1] (0: the software stack's)")
+        if self.cpu_matrix_speedup and self.cpu_matrix_speedup < 1:
+            raise HardwareError(f"profile {self.name!r}: cpu_matrix_speedup must be >= 1 (0: no matrix units)")
+        if self.cpu_threads and not self.cpu_cores:
+            raise HardwareError(f"profile {self.name!r}: cpu_threads needs cpu_cores (the cores cpu_tflops counts)")
         if self.host_ram_gib and self.host_reserved_gib >= self.host_ram_gib:
             raise HardwareError(f"profile {self.name!r}: host_reserved_gib must be below host_ram_gib")
         for n in ("matmul_efficiency", "mem_efficiency"):
@@ -164,6 +183,32 @@ class HardwareProfile:
     @property
     def sockets(self) -> int:
         return self.cpu_sockets or 1
+
+    @property
+    def host_flop_scale(self) -> float:
+        """The share of `cpu_tflops` the host's expert kernels can reach by their thread count
+        and instructions: the cores in use of all cores (threads beyond the cores add no FMA
+        units), times the matrix units' speedup."""
+        cores = min(self.cpu_threads, self.cpu_cores) / self.cpu_cores if self.cpu_threads else 1.0
+        return cores * (self.cpu_matrix_speedup or 1.0)
+
+    def describe_host(self) -> str:
+        """The host's expert compute in a few words: '3.58 TFLOPS, 375 GB/s, 56 cores (16
+        threads), 20 GB/s a thread, matrix units x8'."""
+        parts = [f"{self.cpu_tflops:g} TFLOPS, {self.cpu_mem_bw_gbs:g} GB/s"]
+        if self.cpu_cores:
+            parts.append(f"{self.cpu_cores} cores" + (f" ({self.cpu_threads} threads)" if self.cpu_threads else ""))
+        if self.cpu_thread_gbs:
+            parts.append(f"{self.cpu_thread_gbs:g} GB/s a thread")
+        if self.cpu_matrix_speedup:
+            parts.append(f"matrix units x{self.cpu_matrix_speedup:g}")
+        return ", ".join(parts)
+
+    def host_thread_bw(self) -> float:
+        """Bytes/s the host's expert kernels' threads stream at most (inf: not limiting)."""
+        if not self.cpu_thread_gbs:
+            return math.inf
+        return (self.cpu_threads or self.cpu_cores or 1) * self.cpu_thread_gbs * 1e9
 
     def host_ram_bytes(self) -> float:
         """Host RAM the experts may use: all of it but the reserve for the OS and runtime (0: the
@@ -248,7 +293,8 @@ OPTIONAL = {
     "storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0, "load_layer_us": 0.0,
     "wake_us": 0.0, "resume_per_stall": 0.0, "copy_beside_us": 0.0, "decide_us": 0.0, "decide_load_us": 0.0,
     "cpu_hop_us": 0.0, "expert_pass_us": 0.0, "cpu_serial": 0.0, "cpu_sockets": 0, "cpu_mem_efficiency": 0.0,
-    "cpu_matmul_efficiency": 0.0, "host_reserved_gib": 0.0,
+    "cpu_matmul_efficiency": 0.0, "host_reserved_gib": 0.0, "cpu_cores": 0, "cpu_threads": 0, "cpu_thread_gbs": 0.0,
+    "cpu_matrix_speedup": 0.0,
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
 ABSENT = "not given in the profile (0: not modelled)"
@@ -267,8 +313,9 @@ def profile_paths(published: bool = False) -> dict[str, Path]:
 
 
 LINKS_FILE = Path(__file__).with_name("links.toml")
-VARIANT_KEYS = ("gpus", "link", "host_ram_gib")
-"""What a hardware spec `NAME@key=value,...` may vary (`casmoe search`'s GPU, link and host-RAM axes)."""
+VARIANT_KEYS = ("gpus", "link", "host_ram_gib", "cpu_threads")
+"""What a hardware spec `NAME@key=value,...` may vary (`casmoe search`'s GPU, link and host-RAM
+axes, and the host threads a runtime is told to use)."""
 
 
 def link_generations() -> dict[str, dict[str, Any]]:
@@ -277,10 +324,11 @@ def link_generations() -> dict[str, dict[str, Any]]:
 
 
 def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None = None,
-            gpus: int | None = None) -> HardwareProfile:
+            gpus: int | None = None, cpu_threads: int | None = None) -> HardwareProfile:
     """`profile` with another GPU count, host-link generation (its pinned host-to-device rate,
-    the pageable one scaled alike) and/or host RAM size; named `NAME@gpus=...,link=...,host_ram_gib=...`
-    so that a stored result's key and a record tell it apart."""
+    the pageable one scaled alike), host RAM size and/or host threads for the expert kernels;
+    named `NAME@gpus=...,link=...,host_ram_gib=...,cpu_threads=...` so that a stored result's
+    key and a record tell it apart."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     spec = []
@@ -307,16 +355,27 @@ def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None
         values["host_ram_gib"] = float(host_ram_gib)
         sources["host_ram_gib"] = "variant: the host RAM size searched over"
         spec.append(f"host_ram_gib={host_ram_gib:g}")
+    if cpu_threads is not None:
+        if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1:
+            raise HardwareError(f"host threads are a whole number >= 1, got {cpu_threads!r}")
+        if not profile.cpu_cores:
+            raise HardwareError(f"profile {profile.name!r} does not say how many cores its host has (cpu_cores); "
+                                "add it (with a source) to run its experts on fewer threads")
+        values["cpu_threads"] = cpu_threads
+        sources["cpu_threads"] = f"variant: the expert kernels run on {cpu_threads} host threads (llama.cpp -t)"
+        spec.append(f"cpu_threads={cpu_threads}")
     if not spec:
         return profile
     name = f"{profile.name}@{','.join(spec)}"
     return profile.with_values(sources, name=name, description=f"{profile.description} ({', '.join(spec)})", **values)
 
 
-def variant_spec(base: str, link: str = "", host_ram_gib: float | None = None, gpus: int | None = None) -> str:
+def variant_spec(base: str, link: str = "", host_ram_gib: float | None = None, gpus: int | None = None,
+                 cpu_threads: int | None = None) -> str:
     """The hardware spec `load_profile` turns into `variant(load_profile(base), ...)`."""
     parts = ([f"gpus={gpus}"] if gpus is not None else []) + ([f"link={link}"] if link else []) + (
-        [f"host_ram_gib={host_ram_gib:g}"] if host_ram_gib is not None else [])
+        [f"host_ram_gib={host_ram_gib:g}"] if host_ram_gib is not None else []) + (
+        [f"cpu_threads={cpu_threads}"] if cpu_threads is not None else [])
     return f"{base}@{','.join(parts)}" if parts else base
 
 
@@ -343,7 +402,12 @@ def load_profile(spec: str | Path) -> HardwareProfile:
             gpus = int(options["gpus"]) if "gpus" in options else None
         except ValueError:
             raise HardwareError(f"gpus must be a whole number, got {options['gpus']!r} in {text!r}") from None
-        return variant(load_profile(base), options.get("link", ""), ram, gpus)
+        try:
+            threads = int(options["cpu_threads"]) if "cpu_threads" in options else None
+        except ValueError:
+            raise HardwareError(f"cpu_threads must be a whole number, got {options['cpu_threads']!r} in "
+                                f"{text!r}") from None
+        return variant(load_profile(base), options.get("link", ""), ram, gpus, threads)
     shipped = profile_paths(published=True)
     if str(spec) in shipped:
         return HardwareProfile.from_file(shipped[str(spec)])
