@@ -38,9 +38,8 @@ import tomllib
 from casmoe.sim.stack import Shared, Stack, load_shared, load_stack
 
 from casmoe.errors import CasmoeError
-from casmoe.sim.uncertainty import FAMILIES, PUBLISHED, SPREAD_FILE, family
+from casmoe.sim.uncertainty import FAMILIES, MEASUREMENTS, PUBLISHED, SPREAD_FILE, family
 
-MEASUREMENTS = PUBLISHED / "measurements.toml"
 SHIPPED_TRACES = {"mixtral-8x7b": ("tiny-mixtral.npz", 2), "qwen3-30b-a3b": ("synthetic-qwen3-top8.npz", 8)}
 """Model preset -> (shipped trace of its routing shape, its top-k)."""
 REQUESTS = 3
@@ -186,7 +185,10 @@ def specs_for(row: Row, stack: Stack | None = None) -> list[Any]:
                    f"row {row.id}")
     if stack is not None:
         grid = grid.with_values(stack=stack)
-    return grid.specs(strict=True).specs
+    specs = grid.specs(strict=True).specs
+    # a bare name may run several variants (`n-cpu-moe` with and without op offload): the row is
+    # the policy as written
+    return [s for s in specs if s.policy.label == run["policy"]] or specs
 
 
 def predict(row: Row, stack: Stack | None = None) -> float:
