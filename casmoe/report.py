@@ -165,26 +165,31 @@ UNCERTAINTY = "uncertainty"
 
 
 def uncertainty_cell(record: dict[str, Any]) -> str:
-    """A record's spread as a table cell (`casmoe.sim.uncertainty.short`); '' for a record
-    without one (a replay's)."""
+    """A record's spread as a table cell, from the fields `casmoe.sim.uncertainty.annotate` sets:
+    'x/÷ 1.50', marked † where the configuration lies outside the published table; 'upper bound'
+    on the ideal stack; 'not validated' for a kind no published row measured; '' for a record
+    without them (a replay's)."""
     if "uncertainty" not in record:
         return ""
-    from casmoe.sim.uncertainty import short
+    f = record.get("uncertainty_factor")
+    if f is None:
+        return "upper bound" if record.get("stack") == "ideal" else "not validated"
+    return f"x/÷ {f:.2f}" + (OUTSIDE_MARK[0] if record.get("uncertainty_outside") else "")
 
-    return short(record)
+
+OUTSIDE_MARK = "† outside what was validated (the words say where)"
+"""The mark of a spread measured on other configurations, and its footnote."""
 
 
 def uncertainty_notes(records: Sequence[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[str]:
     """One line per distinct uncertainty the records carry, naming the rows (`label`) it covers:
-    the words behind the table's uncertainty column, and the mark for what was not validated."""
-    from casmoe.sim.uncertainty import OUTSIDE_MARK
-
+    the words behind the table's uncertainty column, and the mark's footnote where it is used."""
     texts: dict[str, list[str]] = {}
     for r in records:
         if r.get("uncertainty"):
             texts.setdefault(r["uncertainty"], []).append(label(r))
     lines = [f"{'; '.join(dict.fromkeys(names))}: {text}" for text, names in texts.items()]
-    if any("†" in uncertainty_cell(r) for r in records):
+    if any(OUTSIDE_MARK[0] in uncertainty_cell(r) for r in records):
         lines.append(OUTSIDE_MARK)
     return lines
 
@@ -218,7 +223,7 @@ def headline(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def _trust(best: dict[str, Any]) -> str:
     """The stack a headline's figure assumed and how far to trust it: ', on the mixtral-offloading
-    stack, x/÷ 1.50' (nothing for a record without a stack)."""
+    stack (x/÷ 1.50)' (nothing for a record without a stack)."""
     if "stack" not in best:
         return ""
     cell = uncertainty_cell(best)

@@ -75,13 +75,14 @@ def _row(config: Any, record: dict[str, Any], result: Any) -> dict[str, Any]:
     price = result.price(config)
     return {
         "config": label(config), "gpus": config.machine.devices, "policy": config.policy.label,
-        "stack": config.machine.stack.name, "model": record["model"], "hardware": record["hardware"],
+        "stack": config.machine.stack.name,
         "slots_per_layer": record["capacity_slots"], "memory_gb": round(memory_gb(record), 3),
         "price_usd": None if price is None or price.usd is None else round(price.usd, 2),
         "price": "unknown" if price is None else price.describe(),
         "price_caveat": bool(price is not None and price.caveats),
         metric: record[metric], "uncertainty": record.get("uncertainty"),
-        "uncertainty_factor": record.get("uncertainty_factor"), "evidence": f"points/{record['key']}.json",
+        "uncertainty_factor": record.get("uncertainty_factor"), "uncertainty_outside": record.get("uncertainty_outside"),
+        "evidence": f"points/{record['key']}.json",
     }
 
 

@@ -5,8 +5,9 @@ configuration lies outside what those measurements covered.
 Kept apart from `validation` (which runs grids) so that every run can say its uncertainty
 without importing the validation machinery. Every surface that prints a predicted figure
 (simulate's table and headline, search's Pareto table, the leaderboard) reads a record's
-`uncertainty` (words) and `uncertainty_factor` (a number, None where nothing was validated),
-which `annotate` sets; `short` is the table cell.
+`uncertainty` (words) and `uncertainty_factor` (a number, None where nothing was validated) and
+`uncertainty_outside` (whether it lies outside the published table), which `annotate` sets;
+`casmoe.report.uncertainty_cell` makes the table cell of them.
 """
 
 from __future__ import annotations
@@ -105,25 +106,12 @@ def spread(record: dict[str, Any]) -> str:
     return text + (f"; outside what was validated: {'; '.join(beyond)}" if beyond else "")
 
 
-def short(record: dict[str, Any]) -> str:
-    """The table cell: 'x/÷ 1.50', starred when the configuration lies outside what was
-    validated; 'upper bound' on the ideal stack; 'not validated' for an unseen kind."""
-    if record.get("stack", IDEAL) == IDEAL:
-        return "upper bound"
-    f = factor(record)
-    if f is None:
-        return "not validated"
-    return f"x/÷ {f:.2f}" + ("†" if outside(record) else "")
-
-
-OUTSIDE_MARK = "† outside what was validated (the words say where)"
-"""The footnote of `short`'s mark."""
-
-
 def annotate(record: dict[str, Any]) -> dict[str, Any]:
-    """`record` with its `uncertainty` (words) and `uncertainty_factor` (None where nothing was
-    validated) as of the spreads now: a stored point is re-annotated when read, so an earlier
-    `--fit` never speaks for the current one. A skipped record is returned as it is."""
+    """`record` with its `uncertainty` (words), `uncertainty_factor` (None where nothing was
+    validated) and `uncertainty_outside` (the configuration lies outside the published table) as
+    of the spreads now: a stored point is re-annotated when read, so an earlier `--fit` never
+    speaks for the current one. A skipped record is returned as it is."""
     if "skipped" in record:
         return record
-    return {**record, "uncertainty": spread(record), "uncertainty_factor": factor(record)}
+    return {**record, "uncertainty": spread(record), "uncertainty_factor": factor(record),
+            "uncertainty_outside": bool(outside(record))}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from casmoe.report import OUTSIDE_MARK
 from casmoe.sim import uncertainty as u
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,19 +28,25 @@ def spreads(monkeypatch):
     monkeypatch.setenv("CASMOE_DATA", str(REPO / "traces"))
 
 
+def cell(record: dict) -> str:
+    from casmoe.report import uncertainty_cell
+
+    return uncertainty_cell(u.annotate(record))
+
+
 def test_words_factor_and_what_lies_outside(spreads) -> None:
     inside = {"stack": "mixtral-offloading", "policy": "lru", "model": "mixtral-8x7b", "hardware": "mixoff-a100-sxm"}
-    assert u.spread(inside) == CACHE and u.short(inside) == "x/÷ 1.50" and u.factor(inside) == pytest.approx(1.5)
-    assert u.annotate(inside)["uncertainty_factor"] == pytest.approx(1.5)
+    assert u.spread(inside) == CACHE and cell(inside) == "x/÷ 1.50" and u.factor(inside) == pytest.approx(1.5)
+    assert u.annotate(inside)["uncertainty_factor"] == pytest.approx(1.5) and not u.annotate(inside)["uncertainty_outside"]
     mine = {**inside, "model": "qwen3-235b", "hardware": "rtx4090x4@link=pcie5", "stack": "ktransformers"}
     assert u.spread(mine) == (CACHE + "; outside what was validated: no published row runs qwen3-235b; rtx4090x4@link=pcie5 "
                               "is not one of the 14 published boxes; stack ktransformers has no published cache row")
-    assert u.short(mine) == "x/÷ 1.50†"
+    assert cell(mine) == "x/÷ 1.50†"
     host = {**inside, "policy": "n-cpu-moe[n=3]", "stack": "llama.cpp"}
     assert u.spread(host) == "not validated: no published row of a host configuration"
-    assert u.short(host) == "not validated" and u.annotate(host)["uncertainty_factor"] is None
+    assert cell(host) == "not validated" and u.annotate(host)["uncertainty_factor"] is None
     ideal = {**inside, "stack": "ideal"}
-    assert u.short(ideal) == "upper bound" and "upper bound" in u.spread(ideal)
+    assert cell(ideal) == "upper bound" and "upper bound" in u.spread(ideal)
     assert u.annotate({"skipped": "no"}) == {"skipped": "no"}
 
 
@@ -58,7 +65,7 @@ def test_simulate_table_headline_and_files(spreads, tmp_path) -> None:
     assert "uncertainty" in text and "x/÷ 1.50†" in text and "not validated" in text
     assert f"lru on mixtral-offloading: {CACHE}; outside what was validated: rtx4090x4 is not one of" in text
     assert "n-cpu-moe[n=16] on mixtral-offloading: not validated: no published row of a host configuration" in text
-    assert u.OUTSIDE_MARK in text
+    assert OUTSIDE_MARK in text
     frame = pd.read_csv(out / "results.csv").set_index("policy")
     assert frame.loc["lru", "uncertainty_factor"] == pytest.approx(1.5)
     assert math.isnan(frame.loc["n-cpu-moe[n=16]", "uncertainty_factor"])
