@@ -188,7 +188,8 @@ def uncertainty_notes(records: Sequence[dict[str, Any]], label: Callable[[dict[s
     for r in records:
         if r.get("uncertainty"):
             texts.setdefault(r["uncertainty"], []).append(label(r))
-    lines = [f"{'; '.join(dict.fromkeys(names))}: {text}" for text, names in texts.items()]
+    lines = [f"{'every row' if len(texts) == 1 else '; '.join(dict.fromkeys(names))}: {text}"
+             for text, names in texts.items()]
     if any(OUTSIDE_MARK[0] in uncertainty_cell(r) for r in records):
         lines.append(OUTSIDE_MARK)
     return lines
@@ -211,7 +212,8 @@ def headline(records: Sequence[dict[str, Any]]) -> list[str]:
         group = groups[key]
         best = max(group, key=lambda r: (r[SPEED], not r.get("oracle")))
         where = ", ".join([*key[:-1], f"{key[-1]} ({sig(best['capacity_gb'])} GB)"])
-        text = f"{where}: {_policy_label(best)} {sig(best[SPEED])} tok/s" + _speedups(best, group) + _trust(best)
+        text = (f"{where}: {_policy_label(best)} {sig(best[SPEED])} tok/s" + _speedups(best, group)
+                + _trust(best, "stack" not in axes))
         if best.get("oracle"):
             real = [r for r in group if not r.get("oracle")]
             if real:
@@ -221,13 +223,14 @@ def headline(records: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _trust(best: dict[str, Any]) -> str:
-    """The stack a headline's figure assumed and how far to trust it: ', on the mixtral-offloading
-    stack (x/÷ 1.50)' (nothing for a record without a stack)."""
+def _trust(best: dict[str, Any], name_stack: bool) -> str:
+    """The stack a headline's figure assumed (unless the line names it already, as a varied axis)
+    and how far to trust it: ', on the mixtral-offloading stack (x/÷ 1.50)'; nothing for a record
+    without a stack."""
     if "stack" not in best:
         return ""
     cell = uncertainty_cell(best)
-    return f", on the {best['stack']} stack" + (f" ({cell})" if cell else "")
+    return (f", on the {best['stack']} stack" if name_stack else "") + (f" ({cell})" if cell else "")
 
 
 def _axis_value(axis: str, value: Any) -> str:
