@@ -113,3 +113,17 @@ def test_leaderboard_markdown_carries_the_spread(spreads) -> None:
     assert f"- lru: {CACHE}\n" in md
     assert "- n-cpu-moe: not validated: no published row of a host configuration; outside what was validated: stack " \
            "mixtral-offloading has no published host row" in md
+
+
+def test_a_stored_point_speaks_with_the_spreads_of_now(spreads, tmp_path, monkeypatch) -> None:
+    from casmoe.shipped import DEFAULT_TRACE, shipped
+    from casmoe.sim.grid import Grid
+    from casmoe.sim.run import run_all
+
+    (spec,) = Grid.of({"trace": str(shipped(DEFAULT_TRACE)), "policy": ["lru"], "capacity": ["4"], "requests": 1,
+                       "stack": "mixtral-offloading"}, "test").specs(strict=True).specs
+    (first,), computed = run_all([spec], tmp_path)
+    assert computed == 1 and first["uncertainty_factor"] == pytest.approx(1.5)
+    monkeypatch.setattr(u, "spreads", lambda: {"cache": {"p80_abs_log_ratio": math.log(3.0), "rows": 5.0}})
+    (again,), computed = run_all([spec], tmp_path)
+    assert computed == 0 and again["uncertainty_factor"] == pytest.approx(3.0) and again["uncertainty"].startswith("x/÷ 3.00")
