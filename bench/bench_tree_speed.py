@@ -64,8 +64,6 @@ def main() -> None:
     from casmoe.policies import get_policy
     from casmoe.presets import get_preset
     from casmoe.replay import replay
-    from casmoe.sim.engine import run_trace
-    from casmoe.sim.machine import Machine
     from casmoe.sim.hardware import load_profile
     from casmoe.synthetic import SynthConfig, generate
 
@@ -77,8 +75,17 @@ def main() -> None:
     def rep(name: str, compiled: bool):
         return lambda: replay(trace, get_policy(name).create(g, cap, trace=trace), compiled=compiled).stats.hits
 
-    def sim(name: str, compiled: bool):
-        return lambda: run_trace(trace, get_policy(name), cap, Machine(preset, hw), compiled=compiled).stats.hits
+    try:  # since issue 34: a run is priced on a Machine (model x box x stack)
+        from casmoe.sim.engine import run_trace
+        from casmoe.sim.machine import Machine
+
+        def sim(name: str, compiled: bool):
+            return lambda: run_trace(trace, get_policy(name), cap, Machine(preset, hw), compiled=compiled).stats.hits
+    except ImportError:  # a tree from before issue 34 (`--tree`): the same run through its engine
+        from casmoe.sim.engine import simulate as old_simulate
+
+        def sim(name: str, compiled: bool):
+            return lambda: old_simulate(trace, get_policy(name), cap, hw, preset, compiled=compiled).stats.hits
 
     runs = {
         "replay lru compiled": rep("lru", True),

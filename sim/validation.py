@@ -8,7 +8,12 @@ the runtime as a stack of `sim/stacks/`); a row casmoe cannot express says why (
 No number is predicted by a constant fitted on it:
 
 - a stack's fitted fields name the rows they are fitted on (`fitted_on` in `sim/stacks/NAME.toml`,
-  its simplest runs: an on-demand or all-on-GPU row); those rows are fit rows, never scored;
+  its simplest runs: an on-demand or all-on-GPU row); those rows are fit rows, never scored.
+  Which rows: the system's own authors' or users' measurements where there are any, a paper
+  table before a README, and a README row only where no paper row determines the field (a
+  per-expert cost needs a model with many experts); this rule was written down in session 6
+  after README-fitted DeepSpeed stacks had predicted the paper rows 0.41-0.54x (bench/RESULTS.md
+  keeps both results);
 - the shared defaults every stack without its own measurement takes (`sim/stacks/shared.toml`:
   the host kernels' share of DRAM bandwidth) are fitted leaving each system out in turn: a
   system's rows are predicted with the value fitted on the other systems' rows, and its stack is
