@@ -69,7 +69,9 @@ class HardwareProfile:
     peaks this box's host expert kernels reach when it was measured (a calibrated CPU backend: 1,
     its rates are achieved ones); 0 leaves them to the run's software stack and the shared
     default (`casmoe.sim.stack`), never to the GPU's efficiencies. `host_reserved_gib` is the
-    host RAM kept for the operating system and the runtime: experts get the rest.
+    host RAM kept for the operating system and the runtime (`HOST_RESERVED_GIB` with its source
+    when a profile with `host_ram_gib` leaves it out): experts get the rest, `host_ram_bytes`,
+    and what does not fit there is read from storage.
     """
 
     name: str
@@ -138,7 +140,10 @@ class HardwareProfile:
             if getattr(self, n) > 1:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in [0, 1] (0: the software stack's)")
         if self.host_ram_gib and self.host_reserved_gib >= self.host_ram_gib:
-            raise HardwareError(f"profile {self.name!r}: host_reserved_gib must be below host_ram_gib")
+            raise HardwareError(
+                f"profile {self.name!r}: host_reserved_gib ({self.host_reserved_gib:g} GiB kept for the OS and the "
+                f"runtime) must be below host_ram_gib ({self.host_ram_gib:g}); give more host RAM or a smaller reserve"
+            )
         for n in ("matmul_efficiency", "mem_efficiency"):
             if not 0 < getattr(self, n) <= 1:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in (0, 1]")
@@ -167,7 +172,9 @@ class HardwareProfile:
 
     def host_ram_bytes(self) -> float:
         """Host RAM the experts may use: all of it but the reserve for the OS and runtime (0: the
-        profile does not say how much RAM it has)."""
+        profile does not say how much RAM it has). The dense part and the KV cache take none of
+        it: every simulated placement keeps them on the GPUs (`Machine.max_slots` charges them
+        there)."""
         return (self.host_ram_gib - self.host_reserved_gib) * GIB if self.host_ram_gib else 0.0
 
     def usable_bytes(self) -> int:
@@ -213,6 +220,9 @@ class HardwareProfile:
         raw = {**raw, **absent}
         if isinstance(raw.get("sources"), dict):
             raw["sources"] = {**raw["sources"], **{n: ABSENT for n in absent}}
+            if "host_reserved_gib" in absent and raw.get("host_ram_gib"):  # RAM stated: the OS keeps some of it
+                raw["host_reserved_gib"] = HOST_RESERVED_GIB
+                raw["sources"]["host_reserved_gib"] = HOST_RESERVED_SOURCE
         values: dict[str, Any] = {}
         for n, f in known.items():
             v = raw.get(n, {})
@@ -252,6 +262,13 @@ OPTIONAL = {
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
 ABSENT = "not given in the profile (0: not modelled)"
+HOST_RESERVED_GIB = 4.0
+"""Host RAM kept for the OS and the runtime when a profile states its RAM but no reserve."""
+HOST_RESERVED_SOURCE = (
+    "default when a profile gives host_ram_gib but no reserve (assumption): a headless Linux server uses 1-2 GiB, "
+    "a CUDA process's host side (driver, context, PyTorch or llama.cpp runtime, pinned staging buffers) 1-2 GiB more; "
+    "4 GiB keeps both out of the experts' RAM"
+)
 
 
 PUBLISHED_DIR = Path(__file__).with_name("published") / "profiles"
@@ -304,6 +321,15 @@ def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None
         if isinstance(host_ram_gib, bool) or not isinstance(host_ram_gib, (int, float)) or not (
                 math.isfinite(host_ram_gib) and host_ram_gib > 0):
             raise HardwareError(f"host RAM must be a finite number of GiB > 0, got {host_ram_gib!r}")
+        if not profile.host_ram_gib and not profile.host_reserved_gib:  # RAM now stated: the OS keeps some of it
+            values["host_reserved_gib"] = HOST_RESERVED_GIB
+            sources["host_reserved_gib"] = HOST_RESERVED_SOURCE
+        if host_ram_gib <= values.get("host_reserved_gib", profile.host_reserved_gib):
+            raise HardwareError(
+                f"host RAM of {host_ram_gib:g} GiB leaves nothing beside the "
+                f"{values.get('host_reserved_gib', profile.host_reserved_gib):g} GiB that "
+                f"{profile.name!r} keeps for the OS and the runtime (host_reserved_gib); give more than that"
+            )
         values["host_ram_gib"] = float(host_ram_gib)
         sources["host_ram_gib"] = "variant: the host RAM size searched over"
         spec.append(f"host_ram_gib={host_ram_gib:g}")
