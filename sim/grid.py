@@ -21,7 +21,7 @@ from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.presets import get_preset, preset_for, shape_preset
 from casmoe.selection import Scored, Selection
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.sim.fits import check_capacity, check_devices, default_host_cache
+from casmoe.sim.fits import OVERCOMMIT, check_capacity, check_devices, default_host_cache, host_ram_shortfall
 from casmoe.sim.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.machine import Machine, presets_of_shape
 from casmoe.sim.run_options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
@@ -310,12 +310,17 @@ class _Builder:
     def _host_caches(self, machine: Machine, whole: Any, nbytes: Sequence[int]) -> list[HostCache | None]:
         g = self.grid
         out: list[HostCache | None] = []
+        tier, note = default_host_cache(machine.hardware, nbytes, whole.geometry.experts, machine.preset,
+                                        bool(g.value("allow_overcommit")))
         for text in g.values("host_cache"):
             if text is None:
-                text, note = default_host_cache(machine.hardware, nbytes, whole.geometry.experts, machine.preset,
-                                                bool(g.value("allow_overcommit")))
+                text = tier
                 self.note(note)
             if text is None or str(text).strip().lower() == "none":
+                if text is not None and tier is not None:  # every expert in RAM, on a box whose RAM is smaller
+                    short = host_ram_shortfall(machine.hardware, nbytes, whole.geometry.experts, machine.preset)
+                    raise GridError(f"--host-cache none keeps every expert in host RAM, but {short}; give "
+                                    f"--host-cache {tier} (the default) or {OVERCOMMIT} for a what-if")
                 out.append(None)
                 continue
             tier = HostCache.parse(text, g.value("host_policy"), nbytes)

@@ -93,3 +93,12 @@ def test_the_cpu_miss_mode_reads_its_host_experts_through_the_tier_too():
     res = sim_run(_alternating(4, b), "lru", 1, HW, compute=FixedCompute(cpu_expert_s=1e-3), miss_mode=MissMode.CPU,
                   host_cache=HostCache(1, get_policy("lru"), chunk_bytes=2**20))
     assert res.stall_storage_s > 0 and res.storage_bytes >= b
+
+
+def test_no_ram_tier_when_the_experts_do_not_fit_is_refused_naming_the_default():
+    args = dict(hardware=_box(64), policies=["lru"], global_capacities=["fit"], requests=2, model="mixtral-8x7b")
+    with pytest.raises(CasmoeError, match="--host-cache none keeps every expert in host RAM, but .* give "
+                                          "--host-cache 60GiB .* or --allow-overcommit"):
+        casmoe.sim.simulate(host_cache="none", **args)
+    (rec,) = casmoe.sim.simulate(host_cache="none", allow_overcommit=True, **args).records  # a what-if
+    assert rec["host_cache_gb"] == 0 and rec["storage_bytes"] == 0
