@@ -54,8 +54,8 @@ class Grid:
                 raise GridError(f"{where}: {name} is given twice (as {key!r} and under another name)")
             many = isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0)
             items = list(value) if many else [value]
-            if not items:
-                continue
+            if not items:  # not "the default": a list the caller meant to fill
+                raise GridError(f"{where}: {name} is an empty list; give a value or leave it out")
             if many and not option.axis and name != "task":
                 raise GridError(f"{where}: {name} takes one value, not a list")
             given[name] = tuple(option.check(v, where) for v in items)
@@ -226,6 +226,10 @@ class _Builder:
         unique = list({s.key: s for s in specs}.values())  # a combination listed twice runs and reports once
         if not unique:
             raise GridError(f"{g.where}: no run to build")
+        if "host_policy" in g.given and all(s.host_cache is None for s in unique):
+            raise GridError(f"{g.where}: --host-policy {g.value('host_policy')} is unused: it manages the RAM tier, "
+                            "and no run has one (--host-cache none, or every expert fits the host RAM); leave it out "
+                            "or give --host-cache SIZE")
         return Runs(unique, refused, self.notes, groups)
 
     def _traffics(self) -> list[Traffic | None]:
@@ -240,6 +244,9 @@ class _Builder:
         g = self.grid
         planner = g.value("planner")
         specs = parse_policies(g.given.get("policy"), POLICIES, planner=planner)
+        if planner is not None and not any(dict(s.options).get("planner") == planner for s in specs):
+            raise GridError(f"{g.where}: --planner {planner} is unused: it is the planner of a bare `casmoe` policy, "
+                            "and none is run; add --policy casmoe, or name it in the policy: casmoe[planner=DIR]")
         from casmoe.planner.cached import AUTO, cached_planner
 
         out = []

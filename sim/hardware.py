@@ -339,37 +339,67 @@ def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None
     return profile.with_values(sources, name=name, description=f"{profile.description} ({', '.join(spec)})", **values)
 
 
+VARIANT_FLAGS = {"gpus": "--gpus", "link": "--link", "host_ram_gib": "--host-ram"}
+"""The run option that asks for each variant key besides a `NAME@...` spec."""
+
+
+def split_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """`NAME@key=value,...` (a variant of a variant too: `NAME@gpus=2@link=pcie5`) as the base
+    name or path and the variant's values as written; a key given twice is refused, so that no
+    value silently replaces another."""
+    text, options = spec, {}
+    hint = f"write NAME@{','.join(f'{k}=...' for k in VARIANT_KEYS)}, e.g. rtx4090x4@gpus=2,link=pcie5,host_ram_gib=64"
+    while "@" in text and not Path(text).exists():
+        text, _, tail = text.rpartition("@")
+        for item in tail.split(","):
+            key, eq, value = (part.strip() for part in item.partition("="))
+            if key not in VARIANT_KEYS or not eq or not value:
+                raise HardwareError(f"bad hardware variant {item.strip()!r} in {spec!r}; {hint}")
+            if key in options:
+                raise HardwareError(f"{key} is given twice in hardware variant {spec!r} ({value} and {options[key]}); "
+                                    "give it once")
+            options[key] = value
+    return text, options
+
+
+def _variant_value(key: str, text: str, spec: str) -> Any:
+    """One variant value as its type (gpus: int, host_ram_gib: float, link: str)."""
+    if key == "link":
+        return text
+    try:
+        return int(text) if key == "gpus" else float(text)
+    except ValueError:
+        what = "a whole number" if key == "gpus" else "a number of GiB"
+        raise HardwareError(f"{key} must be {what}, got {text!r} in {spec!r}") from None
+
+
 def variant_spec(base: str, link: str = "", host_ram_gib: float | None = None, gpus: int | None = None) -> str:
-    """The hardware spec `load_profile` turns into `variant(load_profile(base), ...)`."""
-    parts = ([f"gpus={gpus}"] if gpus is not None else []) + ([f"link={link}"] if link else []) + (
-        [f"host_ram_gib={host_ram_gib:g}"] if host_ram_gib is not None else [])
-    return f"{base}@{','.join(parts)}" if parts else base
+    """The hardware spec `load_profile` turns into `variant(load_profile(base), ...)`. `base`
+    may be a variant already (`rtx4090x4@gpus=2`): a value asked here that it gives otherwise is
+    refused naming both (the same value twice is one value)."""
+    name, written = split_variant(base)
+    values = {k: _variant_value(k, v, base) for k, v in written.items()}
+    asked = {"gpus": gpus, "link": link or None, "host_ram_gib": host_ram_gib}
+    for key, value in asked.items():
+        if value is None:
+            continue
+        if key in values and values[key] != value:
+            shown = f"{value:g}" if key == "host_ram_gib" else value
+            raise HardwareError(f"hardware {base!r} gives {key}={written[key]}, and {VARIANT_FLAGS[key]} {shown} "
+                                f"another; give one of them")
+        values[key] = value
+    parts = [f"{k}={values[k]:g}" if k == "host_ram_gib" else f"{k}={values[k]}" for k in VARIANT_KEYS if k in values]
+    return f"{name}@{','.join(parts)}" if parts else name
 
 
 def load_profile(spec: str | Path) -> HardwareProfile:
     """A shipped profile name (`rtx4090x4`) or the path of a user's TOML file, optionally with
     a variant: `NAME@link=pcie5,host_ram_gib=64` (`variant`)."""
     text = str(spec)
-    if "@" in text and not Path(text).exists():
-        base, _, tail = text.rpartition("@")
-        options: dict[str, str] = {}
-        hint = f"write NAME@{','.join(f'{k}=...' for k in VARIANT_KEYS)}, e.g. rtx4090x4@gpus=2,link=pcie5,host_ram_gib=64"
-        for item in tail.split(","):
-            key, eq, value = (part.strip() for part in item.partition("="))
-            if key not in VARIANT_KEYS or not eq or not value:
-                raise HardwareError(f"bad hardware variant {item.strip()!r} in {text!r}; {hint}")
-            if key in options:
-                raise HardwareError(f"{key} is given twice in hardware variant {text!r}; give it once")
-            options[key] = value
-        try:
-            ram = float(options["host_ram_gib"]) if "host_ram_gib" in options else None
-        except ValueError:
-            raise HardwareError(f"host_ram_gib must be a number of GiB, got {options['host_ram_gib']!r} in {text!r}") from None
-        try:
-            gpus = int(options["gpus"]) if "gpus" in options else None
-        except ValueError:
-            raise HardwareError(f"gpus must be a whole number, got {options['gpus']!r} in {text!r}") from None
-        return variant(load_profile(base), options.get("link", ""), ram, gpus)
+    base, options = split_variant(text)
+    if options:
+        values = {k: _variant_value(k, v, text) for k, v in options.items()}
+        return variant(load_profile(base), values.get("link", ""), values.get("host_ram_gib"), values.get("gpus"))
     shipped = profile_paths(published=True)
     if str(spec) in shipped:
         return HardwareProfile.from_file(shipped[str(spec)])

@@ -69,6 +69,9 @@ class Option:
         if not ok:
             what = "a whole number of slots or a memory size such as '24GB'" if self.name in _SLOTS else _KINDS[kind]
             raise GridError(f"{where}: {self.name} = {value!r} is not {what}")
+        if kind is str and not value.strip():  # no option means "the default" by an empty text
+            default = f" (default: {self.default})" if self.default is not None else ""
+            raise GridError(f"{where}: {self.name} is empty; give a value or leave it out{default}")
         if self.minimum is not None and value < self.minimum:
             raise GridError(f"{where}: {self.name} must be >= {self.minimum:g}, got {value}")
         if self.parser and isinstance(value, str):
