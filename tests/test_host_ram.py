@@ -102,3 +102,17 @@ def test_no_ram_tier_when_the_experts_do_not_fit_is_refused_naming_the_default()
         casmoe.sim.simulate(host_cache="none", **args)
     (rec,) = casmoe.sim.simulate(host_cache="none", allow_overcommit=True, **args).records  # a what-if
     assert rec["host_cache_gb"] == 0 and rec["storage_bytes"] == 0
+
+
+def test_served_one_user_prices_host_experts_from_storage_as_back_to_back():
+    from casmoe.sim.serving import Arrival, Traffic
+
+    b = 64_000_000
+    kw = dict(compute=FixedCompute(cpu_expert_s=1e-3))
+    tier = HostCache(1, get_policy("lru"), chunk_bytes=2**20)
+    offline = sim_run(_alternating(4, b), "n-cpu-moe", Capacity(0, per_layer=False), HW, host_cache=tier, **kw)
+    served = sim_run(_alternating(4, b), "n-cpu-moe", Capacity(0, per_layer=False), HW, host_cache=tier,
+                     traffic=Traffic(Arrival.CLOSED, users=1, max_batch=1), **kw)
+    assert offline.stall_storage_s > 0
+    assert served.stall_storage_s == pytest.approx(offline.stall_storage_s, rel=1e-12)
+    assert served.sim_time_s == pytest.approx(offline.sim_time_s, rel=1e-12)
