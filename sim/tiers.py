@@ -74,6 +74,7 @@ class HostTier:
         self.storage = storage
         self.expert_bytes = list(expert_bytes)  # per layer
         self._E = cache.geometry.experts
+        self.host_reads = 0  # host-computed experts read from storage (the rest of the misses: GPU loads)
 
     def begin_request(self, now: float, request: Any) -> None:
         """A request starts: the tier's policy may prefetch at request start (static, casmoe);
@@ -107,8 +108,10 @@ class HostTier:
         ready = now
         for e in experts:
             chunks = self.fetch(now, e, nbytes)
-            if chunks is not None and chunks[-1][0] > ready:
-                ready = chunks[-1][0]
+            if chunks is not None:
+                self.host_reads += 1
+                if chunks[-1][0] > ready:
+                    ready = chunks[-1][0]
         return ready
 
 

@@ -80,6 +80,7 @@ def test_host_experts_missing_from_ram_stall_on_a_storage_read_each(rows, reads)
     assert res.stall_demand_s == pytest.approx(reads * read, rel=1e-12)
     assert res.sim_time_s == pytest.approx(4 * c + reads * read, rel=1e-12)
     assert (res.host_misses, res.host_hits, res.storage_bytes) == (reads, 4 - reads, reads * b)
+    assert res.host_storage_reads == reads  # the record says the host's experts came from storage
     assert res.link_bytes == 0  # nothing crossed the GPU link
     whole = sim_run(_alternating(4, b), "n-cpu-moe", Capacity(0, per_layer=False), HW,
                     compute=FixedCompute(cpu_expert_s=c))
