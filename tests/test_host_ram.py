@@ -34,7 +34,7 @@ def test_shipped_profiles_keep_a_sourced_reserve_for_the_os_and_runtime():
         load_profile(_box(3))
 
 
-@pytest.mark.parametrize("policy", ["ktransformers", "n-cpu-moe"])
+@pytest.mark.parametrize("policy", ["ktransformers", "n-cpu-moe", "fiddler", "hybrimoe", "routed-placement"])
 def test_a_host_computing_placement_slows_down_as_host_ram_shrinks_below_its_experts(policy):
     speed, storage = {}, {}
     for ram in (16, 64, 96, 256):
