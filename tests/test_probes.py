@@ -758,6 +758,11 @@ def test_reported_option_values_that_still_reach_a_run(tmp_path, monkeypatch, ca
     (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@host_ram_gib=64", "--host-cache", "none"],
      "--host-cache none keeps every expert in host RAM"),  # Mixtral's 90 GB in 60 GiB
     (SIM + ["--policy", "lru", "--capacity", "2", "--host-cache", "300GB"], "left beside the 4 GiB"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--host-quant", "int4"], "--host-quant is unused"),  # no host expert
+    (SIM + ["--policy", "lru", "--capacity", "2", "--users", "2", "--chunk", "8"], "--chunk sizes the chunked"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--arrival", "poisson", "--rate", "1", "--think", "1"],
+     "--think is the closed loop's"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--users", "2", "--seed", "3"], "--seed draws the Poisson"),
 ])
 def test_option_values_empty_twice_contradictory_or_unused_are_one_line(tmp_path, monkeypatch, capsys, argv, says):
     code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
