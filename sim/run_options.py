@@ -138,8 +138,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("pinned", bool, "Copy from pinned host memory (--pageable: pageable).", default=True, axis=False,
            flags=("--pinned/--pageable",), group="box"),
     Option("host_cache", str, "RAM tier between storage and the GPUs, repeatable: memory (40GB), experts, or none; "
-           "default: every expert in RAM if they fit the profile's host RAM, else a RAM tier of all of it.",
-           group="box"),
+           "default: every expert in RAM if they fit the profile's host RAM less its reserve for the OS and "
+           "runtime, else a RAM tier of all of that.", group="box", parser="casmoe.sim.tiers:host_cache_text"),
     Option("host_policy", str, "Policy managing the RAM tier (any that does not read the future).", default="lru",
            axis=False, group="box"),
     Option("allow_overcommit", bool, "Simulate capacities, devices or RAM the box does not have (else refused).",

@@ -119,6 +119,19 @@ class TierError(CasmoeError, ValueError):
     """A RAM tier that cannot be modelled (no storage numbers, larger than RAM, below top-k)."""
 
 
+def host_cache_text(text: str) -> None:
+    """`--host-cache` as written, checked before any work: memory (40GB), experts (60) or none."""
+    from casmoe.options import CapacitySpec
+
+    if text.strip().lower() == "none":
+        return
+    try:
+        CapacitySpec(text, per_layer=False)
+    except CasmoeError:
+        raise TierError(f"bad --host-cache {text!r}; give memory (40GB, 512MiB), a number of experts (60) or none "
+                        "(every expert in RAM)") from None
+
+
 @dataclass(frozen=True)
 class HostCache:
     """`--host-cache`: `rows` experts of host RAM (one pool for all layers), managed by `policy`
