@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,9 @@ class Option:
         elif kind is float:
             ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
             value = float(value) if ok else value
-        else:  # text options: a capacity may be written as a number of slots
+        else:  # text options: a capacity may be written as a number of slots, a file as a path object
+            if isinstance(value, os.PathLike) and not isinstance(value, str):
+                value = os.fspath(value)
             ok = isinstance(value, str) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)
                                             and self.name in _SLOTS)
             value = str(value) if ok else value

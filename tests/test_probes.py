@@ -776,8 +776,8 @@ def test_the_python_api_takes_numpy_numbers_and_refuses_the_rest_in_one_line():
     from casmoe.errors import CasmoeError
 
     base = dict(trace=str(TRACE), policies=["lru"], requests=np.int64(1))
-    (rec,) = casmoe.sim.simulate(capacities=[np.int64(2)], batch=np.int32(1), **base).records
-    assert rec["capacity"] == "2/layer"
+    (rec,) = casmoe.sim.simulate(capacities=[np.int64(2)], batch=np.int32(1), hardware=PROFILE, **base).records
+    assert rec["capacity"] == "2/layer" and rec["hardware"] == "rtx4090x4"  # a path object names a file as a str does
     for bad, says in [(dict(capacities=4.5), "capacity = 4.5 is not"), (dict(capacities=[]), "empty list"),
                       (dict(capacity=2, link=""), "link is empty"),
                       (dict(capacity=2, hardware="rtx4090x4@link=pcie3", link="pcie5"), "link=pcie3, and --link")]:
