@@ -144,7 +144,7 @@ OPTIONS: tuple[Option, ...] = (
            "default: every expert in RAM if they fit the profile's host RAM less its reserve for the OS and "
            "runtime, else a RAM tier of all of that.", group="box", parser="casmoe.sim.tiers:host_cache_text"),
     Option("host_policy", str, "Policy managing the RAM tier (any that does not read the future).", default="lru",
-           axis=False, group="box"),
+           axis=False, group="box", parser="casmoe.policies.spec:parse_policy"),
     Option("allow_overcommit", bool, "Simulate capacities, devices or RAM the box does not have (else refused).",
            default=False, axis=False, flags=("--allow-overcommit",), group="box"),
     Option("arrival", str, "Serve requests as they arrive: poisson (needs --rate) or trace (the trace's arrival "

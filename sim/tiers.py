@@ -154,7 +154,7 @@ class HostCache:
 
         spec = PolicySpec.parse(policy)
         rows = CapacitySpec(size, per_layer=False).resolve(expert_bytes).slots
-        return cls(rows, spec.cls, tuple(spec.options))
+        return cls(rows, spec.check(), tuple(spec.options))  # options it takes, none the runtime sets
 
     def nbytes(self, expert_bytes: Sequence[int]) -> float:
         return self.rows * sum(expert_bytes) / len(expert_bytes)

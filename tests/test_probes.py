@@ -760,6 +760,10 @@ def test_reported_option_values_that_still_reach_a_run(tmp_path, monkeypatch, ca
     (SIM + ["--policy", "lru", "--capacity", "2", "--host-cache", "300GB"], "left beside the 4 GiB"),
     (SIM + ["--policy", "lru", "--capacity", "2", "--host-quant", "int4"], "--host-quant is unused"),  # no host expert
     (SIM + ["--policy", "lru", "--capacity", "2", "--host-cache", "fit"], "bad --host-cache 'fit'"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--host-cache", "40GB", "--host-policy", "lru[capacity=2]"],
+     "no option 'capacity'"),  # an option the runtime sets: a traceback before
+    (SIM + ["--policy", "lru", "--capacity", "2", "--host-cache", "40GB", "--host-policy", "lfu[expert_bytes=3]"],
+     "no option 'expert_bytes'"),
     (SIM + ["--policy", "lru", "--capacity", "2", "--users", "2", "--chunk", "8"], "--chunk sizes the chunked"),
     (SIM + ["--policy", "lru", "--capacity", "2", "--arrival", "poisson", "--rate", "1", "--think", "1"],
      "--think is the closed loop's"),
