@@ -14,7 +14,9 @@ resumes `wake_us` after its last copy landed (a blocked host thread) and compute
 `resume_per_stall` of the time it waited. Loads go onto the link of their layer's device
 (`link.py`); which experts are still in flight is the link's to say, so the same walk prices
 decisions made in advance (`decide.py`) or, in the substitute miss mode, made layer by layer as
-it goes (its substitutes must have arrived).
+it goes (its substitutes must have arrived). With a RAM tier, an expert computed on the host that
+the tier does not hold is read from storage first (`HostTier.host_ready`): the host's share of
+the layer starts that much later, a demand stall on storage.
 
 Within a step no other process acts, so the walk is arithmetic: one step costs no SimPy event.
 """
