@@ -123,9 +123,6 @@ class Geometry:
     def flat(self, layer: int, expert: int) -> ExpertId:
         return layer * self.experts + expert
 
-    def unflat(self, expert: ExpertId) -> tuple[int, int]:
-        return divmod(expert, self.experts)
-
     def layer_slice(self, layers: range) -> Geometry:
         """The sub-model of `layers` (a device's share), its layers numbered from 0."""
         per_layer = self.layer_expert_bytes[layers.start : layers.stop] if self.layer_expert_bytes else ()

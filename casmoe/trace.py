@@ -240,24 +240,30 @@ class Trace:
     def has_prompts(self) -> bool:
         return bool(self.requests) and all(r.prompt is not None for r in self.requests)
 
-    def steps(self, batch: int = 1) -> list[Step]:
+    def steps(self, batch: int = 1, prefill_batch: int = 1) -> list[Step]:
         """The runtime's step sequence. `batch` > 1 merges the decode tokens of `batch`
-        consecutive requests into shared steps (each request still prefills alone)."""
-        if batch < 1:
-            raise ValueError("batch must be >= 1")
+        consecutive requests into shared steps; their prompts are prefilled `prefill_batch` at
+        a time (1: each alone), each group's as one step (`merge_steps`: the union of their
+        experts per layer, the tokens routed to each summed), as a throughput-oriented server
+        (MoE-Lightning) batches prompts."""
+        if batch < 1 or not 1 <= prefill_batch <= batch:
+            raise ValueError("batch must be >= 1 and prefill_batch between 1 and batch")
         out: list[Step] = []
         for start in range(0, len(self.requests), batch):
             group = list(range(start, min(start + batch, len(self.requests))))
             per_req = {i: self.requests[i].steps(self.geometry) for i in group}
             decodes: dict[int, list[Step]] = {}
-            for i in group:
-                req_steps = per_req[i]
-                if self.requests[i].prefill:
-                    first = req_steps[0]
-                    first.requests = (i,)
+            prompts = [i for i in group if self.requests[i].prefill]
+            for a in range(0, len(prompts), prefill_batch):
+                together = prompts[a : a + prefill_batch]
+                if len(together) == 1:
+                    first = per_req[together[0]][0]
+                    first.requests = (together[0],)
                     out.append(first)
-                    req_steps = req_steps[1:]
-                decodes[i] = req_steps
+                else:
+                    out.append(merge_steps([per_req[i][0] for i in together], tuple(together)))
+            for i in group:
+                decodes[i] = per_req[i][1:] if self.requests[i].prefill else per_req[i]
             if batch == 1:
                 for s in decodes[group[0]]:
                     s.requests = (group[0],)

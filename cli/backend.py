@@ -165,11 +165,26 @@ def bench(
     print_table([shown], list(shown), title=f"{model}: {spec.label} @ {cap.describe()}, {miss_mode.value}{gated}")
 
 
+MEASURED_HELP = """Instead of measuring this machine: fit a software stack on runs you measured on your own box
+(TOML [[row]] tables like sim/published/measurements.toml, or a CSV with columns id, rate and run options).
+Each row: id = "lru4", rate = 5.1 (decode tok/s), run = { model = "mixtral-8x7b", hardware = "my-box.toml",
+quant = "int4", policy = "lru", capacity = "4" } (casmoe simulate options; model and hardware required).
+See examples/measured.toml."""
+
+
 @app.command()
 def calibrate(
-    model: str = MODEL,
-    out: Path = typer.Option(Path("calibrated.toml"), help="Hardware profile (TOML) to write."),
-    name: str = typer.Option("calibrated", help="Profile name inside the file."),
+    model: Optional[str] = typer.Option(None, "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a "
+                                        "local model folder (not with --measured)."),
+    out: Optional[Path] = typer.Option(None, help="File to write: the hardware profile (default calibrated.toml), or "
+                                       "with --measured the stack (default calibrated-stack.toml)."),
+    name: Optional[str] = typer.Option(None, help="Profile (default: calibrated) or stack (default: the --out file's stem) name inside the file."),
+    measured: Optional[Path] = typer.Option(None, "--measured", help=MEASURED_HELP),
+    stack: Optional[str] = typer.Option(None, "--stack", help="With --measured: the stack to calibrate, a shipped name or a "
+                                        "TOML (default: the stack the rows name, else ideal)."),
+    fit: Optional[str] = typer.Option(None, "--fit", help="With --measured: the fields to fit, comma-separated (default: "
+                                      "those the rows determine, of layer_us, copy_efficiency, host_efficiency; the "
+                                      "command says which and why)."),
     prompts: Optional[Path] = PROMPTS,
     num_prompts: int = typer.Option(4, min=1, help="Prompts for the decode-step measurement."),
     max_new_tokens: int = typer.Option(16, min=2, help="Decode steps per prompt."),
@@ -178,14 +193,25 @@ def calibrate(
     device: Optional[list[str]] = DEVICE,
     threads: int = THREADS,
     dtype: Optional[str] = DTYPE,
-    as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the measurements (or the calibration) as JSON."),
 ) -> None:
     """Measure this machine (compute, copy bandwidth and per-copy cost) running MODEL and write a
-    hardware profile that `casmoe simulate --hardware FILE` reads."""
-    from casmoe.backends.bench import open_offloaded
-    from casmoe.backends.calibrate import calibrate as measure
+    hardware profile that `casmoe simulate --hardware FILE` reads; or, with --measured, fit a
+    software stack on the runs you measured and write it for `casmoe simulate --stack FILE`."""
     from casmoe.output import check_file_target
 
+    if measured is not None:
+        if model is not None:
+            raise BenchInputError("--model measures this machine; --measured fits on your measurements: give one")
+        return _calibrate_measured(measured, stack, fit, out or Path("calibrated-stack.toml"), name, as_json)
+    if model is None:
+        raise typer.BadParameter("give --model (a shipped tiny model or a local folder), or --measured FILE", param_hint="--model")
+    if stack is not None or fit is not None:
+        raise BenchInputError("--stack and --fit go with --measured")
+    from casmoe.backends.bench import open_offloaded
+    from casmoe.backends.calibrate import calibrate as measure
+
+    out = out or Path("calibrated.toml")
     check_file_target(out, "--out")
     opened = open_offloaded(model, devices=(device or [])[:1], dtype=dtype,
                             link=_link(threads, link_gbps, link_latency_us))
@@ -195,7 +221,7 @@ def calibrate(
 
     with responsive_copies():
         cal = measure(om, reqs, max_new_tokens=max_new_tokens)
-    path = cal.profile(name).write(out)
+    path = cal.profile(name or "calibrated").write(out)
     if as_json:
         typer.echo(json.dumps({"profile": str(path), **cal.to_dict()}, indent=2))
         return
@@ -206,6 +232,63 @@ def calibrate(
         f"copies {sig(cal.copy_bw / 1e9)} GB/s + {sig(cal.copy_latency * 1e6)} us, "
         f"layer overhead {sig(cal.layer_overhead * 1e6)} us"
     )
+
+
+def _calibrate_measured(measured: Path, stack: Optional[str], fit: Optional[str], out: Path, name: Optional[str],
+                        as_json: bool) -> None:
+    """`casmoe calibrate --measured FILE`: the stack fitted on the user's rows, written, and the
+    checks that say how far to trust it."""
+    from datetime import datetime, timezone
+
+    from casmoe.output import check_file_target
+    from casmoe.sim.calibration import base_stack, calibrate as fit_measured, load_measured
+
+    check_file_target(out, "--out")
+    rows = load_measured(measured)
+    base = base_stack(rows, stack)
+    command = f"casmoe calibrate --measured {measured}" + (f" --stack {stack}" if stack else "") + (f" --fit {fit}" if fit else "")
+    cal = fit_measured(rows, base, None if fit is None else fit.split(","), source=command,
+                       when=datetime.now(timezone.utc).date().isoformat(), name=name or out.stem)
+    path = cal.stack.write(out)
+    if as_json:
+        typer.echo(json.dumps({"stack_file": str(path), **cal.to_dict()}, indent=2))
+        return
+    from casmoe.report import print_table
+
+    records = [c.to_dict() for c in cal.checks]
+    columns = ["row", "policy", "capacity", "measured tok/s", "fitted tok/s", "ratio"]
+    loo = any(r["left_out_tok_s"] is not None for r in records)
+    if loo:
+        columns += ["left-out tok/s", "left-out ratio"]
+    print_table([{"row": r["id"], "policy": r["policy"], "capacity": r["capacity"], "measured tok/s": r["measured_tok_s"],
+                  "fitted tok/s": r["fitted_tok_s"], "ratio": r["fitted_ratio"], "left-out tok/s": r["left_out_tok_s"],
+                  "left-out ratio": r["left_out_ratio"]} for r in records], columns,
+                title=f"{base.name} calibrated on {measured} (ratio = predicted / measured"
+                + ("; left-out: refitted without that row, the honest check)" if loo else
+                   "; no row to spare for a left-out check: measure more runs than fields)"))
+    for c in cal.checks:
+        if c.beyond_bound:
+            typer.echo(f"warning: row {c.row.id} measured {c.row.rate:.3g} tok/s, faster than its configuration can run in "
+                       f"casmoe's model ({c.bound:.3g} tok/s with no software cost): check its run (precision, box, cache "
+                       "size); the fit cannot explain it")
+    for c in cal.choices:
+        if c.fitted:
+            typer.echo(f"{c.field} = {cal.describe(c.field)}: {c.why}")
+        else:
+            typer.echo(f"{c.field} not fitted: {c.why}")
+    median = cal.left_out_median_abs_log_ratio()
+    if median is not None:
+        typer.echo(f"left-out median |log ratio| {median:.3f} (x{math.exp(median):.2f})")
+    typer.echo(f"wrote {path}: predict the policies and sizes you did not measure with "
+               f"`casmoe simulate --stack {path}{_shared_flags(rows)} --policy ... --capacity ...`")
+
+
+def _shared_flags(rows: list[Any]) -> str:
+    """The simulate flags every measured row agrees on (its box, model, precision), for the hint."""
+    first = rows[0].run
+    same = {k: v for k, v in first.items() if not isinstance(v, bool) and all(r.run.get(k) == v for r in rows)
+            and k not in ("policy", "capacity", "global_capacity", "stack")}
+    return "".join(f" --{k.replace('_', '-')} {v}" for k, v in same.items())
 
 
 @app.command()

@@ -70,6 +70,7 @@ def profiles(
             "host RAM GiB": f"{p.host_ram_gib:g}",
             "OS reserve GiB": f"{p.host_reserved_gib:g}",
             "host": p.cpu,
+            "host compute": p.describe_host(),
         }
         for p in loaded
     ]

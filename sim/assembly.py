@@ -23,7 +23,7 @@ from casmoe.sim.stack import Stack
 from casmoe.sim.tiers import HostCache, HostTier
 from casmoe.sim.timeline import Timeline
 from casmoe.sim.timeliness import Timeliness
-from casmoe.sim.timing import Shard, StepTimer
+from casmoe.sim.timing import Shard, StepTimer, histories
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import Future, Step, Trace
 
@@ -43,6 +43,7 @@ class StepPlan:
     shards: list[range]  # layers of each cache
     shard_traces: list[Trace]
     shard_steps: list[list[Step]]
+    prefill_batch: int = 1  # prompts of a static batch prefilled together (`Trace.steps`)
 
     _arrays: dict[int, StepArrays] = field(default_factory=dict, repr=False)
 
@@ -58,15 +59,16 @@ class StepPlan:
         return self._arrays[i]
 
     @classmethod
-    def build(cls, trace: Trace, batch: int = 1, devices: int = 1, cache_per_device: bool = False) -> StepPlan:
+    def build(cls, trace: Trace, batch: int = 1, devices: int = 1, cache_per_device: bool = False,
+              prefill_batch: int = 1) -> StepPlan:
         g = trace.geometry
         ranges = split_layers(g.layers, devices)
-        steps = trace.steps(batch)
+        steps = trace.steps(batch, prefill_batch)
         if not cache_per_device or devices == 1:
-            return cls(trace, batch, ranges, steps, [range(g.layers)], [trace], [steps])
+            return cls(trace, batch, ranges, steps, [range(g.layers)], [trace], [steps], prefill_batch)
         traces = [trace.layer_slice(layers) for layers in ranges]
         dsteps = [[s.layer_slice(layers, g.experts) for s in steps] for layers in ranges]
-        return cls(trace, batch, ranges, steps, list(ranges), traces, dsteps)
+        return cls(trace, batch, ranges, steps, list(ranges), traces, dsteps, prefill_batch)
 
 
 @dataclass
@@ -90,6 +92,12 @@ class Setup:
     timeline: Timeline | None
     host_cache: HostCache | None
     detail: bool
+    context: int = 0  # tokens of context each request is served at (0: its own length; `timing.histories`)
+
+    def positions(self) -> list[int]:
+        """Each request's context before its first token (`timing.histories`): where the
+        pricing of its attention starts."""
+        return histories(self.trace.requests, self.context)
 
     def start(self, futures: Sequence[Sequence[Step]] | None) -> RunState:
         """Links, caches (attached to `futures`, one step sequence per shard, if they read the

@@ -50,7 +50,8 @@ def run(plan: Any, machine: Any, setup: Any, log: LatencyLog, decider: CompiledD
     meta = _step_meta(plan.trace, plan.batch, plan.steps, arrays)
     starts, finishing = meta[3], meta[4]
     st = _state(tk, machine, setup, arrays)
-    dense, head, handover = _work(plan.trace, plan.batch, meta, setup.compute, len(machine.links) > 1)
+    dense, head, handover = _work(plan.trace, plan.batch, meta, setup.compute, len(machine.links) > 1,
+                                  setup.positions())
     now = 0.0
     S = arrays.steps
     for c0 in range(0, S, chunk_steps):
@@ -61,7 +62,7 @@ def run(plan: Any, machine: Any, setup: Any, log: LatencyLog, decider: CompiledD
         now = tk.run_steps(st, arrays.visit_ptr, arrays.experts, arrays.counts, arrays.weighted, rows, marks, c0, c1,
                            *_per_step(meta, c0, c1, begin_rows), dense[c0:c1], head[c0:c1], handover[c0:c1], now,
                            out_start, out_end)
-        _log(log, meta, plan.batch, c0, c1, out_start.tolist(), out_end.tolist())
+        _log(log, plan.trace, meta, plan.batch, c0, c1, out_start.tolist(), out_end.tolist())
     _write_back(tk, st, machine)
     return now
 
@@ -93,23 +94,27 @@ def _step_meta(
     return prefill, tokens, requests, starts, finishing
 
 
-def _work(trace: Any, batch: int, meta: tuple, compute: Any, multi: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _work(trace: Any, batch: int, meta: tuple, compute: Any, multi: bool,
+          history: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every step's dense, head and hand-over times (`work_for`'s), from the requests' context
-    lengths; at batch 1 over arrays (`dense_many`: the same bits, no Python per step)."""
+    lengths (each starting at its `history`, `Setup.positions`); at batch 1 over arrays
+    (`dense_many`: the same bits, no Python per step)."""
     prefill, tokens, requests = meta[:3]
     S = len(prefill)
     if batch != 1:
-        pos = [0] * len(trace.requests)
-        works = [work_for(prefill[s], tokens[s], requests[s], pos, compute) for s in range(S)]
+        pos = list(history)
+        prompts = [r.prefill for r in trace.requests]
+        works = [work_for(prefill[s], tokens[s], requests[s], pos, compute, prompts) for s in range(S)]
         dense, head = np.array([w.dense for w in works]), np.array([w.head for w in works])
     else:  # a request's prefill step (T tokens) attends T(T + 1)/2 pairs, its i-th decode token P + i
         T, is_prefill = np.array(tokens, np.int64), np.array(prefill, np.bool_)
         req = np.array([r for (r,) in requests], np.int64)
         first = np.searchsorted(req, req)  # each step's request's first step (requests in order)
         P = np.array([r.prefill for r in trace.requests], np.int64)[req]
-        context = P + np.arange(S) - first + (P == 0)  # a decode step's position, counting itself
-        pairs = np.where(is_prefill, T * (T + 1) // 2, context)
-        dense, head = compute.dense_many(T, pairs, np.where(is_prefill, T, context)), np.full(S, compute.head(1))
+        H = np.array(history, np.int64)[req]  # earlier context (`timing.histories`)
+        context = H + P + np.arange(S) - first + (P == 0)  # a decode step's position, counting itself
+        pairs = np.where(is_prefill, T * (T + 1) // 2 + T * H, context)
+        dense, head = compute.dense_many(T, pairs, np.where(is_prefill, T + H, context)), np.full(S, compute.head(1))
         fixed = {t: compute.step_fixed(t) for t in set(tokens)}
         if any(fixed.values()):  # the runtime's own cost per pass, the dense-only blocks
             head = head + np.array([fixed[t] for t in tokens])
@@ -132,16 +137,19 @@ def _per_step(meta: tuple, c0: int, c1: int, begin_rows: dict[int, tuple[int, in
     return begin_a, begin_b, ending
 
 
-def _log(log: LatencyLog, meta: tuple, batch: int, c0: int, c1: int, start: list[float], end: list[float]) -> None:
+def _log(log: LatencyLog, trace: Any, meta: tuple, batch: int, c0: int, c1: int, start: list[float],
+         end: list[float]) -> None:
     """The latency log's events of the chunk, as `engine.run_offline` records them."""
     prefill, tokens, requests, starts, finishing = meta
+    prompts = [r.prefill for r in trace.requests]
     for j, s in enumerate(range(c0, c1)):
         t0, t = start[j], end[j]
         for r in starts.get(s, ()):
             log.arrive(r, log.arrival.get(r - r % batch, t0))  # a static batch arrives together
             log.admit(r, t0, r % batch + 1)
         if prefill[s]:
-            log.prefilled(requests[s][0], tokens[s], t)
+            for r in requests[s]:
+                log.prefilled(r, prompts[r] if len(requests[s]) > 1 else tokens[s], t)
         else:
             log.decoded(t0, t, requests[s])
         for r in finishing.get(s, ()):
@@ -277,6 +285,7 @@ class ServingPass:
         self.offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self.pos = np.full(g.total_experts, -1, np.int64)  # `merge_parts`' scratch
         self.one = np.ones(1, np.bool_)
+        self.history = setup.positions()  # each request's earlier context (`timing.histories`)
         self.merged = np.empty(g.total_experts, np.int64), np.empty(g.total_experts, np.int64)  # a merged step's visits
 
     @staticmethod
@@ -325,7 +334,7 @@ class ServingPass:
         if self.batch1 is None:
             arrays = self.arrays if self.arrays is not None else StepArrays.from_trace(self.setup.trace)
             meta = _step_meta(self.setup.trace, 1, [], arrays)
-            self.batch1 = (arrays, *_work(self.setup.trace, 1, meta, self.setup.compute, self.multi))
+            self.batch1 = (arrays, *_work(self.setup.trace, 1, meta, self.setup.compute, self.multi, self.history))
             if arrays.weighted.any():
                 self._tables(arrays.counts)
         return self.batch1
@@ -375,7 +384,9 @@ class ServingPass:
         P = len(parts)
         if P > 1:  # one decode token each: dense time over the requests' contexts, as `Server._plan` prices it
             trace, compute = self.setup.trace, self.setup.compute
-            context = sum(int(trace.requests[r].prefill) + k + (trace.requests[r].prefill == 0) for r, k in parts)
+            history = self.history
+            context = sum(history[r] + int(trace.requests[r].prefill) + k + (trace.requests[r].prefill == 0)
+                          for r, k in parts)
             pairs = context + P * np.arange(left, dtype=np.int64)
             dense_all = compute.dense_many(np.full(left, P, np.int64), pairs, pairs, P)
             fixed = compute.step_fixed(P)

@@ -74,6 +74,8 @@ def run_trace(
     detail: bool = False,
     compiled: bool | None = None,
     latency: LatencyLog | None = None,
+    context: int = 0,
+    prefill_batch: int = 1,
 ) -> SimResult:
     """Run `trace` through `policy` caches on `machine`; see the module docstring.
     `traffic` (`serving.Traffic`) serves the requests as they arrive instead of one after
@@ -84,7 +86,10 @@ def run_trace(
     `casmoe.replay.replay` chooses its path (built-in policies' compiled twins; identical
     results either way). `plan` shares the trace's steps between runs (with traffic: its
     batch-1 arrays, which the compiled serving passes read). `latency`, a log to fill instead
-    of a fresh one, gives a caller every step's time (requests one after another only)."""
+    of a fresh one, gives a caller every step's time (requests one after another only).
+    `context` prices each request's attention at that served context (`timing.histories`; 0:
+    its own length). `prefill_batch` prefills the prompts of a static batch that many at a time
+    in one step (`Trace.steps`; with traffic, `Traffic.prefill_batch` says it)."""
     if not (isinstance(policy, type) and issubclass(policy, ExpertCache)):
         raise SimConfigError(
             f"run_trace takes a policy class (each run builds fresh caches), e.g. LRU, not {type(policy).__name__} "
@@ -99,12 +104,16 @@ def run_trace(
     nbytes = machine.expert_bytes(trace)
     cache_per_device = devices > 1 and not capacity.per_layer
     if traffic is None:
+        if not 1 <= prefill_batch <= batch:
+            raise SimConfigError(f"--prefill-batch {prefill_batch} prefills the prompts of a static batch together: "
+                                 f"give at most --batch ({batch}), or serve arrivals (--users, --arrival)")
         if plan is None:
-            plan = StepPlan.build(trace, batch, devices, cache_per_device)
+            plan = StepPlan.build(trace, batch, devices, cache_per_device, prefill_batch)
         elif plan.trace is not trace or plan.batch != batch or len(plan.ranges) != devices or (
             len(plan.shards) > 1
-        ) != cache_per_device:
-            raise SimConfigError("the step plan was built for another trace, batch, device count or capacity kind")
+        ) != cache_per_device or plan.prefill_batch != prefill_batch:
+            raise SimConfigError("the step plan was built for another trace, batch, prefill batch, device count or "
+                                 "capacity kind")
         ranges, shard_ranges, shard_traces = plan.ranges, plan.shards, plan.shard_traces
     else:
         if plan is not None and (plan.trace is not trace or plan.batch != 1):
@@ -114,7 +123,7 @@ def run_trace(
         shard_traces = [trace.layer_slice(r) for r in ranges] if cache_per_device else [trace]
     setup = Setup(
         trace, policy, options or {}, capacity, miss_mode, hardware, ranges, shard_ranges, shard_traces, nbytes,
-        compute or machine.compute(nbytes), machine.pinned, machine.stack, timeline, host_cache, detail,
+        compute or machine.compute(nbytes), machine.pinned, machine.stack, timeline, host_cache, detail, context,
     )
     budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
     describe = dict(
@@ -181,7 +190,8 @@ def run_offline(plan: StepPlan, machine: RunState, setup: Setup, log: LatencyLog
     starts, finishing = starts_and_ends(steps)
     compute = setup.compute
     shard_steps = plan.shard_steps
-    pos = [0] * len(setup.trace.requests)  # tokens each request has processed
+    pos = setup.positions()  # tokens of context each request has
+    prompts = [r.prefill for r in setup.trace.requests]
     now = 0.0
     for c0 in range(0, len(steps), CHUNK_STEPS):
         c1 = min(len(steps), c0 + CHUNK_STEPS)
@@ -199,14 +209,15 @@ def run_offline(plan: StepPlan, machine: RunState, setup: Setup, log: LatencyLog
             if starting:
                 t = timer.begin(t, starting, decisions)
             step_start = now
-            work = work_for(step.prefill, step.tokens, step.requests, pos, compute)
+            work = work_for(step.prefill, step.tokens, step.requests, pos, compute, prompts)
             if interleaved:  # decided layer by layer: the deciders read the step's token counts
                 for i, d in enumerate(deciders):
                     d.walking = shard_steps[i][s]  # type: ignore[union-attr]
             t = timer.step(s, work, [sub[s] for sub in shard_steps], decisions, t)
             now = now + (t - now)  # SimPy's clock arithmetic (env.timeout(t - now))
             if step.prefill:
-                log.prefilled(step.requests[0], step.tokens, t)
+                for r in step.requests:
+                    log.prefilled(r, prompts[r] if len(step.requests) > 1 else step.tokens, t)
             else:
                 log.decoded(step_start, t, step.requests)
             done = finishing.get(s, ())

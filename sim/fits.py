@@ -3,19 +3,24 @@
 A simulation of memory the box does not have answers a question nobody asked: a cache larger
 than the GPUs hold beside the dense weights, more devices than the profile has, or every expert
 in a host RAM too small for them. These are refused in one line unless the user says they mean
-it (`--allow-overcommit`); experts that do not fit the host RAM budget (the RAM less the
-profile's reserve for the OS and runtime) get, by default, a RAM tier of the whole budget over
-the profile's storage (and the run says so).
+it (`--allow-overcommit`), and so is a KV cache of the served context and concurrency that
+does not fit beside the dense part and the expert slots; experts that do not fit the host RAM
+budget (the RAM less the profile's reserve for the OS and runtime) get, by default, a RAM tier of
+the whole budget over the profile's storage (and the run says so).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from casmoe.cache import Capacity
 from casmoe.errors import CasmoeError
+from casmoe.geometry import split_layers
 from casmoe.presets import ModelPreset
 from casmoe.sim.hardware import GIB, HardwareProfile
+
+if TYPE_CHECKING:
+    from casmoe.sim.machine import Machine
 
 OVERCOMMIT = "--allow-overcommit"
 
@@ -82,3 +87,49 @@ def default_host_cache(hw: HardwareProfile, expert_bytes: Sequence[int], experts
     return f"{left:g}GiB", (f"note: {what}: a RAM tier of those {left:g} GiB over its storage, read at storage's "
                             "price by the GPUs and by host-computed experts alike (--host-cache to size it, "
                             f"{OVERCOMMIT} for every expert in RAM)")
+
+
+def check_kv(machine: Machine, expert_bytes: Sequence[int], capacity: Capacity, label: str, context: int,
+             sequences: int, flag: str, where: str, overcommit: bool) -> str | None:
+    """Refuse (or, overcommitted, note) a KV cache of `sequences` sequences of `context` tokens
+    that a GPU cannot hold beside its dense weights and its share of the expert cache
+    `capacity`: a server that admits that many requests at that context would run out of
+    memory, however fast it would be. The refusal names configurations that fit at this box:
+    the longest context at this cache and concurrency, the largest cache at this context and
+    concurrency, and the most concurrent sequences (`flag`: --batch, --max-batch or --users)."""
+    g = machine.preset.geometry
+    ranges = split_layers(g.layers, machine.devices)
+    free = [machine.free_bytes(d, layers) for d, layers in enumerate(ranges)]
+    slots = machine.slot_bytes(expert_bytes, capacity)
+
+    def fits(ctx: int, seqs: int, cache: list[float] = slots) -> bool:
+        return all(s + kv <= f for s, kv, f in zip(cache, machine.kv_bytes(ctx, seqs), free))
+
+    def most(top: int, ok: Callable[[int], bool]) -> int:
+        """The largest n in [0, top] with ok(n) (ok holds for all below it), by bisection."""
+        lo, hi = 0, top
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+        return lo
+
+    if fits(context, sequences):
+        return None
+    kv = machine.kv_bytes(context, sequences)
+    worst = max(range(len(ranges)), key=lambda d: slots[d] + kv[d] - free[d])
+    text = (f"the KV cache of {sequences} sequence{'s' * (sequences > 1)} of {context} tokens ({sum(kv) / 1e9:.3g} GB) "
+            f"does not fit beside capacity {label} on {where} (GPU {worst}: {max(free[worst], 0) / 1e9:.3g} GB beside "
+            f"the dense weights, {slots[worst] / 1e9:.3g} GB of expert slots, {kv[worst] / 1e9:.3g} GB of KV)")
+    if overcommit:
+        return f"note: {text}; simulated anyway ({OVERCOMMIT})"
+    shorter = most(context, lambda c: fits(c, sequences))
+    fewer = most(sequences, lambda n: fits(context, n))
+    top = capacity.clamped(g).slots
+    smaller = most(top, lambda n: fits(context, sequences,
+                                       machine.slot_bytes(expert_bytes, Capacity(n, capacity.per_layer))))
+    works = [f"--context {shorter}" if shorter else "",
+             f"{'--capacity' if capacity.per_layer else '--global-capacity'} {smaller}" if smaller else "",
+             f"{flag} {fewer}" if fewer else ""]
+    fix = " or ".join(w for w in works if w)
+    raise FitError(f"{text}; give {fix + ' (or less)' if fix else 'more --devices or a bigger GPU'}, or "
+                   f"{OVERCOMMIT} for a what-if")

@@ -22,7 +22,7 @@ from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.presets import get_preset, preset_for, shape_preset
 from casmoe.selection import Scored, Selection
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.sim.fits import OVERCOMMIT, check_capacity, check_devices, default_host_cache, host_ram_shortfall
+from casmoe.sim.fits import OVERCOMMIT, check_capacity, check_devices, check_kv, default_host_cache, host_ram_shortfall
 from casmoe.sim.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.machine import Machine, presets_of_shape
 from casmoe.sim.run_options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
@@ -192,6 +192,11 @@ class _Builder:
         miss_modes = list(dict.fromkeys(parse_miss_mode(m) for m in g.values("miss_mode")))
         traffics = self._traffics()
         batches = list(dict.fromkeys(g.values("batch")))
+        contexts = [c or 0 for c in dict.fromkeys(g.values("context"))]
+        prefill_batch = g.value("prefill_batch")
+        if all(t is None for t in traffics) and prefill_batch > min(batches):
+            raise GridError(f"--prefill-batch {prefill_batch} prefills the prompts of a static batch together: give at "
+                            f"most --batch ({min(batches)}), a larger --batch, or serve arrivals (--users, --arrival)")
         if any(t is not None for t in traffics) and batches != [1]:
             raise GridError("--batch makes static batches of back-to-back requests; with --arrival or --users use "
                             "--max-batch")
@@ -209,6 +214,12 @@ class _Builder:
             scored = selection.resolve(whole, policies)
             ref = TraceRef(str(path), digest, () if scored.everything else scored.indices, scored.describe(), gating)
             tr = scored.pick(whole)
+            longest = max((r.tokens for r in tr.requests), default=0)
+            short = [c for c in contexts if 0 < c < longest]
+            if short:
+                raise GridError(f"--context {short[0]} is below the longest scored request of {path.name} "
+                                f"({longest} tokens); give --context {longest} or more, or leave it out to serve "
+                                "each request at its own length")
             for traffic in traffics:
                 if traffic is not None:
                     traffic.arrival_times(tr.requests)  # --arrival trace on a trace without times fails here
@@ -217,17 +228,27 @@ class _Builder:
                     if mm.value == "cpu":
                         machine.hardware.check_host_compute(hardware)
                 nbytes = machine.expert_bytes(whole)
-                fit, pool_fit = machine.max_slots(nbytes), machine.max_pool_slots(nbytes)
+                # the most that fits beside the KV cache of the grid's longest context and most sequences (the
+                # default capacities, `fit`); a capacity given is checked beside the dense weights, then beside
+                # its own run's KV cache (`_kv_fits`), whose refusal names a context and a concurrency too
+                kv = machine.kv_bytes(max(contexts) or longest, max(self._sequences(t, b)[0]
+                                                                   for t in traffics for b in batches))
+                fit, pool_fit = machine.max_slots(nbytes, kv), machine.max_pool_slots(nbytes, kv)
+                beside_dense = machine.max_slots(nbytes), machine.max_pool_slots(nbytes)
                 groups.append(Group(path, scored, tr.tokens, machine, fit))
                 where = f"{machine.hardware.name} x{machine.devices}" if machine.devices != machine.hardware.gpus \
                     else machine.hardware.name
-                capacities = self._capacities(whole, fit, pool_fit, nbytes, where, bool(g.value("allow_overcommit")))
+                capacities = self._capacities(whole, fit, pool_fit, beside_dense, nbytes, where,
+                                              bool(g.value("allow_overcommit")))
                 for host_cache in self._host_caches(machine, whole, nbytes):
-                    for (cap, why), traffic, batch, mm, policy in itertools.product(
-                        capacities.items(), traffics, batches, miss_modes, policies
+                    for (cap, why), traffic, batch, context, mm, policy in itertools.product(
+                        capacities.items(), traffics, batches, contexts, miss_modes, policies
                     ):
+                        if why is None:
+                            why = self._kv_fits(machine, nbytes, cap, context or longest, batch, traffic, where)
                         spec = RunSpec(ref, policy, cap, machine, hardware, batch, mm, traffic, host_cache,
-                                       bool(g.value("allow_overcommit")), policy.label in scored.starred)
+                                       bool(g.value("allow_overcommit")), policy.label in scored.starred, context,
+                                       prefill_batch if traffic is None else 1)
                         if why is not None:
                             refused[spec] = why
                         specs.append(spec)
@@ -247,7 +268,7 @@ class _Builder:
     def _traffics(self) -> list[Traffic | None]:
         g = self.grid
         common = dict(think=g.value("think"), max_batch=g.value("max_batch"), schedule=g.value("schedule"),
-                      chunk=g.value("chunk"), seed=g.value("seed"))
+                      chunk=g.value("chunk"), seed=g.value("seed"), prefill_batch=g.value("prefill_batch"))
         return [Traffic.from_options(g.value("arrival"), rate, g.value("users"), **common) for rate in g.values("rate")]
 
     def _policies(self, routed: Any) -> list[PolicySpec]:
@@ -279,10 +300,10 @@ class _Builder:
         """Each model x hardware variant x devices x precision, checked."""
         g = self.grid
         overcommit = bool(g.value("allow_overcommit"))
-        for model, hw_name, gpus, link, ram, devices, quant, dense_quant, host_quant, stack in itertools.product(
-            g.values("model"), g.values("hardware"), g.values("gpus"), g.values("link"), g.values("host_ram"),
-            g.values("devices"), g.values("quant"), g.values("dense_quant"), g.values("host_quant"), g.values("stack"),
-        ):
+        axes = ("model", "hardware", "gpus", "link", "host_ram", "cpu_threads", "devices", "quant", "dense_quant",
+                "host_quant", "stack")
+        for (model, hw_name, gpus, link, ram, threads, devices, quant, dense_quant, host_quant,
+             stack) in itertools.product(*(g.values(a) for a in axes)):
             name = preset_for(whole, model)
             if name is None and not self.shape_ok:
                 fits = ", ".join(presets_of_shape(whole.geometry)) or "none"
@@ -290,7 +311,7 @@ class _Builder:
                                 f"of its layers and experts: {fits}); pass --model, or add a preset to "
                                 "casmoe/presets/models.toml")
             preset = shape_preset(whole.geometry) if name is None else get_preset(name)
-            spec = variant_spec(hw_name, link or "", ram, gpus)
+            spec = variant_spec(hw_name, link or "", ram, gpus, threads)
             hw: HardwareProfile = load_profile(spec)
             n = devices or min(hw.gpus, whole.geometry.layers)  # every GPU of the box, one layer each at least
             check_devices(hw, n, overcommit)
@@ -300,9 +321,11 @@ class _Builder:
             machine.check_geometry(whole.geometry)
             yield machine, spec
 
-    def _capacities(self, whole: Any, fit: int, pool_fit: int, nbytes: Sequence[int], where: str,
-                    overcommit: bool) -> dict[CapacitySpec, str | None]:
-        """Capacity -> None, or why the box cannot hold it (refused when strict)."""
+    def _capacities(self, whole: Any, fit: int, pool_fit: int, beside_dense: tuple[int, int], nbytes: Sequence[int],
+                    where: str, overcommit: bool) -> dict[CapacitySpec, str | None]:
+        """Capacity -> None, or why the box cannot hold it (refused when strict). `fit` and
+        `pool_fit` count the KV cache too (defaults, `fit`); `beside_dense` does not (the
+        slots per layer and whole experts of a pool the GPUs hold beside the dense weights)."""
         g = self.grid
         geo = whole.geometry
         def spec(text: str, per_layer: bool) -> CapacitySpec:
@@ -317,7 +340,7 @@ class _Builder:
         out: dict[CapacitySpec, str | None] = {}
         for c in given:
             try:
-                self.note(check_capacity(c.resolve(nbytes), fit, pool_fit, geo.experts, geo.layers, c.label, where,
+                self.note(check_capacity(c.resolve(nbytes), *beside_dense, geo.experts, geo.layers, c.label, where,
                                          overcommit))
                 out[c] = None
             except CasmoeError as exc:
@@ -325,6 +348,26 @@ class _Builder:
                     raise
                 out[c] = str(exc)
         return out
+
+    @staticmethod
+    def _sequences(traffic: Traffic | None, batch: int) -> tuple[int, str]:
+        """Requests whose KV cache the run holds at once, and the flag that sets it."""
+        return (batch, "--batch") if traffic is None else traffic.sequences
+
+    def _kv_fits(self, machine: Machine, nbytes: Sequence[int], cap: CapacitySpec, context: int, batch: int,
+                 traffic: Traffic | None, where: str) -> str | None:
+        """None when the KV cache of `context` tokens times the run's concurrency (the static
+        batch, or the requests the server runs at once) fits beside the dense part and the
+        cache `cap`; else why not (refused when strict)."""
+        sequences, flag = self._sequences(traffic, batch)
+        try:
+            self.note(check_kv(machine, nbytes, cap.resolve(nbytes), cap.label, context, sequences, flag, where,
+                               bool(self.grid.value("allow_overcommit"))))
+        except CasmoeError as exc:
+            if self.strict:
+                raise
+            return str(exc)
+        return None
 
     def _host_caches(self, machine: Machine, whole: Any, nbytes: Sequence[int]) -> list[HostCache | None]:
         g = self.grid

@@ -72,6 +72,17 @@ class HardwareProfile:
     host RAM kept for the operating system and the runtime (`HOST_RESERVED_GIB` with its source
     when a profile with `host_ram_gib` leaves it out): experts get the rest, `host_ram_bytes`,
     and what does not fit there is read from storage.
+
+    Host threads, as a runtime runs them (llama.cpp `-t`, KTransformers `--cpu_infer`):
+    `cpu_cores` are the physical cores of all sockets, `cpu_threads` those the expert kernels
+    run on (0: one per core). FLOPs scale with the cores in use (`cpu_tflops` is the peak of
+    all cores; a second hardware thread on a core shares its FMA units), and DRAM bandwidth
+    with the threads until the sockets' is reached: one thread streams `cpu_thread_gbs` (0:
+    not limiting). llama.cpp's thread sweeps show both: decode time halves from 1 to 2
+    threads and stops improving once the channels are saturated (ggml-org/llama.cpp#34).
+    `cpu_matrix_speedup` is how many times matrix units (Intel AMX) raise the FLOP peak of
+    `cpu_tflops` (AVX-512 FMA) for kernels that use them (0: none): it speeds up prefill-sized
+    host experts, not decode, which streams weights.
     """
 
     name: str
@@ -112,6 +123,10 @@ class HardwareProfile:
     cpu_mem_efficiency: float = 0.0
     cpu_matmul_efficiency: float = 0.0
     host_reserved_gib: float = 0.0
+    cpu_cores: int = 0
+    cpu_threads: int = 0
+    cpu_thread_gbs: float = 0.0
+    cpu_matrix_speedup: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +154,10 @@ class HardwareProfile:
         for n in ("cpu_mem_efficiency", "cpu_matmul_efficiency"):
             if getattr(self, n) > 1:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in [0, 1] (0: the software stack's)")
+        if self.cpu_matrix_speedup and self.cpu_matrix_speedup < 1:
+            raise HardwareError(f"profile {self.name!r}: cpu_matrix_speedup must be >= 1 (0: no matrix units)")
+        if self.cpu_threads and not self.cpu_cores:
+            raise HardwareError(f"profile {self.name!r}: cpu_threads needs cpu_cores (the cores cpu_tflops counts)")
         if self.host_ram_gib and self.host_reserved_gib >= self.host_ram_gib:
             raise HardwareError(
                 f"profile {self.name!r}: host_reserved_gib ({self.host_reserved_gib:g} GiB kept for the OS and the "
@@ -169,6 +188,32 @@ class HardwareProfile:
     @property
     def sockets(self) -> int:
         return self.cpu_sockets or 1
+
+    @property
+    def host_flop_scale(self) -> float:
+        """The share of `cpu_tflops` the host's expert kernels can reach by their thread count
+        and instructions: the cores in use of all cores (threads beyond the cores add no FMA
+        units), times the matrix units' speedup."""
+        cores = min(self.cpu_threads, self.cpu_cores) / self.cpu_cores if self.cpu_threads else 1.0
+        return cores * (self.cpu_matrix_speedup or 1.0)
+
+    def describe_host(self) -> str:
+        """The host's expert compute in a few words: '3.58 TFLOPS, 375 GB/s, 56 cores (16
+        threads), 20 GB/s a thread, matrix units x8'."""
+        parts = [f"{self.cpu_tflops:g} TFLOPS, {self.cpu_mem_bw_gbs:g} GB/s"]
+        if self.cpu_cores:
+            parts.append(f"{self.cpu_cores} cores" + (f" ({self.cpu_threads} threads)" if self.cpu_threads else ""))
+        if self.cpu_thread_gbs:
+            parts.append(f"{self.cpu_thread_gbs:g} GB/s a thread")
+        if self.cpu_matrix_speedup:
+            parts.append(f"matrix units x{self.cpu_matrix_speedup:g}")
+        return ", ".join(parts)
+
+    def host_thread_bw(self) -> float:
+        """Bytes/s the host's expert kernels' threads stream at most (inf: not limiting)."""
+        if not self.cpu_thread_gbs:
+            return math.inf
+        return (self.cpu_threads or self.cpu_cores or 1) * self.cpu_thread_gbs * 1e9
 
     def host_ram_bytes(self) -> float:
         """Host RAM the experts may use: all of it but the reserve for the OS and runtime (0: the
@@ -258,7 +303,8 @@ OPTIONAL = {
     "storage_read_gbs": 0.0, "storage_latency_us": 0.0, "host_ram_gib": 0.0, "load_host_us": 0.0, "load_layer_us": 0.0,
     "wake_us": 0.0, "resume_per_stall": 0.0, "copy_beside_us": 0.0, "decide_us": 0.0, "decide_load_us": 0.0,
     "cpu_hop_us": 0.0, "expert_pass_us": 0.0, "cpu_serial": 0.0, "cpu_sockets": 0, "cpu_mem_efficiency": 0.0,
-    "cpu_matmul_efficiency": 0.0, "host_reserved_gib": 0.0,
+    "cpu_matmul_efficiency": 0.0, "host_reserved_gib": 0.0, "cpu_cores": 0, "cpu_threads": 0, "cpu_thread_gbs": 0.0,
+    "cpu_matrix_speedup": 0.0,
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
 ABSENT = "not given in the profile (0: not modelled)"
@@ -284,8 +330,9 @@ def profile_paths(published: bool = False) -> dict[str, Path]:
 
 
 LINKS_FILE = Path(__file__).with_name("links.toml")
-VARIANT_KEYS = ("gpus", "link", "host_ram_gib")
-"""What a hardware spec `NAME@key=value,...` may vary (`casmoe search`'s GPU, link and host-RAM axes)."""
+VARIANT_KEYS = ("gpus", "link", "host_ram_gib", "cpu_threads")
+"""What a hardware spec `NAME@key=value,...` may vary (`casmoe search`'s GPU, link and host-RAM
+axes, and the host threads a runtime is told to use)."""
 
 
 def link_generations() -> dict[str, dict[str, Any]]:
@@ -294,10 +341,11 @@ def link_generations() -> dict[str, dict[str, Any]]:
 
 
 def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None = None,
-            gpus: int | None = None) -> HardwareProfile:
+            gpus: int | None = None, cpu_threads: int | None = None) -> HardwareProfile:
     """`profile` with another GPU count, host-link generation (its pinned host-to-device rate,
-    the pageable one scaled alike) and/or host RAM size; named `NAME@gpus=...,link=...,host_ram_gib=...`
-    so that a stored result's key and a record tell it apart."""
+    the pageable one scaled alike), host RAM size and/or host threads for the expert kernels;
+    named `NAME@gpus=...,link=...,host_ram_gib=...,cpu_threads=...` so that a stored result's
+    key and a record tell it apart."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     spec = []
@@ -333,13 +381,22 @@ def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None
         values["host_ram_gib"] = float(host_ram_gib)
         sources["host_ram_gib"] = "variant: the host RAM size searched over"
         spec.append(f"host_ram_gib={host_ram_gib:g}")
+    if cpu_threads is not None:
+        if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1:
+            raise HardwareError(f"host threads are a whole number >= 1, got {cpu_threads!r}")
+        if not profile.cpu_cores:
+            raise HardwareError(f"profile {profile.name!r} does not say how many cores its host has (cpu_cores); "
+                                "add it (with a source) to run its experts on fewer threads")
+        values["cpu_threads"] = cpu_threads
+        sources["cpu_threads"] = f"variant: the expert kernels run on {cpu_threads} host threads (llama.cpp -t)"
+        spec.append(f"cpu_threads={cpu_threads}")
     if not spec:
         return profile
     name = f"{profile.name}@{','.join(spec)}"
     return profile.with_values(sources, name=name, description=f"{profile.description} ({', '.join(spec)})", **values)
 
 
-VARIANT_FLAGS = {"gpus": "--gpus", "link": "--link", "host_ram_gib": "--host-ram"}
+VARIANT_FLAGS = {"gpus": "--gpus", "link": "--link", "host_ram_gib": "--host-ram", "cpu_threads": "--cpu-threads"}
 """The run option that asks for each variant key besides a `NAME@...` spec."""
 
 
@@ -363,23 +420,24 @@ def split_variant(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def _variant_value(key: str, text: str, spec: str) -> Any:
-    """One variant value as its type (gpus: int, host_ram_gib: float, link: str)."""
+    """One variant value as its type (gpus, cpu_threads: int; host_ram_gib: float; link: str)."""
     if key == "link":
         return text
     try:
-        return int(text) if key == "gpus" else float(text)
+        return float(text) if key == "host_ram_gib" else int(text)
     except ValueError:
-        what = "a whole number" if key == "gpus" else "a number of GiB"
+        what = "a number of GiB" if key == "host_ram_gib" else "a whole number"
         raise HardwareError(f"{key} must be {what}, got {text!r} in {spec!r}") from None
 
 
-def variant_spec(base: str, link: str = "", host_ram_gib: float | None = None, gpus: int | None = None) -> str:
+def variant_spec(base: str, link: str = "", host_ram_gib: float | None = None, gpus: int | None = None,
+                 cpu_threads: int | None = None) -> str:
     """The hardware spec `load_profile` turns into `variant(load_profile(base), ...)`. `base`
     may be a variant already (`rtx4090x4@gpus=2`): a value asked here that it gives otherwise is
     refused naming both (the same value twice is one value)."""
     name, written = split_variant(base)
     values = {k: _variant_value(k, v, base) for k, v in written.items()}
-    asked = {"gpus": gpus, "link": link or None, "host_ram_gib": host_ram_gib}
+    asked = {"gpus": gpus, "link": link or None, "host_ram_gib": host_ram_gib, "cpu_threads": cpu_threads}
     for key, value in asked.items():
         if value is None:
             continue
@@ -399,7 +457,8 @@ def load_profile(spec: str | Path) -> HardwareProfile:
     base, options = split_variant(text)
     if options:
         values = {k: _variant_value(k, v, text) for k, v in options.items()}
-        return variant(load_profile(base), values.get("link", ""), values.get("host_ram_gib"), values.get("gpus"))
+        return variant(load_profile(base), values.get("link", ""), values.get("host_ram_gib"), values.get("gpus"),
+                       values.get("cpu_threads"))
     shipped = profile_paths(published=True)
     if str(spec) in shipped:
         return HardwareProfile.from_file(shipped[str(spec)])

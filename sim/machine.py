@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from casmoe.cache import Capacity
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, split_layers
 from casmoe.precision import Precision
@@ -110,33 +111,62 @@ class Machine:
         """Bytes of the dense part of `blocks` MoE blocks on a GPU, at the dense precision."""
         return self.dense_precision.bits / 8 * self.preset.dense_params_per_layer * blocks
 
-    def max_slots(self, expert_bytes: Sequence[int]) -> int:
-        """Most slots per layer the GPUs hold next to the dense weights (capped at all experts)."""
+    def free_bytes(self, device: int, layers: range) -> float:
+        """Bytes of one GPU left for expert slots and the KV cache: its memory less the dense
+        weights of its layers and, on the first and last device, the embedding and LM head."""
         preset = self.preset
-        g = preset.geometry
-        head = self.dense_precision.bits / 8 * 2 * preset.vocab * g.hidden  # embedding + lm head
-        best = g.experts
-        for d, layers in enumerate(split_layers(g.layers, self.devices)):
-            free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
-            free -= head if d in (0, self.devices - 1) else 0
+        head = self.dense_precision.bits / 8 * 2 * preset.vocab * preset.geometry.hidden  # embedding + lm head
+        free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
+        return free - head if device in (0, self.devices - 1) else free
+
+    def max_slots(self, expert_bytes: Sequence[int], reserved: Sequence[float] = ()) -> int:
+        """Most slots per layer the GPUs hold next to the dense weights (capped at all experts),
+        and next to `reserved` bytes per device when given (the KV cache, `kv_bytes`)."""
+        best = self.preset.geometry.experts
+        for d, layers in enumerate(split_layers(self.preset.geometry.layers, self.devices)):
+            free = self.free_bytes(d, layers) - (reserved[d] if reserved else 0.0)
             per_slot = sum(expert_bytes[layer] for layer in layers)
             if per_slot > 0:  # experts of no known size (a shape without a width) take no memory
                 best = min(best, max(0, int(free // per_slot)))
         return best
 
-    def max_pool_slots(self, expert_bytes: Sequence[int]) -> int:
+    def max_pool_slots(self, expert_bytes: Sequence[int], reserved: Sequence[float] = ()) -> int:
         """Most whole experts one pool of all layers holds on the GPUs beside the dense weights
-        (each device its share, an expert of its layers' average size); at most every expert."""
-        preset = self.preset
-        g = preset.geometry
-        head = self.dense_precision.bits / 8 * 2 * preset.vocab * g.hidden
+        (each device its share, an expert of its layers' average size), and beside `reserved`
+        bytes per device when given (the KV cache); at most every expert."""
+        g = self.preset.geometry
         total = 0
         for d, layers in enumerate(split_layers(g.layers, self.devices)):
-            free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
-            free -= head if d in (0, self.devices - 1) else 0
+            free = self.free_bytes(d, layers) - (reserved[d] if reserved else 0.0)
             mean = sum(expert_bytes[layer] for layer in layers) / len(layers)
             total += g.experts * len(layers) if mean <= 0 else max(0, int(free // mean))
         return min(total, g.total_experts)
+
+    def slot_bytes(self, expert_bytes: Sequence[int], capacity: Capacity) -> list[float]:
+        """Bytes each GPU spends on the expert cache `capacity`: per layer, its slots times its
+        layers' expert sizes; a global pool, each device the share of whole experts the run
+        gives it (`assembly.Setup._share`: in proportion to its layers), of its layers' average size."""
+        g = self.preset.geometry
+        cap = capacity.clamped(g)
+        out = []
+        for layers in split_layers(g.layers, self.devices):
+            per_layer = sum(expert_bytes[layer] for layer in layers)
+            share = cap.slots if self.devices == 1 else cap.slots * len(layers) // g.layers
+            out.append(float(cap.slots * per_layer) if cap.per_layer else share * per_layer / len(layers))
+        return out
+
+    def kv_bytes(self, context: int, sequences: int) -> list[float]:
+        """KV-cache bytes each GPU holds for `sequences` sequences of `context` tokens: each MoE
+        layer's on its device (a windowed block keeps only its window, `ModelPreset.attended_tokens`),
+        the dense-only blocks' (DeepSeek's first layers) on the first device."""
+        preset = self.preset
+        per_token = preset.kv_bytes_per_token()
+        first = preset.dense_layers
+        out = []
+        for d, layers in enumerate(split_layers(preset.geometry.layers, self.devices)):
+            blocks = [first + layer for layer in layers] + (list(range(first)) if d == 0 else [])
+            out.append(float(sequences * per_token * sum(preset.attended_tokens(b, context) for b in blocks)))
+        return out
 
     def compute(self, expert_bytes: Sequence[int]) -> RooflineCompute:
         """The roofline times of this model's parts on this box under this stack."""
@@ -154,8 +184,8 @@ class Machine:
         return RooflineCompute(
             flops=hw.dense_tflops * 1e12 * hw.matmul_efficiency,
             bw=bw,
-            cpu_flops=hw.cpu_tflops * 1e12 * host_flop_eff * numa,
-            cpu_bw=hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa,
+            cpu_flops=hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale,
+            cpu_bw=min(hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa, hw.host_thread_bw()),
             h2d=hw.h2d_gbs(self.pinned) * 1e9,
             cpu_hop=hw.cpu_hop_us * 1e-6,
             dense_params=preset.dense_params_per_layer,

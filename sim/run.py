@@ -62,9 +62,9 @@ def scored_trace(ref: TraceRef) -> Trace:
 
 
 @lru_cache(maxsize=4)
-def step_plan(ref: TraceRef, batch: int, devices: int, cache_per_device: bool) -> StepPlan:
+def step_plan(ref: TraceRef, batch: int, devices: int, cache_per_device: bool, prefill_batch: int = 1) -> StepPlan:
     """The scored trace cut into steps and shards, shared by every run over it."""
-    return StepPlan.build(scored_trace(ref), batch, devices, cache_per_device)
+    return StepPlan.build(scored_trace(ref), batch, devices, cache_per_device, prefill_batch)
 
 
 def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
     plan = None
     if spec.traffic is None:
         per_device = machine.devices > 1 and not capacity.per_layer
-        plan = step_plan(ref, spec.batch, machine.devices, per_device)
+        plan = step_plan(ref, spec.batch, machine.devices, per_device, spec.prefill_batch)
         trace = plan.trace  # the object the plan was built on: the two caches let their entries go apart
     result = run_trace(
         trace,
@@ -95,6 +95,8 @@ def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
         timeline=timeline,
         trace_name=ref.name,
         detail=True,
+        context=spec.context,
+        prefill_batch=spec.prefill_batch,
     )
     record = {**spec.describe(), **result.to_dict()}
     record["uncertainty"] = spread(record)

@@ -116,7 +116,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("global_capacity", str, "One pool for all layers: whole experts (60), memory (18GB) or fit, repeatable; "
            "placements (n-cpu-moe, ktransformers) take 0: every expert on the host.",
            alias="global_capacities", parser="casmoe.options:capacity_text"),
+    Option("context", int, "Tokens of context each request is served at, repeatable: a request of n tokens "
+           "continues a conversation of context - n earlier tokens (its attention reads them, its KV cache holds "
+           "them); the KV cache of this context x the concurrency (--batch, --max-batch, --users) must fit the GPUs "
+           "beside the dense part and the expert cache. Default: the trace's own request lengths.", minimum=1),
     Option("batch", int, "Requests whose decode tokens share a step, repeatable.", default=1, minimum=1),
+    Option("prefill_batch", int, "Prompts prefilled together in one step (throughput-oriented serving, as "
+           "MoE-Lightning batches them): their tokens share the step's expert work, the union of their experts per "
+           "layer. Back to back: the prompts of each static --batch, at most --batch; served: up to N waiting "
+           "prompts when no prompt is running (--schedule prefill-first). Default 1: each prompt alone.",
+           default=1, axis=False, minimum=1),
     Option("miss_mode", str, "What a miss does, repeatable: load (stall), substitute (lossy) or cpu (computed on the "
            "host).", default="load", alias="miss_modes", parser="casmoe.options:parse_miss_mode"),
     Option("adaptive_gating", float, "AdapMoE's adaptive gating (lossy): a token whose top router weight is at least "
@@ -136,6 +145,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("link", str, "Host-link generation, repeatable: pcie3, pcie4, pcie5 (sim/links.toml); default: the "
            "profile's own.", alias="links", group="box"),
     Option("host_ram", float, "Host RAM in GiB, repeatable; default: the profile's.", minimum=0.0, group="box"),
+    Option("cpu_threads", int, "Host threads the experts computed on the host run on, repeatable (llama.cpp -t, "
+           "KTransformers --cpu_infer): FLOPs scale with the cores in use, bandwidth with the threads up to the "
+           "sockets' (the profile's cpu_cores, cpu_thread_gbs); default: one per core.", minimum=1, group="box"),
     Option("devices", int, "GPUs the layers are split over, repeatable (0: every GPU of the box).", default=0,
            minimum=0, group="box"),
     Option("pinned", bool, "Copy from pinned host memory (--pageable: pageable).", default=True, axis=False,

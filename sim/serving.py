@@ -13,8 +13,10 @@ The SimPy processes, in the style of SimPy's own examples:
   a request that finishes leaves and a waiting one takes its place (continuous batching).
   Prompts are scheduled by one of two policies: `prefill-first` (vLLM's default before
   chunking: a newly admitted request's whole prompt runs as its own step before the next
-  decode step) or `chunked` (Sarathi-style: every step carries the running requests' decode
-  tokens plus up to `chunk - decodes` prompt tokens of the oldest request still prefilling);
+  decode step; with `prefill_batch` N, the oldest N waiting prompts run together as one step,
+  as a throughput-oriented server (MoE-Lightning) batches them) or `chunked` (Sarathi-style:
+  every step carries the running requests' decode tokens plus up to `chunk - decodes` prompt
+  tokens of the oldest request still prefilling);
 - `GPU`: one device: its compute stream (a `simpy.Resource`: one step's kernels at a time)
   and its copy engine (the host-to-device `Link`, a free-at time). A step holds the streams of
   the devices it runs on for its duration; its layer-by-layer cost is the timing pass
@@ -80,12 +82,16 @@ class Traffic:
     schedule: Schedule = Schedule.PREFILL_FIRST
     chunk: int = 512  # tokens per step (chunked)
     seed: int = 0
+    prefill_batch: int = 1  # prompts prefilled together in one step (prefill-first)
 
     def __post_init__(self) -> None:
         if self.arrival is Arrival.POISSON and not self.rate > 0:
             raise ServingError(f"--rate must be > 0 requests/s for poisson arrivals (got {self.rate})")
         if self.users < 1 or self.max_batch < 1 or self.chunk < 1 or not self.think >= 0:
             raise ServingError("--users, --max-batch and --chunk must be >= 1 and --think >= 0")
+        if self.prefill_batch < 1 or (self.prefill_batch > 1 and self.schedule is Schedule.CHUNKED):
+            raise ServingError("--prefill-batch N (>= 1) prefills whole prompts together: use it with --schedule "
+                               "prefill-first (chunked prefill splits prompts into the decode steps instead)")
 
     @classmethod
     def from_options(
@@ -98,6 +104,7 @@ class Traffic:
         schedule: str = "prefill-first",
         chunk: int = 512,
         seed: int = 0,
+        prefill_batch: int = 1,
     ) -> Traffic | None:
         """From the command line or a sweep file; None: no serving options (requests back to
         back). `users` means a closed loop; `rate` alone means Poisson arrivals."""
@@ -135,7 +142,17 @@ class Traffic:
         ) if given]
         if unused:
             raise ServingError(f"{unused[0]}, and this run has none; leave it out")
-        return cls(kinds[arrival], rate or 0.0, users or 1, think, max_batch, schedules[schedule], chunk, seed)
+        return cls(kinds[arrival], rate or 0.0, users or 1, think, max_batch, schedules[schedule], chunk, seed,
+                   prefill_batch)
+
+    @property
+    def sequences(self) -> tuple[int, str]:
+        """The most requests whose KV cache the server holds at once, and the flag that sets
+        it: every running request keeps its cache, up to `max_batch`; a closed loop of fewer
+        users never runs more than its users."""
+        if self.arrival is Arrival.CLOSED and self.users < self.max_batch:
+            return self.users, "--users"
+        return self.max_batch, "--max-batch"
 
     def describe(self) -> str:
         if self.arrival is Arrival.POISSON:
@@ -145,6 +162,7 @@ class Traffic:
         else:
             how = f"{self.users} users, think {self.think:g} s"
         sched = self.schedule.value + (f" {self.chunk}" if self.schedule is Schedule.CHUNKED else "")
+        sched += f", {self.prefill_batch} prompts a step" if self.prefill_batch > 1 else ""
         return f"{how}, max batch {self.max_batch}, {sched}"
 
     def arrival_times(self, requests: Sequence[Request]) -> list[float]:
@@ -170,6 +188,7 @@ class Job:
     geometry: Geometry
     pos: int = 0  # tokens computed
     decoded: int = 0  # decode steps done
+    history: int = 0  # tokens of earlier context its attention reads (`timing.histories`)
 
     @property
     def prompt(self) -> int:
@@ -211,6 +230,7 @@ class ScheduledStep:
     prefill: Job | None = None
     chunk: tuple[int, int] = (0, 0)
     finishing: list[Job] = field(default_factory=list)
+    together: list[Job] = field(default_factory=list)  # whole prompts prefilled with `prefill` (prefill_batch)
 
 
 class Server:
@@ -231,6 +251,7 @@ class Server:
         """The step sequence, for oracles' next run (kept by the Python passes: the compiled
         ones serve no policy that reads the future)."""
         self.clock = 0.0  # the end of the last step: the makespan, once all is served
+        self.history = setup.positions()
         g = setup.trace.geometry
         self._offsets = (np.arange(g.layers, dtype=np.int64) * g.experts)[None, :, None]
         self._E = g.experts
@@ -241,7 +262,7 @@ class Server:
     def submit(self, r: int) -> simpy.Event:
         """Request `r` arrives now; the event fires with its last token."""
         request = self.setup.trace.requests[r]
-        job = Job(r, request, self.env.event(), self.setup.trace.geometry)
+        job = Job(r, request, self.env.event(), self.setup.trace.geometry, history=self.history[r])
         self.log.arrive(r, self.env.now)
         if not job.nsteps:
             self.log.admit(r, self.env.now, len(self.running))
@@ -264,14 +285,14 @@ class Server:
                 yield self.wake
                 continue
             admitted = self._admit()
-            decoding, prefill, chunk = self._next_step()
+            decoding, prefill, chunk, together = self._next_step()
             starting = [job.r for job in admitted]
             start = env.now
-            chained = self._chained(decoding, prefill, chunk)
+            chained = [] if together else self._chained(decoding, prefill, chunk)
             if chained:
                 yield from self._serve_chain(chained, starting, start)
                 continue
-            plan = self._plan(decoding, prefill, chunk)
+            plan = self._plan(decoding, prefill, chunk, together)
             if self.compiled is not None:
                 parts = [(job.r, k) for job, k in plan.parts]
                 t = self.compiled.step(parts, chunk, starting, len(plan.finishing), plan.work, start)
@@ -295,7 +316,7 @@ class Server:
             self.clock = env.now
             for gpu, req in zip(self.gpus, requests):
                 gpu.stream.release(req)
-            self._account(plan.prefill, plan.chunk, plan.decoding, plan.finishing, start, t)
+            self._account(plan.prefill, plan.chunk, plan.decoding, plan.finishing, start, t, plan.together)
 
     def _chained(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> list[tuple[Job, int]]:
         """With the compiled passes, when the next steps until a request finishes or arrives
@@ -358,46 +379,48 @@ class Server:
             self.log.queue_length(self.env.now, len(self.waiting))
         return admitted
 
-    def _next_step(self) -> tuple[list[Job], Job | None, tuple[int, int]]:
+    def _next_step(self) -> tuple[list[Job], Job | None, tuple[int, int], list[Job]]:
         """What the next step carries: the requests decoding a token, the one prefilling and
-        its chunk of prompt tokens. Prefill-first: the oldest unprefilled prompt alone, else
-        one decode token of every running request. Chunked: decode tokens plus a chunk of the
-        oldest prompt."""
+        its chunk of prompt tokens, and the whole prompts prefilled with it. Prefill-first: the
+        oldest unprefilled prompt (with the next `prefill_batch` - 1 of them), else one decode
+        token of every running request. Chunked: decode tokens plus a chunk of the oldest prompt."""
         traffic = self.traffic
         prefilling = [job for job in self.running if job.prefilling]
         decoding = [job for job in self.running if not job.prefilling]
         if traffic.schedule is Schedule.PREFILL_FIRST:
             if prefilling:
                 job = prefilling[0]
-                return [], job, (0, job.prompt)
-            return decoding, None, (0, 0)
+                return [], job, (0, job.prompt), prefilling[1 : traffic.prefill_batch]
+            return decoding, None, (0, 0), []
         budget = traffic.chunk - len(decoding)
         if prefilling and (budget > 0 or not decoding):
             job = prefilling[0]
             end = min(job.prompt, job.pos + max(budget, 1))
-            return decoding, job, (job.pos, end)
-        return decoding, None, (0, 0)
+            return decoding, job, (job.pos, end), []
+        return decoding, None, (0, 0), []
 
-    def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int]) -> ScheduledStep:
+    def _plan(self, decoding: list[Job], prefill: Job | None, chunk: tuple[int, int],
+              together: Sequence[Job] = ()) -> ScheduledStep:
         parts: list[tuple[Job, int]] = []
         pairs = kv = 0
         heads = 0
         tokens = len(decoding)
         finishing = []
-        if prefill is not None:
-            a, b = chunk
-            parts.append((prefill, 0 if (a, b) == (0, prefill.prompt) else -1))  # the whole prompt: as offline
+        prompts = [] if prefill is None else [(prefill, chunk), *((job, (0, job.prompt)) for job in together)]
+        for job, (a, b) in prompts:  # each prompt attends to its own tokens (and its earlier context)
+            parts.append((job, 0 if (a, b) == (0, job.prompt) else -1))  # the whole prompt: as offline
             tokens += b - a
-            pairs += (b * (b + 1) - a * (a + 1)) // 2
-            kv += b
-            if b == prefill.prompt:
+            h = job.history
+            pairs += (b * (b + 1) - a * (a + 1)) // 2 + (b - a) * h
+            kv += b + h
+            if b == job.prompt:
                 heads += 1
-                if prefill.nsteps == 1:
-                    finishing.append(prefill)
+                if job.nsteps == 1:
+                    finishing.append(job)
         for job in decoding:
             k = job.decoded + bool(job.prompt)
             parts.append((job, k))
-            p = job.pos + 1
+            p = job.history + job.pos + 1
             pairs += p
             kv += p
             heads += 1
@@ -406,7 +429,7 @@ class Server:
         compute = self.setup.compute
         head, fixed = compute.head(heads), compute.step_fixed(tokens)
         work = StepWork(tokens, compute.dense(tokens, pairs, kv, len(parts)), head + fixed if fixed else head)
-        return ScheduledStep(parts, work, decoding, prefill, chunk, finishing)
+        return ScheduledStep(parts, work, decoding, prefill, chunk, finishing, list(together))
 
     def _step(self, plan: ScheduledStep) -> Step:
         """The step's routing as a `Step` (the Python passes): its parts merged."""
@@ -427,7 +450,7 @@ class Server:
         return [step.layer_slice(layers, self._E) for layers in shards]
 
     def _account(self, prefill: Job | None, chunk: tuple[int, int], decoding: list[Job], finishing: list[Job],
-                 start: float, t: float) -> None:
+                 start: float, t: float, together: Sequence[Job] = ()) -> None:
         """A step from `start` to `t` is done: `prefill`'s `chunk` of its prompt and a token of
         each of `decoding`; `finishing` leave."""
         log = self.log
@@ -435,6 +458,9 @@ class Server:
             a, b = chunk
             prefill.pos = b
             log.prefilled(prefill.r, b - a, t, first_token=b == prefill.prompt)
+        for job in together:
+            job.pos = job.prompt
+            log.prefilled(job.r, job.prompt, t)
         if decoding:
             log.decoded(start, t, [job.r for job in decoding])
             for job in decoding:

@@ -52,7 +52,8 @@ class RunSpec:
 
     `host_cache` None keeps every expert in host RAM; `fitted` says that the policy was fitted
     on some of the scored requests (starred beside the oracles); `overcommit` records that the
-    user allowed what the box lacks; `hardware` is the profile as the user named it (a shipped
+    user allowed what the box lacks; `context` serves each request at that many tokens of
+    context (`timing.histories`); `hardware` is the profile as the user named it (a shipped
     name, a file, a variant), for the record."""
 
     trace: TraceRef
@@ -66,6 +67,8 @@ class RunSpec:
     host_cache: HostCache | None = None
     overcommit: bool = False
     fitted: bool = False
+    context: int = 0  # tokens of context each request is served at (0: its own length)
+    prefill_batch: int = 1  # prompts of a static batch prefilled together (served: `Traffic.prefill_batch`)
 
     @cached_property
     def key(self) -> str:
@@ -91,10 +94,14 @@ class RunSpec:
             "stack": {k: v for k, v in m.stack.to_dict().items() if k not in ("sources", "fitted_on")},
             "batch": self.batch,
             "miss_mode": self.miss_mode.value,
-            "traffic": None if self.traffic is None else asdict(self.traffic),
+            "traffic": None if self.traffic is None else {
+                k: v for k, v in asdict(self.traffic).items() if k != "prefill_batch" or v != 1  # older keys stay
+            },
             "host_cache": tier,
             "overcommit": self.overcommit,
             "fitted": self.fitted,
+            **({"context": self.context} if self.context else {}),  # absent when not given: older keys stay
+            **({"prefill_batch": self.prefill_batch} if self.prefill_batch != 1 else {}),
         }
         text = json.dumps(blob, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -112,6 +119,7 @@ class RunSpec:
             "oracle": self.policy.oracle or self.fitted,
             "scored": self.trace.scored,
             **({} if self.trace.gating is None else {"adaptive_gating": self.trace.gating}),
+            **({"context": self.context} if self.context else {}),
             **({} if t is None else {"arrival": t.arrival.value, "rate": t.rate, "users": t.users}),
             "key": self.key,
         }

@@ -63,15 +63,30 @@ class StepWork(NamedTuple):
     head: float
 
 
-def work_for(prefill: bool, T: int, requests: Sequence[int], pos: list[int], compute: ComputeModel) -> StepWork:
-    """Dense and head time of a prefill (one request, all its `T` prompt tokens) or a decode
-    step (one token per request), from the requests' context lengths (`pos`, updated)."""
+def histories(requests: Sequence[Request], context: int) -> list[int]:
+    """Tokens of earlier context each request continues at served context `context` (0: the
+    trace's own lengths): a request of n tokens continues a conversation of `context` - n
+    earlier tokens, whose KV cache its attention reads, so its last token attends over exactly
+    `context` tokens. The routing replayed stays the trace's own."""
+    return [max(0, context - r.tokens) if context else 0 for r in requests]
+
+
+def work_for(prefill: bool, T: int, requests: Sequence[int], pos: list[int], compute: ComputeModel,
+             prompts: Sequence[int] = ()) -> StepWork:
+    """Dense and head time of a prefill (all `T` prompt tokens of one request, or of several
+    prefilled together: request r's `prompts[r]` of them) or a decode step (one token per
+    request), from the requests' context lengths (`pos`, updated; a request's starts at its
+    earlier context, `histories`). Prompts prefilled together attend each to its own tokens
+    only, and each gives one output token."""
     if prefill:
-        (r,) = requests
-        pairs = T * (T + 1) // 2
-        kv = T
-        pos[r] += T
-        head = compute.head(1)
+        pairs = kv = 0
+        for r in requests:
+            n = T if len(requests) == 1 else prompts[r]
+            before = pos[r]
+            pairs += n * (n + 1) // 2 + n * before
+            kv += n + before
+            pos[r] += n
+        head = compute.head(len(requests))
     else:
         pairs = 0
         for r in requests:

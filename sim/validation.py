@@ -94,18 +94,21 @@ class Row:
 
 
 def load_rows(path: Path = MEASUREMENTS) -> list[Row]:
-    raw = tomllib.loads(path.read_text())["row"]
-    rows = []
-    for r in raw:
-        if r.get("run") is not None and r["metric"] not in RATES:
-            raise ValidationError(f"{path}: row {r['id']}: metric {r['metric']!r} cannot be validated yet (only {', '.join(RATES)})")
-        rows.append(Row(r["id"], r["system"], r["kind"], r["source"], r["metric"], float(r["value"]), r.get("run"),
-                        r.get("scope", ""), str(r.get("model", "")), str(r.get("box", "")),
-                        int(r.get("prompt_tokens") or 0), int(r.get("output_tokens") or 0)))
+    rows = [row_from_dict(r, str(path)) for r in tomllib.loads(path.read_text())["row"]]
     ids = [r.id for r in rows]
     if len(set(ids)) != len(ids):
         raise ValidationError(f"{path}: row ids repeat")
     return rows
+
+
+def row_from_dict(r: dict[str, Any], where: str) -> Row:
+    """One `[[row]]` of the published schema (a user's measurements, `casmoe.sim.calibration`,
+    are put in this schema first, so both tables mean the same by each key)."""
+    if r.get("run") is not None and r["metric"] not in RATES:
+        raise ValidationError(f"{where}: row {r['id']}: metric {r['metric']!r} cannot be validated yet (only {', '.join(RATES)})")
+    return Row(r["id"], r["system"], r["kind"], r["source"], r["metric"], float(r["value"]), r.get("run"),
+               r.get("scope", ""), str(r.get("model", "")), str(r.get("box", "")),
+               int(r.get("prompt_tokens") or 0), int(r.get("output_tokens") or 0))
 
 
 # ---- predicting one row ---------------------------------------------------------------------------
@@ -174,7 +177,7 @@ def synthetic_trace(model: str, top_k: int | None, prompt: int, output: int) -> 
 
 
 def specs_for(row: Row, stack: Stack | None = None) -> list[Any]:
-    """The runs of a row (one), with `stack` in place of the named one when given."""
+    """The run of a row (a list of one), with `stack` in place of the named one when given."""
     from casmoe.sim.grid import Grid
 
     run = dict(row.run or {})
@@ -186,13 +189,21 @@ def specs_for(row: Row, stack: Stack | None = None) -> list[Any]:
                    f"row {row.id}")
     if stack is not None:
         grid = grid.with_values(stack=stack)
-    return grid.specs(strict=True).specs
+    specs = grid.specs(strict=True).specs
+    if len(specs) != 1:  # a bare policy name runs its variants, a missing capacity the default sizes
+        runs = [s.describe() for s in specs]
+        varies = sorted(k for k in runs[0] if len({json.dumps(r.get(k), default=str) for r in runs}) > 1)
+        raise ValidationError(f"row {row.id}: its run expands to {len(specs)} runs, differing in {', '.join(varies)}; "
+                              "a row is one configuration: give one value of each (a policy's variant, a capacity)")
+    return specs
 
 
 def predict(row: Row, stack: Stack | None = None) -> float:
-    """The row's metric as a rate, as casmoe predicts it (remembered per row and stack values:
-    the fits ask for the same runs again)."""
-    key = (row.id, None if stack is None else json.dumps(stack.to_dict(), sort_keys=True, default=str))
+    """The row's metric as a rate, as casmoe predicts it (remembered per row content, trace size
+    and stack values: the fits ask for the same runs again; two tables may reuse an id)."""
+    key = (row.id, json.dumps(row.run, sort_keys=True, default=str), row.metric, row.prompt_tokens,
+           (REQUESTS, DECODE_TOKENS, STREAM_DECODE_TOKENS),
+           None if stack is None else json.dumps(stack.to_dict(), sort_keys=True, default=str))
     if key not in _PREDICTED:
         from casmoe.sim.run import run
 
@@ -437,6 +448,17 @@ def validate(rows: list[Row] | None = None, progress: Callable[[str], None] | No
     return Validation(results, stacks, shared, errors)
 
 
+FITTED_MARK = " | fitted: "
+"""Where a fitted field's source (why the field exists, what it stands for) ends and the record
+of its last fit begins: a refit replaces the record, never the reason."""
+
+
+def _fitted_source(why: str, value: float, error: float | None, ids: Sequence[str]) -> str:
+    se = "not determined (as many fields as rows)" if error is None or math.isinf(error) else f"{error:.3g}"
+    return (f"{why.split(FITTED_MARK)[0]}{FITTED_MARK}{value:.4g} (standard error {se}) on {', '.join(ids)} "
+            "by casmoe validate --published --fit")
+
+
 def write_fitted(v: Validation) -> list[Path]:
     """Write the constants fitted on every row: each stack's fitted fields, the shared defaults,
     and the spreads per kind of configuration."""
@@ -448,10 +470,11 @@ def write_fitted(v: Validation) -> list[Path]:
     paths = stack_paths()
     for name, s in v.stacks.items():
         shipped = load_stack(name)
-        fitted = replace(shipped, **{f: getattr(s, f) for f in shipped.fitted_on},
-                         sources={**shipped.sources, **{f: f"fitted on {', '.join(ids)} (casmoe validate --published --fit)"
-                                                        for f, ids in shipped.fitted_on.items()}})
-        written.append(fitted.write(paths[name]))
+        sources = {**shipped.sources, **{f: _fitted_source(shipped.sources.get(f, ""), getattr(s, f), v.errors[name].get(f),
+                                                           ids) for f, ids in shipped.fitted_on.items()}}
+        fitted = replace(shipped, **{f: getattr(s, f) for f in shipped.fitted_on}, sources=sources)
+        header = [line for line in paths[name].read_text().splitlines() if line.startswith("#")]
+        written.append(write_text(paths[name], "\n".join([*header, fitted.to_toml()])))
     sh = v.shared
     text = ["# The constants every stack takes where it has no measurement of its own (a stack's 0 means",
             "# \"the shared default\"). Written by `casmoe validate --published --fit`, fitted on every validated",

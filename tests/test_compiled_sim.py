@@ -38,8 +38,9 @@ VARIANTS = [(name, o) for name in POLICIES for o in OPTIONS.get(name, [{}])]
     batch=st.integers(1, 3),
     devices=st.integers(1, 2),
     slow_link=st.booleans(),
+    prefill_batch=st.integers(1, 3),
 )
-def test_compiled_decisions_simulate_to_the_last_bit(variant, case, mode, batch, devices, slow_link):
+def test_compiled_decisions_simulate_to_the_last_bit(variant, case, mode, batch, devices, slow_link, prefill_batch):
     name, options = variant
     g = case.trace.geometry
     devices = min(devices, g.layers)
@@ -51,7 +52,8 @@ def test_compiled_decisions_simulate_to_the_last_bit(variant, case, mode, batch,
 
     def result(compiled: bool):
         try:
-            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, compiled=compiled).to_dict()
+            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, compiled=compiled,
+                             prefill_batch=min(prefill_batch, batch)).to_dict()
         except CacheConfigError as exc:  # a global pool too small to split over the devices
             return str(exc)
 

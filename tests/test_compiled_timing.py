@@ -54,8 +54,11 @@ def _both(monkeypatch, run):
     slow_link=st.booleans(),
     host_cap=st.booleans(),
     detail=st.booleans(),
+    context=st.sampled_from([0, 40, 3000]),
+    prefill_batch=st.integers(1, 3),
 )
-def test_compiled_timing_to_the_last_bit(monkeypatch, variant, case, mode, batch, devices, slow_link, host_cap, detail):
+def test_compiled_timing_to_the_last_bit(monkeypatch, variant, case, mode, batch, devices, slow_link, host_cap, detail,
+                                         context, prefill_batch):
     name, options = variant
     g = case.trace.geometry
     devices = min(devices, g.layers)
@@ -68,7 +71,8 @@ def test_compiled_timing_to_the_last_bit(monkeypatch, variant, case, mode, batch
 
     def run():
         try:
-            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, compiled=True, detail=detail).to_dict()
+            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, compiled=True, detail=detail, context=context,
+                            prefill_batch=min(prefill_batch, batch)).to_dict()
         except CacheConfigError as exc:  # a global pool too small to split over the devices
             return str(exc)
 
@@ -103,8 +107,11 @@ def test_compiled_timing_on_the_shipped_trace(monkeypatch, policy):
     max_batch=st.integers(1, 4),
     schedule=st.sampled_from(list(Schedule)),
     chunk=st.integers(1, 6),
+    context=st.sampled_from([0, 40, 3000]),
+    prefill_batch=st.integers(1, 3),
 )
-def test_compiled_serving_to_the_last_bit(variant, case, mode, devices, slow_link, rate, max_batch, schedule, chunk):
+def test_compiled_serving_to_the_last_bit(variant, case, mode, devices, slow_link, rate, max_batch, schedule, chunk,
+                                          context, prefill_batch):
     """The serving scheduler's steps (continuous batching, chunked prompts) decided by the twin
     and priced by the kernel, one at a time: the Python passes' result to the last bit."""
     name, options = variant
@@ -113,11 +120,12 @@ def test_compiled_serving_to_the_last_bit(variant, case, mode, devices, slow_lin
     if slow_link:
         hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, wake_us=2.0,
                                   resume_per_stall=0.1, copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
-    wl = Traffic(Arrival.POISSON, rate=rate, max_batch=max_batch, schedule=schedule, chunk=chunk)
+    wl = Traffic(Arrival.POISSON, rate=rate, max_batch=max_batch, schedule=schedule, chunk=chunk,
+                 prefill_batch=prefill_batch if schedule is Schedule.PREFILL_FIRST else 1)
 
     def run(compiled: bool):
         try:
-            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=min(devices, g.layers)), options=options, miss_mode=mode, compiled=compiled, detail=True, traffic=wl).to_dict()
+            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=min(devices, g.layers)), options=options, miss_mode=mode, compiled=compiled, detail=True, traffic=wl, context=context).to_dict()
         except (CacheConfigError, PolicyError) as exc:  # speculative: one request at a time, whole prefills
             return str(exc)
 

@@ -198,3 +198,39 @@ def test_type_checking_imports_are_no_cycle_but_still_a_layer(tmp_path):
     edges = graph({"core": tmp_path / "core", "core.top": tmp_path / "top"})
     assert cycles(edges) == []
     assert upward(edges, ("core", "core.top")) == ["core.b -> core.top.c"]
+
+
+def private_imports(packages: dict[str, Path]) -> list[str]:
+    """`from casmoe.x import _name` in a module other than casmoe.x (and not its own package's
+    `__init__`): a private name used across modules is an API nobody declared."""
+    files = modules(packages)
+    found = []
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base not in files or base == name:
+                continue
+            found += [f"{name} imports {base}.{a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    return sorted(found)
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = private_imports(PACKAGES)
+    assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+def test_the_simulator_package_docstring_names_every_module():
+    import casmoe.sim
+
+    doc = casmoe.sim.__doc__ or ""
+    names = sorted(p.stem for p in (ROOT / "sim").glob("*.py") if p.stem != "__init__")
+    names += sorted(p.name + "/" for p in (ROOT / "sim").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    missing = [n for n in names if f"`{n}`" not in doc]
+    assert not missing, f"sim/__init__.py does not say what these hold: {missing}"

@@ -18,24 +18,11 @@ from casmoe.sim.deploy import PlanRequest, make_plan
 from casmoe.sim.deploy import engines as eng
 from casmoe.sim.deploy.plan import STACKS
 from casmoe.sim.uncertainty import spread
+from test_fuzz import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 BOX = str(ROOT / "examples" / "rtx4090-64g.toml")
 QWEN = shipped("synthetic-qwen3-top8.npz")
-
-
-def cli(argv: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str, str]:
-    from casmoe.cli import main
-
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", ["casmoe", *argv])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _check(plan) -> None:

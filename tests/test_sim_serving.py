@@ -46,11 +46,11 @@ def closed(users=1, think=0.0, **kw) -> Traffic:
 
 @pytest.mark.parametrize("name,options", VARIANTS, ids=[n + o.get("predictor", "") for n, o in VARIANTS])
 @FAST
-@given(case=cases(), devices=st.integers(1, 2), mode=st.sampled_from(list(MissMode)))
-def test_closed_loop_with_zero_think_time_equals_back_to_back(name, options, case, devices, mode):
+@given(case=cases(), devices=st.integers(1, 2), mode=st.sampled_from(list(MissMode)), context=st.sampled_from([0, 3000]))
+def test_closed_loop_with_zero_think_time_equals_back_to_back(name, options, case, devices, mode, context):
     trace, cap = case.trace, case.capacity
     devices = min(devices, trace.geometry.layers) if cap.per_layer else 1
-    kw = dict(options=options, miss_mode=mode, devices=devices)
+    kw = dict(options=options, miss_mode=mode, devices=devices, context=context)
     cls = get_policy(name)
     offline = sim_run(trace, cls, cap, HW, **kw).to_dict()
     served = sim_run(trace, cls, cap, HW, traffic=closed(max_batch=1), **kw).to_dict()

@@ -36,6 +36,15 @@ def test_every_run_names_a_shipped_stack_and_a_published_box() -> None:
             load_profile(r.run["hardware"])  # a published box, found by name
 
 
+def test_every_run_is_one_configuration() -> None:
+    # a bare policy name with variants (n-cpu-moe: with and without op offload) would run two
+    from casmoe.policies import POLICIES, parse_policies
+
+    for r in ROWS:
+        if r.run:
+            assert len(parse_policies([r.run["policy"]], POLICIES)) == 1, r.id
+
+
 def test_fit_rows_are_never_the_rows_a_stack_is_scored_on() -> None:
     """Each stack's fitted fields name rows of its own stack; no row is fitted by two stacks."""
     seen: dict[str, str] = {}

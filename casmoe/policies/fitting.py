@@ -58,7 +58,7 @@ class TraceFit(Fit):
         given = options.get(self.option)
         if given is None:
             return set(split_indices(trace, "train"))
-        source = _as_trace(given)
+        source = as_trace(given)
         if source is not None:
             held = {_routing_digest(r) for r in source.requests}
             return {i for i, r in enumerate(trace.requests) if _routing_digest(r) in held}
@@ -137,7 +137,7 @@ def profile_counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
     return load_profile(os.fspath(profile))
 
 
-def _as_trace(profile: Any) -> Trace | None:
+def as_trace(profile: Any) -> Trace | None:
     """The profile as a trace (a Trace or a trace file), or None for a counts-only profile file."""
     if isinstance(profile, Trace):
         return profile

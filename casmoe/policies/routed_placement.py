@@ -159,9 +159,9 @@ class RoutedPlacement(Placement):
 
 def _shares(source: Trace | str | os.PathLike[str], batch: int) -> np.ndarray:
     """Step shares of a trace (object or file); a counts-only profile's counts, normalised."""
-    from casmoe.policies.fitting import _as_trace
+    from casmoe.policies.fitting import as_trace
 
-    trace = source if isinstance(source, Trace) else _as_trace(source)
+    trace = source if isinstance(source, Trace) else as_trace(source)
     if trace is not None:
         return step_shares(trace, batch)
     counts = profile_counts(source)
