@@ -753,6 +753,8 @@ def test_reported_option_values_that_still_reach_a_run(tmp_path, monkeypatch, ca
     (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@host_ram_gib=32", "--host-ram", "64"],
      "host_ram_gib=32, and --host-ram 64"),
     (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@gpus=2@gpus=4"], "gpus is given twice"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@cpu_threads=8", "--cpu-threads", "16"],
+     "cpu_threads=8, and --cpu-threads 16"),
     (SIM + ["--policy", "lru", "--capacity", "2", "--host-policy", "lfu"], "--host-policy lfu is unused"),  # RAM fits
     (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@host_ram_gib=2"], "for the OS"),
     (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@host_ram_gib=64", "--host-cache", "none"],
