@@ -134,7 +134,8 @@ class Traffic:
         unused = [why for why, given in (  # a value that shapes another kind of serving would be dropped
             ("--think is the closed loop's time between an answer and the next request (--users N)",
              think != 0.0 and kinds[arrival] is not Arrival.CLOSED),
-            ("--rate is the Poisson arrivals' (--arrival poisson)", rate is not None and kinds[arrival] is Arrival.TRACE),
+            ("--rate is the Poisson arrivals' (--arrival poisson)",
+             rate is not None and kinds[arrival] is Arrival.TRACE),
             ("--seed draws the Poisson arrivals (--arrival poisson --rate R)",
              seed != 0 and kinds[arrival] is not Arrival.POISSON),
             ("--chunk sizes the chunked schedule (--schedule chunked)",

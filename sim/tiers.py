@@ -137,8 +137,9 @@ class HostCache:
     """`--host-cache`: `rows` experts of host RAM (one pool for all layers), managed by `policy`
     (with `options`), and the size of the staging chunks a storage read is copied in. The
     semantics are the backend's RAM tier's (backends/hostcache.py): one access per GPU load (and
-    per expert computed on the host, which the backend's tier does not model yet), in issue order; requests bracketed by `begin_request` / `end_request`, whose request-start
-    prefetches (static, casmoe) are read into RAM; per-layer prefetch hooks never called; oracles
+    per expert computed on the host, which the backend's tier does not model yet), in issue
+    order; requests bracketed by `begin_request` / `end_request`, whose request-start prefetches
+    (static, casmoe) are read into RAM; per-layer prefetch hooks never called; oracles
     refused (the tier's future is the GPUs' load sequence, which no trace holds)."""
 
     rows: int

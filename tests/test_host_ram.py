@@ -20,6 +20,7 @@ from casmoe.trace import Request, Trace
 
 HW = load_profile("rtx4090x4")
 MIXTRAL = dict(model="mixtral-8x7b", global_capacities=["fit"], requests=2)  # bf16 experts: about 90 GB
+LRU_FIT = dict(MIXTRAL, policies=["lru"])
 
 
 def _box(ram: float) -> str:
@@ -48,16 +49,14 @@ def test_a_host_computing_placement_slows_down_as_host_ram_shrinks_below_its_exp
 
 def test_the_ram_tier_never_exceeds_host_ram_less_the_reserve():
     for ram in (16, 48, 64):
-        res = casmoe.sim.simulate(hardware=_box(ram), policies=["lru"], global_capacities=["fit"], requests=2,
-                                  model="mixtral-8x7b")
+        res = casmoe.sim.simulate(hardware=_box(ram), **LRU_FIT)
         (rec,) = res.records
         assert 0 < rec["host_cache_gb"] * 1e9 <= (ram - HOST_RESERVED_GIB) * GIB
-        assert any(f"the {ram - HOST_RESERVED_GIB:g} GiB of host RAM" in n and "kept for the OS" in n for n in res.notes)
+        left = f"the {ram - HOST_RESERVED_GIB:g} GiB of host RAM"
+        assert any(left in n and "kept for the OS" in n for n in res.notes)
     with pytest.raises(CasmoeError, match="exceeds the 60 GiB .* give --host-cache 60GiB or less"):
-        casmoe.sim.simulate(hardware=_box(64), policies=["lru"], global_capacities=["fit"], requests=2, model="mixtral-8x7b",
-                            host_cache="61GiB")
-    casmoe.sim.simulate(hardware=_box(64), policies=["lru"], global_capacities=["fit"], requests=2, model="mixtral-8x7b",
-                        host_cache="60GiB")
+        casmoe.sim.simulate(hardware=_box(64), host_cache="61GiB", **LRU_FIT)
+    casmoe.sim.simulate(hardware=_box(64), host_cache="60GiB", **LRU_FIT)
 
 
 def _alternating(tokens: int, b: int) -> Trace:
@@ -73,8 +72,9 @@ def test_host_experts_missing_from_ram_stall_on_a_storage_read_each(rows, reads)
     row the alternating experts miss every token, with two only the first two. Each miss waits
     storage latency + bytes / read rate before the host computes it (the drive is idle)."""
     b, c = 64_000_000, 1e-3
+    tier = HostCache(rows, get_policy("lru"), chunk_bytes=2**20)
     res = sim_run(_alternating(4, b), "n-cpu-moe", Capacity(0, per_layer=False), HW,
-                  compute=FixedCompute(cpu_expert_s=c), host_cache=HostCache(rows, get_policy("lru"), chunk_bytes=2**20))
+                  compute=FixedCompute(cpu_expert_s=c), host_cache=tier)
     read = HW.storage_latency_us * 1e-6 + b / (HW.storage_read_gbs * 1e9)
     assert res.stall_storage_s == pytest.approx(reads * read, rel=1e-12)
     assert res.stall_demand_s == pytest.approx(reads * read, rel=1e-12)
