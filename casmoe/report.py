@@ -115,7 +115,7 @@ def print_replay(records: Sequence[dict[str, Any]], title: str) -> None:
 
 # ---- the simulator's summaries ----------------------------------------------------------------
 
-AXES = ("trace", "model", "hardware", "batch", "miss_mode", "quant", "devices", "rate", "users", "host_cache_gb")
+AXES = ("trace", "model", "hardware", "stack", "batch", "miss_mode", "quant", "devices", "rate", "users", "host_cache_gb")
 """Record fields a sweep may vary beside policy and capacity."""
 SPEED = "decode_tokens_per_s"
 
@@ -127,6 +127,11 @@ def varied_axes(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def _policy_label(r: dict[str, Any]) -> str:
     return r["policy"] + ("*" if r.get("oracle") else "")
+
+
+def _row_label(r: dict[str, Any]) -> str:
+    """A policy and the stack it ran on, as the uncertainty notes name a row."""
+    return _policy_label(r) + (f" on {r['stack']}" if "stack" in r else "")
 
 
 def _capacity_columns(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -149,8 +154,45 @@ def print_capacity_table(records: Sequence[dict[str, Any]], title: str, value: s
         key = (_policy_label(r), *(str(r.get(a)) for a in axes))
         row = rows.setdefault(key, {"policy": key[0], **dict(zip(axes, key[1:]))})
         row[r["capacity"]] = show(r[value])
-    shown = [{**row, **{head: row.get(c, "-") for c, head in columns}} for row in rows.values()]
-    print_table(shown, ["policy", *axes, *(head for _, head in columns)], title=title)
+        row.setdefault(UNCERTAINTY, set()).add(uncertainty_cell(r))
+    shown = [{**row, **{head: row.get(c, "-") for c, head in columns}, UNCERTAINTY: " / ".join(sorted(row[UNCERTAINTY]))}
+             for row in rows.values()]
+    print_table(shown, ["policy", *axes, *(head for _, head in columns), UNCERTAINTY], title=title)
+
+
+UNCERTAINTY = "uncertainty"
+"""The column of a predicted figure's validated spread (`casmoe.sim.uncertainty`)."""
+
+
+def uncertainty_cell(record: dict[str, Any]) -> str:
+    """A record's spread as a table cell, from the fields `casmoe.sim.uncertainty.annotate` sets:
+    'x/÷ 1.50', marked † where the configuration lies outside the published table; 'upper bound'
+    on the ideal stack; 'not validated' for a kind no published row measured; '' for a record
+    without them (a replay's)."""
+    if "uncertainty" not in record:
+        return ""
+    f = record.get("uncertainty_factor")
+    if f is None:
+        return "upper bound" if record.get("stack") == "ideal" else "not validated"
+    return f"x/÷ {f:.2f}" + (OUTSIDE_MARK[0] if record.get("uncertainty_outside") else "")
+
+
+OUTSIDE_MARK = "† outside what was validated (the words say where)"
+"""The mark of a spread measured on other configurations, and its footnote."""
+
+
+def uncertainty_notes(records: Sequence[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[str]:
+    """One line per distinct uncertainty the records carry, naming the rows (`label`) it covers:
+    the words behind the table's uncertainty column, and the mark's footnote where it is used."""
+    texts: dict[str, list[str]] = {}
+    for r in records:
+        if r.get("uncertainty"):
+            texts.setdefault(r["uncertainty"], []).append(label(r))
+    lines = [f"{'every row' if len(texts) == 1 else '; '.join(dict.fromkeys(names))}: {text}"
+             for text, names in texts.items()]
+    if any(OUTSIDE_MARK[0] in uncertainty_cell(r) for r in records):
+        lines.append(OUTSIDE_MARK)
+    return lines
 
 
 def headline(records: Sequence[dict[str, Any]]) -> list[str]:
@@ -170,7 +212,8 @@ def headline(records: Sequence[dict[str, Any]]) -> list[str]:
         group = groups[key]
         best = max(group, key=lambda r: (r[SPEED], not r.get("oracle")))
         where = ", ".join([*key[:-1], f"{key[-1]} ({sig(best['capacity_gb'])} GB)"])
-        text = f"{where}: {_policy_label(best)} {sig(best[SPEED])} tok/s" + _speedups(best, group)
+        text = (f"{where}: {_policy_label(best)} {sig(best[SPEED])} tok/s" + _speedups(best, group)
+                + _trust(best, "stack" not in axes))
         if best.get("oracle"):
             real = [r for r in group if not r.get("oracle")]
             if real:
@@ -178,6 +221,16 @@ def headline(records: Sequence[dict[str, Any]]) -> list[str]:
                 text += f"; best without an oracle: {runner['policy']} {sig(runner[SPEED])} tok/s"
         lines.append(text)
     return lines
+
+
+def _trust(best: dict[str, Any], name_stack: bool) -> str:
+    """The stack a headline's figure assumed (unless the line names it already, as a varied axis)
+    and how far to trust it: ', on the mixtral-offloading stack (x/÷ 1.50)'; nothing for a record
+    without a stack."""
+    if "stack" not in best:
+        return ""
+    cell = uncertainty_cell(best)
+    return (f", on the {best['stack']} stack" if name_stack else "") + (f" ({cell})" if cell else "")
 
 
 def _axis_value(axis: str, value: Any) -> str:
@@ -206,6 +259,12 @@ def print_simulation(records: Sequence[dict[str, Any]], title: str, details: str
     for line in headline(records):
         console.print("  " + line, markup=False)
     print_capacity_table(records, title="decode tokens/s by policy and expert-cache size")
+    notes = uncertainty_notes(records, _row_label)
+    if notes:
+        console.print("uncertainty (how far real systems of each kind landed from casmoe's figures: casmoe validate "
+                      "--published):", markup=False)
+        for line in notes:
+            console.print("  " + line, markup=False)
     if any(r.get("oracle") for r in records):
         console.print(ORACLE_NOTE, markup=False)
     console.print(details, markup=False)

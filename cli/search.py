@@ -75,11 +75,14 @@ def _row(config: Any, record: dict[str, Any], result: Any) -> dict[str, Any]:
     price = result.price(config)
     return {
         "config": label(config), "gpus": config.machine.devices, "policy": config.policy.label,
+        "stack": config.machine.stack.name,
         "slots_per_layer": record["capacity_slots"], "memory_gb": round(memory_gb(record), 3),
         "price_usd": None if price is None or price.usd is None else round(price.usd, 2),
         "price": "unknown" if price is None else price.describe(),
         "price_caveat": bool(price is not None and price.caveats),
-        metric: record[metric], "evidence": f"points/{record['key']}.json",
+        metric: record[metric], "uncertainty": record.get("uncertainty"),
+        "uncertainty_factor": record.get("uncertainty_factor"), "uncertainty_outside": record.get("uncertainty_outside"),
+        "evidence": f"points/{record['key']}.json",
     }
 
 
@@ -113,12 +116,12 @@ def _plot(path: Path, result: Any) -> None:
 
 
 def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
-    from casmoe.report import print_table
+    from casmoe.report import UNCERTAINTY, print_table, uncertainty_notes
 
     from casmoe.sim.search import TIE
 
     metric = result.target.metric
-    cols = ["config", "price_usd", "slots_per_layer", "memory_gb", metric, "evidence"]
+    cols = ["config", "price_usd", "slots_per_layer", "memory_gb", metric, UNCERTAINTY, "evidence"]
     shown = [_priced(r) for r in summary["pareto"]]
     if shown:
         print_table(shown, cols, f"cheapest configurations meeting {summary['target']} (Pareto: GPUs, memory, box "
@@ -131,6 +134,13 @@ def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
     if any(r["price_caveat"] for r in shown + others):
         typer.echo("* part of this price is a proxy, a street price or an old figure (sim/prices.toml says which; "
                    "--prices FILE gives your own)")
+    answers = summary["pareto"] + [r for r in summary["answers"] if r not in summary["pareto"]]
+    notes = uncertainty_notes(answers, lambda r: r["config"])
+    if notes:
+        typer.echo(f"uncertainty of {metric} (the spread casmoe validate --published measured for each kind of "
+                   "configuration; it speaks for decode tok/s):")
+        for line in notes:
+            typer.echo("  " + line)
     for name, box in summary["boxes"].items():
         typer.echo(f"price of {name}: {box['price']} = {box['parts']}")
     for row in summary["infeasible"]:
@@ -141,5 +151,8 @@ def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
 
 def _priced(row: dict[str, Any]) -> dict[str, Any]:
     """A row as the table prints it: the price in USD, starred where a part of it is a proxy."""
+    from casmoe.report import UNCERTAINTY, uncertainty_cell
+
     usd = row["price_usd"]
-    return {**row, "price_usd": "unknown" if usd is None else f"{usd:,.0f}" + ("*" if row["price_caveat"] else "")}
+    return {**row, "price_usd": "unknown" if usd is None else f"{usd:,.0f}" + ("*" if row["price_caveat"] else ""),
+            UNCERTAINTY: uncertainty_cell(row)}

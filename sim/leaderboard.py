@@ -127,13 +127,15 @@ def markdown(records: Sequence[dict[str, Any]], halves: Sequence[Halves], specs:
 
 
 def _priced(machine: Any, records: Sequence[dict[str, Any]], halves: Halves) -> str:
-    """'priced as mixtral-8x7b, bf16 experts (176 MB each), on my4090 (1 GPU)'."""
+    """'priced as mixtral-8x7b, bf16 experts (176 MB each), on my4090 (1 GPU), stack ideal': the
+    stack named because every figure below assumed it."""
+    stack = f", stack {records[0].get('stack', 'ideal')}" if records else ""
     if isinstance(machine, tuple):
-        return f"priced as {machine[0]} on {machine[1]}"
+        return f"priced as {machine[0]} on {machine[1]}{stack}"
     from casmoe.sim.run import whole_trace
 
     trace = whole_trace(str(halves.scored), file_digest(halves.scored))
-    return f"priced as {machine.preset.name}, {experts_priced(machine, trace)}, on {machine.box()}"
+    return f"priced as {machine.preset.name}, {experts_priced(machine, trace)}, on {machine.box()}{stack}"
 
 
 def experts_priced(machine: Any, trace: Any) -> str:
@@ -169,24 +171,40 @@ def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:
             "(simulates a cache the GPUs do not hold)")
 
 
+TRUSTED = "decode_tokens_per_s"
+"""The metric whose table carries the uncertainty column: the validated spreads are of decode tok/s."""
+
+
 def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
+    from casmoe.report import UNCERTAINTY, uncertainty_cell, uncertainty_notes
+
     lines: list[str] = []
     caps = sorted({r["capacity_spec"] for r in records}, key=int)
     ran = [r for r in records if "skipped" not in r]
+
+    def label_of(r: dict[str, Any]) -> str:
+        return short_label(r["policy"], h) + ("*" if r.get("oracle") else "")
+
     if ran:
         for key, title, fmt in METRICS:
-            lines += [f"{title} | " + " | ".join(f"{c} slots/layer" for c in caps), "---|" + "---|" * len(caps)]
+            extra = [UNCERTAINTY] if key == TRUSTED else []
+            lines += [f"{title} | " + " | ".join([*(f"{c} slots/layer" for c in caps), *extra]),
+                      "---|" + "---|" * (len(caps) + len(extra))]
             rows: dict[str, dict[str, str]] = {}
             for r in records:
-                label = short_label(r["policy"], h) + ("*" if r.get("oracle") else "")
-                row = rows.setdefault(label, {})
+                row = rows.setdefault(label_of(r), {})
                 if "skipped" in r:
                     row[r["capacity_spec"]] = "n/a"
                 else:
                     value = r[key] / 1e9 if key == "link_bytes" else r[key]
                     row[r["capacity_spec"]] = fmt.format(value)
-            lines += [f"{label} | " + " | ".join(row.get(c, "-") for c in caps) for label, row in rows.items()]
+                    row[UNCERTAINTY] = uncertainty_cell(r)
+            lines += [f"{label} | " + " | ".join([*(row.get(c, "-") for c in caps), *(row.get(e, "-") for e in extra)])
+                      for label, row in rows.items()]
             lines.append("")
+        notes = uncertainty_notes(ran, label_of)
+        lines += ["uncertainty of decode tok/s (how far real systems of each kind landed from casmoe's figures: "
+                  "casmoe validate --published):", "", *(f"- {n}" for n in notes), ""] if notes else []
     else:
         lines += ["no point of this workload could be simulated on this machine:", ""]
     skipped = skipped_lines(records, h)

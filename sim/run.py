@@ -31,7 +31,7 @@ from casmoe.sim.assembly import StepPlan
 from casmoe.sim.engine import run_trace
 from casmoe.sim.spec import RunSpec, TraceRef
 from casmoe.sim.timeline import Timeline
-from casmoe.sim.uncertainty import spread
+from casmoe.sim.uncertainty import annotate
 from casmoe.trace import Trace
 from casmoe.trace_io import load_trace
 
@@ -98,9 +98,7 @@ def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
         context=spec.context,
         prefill_batch=spec.prefill_batch,
     )
-    record = {**spec.describe(), **result.to_dict()}
-    record["uncertainty"] = spread(record)
-    return record
+    return annotate({**spec.describe(), **result.to_dict()})
 
 
 def run_or_skip(spec: RunSpec) -> dict[str, Any]:
@@ -201,7 +199,8 @@ def run_all(
             done += 1
             if progress:
                 progress(done, len(todo))
-    return [records[s.key] for s in specs], len(todo)
+    # re-annotated: a stored point's words are those of the spreads when it ran
+    return [annotate(records[s.key]) for s in specs], len(todo)
 
 
 def _run_pair(spec: RunSpec) -> tuple[RunSpec, dict[str, Any]]:

@@ -167,10 +167,11 @@ class Target:
 
 
 def label(spec: RunSpec) -> str:
-    """A config in words: the box, GPUs used, policy, precision, RAM tier."""
+    """A config in words: the box, GPUs used, the runtime's stack (what its figure assumed),
+    policy, precision, RAM tier."""
     m = spec.machine
     precision = m.precision_label(whole_trace(spec.trace.path, spec.trace.digest).geometry)
-    parts = [m.hardware.name, f"{m.devices} GPU{'s' if m.devices > 1 else ''}", spec.policy.label,
+    parts = [m.hardware.name, f"{m.devices} GPU{'s' if m.devices > 1 else ''}", f"{m.stack.name} stack", spec.policy.label,
              "trace bytes" if precision == "trace" else precision]
     if spec.host_cache is not None:
         parts.append(f"RAM tier {spec.host_cache.rows} experts")

@@ -38,9 +38,8 @@ import tomllib
 from casmoe.sim.stack import Shared, Stack, load_shared, load_stack
 
 from casmoe.errors import CasmoeError
-from casmoe.sim.uncertainty import FAMILIES, PUBLISHED, SPREAD_FILE, family
+from casmoe.sim.uncertainty import FAMILIES, MEASUREMENTS, PUBLISHED, SPREAD_FILE, family
 
-MEASUREMENTS = PUBLISHED / "measurements.toml"
 SHIPPED_TRACES = {"mixtral-8x7b": ("tiny-mixtral.npz", 2), "qwen3-30b-a3b": ("synthetic-qwen3-top8.npz", 8)}
 """Model preset -> (shipped trace of its routing shape, its top-k)."""
 REQUESTS = 3

@@ -70,8 +70,8 @@ def test_gpt_oss_120b_on_one_4090_with_64_gb_at_32k(gptoss_trace, tmp_path, monk
         assert best["fits"] and best["memory"]["fits"], e["engine"]
         for g in best["memory"]["gpus"]:
             assert g["used_gib"] <= g["total_gib"]
-        assert best["speed"]["decode_tok_s"] > 0 and best["speed"]["uncertainty"] == "uncertainty: " + spread(
-            {"stack": STACKS[e["engine"]], "policy": best["simulated_policy"] or ""})
+        assert best["speed"]["decode_tok_s"] > 0 and best["speed"]["uncertainty"].startswith("uncertainty: " + spread(
+            {"stack": STACKS[e["engine"]], "policy": best["simulated_policy"] or ""}))
         assert best["memory"]["gpus"][0]["kv_gib"] > 0
     import pandas as pd
 

@@ -140,7 +140,8 @@ def test_spread_says_what_a_figure_is_worth(monkeypatch) -> None:
     monkeypatch.setattr(u, "spreads", lambda: {"host": {"p80_abs_log_ratio": math.log(1.5), "rows": 7.0}})
     assert "not validated" in u.spread({"stack": "ideal", "policy": "lru"})
     assert u.spread({"stack": "llama.cpp", "policy": "n-cpu-moe[n=3]"}) == "x/÷ 1.50 (80% of 7 published host rows)"
-    assert u.spread({"stack": "llama.cpp", "policy": "lru"}) == "not validated: no published row of a cache configuration"
+    assert u.spread({"stack": "llama.cpp", "policy": "lru"}) == ("not validated: no published row of a cache configuration; "
+                                                                 "outside what was validated: stack llama.cpp has no published cache row")
     assert [u.family(p) for p in ("n-cpu-moe[n=0]", "fiddler", "layer-offload[n=2]", "se-moe")] == [
         "gpu", "host", "stream", "cache"]
 
