@@ -62,7 +62,7 @@ def open_offloaded(model: str, *, devices: Sequence[str] = (), dtype: str | None
         if rows < g.top_k:
             raise BenchError(f"--host-cache {host_cache} holds {rows} experts, fewer than the {g.top_k} a token "
                              "routes to; give more memory or leave the RAM tier out")
-        host = HostCache(rows, spec.cls, dict(spec.options))
+        host = HostCache(rows, spec.check(), dict(spec.options))  # options it takes, none the runtime sets
     row = g.expert_bytes(0)
     dense = fit.dense_bytes(meta, experts_paths(meta))
     shares = _dense_shares(dense, chunks, g.layers)

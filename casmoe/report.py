@@ -347,6 +347,7 @@ def print_tiers(records: Sequence[dict[str, Any]], title: str) -> None:
                 "RAM tier GB": f"{r['host_cache_gb']:.3g}",
                 "RAM hit rate": f"{r['host_hits'] / looked:.3f}" if looked else "-",
                 "read from storage GB": f"{r['storage_bytes'] / 1e9:.3g}",
+                "host experts from storage": r.get("host_storage_reads", 0),
                 "copied to GPUs GB": f"{r['link_bytes'] / 1e9:.3g}",
                 "stall on storage": _s(r["stall_storage_s"]),
                 "stall, all": _s(r["stall_s"]),

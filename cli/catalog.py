@@ -68,6 +68,7 @@ def profiles(
             "pageable GB/s": f"{p.h2d_pageable_gbs:g}",
             "NVMe GB/s": f"{p.storage_read_gbs:g}",
             "host RAM GiB": f"{p.host_ram_gib:g}",
+            "OS reserve GiB": f"{p.host_reserved_gib:g}",
             "host": p.cpu,
             "host compute": p.describe_host(),
         }

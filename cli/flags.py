@@ -28,7 +28,8 @@ def _parameter(option: Option) -> inspect.Parameter:
     """The Typer parameter of one option: unset (None) unless given, so that a sweep file's key
     is kept where no flag overrides it, and a list for an axis."""
     kind = option.kind
-    annotation: Any = Optional[list[kind]] if option.axis or option.name == "task" else Optional[kind]
+    # every flag but a switch collects its values, so that one given twice is refused, not overridden (`_one`)
+    annotation: Any = Optional[kind] if kind is bool else Optional[list[kind]]
     flags = option.flags or (option.flag,)
     extra: dict[str, Any] = {}
     if option.minimum is not None and kind in (int, float):
@@ -37,6 +38,23 @@ def _parameter(option: Option) -> inspect.Parameter:
         extra["metavar"] = {str: "TEXT", int: "INT", float: "FLOAT"}[kind]
     default = typer.Option(None, *flags, help=option.help + _default_text(option), show_default=False, **extra)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _one(option: Option, values: Any) -> Any:
+    """The value of a flag as given: a list for an axis (and --task), else its one value; an
+    option of one value given twice is refused (the last would silently win)."""
+    if option.kind is bool:
+        return values
+    if not values:
+        return None
+    if option.axis or option.name == "task":
+        return values
+    if len(values) > 1:
+        from casmoe.sim.run_options import GridError
+
+        shown = " and ".join(repr(v) if isinstance(v, str) else str(v) for v in values)
+        raise GridError(f"the command line: {option.flag} is given {len(values)} times ({shown}); it takes one value")
+    return values[0]
 
 
 def _resolved(annotation: Any, command: Callable[..., Any]) -> Any:
@@ -58,7 +76,7 @@ def run_options(*groups: str, exclude: tuple[str, ...] = ()) -> Callable[[Callab
         def wrapper(**kwargs: Any) -> Any:
             from casmoe.sim.grid import Grid  # the simulator loads when a command runs, not for --help
 
-            given = {o.name: kwargs.pop(o.name) for o in chosen}
+            given = {o.name: _one(o, kwargs.pop(o.name)) for o in chosen}
             return command(grid=Grid.of(given, "the command line"), **kwargs)
 
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + [_parameter(o) for o in chosen]

@@ -206,6 +206,7 @@ class RunState:
             host_hits=tier_stats.hits if tier_stats is not None else 0,
             host_misses=tier_stats.misses if tier_stats is not None else 0,
             storage_bytes=tier.storage.bytes if tier is not None else 0,
+            host_storage_reads=tier.host_reads if tier is not None else 0,
             stall_storage_s=timer.stall_storage,
             **log.summary(end),
             **kw,

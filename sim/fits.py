@@ -5,7 +5,8 @@ than the GPUs hold beside the dense weights, more devices than the profile has, 
 in a host RAM too small for them. These are refused in one line unless the user says they mean
 it (`--allow-overcommit`), and so is a KV cache of the served context and concurrency that
 does not fit beside the dense part and the expert slots; experts that do not fit the host RAM
-get, by default, a RAM tier of the whole host RAM over the profile's storage (and the run says so).
+budget (the RAM less the profile's reserve for the OS and runtime) get, by default, a RAM tier of
+the whole budget over the profile's storage (and the run says so).
 """
 
 from __future__ import annotations
@@ -57,23 +58,35 @@ def check_capacity(capacity: Capacity, fit: int, pool_fit: int, experts: int, la
     return f"note: {text}; simulated anyway ({OVERCOMMIT})"
 
 
+def host_ram_shortfall(hw: HardwareProfile, expert_bytes: Sequence[int], experts: int,
+                       preset: ModelPreset) -> str | None:
+    """Why the experts do not fit the profile's host RAM budget (its RAM less what it keeps for
+    the OS and the runtime, `HardwareProfile.host_ram_bytes`), or None when they fit or the
+    profile does not say how much RAM it has."""
+    total = sum(expert_bytes) * experts
+    budget = hw.host_ram_bytes()
+    if not budget or total <= budget:
+        return None
+    return (f"the experts of {preset.name} ({total / 1e9:.4g} GB) do not fit the {budget / GIB:g} GiB of host RAM of "
+            f"{hw.name!r} left beside the {hw.host_reserved_gib:g} GiB kept for the OS and the runtime")
+
+
 def default_host_cache(hw: HardwareProfile, expert_bytes: Sequence[int], experts: int, preset: ModelPreset,
                        overcommit: bool) -> tuple[str | None, str | None]:
-    """(--host-cache text, note) when the experts do not fit the profile's host RAM: a RAM tier
-    of all of it over the profile's storage; (None, None) when they fit or the profile does not
-    say how much RAM it has. Refused when the profile has no storage to hold the rest."""
-    total = sum(expert_bytes) * experts
-    ram = hw.host_ram_gib * GIB
-    if not ram or total <= ram or overcommit:
+    """(--host-cache text, note) when the experts do not fit the host RAM budget
+    (`host_ram_shortfall`): a RAM tier of the whole budget over the profile's storage, through
+    which every expert reaches the GPUs or the host's own compute; (None, None) when they fit.
+    Refused when the profile has no storage to hold the rest."""
+    what = None if overcommit else host_ram_shortfall(hw, expert_bytes, experts, preset)
+    if what is None:
         return None, None
-    what = (f"the experts of {preset.name} ({total / 1e9:.4g} GB) do not fit the {hw.host_ram_gib:g} GiB of host "
-            f"RAM of {hw.name!r}")
     if hw.storage_read_gbs <= 0:
         raise FitError(f"{what}, and the profile has no storage tier (storage_read_gbs); add one, use a smaller "
                        f"--quant, or {OVERCOMMIT} to keep them all in RAM anyway")
-    return f"{hw.host_ram_gib:g}GiB", (f"note: {what}: a RAM tier of all {hw.host_ram_gib:g} GiB over its storage "
-                                       "(--host-cache to size it, --allow-overcommit for every expert in RAM)")
-
+    left = hw.host_ram_bytes() / GIB
+    return f"{left:g}GiB", (f"note: {what}: a RAM tier of those {left:g} GiB over its storage, read at storage's "
+                            "price by the GPUs and by host-computed experts alike (--host-cache to size it, "
+                            f"{OVERCOMMIT} for every expert in RAM)")
 
 
 def check_kv(machine: Machine, expert_bytes: Sequence[int], capacity: Capacity, label: str, context: int,

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from casmoe.cache import ExpertCache, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.options import FIT, CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.presets import get_preset, preset_for, shape_preset
 from casmoe.selection import Scored, Selection
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.sim.fits import check_capacity, check_devices, check_kv, default_host_cache
+from casmoe.sim.fits import OVERCOMMIT, check_capacity, check_devices, check_kv, default_host_cache, host_ram_shortfall
 from casmoe.sim.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.machine import Machine, presets_of_shape
 from casmoe.sim.run_options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
@@ -54,8 +55,8 @@ class Grid:
                 raise GridError(f"{where}: {name} is given twice (as {key!r} and under another name)")
             many = isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0)
             items = list(value) if many else [value]
-            if not items:
-                continue
+            if not items:  # not "the default": a list the caller meant to fill
+                raise GridError(f"{where}: {name} is an empty list; give a value or leave it out")
             if many and not option.axis and name != "task":
                 raise GridError(f"{where}: {name} takes one value, not a list")
             given[name] = tuple(option.check(v, where) for v in items)
@@ -135,6 +136,13 @@ class Runs:
 
     def describe(self) -> list[str]:
         return [g.describe() for g in self.groups]
+
+
+def _computes_on_host(spec: RunSpec) -> bool:
+    """Whether a run may compute experts on the host: the cpu miss mode, a placement (its misses
+    run there), or a policy that chooses per step which experts do (`host_misses`)."""
+    cls = spec.policy.cls
+    return spec.miss_mode is MissMode.CPU or not cls.loads_on_demand or cls.host_misses is not ExpertCache.host_misses
 
 
 def default_capacities(fit: int, pool_fit: int, top_k: int, where: str) -> list[CapacitySpec]:
@@ -247,6 +255,14 @@ class _Builder:
         unique = list({s.key: s for s in specs}.values())  # a combination listed twice runs and reports once
         if not unique:
             raise GridError(f"{g.where}: no run to build")
+        if "host_quant" in g.given and not any(_computes_on_host(s) for s in unique):
+            raise GridError(f"{g.where}: --host-quant is unused: it is the precision of the experts computed on the "
+                            "host, and no run computes one there; leave it out, or add a placement (n-cpu-moe, "
+                            "ktransformers, ...) or --miss-mode cpu")
+        if "host_policy" in g.given and all(s.host_cache is None for s in unique):
+            raise GridError(f"{g.where}: --host-policy {g.value('host_policy')} is unused: it manages the RAM tier, "
+                            "and no run has one (--host-cache none, or every expert fits the host RAM); leave it out "
+                            "or give --host-cache SIZE")
         return Runs(unique, refused, self.notes, groups)
 
     def _traffics(self) -> list[Traffic | None]:
@@ -261,6 +277,9 @@ class _Builder:
         g = self.grid
         planner = g.value("planner")
         specs = parse_policies(g.given.get("policy"), POLICIES, planner=planner)
+        if planner is not None and not any(dict(s.options).get("planner") == planner for s in specs):
+            raise GridError(f"{g.where}: --planner {planner} is unused: it is the planner of a bare `casmoe` policy, "
+                            "and none is run; add --policy casmoe, or name it in the policy: casmoe[planner=DIR]")
         from casmoe.planner.cached import AUTO, cached_planner
 
         out = []
@@ -353,12 +372,17 @@ class _Builder:
     def _host_caches(self, machine: Machine, whole: Any, nbytes: Sequence[int]) -> list[HostCache | None]:
         g = self.grid
         out: list[HostCache | None] = []
+        tier, note = default_host_cache(machine.hardware, nbytes, whole.geometry.experts, machine.preset,
+                                        bool(g.value("allow_overcommit")))
         for text in g.values("host_cache"):
             if text is None:
-                text, note = default_host_cache(machine.hardware, nbytes, whole.geometry.experts, machine.preset,
-                                                bool(g.value("allow_overcommit")))
+                text = tier
                 self.note(note)
             if text is None or str(text).strip().lower() == "none":
+                if text is not None and tier is not None:  # every expert in RAM, on a box whose RAM is smaller
+                    short = host_ram_shortfall(machine.hardware, nbytes, whole.geometry.experts, machine.preset)
+                    raise GridError(f"--host-cache none keeps every expert in host RAM, but {short}; give "
+                                    f"--host-cache {tier} (the default) or {OVERCOMMIT} for a what-if")
                 out.append(None)
                 continue
             tier = HostCache.parse(text, g.value("host_policy"), nbytes)

@@ -69,7 +69,9 @@ class HardwareProfile:
     peaks this box's host expert kernels reach when it was measured (a calibrated CPU backend: 1,
     its rates are achieved ones); 0 leaves them to the run's software stack and the shared
     default (`casmoe.sim.stack`), never to the GPU's efficiencies. `host_reserved_gib` is the
-    host RAM kept for the operating system and the runtime: experts get the rest.
+    host RAM kept for the operating system and the runtime (`HOST_RESERVED_GIB` with its source
+    when a profile with `host_ram_gib` leaves it out): experts get the rest, `host_ram_bytes`,
+    and what does not fit there is read from storage.
 
     Host threads, as a runtime runs them (llama.cpp `-t`, KTransformers `--cpu_infer`):
     `cpu_cores` are the physical cores of all sockets, `cpu_threads` those the expert kernels
@@ -157,7 +159,10 @@ class HardwareProfile:
         if self.cpu_threads and not self.cpu_cores:
             raise HardwareError(f"profile {self.name!r}: cpu_threads needs cpu_cores (the cores cpu_tflops counts)")
         if self.host_ram_gib and self.host_reserved_gib >= self.host_ram_gib:
-            raise HardwareError(f"profile {self.name!r}: host_reserved_gib must be below host_ram_gib")
+            raise HardwareError(
+                f"profile {self.name!r}: host_reserved_gib ({self.host_reserved_gib:g} GiB kept for the OS and the "
+                f"runtime) must be below host_ram_gib ({self.host_ram_gib:g}); give more host RAM or a smaller reserve"
+            )
         for n in ("matmul_efficiency", "mem_efficiency"):
             if not 0 < getattr(self, n) <= 1:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in (0, 1]")
@@ -212,7 +217,9 @@ class HardwareProfile:
 
     def host_ram_bytes(self) -> float:
         """Host RAM the experts may use: all of it but the reserve for the OS and runtime (0: the
-        profile does not say how much RAM it has)."""
+        profile does not say how much RAM it has). The dense part and the KV cache take none of
+        it: every simulated placement keeps them on the GPUs (`Machine.max_slots` charges them
+        there)."""
         return (self.host_ram_gib - self.host_reserved_gib) * GIB if self.host_ram_gib else 0.0
 
     def usable_bytes(self) -> int:
@@ -258,6 +265,9 @@ class HardwareProfile:
         raw = {**raw, **absent}
         if isinstance(raw.get("sources"), dict):
             raw["sources"] = {**raw["sources"], **{n: ABSENT for n in absent}}
+            if "host_reserved_gib" in absent and raw.get("host_ram_gib"):  # RAM stated: the OS keeps some of it
+                raw["host_reserved_gib"] = HOST_RESERVED_GIB
+                raw["sources"]["host_reserved_gib"] = HOST_RESERVED_SOURCE
         values: dict[str, Any] = {}
         for n, f in known.items():
             v = raw.get(n, {})
@@ -298,6 +308,13 @@ OPTIONAL = {
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
 ABSENT = "not given in the profile (0: not modelled)"
+HOST_RESERVED_GIB = 4.0
+"""Host RAM kept for the OS and the runtime when a profile states its RAM but no reserve."""
+HOST_RESERVED_SOURCE = (
+    "default when a profile gives host_ram_gib but no reserve (assumption): a headless Linux server uses 1-2 GiB, "
+    "a CUDA process's host side (driver, context, PyTorch or llama.cpp runtime, pinned staging buffers) 1-2 GiB more; "
+    "4 GiB keeps both out of the experts' RAM"
+)
 
 
 PUBLISHED_DIR = Path(__file__).with_name("published") / "profiles"
@@ -352,6 +369,15 @@ def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None
         if isinstance(host_ram_gib, bool) or not isinstance(host_ram_gib, (int, float)) or not (
                 math.isfinite(host_ram_gib) and host_ram_gib > 0):
             raise HardwareError(f"host RAM must be a finite number of GiB > 0, got {host_ram_gib!r}")
+        if not profile.host_ram_gib and not profile.host_reserved_gib:  # RAM now stated: the OS keeps some of it
+            values["host_reserved_gib"] = HOST_RESERVED_GIB
+            sources["host_reserved_gib"] = HOST_RESERVED_SOURCE
+        if host_ram_gib <= values.get("host_reserved_gib", profile.host_reserved_gib):
+            raise HardwareError(
+                f"host RAM of {host_ram_gib:g} GiB leaves nothing beside the "
+                f"{values.get('host_reserved_gib', profile.host_reserved_gib):g} GiB that "
+                f"{profile.name!r} keeps for the OS and the runtime (host_reserved_gib); give more than that"
+            )
         values["host_ram_gib"] = float(host_ram_gib)
         sources["host_ram_gib"] = "variant: the host RAM size searched over"
         spec.append(f"host_ram_gib={host_ram_gib:g}")
@@ -370,44 +396,69 @@ def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None
     return profile.with_values(sources, name=name, description=f"{profile.description} ({', '.join(spec)})", **values)
 
 
+VARIANT_FLAGS = {"gpus": "--gpus", "link": "--link", "host_ram_gib": "--host-ram", "cpu_threads": "--cpu-threads"}
+"""The run option that asks for each variant key besides a `NAME@...` spec."""
+
+
+def split_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """`NAME@key=value,...` (a variant of a variant too: `NAME@gpus=2@link=pcie5`) as the base
+    name or path and the variant's values as written; a key given twice is refused, so that no
+    value silently replaces another."""
+    text, options = spec, {}
+    hint = f"write NAME@{','.join(f'{k}=...' for k in VARIANT_KEYS)}, e.g. rtx4090x4@gpus=2,link=pcie5,host_ram_gib=64"
+    while "@" in text and not Path(text).exists():
+        text, _, tail = text.rpartition("@")
+        for item in tail.split(","):
+            key, eq, value = (part.strip() for part in item.partition("="))
+            if key not in VARIANT_KEYS or not eq or not value:
+                raise HardwareError(f"bad hardware variant {item.strip()!r} in {spec!r}; {hint}")
+            if key in options:
+                raise HardwareError(f"{key} is given twice in hardware variant {spec!r} ({value} and {options[key]}); "
+                                    "give it once")
+            options[key] = value
+    return text, options
+
+
+def _variant_value(key: str, text: str, spec: str) -> Any:
+    """One variant value as its type (gpus, cpu_threads: int; host_ram_gib: float; link: str)."""
+    if key == "link":
+        return text
+    try:
+        return float(text) if key == "host_ram_gib" else int(text)
+    except ValueError:
+        what = "a number of GiB" if key == "host_ram_gib" else "a whole number"
+        raise HardwareError(f"{key} must be {what}, got {text!r} in {spec!r}") from None
+
+
 def variant_spec(base: str, link: str = "", host_ram_gib: float | None = None, gpus: int | None = None,
                  cpu_threads: int | None = None) -> str:
-    """The hardware spec `load_profile` turns into `variant(load_profile(base), ...)`."""
-    parts = ([f"gpus={gpus}"] if gpus is not None else []) + ([f"link={link}"] if link else []) + (
-        [f"host_ram_gib={host_ram_gib:g}"] if host_ram_gib is not None else []) + (
-        [f"cpu_threads={cpu_threads}"] if cpu_threads is not None else [])
-    return f"{base}@{','.join(parts)}" if parts else base
+    """The hardware spec `load_profile` turns into `variant(load_profile(base), ...)`. `base`
+    may be a variant already (`rtx4090x4@gpus=2`): a value asked here that it gives otherwise is
+    refused naming both (the same value twice is one value)."""
+    name, written = split_variant(base)
+    values = {k: _variant_value(k, v, base) for k, v in written.items()}
+    asked = {"gpus": gpus, "link": link or None, "host_ram_gib": host_ram_gib, "cpu_threads": cpu_threads}
+    for key, value in asked.items():
+        if value is None:
+            continue
+        if key in values and values[key] != value:
+            shown = f"{value:g}" if key == "host_ram_gib" else value
+            raise HardwareError(f"hardware {base!r} gives {key}={written[key]}, and {VARIANT_FLAGS[key]} {shown} "
+                                f"another; give one of them")
+        values[key] = value
+    parts = [f"{k}={values[k]:g}" if k == "host_ram_gib" else f"{k}={values[k]}" for k in VARIANT_KEYS if k in values]
+    return f"{name}@{','.join(parts)}" if parts else name
 
 
 def load_profile(spec: str | Path) -> HardwareProfile:
     """A shipped profile name (`rtx4090x4`) or the path of a user's TOML file, optionally with
     a variant: `NAME@link=pcie5,host_ram_gib=64` (`variant`)."""
     text = str(spec)
-    if "@" in text and not Path(text).exists():
-        base, _, tail = text.rpartition("@")
-        options: dict[str, str] = {}
-        hint = f"write NAME@{','.join(f'{k}=...' for k in VARIANT_KEYS)}, e.g. rtx4090x4@gpus=2,link=pcie5,host_ram_gib=64"
-        for item in tail.split(","):
-            key, eq, value = (part.strip() for part in item.partition("="))
-            if key not in VARIANT_KEYS or not eq or not value:
-                raise HardwareError(f"bad hardware variant {item.strip()!r} in {text!r}; {hint}")
-            if key in options:
-                raise HardwareError(f"{key} is given twice in hardware variant {text!r}; give it once")
-            options[key] = value
-        try:
-            ram = float(options["host_ram_gib"]) if "host_ram_gib" in options else None
-        except ValueError:
-            raise HardwareError(f"host_ram_gib must be a number of GiB, got {options['host_ram_gib']!r} in {text!r}") from None
-        try:
-            gpus = int(options["gpus"]) if "gpus" in options else None
-        except ValueError:
-            raise HardwareError(f"gpus must be a whole number, got {options['gpus']!r} in {text!r}") from None
-        try:
-            threads = int(options["cpu_threads"]) if "cpu_threads" in options else None
-        except ValueError:
-            raise HardwareError(f"cpu_threads must be a whole number, got {options['cpu_threads']!r} in "
-                                f"{text!r}") from None
-        return variant(load_profile(base), options.get("link", ""), ram, gpus, threads)
+    base, options = split_variant(text)
+    if options:
+        values = {k: _variant_value(k, v, text) for k, v in options.items()}
+        return variant(load_profile(base), values.get("link", ""), values.get("host_ram_gib"), values.get("gpus"),
+                       values.get("cpu_threads"))
     shipped = profile_paths(published=True)
     if str(spec) in shipped:
         return HardwareProfile.from_file(shipped[str(spec)])

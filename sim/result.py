@@ -86,6 +86,7 @@ class SimResult:
     host_hits: int = 0
     host_misses: int = 0
     storage_bytes: int = 0
+    host_storage_reads: int = 0  # of host_misses, experts computed on the host that were read from storage first
     stall_storage_s: float = 0.0
     future_runs: int = 1  # runs an oracle needed until the step sequence it was given repeated
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,13 +63,18 @@ class Option:
         elif kind is float:
             ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
             value = float(value) if ok else value
-        else:  # text options: a capacity may be written as a number of slots
+        else:  # text options: a capacity may be written as a number of slots, a file as a path object
+            if isinstance(value, os.PathLike) and not isinstance(value, str):
+                value = os.fspath(value)
             ok = isinstance(value, str) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)
                                             and self.name in _SLOTS)
             value = str(value) if ok else value
         if not ok:
             what = "a whole number of slots or a memory size such as '24GB'" if self.name in _SLOTS else _KINDS[kind]
             raise GridError(f"{where}: {self.name} = {value!r} is not {what}")
+        if kind is str and not value.strip():  # no option means "the default" by an empty text
+            default = f" (default: {self.default})" if self.default is not None else ""
+            raise GridError(f"{where}: {self.name} is empty; give a value or leave it out{default}")
         if self.minimum is not None and value < self.minimum:
             raise GridError(f"{where}: {self.name} must be >= {self.minimum:g}, got {value}")
         if self.parser and isinstance(value, str):
@@ -147,10 +153,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("pinned", bool, "Copy from pinned host memory (--pageable: pageable).", default=True, axis=False,
            flags=("--pinned/--pageable",), group="box"),
     Option("host_cache", str, "RAM tier between storage and the GPUs, repeatable: memory (40GB), experts, or none; "
-           "default: every expert in RAM if they fit the profile's host RAM, else a RAM tier of all of it.",
-           group="box"),
+           "default: every expert in RAM if they fit the profile's host RAM less its reserve for the OS and "
+           "runtime, else a RAM tier of all of that.", group="box", parser="casmoe.sim.tiers:host_cache_text"),
     Option("host_policy", str, "Policy managing the RAM tier (any that does not read the future).", default="lru",
-           axis=False, group="box"),
+           axis=False, group="box", parser="casmoe.policies.spec:parse_policy"),
     Option("allow_overcommit", bool, "Simulate capacities, devices or RAM the box does not have (else refused).",
            default=False, axis=False, flags=("--allow-overcommit",), group="box"),
     Option("arrival", str, "Serve requests as they arrive: poisson (needs --rate) or trace (the trace's arrival "

@@ -131,6 +131,18 @@ class Traffic:
             raise ServingError(f"unknown --schedule {schedule!r}; one of {list(schedules)}")
         if kinds[arrival] is Arrival.POISSON and rate is None:
             raise ServingError("--arrival poisson needs --rate (requests per second)")
+        unused = [why for why, given in (  # a value that shapes another kind of serving would be dropped
+            ("--think is the closed loop's time between an answer and the next request (--users N)",
+             think != 0.0 and kinds[arrival] is not Arrival.CLOSED),
+            ("--rate is the Poisson arrivals' (--arrival poisson)",
+             rate is not None and kinds[arrival] is Arrival.TRACE),
+            ("--seed draws the Poisson arrivals (--arrival poisson --rate R)",
+             seed != 0 and kinds[arrival] is not Arrival.POISSON),
+            ("--chunk sizes the chunked schedule (--schedule chunked)",
+             chunk != 512 and schedules[schedule] is not Schedule.CHUNKED),
+        ) if given]
+        if unused:
+            raise ServingError(f"{unused[0]}, and this run has none; leave it out")
         return cls(kinds[arrival], rate or 0.0, users or 1, think, max_batch, schedules[schedule], chunk, seed,
                    prefill_batch)
 

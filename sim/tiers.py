@@ -13,6 +13,10 @@ expert first:
   costs exactly storage latency + read + copy latency + copy; of n chunks, the read plus one
   chunk's copy when the drive is the slower stage (the copies hide behind the reads).
 
+Experts computed on the host (placements such as n-cpu-moe and ktransformers, the cpu miss
+mode) read the same RAM: one the tier does not hold is read from storage before the host can
+compute it (`HostTier.host_ready`), at storage's price, and takes a place in the tier.
+
 The drive is one FIFO (`Storage`, a free-at time shared by every GPU's link): reads are served
 in the order the loads were issued, demand and prefetch alike. The tier's decisions depend only
 on the order of GPU loads, never on time, like every cache.
@@ -70,6 +74,7 @@ class HostTier:
         self.storage = storage
         self.expert_bytes = list(expert_bytes)  # per layer
         self._E = cache.geometry.experts
+        self.host_reads = 0  # host-computed experts read from storage (the rest of the misses: GPU loads)
 
     def begin_request(self, now: float, request: Any) -> None:
         """A request starts: the tier's policy may prefetch at request start (static, casmoe);
@@ -94,17 +99,47 @@ class HostTier:
         return self.storage.read(now, nbytes)
 
 
+    def host_ready(self, now: float, experts: Sequence[ExpertId], nbytes: int) -> float:
+        """When every one of `experts` (flat ids of the whole model, each of `nbytes`), chosen
+        at `now` to be computed on the host, is in RAM: `now` for those the tier holds, else the
+        end of their storage reads (issued at `now`, one after another on the drive). A
+        host-computed expert reads host RAM like a GPU copy does, so it takes a place in the
+        tier by the same policy."""
+        ready = now
+        for e in experts:
+            chunks = self.fetch(now, e, nbytes)
+            if chunks is not None:
+                self.host_reads += 1
+                if chunks[-1][0] > ready:
+                    ready = chunks[-1][0]
+        return ready
+
+
 class TierError(CasmoeError, ValueError):
     """A RAM tier that cannot be modelled (no storage numbers, larger than RAM, below top-k)."""
+
+
+def host_cache_text(text: str) -> None:
+    """`--host-cache` as written, checked before any work: memory (40GB), experts (60) or none."""
+    from casmoe.options import CapacitySpec
+
+    if text.strip().lower() == "none":
+        return
+    try:
+        CapacitySpec(text, per_layer=False)
+    except CasmoeError:
+        raise TierError(f"bad --host-cache {text!r}; give memory (40GB, 512MiB), a number of experts (60) or none "
+                        "(every expert in RAM)") from None
 
 
 @dataclass(frozen=True)
 class HostCache:
     """`--host-cache`: `rows` experts of host RAM (one pool for all layers), managed by `policy`
     (with `options`), and the size of the staging chunks a storage read is copied in. The
-    semantics are the backend's RAM tier's (backends/hostcache.py): one access per GPU load, in
-    issue order; requests bracketed by `begin_request` / `end_request`, whose request-start
-    prefetches (static, casmoe) are read into RAM; per-layer prefetch hooks never called; oracles
+    semantics are the backend's RAM tier's (backends/hostcache.py): one access per GPU load (and
+    per expert computed on the host, which the backend's tier does not model yet), in issue
+    order; requests bracketed by `begin_request` / `end_request`, whose request-start prefetches
+    (static, casmoe) are read into RAM; per-layer prefetch hooks never called; oracles
     refused (the tier's future is the GPUs' load sequence, which no trace holds)."""
 
     rows: int
@@ -120,7 +155,7 @@ class HostCache:
 
         spec = PolicySpec.parse(policy)
         rows = CapacitySpec(size, per_layer=False).resolve(expert_bytes).slots
-        return cls(rows, spec.cls, tuple(spec.options))
+        return cls(rows, spec.check(), tuple(spec.options))  # options it takes, none the runtime sets
 
     def nbytes(self, expert_bytes: Sequence[int]) -> float:
         return self.rows * sum(expert_bytes) / len(expert_bytes)
@@ -132,8 +167,13 @@ class HostCache:
         if hw.storage_read_gbs <= 0:
             raise TierError(f"profile {hw.name!r} has no storage tier (storage_read_gbs); add it to use --host-cache")
         size = self.nbytes(expert_bytes)
-        if hw.host_ram_gib and size > hw.host_ram_gib * 2**30:
-            raise TierError(f"--host-cache of {size / 1e9:.4g} GB exceeds the {hw.host_ram_gib:g} GiB of host RAM of {hw.name!r}")
+        budget = hw.host_ram_bytes()
+        if budget and size > budget:
+            raise TierError(
+                f"--host-cache of {size / 1e9:.4g} GB exceeds the {budget / 2**30:g} GiB of host RAM of {hw.name!r} "
+                f"left beside the {hw.host_reserved_gib:g} GiB it keeps for the OS and the runtime; give "
+                f"--host-cache {budget / 2**30:g}GiB or less"
+            )
         if self.policy.needs_future:
             raise TierError(f"--host-policy {self.policy.name!r} reads the future; the RAM tier takes a causal policy (lru, lfu, ...)")
         if self.rows < geometry.top_k:

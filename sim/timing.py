@@ -14,7 +14,9 @@ resumes `wake_us` after its last copy landed (a blocked host thread) and compute
 `resume_per_stall` of the time it waited. Loads go onto the link of their layer's device
 (`link.py`); which experts are still in flight is the link's to say, so the same walk prices
 decisions made in advance (`decide.py`) or, in the substitute miss mode, made layer by layer as
-it goes (its substitutes must have arrived).
+it goes (its substitutes must have arrived). With a RAM tier, an expert computed on the host that
+the tier does not hold is read from storage first (`HostTier.host_ready`): the host's share of
+the layer starts that much later, a demand stall on storage.
 
 Within a step no other process acts, so the walk is arithmetic: one step costs no SimPy event.
 """
@@ -216,6 +218,8 @@ class StepTimer:
         decide = shard.decider.visit
         landed: Callable[[ExpertId], None] = shard.cache.arrived if interleaved else _ignore
         early = self.prefetch_early and not interleaved
+        tier = self.tier
+        host_bytes = getattr(compute, "host_expert_bytes", ())  # the host experts' precision, if another
         visit_list = visits or []
         k = -1  # index of the running visit
         busy_total = self.compute_s
@@ -248,13 +252,23 @@ class StepTimer:
                 start = self._wait(shard, link, ll, experts, acc, routed, ready, on_device, interleaved)
             if nxt:  # the next layer's prefetches, issued as soon as this layer's router has run
                 self._issue(shard, routed, nxt)
+            stored = 0.0  # of `run`, the wait for host experts' storage reads
             if counts is None and not acc.cpu:  # one token per routed expert, all on the GPU
                 run = expert_pass + len(experts) * exp_time[ll]
             else:
                 run = self._experts_time(shard, ll, experts, None if counts is None else counts[ll], acc.cpu)
+                if acc.cpu and tier is not None:  # host experts not in RAM are read from storage first
+                    wait = tier.host_ready(routed, [first * self.E + e for e in acc.cpu],
+                                           host_bytes[first + ll] if host_bytes else shard.expert_bytes[ll]) - start
+                    if wait > 0:
+                        slower = self._experts_time(shard, ll, experts, None if counts is None else counts[ll],
+                                                    acc.cpu, wait)
+                        stored = slower - run
+                        self._storage_stall(first + ll, on_device, start, stored)
+                        run = slower
             if start > ready:
                 run += resume_rate * (start - ready)
-            busy, end = ready - t + run, start + run
+            busy, end = ready - t + run - stored, start + run  # waiting on the drive is no compute
             busy_total += busy
             device_busy[on_device] += busy
             if timeline is not None:
@@ -304,6 +318,15 @@ class StepTimer:
             if self.timeline is not None:
                 self.timeline.stall(on_device, ready, start, layer)
         return start
+
+    def _storage_stall(self, layer: int, device: int, start: float, stall: float) -> None:
+        """`stall` seconds the layer's host-computed experts, started at `start`, added by
+        waiting for their storage reads: a demand stall on storage, like a GPU load's."""
+        self.stall_demand += stall
+        self.stall_storage += stall
+        self.stall_by_layer[layer] += stall
+        if self.timeline is not None:
+            self.timeline.stall(device, start, start + stall, layer)
 
     def _late(self, link: Link, layer: int, experts: Sequence[ExpertId], routed: float, ready: float) -> float:
         """The last arrival of the layer's late hits (experts still in flight when the router
@@ -358,10 +381,11 @@ class StepTimer:
         if self.timeliness is not None:
             self.timeliness.issued(shard.first, loads)
 
-    def _experts_time(self, shard: Shard, ll: int, experts, counts, cpu) -> float:
+    def _experts_time(self, shard: Shard, ll: int, experts, counts, cpu, host_wait: float = 0.0) -> float:
         """Routed-expert time when tokens per expert vary or some experts run on the host:
         the device's pass (if any expert runs there) and the host's work combine as the
-        profile's `cpu_serial` says (the longer of the two beside a GPU, their sum on one thread)."""
+        profile's `cpu_serial` says (the longer of the two beside a GPU, their sum on one thread).
+        `host_wait`: the host starts that much later (its experts being read from storage)."""
         layer = shard.first + ll
         compute = self.compute
         expert = compute.expert
@@ -372,7 +396,7 @@ class StepTimer:
                 return compute.expert_pass + len(counts) * shard.expert_time[ll]
             return compute.expert_pass + sum(expert(layer, c) for c in counts)
         on_host = set(cpu)
-        gpu = host = 0.0
+        gpu, host = 0.0, host_wait
         on_gpu = False
         cpu_expert = compute.cpu_expert
         for e, c in zip(experts, counts):

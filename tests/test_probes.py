@@ -726,10 +726,6 @@ def test_the_leaderboard_says_each_skip_reason_once_with_its_cells(tmp_path):
     assert "priced as mixtral-8x7b on my4090" in table
 
 
-REPORTED = pytest.mark.xfail(strict=False, reason="issue 38: a fix outside this branch's files (reported to the lead)")
-
-
-@REPORTED
 @pytest.mark.parametrize("argv", [
     SIM + ["--policy", "lru", "--capacity", "2", "--policy", "n-cpu-moe[gpu=3]"],  # skipped, not refused
     SIM + ["--policy", "speculative[experts=1,experts=2]", "--capacity", "2"],  # one value dropped
@@ -743,3 +739,54 @@ REPORTED = pytest.mark.xfail(strict=False, reason="issue 38: a fix outside this 
 def test_reported_option_values_that_still_reach_a_run(tmp_path, monkeypatch, capsys, argv):
     code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
     assert_one_line(code, err)
+
+
+# ---- option values that are empty, given twice, contradictory or unused: the same class, more members --------
+
+
+@pytest.mark.parametrize("argv,says", [
+    (SIM + ["--policy", "lru", "--capacity", "2", "--requests", "1"], "--requests is given 2 times"),  # one value twice
+    (SIM + ["--policy", "lru", "--capacity", "2", "--split", "all", "--split", "train"], "--split is given 2 times"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--stack", ""], "stack is empty"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--model", " "], "model is empty"),
+    (SIM + ["--policy", "casmoe[planner=]", "--capacity", "2"], "bad option 'planner='"),  # an empty policy option
+    (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@host_ram_gib=32", "--host-ram", "64"],
+     "host_ram_gib=32, and --host-ram 64"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@gpus=2@gpus=4"], "gpus is given twice"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@cpu_threads=8", "--cpu-threads", "16"],
+     "cpu_threads=8, and --cpu-threads 16"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--host-policy", "lfu"], "--host-policy lfu is unused"),  # RAM fits
+    (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@host_ram_gib=2"], "for the OS"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--hardware", "rtx4090x4@host_ram_gib=64", "--host-cache", "none"],
+     "--host-cache none keeps every expert in host RAM"),  # Mixtral's 90 GB in 60 GiB
+    (SIM + ["--policy", "lru", "--capacity", "2", "--host-cache", "300GB"], "left beside the 4 GiB"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--host-quant", "int4"], "--host-quant is unused"),  # no host expert
+    (SIM + ["--policy", "lru", "--capacity", "2", "--host-cache", "fit"], "bad --host-cache 'fit'"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--host-cache", "40GB", "--host-policy", "lru[capacity=2]"],
+     "no option 'capacity'"),  # an option the runtime sets: a traceback before
+    (SIM + ["--policy", "lru", "--capacity", "2", "--host-cache", "40GB", "--host-policy", "lfu[expert_bytes=3]"],
+     "no option 'expert_bytes'"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--users", "2", "--chunk", "8"], "--chunk sizes the chunked"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--arrival", "poisson", "--rate", "1", "--think", "1"],
+     "--think is the closed loop's"),
+    (SIM + ["--policy", "lru", "--capacity", "2", "--users", "2", "--seed", "3"], "--seed draws the Poisson"),
+])
+def test_option_values_empty_twice_contradictory_or_unused_are_one_line(tmp_path, monkeypatch, capsys, argv, says):
+    code, _, err = cli(argv, tmp_path, monkeypatch, capsys)
+    assert_one_line(code, err)
+    assert says in err
+
+
+def test_the_python_api_takes_numpy_numbers_and_refuses_the_rest_in_one_line():
+    import casmoe.sim
+    from casmoe.errors import CasmoeError
+
+    base = dict(trace=str(TRACE), policies=["lru"], requests=np.int64(1))
+    (rec,) = casmoe.sim.simulate(capacities=[np.int64(2)], batch=np.int32(1), hardware=PROFILE, **base).records
+    assert rec["capacity"] == "2/layer" and rec["hardware"] == "rtx4090x4"  # a path object names a file as a str does
+    for bad, says in [(dict(capacities=4.5), "capacity = 4.5 is not"), (dict(capacities=[]), "empty list"),
+                      (dict(capacity=2, link=""), "link is empty"),
+                      (dict(capacity=2, hardware="rtx4090x4@link=pcie3", link="pcie5"), "link=pcie3, and --link")]:
+        with pytest.raises(CasmoeError, match=says) as info:
+            casmoe.sim.simulate(**bad, **base)
+        assert "\n" not in str(info.value)

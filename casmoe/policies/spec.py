@@ -79,13 +79,16 @@ class PolicySpec:
         m = re.fullmatch(r"\s*([^\[\]\s]+)\s*(?:\[(.*)\])?\s*", text)
         if not m:
             raise PolicySpecError(f"bad policy {text!r}; write NAME or NAME[key=value,...], e.g. casmoe[predictor=noisy]")
-        options = []
+        options: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in (m.group(2) or "").split(","))):
-            key, eq, val = part.partition("=")
-            if not eq or not key.strip():
+            key, eq, val = (x.strip() for x in part.partition("="))
+            if not eq or not key or not val:
                 raise PolicySpecError(f"bad option {part!r} in policy {text!r}; write key=value")
-            options.append((key.strip(), _value(val.strip())))
-        return cls(m.group(1), tuple(sorted(options)))
+            if key in options:  # one value would silently replace the other
+                raise PolicySpecError(f"option {key} is given twice in policy {text!r} ({options[key]} and {val}); "
+                                      "give it once")
+            options[key] = _value(val)
+        return cls(m.group(1), tuple(sorted(options.items())))
 
     @property
     def label(self) -> str:

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 from casmoe.precision import Precision, parse_precision
 from casmoe.presets import ModelPreset
 from casmoe.sim.deploy.engines import fact
+from casmoe.sim.hardware import HOST_RESERVED_GIB
 
 GIB = 1024**3
 MIB = 1024**2
@@ -52,6 +53,7 @@ class Box:
     threads: int = 0
     hardware: str = ""
     reserved_gib: float = 0.0  # the profile's own per-GPU reserve (casmoe's backend uses it)
+    host_reserved_gib: float = HOST_RESERVED_GIB  # host RAM kept for the OS and the engine: the profile's
 
     @property
     def gpus(self) -> int:
@@ -315,7 +317,7 @@ def base(engine: str, preset: ModelPreset, box: Box, precisions: Precisions, con
             notes.append(f"reserve per GPU: {how}")
     host_total = int(box.host_ram_gib * GIB)
     nodes = max(1, box.numa_nodes)
-    sys_reserve = int(rules()["host"]["reserve_gib"] * GIB)
+    sys_reserve = int(box.host_reserved_gib * GIB)  # the profile's, as the simulator's RAM budget has it
     other = head if engine == "llama.cpp" else 0  # llama.cpp's token embedding table
     host = tuple(HostNode(n, host_total // nodes, sys_reserve // nodes, other // nodes + (n == 0) * (other % nodes))
                  for n in range(nodes))

@@ -233,7 +233,7 @@ def box_of(profile: HardwareProfile, spec: str, req: PlanRequest) -> mem.Box:
     nodes = req.numa_nodes or int(getattr(profile, "numa_nodes", 0) or getattr(profile, "sockets", 0) or 0) \
         or _sockets(profile.cpu)
     return mem.Box(profile.name, tuple(float(g) for g in gpus), profile.host_ram_gib, nodes, threads, spec,
-                   profile.reserved_gib)
+                   profile.reserved_gib, profile.host_reserved_gib)
 
 
 def _sockets(cpu: str) -> int:
