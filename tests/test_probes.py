@@ -688,6 +688,23 @@ def test_a_normal_simulate_prints_what_was_asked_and_the_precision(tmp_path, mon
     assert "experts at bf16 (352 MB each)" in first and "fit in GPU memory" not in out
 
 
+def test_the_first_line_says_every_precision_and_the_top_k(tmp_path, monkeypatch, capsys):
+    """The precision of each part and the routing's top-k are said where they are priced, not
+    only in `trace info`: a top-6 trace of a top-8 model says so, and a llama.cpp mix its range."""
+    code, out, err = cli(SIM + ["--policy", "lru", "--capacity", "2", "--dense-quant", "q8_0", "--host-quant", "int4"],
+                         tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert "host-computed experts at int4" in first and "dense part at q8_0" in first and "top-2 of 8" in first
+    qwen = REPO / "traces" / "synthetic-qwen3.npz"
+    code, out, err = cli(["simulate", "--trace", str(qwen), "--requests", "1", "--policy", "lru", "--capacity", "8",
+                          "--hardware", "rtx5090", "--out", "q", "--plots", "none"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert "2.65-3.06 MB each, by layer, 4.5-5.2 bits/weight" in first
+    assert "top-6 of 128 (the trace's routing; qwen3-30b-a3b routes 8" in first
+
+
 def test_a_multi_line_library_warning_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "warns.py").write_text(
         "import warnings\nfrom casmoe.policies.lru import LRU\n\nclass P(LRU):\n    name = 'p'\n\n"
