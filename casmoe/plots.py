@@ -34,7 +34,9 @@ COLOURS = (  # tab10, then ten darker or more saturated ones; with the markers, 
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
     "#000000", "#393b79", "#a6761d", "#e7298a", "#006d6f", "#66a61e", "#a50f15", "#6a3d9a", "#b15928", "#6b6b00",
 )
-MARKERS = ("o", "s", "D", "^", "v", "<", ">", "p", "*", "X", "P", "d", "h", "x", "+")  # no two alike
+# no two alike at the legend's size: a thin diamond ('d') read as the diamond ('D') of another
+# policy in a blue-purple neighbour's colour (fiddler beside n-cpu-moe[gpu_prefill=32])
+MARKERS = ("o", "s", "D", "^", "v", "<", ">", "p", "*", "X", "P", "1", "h", "x", "+")
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,8 @@ def _setting(axis: str, r: dict[str, Any]) -> str:
         return f"RAM tier {sig(v)} GB" if v else "every expert in RAM"
     if axis == "capacity":
         return f"cache {v} ({sig(r['capacity_gb'])} GB)"
+    if axis == "stack":
+        return "ideal stack (an upper bound)" if v in (None, "ideal") else f"{v} stack"
     return f"{axis.replace('_', ' ')} {v}"
 
 
@@ -155,6 +159,8 @@ def run_context(records: Sequence[dict[str, Any]], per: str = "panel") -> str:
     trace = _trace(r) if same("trace") else f"each {per}'s trace"
     settings = [_setting(a, r) for a in ("batch", "miss_mode", "quant", "host_cache_gb") if a in r and same(a)
                 and (a != "host_cache_gb" or r[a])]
+    if "stack" in r:  # every figure assumed a runtime's costs: say whose (a record without one predates stacks)
+        settings.append(_setting("stack", r) if same("stack") else f"each {per}'s stack")
     if "workload" in r and same("workload"):
         settings.append(str(r["workload"]).replace("back-to-back", "requests back to back"))
     return f"{model} on {where}, {trace}" + (f"\n{', '.join(settings)}" if settings else "")
@@ -487,7 +493,9 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
                 ax.set_ylim(-3, 103)
             else:
                 _from_zero(ax)
-            ax.set_title(f"{facet}: {name}" if facet else name, fontsize="small")
+            # the row's setting on a line of its own, wrapped to the panel: long box names
+            # ('rtx4090-64g@gpus=2,link=pcie5 (2 GPUs)') would run into the next panel's title
+            ax.set_title(textwrap.fill(facet, 48) + f"\n{name}" if facet else name, fontsize="small")
             ax.set_ylabel(ylabel, fontsize="small")
             ax.set_xlabel("expert cache, all GPUs (GB)", fontsize="small")
             _gb_ticks(ax, sizes, rs)

@@ -221,6 +221,24 @@ def test_policy_styles_are_distinct_fixed_for_built_ins_and_dashed_for_oracles()
     assert styles("belady*").dashed and not styles("lru").dashed
 
 
+def test_markers_are_unlike_each_other():
+    """A thin and a thick diamond (or hexagon) read as one marker in a small legend."""
+    markers = set(plots.MARKERS)
+    assert len(markers) == len(plots.MARKERS)
+    assert not {"d", "D"} <= markers and not {"h", "H"} <= markers and not {"o", "8"} <= markers
+
+
+def test_titles_name_the_stack_the_figures_assumed():
+    fig = plots.figure_decode_vs_capacity([{**r, "stack": "llama.cpp"} for r in RECORDS])
+    assert "llama.cpp stack" in fig.get_suptitle()
+    fig = plots.figure_stall_by_layer([{**r, "stack": "ideal"} for r in AT_SMALLEST])
+    assert "ideal stack (an upper bound)" in fig.get_suptitle()
+    both = [{**r, "stack": "ideal"} for r in RECORDS] + [{**r, "stack": "llama.cpp"} for r in RECORDS]
+    fig = plots.figure_decode_vs_capacity(both)
+    assert "each row's stack" in fig.get_suptitle()
+    assert any(ax.get_title().startswith("llama.cpp stack\n") for ax in fig.axes)  # the row's setting on its own line
+
+
 def test_search_panels_per_config_policies_styled_target_in_legend():
     recs = [{**record(p, s), "quant": q} for p in ("lru", "ondemand") for s in (2, 4) for q in ("bf16", "int8")]
     points = [SearchPoint(r, r["capacity_gb"], r["decode_tokens_per_s"] >= 5, r["capacity"] == "4/layer" and
