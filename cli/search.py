@@ -45,7 +45,7 @@ def search(
     won by the cheaper box. Default: lru and semoe on the first 12 requests."""
     from casmoe.output import check_dir_target, write_text
     from casmoe.sim.prices import load_prices
-    from casmoe.sim.search import SearchError, Target, configs
+    from casmoe.sim.search import SearchError, Target, configs, priced
     from casmoe.sim.search import search as run_search
 
     check_dir_target(out, "--out")
@@ -56,9 +56,10 @@ def search(
     table = load_prices(prices)
     defaults = {"policy": ("lru", "semoe"), "requests": 12}
     grid = grid.with_values(**{k: v for k, v in defaults.items() if k not in grid.given})
-    result = run_search(configs(grid), goal, str(out), jobs=jobs, ray_address=ray_target(ray, ray_address),
+    candidates = configs(grid)
+    result = run_search(candidates, goal, str(out), jobs=jobs, ray_address=ray_target(ray, ray_address),
                         prices=table, budget=budget)
-    summary = _summary(result)
+    summary = {"priced": priced(candidates), **_summary(result)}
     out.mkdir(parents=True, exist_ok=True)  # no point ran when every config is settled before a run
     write_text(out / "search.json", json.dumps(summary, indent=2))
     _plot(out / "search.png", result)
@@ -121,6 +122,8 @@ def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
     from casmoe.sim.search import TIE
 
     metric = result.target.metric
+    for line in summary["priced"]:  # the model, its precisions and the requests every row below was priced on
+        typer.echo(line)
     cols = ["config", "price_usd", "slots_per_layer", "memory_gb", metric, UNCERTAINTY, "evidence"]
     shown = [_priced(r) for r in summary["pareto"]]
     if shown:

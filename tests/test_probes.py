@@ -705,6 +705,16 @@ def test_the_first_line_says_every_precision_and_the_top_k(tmp_path, monkeypatch
     assert "top-6 of 128 (the trace's routing; qwen3-30b-a3b routes 8" in first
 
 
+def test_search_says_the_model_precisions_and_requests_it_priced(tmp_path, monkeypatch, capsys):
+    code, out, err = cli(SEARCH + ["--target", "tok/s>=0.1", "--quant", "int4", "--hardware", "rtx5090"],
+                         tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("tiny-mixtral.npz: 2 of 800 requests") and "model mixtral-8x7b" in first
+    assert "experts at int4" in first and "dense part at bf16" in first and "top-2 of 8" in first
+    assert json.loads((tmp_path / "s" / "search.json").read_text())["priced"] == [first]
+
+
 def test_a_multi_line_library_warning_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "warns.py").write_text(
         "import warnings\nfrom casmoe.policies.lru import LRU\n\nclass P(LRU):\n    name = 'p'\n\n"
