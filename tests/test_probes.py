@@ -715,6 +715,19 @@ def test_search_says_the_model_precisions_and_requests_it_priced(tmp_path, monke
     assert json.loads((tmp_path / "s" / "search.json").read_text())["priced"] == [first]
 
 
+def test_the_leaderboard_plot_names_the_users_trace_and_the_requests_scored(tmp_path, monkeypatch, capsys):
+    import casmoe.plots
+
+    drawn = []
+    monkeypatch.setattr(casmoe.plots, "plot_decode_vs_capacity", lambda path, records: drawn.append(records))
+    code, _, err = cli(["leaderboard", "--trace", str(TRACE), "--requests", "1", "--no-fit-planner", "--out", "o",
+                        "--hardware", "rtx5090", "--quant", "int4"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    (records,) = drawn
+    context = casmoe.plots.run_context(records)
+    assert "trace tiny-mixtral.npz (1 held-out request)" in context and "heldout" not in context
+
+
 def test_a_multi_line_library_warning_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "warns.py").write_text(
         "import warnings\nfrom casmoe.policies.lru import LRU\n\nclass P(LRU):\n    name = 'p'\n\n"
