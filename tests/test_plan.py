@@ -99,6 +99,17 @@ def test_every_engine_on_qwen3_fits_and_parses(tmp_path):
     assert counts[0] == max(counts)
 
 
+def test_a_plan_note_never_gives_simulates_remedies(tmp_path):
+    """llama.cpp's placement fills the 4090 past the profile's reserved_gib: simulated anyway, and
+    said so, without the refusal's 'give --context 53 ... or --allow-overcommit' (simulate's
+    remedies, for a placement the plan chose itself)."""
+    plan = make_plan(PlanRequest("qwen3-30b-a3b", BOX, engines=("llama.cpp",), requests=2, compare=False),
+                     tmp_path / "q")
+    notes = [n for c in plan.candidates() for n in c.notes]
+    assert any(n.startswith("simulated past the simulator's own memory check") for n in notes)
+    assert not any("--allow-overcommit" in n or "give --" in n for n in notes), notes
+
+
 def test_a_box_where_everything_fits_is_all_on_the_gpu(tmp_path):
     plan = make_plan(PlanRequest("qwen3-30b-a3b", "h200-sxm@gpus=1", context=8192, requests=2, compare=False,
                                  gpu_precision="bf16"), tmp_path / "h")

@@ -752,8 +752,12 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], Any
             continue
         spec, why = _spec_of({**c.sim, "_engine": c.engine})
         if why:
-            c.notes.append(f"simulated past the simulator's own memory check ({why}); the memory map above is this "
-                           "plan's")
+            # the refusal's remedy ('give --context 53 or --global-capacity 2174, or --allow-overcommit')
+            # is simulate's: the plan chose this placement itself and its memory map is the plan's own
+            reason = why.split("; give ", 1)[0]
+            c.notes.append(f"simulated past the simulator's own memory check ({reason}: the simulator counts the "
+                           "profile's reserved_gib where the plan counts each engine's own reserve); the memory "
+                           "map above is this plan's")
         specs.append(spec)
         owners.append(("candidate", c, spec))
     for meta, values in comparison or []:
