@@ -728,6 +728,17 @@ def test_the_leaderboard_plot_names_the_users_trace_and_the_requests_scored(tmp_
     assert "trace tiny-mixtral.npz (1 held-out request)" in context and "heldout" not in context
 
 
+def test_the_python_api_says_what_it_priced_and_its_repr_is_short():
+    import casmoe.sim
+
+    res = casmoe.sim.simulate(trace=str(TRACE), policies=["lru"], capacities=[2], hardware="rtx5090", quant="int4",
+                              requests=1)
+    first, *rest = str(res).splitlines()
+    assert "model mixtral-8x7b on rtx5090 (1 GPU), experts at int4" in first and "top-2 of 8" in first
+    assert rest == res.headline().splitlines()
+    assert len(repr(res)) < 600 and "mixtral-8x7b" in repr(res)
+
+
 def test_a_multi_line_library_warning_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "warns.py").write_text(
         "import warnings\nfrom casmoe.policies.lru import LRU\n\nclass P(LRU):\n    name = 'p'\n\n"
