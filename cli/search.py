@@ -77,7 +77,10 @@ def _row(config: Any, record: dict[str, Any], result: Any) -> dict[str, Any]:
     return {
         "config": label(config), "gpus": config.machine.devices, "policy": config.policy.label,
         "stack": config.machine.stack.name,
-        "slots_per_layer": record["capacity_slots"], "memory_gb": round(memory_gb(record), 3),
+        # '22/layer', or '51 global' (one pool of whole experts, on a box that holds fewer than top_k per layer)
+        "cache": record["capacity"],
+        "slots_per_layer": record["capacity_slots"] if record["capacity"].endswith("/layer") else None,
+        "memory_gb": round(memory_gb(record), 3),
         "price_usd": None if price is None or price.usd is None else round(price.usd, 2),
         "price": "unknown" if price is None else price.describe(),
         "price_caveat": bool(price is not None and price.caveats),
@@ -124,7 +127,7 @@ def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
     metric = result.target.metric
     for line in summary["priced"]:  # the model, its precisions and the requests every row below was priced on
         typer.echo(line)
-    cols = ["config", "price_usd", "slots_per_layer", "memory_gb", metric, UNCERTAINTY, "evidence"]
+    cols = ["config", "price_usd", "cache", "memory_gb", metric, UNCERTAINTY, "evidence"]
     shown = [_priced(r) for r in summary["pareto"]]
     if shown:
         print_table(shown, cols, f"cheapest configurations meeting {summary['target']} (Pareto: GPUs, memory, box "

@@ -657,14 +657,29 @@ def test_search_takes_one_target(tmp_path, monkeypatch, capsys):
     assert "give one --target" in err
 
 
-def test_search_on_a_box_below_top_k_names_an_option_that_holds_it(tmp_path, monkeypatch, capsys):
+def test_search_on_a_box_below_top_k_searches_pools_of_whole_experts(tmp_path, monkeypatch, capsys):
+    """One 24 GB card holds 1 Mixtral bf16 expert per layer, below top_k: the search bisects one
+    pool of whole experts (as simulate's default sizes there), from none for a placement."""
     _box_4090(tmp_path)
+    args = SEARCH + ["--model", "mixtral-8x7b", "--hardware", "my4090.toml", "--target", "tok/s>=0.1",
+                     "--policy", "n-cpu-moe"]
+    code, out, err = cli(args, tmp_path, monkeypatch, capsys)
+    assert code == 0 and "cheapest configurations" in out, err
+    rows = json.loads((tmp_path / "s" / "search.json").read_text())["pareto"]
+    assert {r["cache"] for r in rows} == {"0 global"} and all(r["slots_per_layer"] is None for r in rows)
+    lru = [r for r in json.loads((tmp_path / "s" / "search.json").read_text())["answers"] if r["policy"] == "lru"]
+    assert lru and lru[0]["cache"].endswith(" global") and int(lru[0]["cache"].split()[0]) >= 2
+
+
+def test_search_on_a_box_below_one_pool_of_top_k_names_an_option_that_holds_it(tmp_path, monkeypatch, capsys):
+    box = _box_4090(tmp_path)
+    box.write_text(box.read_text().replace("memory_gib = 24.0", "memory_gib = 5.0"))  # no expert beside the dense part
     args = SEARCH + ["--model", "mixtral-8x7b", "--hardware", "my4090.toml", "--target", "tok/s>=0.1"]
     code, out, err = cli(args, tmp_path, monkeypatch, capsys)
     assert code == 0, err
-    assert "below top_k=2; --quant int8 holds 3" in out and (tmp_path / "s" / "search.json").exists()
-    code, out, err = cli(args + ["--quant", "int8"], tmp_path, monkeypatch, capsys)
-    assert code == 0 and "cheapest configurations" in out, err
+    assert "the GPUs hold 0 whole experts beside the dense weights, below top_k=2; --gpus 2 holds 6 whole experts" in out
+    assert "needs none (--policy n-cpu-moe)" in out
+    assert (tmp_path / "s" / "search.json").exists()
 
 
 @pytest.mark.parametrize("command", [SEARCH + ["--target", "tok/s>=3", "--out", "o"],
