@@ -195,9 +195,13 @@ def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:
     trace = whole_trace(str(h.scored), file_digest(h.scored))
     sizes = [int(r["capacity_spec"]) for r in refused]
     steps = steps_to_hold(machine, trace, max(sizes), min(sizes))
+    box = ""
+    if min(sizes) == trace.geometry.top_k:  # not even top_k per layer: what this box runs as it is
+        box = ("; this box as it is: `casmoe simulate` on it (its default sizes: the most slots per layer it holds and "
+               "one pool of whole experts) and the placements that need no slot (--policy n-cpu-moe --global-capacity 0)")
     return (f"to run the sizes it skipped ({', '.join(map(str, sorted(set(sizes))))} slots/layer; the leaderboard's "
             f"sizes are 1, 1.5, 2 and 4 x top_k): {steps + ' per layer; or ' if steps else ''}--allow-overcommit "
-            "(simulates a cache the GPUs do not hold)")
+            f"(simulates a cache the GPUs do not hold){box}")
 
 
 TRUSTED = "decode_tokens_per_s"
@@ -250,7 +254,10 @@ def skipped_lines(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
     for r in records:
         if "skipped" in r:
             cap = r["capacity_spec"]
-            why = re.sub(rf"(?<![\w.]){re.escape(cap)}(?![\w.])", "N", r["skipped"]) if cap.isdigit() else r["skipped"]
+            why = r["skipped"]
+            if "beside the dense weights" in why:  # simulate's remedy (give --capacity ...): not a leaderboard
+                why = why.split("; give ", 1)[0]  # option; the line after the tables says what holds the sizes
+            why = re.sub(rf"(?<![\w.]){re.escape(cap)}(?![\w.])", "N", why) if cap.isdigit() else why
             reasons.setdefault(why, []).append((short_label(r["policy"], h), cap))
     out = []
     for why, cells in reasons.items():
