@@ -410,10 +410,14 @@ def _share(key: str) -> Callable[[dict[str, Any], Any], float | None]:
 
 
 def _loaded_misses(r: dict[str, Any], _: Any) -> float | None:
-    """Misses served by a load over the link: misses less those computed on the host or substituted."""
+    """Accesses that waited for a load over the link: the misses less those computed on the host
+    or substituted, and the late hits (a prefetch still in flight). A hit on an expert still
+    being copied waits as a miss does: layer-offload, whose every streamed expert is a
+    prefetch, drew at 0% here while it waited on the link most of all."""
     if not r.get("accesses"):
         return 100 * (1 - r["hit_rate"])
-    return 100 * (r["misses"] - r.get("cpu_computed", 0) - r.get("substitutions", 0)) / r["accesses"]
+    waited = r["misses"] - r.get("cpu_computed", 0) - r.get("substitutions", 0) + r.get("late_hits", 0)
+    return 100 * waited / r["accesses"]
 
 
 def _vs_lru(r: dict[str, Any], lru: dict[str, Any] | None) -> float | None:
@@ -456,7 +460,8 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
     ]
     if any(r["policy"] == "lru" for r in records) and any(r["policy"] != "lru" for r in records):
         panels.append(("change over LRU", "decode tokens/s vs LRU at the same size (%)", _vs_lru))
-    panels.append(("misses loaded over the link", "loaded misses (% of expert accesses)", _loaded_misses))
+    panels.append(("misses and late prefetches: loaded over the link", "waited for a load (% of expert accesses)",
+                   _loaded_misses))
     if any(r.get("cpu_computed") for r in records):
         panels.append(("misses computed on the host (not loaded)", "computed on the host (% of accesses)",
                        _share("cpu_computed")))
@@ -485,7 +490,7 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
             values = [v for ys in series.values() for v in ys]
             if name == "change over LRU":
                 _change_axis(ax, values)
-            elif name.startswith("misses loaded"):
+            elif name.startswith("misses and late"):
                 _zero_safe_log(ax, values, linear_below=1 if any(v == 0 for v in values) else None, unit="%")
                 _log_ticks(ax)
                 ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}%" if v else "0")

@@ -221,6 +221,17 @@ def test_policy_styles_are_distinct_fixed_for_built_ins_and_dashed_for_oracles()
     assert styles("belady*").dashed and not styles("lru").dashed
 
 
+def test_the_loaded_panel_counts_late_prefetches_as_waits():
+    """A policy whose every load is a prefetch still in flight when needed (layer-offload) waits on
+    the link as a miss does: drawn at its share, not at 0%."""
+    streamed = [{**r, "policy": "layer-offload", "misses": 0, "hits": 1000, "late_hits": 900, "hit_rate": 1.0}
+                for r in RECORDS if r["policy"] == "ondemand"]
+    fig = plots.figure_decode_vs_capacity(RECORDS + streamed)
+    loaded = next(ax for ax in fig.axes if "loaded over the link" in ax.get_title())
+    (line,) = [ln for ln in loaded.get_lines() if ln.get_gid() == "layer-offload"]
+    assert list(line.get_ydata()) == pytest.approx([90.0] * 3)
+
+
 def test_markers_are_unlike_each_other():
     """A thin and a thick diamond (or hexagon) read as one marker in a small legend."""
     markers = set(plots.MARKERS)
