@@ -277,16 +277,28 @@ def kt_method(host: Precision, cpu: str) -> str:
 
 def sim_quant(precision: Precision, preset: ModelPreset, trace_bytes: Sequence[int]) -> tuple[str, str | None]:
     """The simulator's `quant` for experts at `precision`: the trace's measured bytes when they
-    are this precision's, an exact `--quant`, else the nearest by bits (and a note saying so)."""
+    are this precision's, else the precision itself by name (`--quant` takes every precision of
+    casmoe/precisions.toml, llama.cpp's mixes with their per-layer types included), else the
+    nearest by bits (and a note saying so). The nearest once stood in for every name but bf16,
+    fp16, int8 and int4: q4_k_m's 4.5-6.6 bits were priced as int4's 4."""
+    from casmoe.options import OptionError, parse_quant
+
     want = preset.expert_bytes_per_layer(precision)
     if trace_bytes and list(trace_bytes) == want:
         return "trace", None
+    try:
+        known = parse_quant(precision.name)
+    except OptionError:
+        known = None
+    if known is not None and preset.expert_bytes_per_layer(known) == want:
+        return precision.name, None
     for q in Quant:
         if q.value == precision.name:
             return q.value, None
     nearest = min(Quant, key=lambda q: (abs(q.bits - precision.leaf.bits), q.value))
     return nearest.value, (f"the simulator prices experts at {nearest.value} ({nearest.bits} bits) for "
-                           f"{precision.name} ({precision.leaf.bits:g} bits): its --quant takes bf16, fp16, int8, int4")
+                           f"{precision.name} ({precision.leaf.bits:g} bits): its --quant does not know "
+                           f"{precision.name}")
 
 
 def uncertainty(record: dict[str, Any] | None, decode: float | None) -> tuple[tuple[float, float] | None, str]:
