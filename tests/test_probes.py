@@ -812,6 +812,17 @@ def test_profiles_show_an_unstated_number_as_unstated_not_zero(tmp_path, monkeyp
     assert code == 0 and "not stated" not in out, err  # the shipped profiles state every one
 
 
+def test_uncertainty_notes_that_differ_only_in_the_box_are_one():
+    from casmoe.report import uncertainty_notes
+
+    text = "x/÷ 1.50 (80% of 26 published cache rows); outside what was validated: {} is not one of the 14 published boxes"
+    records = [{"policy": "lru", "hardware": box, "uncertainty": text.format(box)} for box in ("a@gpus=1", "a@gpus=2")]
+    assert uncertainty_notes(records, lambda r: r["policy"]) == [
+        "every row: x/÷ 1.50 (80% of 26 published cache rows); outside what was validated: a@gpus=1, a@gpus=2 are not "
+        "among the 14 published boxes"]
+    assert uncertainty_notes(records[:1], lambda r: r["policy"]) == ["every row: " + text.format("a@gpus=1")]
+
+
 REPORTED = pytest.mark.xfail(strict=False, reason="issue 38: a fix outside this branch's files (reported to the lead)")
 
 
