@@ -18,7 +18,10 @@ FIXED = ("policy", "planner", "capacity", "global_capacity", "split", "task", "s
 
 
 @app.command()
-@run_options("routing", "box", "serving", exclude=FIXED)
+@run_options("routing", "box", "serving", exclude=FIXED, helps={
+    "trace": "Trace (.npz), repeatable: one workload each, split into train and held-out requests; default: the "
+             "shipped tiny-mixtral, tiny-olmoe and synthetic-qwen3.",
+})
 def leaderboard(
     grid: Grid,
     requests: int = typer.Option(24, min=0, help="Held-out requests scored per workload (0: all of them)."),

@@ -19,7 +19,11 @@ if TYPE_CHECKING:
 
 
 @app.command()
-@run_options("routing", "box", "serving", exclude=("capacity", "global_capacity"))
+@run_options("routing", "box", "serving", exclude=("capacity", "global_capacity"), helps={
+    "policy": "Policy, repeatable: NAME, NAME[key=value,...] (casmoe[predictor=noisy]) or package.module:Class; "
+              "default: lru and semoe.",
+    "requests": "Only the first N selected requests (0: all); default: 12.",
+})
 def search(
     grid: Grid,
     target: list[str] = typer.Option(..., help="What to meet: tok/s>=10 (decode at batch 1), tpot_p50<=0.1, tpot_p99<=0.2, "

@@ -823,6 +823,18 @@ def test_uncertainty_notes_that_differ_only_in_the_box_are_one():
     assert uncertainty_notes(records[:1], lambda r: r["policy"]) == ["every row: " + text.format("a@gpus=1")]
 
 
+@pytest.mark.parametrize("command, says, not_says", [
+    ("search", "default: lru and semoe.", "default: every policy"),
+    ("leaderboard", "tiny-olmoe and synthetic-qwen3", "its first 12 scored requests"),
+])
+def test_a_commands_help_states_its_own_defaults(tmp_path, monkeypatch, capsys, command, says, not_says):
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option: the words are not wrapped apart
+    code, out, _ = cli([command, "--help"], tmp_path, monkeypatch, capsys)
+    assert code == 0
+    words = " ".join(out.split())
+    assert says in words and not_says not in words
+
+
 REPORTED = pytest.mark.xfail(strict=False, reason="issue 38: a fix outside this branch's files (reported to the lead)")
 
 
