@@ -231,3 +231,18 @@ def test_the_plan_simulates_experts_at_the_precision_it_plans(name):
 
     quant, note = sim_quant(parse_precision(name), get_preset("mixtral-8x7b"), ())
     assert (quant, note) == (name, None)
+
+
+def test_a_script_of_a_configuration_that_does_not_fit_refuses_to_run(tmp_path):
+    """The .sh of a best that does not fit (a concurrency no box holds) says so and exits 1
+    before starting the engine; one that fits runs its command."""
+    import subprocess
+
+    make_plan(PlanRequest("qwen3-30b-a3b", BOX, engines=("llama.cpp",), concurrency=100000, requests=2, compare=False),
+              tmp_path / "q")
+    script = (tmp_path / "q" / "llama.cpp.sh").read_text()
+    assert "# DOES NOT FIT this box: GPU 0: over by" in script
+    proc = subprocess.run(["sh", str(tmp_path / "q" / "llama.cpp.sh")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "does not fit" in proc.stderr
+    make_plan(PlanRequest("qwen3-30b-a3b", BOX, engines=("llama.cpp",), requests=2, compare=False), tmp_path / "f")
+    assert "DOES NOT FIT" not in (tmp_path / "f" / "llama.cpp.sh").read_text()

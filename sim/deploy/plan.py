@@ -841,7 +841,12 @@ def _write_files(ctx: Context, candidates: dict[str, list[Candidate]], out: Path
             if "casmoe-profile.npz" in c.files:
                 write_casmoe_profile(out / "casmoe-profile.npz", ctx.shares, str(ctx.routing.path))
         for i, c in enumerate(cands):
-            lines = ["#!/bin/sh", f"# {engine}: {c.label} (casmoe plan)"] + [s.text() for s in c.prepare] + [c.command.text()]
+            lines = ["#!/bin/sh", f"# {engine}: {c.label} (casmoe plan)"]
+            if not c.fits:  # the plan's best may not fit (a concurrency too high): the script must say so itself
+                lines += [f"# DOES NOT FIT this box: {p}" for p in c.placement.memory.problems] or \
+                    ["# DOES NOT FIT this box (casmoe plan's memory map)"]
+                lines += ["echo 'casmoe plan: this configuration does not fit the box it was planned for' >&2", "exit 1"]
+            lines += [s.text() for s in c.prepare] + [c.command.text()]
             write_text(out / f"{engine}{'' if i == 0 else f'-{i}'}.sh", "\n".join(lines) + "\n")
 
 
