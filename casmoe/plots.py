@@ -157,12 +157,16 @@ def run_context(records: Sequence[dict[str, Any]], per: str = "panel") -> str:
     model = r.get("model", "?") if same("model") else f"each {per}'s model"
     where = box(r) if same("hardware", "devices") else f"each {per}'s box"
     trace = _trace(r) if same("trace") else f"each {per}'s trace"
+    # the served workload: records carry it as `traffic` ('poisson 0.5/s, max batch 8, prefill-first'),
+    # older ones (and the tests' synthetic records) as `workload`; a served one says its max batch itself
+    work = "traffic" if "traffic" in r else "workload"
+    served = work in r and same(work) and "back-to-back" not in str(r[work])
     settings = [_setting(a, r) for a in ("batch", "miss_mode", "quant", "host_cache_gb") if a in r and same(a)
-                and (a != "host_cache_gb" or r[a])]
+                and (a != "host_cache_gb" or r[a]) and not (a == "batch" and served)]
     if "stack" in r:  # every figure assumed a runtime's costs: say whose (a record without one predates stacks)
         settings.append(_setting("stack", r) if same("stack") else f"each {per}'s stack")
-    if "workload" in r and same("workload"):
-        settings.append(str(r["workload"]).replace("back-to-back", "requests back to back"))
+    if work in r and same(work):
+        settings.append(str(r[work]).replace("back-to-back", "requests back to back"))
     return f"{model} on {where}, {trace}" + (f"\n{', '.join(settings)}" if settings else "")
 
 

@@ -232,6 +232,15 @@ def test_the_loaded_panel_counts_late_prefetches_as_waits():
     assert list(line.get_ydata()) == pytest.approx([90.0] * 3)
 
 
+def test_a_served_runs_title_names_its_arrivals():
+    """simulate's records carry the served workload as `traffic`: the title says it (and not the
+    max batch twice, as 'batch 8')."""
+    served = [{k: v for k, v in r.items() if k != "workload"} | {"traffic": "poisson 0.5/s, max batch 8, prefill-first",
+                                                                   "batch": 8} for r in SERVED]
+    title = plots.figure_queue([r for r in served if r["rate"] == 0.5]).get_suptitle()
+    assert "poisson 0.5/s, max batch 8" in title and "batch 8," not in title.replace("max batch 8", "")
+
+
 def test_markers_are_unlike_each_other():
     """A thin and a thick diamond (or hexagon) read as one marker in a small legend."""
     markers = set(plots.MARKERS)
