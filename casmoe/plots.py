@@ -34,7 +34,9 @@ COLOURS = (  # tab10, then ten darker or more saturated ones; with the markers, 
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
     "#000000", "#393b79", "#a6761d", "#e7298a", "#006d6f", "#66a61e", "#a50f15", "#6a3d9a", "#b15928", "#6b6b00",
 )
-MARKERS = ("o", "s", "D", "^", "v", "<", ">", "p", "*", "X", "P", "d", "h", "x", "+")  # no two alike
+# no two alike at the legend's size: a thin diamond ('d') read as the diamond ('D') of another
+# policy in a blue-purple neighbour's colour (fiddler beside n-cpu-moe[gpu_prefill=32])
+MARKERS = ("o", "s", "D", "^", "v", "<", ">", "p", "*", "X", "P", "1", "h", "x", "+")
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,8 @@ def _setting(axis: str, r: dict[str, Any]) -> str:
         return f"RAM tier {sig(v)} GB" if v else "every expert in RAM"
     if axis == "capacity":
         return f"cache {v} ({sig(r['capacity_gb'])} GB)"
+    if axis == "stack":
+        return "ideal stack (an upper bound)" if v in (None, "ideal") else f"{v} stack"
     return f"{axis.replace('_', ' ')} {v}"
 
 
@@ -153,10 +157,16 @@ def run_context(records: Sequence[dict[str, Any]], per: str = "panel") -> str:
     model = r.get("model", "?") if same("model") else f"each {per}'s model"
     where = box(r) if same("hardware", "devices") else f"each {per}'s box"
     trace = _trace(r) if same("trace") else f"each {per}'s trace"
+    # the served workload: records carry it as `traffic` ('poisson 0.5/s, max batch 8, prefill-first'),
+    # older ones (and the tests' synthetic records) as `workload`; a served one says its max batch itself
+    work = "traffic" if "traffic" in r else "workload"
+    served = work in r and same(work) and "back-to-back" not in str(r[work])
     settings = [_setting(a, r) for a in ("batch", "miss_mode", "quant", "host_cache_gb") if a in r and same(a)
-                and (a != "host_cache_gb" or r[a])]
-    if "workload" in r and same("workload"):
-        settings.append(str(r["workload"]).replace("back-to-back", "requests back to back"))
+                and (a != "host_cache_gb" or r[a]) and not (a == "batch" and served)]
+    if "stack" in r:  # every figure assumed a runtime's costs: say whose (a record without one predates stacks)
+        settings.append(_setting("stack", r) if same("stack") else f"each {per}'s stack")
+    if work in r and same(work):
+        settings.append(str(r[work]).replace("back-to-back", "requests back to back"))
     return f"{model} on {where}, {trace}" + (f"\n{', '.join(settings)}" if settings else "")
 
 
@@ -404,10 +414,14 @@ def _share(key: str) -> Callable[[dict[str, Any], Any], float | None]:
 
 
 def _loaded_misses(r: dict[str, Any], _: Any) -> float | None:
-    """Misses served by a load over the link: misses less those computed on the host or substituted."""
+    """Accesses that waited for a load over the link: the misses less those computed on the host
+    or substituted, and the late hits (a prefetch still in flight). A hit on an expert still
+    being copied waits as a miss does: layer-offload, whose every streamed expert is a
+    prefetch, drew at 0% here while it waited on the link most of all."""
     if not r.get("accesses"):
         return 100 * (1 - r["hit_rate"])
-    return 100 * (r["misses"] - r.get("cpu_computed", 0) - r.get("substitutions", 0)) / r["accesses"]
+    waited = r["misses"] - r.get("cpu_computed", 0) - r.get("substitutions", 0) + r.get("late_hits", 0)
+    return 100 * waited / r["accesses"]
 
 
 def _vs_lru(r: dict[str, Any], lru: dict[str, Any] | None) -> float | None:
@@ -450,7 +464,8 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
     ]
     if any(r["policy"] == "lru" for r in records) and any(r["policy"] != "lru" for r in records):
         panels.append(("change over LRU", "decode tokens/s vs LRU at the same size (%)", _vs_lru))
-    panels.append(("misses loaded over the link", "loaded misses (% of expert accesses)", _loaded_misses))
+    panels.append(("misses and late prefetches: loaded over the link", "waited for a load (% of expert accesses)",
+                   _loaded_misses))
     if any(r.get("cpu_computed") for r in records):
         panels.append(("misses computed on the host (not loaded)", "computed on the host (% of accesses)",
                        _share("cpu_computed")))
@@ -479,7 +494,7 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
             values = [v for ys in series.values() for v in ys]
             if name == "change over LRU":
                 _change_axis(ax, values)
-            elif name.startswith("misses loaded"):
+            elif name.startswith("misses and late"):
                 _zero_safe_log(ax, values, linear_below=1 if any(v == 0 for v in values) else None, unit="%")
                 _log_ticks(ax)
                 ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}%" if v else "0")
@@ -487,7 +502,9 @@ def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyS
                 ax.set_ylim(-3, 103)
             else:
                 _from_zero(ax)
-            ax.set_title(f"{facet}: {name}" if facet else name, fontsize="small")
+            # the row's setting on a line of its own, wrapped to the panel: long box names
+            # ('rtx4090-64g@gpus=2,link=pcie5 (2 GPUs)') would run into the next panel's title
+            ax.set_title(textwrap.fill(facet, 48) + f"\n{name}" if facet else name, fontsize="small")
             ax.set_ylabel(ylabel, fontsize="small")
             ax.set_xlabel("expert cache, all GPUs (GB)", fontsize="small")
             _gb_ticks(ax, sizes, rs)

@@ -181,14 +181,29 @@ OUTSIDE_MARK = "† outside what was validated (the words say where)"
 """The mark of a spread measured on other configurations, and its footnote."""
 
 
+_NOT_PUBLISHED = "is not one of the"
+"""How an uncertainty names a box outside the published ones ('rtx4090-64g is not one of the 14 published boxes')."""
+
+
 def uncertainty_notes(records: Sequence[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[str]:
     """One line per distinct uncertainty the records carry, naming the rows (`label`) it covers:
     the words behind the table's uncertainty column, and the mark's footnote where it is used."""
     texts: dict[str, list[str]] = {}
+    boxes: dict[str, list[str]] = {}  # a note that differs only in the box it names is one note naming them all
     for r in records:
         if r.get("uncertainty"):
-            texts.setdefault(r["uncertainty"], []).append(label(r))
-    lines = [f"{'every row' if len(texts) == 1 else '; '.join(dict.fromkeys(names))}: {text}"
+            text, box = r["uncertainty"], str(r.get("hardware", ""))
+            if box and f"{box} {_NOT_PUBLISHED}" in text:
+                text = text.replace(f"{box} {_NOT_PUBLISHED}", "{boxes}")
+                boxes.setdefault(text, []).append(box)
+            texts.setdefault(text, []).append(label(r))
+
+    def said(text: str) -> str:
+        named = list(dict.fromkeys(boxes.get(text, ())))
+        verb = _NOT_PUBLISHED if len(named) == 1 else "are not among the"
+        return text.replace("{boxes}", f"{', '.join(named)} {verb}") if named else text
+
+    lines = [f"{'every row' if len(texts) == 1 else '; '.join(dict.fromkeys(names))}: {said(text)}"
              for text, names in texts.items()]
     if any(OUTSIDE_MARK[0] in uncertainty_cell(r) for r in records):
         lines.append(OUTSIDE_MARK)

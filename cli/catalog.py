@@ -57,6 +57,10 @@ def profiles(
         return
     from casmoe.report import print_table
 
+    def stated(value: float) -> str:
+        """A profile's 0 is 'not stated by the source (0: not modelled)', not a measurement of nothing."""
+        return f"{value:g}" if value else "-"
+
     rows = [
         {
             "name": p.name,
@@ -66,15 +70,17 @@ def profiles(
             "mem GB/s": f"{p.mem_bw_gbs:g}",
             "H2D pinned GB/s": f"{p.h2d_pinned_gbs:g}",
             "pageable GB/s": f"{p.h2d_pageable_gbs:g}",
-            "NVMe GB/s": f"{p.storage_read_gbs:g}",
-            "host RAM GiB": f"{p.host_ram_gib:g}",
-            "OS reserve GiB": f"{p.host_reserved_gib:g}",
+            "NVMe GB/s": stated(p.storage_read_gbs),
+            "host RAM GiB": stated(p.host_ram_gib),
+            "OS reserve GiB": stated(p.host_reserved_gib),
             "host": p.cpu,
-            "host compute": p.describe_host(),
+            "host compute": p.describe_host() if p.cpu_tflops or p.cpu_mem_bw_gbs else "-",
         }
         for p in loaded
     ]
     print_table(rows, list(rows[0]), title="hardware profiles")
+    if any(not (p.storage_read_gbs and p.host_ram_gib and (p.cpu_tflops or p.cpu_mem_bw_gbs)) for p in loaded):
+        typer.echo("-: not stated by the profile's source (0 in the file: not modelled; --json gives each source)")
     typer.echo(f"files in {PROFILES_DIR}; copy one, edit it (every number needs a [sources] entry), pass --hardware PATH")
 
 

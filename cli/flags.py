@@ -24,9 +24,10 @@ def _default_text(option: Option) -> str:
     return f" [default: {option.default}]"
 
 
-def _parameter(option: Option) -> inspect.Parameter:
+def _parameter(option: Option, text: str | None = None) -> inspect.Parameter:
     """The Typer parameter of one option: unset (None) unless given, so that a sweep file's key
-    is kept where no flag overrides it, and a list for an axis."""
+    is kept where no flag overrides it, and a list for an axis; `text`, the command's own help
+    for it (a default of its own)."""
     kind = option.kind
     # every flag but a switch collects its values, so that one given twice is refused, not overridden (`_one`)
     annotation: Any = Optional[kind] if kind is bool else Optional[list[kind]]
@@ -36,7 +37,8 @@ def _parameter(option: Option) -> inspect.Parameter:
         extra["min"] = option.minimum
     if kind is not bool:
         extra["metavar"] = {str: "TEXT", int: "INT", float: "FLOAT"}[kind]
-    default = typer.Option(None, *flags, help=option.help + _default_text(option), show_default=False, **extra)
+    help_text = text if text is not None else option.help + _default_text(option)
+    default = typer.Option(None, *flags, help=help_text, show_default=False, **extra)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
@@ -63,9 +65,16 @@ def _resolved(annotation: Any, command: Callable[..., Any]) -> Any:
     return eval(annotation, command.__globals__) if isinstance(annotation, str) else annotation  # noqa: S307
 
 
-def run_options(*groups: str, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a command taking `grid: Grid` with the flags of the options of `groups`."""
+def run_options(*groups: str, exclude: tuple[str, ...] = (), helps: dict[str, str] | None = None
+                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a command taking `grid: Grid` with the flags of the options of `groups`; `helps`
+    gives an option the help of a command whose default differs from simulate's (search's
+    policies, the leaderboard's traces): the help must not promise simulate's default there."""
     chosen = [o for o in OPTIONS if o.group in groups and o.name not in exclude]
+    helps = helps or {}
+    unknown = set(helps) - {o.name for o in chosen}
+    if unknown:
+        raise ValueError(f"help for options this command does not take: {sorted(unknown)}")
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(command)
@@ -79,7 +88,8 @@ def run_options(*groups: str, exclude: tuple[str, ...] = ()) -> Callable[[Callab
             given = {o.name: _one(o, kwargs.pop(o.name)) for o in chosen}
             return command(grid=Grid.of(given, "the command line"), **kwargs)
 
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + [_parameter(o) for o in chosen]
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + [_parameter(o, helps.get(o.name))
+                                                                                   for o in chosen]
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         del wrapper.__wrapped__  # Typer reads this signature, not the wrapped function's

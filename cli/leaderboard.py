@@ -18,7 +18,10 @@ FIXED = ("policy", "planner", "capacity", "global_capacity", "split", "task", "s
 
 
 @app.command()
-@run_options("routing", "box", "serving", exclude=FIXED)
+@run_options("routing", "box", "serving", exclude=FIXED, helps={
+    "trace": "Trace (.npz), repeatable: one workload each, split into train and held-out requests; default: the "
+             "shipped tiny-mixtral, tiny-olmoe and synthetic-qwen3.",
+})
 def leaderboard(
     grid: Grid,
     requests: int = typer.Option(24, min=0, help="Held-out requests scored per workload (0: all of them)."),
@@ -66,7 +69,10 @@ def leaderboard(
     table = lb.markdown(records, halves, specs)
     write_text(out / "leaderboard.md", table)
     for h in halves:
-        ran = [{**r, "policy": lb.short_label(r["policy"], h)}  # the table's labels
+        # the table's labels, and the user's trace with the requests scored of it, not the held-out
+        # half's file name ('synthetic-qwen3-top8-f5081f7244451172-heldout4.npz') in the title
+        ran = [{**r, "policy": lb.short_label(r["policy"], h), "trace": f"{h.name}.npz",
+                "scored": f"{h.requests} held-out request{'s' * (h.requests != 1)}"}
                for r in records if "skipped" not in r and Path(r["trace"]).name == h.scored.name]
         if ran:
             plot_decode_vs_capacity(out / f"{h.name}.png", ran)

@@ -19,7 +19,11 @@ if TYPE_CHECKING:
 
 
 @app.command()
-@run_options("routing", "box", "serving", exclude=("capacity", "global_capacity"))
+@run_options("routing", "box", "serving", exclude=("capacity", "global_capacity"), helps={
+    "policy": "Policy, repeatable: NAME, NAME[key=value,...] (casmoe[predictor=noisy]) or package.module:Class; "
+              "default: lru and semoe.",
+    "requests": "Only the first N selected requests (0: all); default: 12.",
+})
 def search(
     grid: Grid,
     target: list[str] = typer.Option(..., help="What to meet: tok/s>=10 (decode at batch 1), tpot_p50<=0.1, tpot_p99<=0.2, "
@@ -45,7 +49,7 @@ def search(
     won by the cheaper box. Default: lru and semoe on the first 12 requests."""
     from casmoe.output import check_dir_target, write_text
     from casmoe.sim.prices import load_prices
-    from casmoe.sim.search import SearchError, Target, configs
+    from casmoe.sim.search import SearchError, Target, configs, priced
     from casmoe.sim.search import search as run_search
 
     check_dir_target(out, "--out")
@@ -56,9 +60,10 @@ def search(
     table = load_prices(prices)
     defaults = {"policy": ("lru", "semoe"), "requests": 12}
     grid = grid.with_values(**{k: v for k, v in defaults.items() if k not in grid.given})
-    result = run_search(configs(grid), goal, str(out), jobs=jobs, ray_address=ray_target(ray, ray_address),
+    candidates = configs(grid)
+    result = run_search(candidates, goal, str(out), jobs=jobs, ray_address=ray_target(ray, ray_address),
                         prices=table, budget=budget)
-    summary = _summary(result)
+    summary = {"priced": priced(candidates), **_summary(result)}
     out.mkdir(parents=True, exist_ok=True)  # no point ran when every config is settled before a run
     write_text(out / "search.json", json.dumps(summary, indent=2))
     _plot(out / "search.png", result)
@@ -76,7 +81,10 @@ def _row(config: Any, record: dict[str, Any], result: Any) -> dict[str, Any]:
     return {
         "config": label(config), "gpus": config.machine.devices, "policy": config.policy.label,
         "stack": config.machine.stack.name,
-        "slots_per_layer": record["capacity_slots"], "memory_gb": round(memory_gb(record), 3),
+        # '22/layer', or '51 global' (one pool of whole experts, on a box that holds fewer than top_k per layer)
+        "cache": record["capacity"],
+        "slots_per_layer": record["capacity_slots"] if record["capacity"].endswith("/layer") else None,
+        "memory_gb": round(memory_gb(record), 3),
         "price_usd": None if price is None or price.usd is None else round(price.usd, 2),
         "price": "unknown" if price is None else price.describe(),
         "price_caveat": bool(price is not None and price.caveats),
@@ -121,7 +129,9 @@ def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
     from casmoe.sim.search import TIE
 
     metric = result.target.metric
-    cols = ["config", "price_usd", "slots_per_layer", "memory_gb", metric, UNCERTAINTY, "evidence"]
+    for line in summary["priced"]:  # the model, its precisions and the requests every row below was priced on
+        typer.echo(line)
+    cols = ["config", "price_usd", "cache", "memory_gb", metric, UNCERTAINTY, "evidence"]
     shown = [_priced(r) for r in summary["pareto"]]
     if shown:
         print_table(shown, cols, f"cheapest configurations meeting {summary['target']} (Pareto: GPUs, memory, box "

@@ -56,15 +56,8 @@ def simulate(
     res = run_specs(runs, timeline, lambda done, total: bar.update(1))
     bar.close()
     if not as_json:
-        from casmoe.sim.leaderboard import experts_priced
-        from casmoe.sim.run import whole_trace
-        from casmoe.sim.spec import file_digest
-
-        for g, line in zip(runs.groups, runs.describe()):
-            # the cache sizes the box holds are the table's columns: the line's "up to N experts per layer fit"
-            # says it again (sim/grid.py Group.describe), and the precision the model is priced at is added
-            trace = whole_trace(str(g.trace), file_digest(g.trace))
-            typer.echo(f"{line.partition('; up to ')[0]}, {experts_priced(g.machine, trace)}")
+        for line in res.priced():
+            typer.echo(line)
         for note in runs.notes:
             typer.echo(note)
     traffic = runs.specs[0].traffic

@@ -56,6 +56,36 @@ class Results:
 
         return "\n".join(headline([r for r in self.records if "skipped" not in r]))
 
+    def priced(self) -> list[str]:
+        """What was priced, one line per trace and machine, as `casmoe simulate` prints it first:
+        the requests scored, the model on the box, each part's precision and the top-k."""
+        return priced(self.runs)
+
+    def __str__(self) -> str:
+        """What was priced, then the headline: `print(res)` says what the figures are of."""
+        return "\n".join([*self.priced(), self.headline()])
+
+    def __repr__(self) -> str:  # the records are long (per-layer lists): a summary, not every field
+        skipped = sum("skipped" in r for r in self.records)
+        return (f"<casmoe.sim.Results: {len(self.records) - skipped} runs" + (f", {skipped} skipped" if skipped else "")
+                + f"; {'; '.join(self.priced())}; print() for the headline, .frame() for every field>")
+
+
+def priced(runs: Runs) -> list[str]:
+    """The first lines of `casmoe simulate`: per trace and machine, the requests scored, the
+    model on the box, each part's precision and the top-k (`casmoe.sim.leaderboard.experts_priced`)."""
+    from casmoe.sim.leaderboard import experts_priced
+    from casmoe.sim.run import whole_trace
+    from casmoe.sim.spec import file_digest
+
+    lines = []
+    for g, line in zip(runs.groups, runs.describe()):
+        # the cache sizes the box holds are the table's columns: the group's "up to N experts per
+        # layer fit" says it again (sim/grid.py Group.describe)
+        trace = whole_trace(str(g.trace), file_digest(g.trace))
+        lines.append(f"{line.partition('; up to ')[0]}, {experts_priced(g.machine, trace)}")
+    return lines
+
 
 def simulate(
     trace: str | os.PathLike[str] | None = None,

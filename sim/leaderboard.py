@@ -16,7 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from casmoe.policies import POLICIES, PolicySpec, default_policies
 from casmoe.sim.grid import Grid, Runs
@@ -139,19 +139,48 @@ def _priced(machine: Any, records: Sequence[dict[str, Any]], halves: Halves) -> 
 
 
 def experts_priced(machine: Any, trace: Any) -> str:
-    """The precision a run prices the model's experts at, in words: 'experts at bf16 (352 MB
-    each)', or at the trace's measured bytes beside what the model's released checkpoint weighs."""
+    """What a run prices, in words: the experts' precision and size ('experts at q4_k_m (2.65-3.06
+    MB each, by layer)', or the trace's measured bytes beside what the model's released
+    checkpoint weighs), the host-computed experts' where they differ, the dense part's, and the
+    routing's top-k (the trace's, said against the model's own where they differ)."""
     from casmoe.report import human_bytes
 
-    nbytes = machine.expert_bytes(trace)[0]
-    precision = machine.precision_label(trace.geometry)
+    preset, g = machine.preset, trace.geometry
+    sizes = machine.expert_bytes(trace)
+    precision = machine.precision_label(g)
     if precision != "trace":
-        return f"experts at {precision} ({human_bytes(nbytes)} each)"
-    preset = machine.preset
-    released = preset.expert_bytes_per_layer()[0]
-    name = preset.expert_precision.name if preset.expert_precision is not None else "bf16"
-    return (f"experts at the trace's measured bytes ({human_bytes(nbytes)} each; {preset.name}'s released {name} "
-            f"experts are {human_bytes(released)}: --quant {name} prices those)")
+        parts = [f"experts at {precision} ({_sizes(sizes)})"]
+    else:
+        released = preset.expert_bytes_per_layer()[0]
+        name = preset.expert_precision.name if preset.expert_precision is not None else "bf16"
+        params = preset.geometry.expert_params
+        width = f", {_range([8 * b / params for b in sizes], '{:.2g}')} bits/weight" if params else ""
+        parts = [f"experts at the trace's measured bytes ({_sizes(sizes)}{width}; {preset.name}'s released {name} "
+                 f"experts are {human_bytes(released)}: --quant {name} prices those)"]
+    if machine.host_quant is not None and machine.host_quant.name != precision:
+        parts.append(f"host-computed experts at {machine.host_quant.name} ({_sizes(machine.host_expert_bytes(sizes))})")
+    parts.append(f"dense part at {machine.dense_precision.name}")
+    k, native = g.top_k, preset.geometry.top_k
+    parts.append(f"top-{k} of {g.experts}" if k == native else f"top-{k} of {g.experts} (the trace's routing; "
+                 f"{preset.name} routes {native}: a trace recorded at top-{native} prices its own)")
+    return ", ".join(parts)
+
+
+def _range(values: Sequence[float], fmt: str) -> str:
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _sizes(nbytes: Sequence[int]) -> str:
+    """'352 MB each', or '2.65-3.06 MB each, by layer' where the layers differ (a llama.cpp mix)."""
+    from casmoe.report import human_bytes
+
+    lo, hi = human_bytes(min(nbytes)), human_bytes(max(nbytes))
+    if lo == hi:
+        return f"{hi} each"
+    if lo.split()[1] == hi.split()[1]:
+        lo = lo.split()[0]
+    return f"{lo}-{hi} each, by layer"
 
 
 def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:
@@ -166,9 +195,13 @@ def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:
     trace = whole_trace(str(h.scored), file_digest(h.scored))
     sizes = [int(r["capacity_spec"]) for r in refused]
     steps = steps_to_hold(machine, trace, max(sizes), min(sizes))
+    box = ""
+    if min(sizes) == trace.geometry.top_k:  # not even top_k per layer: what this box runs as it is
+        box = ("; this box as it is: `casmoe simulate` on it (its default sizes: the most slots per layer it holds and "
+               "one pool of whole experts) and the placements that need no slot (--policy n-cpu-moe --global-capacity 0)")
     return (f"to run the sizes it skipped ({', '.join(map(str, sorted(set(sizes))))} slots/layer; the leaderboard's "
             f"sizes are 1, 1.5, 2 and 4 x top_k): {steps + ' per layer; or ' if steps else ''}--allow-overcommit "
-            "(simulates a cache the GPUs do not hold)")
+            f"(simulates a cache the GPUs do not hold){box}")
 
 
 TRUSTED = "decode_tokens_per_s"
@@ -202,6 +235,9 @@ def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
             lines += [f"{label} | " + " | ".join([*(row.get(c, "-") for c in caps), *(row.get(e, "-") for e in extra)])
                       for label, row in rows.items()]
             lines.append("")
+            if key == "hit_rate":
+                late = _late_line(ran, label_of)
+                lines += [late, ""] if late else []
         notes = uncertainty_notes(ran, label_of)
         lines += ["uncertainty of decode tok/s (how far real systems of each kind landed from casmoe's figures: "
                   "casmoe validate --published):", "", *(f"- {n}" for n in notes), ""] if notes else []
@@ -210,6 +246,19 @@ def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
     skipped = skipped_lines(records, h)
     lines += skipped + ([""] if skipped else [])
     return lines
+
+
+def _late_line(records: Sequence[dict[str, Any]], label_of: Callable[[dict[str, Any]], str]) -> str:
+    """The policies whose hits are mostly prefetches still in flight (late hits, which wait for
+    the link as a miss does): layer-offload's 100% hit rate is its streamed layers arriving late."""
+    late: dict[str, float] = {}
+    for r in records:
+        if r.get("accesses") and r.get("late_hits", 0) >= 0.1 * r["accesses"]:
+            late[label_of(r)] = max(late.get(label_of(r), 0.0), r["late_hits"] / r["accesses"])
+    if not late:
+        return ""
+    return ("a hit counts a prefetch still in flight when needed (a late hit: it waits for the link as a miss does); "
+            "late hits, at most, of the accesses: " + ", ".join(f"{k} {v:.0%}" for k, v in late.items()))
 
 
 def skipped_lines(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
@@ -221,7 +270,10 @@ def skipped_lines(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
     for r in records:
         if "skipped" in r:
             cap = r["capacity_spec"]
-            why = re.sub(rf"(?<![\w.]){re.escape(cap)}(?![\w.])", "N", r["skipped"]) if cap.isdigit() else r["skipped"]
+            why = r["skipped"]
+            if "beside the dense weights" in why:  # simulate's remedy (give --capacity ...): not a leaderboard
+                why = why.split("; give ", 1)[0]  # option; the line after the tables says what holds the sizes
+            why = re.sub(rf"(?<![\w.]){re.escape(cap)}(?![\w.])", "N", why) if cap.isdigit() else why
             reasons.setdefault(why, []).append((short_label(r["policy"], h), cap))
     out = []
     for why, cells in reasons.items():

@@ -288,6 +288,21 @@ def configs(grid: Grid) -> list[RunSpec]:
     return list(dict.fromkeys(runs.specs))
 
 
+def priced(candidates: Sequence[RunSpec]) -> list[str]:
+    """What the search priced, one line per trace and model: the requests scored, the model, the
+    precision of each part and the top-k ('synthetic-qwen3-top8.npz: 2 of 150 requests (...), model
+    qwen3-30b-a3b, experts at q4_k_m (...), dense part at bf16, top-8 of 128'); the box, the
+    stack and the policy are each row's."""
+    from casmoe.sim.leaderboard import experts_priced
+
+    lines: dict[str, None] = {}
+    for c in candidates:
+        trace = whole_trace(c.trace.path, c.trace.digest)
+        scored = f": {c.trace.scored}" if c.trace.scored else ""
+        lines[f"{c.trace.name}{scored}, model {c.machine.preset.name}, {experts_priced(c.machine, trace)}"] = None
+    return list(lines)
+
+
 def slot_range(config: RunSpec) -> tuple[int, int]:
     """The cache sizes a config can have: from top_k slots per layer to the most the GPUs hold
     beside the dense weights (at most every expert)."""
@@ -295,6 +310,22 @@ def slot_range(config: RunSpec) -> tuple[int, int]:
     g = trace.geometry
     m = config.machine
     return g.top_k, min(m.max_slots(m.expert_bytes(trace)), g.experts)
+
+
+def cache_range(config: RunSpec) -> tuple[int, int, bool]:
+    """(fewest, most, per_layer): the cache sizes the search bisects for a config. Slots per
+    layer from top_k (`slot_range`) on a box that holds top_k per layer; else, as `simulate`'s
+    default sizes on such a box (one 24 GB card under Mixtral-8x7B bf16), one pool of whole
+    experts for all layers, up to the most the GPUs hold: from none for a placement, which
+    computes every expert it does not hold on the host (`loads_on_demand` False), from top_k
+    for a cache, which loads a layer's routed experts before computing them."""
+    lo, hi = slot_range(config)
+    if hi >= lo:
+        return lo, hi, True
+    trace = whole_trace(config.trace.path, config.trace.digest)
+    m = config.machine
+    fewest = lo if getattr(config.policy.cls, "loads_on_demand", True) else 0
+    return fewest, m.max_pool_slots(m.expert_bytes(trace)), False
 
 
 def search(
@@ -319,20 +350,23 @@ def search(
     prices = prices or load_prices()
     priced = {c: prices.box(c.machine.hardware) for c in candidates}
     states, infeasible = [], []
+    pools: dict[RunSpec, bool] = {}  # per config: slots per layer (True) or one pool of whole experts
     for c in candidates:
         usd = priced[c].usd
         if budget is not None and usd is not None and usd > budget:
             infeasible.append((c, f"its box costs {priced[c].describe()}, over --budget ${budget:,.0f}"))
             continue
-        lo, hi = slot_range(c)
+        lo, hi, per_layer = cache_range(c)
         if hi < lo:
-            infeasible.append((c, f"the GPUs hold {hi} slots per layer, below top_k={lo}; {fits_instead(c, lo)}"))
+            infeasible.append((c, f"the GPUs hold {hi} whole experts beside the dense weights, below top_k={lo}; "
+                                  f"{fits_instead(c, lo)}"))
         else:
             states.append(_Bisect(c, lo, hi))
+            pools[c] = per_layer
     grid = sum(s.hi - s.lo + 1 for s in states)
 
     def point(c: RunSpec, slots: int) -> RunSpec:
-        return replace(c, capacity=CapacitySpec(str(slots)))
+        return replace(c, capacity=CapacitySpec(str(slots), per_layer=pools[c]))
 
     betters = {id(s): [b for b in states if dominates(b.config, s.config)] for s in states}
     simulated = probed = 0
@@ -368,14 +402,24 @@ def search(
         elif s.last is not None and "skipped" in s.last:
             infeasible.append((s.config, s.last["skipped"]))
         elif s.last is not None:
-            infeasible.append((s.config, f"{target.metric} = {s.last[target.metric]:.4g} at {s.hi} slots per layer, the most that fit"))
+            most = f"{s.hi} slots per layer" if pools[s.config] else f"{s.hi} whole experts in one pool"
+            infeasible.append((s.config, f"{target.metric} = {s.last[target.metric]:.4g} at {most}, the most that fit"))
     return SearchResult(target, answers, infeasible, simulated, probed, grid, records, priced)
 
 
 def fits_instead(config: RunSpec, top_k: int) -> str:
-    """A step that makes `config` hold top_k slots per layer (`steps_to_hold`)."""
+    """Steps that make `config` hold top_k experts, per layer (`steps_to_hold`) or else in one
+    pool of whole experts, and, for a cache, the placements that need no GPU slot at all."""
     trace = whole_trace(config.trace.path, config.trace.digest)
-    return steps_to_hold(config.machine, trace, top_k) or "use GPUs with more memory (--hardware), or a smaller model"
+    steps = steps_to_hold(config.machine, trace, top_k)
+    if not steps:
+        pools = [f"{flag} holds {held} whole experts" for flag, held in holds(config.machine, trace, pool=True)
+                 if held >= top_k]
+        steps = "; ".join(pools[:1])
+    if getattr(config.policy.cls, "loads_on_demand", True):
+        steps += ("; or " if steps else "") + ("a placement that computes the experts it does not hold on the host "
+                                               "needs none (--policy n-cpu-moe)")
+    return steps or "use GPUs with more memory (--hardware), or a smaller model"
 
 
 def steps_to_hold(machine: Any, trace: Any, slots: int, smallest: int | None = None) -> str:
@@ -388,21 +432,27 @@ def steps_to_hold(machine: Any, trace: Any, slots: int, smallest: int | None = N
     return "; ".join(steps[: steps.index(enough[0]) + 1] if enough else steps)
 
 
-def holds(machine: Any, trace: Any) -> list[tuple[str, int]]:
+def holds(machine: Any, trace: Any, pool: bool = False) -> list[tuple[str, int]]:
     """(option, slots per layer it holds) for --quant int8 and int4 (where smaller than now)
-    and --gpus 2, 4, 8 (where more than now), in that order."""
+    and --gpus 2, 4, 8 (where more than now), in that order; with `pool`, the whole experts one
+    pool of all layers holds instead."""
     from casmoe.options import parse_quant
     from casmoe.sim.hardware import variant
 
     m = machine
-    experts, layers = trace.geometry.experts, trace.geometry.layers
+    layers = trace.geometry.layers
     out = []
     for q in ("int8", "int4"):
         cheaper = replace(m, quant=parse_quant(q))
         if cheaper.expert_bytes(trace)[0] < m.expert_bytes(trace)[0]:
-            out.append((f"--quant {q}", min(cheaper.max_slots(cheaper.expert_bytes(trace)), experts)))
+            out.append((f"--quant {q}", _held(cheaper, trace, pool)))
     for gpus in (2, 4, 8):
         if gpus > m.hardware.gpus:
             more = replace(m, hardware=variant(m.hardware, gpus=gpus), devices=min(gpus, layers))
-            out.append((f"--gpus {gpus}", min(more.max_slots(more.expert_bytes(trace)), experts)))
+            out.append((f"--gpus {gpus}", _held(more, trace, pool)))
     return out
+
+
+def _held(machine: Any, trace: Any, pool: bool) -> int:
+    nbytes = machine.expert_bytes(trace)
+    return machine.max_pool_slots(nbytes) if pool else min(machine.max_slots(nbytes), trace.geometry.experts)

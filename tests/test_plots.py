@@ -221,6 +221,44 @@ def test_policy_styles_are_distinct_fixed_for_built_ins_and_dashed_for_oracles()
     assert styles("belady*").dashed and not styles("lru").dashed
 
 
+def test_the_loaded_panel_counts_late_prefetches_as_waits():
+    """A policy whose every load is a prefetch still in flight when needed (layer-offload) waits on
+    the link as a miss does: drawn at its share, not at 0%."""
+    streamed = [{**r, "policy": "layer-offload", "misses": 0, "hits": 1000, "late_hits": 900, "hit_rate": 1.0}
+                for r in RECORDS if r["policy"] == "ondemand"]
+    fig = plots.figure_decode_vs_capacity(RECORDS + streamed)
+    loaded = next(ax for ax in fig.axes if "loaded over the link" in ax.get_title())
+    (line,) = [ln for ln in loaded.get_lines() if ln.get_gid() == "layer-offload"]
+    assert list(line.get_ydata()) == pytest.approx([90.0] * 3)
+
+
+def test_a_served_runs_title_names_its_arrivals():
+    """simulate's records carry the served workload as `traffic`: the title says it (and not the
+    max batch twice, as 'batch 8')."""
+    served = [{k: v for k, v in r.items() if k != "workload"} | {"traffic": "poisson 0.5/s, max batch 8, prefill-first",
+                                                                   "batch": 8} for r in SERVED]
+    title = plots.figure_queue([r for r in served if r["rate"] == 0.5]).get_suptitle()
+    assert "poisson 0.5/s, max batch 8" in title and "batch 8," not in title.replace("max batch 8", "")
+
+
+def test_markers_are_unlike_each_other():
+    """A thin and a thick diamond (or hexagon) read as one marker in a small legend."""
+    markers = set(plots.MARKERS)
+    assert len(markers) == len(plots.MARKERS)
+    assert not {"d", "D"} <= markers and not {"h", "H"} <= markers and not {"o", "8"} <= markers
+
+
+def test_titles_name_the_stack_the_figures_assumed():
+    fig = plots.figure_decode_vs_capacity([{**r, "stack": "llama.cpp"} for r in RECORDS])
+    assert "llama.cpp stack" in fig.get_suptitle()
+    fig = plots.figure_stall_by_layer([{**r, "stack": "ideal"} for r in AT_SMALLEST])
+    assert "ideal stack (an upper bound)" in fig.get_suptitle()
+    both = [{**r, "stack": "ideal"} for r in RECORDS] + [{**r, "stack": "llama.cpp"} for r in RECORDS]
+    fig = plots.figure_decode_vs_capacity(both)
+    assert "each row's stack" in fig.get_suptitle()
+    assert any(ax.get_title().startswith("llama.cpp stack\n") for ax in fig.axes)  # the row's setting on its own line
+
+
 def test_search_panels_per_config_policies_styled_target_in_legend():
     recs = [{**record(p, s), "quant": q} for p in ("lru", "ondemand") for s in (2, 4) for q in ("bf16", "int8")]
     points = [SearchPoint(r, r["capacity_gb"], r["decode_tokens_per_s"] >= 5, r["capacity"] == "4/layer" and

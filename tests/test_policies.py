@@ -278,3 +278,26 @@ def test_every_policy_replays_the_real_traces(model):
         assert stats.hits + stats.late_hits + stats.misses == stats.accesses > 0
         results[spec.label] = stats.hits
     assert results["belady"] >= max(results[n] for n in ("lru", "lfu", "ondemand"))
+
+
+class _ScanLayerOffload(get_policy("layer-offload")):
+    """layer-offload's victim as the plain scan of every streamed expert (the reference)."""
+
+    def victim(self, layer, candidates):
+        streamed = [e for e in self._streamed if e in candidates]
+        return min(streamed, key=lambda e: (e // self.geometry.experts == layer, e))
+
+
+@FAST
+@given(trace=traces(), extra=st.integers(0, 12))
+def test_layer_offload_victims_match_the_scan(trace, extra):
+    """The per-layer heaps pick the victim the scan of every streamed expert picks: the same loads."""
+    g = trace.geometry
+    cap = Capacity(g.top_k + extra, per_layer=False)
+    try:
+        fast = _run("layer-offload", trace, cap)
+    except CacheConfigError:
+        return
+    ref = _ScanLayerOffload(g, cap)
+    replay(trace, ref)
+    assert fast.stats() == ref.stats()

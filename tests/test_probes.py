@@ -657,14 +657,29 @@ def test_search_takes_one_target(tmp_path, monkeypatch, capsys):
     assert "give one --target" in err
 
 
-def test_search_on_a_box_below_top_k_names_an_option_that_holds_it(tmp_path, monkeypatch, capsys):
+def test_search_on_a_box_below_top_k_searches_pools_of_whole_experts(tmp_path, monkeypatch, capsys):
+    """One 24 GB card holds 1 Mixtral bf16 expert per layer, below top_k: the search bisects one
+    pool of whole experts (as simulate's default sizes there), from none for a placement."""
     _box_4090(tmp_path)
+    args = SEARCH + ["--model", "mixtral-8x7b", "--hardware", "my4090.toml", "--target", "tok/s>=0.1",
+                     "--policy", "n-cpu-moe"]
+    code, out, err = cli(args, tmp_path, monkeypatch, capsys)
+    assert code == 0 and "cheapest configurations" in out, err
+    rows = json.loads((tmp_path / "s" / "search.json").read_text())["pareto"]
+    assert {r["cache"] for r in rows} == {"0 global"} and all(r["slots_per_layer"] is None for r in rows)
+    lru = [r for r in json.loads((tmp_path / "s" / "search.json").read_text())["answers"] if r["policy"] == "lru"]
+    assert lru and lru[0]["cache"].endswith(" global") and int(lru[0]["cache"].split()[0]) >= 2
+
+
+def test_search_on_a_box_below_one_pool_of_top_k_names_an_option_that_holds_it(tmp_path, monkeypatch, capsys):
+    box = _box_4090(tmp_path)
+    box.write_text(box.read_text().replace("memory_gib = 24.0", "memory_gib = 5.0"))  # no expert beside the dense part
     args = SEARCH + ["--model", "mixtral-8x7b", "--hardware", "my4090.toml", "--target", "tok/s>=0.1"]
     code, out, err = cli(args, tmp_path, monkeypatch, capsys)
     assert code == 0, err
-    assert "below top_k=2; --quant int8 holds 3" in out and (tmp_path / "s" / "search.json").exists()
-    code, out, err = cli(args + ["--quant", "int8"], tmp_path, monkeypatch, capsys)
-    assert code == 0 and "cheapest configurations" in out, err
+    assert "the GPUs hold 0 whole experts beside the dense weights, below top_k=2; --gpus 2 holds 6 whole experts" in out
+    assert "needs none (--policy n-cpu-moe)" in out
+    assert (tmp_path / "s" / "search.json").exists()
 
 
 @pytest.mark.parametrize("command", [SEARCH + ["--target", "tok/s>=3", "--out", "o"],
@@ -686,6 +701,57 @@ def test_a_normal_simulate_prints_what_was_asked_and_the_precision(tmp_path, mon
     assert code == 0 and not err.strip(), err
     first = out.splitlines()[0]
     assert "experts at bf16 (352 MB each)" in first and "fit in GPU memory" not in out
+
+
+def test_the_first_line_says_every_precision_and_the_top_k(tmp_path, monkeypatch, capsys):
+    """The precision of each part and the routing's top-k are said where they are priced, not
+    only in `trace info`: a top-6 trace of a top-8 model says so, and a llama.cpp mix its range."""
+    code, out, err = cli(SIM + ["--policy", "lru", "--capacity", "2", "--dense-quant", "q8_0", "--host-quant", "int4"],
+                         tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert "host-computed experts at int4" in first and "dense part at q8_0" in first and "top-2 of 8" in first
+    qwen = REPO / "traces" / "synthetic-qwen3.npz"
+    code, out, err = cli(["simulate", "--trace", str(qwen), "--requests", "1", "--policy", "lru", "--capacity", "8",
+                          "--hardware", "rtx5090", "--out", "q", "--plots", "none"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert "2.65-3.06 MB each, by layer, 4.5-5.2 bits/weight" in first
+    assert "top-6 of 128 (the trace's routing; qwen3-30b-a3b routes 8" in first
+
+
+def test_search_says_the_model_precisions_and_requests_it_priced(tmp_path, monkeypatch, capsys):
+    code, out, err = cli(SEARCH + ["--target", "tok/s>=0.1", "--quant", "int4", "--hardware", "rtx5090"],
+                         tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("tiny-mixtral.npz: 2 of 800 requests") and "model mixtral-8x7b" in first
+    assert "experts at int4" in first and "dense part at bf16" in first and "top-2 of 8" in first
+    assert json.loads((tmp_path / "s" / "search.json").read_text())["priced"] == [first]
+
+
+def test_the_leaderboard_plot_names_the_users_trace_and_the_requests_scored(tmp_path, monkeypatch, capsys):
+    import casmoe.plots
+
+    drawn = []
+    monkeypatch.setattr(casmoe.plots, "plot_decode_vs_capacity", lambda path, records: drawn.append(records))
+    code, _, err = cli(["leaderboard", "--trace", str(TRACE), "--requests", "1", "--no-fit-planner", "--out", "o",
+                        "--hardware", "rtx5090", "--quant", "int4"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    (records,) = drawn
+    context = casmoe.plots.run_context(records)
+    assert "trace tiny-mixtral.npz (1 held-out request)" in context and "heldout" not in context
+
+
+def test_the_python_api_says_what_it_priced_and_its_repr_is_short():
+    import casmoe.sim
+
+    res = casmoe.sim.simulate(trace=str(TRACE), policies=["lru"], capacities=[2], hardware="rtx5090", quant="int4",
+                              requests=1)
+    first, *rest = str(res).splitlines()
+    assert "model mixtral-8x7b on rtx5090 (1 GPU), experts at int4" in first and "top-2 of 8" in first
+    assert rest == res.headline().splitlines()
+    assert len(repr(res)) < 600 and "mixtral-8x7b" in repr(res)
 
 
 def test_a_multi_line_library_warning_is_one_line(tmp_path, monkeypatch, capsys):
@@ -716,7 +782,8 @@ def test_the_leaderboard_says_each_skip_reason_once_with_its_cells(tmp_path):
                 "oracle": False, "skipped": fits.format(c=c)}
                for p in ("lru", "lfu", "belady") for c in ("2", "3", "4", "8")]
     lines = lb.skipped_lines(records, h)
-    assert lines == ["n/a, every policy at every size (N = 2, 3, 4, 8): " + fits.format(c="N")]
+    # simulate's remedy (give --capacity ...) names no leaderboard option: the advice after the tables does
+    assert lines == ["n/a, every policy at every size (N = 2, 3, 4, 8): " + fits.format(c="N").split("; give")[0]]
     records[0] = {**records[0], "skipped": "speculative needs the trace's spec array"}
     lines = lb.skipped_lines(records, h)
     assert len(lines) == 2 and lines[0] == "n/a, lru at 2 slots/layer: speculative needs the trace's spec array"
@@ -724,6 +791,62 @@ def test_the_leaderboard_says_each_skip_reason_once_with_its_cells(tmp_path):
     table = lb.markdown(records, [h])
     assert table.count("n/a, ") == 2 and "no point of this workload could be simulated" in table
     assert "priced as mixtral-8x7b on my4090" in table
+
+
+def test_a_leaderboard_on_a_box_below_top_k_names_what_runs_there(tmp_path, monkeypatch, capsys):
+    _box_4090(tmp_path)
+    code, out, err = cli(["leaderboard", "--trace", str(TRACE), "--requests", "1", "--no-fit-planner", "--out", "o",
+                          "--hardware", "my4090.toml", "--model", "mixtral-8x7b"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert "give --capacity" not in out and "more --devices" not in out  # options the leaderboard does not take
+    assert "--gpus 2 holds 3" in out and "--policy n-cpu-moe --global-capacity 0" in out
+
+
+def test_profiles_show_an_unstated_number_as_unstated_not_zero(tmp_path, monkeypatch, capsys):
+    """A published box whose source names no RAM, drive or CPU holds 0 for them ('not modelled'):
+    the listing says '-', not '0 GiB of RAM' or '0 TFLOPS, 0 GB/s' of host compute."""
+    code, out, err = cli(["profiles", "--published"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert "0 TFLOPS, 0 GB/s" not in out and "-: not stated by the profile's source" in out
+    code, out, err = cli(["profiles"], tmp_path, monkeypatch, capsys)
+    assert code == 0 and "not stated" not in out, err  # the shipped profiles state every one
+
+
+def test_uncertainty_notes_that_differ_only_in_the_box_are_one():
+    from casmoe.report import uncertainty_notes
+
+    text = "x/÷ 1.50 (80% of 26 published cache rows); outside what was validated: {} is not one of the 14 published boxes"
+    records = [{"policy": "lru", "hardware": box, "uncertainty": text.format(box)} for box in ("a@gpus=1", "a@gpus=2")]
+    assert uncertainty_notes(records, lambda r: r["policy"]) == [
+        "every row: x/÷ 1.50 (80% of 26 published cache rows); outside what was validated: a@gpus=1, a@gpus=2 are not "
+        "among the 14 published boxes"]
+    assert uncertainty_notes(records[:1], lambda r: r["policy"]) == ["every row: " + text.format("a@gpus=1")]
+
+
+@pytest.mark.parametrize("command, says, not_says", [
+    ("search", "default: lru and semoe.", "default: every policy"),
+    ("leaderboard", "tiny-olmoe and synthetic-qwen3", "its first 12 scored requests"),
+])
+def test_a_commands_help_states_its_own_defaults(tmp_path, monkeypatch, capsys, command, says, not_says):
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option: the words are not wrapped apart
+    code, out, _ = cli([command, "--help"], tmp_path, monkeypatch, capsys)
+    assert code == 0
+    words = " ".join(out.split())
+    assert says in words and not_says not in words
+
+
+def test_the_leaderboard_says_which_hit_rates_are_late_prefetches(tmp_path):
+    """layer-offload streams every offloaded layer as prefetches: a 100% hit rate made of hits
+    that waited for the link; the table says so beside it."""
+    from casmoe.sim import leaderboard as lb
+
+    h = lb.Halves("w", tmp_path / "w-heldout1.npz", tmp_path / "w-train.npz", "split", 1, 10)
+    base = {"trace": h.scored.name, "model": "m", "hardware": "b", "capacity_spec": "2", "oracle": False,
+            "decode_tokens_per_s": 1.0, "ttft_p50_s": 1.0, "link_bytes": 1e9, "accesses": 100}
+    records = [{**base, "policy": "layer-offload", "hit_rate": 1.0, "late_hits": 91},
+               {**base, "policy": "lru", "hit_rate": 0.4, "late_hits": 0}]
+    table = lb.markdown(records, [h])
+    assert "late hits, at most, of the accesses: layer-offload 91%" in table and "lru 0%" not in table
 
 
 @pytest.mark.parametrize("argv", [

@@ -22,6 +22,8 @@ offloaded layers (they stay on the GPU).
 
 from __future__ import annotations
 
+import heapq
+
 from casmoe.cache import Capacity, CacheConfigError, ExpertCache, RequestStart
 from casmoe.geometry import ExpertId, Geometry
 from casmoe.policies.placement import budget_slots
@@ -51,6 +53,10 @@ class LayerOffload(ExpertCache):
         self.n = n
         self._resident = [e for e in range(n * E, L * E)]
         self._streamed: set[ExpertId] = set()  # streamed experts holding a slot (a few layers' worth at most)
+        # the same, per layer, as min-heaps with lazy deletion: the victim is read off the lowest
+        # other layer's heap in O(log n), not found by a scan of every streamed expert (a
+        # 128-expert model streams hundreds, once per copy)
+        self._heaps: dict[int, list[ExpertId]] = {}
 
     def prefetch_request(self, request: RequestStart) -> list[ExpertId]:
         """The resident layers' experts, where not yet loaded (the first request's start-up fill)."""
@@ -66,6 +72,12 @@ class LayerOffload(ExpertCache):
     def on_insert(self, expert: ExpertId) -> None:
         if expert < self.n * self.geometry.experts:
             self._streamed.add(expert)
+            layer = expert // self.geometry.experts
+            heap = self._heaps.setdefault(layer, [])
+            heapq.heappush(heap, expert)
+            if len(heap) > 4 * self.geometry.experts:  # stale entries: rebuild from the live ones
+                self._heaps[layer] = live = [e for e in set(heap) if e in self._streamed]
+                heapq.heapify(live)
 
     def on_evict(self, expert: ExpertId) -> None:
         self._streamed.discard(expert)
@@ -73,6 +85,18 @@ class LayerOffload(ExpertCache):
     def victim(self, layer: int, candidates) -> ExpertId:
         """A streamed expert (one of another offloaded layer), never a resident layer's: read
         from the streamed residents, not the whole pool (which holds every resident layer)."""
+        for other in sorted(self._heaps):
+            if other == layer:
+                continue
+            heap = self._heaps[other]
+            while heap and heap[0] not in self._streamed:
+                heapq.heappop(heap)
+            if not heap:
+                del self._heaps[other]
+                continue
+            if heap[0] in candidates:
+                return heap[0]  # the lowest streamed expert of the lowest other layer
+            break  # a protected one: the scan below decides
         streamed = [e for e in self._streamed if e in candidates]
         if not streamed:
             raise CacheConfigError("layer-offload: no streamed expert to make room for; give a larger capacity")

@@ -277,16 +277,28 @@ def kt_method(host: Precision, cpu: str) -> str:
 
 def sim_quant(precision: Precision, preset: ModelPreset, trace_bytes: Sequence[int]) -> tuple[str, str | None]:
     """The simulator's `quant` for experts at `precision`: the trace's measured bytes when they
-    are this precision's, an exact `--quant`, else the nearest by bits (and a note saying so)."""
+    are this precision's, else the precision itself by name (`--quant` takes every precision of
+    casmoe/precisions.toml, llama.cpp's mixes with their per-layer types included), else the
+    nearest by bits (and a note saying so). The nearest once stood in for every name but bf16,
+    fp16, int8 and int4: q4_k_m's 4.5-6.6 bits were priced as int4's 4."""
+    from casmoe.options import OptionError, parse_quant
+
     want = preset.expert_bytes_per_layer(precision)
     if trace_bytes and list(trace_bytes) == want:
         return "trace", None
+    try:
+        known = parse_quant(precision.name)
+    except OptionError:
+        known = None
+    if known is not None and preset.expert_bytes_per_layer(known) == want:
+        return precision.name, None
     for q in Quant:
         if q.value == precision.name:
             return q.value, None
     nearest = min(Quant, key=lambda q: (abs(q.bits - precision.leaf.bits), q.value))
     return nearest.value, (f"the simulator prices experts at {nearest.value} ({nearest.bits} bits) for "
-                           f"{precision.name} ({precision.leaf.bits:g} bits): its --quant takes bf16, fp16, int8, int4")
+                           f"{precision.name} ({precision.leaf.bits:g} bits): its --quant does not know "
+                           f"{precision.name}")
 
 
 def uncertainty(record: dict[str, Any] | None, decode: float | None) -> tuple[tuple[float, float] | None, str]:
@@ -752,8 +764,12 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], Any
             continue
         spec, why = _spec_of({**c.sim, "_engine": c.engine})
         if why:
-            c.notes.append(f"simulated past the simulator's own memory check ({why}); the memory map above is this "
-                           "plan's")
+            # the refusal's remedy ('give --context 53 or --global-capacity 2174, or --allow-overcommit')
+            # is simulate's: the plan chose this placement itself and its memory map is the plan's own
+            reason = why.split("; give ", 1)[0]
+            c.notes.append(f"simulated past the simulator's own memory check ({reason}: the simulator counts the "
+                           "profile's reserved_gib where the plan counts each engine's own reserve); the memory "
+                           "map above is this plan's")
         specs.append(spec)
         owners.append(("candidate", c, spec))
     for meta, values in comparison or []:
@@ -825,7 +841,12 @@ def _write_files(ctx: Context, candidates: dict[str, list[Candidate]], out: Path
             if "casmoe-profile.npz" in c.files:
                 write_casmoe_profile(out / "casmoe-profile.npz", ctx.shares, str(ctx.routing.path))
         for i, c in enumerate(cands):
-            lines = ["#!/bin/sh", f"# {engine}: {c.label} (casmoe plan)"] + [s.text() for s in c.prepare] + [c.command.text()]
+            lines = ["#!/bin/sh", f"# {engine}: {c.label} (casmoe plan)"]
+            if not c.fits:  # the plan's best may not fit (a concurrency too high): the script must say so itself
+                lines += [f"# DOES NOT FIT this box: {p}" for p in c.placement.memory.problems] or \
+                    ["# DOES NOT FIT this box (casmoe plan's memory map)"]
+                lines += ["echo 'casmoe plan: this configuration does not fit the box it was planned for' >&2", "exit 1"]
+            lines += [s.text() for s in c.prepare] + [c.command.text()]
             write_text(out / f"{engine}{'' if i == 0 else f'-{i}'}.sh", "\n".join(lines) + "\n")
 
 
