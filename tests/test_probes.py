@@ -706,8 +706,8 @@ def test_a_normal_simulate_prints_what_was_asked_and_the_precision(tmp_path, mon
 def test_the_first_line_says_every_precision_and_the_top_k(tmp_path, monkeypatch, capsys):
     """The precision of each part and the routing's top-k are said where they are priced, not
     only in `trace info`: a top-6 trace of a top-8 model says so, and a llama.cpp mix its range."""
-    code, out, err = cli(SIM + ["--policy", "lru", "--capacity", "2", "--dense-quant", "q8_0", "--host-quant", "int4"],
-                         tmp_path, monkeypatch, capsys)
+    code, out, err = cli(SIM + ["--policy", "lru", "--capacity", "2", "--miss-mode", "cpu", "--dense-quant", "q8_0",
+                                "--host-quant", "int4"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
     first = out.splitlines()[0]
     assert "host-computed experts at int4" in first and "dense part at q8_0" in first and "top-2 of 8" in first
