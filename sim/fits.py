@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from casmoe.sim.machine import Machine
 
 OVERCOMMIT = "--allow-overcommit"
+MORE_GPUS = "more GPUs (--devices up to the profile's count, --gpus N beyond it)"
+"""The remedy of a box that holds too little: on a one-GPU box `--devices` has nowhere to go, and
+`--gpus N` (a variant of the profile) adds GPUs of its kind."""
 
 
 class FitError(CasmoeError, ValueError):
@@ -33,7 +36,7 @@ def check_devices(hw: HardwareProfile, devices: int, overcommit: bool) -> None:
     if devices > hw.gpus and not overcommit:
         raise FitError(
             f"--devices {devices}, but profile {hw.name!r} has {hw.gpus} GPU{'s' * (hw.gpus > 1)}; use at most "
-            f"{hw.gpus}, a profile with more GPUs, or {OVERCOMMIT} for a what-if of GPUs it lacks"
+            f"{hw.gpus}, --gpus {devices} (the profile with {devices} GPUs of its kind), or {OVERCOMMIT} for a what-if of GPUs it lacks"
         )
 
 
@@ -53,8 +56,8 @@ def check_capacity(capacity: Capacity, fit: int, pool_fit: int, experts: int, la
     if have <= most:
         return None
     if not overcommit:
-        works = f"give {fits} or less" if fits else "no expert fits beside the dense weights: use more --devices"
-        raise FitError(f"{text}; {works}, a smaller --quant, more --devices, or {OVERCOMMIT} for a what-if")
+        works = f"give {fits} or less" if fits else "no expert fits beside the dense weights"
+        raise FitError(f"{text}; {works}, a smaller --quant, {MORE_GPUS}, or {OVERCOMMIT} for a what-if")
     return f"note: {text}; simulated anyway ({OVERCOMMIT})"
 
 
@@ -131,5 +134,5 @@ def check_kv(machine: Machine, expert_bytes: Sequence[int], capacity: Capacity, 
              f"{'--capacity' if capacity.per_layer else '--global-capacity'} {smaller}" if smaller else "",
              f"{flag} {fewer}" if fewer else ""]
     fix = " or ".join(w for w in works if w)
-    raise FitError(f"{text}; give {fix + ' (or less)' if fix else 'more --devices or a bigger GPU'}, or "
+    raise FitError(f"{text}; give {fix + ' (or less)' if fix else MORE_GPUS + ' or a bigger GPU'}, or "
                    f"{OVERCOMMIT} for a what-if")

@@ -22,7 +22,7 @@ from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.presets import get_preset, preset_for, shape_preset
 from casmoe.selection import Scored, Selection
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.sim.fits import OVERCOMMIT, check_capacity, check_devices, check_kv, default_host_cache, host_ram_shortfall
+from casmoe.sim.fits import MORE_GPUS, OVERCOMMIT, check_capacity, check_devices, check_kv, default_host_cache, host_ram_shortfall
 from casmoe.sim.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.machine import Machine, presets_of_shape
 from casmoe.sim.run_options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
@@ -152,7 +152,7 @@ def default_capacities(fit: int, pool_fit: int, top_k: int, where: str) -> list[
     if fit < top_k:
         if not pool_fit:
             raise GridError(
-                f"{where} holds no expert beside the dense weights; use more --devices, a smaller --quant or "
+                f"{where} holds no expert beside the dense weights; use {MORE_GPUS}, a smaller --quant or "
                 "--dense-quant, bigger hardware, a placement that computes experts on the host (--policy n-cpu-moe "
                 "--global-capacity 0), or --allow-overcommit for a what-if"
             )

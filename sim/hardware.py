@@ -34,6 +34,23 @@ class HardwareError(CasmoeError, ValueError):
     """An unknown profile name or a profile file that is incomplete or inconsistent."""
 
 
+
+FASTEST_REAL: dict[str, tuple[float, str]] = {
+    "h2d_pinned_gbs": (450.0, "NVLink-C2C of the GH200, 900 GB/s both ways (NVIDIA GH200 datasheet)"),
+    "h2d_pageable_gbs": (450.0, "NVLink-C2C of the GH200, 900 GB/s both ways (NVIDIA GH200 datasheet)"),
+    "host_cap_gbs": (450.0, "NVLink-C2C of the GH200, 900 GB/s both ways (NVIDIA GH200 datasheet)"),
+    "p2p_gbs": (900.0, "NVLink 5 of the B200, 1.8 TB/s both ways (NVIDIA Blackwell datasheet)"),
+    "mem_bw_gbs": (8000.0, "HBM3e of the B200 and MI355X, 8 TB/s (NVIDIA and AMD datasheets)"),
+    "memory_gib": (288.0, "HBM3e of the MI355X, 288 GB (AMD datasheet)"),
+    "dense_tflops": (2500.0, "dense BF16 of the MI355X, 2.5 PFLOPS (AMD datasheet; B200: 2.25)"),
+    "cpu_mem_bw_gbs": (1230.0, "two sockets of 12-channel DDR5-6400 (2 x 12 x 51.2 GB/s, Xeon 6900P / EPYC 9005)"),
+    "storage_read_gbs": (14.0, "one PCIe 5.0 x4 NVMe drive (Samsung 9100 PRO datasheet, 14.8 GB/s)"),
+}
+"""The fastest real part of each kind, with its source: a profile may go up to `WHAT_IF` times
+it (a what-if of the next generation); beyond that the number is a typo or a wrong unit (24,000
+GB/s of PCIe), refused instead of simulated without a word."""
+WHAT_IF = 4.0
+
 @dataclass(frozen=True)
 class HardwareProfile:
     """One machine: `gpus` identical accelerators, each with its own host-to-device link.
@@ -168,6 +185,12 @@ class HardwareProfile:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in (0, 1]")
         if self.reserved_gib >= self.memory_gib:
             raise HardwareError(f"profile {self.name!r}: reserved_gib must be below memory_gib")
+        for n, (fastest, source) in FASTEST_REAL.items():
+            if getattr(self, n) > WHAT_IF * fastest:
+                raise HardwareError(
+                    f"profile {self.name!r}: {n} = {getattr(self, n):g} is beyond any real box (the fastest: {fastest:g}, "
+                    f"{source}; a what-if may go up to {WHAT_IF:g}x that); check the number and its unit"
+                )
 
     @classmethod
     def numeric_fields(cls) -> list[str]:

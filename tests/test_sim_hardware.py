@@ -76,3 +76,25 @@ def test_every_shipped_profile_has_a_storage_tier_and_host_ram():
     for name in profile_paths():
         p = load_profile(name)
         assert p.storage_read_gbs > 0 and p.storage_latency_us > 0 and p.host_ram_gib > 0, name
+
+
+@pytest.mark.parametrize("field", ["h2d_pinned_gbs", "mem_bw_gbs", "cpu_mem_bw_gbs", "memory_gib"])
+def test_a_number_no_real_box_has_is_refused_naming_the_fastest(field):
+    import dataclasses
+
+    from casmoe.sim.hardware import FASTEST_REAL, WHAT_IF
+
+    hw = load_profile("rtx4090x4")
+    fastest = FASTEST_REAL[field][0]
+    dataclasses.replace(hw, **{field: WHAT_IF * fastest})  # a next generation's what-if is taken
+    with pytest.raises(HardwareError, match=f"{field} = .* is beyond any real box .*check the number and its unit"):
+        dataclasses.replace(hw, **{field: WHAT_IF * fastest * 1.01})
+
+
+def test_the_probe_box_of_24000_gbs_of_pcie_is_refused(tmp_path):
+    text = load_profile("rtx4090x4").to_toml()
+    path = tmp_path / "fast.toml"
+    path.write_text("\n".join("h2d_pinned_gbs = 24000.0" if line.startswith("h2d_pinned_gbs =") else line
+                              for line in text.splitlines()))
+    with pytest.raises(HardwareError, match="h2d_pinned_gbs = 24000 is beyond any real box"):
+        load_profile(str(path))
