@@ -73,8 +73,7 @@ class Results:
 
 def priced(runs: Runs) -> list[str]:
     """The first lines of `casmoe simulate`: per trace and machine, the requests scored, the
-    model on the box, each part's precision and the top-k (`casmoe.sim.leaderboard.experts_priced`)."""
-    from casmoe.sim.leaderboard import experts_priced
+    model on the box, each part's precision and the top-k (`Machine.priced`)."""
     from casmoe.sim.run import whole_trace
     from casmoe.sim.spec import file_digest
 
@@ -83,7 +82,7 @@ def priced(runs: Runs) -> list[str]:
         # the cache sizes the box holds are the table's columns: the group's "up to N experts per
         # layer fit" says it again (sim/grid.py Group.describe)
         trace = whole_trace(str(g.trace), file_digest(g.trace))
-        lines.append(f"{line.partition('; up to ')[0]}, {experts_priced(g.machine, trace)}")
+        lines.append(f"{line.partition('; up to ')[0]}, {g.machine.priced(trace)}")
     return lines
 
 

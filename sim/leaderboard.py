@@ -135,52 +135,7 @@ def _priced(machine: Any, records: Sequence[dict[str, Any]], halves: Halves) -> 
     from casmoe.sim.run import whole_trace
 
     trace = whole_trace(str(halves.scored), file_digest(halves.scored))
-    return f"priced as {machine.preset.name}, {experts_priced(machine, trace)}, on {machine.box()}{stack}"
-
-
-def experts_priced(machine: Any, trace: Any) -> str:
-    """What a run prices, in words: the experts' precision and size ('experts at q4_k_m (2.65-3.06
-    MB each, by layer)', or the trace's measured bytes beside what the model's released
-    checkpoint weighs), the host-computed experts' where they differ, the dense part's, and the
-    routing's top-k (the trace's, said against the model's own where they differ)."""
-    from casmoe.report import human_bytes
-
-    preset, g = machine.preset, trace.geometry
-    sizes = machine.expert_bytes(trace)
-    precision = machine.precision_label(g)
-    if precision != "trace":
-        parts = [f"experts at {precision} ({_sizes(sizes)})"]
-    else:
-        released = preset.expert_bytes_per_layer()[0]
-        name = preset.expert_precision.name if preset.expert_precision is not None else "bf16"
-        params = preset.geometry.expert_params
-        width = f", {_range([8 * b / params for b in sizes], '{:.2g}')} bits/weight" if params else ""
-        parts = [f"experts at the trace's measured bytes ({_sizes(sizes)}{width}; {preset.name}'s released {name} "
-                 f"experts are {human_bytes(released)}: --quant {name} prices those)"]
-    if machine.host_quant is not None and machine.host_quant.name != precision:
-        parts.append(f"host-computed experts at {machine.host_quant.name} ({_sizes(machine.host_expert_bytes(sizes))})")
-    parts.append(f"dense part at {machine.dense_precision.name}")
-    k, native = g.top_k, preset.geometry.top_k
-    parts.append(f"top-{k} of {g.experts}" if k == native else f"top-{k} of {g.experts} (the trace's routing; "
-                 f"{preset.name} routes {native}: a trace recorded at top-{native} prices its own)")
-    return ", ".join(parts)
-
-
-def _range(values: Sequence[float], fmt: str) -> str:
-    lo, hi = fmt.format(min(values)), fmt.format(max(values))
-    return lo if lo == hi else f"{lo}-{hi}"
-
-
-def _sizes(nbytes: Sequence[int]) -> str:
-    """'352 MB each', or '2.65-3.06 MB each, by layer' where the layers differ (a llama.cpp mix)."""
-    from casmoe.report import human_bytes
-
-    lo, hi = human_bytes(min(nbytes)), human_bytes(max(nbytes))
-    if lo == hi:
-        return f"{hi} each"
-    if lo.split()[1] == hi.split()[1]:
-        lo = lo.split()[0]
-    return f"{lo}-{hi} each, by layer"
+    return f"priced as {machine.preset.name}, {machine.priced(trace)}, on {machine.box()}{stack}"
 
 
 def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:

@@ -215,6 +215,34 @@ class Machine:
             moe_layer_overhead=stack.expert_loop_us * g.experts * 1e-6,
         )
 
+    def priced(self, trace: Trace) -> str:
+        """What a run of `trace` prices, in words: the experts' precision and size ('experts at
+        q4_k_m (2.65-3.06 MB each, by layer)', or the trace's measured bytes beside what the
+        model's released checkpoint weighs), the host-computed experts' where they differ, the
+        dense part's, and the routing's top-k (the trace's, said against the model's own where
+        they differ)."""
+        from casmoe.report import human_bytes
+
+        preset, g = self.preset, trace.geometry
+        sizes = self.expert_bytes(trace)
+        precision = self.precision_label(g)
+        if precision != "trace":
+            parts = [f"experts at {precision} ({_sizes(sizes)})"]
+        else:
+            released = preset.expert_bytes_per_layer()[0]
+            name = preset.expert_precision.name if preset.expert_precision is not None else "bf16"
+            params = preset.geometry.expert_params
+            width = f", {_range([8 * b / params for b in sizes], '{:.2g}')} bits/weight" if params else ""
+            parts = [f"experts at the trace's measured bytes ({_sizes(sizes)}{width}; {preset.name}'s released {name} "
+                     f"experts are {human_bytes(released)}: --quant {name} prices those)"]
+        if self.host_quant is not None and self.host_quant.name != precision:
+            parts.append(f"host-computed experts at {self.host_quant.name} ({_sizes(self.host_expert_bytes(sizes))})")
+        parts.append(f"dense part at {self.dense_precision.name}")
+        k, native = g.top_k, preset.geometry.top_k
+        parts.append(f"top-{k} of {g.experts}" if k == native else f"top-{k} of {g.experts} (the trace's routing; "
+                     f"{preset.name} routes {native}: a trace recorded at top-{native} prices its own)")
+        return ", ".join(parts)
+
     def _kv_split(self) -> tuple[float, float]:
         """KV bytes one token adds to an MoE layer, averaged over the layers: of those attending
         to the whole context, and of those attending to a window (gpt-oss's every other block)."""
@@ -236,6 +264,23 @@ class Machine:
         if self.devices == hw.gpus:
             return f"{hw.name} ({hw.gpus} GPU{'s' * (hw.gpus > 1)})"
         return f"{hw.name}, {self.devices} of its {hw.gpus} GPU{'s' * (hw.gpus > 1)}"
+
+
+def _range(values: Sequence[float], fmt: str) -> str:
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _sizes(nbytes: Sequence[int]) -> str:
+    """'352 MB each', or '2.65-3.06 MB each, by layer' where the layers differ (a llama.cpp mix)."""
+    from casmoe.report import human_bytes
+
+    lo, hi = human_bytes(min(nbytes)), human_bytes(max(nbytes))
+    if lo == hi:
+        return f"{hi} each"
+    if lo.split()[1] == hi.split()[1]:
+        lo = lo.split()[0]
+    return f"{lo}-{hi} each, by layer"
 
 
 def presets_of_shape(geometry: Geometry) -> list[str]:

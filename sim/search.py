@@ -293,13 +293,12 @@ def priced(candidates: Sequence[RunSpec]) -> list[str]:
     precision of each part and the top-k ('synthetic-qwen3-top8.npz: 2 of 150 requests (...), model
     qwen3-30b-a3b, experts at q4_k_m (...), dense part at bf16, top-8 of 128'); the box, the
     stack and the policy are each row's."""
-    from casmoe.sim.leaderboard import experts_priced
 
     lines: dict[str, None] = {}
     for c in candidates:
         trace = whole_trace(c.trace.path, c.trace.digest)
         scored = f": {c.trace.scored}" if c.trace.scored else ""
-        lines[f"{c.trace.name}{scored}, model {c.machine.preset.name}, {experts_priced(c.machine, trace)}"] = None
+        lines[f"{c.trace.name}{scored}, model {c.machine.preset.name}, {c.machine.priced(trace)}"] = None
     return list(lines)
 
 
