@@ -260,7 +260,7 @@ class Calibration:
             cpu_thread_gbs="0: as measured, cpu_mem_bw_gbs is already the rate this backend's threads reach",
             cpu_matrix_speedup="0: as measured, any matrix units are in the achieved cpu_tflops",
             host_reserved_gib="0: not measured (the RAM the operating system and runtime keep is not subtracted)",
-            h2d_pinned_gbs=f"{host}: expert copies through the backend's copier{cap} (two-size fit)",
+            h2d_pinned_gbs=f"{host}: expert copies through the backend's copier{cap} (two-size fit, at most mem_bw_gbs)",
             h2d_pageable_gbs=f"{host}: same copier; " + ("pinned figure reused" if cuda else "the CPU has one kind of memory"),
             copy_latency_us=f"{host}: per-copy cost of the backend's copier{cap} (two-size fit, batches of k)",
             host_cap_gbs="none: one link",
@@ -495,7 +495,10 @@ def calibrate(
             rt = runtime_costs(om, prompts, max_new_tokens, step)
     finally:
         probe.close()
-    cal = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, step, c.bandwidth, c.latency,
+    # a copy cannot outrun the memory it reads: a two-size fit whose times differ by less than the
+    # timing noise (a busy host, copies within RAM) gives any bandwidth, up to 1e9 times the bytes
+    copy_bw = min(c.bandwidth, mem_bw)
+    cal = Calibration(str(device), flops, mem_bw, cpu_flops, cpu_bw, expert_s, step, copy_bw, c.latency,
                       0.0, 0.0, om.link, host_s, c.wake, rt.loads, 0.0, max(rt.expert_pass - rt.pass_experts * expert_s, 0.0),
                       c.beside)
     cal = replace(cal, cpu_hop=_host_hop(cal, om, rt.host_expert), decide_factor=rt.decide_factor)

@@ -217,7 +217,7 @@ def _validate(
         speed (the policy's decisions, timed after the rounds, at the rounds' median speed), the
         loader's are as measured beside the rounds."""
         at_cal = replace(cal, decide=decide.scaled(cal.step_s / step))
-        now = replace(at_cal.at_speed(step_s), copy_bw=c.bandwidth, copy_latency=c.latency, wake=c.wake)
+        now = replace(at_cal.at_speed(step_s), copy_bw=min(c.bandwidth, cal.mem_bw), copy_latency=c.latency, wake=c.wake)
         return refit(now, om, step_s, prompts, max_new_tokens).profile("validate")
 
     # each policy's own decisions, timed over a replay of its run's routing, beyond the

@@ -52,10 +52,15 @@ def prepare(path: Path, folder: Path, requests: int) -> Halves:
     own = isinstance(labels, list) and len(labels) == len(trace.requests)
     how = "the trace's own train/heldout split" if own else f"no split in the trace: every {HOLDOUT_EVERY}th request held out"
     train, heldout = split_indices(trace, "train"), split_indices(trace, "heldout")
+    seen = {trace.requests[i].prompt for i in train if trace.requests[i].prompt}
+    repeated = [i for i in heldout if trace.requests[i].prompt and trace.requests[i].prompt in seen]
+    if repeated:  # a prompt also in the train half: what was fitted there would have seen it
+        heldout = [i for i in heldout if i not in set(repeated)]
+        how += f"; {len(repeated)} held-out request{'s' * (len(repeated) > 1)} whose prompt the train half also holds left out"
     if requests:
         heldout = heldout[:requests]
     stem = f"{path.stem}-{file_digest(path)}"
-    scored, fit = folder / f"{stem}-heldout{len(heldout)}.npz", folder / f"{stem}-train.npz"
+    scored, fit = folder / f"{stem}-heldout{len(heldout)}{'-unseen' * bool(repeated)}.npz", folder / f"{stem}-train.npz"
     held = trace.subset(heldout)
     for out, part in ((scored, held), (fit, trace.subset(train))):
         if not out.exists():

@@ -73,3 +73,17 @@ def test_leaderboard_end_to_end_and_resumes(tmp_path):
     assert (tmp_path / "out" / "a.png").exists() and (tmp_path / "out" / "leaderboard.csv").exists()
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0 and "(0 computed now)" in again.stdout
+
+
+def test_a_held_out_request_whose_prompt_the_train_half_holds_is_not_scored(tmp_path):
+    # synthetic-qwen3-top8 repeats one prompt across the two halves: scoring it would star every
+    # fitted policy (what was fitted on the train half saw that prompt)
+    from casmoe.shipped import shipped
+    from casmoe.sim.leaderboard import prepare
+    from casmoe.trace_io import load_trace
+
+    h = prepare(shipped("synthetic-qwen3-top8.npz"), tmp_path, 0)
+    train = {r.prompt for r in load_trace(h.train).requests}
+    scored = [r.prompt for r in load_trace(h.scored).requests]
+    assert scored and not train.intersection(scored)
+    assert "1 held-out request whose prompt the train half also holds left out" in h.split
