@@ -1,5 +1,6 @@
 """The leaderboard: every built-in policy x every workload trace x cache sizes of 1, 1.5, 2 and 4 x
-top_k slots per layer, scored only on requests no fitted component saw.
+top_k slots per layer (on a box that holds fewer than top_k per layer, the sizes it holds, as
+simulate's defaults), scored only on requests no fitted component saw (nor their prompts).
 
 Each trace is split in two `Halves`: its `train` requests fit whatever a policy fits (each
 policy's `Fit.on_train`: static's and ktransformers' popularity profiles, moe-infinity's
@@ -93,8 +94,13 @@ def runs(halves: Sequence[Halves], grid: Grid, fit_planner: bool = True) -> Runs
     specs, refused, notes, groups = [], {}, [], []
     for h in halves:
         top_k = load_trace(h.scored).geometry.top_k
-        built = grid.with_values(trace=[str(h.scored)], policy=policies(h, fit_planner), capacity=capacities(top_k),
-                                 split="all", requests=0).specs(strict=False)
+        base = grid.with_values(trace=[str(h.scored)], policy=policies(h, fit_planner), split="all", requests=0)
+        built = base.with_values(capacity=capacities(top_k)).specs(strict=False)
+        if built.specs and all(s in built.refused for s in built.specs):  # a box below top_k per layer
+            built = base.specs(strict=False)  # the sizes it holds: staging slots, a pool of whole experts
+            notes.append(f"{h.name}: the box holds fewer than top_k = {top_k} experts per layer, so the board "
+                         "runs the sizes it holds (simulate's defaults: the slots per layer it holds, the rest "
+                         "passing through staging slots, and the largest pool of whole experts)")
         specs += built.specs
         refused.update(built.refused)
         notes += [n for n in built.notes if n not in notes]
@@ -146,7 +152,8 @@ def _priced(machine: Any, records: Sequence[dict[str, Any]], halves: Halves) -> 
 def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:
     """For a machine that could not hold some of the leaderboard's cache sizes (fixed multiples
     of top_k): the options that would hold the largest of them."""
-    refused = [r for r in records if "skipped" in r and "beside the dense weights" in r["skipped"]]
+    refused = [r for r in records if "skipped" in r and "beside the dense weights" in r["skipped"]
+               and r["capacity_spec"].isdigit()]
     if not refused or isinstance(machine, tuple):
         return ""
     from casmoe.sim.run import whole_trace
@@ -155,24 +162,32 @@ def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:
     trace = whole_trace(str(h.scored), file_digest(h.scored))
     sizes = [int(r["capacity_spec"]) for r in refused]
     steps = steps_to_hold(machine, trace, max(sizes), min(sizes))
-    box = ""
-    if min(sizes) == trace.geometry.top_k:  # not even top_k per layer: what this box runs as it is
-        box = ("; this box as it is: `casmoe simulate` on it (its default sizes: the most slots per layer it holds and "
-               "one pool of whole experts) and the placements that need no slot (--policy n-cpu-moe --global-capacity 0)")
     return (f"to run the sizes it skipped ({', '.join(map(str, sorted(set(sizes))))} slots/layer; the leaderboard's "
             f"sizes are 1, 1.5, 2 and 4 x top_k): {steps + ' per layer; or ' if steps else ''}--allow-overcommit "
-            f"(simulates a cache the GPUs do not hold){box}")
+            "(simulates a cache the GPUs do not hold)")
 
 
 TRUSTED = "decode_tokens_per_s"
 """The metric whose table carries the uncertainty column: the validated spreads are of decode tok/s."""
 
 
+def _cap_key(label: str) -> tuple[bool, int]:
+    """Sizes in slots per layer first, then pools of whole experts ('57 global': a box below
+    top_k per layer runs simulate's default sizes), each by size."""
+    number, _, pool = label.partition(" ")
+    return bool(pool), int(number)
+
+
+def _cap_title(label: str) -> str:
+    number, _, pool = label.partition(" ")
+    return f"a pool of {number} whole experts" if pool else f"{number} slots/layer"
+
+
 def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
     from casmoe.report import UNCERTAINTY, uncertainty_cell, uncertainty_notes
 
     lines: list[str] = []
-    caps = sorted({r["capacity_spec"] for r in records}, key=int)
+    caps = sorted({r["capacity_spec"] for r in records}, key=_cap_key)
     ran = [r for r in records if "skipped" not in r]
 
     def label_of(r: dict[str, Any]) -> str:
@@ -181,7 +196,7 @@ def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
     if ran:
         for key, title, fmt in METRICS:
             extra = [UNCERTAINTY] if key == TRUSTED else []
-            lines += [f"{title} | " + " | ".join([*(f"{c} slots/layer" for c in caps), *extra]),
+            lines += [f"{title} | " + " | ".join([*(_cap_title(c) for c in caps), *extra]),
                       "---|" + "---|" * (len(caps) + len(extra))]
             rows: dict[str, dict[str, str]] = {}
             for r in records:
@@ -225,7 +240,7 @@ def skipped_lines(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
     """One line per distinct reason a point was skipped, with the cells it covers: reasons that
     differ only in the cache size they name are one line (N standing for it)."""
     policies = list(dict.fromkeys(short_label(r["policy"], h) for r in records))
-    caps = sorted({r["capacity_spec"] for r in records}, key=int)
+    caps = sorted({r["capacity_spec"] for r in records}, key=_cap_key)
     reasons: dict[str, list[tuple[str, str]]] = {}
     for r in records:
         if "skipped" in r:
@@ -237,14 +252,14 @@ def skipped_lines(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
             reasons.setdefault(why, []).append((short_label(r["policy"], h), cap))
     out = []
     for why, cells in reasons.items():
-        sizes = sorted({c for _, c in cells}, key=int)
+        sizes = sorted({c for _, c in cells}, key=_cap_key)
         if len(sizes) == 1:
             why = re.sub(r"(?<![\w.])N(?![\w.])", sizes[0], why)
         names = list(dict.fromkeys(p for p, _ in cells))
         full = len(cells) == len(names) * len(sizes)  # every policy named, at every size named
         who = "every policy" if full and len(names) == len(policies) else ", ".join(names) if full else \
             "; ".join(f"{p} @ {', '.join(c for q, c in cells if q == p)}" for p in names)
-        where = "every size" if full and len(sizes) == len(caps) else f"{', '.join(sizes)} slots/layer"
+        where = "every size" if full and len(sizes) == len(caps) else ", ".join(map(_cap_title, sizes))
         n = f" (N = {', '.join(sizes)})" if len(sizes) > 1 and "N" in re.findall(r"(?<![\w.])N(?![\w.])", why) else ""
         out.append(f"n/a, {who} at {where}{n}: {why}" if full else f"n/a, {who}{n}: {why}")
     return out

@@ -793,13 +793,16 @@ def test_the_leaderboard_says_each_skip_reason_once_with_its_cells(tmp_path):
     assert "priced as mixtral-8x7b on my4090" in table
 
 
-def test_a_leaderboard_on_a_box_below_top_k_names_what_runs_there(tmp_path, monkeypatch, capsys):
+def test_a_leaderboard_on_a_box_below_top_k_runs_the_sizes_it_holds(tmp_path, monkeypatch, capsys):
     _box_4090(tmp_path)
     code, out, err = cli(["leaderboard", "--trace", str(TRACE), "--requests", "1", "--no-fit-planner", "--out", "o",
                           "--hardware", "my4090.toml", "--model", "mixtral-8x7b"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
     assert "give --capacity" not in out and "more --devices" not in out  # options the leaderboard does not take
-    assert "--gpus 2 holds 3" in out and "--policy n-cpu-moe --global-capacity 0" in out
+    # the multiples of top_k do not fit: the board runs the sizes the box holds, as simulate does
+    assert "the box holds fewer than top_k = 2 experts per layer, so the board runs the sizes it holds" in out
+    table = (tmp_path / "o" / "leaderboard.md").read_text()
+    assert "| 1 slots/layer | a pool of " in table and "n/a" not in table.split("decode tok/s", 1)[1].split("\n\n")[0]
 
 
 def test_profiles_show_an_unstated_number_as_unstated_not_zero(tmp_path, monkeypatch, capsys):
