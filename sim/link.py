@@ -103,9 +103,8 @@ class Link:
 
     def prefetch(self, now: float, expert: ExpertId, nbytes: int) -> None:
         """Queue a prefetch behind every earlier copy (its storage read, if any, starts now)."""
-        old = self._pending.get(expert)
-        if old is not None:  # queued again after its slot was released without a cancel (a staging slot): one copy
-            old[4] = False
+        if expert in self.tokens:  # a copy still tracked: `supersede`
+            self.supersede(now, expert)
         self._seq += 1
         chunks = None if self.tier is None else self._source(now, expert, nbytes)
         entry = [expert, nbytes, self._seq, now if chunks is None else max(now, chunks[0][0]), True, chunks]
@@ -138,6 +137,12 @@ class Link:
         entry[4] = False
         start = max(self.busy_until, now, entry[3])
         return self._commit(expert, entry[1], entry[2], start, True, entry[5])
+
+    def supersede(self, now: float, expert: ExpertId) -> None:
+        """A new copy of `expert` is about to be issued: drop the tracked one. The cache let go of
+        it without a cancel (a staging slot's trim evicts what the policy chooses, in flight or
+        not, and those evictions carry no `Load`), so the link holds one live copy per expert."""
+        self.cancel(now, expert)
 
     def cancel(self, now: float, expert: ExpertId) -> None:
         """`expert` lost its slot: drop its queued load, or ignore its arrival if on the wire."""

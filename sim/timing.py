@@ -286,10 +286,14 @@ class StepTimer:
         prefetch` up to the last late hit, `demand miss` beyond; a layer that stalled resumes
         `wake_s` after the last arrival."""
         layer = shard.first + ll
+        loads = acc.loads
+        if link.tokens:
+            for ld in loads:  # a miss whose evicted copy is still tracked is loaded anew, not waited for
+                if ld.expert in link.tokens:
+                    link.supersede(routed, ld.expert)
         late_until = self._late(link, layer, experts, routed, ready) if link.tokens else ready
         start = late_until
         from_storage = False
-        loads = acc.loads
         for ld in loads:
             if ld.victim >= 0 and ld.victim in shard.links[ld.victim // self.E].tokens:  # its load in flight
                 shard.links[ld.victim // self.E].cancel(routed, ld.victim)

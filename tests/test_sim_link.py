@@ -137,6 +137,23 @@ def test_cancelled_queued_load_moves_no_bytes_and_on_wire_arrival_is_ignored():
     assert link.demand(1.0, 5, 1_000) == pytest.approx(1.0 + LAT + 1e-6)  # idle wire: no wait
 
 
+def test_a_second_copy_of_a_tracked_expert_supersedes_the_first():
+    # a staging slot's trim evicts an in-flight expert without a cancel; the cache then asks for it
+    # again: the link keeps one live copy (two queued entries of one expert broke `_advance`)
+    link = Link(RATE, LAT)
+    link.prefetch(0.0, 1, 1_000_000)
+    link.prefetch(0.0, 2, 1_000_000)
+    link.prefetch(1e-7, 2, 1_000_000)  # 2 still queued behind 1: its first entry is dropped
+    seen = []
+    link.land(1.0, seen.append)
+    assert seen == [1, 2] and link.cancelled == 1 and link.bytes == 2_000_000
+    link.prefetch(2.0, 3, 1_000_000)
+    link.supersede(2.0, 3)  # a demand load of 3 is about to go: the prefetch is not waited for
+    assert 3 not in link.tokens
+    link.land(3.0, seen.append)
+    assert seen == [1, 2]
+
+
 def test_host_cap_shares_bandwidth_between_links():
     host = HostCap(RATE)
     a, b = Link(RATE, 0.0, host), Link(RATE, 0.0, host)
