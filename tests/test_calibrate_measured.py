@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 from casmoe.sim import calibration as c
 from casmoe.sim import validation as v
 from casmoe.sim.stack import load_shared, load_stack
+from test_fuzz import cli
 
 RUN = {"model": "mixtral-8x7b", "hardware": "a100-80g", "quant": "int4"}
 CONFIGS = {"od": {"policy": "ondemand", "capacity": "2"}, "lru4": {"policy": "lru", "capacity": "4"},
@@ -120,20 +119,6 @@ def test_csv_says_what_the_toml_says(tmp_path) -> None:
 
 
 # ---- the command line ---------------------------------------------------------------------------
-
-
-def cli(argv: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str, str]:
-    from casmoe.cli import main
-
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", ["casmoe", *argv])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_calibrate_writes_a_stack_simulate_runs(tmp_path) -> None:

@@ -510,12 +510,19 @@ def ktransformers(ctx: Context) -> list[Candidate]:
     return out
 
 
-def vllm(ctx: Context) -> list[Candidate]:
-    p, box, req = ctx.preset, ctx.box, ctx.req
+def _one_checkpoint_first_layers(ctx: Context, engine: str) -> tuple[mem.Precisions, Any, Placement, list[int]]:
+    """vLLM's and SGLang's offload: one checkpoint (every expert at the GPU precision), KV in
+    the engine's own dtype, the first layers' weights offloaded. (precisions, memory base,
+    placement, host layers)."""
     prec = replace(ctx.precisions, host=ctx.precisions.gpu, kv="auto")
-    base = mem.base("vllm", p, box, prec, req.context, req.concurrency)
-    pl = first_layers(base, p, prec)
-    host = pl.host_layers(ctx.L)
+    base = mem.base(engine, ctx.preset, ctx.box, prec, ctx.req.context, ctx.req.concurrency)
+    pl = first_layers(base, ctx.preset, prec)
+    return prec, base, pl, pl.host_layers(ctx.L)
+
+
+def vllm(ctx: Context) -> list[Candidate]:
+    p, req = ctx.preset, ctx.req
+    prec, _, pl, host = _one_checkpoint_first_layers(ctx, "vllm")
     gib = sum(pl.memory.host[i].experts for i in range(len(pl.memory.host))) / GIB
     util = mem.rules()["vllm"]["gpu_memory_utilization"]
     args: list[tuple[str, str | None]] = [("", req.weights or hf_id(p))]
@@ -554,11 +561,8 @@ def _uva_profile(ctx: Context) -> str:
 
 
 def sglang(ctx: Context) -> list[Candidate]:
-    p, box, req = ctx.preset, ctx.box, ctx.req
-    prec = replace(ctx.precisions, host=ctx.precisions.gpu, kv="auto")
-    base = mem.base("sglang", p, box, prec, req.context, req.concurrency)
-    pl = first_layers(base, p, prec)
-    host = pl.host_layers(ctx.L)
+    p, req = ctx.preset, ctx.req
+    prec, base, pl, host = _one_checkpoint_first_layers(ctx, "sglang")
     offloaded = sum(h.experts for h in pl.memory.host)
     args: list[tuple[str, str | None]] = [("--model-path", req.weights or hf_id(p))]
     if host:
