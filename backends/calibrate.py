@@ -476,7 +476,6 @@ def calibrate(
     reps: int = 20,
 ) -> Calibration:
     """Measure `om`'s device and link (its `EmulatedLink` cap included); see the module docstring."""
-    from casmoe.sim.compute import RooflineCompute
 
     device = om.devices[0]
     cuda = device.type == "cuda"

@@ -160,7 +160,7 @@ def _state(tk: Any, machine: Any, setup: Any, arrays: StepArrays) -> Any:
     """The kernel's state for a fresh machine (links idle, nothing in flight)."""
     timer, shard = machine.timer, machine.shards[0]
     links = machine.links
-    hw, compute = setup.hardware, setup.compute
+    compute = setup.compute
     L, E, D = len(shard.device), timer.E, len(links)
     N = L * E
     cfg = np.zeros(tk.N_CFG, np.int64)

@@ -35,7 +35,6 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ import tomllib
 from casmoe.sim.stack import Shared, Stack, load_shared, load_stack
 
 from casmoe.errors import CasmoeError
-from casmoe.sim.uncertainty import FAMILIES, MEASUREMENTS, PUBLISHED, SPREAD_FILE, family
+from casmoe.sim.uncertainty import FAMILIES, MEASUREMENTS, SPREAD_FILE, family
 
 SHIPPED_TRACES = {"mixtral-8x7b": ("tiny-mixtral.npz", 2), "qwen3-30b-a3b": ("synthetic-qwen3-top8.npz", 8)}
 """Model preset -> (shipped trace of its routing shape, its top-k)."""
@@ -491,7 +490,7 @@ def write_fitted(v: Validation) -> list[Path]:
     lines = ["# How far casmoe's predictions land from published measurements, per kind of configuration",
              "# (casmoe validate --published --fit): the 80th percentile of |log(predicted / published)| over",
              "# the rows predicted (never fitted on). simulate, search and the leaderboard print it beside a figure."]
-    for family, d in spreads.items():
-        lines += ["", f"[{family}]"] + [f"{k} = {v_!r}" for k, v_ in d.items()]
+    for kind, d in spreads.items():
+        lines += ["", f"[{kind}]"] + [f"{k} = {v_!r}" for k, v_ in d.items()]
     written.append(write_text(SPREAD_FILE, "\n".join(lines) + "\n"))
     return written

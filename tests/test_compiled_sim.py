@@ -15,9 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from casmoe.cache import CacheConfigError, MissMode
-from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy
-from casmoe.presets import ModelPreset
 from casmoe.sim.hardware import load_profile
 from casmoe.sim.engine import run_trace
 from casmoe.sim.machine import Machine

@@ -6,7 +6,6 @@ never slower than llama.cpp's `--n-cpu-moe` at equal memory on requests it never
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest

@@ -14,14 +14,13 @@ from hypothesis import strategies as st
 from casmoe.cache import Capacity, CacheConfigError, MissMode
 from casmoe.geometry import Geometry, GeometryError, split_layers
 from casmoe.policies import POLICIES, get_policy
-from casmoe.presets import ModelPreset, get_preset
+from casmoe.presets import get_preset
 from casmoe.replay import replay
-from casmoe.sim.compute import FixedCompute, RooflineCompute
+from casmoe.sim.compute import FixedCompute
 from casmoe.sim.decide import link_costs
 from casmoe.sim.assembly import StepPlan
 from casmoe.sim.machine import Machine, SimConfigError
 from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine
 from casmoe.sim.hardware import HardwareError, load_profile
 from casmoe.sim.timing import Shard, StepTimer
 from casmoe.testing import cases, traces

@@ -9,11 +9,10 @@ from conftest import shaped_preset, sim_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from casmoe.cache import Access, CacheConfigError, Capacity, Load, MissMode
+from casmoe.cache import Access, CacheConfigError, MissMode
 from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy
 from casmoe.policies.lru import LRU
-from casmoe.presets import ModelPreset
 from casmoe.replay import replay
 from casmoe.sim.compute import FixedCompute
 from casmoe.sim.engine import run_trace

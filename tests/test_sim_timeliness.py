@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from casmoe.cache import Capacity
 from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy
-from casmoe.presets import ModelPreset
 from casmoe.sim.compute import FixedCompute
 from casmoe.sim.engine import run_trace
 from casmoe.sim.machine import Machine

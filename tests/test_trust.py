@@ -298,7 +298,6 @@ def test_experts_beyond_host_ram_get_a_ram_tier(tmp_path):
 
 def test_timeliness_bound_per_device_on_four_gpus():
     trace = load_trace(SHIPPED).subset(range(3))
-    g = trace.geometry
     res = sim_run(trace, "ondemand", 2, devices=4, compute=FixedCompute(layer_s=1e-5), detail=True)
     per_device = res.stall_bound_by_device_s
     assert len(per_device) == 4 and all(b > 0 for b in per_device)  # every device's link is short of bandwidth
