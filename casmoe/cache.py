@@ -371,6 +371,13 @@ class ExpertCache:
     def on_request_end(self) -> None:
         """The current request finished."""
 
+    @classmethod
+    def computes_on_host(cls, miss_mode: MissMode) -> bool:
+        """Whether a run of this policy may compute experts on the host: the cpu miss mode, a
+        placement (its misses run there), or a policy that chooses per step which experts do
+        (`host_misses`)."""
+        return miss_mode is MissMode.CPU or not cls.loads_on_demand or cls.host_misses is not ExpertCache.host_misses
+
     def host_misses(self, layer: int, misses: Sequence[ExpertId], routing: Routing) -> Collection[ExpertId]:
         """Which of `layer`'s `misses` (routed, not resident, in routing order) to compute on the
         host this step; every other one loads (or, in substitute mode, is substituted). Called

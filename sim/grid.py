@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from casmoe.cache import ExpertCache, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.options import FIT, CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.policies import POLICIES, PolicySpec, parse_policies
@@ -138,13 +137,6 @@ class Runs:
         return [g.describe() for g in self.groups]
 
 
-def _computes_on_host(spec: RunSpec) -> bool:
-    """Whether a run may compute experts on the host: the cpu miss mode, a placement (its misses
-    run there), or a policy that chooses per step which experts do (`host_misses`)."""
-    cls = spec.policy.cls
-    return spec.miss_mode is MissMode.CPU or not cls.loads_on_demand or cls.host_misses is not ExpertCache.host_misses
-
-
 def default_capacities(fit: int, pool_fit: int, top_k: int, where: str) -> list[CapacitySpec]:
     """top_k, 2, 3 and 4 x top_k and the most that fits (slots per layer); on a box that holds
     fewer than top_k per layer, the most that fits (the rest of a layer's experts pass through
@@ -255,7 +247,7 @@ class _Builder:
         unique = list({s.key: s for s in specs}.values())  # a combination listed twice runs and reports once
         if not unique:
             raise GridError(f"{g.where}: no run to build")
-        if "host_quant" in g.given and not any(_computes_on_host(s) for s in unique):
+        if "host_quant" in g.given and not any(s.policy.cls.computes_on_host(s.miss_mode) for s in unique):
             raise GridError(f"{g.where}: --host-quant is unused: it is the precision of the experts computed on the "
                             "host, and no run computes one there; leave it out, or add a placement (n-cpu-moe, "
                             "ktransformers, ...) or --miss-mode cpu")

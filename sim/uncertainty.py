@@ -26,16 +26,26 @@ FAMILIES = ("cache", "host", "stream", "gpu")
 IDEAL = "ideal"
 
 
-def family(policy: str) -> str:
-    """The kind of configuration a policy spec runs, for the spreads: every expert on the GPU,
-    host compute, streaming whole layers, or caching."""
+def family(policy: str, miss_mode: str = "load") -> str:
+    """The kind of configuration a run is, for the spreads: every expert on the GPU, host
+    compute (a placement, a per-step host choice, or the cpu miss mode: the policy's own
+    declaration, `ExpertCache.computes_on_host`), streaming whole layers, or caching."""
+    from casmoe.cache import MissMode
+    from casmoe.policies import POLICIES
+
     if policy == "n-cpu-moe[n=0]":  # every expert on the GPU: nothing offloaded
         return "gpu"
-    if policy.startswith(("n-cpu-moe", "ktransformers", "fiddler", "hybrimoe", "routed-placement")):
+    cls = POLICIES.get(policy.partition("[")[0])
+    if cls is not None and cls.computes_on_host(MissMode(miss_mode)):
         return "host"
     if policy.startswith("layer-offload"):
         return "stream"
     return "cache"
+
+
+def family_of(record: dict[str, Any]) -> str:
+    """`family` of a record (or a published row's run)."""
+    return family(str(record.get("policy", "")), str(record.get("miss_mode") or "load"))
 
 
 @lru_cache(maxsize=1)
@@ -61,7 +71,7 @@ def coverage() -> Coverage:
     """Read once from `sim/published/measurements.toml` (its rows with a `run`)."""
     runs = [r["run"] for r in tomllib.loads(MEASUREMENTS.read_text())["row"] if r.get("run")]
     return Coverage(frozenset(str(r["model"]) for r in runs), frozenset(str(r["hardware"]) for r in runs),
-                    frozenset((str(r.get("stack", IDEAL)), family(str(r.get("policy", "")))) for r in runs))
+                    frozenset((str(r.get("stack", IDEAL)), family_of(r)) for r in runs))
 
 
 def factor(record: dict[str, Any]) -> float | None:
@@ -69,7 +79,7 @@ def factor(record: dict[str, Any]) -> float | None:
     figure x/÷ factor), or None where nothing was validated (the ideal stack, an unseen kind)."""
     if record.get("stack", IDEAL) == IDEAL:
         return None
-    d = spreads().get(family(str(record.get("policy", ""))))
+    d = spreads().get(family_of(record))
     return math.exp(d["p80_abs_log_ratio"]) if d else None
 
 
@@ -83,7 +93,7 @@ def outside(record: dict[str, Any]) -> list[str]:
         out.append(f"no published row runs {model}")
     if box is not None and str(box).partition("@")[0] not in cov.boxes:
         out.append(f"{box} is not one of the {len(cov.boxes)} published boxes")
-    kind = family(str(record.get("policy", "")))
+    kind = family_of(record)
     if stack not in (None, IDEAL) and (stack, kind) not in cov.kinds:
         out.append(f"stack {stack} has no published {kind} row")
     return out
@@ -94,7 +104,7 @@ def spread(record: dict[str, Any]) -> str:
     kind of configuration, or why it has none, then where it lies outside what was validated."""
     if record.get("stack", IDEAL) == IDEAL:
         return "not validated: the ideal stack is an upper bound (name the runtime with --stack)"
-    kind = family(str(record.get("policy", "")))
+    kind = family_of(record)
     f = factor(record)
     if f is None and not spreads():
         text = "not validated yet: no spread measured (casmoe validate --published --fit measures them)"

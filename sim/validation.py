@@ -42,7 +42,7 @@ import tomllib
 from casmoe.sim.stack import Shared, Stack, load_shared, load_stack
 
 from casmoe.errors import CasmoeError
-from casmoe.sim.uncertainty import FAMILIES, MEASUREMENTS, SPREAD_FILE, family
+from casmoe.sim.uncertainty import FAMILIES, MEASUREMENTS, SPREAD_FILE, family_of
 
 SHIPPED_TRACES = {"mixtral-8x7b": ("tiny-mixtral.npz", 2), "qwen3-30b-a3b": ("synthetic-qwen3-top8.npz", 8)}
 """Model preset -> (shipped trace of its routing shape, its top-k)."""
@@ -92,8 +92,8 @@ class Row:
 
     @property
     def family(self) -> str:
-        """The kind of configuration, for the spreads (`uncertainty.family`)."""
-        return family(str((self.run or {}).get("policy", "")))
+        """The kind of configuration, for the spreads (`uncertainty.family_of`)."""
+        return family_of(self.run or {})
 
 
 def load_rows(path: Path = MEASUREMENTS) -> list[Row]:

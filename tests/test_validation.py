@@ -144,6 +144,9 @@ def test_spread_says_what_a_figure_is_worth(monkeypatch) -> None:
                                                                  "outside what was validated: stack llama.cpp has no published cache row")
     assert [u.family(p) for p in ("n-cpu-moe[n=0]", "fiddler", "layer-offload[n=2]", "se-moe")] == [
         "gpu", "host", "stream", "cache"]
+    # host compute is the policy's own declaration: a placement, a per-step host choice, the cpu miss mode
+    assert [u.family(p, m) for p, m in (("routed-placement", "load"), ("hybrimoe", "load"), ("lru", "cpu"),
+                                        ("lru", "load"))] == ["host", "host", "host", "cache"]
 
 
 def test_cli_help_names_the_published_mode() -> None:
