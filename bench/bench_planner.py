@@ -218,9 +218,9 @@ def _simulator(geometry) -> Callable[..., Any] | None:
     try:
         from casmoe.geometry import Quant
         from casmoe.presets import load_presets
-        from casmoe.sim.engine import run_trace
-        from casmoe.sim.hardware import load_profile
-        from casmoe.sim.machine import Machine
+        from casmoe.sim.passes.engine import run_trace
+        from casmoe.sim.box.hardware import load_profile
+        from casmoe.sim.cost.machine import Machine
     except ImportError:
         return None
     shape = (geometry.layers, geometry.experts, geometry.top_k)

@@ -21,11 +21,11 @@ from casmoe.cache import Capacity
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim.assembly import StepPlan
-from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine
-from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Traffic
+from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.box.hardware import load_profile
+from casmoe.sim.passes.serving import Arrival, Traffic
 from casmoe.trace_io import load_trace
 
 

@@ -25,10 +25,10 @@ from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim.assembly import StepPlan
-from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine
-from casmoe.sim.hardware import load_profile
+from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.box.hardware import load_profile
 from casmoe.trace_io import load_trace
 from side_by_side import interleaved, load_average
 
@@ -37,7 +37,7 @@ def group(filename: str) -> str:
     if "/casmoe/cache.py" in filename or "/casmoe/policies/" in filename:
         return "cache + policy"
     if "/sim/" in filename:
-        return "simulator (sim/)"
+        return "simulator (casmoe/sim/)"
     if "simpy" in filename:
         return "SimPy"
     return "other (builtins, numpy, ...)"

@@ -30,10 +30,13 @@ from pathlib import Path
 
 
 def use_tree(tree: Path) -> None:
-    """Import casmoe, casmoe.sim, casmoe.backends (and casmoe.cli) from `tree`'s folders."""
-    folders = {"casmoe": tree / "casmoe", "casmoe.sim": tree / "sim", "casmoe.backends": tree / "backends"}
-    if (tree / "cli").is_dir():
-        folders["casmoe.cli"] = tree / "cli"
+    """Import casmoe from `tree`: its casmoe/ folder, and for a tree of the older layout the
+    simulator, backend and command line from sim/, backends/ and cli/."""
+    folders = {"casmoe": tree / "casmoe"}
+    if (tree / "sim").is_dir():  # before the folders were import paths
+        folders.update({"casmoe.sim": tree / "sim", "casmoe.backends": tree / "backends"})
+        if (tree / "cli").is_dir():
+            folders["casmoe.cli"] = tree / "cli"
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
@@ -64,7 +67,7 @@ def main() -> None:
     from casmoe.policies import get_policy
     from casmoe.presets import get_preset
     from casmoe.replay import replay
-    from casmoe.sim.hardware import load_profile
+    from casmoe.sim.box.hardware import load_profile
     from casmoe.synthetic import SynthConfig, generate
 
     g = Geometry(32, 8, 2, hidden=4096, intermediate=14336)
@@ -76,13 +79,13 @@ def main() -> None:
         return lambda: replay(trace, get_policy(name).create(g, cap, trace=trace), compiled=compiled).stats.hits
 
     try:  # since issue 34: a run is priced on a Machine (model x box x stack)
-        from casmoe.sim.engine import run_trace
-        from casmoe.sim.machine import Machine
+        from casmoe.sim.passes.engine import run_trace
+        from casmoe.sim.cost.machine import Machine
 
         def sim(name: str, compiled: bool):
             return lambda: run_trace(trace, get_policy(name), cap, Machine(preset, hw), compiled=compiled).stats.hits
     except ImportError:  # a tree from before issue 34 (`--tree`): the same run through its engine
-        from casmoe.sim.engine import simulate as old_simulate
+        from casmoe.sim.passes.engine import simulate as old_simulate
 
         def sim(name: str, compiled: bool):
             return lambda: old_simulate(trace, get_policy(name), cap, hw, preset, compiled=compiled).stats.hits

@@ -134,7 +134,7 @@ def user_policy(body: str) -> Callable[[Path], None]:
 
 def hardware(**changes: str) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
-        text = (REPO / "sim" / "profiles" / "rtx4090x4.toml").read_text()
+        text = (REPO / "casmoe" / "sim" / "box" / "profiles" / "rtx4090x4.toml").read_text()
         lines = []
         for ln in text.splitlines():
             key = ln.split("=", 1)[0].strip()

@@ -5,7 +5,7 @@ A cost-based policy (`fiddler`, `hybrimoe`) reads these prices, never a clock, s
 decisions are a function of the routing and the prices alone: runtimes given the same prices
 make the same decisions (`casmoe.cache`). A runtime attaches its own
 (`ExpertCache.attach_costs`): the simulator derives seconds from its compute model and link
-(`casmoe.sim.decide.ComputeCosts`), and the backend takes the same function of a calibrated
+(`casmoe.sim.passes.decide.ComputeCosts`), and the backend takes the same function of a calibrated
 hardware profile (`casmoe calibrate`). Replay has no hardware: a policy then uses its source's
 published constants (`PublishedCosts`), in that source's own units, where only their ratios
 matter.

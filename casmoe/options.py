@@ -1,6 +1,6 @@
 """The values of run options as users write them (`24GB`, `cpu`, `int4`), parsed into typed values.
 
-The options themselves are declared in `casmoe.sim.run_options`; every command, sweep file and
+The options themselves are declared in `casmoe.sim.run.options`; every command, sweep file and
 the Python API parse their values with these functions, so `--capacity 24GB`, `--miss-mode cpu`
 or `--quant int4` mean the same thing and fail with the same one-line message everywhere.
 Policy specs (`lru`, `sch[m=4]`) are parsed by `casmoe.policies.spec`, beside the registry.

@@ -1,4 +1,4 @@
-"""Tables and JSON/CSV files of results; the PNG plots are `casmoe.plots`.
+"""Tables and JSON/CSV files of results; the PNG plots are `casmoe.cli.figures`.
 
 Sections: number formatting and tables; files; the simulator's summaries (headline and the
 policies x cache sizes table, shared by `simulate` and `sweep`); serving, timeliness and tiers.
@@ -161,11 +161,11 @@ def print_capacity_table(records: Sequence[dict[str, Any]], title: str, value: s
 
 
 UNCERTAINTY = "uncertainty"
-"""The column of a predicted figure's validated spread (`casmoe.sim.uncertainty`)."""
+"""The column of a predicted figure's validated spread (`casmoe.sim.trust.uncertainty`)."""
 
 
 def uncertainty_cell(record: dict[str, Any]) -> str:
-    """A record's spread as a table cell, from the fields `casmoe.sim.uncertainty.annotate` sets:
+    """A record's spread as a table cell, from the fields `casmoe.sim.trust.uncertainty.annotate` sets:
     'x/÷ 1.50', marked † where the configuration lies outside the published table; 'upper bound'
     on the ideal stack; 'not validated' for a kind no published row measured; '' for a record
     without them (a replay's)."""

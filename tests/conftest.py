@@ -82,7 +82,7 @@ def shaped_preset(g: Geometry, head_dim: int = 8, name: str = "test") -> ModelPr
 
 def seed_box() -> Any:
     """The seed paper's 4x RTX 4090 profile."""
-    from casmoe.sim.hardware import load_profile
+    from casmoe.sim.box.hardware import load_profile
 
     return load_profile("rtx4090x4")
 
@@ -93,8 +93,8 @@ def sim_run(trace: Any, policy: str | type = "lru", capacity: int | Capacity = 2
     """`run_trace` of a policy (a name or a class) on `hw` (the seed box) with a preset of the
     trace's shape, unless `preset` is given; `kw` are run_trace's."""
     from casmoe.policies import get_policy
-    from casmoe.sim.engine import run_trace
-    from casmoe.sim.machine import Machine
+    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.cost.machine import Machine
 
     cls = get_policy(policy) if isinstance(policy, str) else policy
     cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
@@ -105,7 +105,7 @@ def sim_run(trace: Any, policy: str | type = "lru", capacity: int | Capacity = 2
 def one_spec(**options: Any) -> Any:
     """The one `RunSpec` of these `casmoe simulate` options (LRU at 4 slots on the first two
     requests of the shipped trace unless they say otherwise)."""
-    from casmoe.sim.grid import Grid
+    from casmoe.sim.run.grid import Grid
 
     runs = Grid.of({"policy": "lru", "capacity": "4", "requests": 2, **options}).specs()
     assert len(runs.specs) == 1, runs.specs

@@ -75,9 +75,9 @@ def load(name: str, requests: int) -> Any:
 @lru_cache(maxsize=1)
 def stack() -> Any:
     """The ideal stack with the host efficiencies the goldens were computed under (those before
-    the published table was fitted): a refit of `sim/stacks/shared.toml` moves predictions, not
+    the published table was fitted): a refit of `casmoe/sim/cost/stacks/shared.toml` moves predictions, not
     goldens."""
-    from casmoe.sim.stack import Shared, load_stack
+    from casmoe.sim.cost.stack import Shared, load_stack
 
     pinned = {"host_efficiency": 0.8, "host_flops_efficiency": 0.6}
     return load_stack("ideal").resolved(Shared(**pinned, sources={k: "pinned for the goldens" for k in pinned}))
@@ -87,9 +87,9 @@ def run(case: Case) -> dict[str, Any]:
     from casmoe.cache import Capacity, MissMode
     from casmoe.policies import get_policy
     from casmoe.presets import get_preset, preset_for
-    from casmoe.sim.engine import run_trace
-    from casmoe.sim.hardware import load_profile
-    from casmoe.sim.machine import Machine
+    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.cost.machine import Machine
 
     trace = load(case.trace, case.requests)
     g = trace.geometry

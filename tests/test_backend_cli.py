@@ -69,7 +69,7 @@ def test_bench_substitute_reports_perplexities(model_dir):
 
 
 def test_calibrate_writes_a_profile_the_simulator_loads(model_dir, tmp_path):
-    from casmoe.sim.hardware import load_profile
+    from casmoe.sim.box.hardware import load_profile
 
     out = tmp_path / "me.toml"
     code, text = _run(["calibrate", "--model", str(model_dir / "m"), "--out", str(out), "--prompts",

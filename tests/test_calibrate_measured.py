@@ -1,4 +1,4 @@
-"""A stack calibrated on a user's own measurements (`casmoe.sim.calibration`,
+"""A stack calibrated on a user's own measurements (`casmoe.sim.questions.calibration`,
 `casmoe calibrate --measured`): rows "measured" by a known stack are fitted back to it, the
 fields chosen are those the rows determine, each row is checked by a refit without it, the stack
 written is one `casmoe simulate --stack FILE` runs, and bad input is one line and exit 2."""
@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from casmoe.sim import calibration as c
-from casmoe.sim import validation as v
-from casmoe.sim.stack import load_shared, load_stack
+from casmoe.sim.questions import calibration as c
+from casmoe.sim.questions import validation as v
+from casmoe.sim.cost.stack import load_shared, load_stack
 from test_fuzz import cli
 
 RUN = {"model": "mixtral-8x7b", "hardware": "a100-80g", "quant": "int4"}

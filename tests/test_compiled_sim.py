@@ -1,4 +1,4 @@
-"""The simulator's compiled decision pass (sim/decide.py `CompiledDecider`) changes nothing.
+"""The simulator's compiled decision pass (casmoe/sim/passes/decide.py `CompiledDecider`) changes nothing.
 
 Same trace, policy, capacity, devices, batch and miss mode: `simulate` with the built-in
 policy's compiled twin deciding must give the `SimResult` of the Python decision pass to the
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from casmoe.cache import CacheConfigError, MissMode
 from casmoe.policies import POLICIES, get_policy
-from casmoe.sim.hardware import load_profile
-from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine
+from casmoe.sim.box.hardware import load_profile
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.cost.machine import Machine
 from casmoe.testing import cases
 from sim_golden import SHAPES, Case, run
 
@@ -62,7 +62,7 @@ def test_compiled_decisions_simulate_to_the_last_bit(variant, case, mode, batch,
 @pytest.mark.parametrize("policy", ["lru", "belady", "semoe", "casmoe"])
 def test_compiled_decisions_on_shipped_traces(policy, shape, monkeypatch):
     """The golden cases of tests/sim_golden.py, forced through the compiled decision pass."""
-    import casmoe.sim.engine as engine
+    import casmoe.sim.passes.engine as engine
 
     real = engine.run_offline
     monkeypatch.setattr(engine, "run_offline", lambda *a: real(*a[:4], True))

@@ -1,4 +1,4 @@
-"""The compiled timing pass (sim/timing_kernel.py) changes nothing.
+"""The compiled timing pass (casmoe/sim/passes/timing_kernel.py) changes nothing.
 
 Same decisions (the built-in policy's compiled twin), priced once by the Python `StepTimer`
 and once by the kernel: the `SimResult` must agree to the last bit (times, stalls by cause
@@ -19,11 +19,11 @@ from casmoe.cache import CacheConfigError, Capacity, MissMode, PolicyError
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim import engine
-from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine
-from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Schedule, Traffic
+from casmoe.sim.passes import engine
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.box.hardware import load_profile
+from casmoe.sim.passes.serving import Arrival, Schedule, Traffic
 from casmoe.testing import cases
 from casmoe.trace_io import load_trace
 from conftest import shaped_preset

@@ -236,8 +236,8 @@ def test_the_threshold_reserves_a_layer_of_slots_out_of_the_capacity():
 
 def _machine(trace: Trace):
     from casmoe.presets import shape_preset
-    from casmoe.sim.hardware import load_profile
-    from casmoe.sim.machine import Machine
+    from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.cost.machine import Machine
 
     return Machine(shape_preset(trace.geometry, "contract"), load_profile("rtx4090x4"))
 
@@ -258,10 +258,10 @@ def shipped_mixtral() -> Trace:
 def test_the_simulator_decides_as_replay_given_its_prices(shipped_mixtral, spec, mode, batch):
     from casmoe.policies import PolicySpec
     from casmoe.presets import load_presets
-    from casmoe.sim.decide import machine_costs
-    from casmoe.sim.engine import run_trace
-    from casmoe.sim.hardware import load_profile
-    from casmoe.sim.machine import Machine
+    from casmoe.sim.passes.decide import machine_costs
+    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.cost.machine import Machine
 
     trace = shipped_mixtral
     machine = Machine(load_presets()["mixtral-8x7b"], load_profile("rtx4090x4"))
@@ -282,9 +282,9 @@ def test_the_prices_change_fiddlers_decisions(shipped_mixtral):
     """On an RTX 4090 box a Mixtral expert copies in ~15 ms and the host computes one token in ~1 ms:
     the simulator's crossover lies near 90 tokens, Fiddler's published one at 10."""
     from casmoe.presets import load_presets
-    from casmoe.sim.decide import machine_costs
-    from casmoe.sim.hardware import load_profile
-    from casmoe.sim.machine import Machine
+    from casmoe.sim.passes.decide import machine_costs
+    from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.cost.machine import Machine
 
     trace = shipped_mixtral
     costs = machine_costs(Machine(load_presets()["mixtral-8x7b"], load_profile("rtx4090x4")), trace)
@@ -299,10 +299,10 @@ def test_the_prices_change_fiddlers_decisions(shipped_mixtral):
 
 def test_serving_and_substitute_mode_pass_the_step_counts(shipped_mixtral):
     from casmoe.presets import load_presets
-    from casmoe.sim.engine import run_trace
-    from casmoe.sim.hardware import load_profile
-    from casmoe.sim.machine import Machine
-    from casmoe.sim.serving import Arrival, Traffic
+    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.cost.machine import Machine
+    from casmoe.sim.passes.serving import Arrival, Traffic
 
     trace = shipped_mixtral
     machine = Machine(load_presets()["mixtral-8x7b"], load_profile("rtx4090x4"))
@@ -318,8 +318,8 @@ def test_serving_and_substitute_mode_pass_the_step_counts(shipped_mixtral):
 
 def test_no_ram_tier_runs_a_policy_that_computes_on_the_host():
     from casmoe.errors import CasmoeError
-    from casmoe.sim.hardware import load_profile
-    from casmoe.sim.tiers import HostCache
+    from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.passes.tiers import HostCache
 
     g = Geometry(2, 4, 1)
     tier = HostCache(6, HybriMoE, {})

@@ -56,9 +56,9 @@ def test_speculative_with_a_perfect_spec_misses_only_at_layer_zero(trace, extra)
 
 def test_speculative_with_a_perfect_spec_and_a_fast_link_never_stalls_past_layer_zero():
     from casmoe.presets import ModelPreset
-    from casmoe.sim.engine import run_trace
-    from casmoe.sim.machine import Machine
-    from casmoe.sim.hardware import load_profile
+    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.cost.machine import Machine
+    from casmoe.sim.box.hardware import load_profile
 
     g = Geometry(4, 8, 2, hidden=64, intermediate=32)
     rng = np.random.default_rng(0)

@@ -257,7 +257,7 @@ def test_a_torch_warning_of_a_pickle_protocol_stays_silent(tmp_path, monkeypatch
 
 
 def test_a_hand_written_file_that_is_no_text_is_named(tmp_path):
-    from casmoe.sim.hardware import HardwareError, load_profile
+    from casmoe.sim.box.hardware import HardwareError, load_profile
 
     _zip(tmp_path / "box.toml")
     with pytest.raises(HardwareError, match=r"box\.toml is a zip archive, not a hardware profile"):

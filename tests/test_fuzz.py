@@ -28,7 +28,7 @@ from casmoe.resources import ResourceError
 from casmoe.policies import PolicySpec
 from casmoe.policies.lru import LRU
 from casmoe.replay import replay
-from casmoe.sim.hardware import PROFILES_DIR, HardwareProfile
+from casmoe.sim.box.hardware import PROFILES_DIR, HardwareProfile
 from casmoe.synthetic import SynthConfig, generate
 from casmoe.trace import Trace, TraceError
 from casmoe.trace_io import load_trace, save_trace, validate_trace
@@ -280,7 +280,7 @@ def test_hardware_numbers(field, value):
 
 
 def test_hardware_file_with_bytes_that_are_not_text(tmp_path):
-    from casmoe.sim.hardware import HardwareError, load_profile
+    from casmoe.sim.box.hardware import HardwareError, load_profile
 
     (tmp_path / "hw.toml").write_bytes(b'name = "\xff\xfe"\n')
     with pytest.raises(HardwareError, match="UTF-8"):

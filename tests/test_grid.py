@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from casmoe.errors import CasmoeError
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.sim.grid import Grid, GridError, default_capacities
-from casmoe.sim.run_options import OPTIONS, SHIPPED_REQUESTS
+from casmoe.sim.run.grid import Grid, GridError, default_capacities
+from casmoe.sim.run.options import OPTIONS, SHIPPED_REQUESTS
 
 
 @given(st.integers(1, 16), st.integers(0, 80))

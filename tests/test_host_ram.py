@@ -13,9 +13,9 @@ from casmoe.cache import Capacity
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
 from casmoe.policies import get_policy
-from casmoe.sim.compute import FixedCompute
-from casmoe.sim.hardware import GIB, HOST_RESERVED_GIB, HardwareError, load_profile
-from casmoe.sim.tiers import HostCache
+from casmoe.sim.cost.compute import FixedCompute
+from casmoe.sim.box.hardware import GIB, HOST_RESERVED_GIB, HardwareError, load_profile
+from casmoe.sim.passes.tiers import HostCache
 from casmoe.trace import Request, Trace
 
 HW = load_profile("rtx4090x4")
@@ -106,7 +106,7 @@ def test_no_ram_tier_when_the_experts_do_not_fit_is_refused_naming_the_default()
 
 
 def test_served_one_user_prices_host_experts_from_storage_as_back_to_back():
-    from casmoe.sim.serving import Arrival, Traffic
+    from casmoe.sim.passes.serving import Arrival, Traffic
 
     b = 64_000_000
     kw = dict(compute=FixedCompute(cpu_expert_s=1e-3))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from casmoe.sim.grid import Grid
-from casmoe.sim.hardware import HardwareError, load_profile
-from casmoe.sim.machine import Machine
+from casmoe.sim.run.grid import Grid
+from casmoe.sim.box.hardware import HardwareError, load_profile
+from casmoe.sim.cost.machine import Machine
 from conftest import one_spec
 
 from casmoe.presets import get_preset
@@ -85,7 +85,7 @@ def test_threads_are_a_variant_an_option_and_shown():
     with pytest.raises(HardwareError, match="cpu_cores"):
         load_profile("rtx4090x4@cpu_threads=8").with_values(cpu_cores=0, sources={"cpu_cores": "test"})
     no_cores = dataclasses.replace(HW, cpu_cores=0)
-    from casmoe.sim.hardware import variant
+    from casmoe.sim.box.hardware import variant
 
     with pytest.raises(HardwareError, match="does not say how many cores"):
         variant(no_cores, cpu_threads=4)

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from casmoe.sim.compute import FixedCompute
-from casmoe.sim.fits import FitError, check_kv
-from casmoe.sim.grid import Grid
-from casmoe.sim.hardware import load_profile
-from casmoe.sim.machine import Machine
-from casmoe.sim.serving import Arrival, Traffic
-from casmoe.sim.timing import histories, work_for
+from casmoe.sim.cost.compute import FixedCompute
+from casmoe.sim.run.fits import FitError, check_kv
+from casmoe.sim.run.grid import Grid
+from casmoe.sim.box.hardware import load_profile
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.passes.serving import Arrival, Traffic
+from casmoe.sim.passes.timing import histories, work_for
 from conftest import one_spec, sim_run
 
 from casmoe.cache import Capacity

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from casmoe.cache import CacheStats
 from casmoe.geometry import Geometry, GeometryError, split_layers
-from casmoe.sim.assembly import StepPlan
+from casmoe.sim.passes.assembly import StepPlan
 from casmoe.synthetic import SynthConfig, generate
 
 

@@ -1,7 +1,7 @@
 """The layering DESIGN promises, read from the source: every module's imports (function-local
 ones, `importlib.import_module("...")` and `__import__` included) form a graph with no cycle,
-and every edge points down the stack core (`casmoe/`) < simulator (`sim/`) < backend
-(`backends/`, which validates against the simulator) < command line (`cli/`).
+and every edge points down the stack core (`casmoe/`) < simulator (`casmoe/sim/`) < backend
+(`casmoe/backends/`, which validates against the simulator) < command line (`casmoe/cli/`).
 
 A cycle hidden behind a function-local import still runs (the second module is half-built when
 the first needs it) and still makes the two modules one thing to change; an upward import makes
@@ -17,10 +17,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"casmoe": ROOT / "casmoe", "casmoe.sim": ROOT / "sim", "casmoe.backends": ROOT / "backends", "casmoe.cli": ROOT / "cli"}
-"""Import name -> source folder, as setup.py's package-dir maps them."""
-LAYERS = ("casmoe", "casmoe.sim", "casmoe.backends", "casmoe.cli")
-"""Bottom to top: a module may import its own layer and the ones before it."""
+PACKAGES = {"casmoe": ROOT / "casmoe"}
+"""Import name -> source folder: every folder below casmoe/ is its own import path."""
+LAYERS = ("casmoe", "casmoe.sim.box", "casmoe.sim.cost", "casmoe.sim.passes", "casmoe.sim.trust", "casmoe.sim.run",
+          "casmoe.sim.questions", "casmoe.sim", "casmoe.backends", "casmoe.cli")
+"""Bottom to top: a module may import its own layer and the ones before it. Inside the simulator:
+the box (hardware) < what prices a token < the passes that walk a run in time < how far a figure is
+trusted < a run described and run < the questions answered with runs < the package's front door
+(`casmoe.sim.api`, `casmoe.sim.testing`)."""
 SCRIPTS = {"casmoe.__main__"}
 """`python -m casmoe`: a script that runs the command line (as the console script does), imported
 by no module, so it sits at the top whatever folder holds it."""
@@ -59,7 +63,7 @@ def imports(name: str, path: Path, known: set[str]) -> dict[str, bool]:
     found: dict[str, bool] = {}
 
     def add(target: str, node: ast.AST) -> None:
-        while target and target not in known:  # `import casmoe.sim.engine.x` -> the module part
+        while target and target not in known:  # `import casmoe.sim.passes.engine.x` -> the module part
             target = target.rpartition(".")[0]
         if target and target != name:
             found[target] = found.get(target, True) and id(node) in hidden
@@ -157,12 +161,13 @@ def test_imports_point_down_the_layers():
 
 
 def test_the_checker_reads_every_package():
-    """Guards the guard: a package-dir mapping the test does not know would go unchecked."""
-    text = (ROOT / "setup.py").read_text()  # the package-dir mapping (setup.py finds the packages below it)
-    for name, folder in PACKAGES.items():
-        assert f'"{name}": "{folder.name}"' in text, f"setup.py does not map {name} to {folder.name}/"
+    """Guards the guard: a folder of code that is not a package would go unchecked (and would
+    not be an import path), and setup.py must not map an import name to another folder."""
+    assert "package_dir" not in (ROOT / "setup.py").read_text().replace('package_dir={"casmoe.data": "traces"}', "")
+    folders = {p.parent for p in (ROOT / "casmoe").rglob("*.py") if "__pycache__" not in p.parts}
+    assert not [f for f in folders if not (f / "__init__.py").exists()], "folders of code that are not packages"
     files = modules(PACKAGES)
-    assert {"casmoe.cache", "casmoe.sim.engine", "casmoe.backends.session", "casmoe.cli.replay"} <= set(files)
+    assert {"casmoe.cache", "casmoe.sim.passes.engine", "casmoe.backends.session", "casmoe.cli.replay"} <= set(files)
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -226,11 +231,15 @@ def test_no_module_imports_another_modules_private_name():
     assert not found, "private names imported across modules:\n" + "\n".join(found)
 
 
-def test_the_simulator_package_docstring_names_every_module():
-    import casmoe.sim
+@pytest.mark.parametrize("package", sorted({p.parent for p in (ROOT / "casmoe" / "sim").rglob("__init__.py")}))
+def test_each_simulator_package_docstring_names_what_it_holds(package):
+    """A reader opening a folder of the simulator learns from its `__init__` what each module
+    and subpackage holds."""
+    import importlib
 
-    doc = casmoe.sim.__doc__ or ""
-    names = sorted(p.stem for p in (ROOT / "sim").glob("*.py") if p.stem != "__init__")
-    names += sorted(p.name + "/" for p in (ROOT / "sim").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    name = ".".join(package.relative_to(ROOT).parts)
+    doc = importlib.import_module(name).__doc__ or ""
+    names = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    names += sorted(p.name + "/" for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     missing = [n for n in names if f"`{n}`" not in doc]
-    assert not missing, f"sim/__init__.py does not say what these hold: {missing}"
+    assert not missing, f"{package.relative_to(ROOT)}/__init__.py does not say what these hold: {missing}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from casmoe.policies import POLICIES
-from casmoe.sim import leaderboard as lb
+from casmoe.sim.questions import leaderboard as lb
 from casmoe.trace import Request, Trace
 from casmoe.trace_io import load_trace, save_trace
 
@@ -79,7 +79,7 @@ def test_a_held_out_request_whose_prompt_the_train_half_holds_is_not_scored(tmp_
     # synthetic-qwen3-top8 repeats one prompt across the two halves: scoring it would star every
     # fitted policy (what was fitted on the train half saw that prompt)
     from casmoe.shipped import shipped
-    from casmoe.sim.leaderboard import prepare
+    from casmoe.sim.questions.leaderboard import prepare
     from casmoe.trace_io import load_trace
 
     h = prepare(shipped("synthetic-qwen3-top8.npz"), tmp_path, 0)

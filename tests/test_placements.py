@@ -15,9 +15,9 @@ from casmoe.policies.ktransformers import KTransformers
 from casmoe.policies.n_cpu_moe import NCpuMoE
 from casmoe.presets import ModelPreset
 from casmoe.replay import replay
-from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine
-from casmoe.sim.hardware import load_profile
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.box.hardware import load_profile
 from casmoe.testing import traces
 from casmoe.trace import Request, Trace
 from casmoe.trace_io import load_trace

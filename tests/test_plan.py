@@ -13,10 +13,10 @@ import pytest
 from casmoe.geometry import Geometry
 from casmoe.presets import get_preset
 from casmoe.shipped import shipped
-from casmoe.sim.deploy import PlanRequest, make_plan
-from casmoe.sim.deploy import engines as eng
-from casmoe.sim.deploy.plan import STACKS
-from casmoe.sim.uncertainty import spread
+from casmoe.sim.questions.deploy import PlanRequest, make_plan
+from casmoe.sim.questions.deploy import engines as eng
+from casmoe.sim.questions.deploy.plan import STACKS
+from casmoe.sim.trust.uncertainty import spread
 from test_fuzz import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,8 +153,8 @@ def test_gpu_and_host_experts_at_two_precisions(tmp_path):
 def test_routed_placement_is_never_slower_than_n_cpu_moe_at_equal_memory(batch):
     """On the shipped Qwen3 routing, held-out requests: the routing-aware layers (what llama.cpp's
     -ot can place) and experts (what KTransformers' mask can) against --n-cpu-moe, same slots."""
-    from casmoe.sim.grid import Grid
-    from casmoe.sim.run import run
+    from casmoe.sim.run.grid import Grid
+    from casmoe.sim.run.runner import run
 
     b = f"batch={batch}"
     for gpu_layers in (16, 30):
@@ -179,7 +179,7 @@ def test_the_plan_compares_its_placement_with_llama_cpps_on_held_out_requests(tm
 
 
 def test_a_checkpoint_config_is_priced_as_its_preset(tmp_path):
-    from casmoe.sim.deploy.model import ModelError, resolve_model
+    from casmoe.sim.questions.deploy.model import ModelError, resolve_model
 
     folder = tmp_path / "Qwen3-30B-A3B"
     folder.mkdir()
@@ -210,7 +210,7 @@ def test_bad_input_is_one_line(argv, message, tmp_path, monkeypatch, capsys):
 
 
 def test_a_shape_without_any_routing_gets_a_generated_one_and_says_so():
-    from casmoe.sim.deploy.routing import resolve
+    from casmoe.sim.questions.deploy.routing import resolve
     from casmoe.trace_io import load_trace
 
     preset = get_preset("mixtral-8x22b")
@@ -226,7 +226,7 @@ def test_the_plan_simulates_experts_at_the_precision_it_plans(name):
     """A llama.cpp mix was priced at the nearest of bf16/fp16/int8/int4 (q4_k_m's 4.5-6.6 bits as
     int4's 4: Mixtral on one 4090 at 22.4 tok/s instead of 19.1); the simulator takes every name."""
     from casmoe.precision import parse_precision
-    from casmoe.sim.deploy.plan import sim_quant
+    from casmoe.sim.questions.deploy.plan import sim_quant
 
     quant, note = sim_quant(parse_precision(name), get_preset("mixtral-8x7b"), ())
     assert (quant, note) == (name, None)

@@ -1,6 +1,6 @@
 """`casmoe plan`'s command lines against the flags each engine's source has (issue 37).
 
-The flag lists are data read at a named version (casmoe/engines/*.toml, sim/deploy/verified.toml);
+The flag lists are data read at a named version (casmoe/engines/*.toml, casmoe/sim/questions/deploy/verified.toml);
 every command a plan writes must parse with them: each flag a name or alias of the list, its
 value of the flag's kind, llama.cpp's `-ot` in its parser's syntax, and the regexes naming
 exactly the tensors meant. KTransformers' statistics file is read back as kt-kernel reads it,
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from casmoe.presets import get_preset
-from casmoe.sim.deploy import engines as eng
-from casmoe.sim.deploy.engines import Command, EngineFlagError
+from casmoe.sim.questions.deploy import engines as eng
+from casmoe.sim.questions.deploy.engines import Command, EngineFlagError
 
 
 def test_the_held_flag_lists_hold_what_a_plan_writes():
@@ -119,7 +119,7 @@ def test_the_kt_statistics_file_makes_kt_kernels_mask_the_planned_experts(tmp_pa
     float32) and masked as generate_gpu_experts_masks masks (torch.topk of the flattened table):
     the GPU experts are exactly the first of the plan's order, whatever the count."""
     torch = pytest.importorskip("torch")
-    from casmoe.sim.deploy.placement import write_kt_order
+    from casmoe.sim.questions.deploy.placement import write_kt_order
 
     preset = get_preset("deepseek-v2-lite")  # dense blocks first: the file counts every block
     g = preset.geometry

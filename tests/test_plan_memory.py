@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from casmoe.presets import get_preset, load_presets
-from casmoe.sim.deploy import memory as mem
-from casmoe.sim.deploy.placement import first_layers, place
+from casmoe.sim.questions.deploy import memory as mem
+from casmoe.sim.questions.deploy.placement import first_layers, place
 
 ENGINES = ("llama.cpp", "ktransformers", "vllm", "sglang", "casmoe")
 PRESETS = ("qwen3-30b-a3b", "gpt-oss-120b", "gpt-oss-20b", "mixtral-8x7b", "deepseek-v2-lite", "olmoe-1b-7b")

@@ -1,4 +1,4 @@
-"""`casmoe.plots`: each figure, built from a few synthetic records, read back through matplotlib's
+"""`casmoe.cli.figures`: each figure, built from a few synthetic records, read back through matplotlib's
 objects before it is saved: a title naming the model, the box and the trace; y axes with a unit;
 one (colour, marker) pair per policy, the same in every plot of a run, oracles dashed; the legend
 beside the axes, not over them; zeros drawn, not dropped by a log axis; host-computed misses
@@ -19,8 +19,8 @@ matplotlib.use("Agg")
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from casmoe import plots  # noqa: E402
-from casmoe.plots import PolicyStyles, SearchPoint  # noqa: E402
+from casmoe.cli import figures as plots  # noqa: E402
+from casmoe.cli.figures import PolicyStyles, SearchPoint  # noqa: E402
 
 LAYERS = 6
 POLICIES = ["ondemand", "lru", "least-stale", "n-cpu-moe", "casmoe[predictor=exact]", "belady"]

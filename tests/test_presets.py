@@ -116,7 +116,7 @@ def test_mla_caches_the_latent_and_gqa_the_heads():
 
 
 def test_the_simulators_view_of_gqa_presets_is_unchanged():
-    # sim/compute.py reads dense_params_per_layer, kv_bytes_per_token() and heads x head_dim; the golden
+    # casmoe/sim/cost/compute.py reads dense_params_per_layer, kv_bytes_per_token() and heads x head_dim; the golden
     # simulator results (tests/data/sim_golden.json) depend on them for mixtral-8x7b and olmoe-1b-7b.
     for name in ("mixtral-8x7b", "olmoe-1b-7b"):
         p = get_preset(name)

@@ -1,12 +1,12 @@
-"""Hardware prices (`casmoe.sim.prices`): the shipped file with a source per number, a box priced
+"""Hardware prices (`casmoe.sim.box.prices`): the shipped file with a source per number, a box priced
 from its GPUs, RAM and link, a user's override file, and prices that are unknown, never guessed."""
 
 from __future__ import annotations
 
 import pytest
 
-from casmoe.sim.hardware import load_profile
-from casmoe.sim.prices import PRICES_FILE, PriceError, link_generation, load_prices, ram_generation
+from casmoe.sim.box.hardware import load_profile
+from casmoe.sim.box.prices import PRICES_FILE, PriceError, link_generation, load_prices, ram_generation
 
 
 def test_every_shipped_price_has_a_source_and_proxies_say_so():
@@ -62,7 +62,7 @@ def test_a_users_file_overrides_entry_by_entry_and_adds(tmp_path):
     assert prices.gpu["NVIDIA GeForce RTX 4090"].usd == 1800 and prices.ram["ddr5"].usd == load_prices().ram["ddr5"].usd
     assert prices.box(load_profile("rtx4090x4")).usd == pytest.approx(4 * 1800 + 256 * 3 + 100)
     assert prices.box(_copied(tmp_path, gpu='"Some Future GPU"')).usd == pytest.approx(4 * 5000 + 256 * 3 + 100)
-    assert prices.files == ("sim/prices.toml", str(tmp_path / "p.toml"))
+    assert prices.files == ("casmoe/sim/box/prices.toml", str(tmp_path / "p.toml"))
 
 
 @pytest.mark.parametrize("text, says", [

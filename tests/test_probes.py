@@ -32,7 +32,7 @@ pytest.importorskip("torch")
 
 G = Geometry(3, 6, 2)
 REPO = Path(__file__).resolve().parents[1]
-PROFILE = REPO / "sim" / "profiles" / "rtx4090x4.toml"
+PROFILE = REPO / "casmoe" / "sim" / "box" / "profiles" / "rtx4090x4.toml"
 TRACE = REPO / "traces" / "tiny-mixtral.npz"
 GRID = 'traces = ["t.npz"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4"]\npolicies = ["lru"]\n'
 
@@ -421,8 +421,8 @@ def test_shipped_traces_are_within_the_limit():
 
 
 def test_a_bom_in_a_profile_and_a_grid_is_accepted(tmp_path, monkeypatch, capsys):
-    from casmoe.sim.grid import Grid
-    from casmoe.sim.hardware import HardwareProfile
+    from casmoe.sim.run.grid import Grid
+    from casmoe.sim.box.hardware import HardwareProfile
 
     (tmp_path / "hw.toml").write_bytes(b"\xef\xbb\xbf" + PROFILE.read_bytes())
     assert HardwareProfile.from_file(tmp_path / "hw.toml") == HardwareProfile.from_file(PROFILE)
@@ -432,7 +432,7 @@ def test_a_bom_in_a_profile_and_a_grid_is_accepted(tmp_path, monkeypatch, capsys
 
 
 def test_errors_in_a_copied_profile_name_the_users_file(tmp_path):
-    from casmoe.sim.hardware import HardwareError, HardwareProfile
+    from casmoe.sim.box.hardware import HardwareError, HardwareProfile
 
     text = PROFILE.read_text().replace("memory_gib = ", "memory_gib = 0 #", 1)
     (tmp_path / "my-box.toml").write_text(text)
@@ -450,7 +450,7 @@ def test_errors_in_a_copied_profile_name_the_users_file(tmp_path):
 ])
 def test_grid_values_say_what_is_wrong(tmp_path, line, says):
     from casmoe.options import OptionError
-    from casmoe.sim.grid import Grid, GridError
+    from casmoe.sim.run.grid import Grid, GridError
 
     (tmp_path / "g.toml").write_text(GRID + f"{line}\n" + ("" if "capacities" in line else "capacities = [4]\n"))
     with pytest.raises((GridError, OptionError), match=says) as info:
@@ -731,15 +731,15 @@ def test_search_says_the_model_precisions_and_requests_it_priced(tmp_path, monke
 
 
 def test_the_leaderboard_plot_names_the_users_trace_and_the_requests_scored(tmp_path, monkeypatch, capsys):
-    import casmoe.plots
+    import casmoe.cli.figures
 
     drawn = []
-    monkeypatch.setattr(casmoe.plots, "plot_decode_vs_capacity", lambda path, records: drawn.append(records))
+    monkeypatch.setattr(casmoe.cli.figures, "plot_decode_vs_capacity", lambda path, records: drawn.append(records))
     code, _, err = cli(["leaderboard", "--trace", str(TRACE), "--requests", "1", "--no-fit-planner", "--out", "o",
                         "--hardware", "rtx5090", "--quant", "int4"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
     (records,) = drawn
-    context = casmoe.plots.run_context(records)
+    context = casmoe.cli.figures.run_context(records)
     assert "trace tiny-mixtral.npz (1 held-out request)" in context and "heldout" not in context
 
 
@@ -774,7 +774,7 @@ def test_skipped_runs_are_one_line_per_policy_and_reason():
 
 
 def test_the_leaderboard_says_each_skip_reason_once_with_its_cells(tmp_path):
-    from casmoe.sim import leaderboard as lb
+    from casmoe.sim.questions import leaderboard as lb
 
     h = lb.Halves("w", tmp_path / "w-heldout1.npz", tmp_path / "w-train.npz", "split", 1, 10)
     fits = "capacity {c} is {c} experts per layer, but my4090 holds 1 beside the dense weights; give ..."
@@ -841,7 +841,7 @@ def test_a_commands_help_states_its_own_defaults(tmp_path, monkeypatch, capsys, 
 def test_the_leaderboard_says_which_hit_rates_are_late_prefetches(tmp_path):
     """layer-offload streams every offloaded layer as prefetches: a 100% hit rate made of hits
     that waited for the link; the table says so beside it."""
-    from casmoe.sim import leaderboard as lb
+    from casmoe.sim.questions import leaderboard as lb
 
     h = lb.Halves("w", tmp_path / "w-heldout1.npz", tmp_path / "w-train.npz", "split", 1, 10)
     base = {"trace": h.scored.name, "model": "m", "hardware": "b", "capacity_spec": "2", "oracle": False,

@@ -20,13 +20,13 @@ from casmoe.cache import CacheConfigError, Capacity, MissMode, PolicyError
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import shipped
-from casmoe.sim.assembly import StepPlan
-from casmoe.sim.machine import SimConfigError
-from casmoe.sim.compiled_timing import ServingPass
-from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine
-from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Schedule, Traffic, clock_delays
+from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.cost.machine import SimConfigError
+from casmoe.sim.passes.compiled_timing import ServingPass
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.box.hardware import load_profile
+from casmoe.sim.passes.serving import Arrival, Schedule, Traffic, clock_delays
 from casmoe.testing import cases
 from casmoe.trace_io import load_trace
 from conftest import shaped_preset

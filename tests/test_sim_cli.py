@@ -13,9 +13,9 @@ import pytest
 
 from casmoe.policies import PolicySpec, PolicySpecError
 from casmoe.options import CapacitySpec, OptionError
-from casmoe.sim.grid import Grid, GridError
-from casmoe.sim.run import run_all
-from casmoe.sim.spec import RunSpec, file_digest
+from casmoe.sim.run.grid import Grid, GridError
+from casmoe.sim.run.runner import run_all
+from casmoe.sim.run.spec import RunSpec, file_digest
 from casmoe.trace_io import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -343,7 +343,7 @@ def test_plots_in_the_background_wait_or_none(tmp_path):
 def test_a_point_runs_after_the_trace_cache_let_its_trace_go(tmp_path):
     """The per-process caches of traces and step plans evict apart (in-process callers run many
     points): a plan whose trace object the trace cache has let go must still run its point."""
-    import casmoe.sim.run as run
+    import casmoe.sim.run.runner as run
 
     (tmp_path / "g.toml").write_text(f'traces = ["{TRACE}"]\nmodels = ["mixtral-8x7b"]\nhardware = ["rtx4090x4"]\n'
                                      'policies = ["lru"]\ncapacities = [4]\nrequests = 2\n')

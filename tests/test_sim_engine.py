@@ -16,13 +16,13 @@ from casmoe.geometry import Geometry, GeometryError, split_layers
 from casmoe.policies import POLICIES, get_policy
 from casmoe.presets import get_preset
 from casmoe.replay import replay
-from casmoe.sim.compute import FixedCompute
-from casmoe.sim.decide import link_costs
-from casmoe.sim.assembly import StepPlan
-from casmoe.sim.machine import Machine, SimConfigError
-from casmoe.sim.engine import run_trace
-from casmoe.sim.hardware import HardwareError, load_profile
-from casmoe.sim.timing import Shard, StepTimer
+from casmoe.sim.cost.compute import FixedCompute
+from casmoe.sim.passes.decide import link_costs
+from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.cost.machine import Machine, SimConfigError
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.box.hardware import HardwareError, load_profile
+from casmoe.sim.passes.timing import Shard, StepTimer
 from casmoe.testing import cases, traces
 from casmoe.trace import Request, Trace
 
@@ -312,8 +312,8 @@ def test_same_inputs_same_result():
 
 
 def test_a_callers_latency_log_holds_each_decode_step_in_request_order():
-    from casmoe.sim.latency import LatencyLog
-    from casmoe.sim.serving import Arrival, Traffic
+    from casmoe.sim.passes.latency import LatencyLog
+    from casmoe.sim.passes.serving import Arrival, Traffic
 
     g = Geometry(2, 4, 2)
     rng = np.random.default_rng(3)
@@ -426,7 +426,7 @@ def test_real_qwen_trace_with_forced_top6_and_measured_bytes():
 
 @pytest.mark.parametrize("capacity", [Capacity(2), Capacity(4, per_layer=False)])
 def test_timeline_names_copies_by_global_layer_on_their_devices_track(capacity):
-    from casmoe.sim.timeline import LINK_TRACK, Timeline
+    from casmoe.sim.passes.timeline import LINK_TRACK, Timeline
 
     g = Geometry(2, 4, 1, hidden=8, intermediate=4, layer_expert_bytes=(1000, 1000))
     tr = trace_of(g, [np.array([[3], [2]])])
@@ -441,7 +441,7 @@ def test_timeline_names_copies_by_global_layer_on_their_devices_track(capacity):
 @given(trace=traces(max_tokens=8), devices=st.integers(1, 2), instant=st.booleans())
 def test_time_accounting_and_serial_tracks(name, trace, devices, instant):
     """Time is compute + stalls (+ hand-overs); a wire and a compute stream never overlap."""
-    from casmoe.sim.timeline import Timeline
+    from casmoe.sim.passes.timeline import Timeline
 
     devices = min(devices, trace.geometry.layers)
     tl = Timeline(trace.geometry.experts, devices)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from casmoe.sim.hardware import HardwareError, HardwareProfile, load_profile, profile_paths
+from casmoe.sim.box.hardware import HardwareError, HardwareProfile, load_profile, profile_paths
 
 
 @pytest.mark.parametrize("name", sorted(profile_paths()))
@@ -82,7 +82,7 @@ def test_every_shipped_profile_has_a_storage_tier_and_host_ram():
 def test_a_number_no_real_box_has_is_refused_naming_the_fastest(field):
     import dataclasses
 
-    from casmoe.sim.hardware import FASTEST_REAL, WHAT_IF
+    from casmoe.sim.box.hardware import FASTEST_REAL, WHAT_IF
 
     hw = load_profile("rtx4090x4")
     fastest = FASTEST_REAL[field][0]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from casmoe.sim.link import HostCap, Link
+from casmoe.sim.passes.link import HostCap, Link
 
 RATE = 1e9
 LAT = 1e-6

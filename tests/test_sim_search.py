@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from casmoe.cli import app
 from casmoe.options import CapacitySpec
 from casmoe.shipped import shipped
-from casmoe.sim.grid import Grid
-from casmoe.sim.run import run_all
-from casmoe.sim.search import SearchError, Target, configs, memory_gb, search, slot_range
+from casmoe.sim.run.grid import Grid
+from casmoe.sim.run.runner import run_all
+from casmoe.sim.questions.search import SearchError, Target, configs, memory_gb, search, slot_range
 
 TRACE = str(shipped("tiny-mixtral.npz"))
 BASE = {"trace": TRACE, "model": "mixtral-8x7b", "requests": 3, "split": "all"}
@@ -124,7 +124,7 @@ def test_links_and_host_ram_are_axes_pruned_against_the_whole_grid(tmp_path):
 
 
 def test_bad_links_and_ram_are_one_line_errors():
-    from casmoe.sim.hardware import HardwareError
+    from casmoe.sim.box.hardware import HardwareError
 
     with pytest.raises(HardwareError, match="unknown link generation"):
         configs(Grid.of({**BASE, "policy": "lru", "link": "pcie9"}))
@@ -136,8 +136,8 @@ def test_bad_links_and_ram_are_one_line_errors():
 
 # ---- the box's price: a Pareto dimension, and a tie goes to the cheaper box ----------------------
 
-from casmoe.sim.prices import load_prices  # noqa: E402
-from casmoe.sim.search import TIE, SearchResult  # noqa: E402
+from casmoe.sim.box.prices import load_prices  # noqa: E402
+from casmoe.sim.questions.search import TIE, SearchResult  # noqa: E402
 
 PCIE = configs(Grid.of({**BASE, "gpus": 4, "policy": "lru", "link": ["pcie4", "pcie5"]}))
 
@@ -172,7 +172,7 @@ def test_a_tie_within_one_percent_goes_to_the_cheaper_box():
 
 
 def test_a_box_of_unknown_price_is_searched_and_shown_as_unknown(tmp_path):
-    text = (Path(__file__).resolve().parents[1] / "sim" / "profiles" / "rtx4090x4.toml").read_text()
+    text = (Path(__file__).resolve().parents[1] / "casmoe" / "sim" / "box" / "profiles" / "rtx4090x4.toml").read_text()
     (tmp_path / "box.toml").write_text(text.replace('gpu = "NVIDIA GeForce RTX 4090"', 'gpu = "Unpriced GPU"'))
     mine = configs(Grid.of({**BASE, "gpus": 4, "policy": "lru", "hardware": str(tmp_path / "box.toml")}))
     shipped_box = [c for c in PCIE if _link(c) == "pcie4"]
@@ -222,7 +222,7 @@ def test_every_measured_number_of_a_record_is_a_target_in_its_direction():
 
 
 def test_a_config_label_names_its_precision():
-    from casmoe.sim.search import label
+    from casmoe.sim.questions.search import label
 
     (forced,) = configs(Grid.of({**BASE, "gpus": 4, "policy": "lru", "quant": "int4"}))
     (default,) = configs(Grid.of({**BASE, "gpus": 4, "policy": "lru"}))

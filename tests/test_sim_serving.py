@@ -14,12 +14,12 @@ from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy
 from casmoe.policies.lru import LRU
 from casmoe.replay import replay
-from casmoe.sim.compute import FixedCompute
-from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine
-from casmoe.sim.hardware import load_profile
-from casmoe.sim.serving import Arrival, Schedule, ServingError, Traffic
-from casmoe.sim.tiers import HostCache, TierError
+from casmoe.sim.cost.compute import FixedCompute
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.box.hardware import load_profile
+from casmoe.sim.passes.serving import Arrival, Schedule, ServingError, Traffic
+from casmoe.sim.passes.tiers import HostCache, TierError
 from casmoe.testing import cases, traces
 from casmoe.trace import Request, Trace
 

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from casmoe.cache import Capacity
 from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy
-from casmoe.sim.compute import FixedCompute
-from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine
-from casmoe.sim.hardware import load_profile
+from casmoe.sim.cost.compute import FixedCompute
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.box.hardware import load_profile
 from casmoe.testing import cases
 from casmoe.trace import Request, Trace
 

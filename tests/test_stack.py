@@ -1,4 +1,4 @@
-"""Software stacks (`casmoe.sim.stack`): shipped files complete and sourced, bad files refused in
+"""Software stacks (`casmoe.sim.cost.stack`): shipped files complete and sourced, bad files refused in
 one line, and each cost landing in a run's time by its closed form."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 from casmoe.cache import Capacity, MissMode
 from casmoe.policies import get_policy
 from casmoe.shipped import shipped
-from casmoe.sim.engine import run_trace
-from casmoe.sim.hardware import load_profile
-from casmoe.sim.machine import Machine
-from casmoe.sim.stack import Shared, Stack, StackError, load_shared, load_stack, stack_paths
-from casmoe.sim.validation import load_rows
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.box.hardware import load_profile
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.cost.stack import Shared, Stack, StackError, load_shared, load_stack, stack_paths
+from casmoe.sim.questions.validation import load_rows
 from casmoe.trace import Trace
 from casmoe.trace_io import load_trace
 from conftest import seed_box, shaped_preset

@@ -24,13 +24,13 @@ from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.policies.lru import LRU
 from casmoe.replay import replay
 from casmoe.selection import Selection, SelectionError, split_indices
-from casmoe.sim.compute import FixedCompute
-from casmoe.sim.engine import run_trace
-from casmoe.sim.machine import Machine, SimConfigError
-from casmoe.sim.hardware import load_profile, profile_paths
-from casmoe.sim.grid import Grid, GridError
-from casmoe.sim.run import run_all
-from casmoe.sim.spec import policy_inputs
+from casmoe.sim.cost.compute import FixedCompute
+from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.cost.machine import Machine, SimConfigError
+from casmoe.sim.box.hardware import load_profile, profile_paths
+from casmoe.sim.run.grid import Grid, GridError
+from casmoe.sim.run.runner import run_all
+from casmoe.sim.run.spec import policy_inputs
 from casmoe.trace import Request, Trace, TraceError
 from casmoe.trace_io import load_trace, save_trace
 
@@ -161,7 +161,7 @@ def test_a_stored_point_that_is_not_a_record_is_recomputed(tmp_path):
 
 
 def test_two_runs_into_one_folder_at_once_are_refused(tmp_path):
-    from casmoe.sim.run import RunStoreError, one_writer
+    from casmoe.sim.run.runner import RunStoreError, one_writer
 
     with one_writer(tmp_path):
         with pytest.raises(RunStoreError, match="being written by another casmoe run"):

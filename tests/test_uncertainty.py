@@ -1,5 +1,5 @@
 """Every predicted figure says how far to trust it: the spread the published table measured for its
-kind of configuration (`casmoe.sim.uncertainty`), on each surface that prints one: simulate's
+kind of configuration (`casmoe.sim.trust.uncertainty`), on each surface that prints one: simulate's
 table and headline, the JSON/CSV records, search's Pareto table, the leaderboard's markdown.
 The spreads are monkeypatched, so the tests do not depend on a `--fit` having run."""
 
@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from casmoe.report import OUTSIDE_MARK
-from casmoe.sim import uncertainty as u
+from casmoe.sim.trust import uncertainty as u
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = {"cache": {"p80_abs_log_ratio": math.log(1.5), "rows": 12.0},
@@ -98,7 +98,7 @@ def test_search_pareto_table_and_json(spreads, tmp_path) -> None:
 
 
 def test_leaderboard_markdown_carries_the_spread(spreads) -> None:
-    from casmoe.sim import leaderboard as lb
+    from casmoe.sim.questions import leaderboard as lb
 
     h = lb.Halves("w", Path("w-heldout2.npz"), Path("w-train.npz"), "own split", 2, 40)
     base = {"trace": "w-heldout2.npz", "model": "mixtral-8x7b", "hardware": "mixoff-a100-sxm",
@@ -117,8 +117,8 @@ def test_leaderboard_markdown_carries_the_spread(spreads) -> None:
 
 def test_a_stored_point_speaks_with_the_spreads_of_now(spreads, tmp_path, monkeypatch) -> None:
     from casmoe.shipped import DEFAULT_TRACE, shipped
-    from casmoe.sim.grid import Grid
-    from casmoe.sim.run import run_all
+    from casmoe.sim.run.grid import Grid
+    from casmoe.sim.run.runner import run_all
 
     (spec,) = Grid.of({"trace": str(shipped(DEFAULT_TRACE)), "policy": ["lru"], "capacity": ["4"], "requests": 1,
                        "stack": "mixtral-offloading"}, "test").specs(strict=True).specs

@@ -1,4 +1,4 @@
-"""casmoe held against published measurements (`casmoe.sim.validation`): the table as data, the
+"""casmoe held against published measurements (`casmoe.sim.questions.validation`): the table as data, the
 fit that never scores its own rows, the bound that flags configurations that cannot have run,
 and the spreads every prediction prints."""
 
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from casmoe.sim import validation as v
-from casmoe.sim.stack import Shared, load_stack, stack_paths
+from casmoe.sim.questions import validation as v
+from casmoe.sim.cost.stack import Shared, load_stack, stack_paths
 
 ROWS = v.load_rows()
 BY_ID = {r.id: r for r in ROWS}
@@ -27,7 +27,7 @@ def test_the_table_has_what_the_issue_asks_for() -> None:
 
 
 def test_every_run_names_a_shipped_stack_and_a_published_box() -> None:
-    from casmoe.sim.hardware import load_profile
+    from casmoe.sim.box.hardware import load_profile
 
     stacks = stack_paths()
     for r in ROWS:
@@ -135,7 +135,7 @@ def test_summary_rankings_and_spreads_read_only_predicted_rows() -> None:
 
 
 def test_spread_says_what_a_figure_is_worth(monkeypatch) -> None:
-    from casmoe.sim import uncertainty as u
+    from casmoe.sim.trust import uncertainty as u
 
     monkeypatch.setattr(u, "spreads", lambda: {"host": {"p80_abs_log_ratio": math.log(1.5), "rows": 7.0}})
     assert "not validated" in u.spread({"stack": "ideal", "policy": "lru"})

@@ -59,7 +59,7 @@ class Machine(NamedTuple):
 
     The name stays although `sim` and `casmoe` once had Machines of their own (now `RunState`,
     `resources`): numba's cache index pickles this class by name in every kernel signature that
-    takes it (here and in sim/timing_kernel.py) and unpickles the index before checking it is
+    takes it (here and in casmoe/sim/passes/timing_kernel.py) and unpickles the index before checking it is
     stale, so after a rename every checkout with a warm cache fails with AttributeError until its
     `__pycache__/*.nbi` files are deleted (tried: bench/RESULTS.md, issue 20)."""
 
@@ -456,7 +456,7 @@ def replay_steps(mc, visit_ptr, visit_experts, first, last, marks):
     """replay.py's layer loop for steps `first..last-1`: per computed layer `before_layer`
     (for policies that prefetch per layer) and `route`, every load landing after its event.
 
-    In decision mode (`cfg[C_DECIDE]`, the simulator's decision pass, `sim/decide.py`) loads
+    In decision mode (`cfg[C_DECIDE]`, the simulator's decision pass, `casmoe/sim/passes/decide.py`) loads
     never land (the timing pass prices them) and each visit `v` records in `marks[v - first * L]`
     where its decisions lie in the log, and route's hit counts."""
     L = mc.cfg[C_L]

@@ -5,12 +5,12 @@ arXiv 2312.17238, code dvmazur/mixtral-offloading: "apply the next layer's gatin
 the previous layer's hidden states") and of Pre-gated MoE (Hwang et al. 2024, arXiv 2308.12066,
 a router trained to pick layer l+1's experts at layer l). A trace recorded with
 `casmoe record --spec` holds it as `spec[t, l]`: the experts layer l+1's router picks from the
-output of layer l (through layer l+1's pre-MoE norm; backends/record.py).
+output of layer l (through layer l+1's pre-MoE norm; casmoe/backends/record.py).
 
 Modelled: when layer l-1 is done its output is known, so as layer l is about to run the policy
 prefetches `spec[t, l-1]` (its first `experts` ids) for layer l; the copy overlaps layer l's
 dense part (attention), the only compute between the signal and its use. Layer 0 has no guess
-(its input is the next token's embedding). A live backend (backends/runtime.py) computes the
+(its input is the next token's embedding). A live backend (casmoe/backends/runtime.py) computes the
 same guess as the model runs, layer l's router on layer l-1's output, and hands it in (`guess`). A prefill step prefetches, per layer, the guesses of
 its prompt tokens most often named first, up to the pool's slots. Residents are replaced in LRU
 order, and a guessed resident counts as just used, so a guess never evicts another guess.

@@ -1,0 +1,292 @@
+"""`Machine`: what prices a token, the model at its precisions on a box under a software stack.
+
+A run's timing depends on the model preset (its shapes and structure: attention type, KV bytes,
+dense-only blocks), the precision of each part (the experts that move or sit on the GPUs, the
+experts computed on the host, the dense part), the hardware profile and how many of its GPUs
+the layers are split over, whether copies come from pinned memory, and the software stack (the
+runtime's own costs, `casmoe.sim.cost.stack`). Those travel together as one value, so every driver
+(the offline engine, the serving processes, calibration and validation) reads them from one
+place, and a new part of the machine is a field here and its use in `compute`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from casmoe.cache import Capacity
+from casmoe.errors import CasmoeError
+from casmoe.geometry import Geometry, split_layers
+from casmoe.precision import Precision
+from casmoe.presets import ModelPreset, load_presets
+from casmoe.sim.box.hardware import HardwareProfile
+from casmoe.sim.cost.stack import DEFAULT_STACK, Stack, load_stack
+
+if TYPE_CHECKING:
+    from casmoe.sim.cost.compute import RooflineCompute
+    from casmoe.trace import Trace
+
+
+class SimConfigError(CasmoeError, ValueError):
+    """A simulation that cannot be set up as asked (geometry mismatch, too many devices...)."""
+
+
+def _default_stack() -> Stack:
+    return load_stack(DEFAULT_STACK)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A model preset priced on `devices` GPUs of a hardware profile under a software stack.
+
+    Precisions (None: the default): `quant`, the experts on the GPUs and the copies (default:
+    the trace's measured bytes when it was recorded from this model's width, else the
+    checkpoint's native precision); `host_quant`, the experts computed on the host (default: as
+    `quant`); `dense_quant`, attention, shared experts, routers and embeddings (default: the
+    checkpoint's)."""
+
+    preset: ModelPreset
+    hardware: HardwareProfile
+    devices: int = 1
+    quant: Precision | None = None
+    pinned: bool = True
+    dense_quant: Precision | None = None
+    host_quant: Precision | None = None
+    stack: Stack = field(default_factory=_default_stack)
+
+    def check_geometry(self, trace: Geometry) -> None:
+        """The trace's layers and experts must be the preset's; the error names presets that fit.
+
+        `top_k` may differ: the trace says which experts run (an engine can force fewer than the
+        model's native k, as the shared real Qwen trace does); the preset prices them."""
+        g = self.preset.geometry
+        if (trace.layers, trace.experts) == (g.layers, g.experts):
+            return
+        fits = presets_of_shape(trace)
+        hint = (
+            f"pass --model {' or --model '.join(fits)}"
+            if fits
+            else "add a preset with that shape to casmoe/presets/models.toml, or record a trace of this model"
+        )
+        raise SimConfigError(
+            f"trace geometry ({trace.describe()}) does not match model preset {self.preset.name!r} ({g.describe()}); "
+            f"{hint}"
+        )
+
+    def measured_bytes(self, trace: Geometry) -> bool:
+        """Whether experts are priced at the trace's measured bytes: no precision forced, and
+        the trace recorded from this model's width (the shipped tiny models route like Mixtral
+        but are priced as the preset being simulated)."""
+        return self.quant is None and bool(trace.layer_expert_bytes) and trace.hidden in (0, self.preset.geometry.hidden)
+
+    def expert_bytes(self, trace: Trace) -> list[int]:
+        """Bytes per expert per layer on the GPUs: the trace's measured ones (`measured_bytes`),
+        else the preset's at the experts' precision."""
+        g = trace.geometry
+        if self.measured_bytes(g):
+            if min(g.layer_expert_bytes) <= 0:
+                raise SimConfigError(
+                    f"the trace records 0 bytes for the experts of layer {g.layer_expert_bytes.index(0)}; pass --quant "
+                    f"(bf16, int8, ...) to price experts from the {self.preset.name} preset instead"
+                )
+            return list(g.layer_expert_bytes)
+        return self.preset.expert_bytes_per_layer(self.quant)
+
+    def host_expert_bytes(self, expert_bytes: Sequence[int]) -> list[int]:
+        """Bytes per host-computed expert per layer: at `host_quant`, else as on the GPUs."""
+        return list(expert_bytes) if self.host_quant is None else self.preset.expert_bytes_per_layer(self.host_quant)
+
+    def precision_label(self, trace: Geometry) -> str:
+        """The experts' precision as a record names it: the forced one, `trace` (measured), or
+        the checkpoint's."""
+        if self.quant is not None:
+            return self.quant.name
+        return "trace" if self.measured_bytes(trace) else self.preset.expert_precision.name
+
+    @property
+    def dense_precision(self) -> Precision:
+        return self.dense_quant or self.preset.dense_precision
+
+    def dense_weight_bytes(self, blocks: int) -> float:
+        """Bytes of the dense part of `blocks` MoE blocks on a GPU, at the dense precision."""
+        return self.dense_precision.bits / 8 * self.preset.dense_params_per_layer * blocks
+
+    def free_bytes(self, device: int, layers: range) -> float:
+        """Bytes of one GPU left for expert slots and the KV cache: its memory less the dense
+        weights of its layers and, on the first and last device, the embedding and LM head."""
+        preset = self.preset
+        head = self.dense_precision.bits / 8 * 2 * preset.vocab * preset.geometry.hidden  # embedding + lm head
+        free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
+        return free - head if device in (0, self.devices - 1) else free
+
+    def max_slots(self, expert_bytes: Sequence[int], reserved: Sequence[float] = ()) -> int:
+        """Most slots per layer the GPUs hold next to the dense weights (capped at all experts),
+        and next to `reserved` bytes per device when given (the KV cache, `kv_bytes`)."""
+        best = self.preset.geometry.experts
+        for d, layers in enumerate(split_layers(self.preset.geometry.layers, self.devices)):
+            free = self.free_bytes(d, layers) - (reserved[d] if reserved else 0.0)
+            per_slot = sum(expert_bytes[layer] for layer in layers)
+            if per_slot > 0:  # experts of no known size (a shape without a width) take no memory
+                best = min(best, max(0, int(free // per_slot)))
+        return best
+
+    def max_pool_slots(self, expert_bytes: Sequence[int], reserved: Sequence[float] = ()) -> int:
+        """Most whole experts one pool of all layers holds on the GPUs beside the dense weights
+        (each device its share, an expert of its layers' average size), and beside `reserved`
+        bytes per device when given (the KV cache); at most every expert."""
+        g = self.preset.geometry
+        total = 0
+        for d, layers in enumerate(split_layers(g.layers, self.devices)):
+            free = self.free_bytes(d, layers) - (reserved[d] if reserved else 0.0)
+            mean = sum(expert_bytes[layer] for layer in layers) / len(layers)
+            total += g.experts * len(layers) if mean <= 0 else max(0, int(free // mean))
+        return min(total, g.total_experts)
+
+    def slot_bytes(self, expert_bytes: Sequence[int], capacity: Capacity) -> list[float]:
+        """Bytes each GPU spends on the expert cache `capacity`: per layer, its slots times its
+        layers' expert sizes; a global pool, each device the share of whole experts the run
+        gives it (`assembly.Setup._share`: in proportion to its layers), of its layers' average size."""
+        g = self.preset.geometry
+        cap = capacity.clamped(g)
+        out = []
+        for layers in split_layers(g.layers, self.devices):
+            per_layer = sum(expert_bytes[layer] for layer in layers)
+            share = cap.slots if self.devices == 1 else cap.slots * len(layers) // g.layers
+            out.append(float(cap.slots * per_layer) if cap.per_layer else share * per_layer / len(layers))
+        return out
+
+    def kv_bytes(self, context: int, sequences: int) -> list[float]:
+        """KV-cache bytes each GPU holds for `sequences` sequences of `context` tokens: each MoE
+        layer's on its device (a windowed block keeps only its window, `ModelPreset.attended_tokens`),
+        the dense-only blocks' (DeepSeek's first layers) on the first device."""
+        preset = self.preset
+        per_token = preset.kv_bytes_per_token()
+        first = preset.dense_layers
+        out = []
+        for d, layers in enumerate(split_layers(preset.geometry.layers, self.devices)):
+            blocks = [first + layer for layer in layers] + (list(range(first)) if d == 0 else [])
+            out.append(float(sequences * per_token * sum(preset.attended_tokens(b, context) for b in blocks)))
+        return out
+
+    def compute(self, expert_bytes: Sequence[int]) -> RooflineCompute:
+        """The roofline times of this model's parts on this box under this stack."""
+        from casmoe.sim.cost.compute import RooflineCompute
+
+        hw, preset, g = self.hardware, self.preset, self.preset.geometry
+        stack = self.stack.resolved()  # a stack's zeros: the shared defaults (`casmoe/sim/cost/stacks/shared.toml`)
+        host_bw_eff = hw.cpu_mem_efficiency or stack.host_efficiency
+        host_flop_eff = hw.cpu_matmul_efficiency or stack.host_flops_efficiency
+        numa = 1.0 if stack.numa_aware or hw.sockets == 1 else 1.0 / hw.sockets
+        bw = hw.mem_bw_gbs * 1e9 * hw.mem_efficiency
+        full, windowed = self._kv_split()
+        experts_p = self.quant or (None if self.measured_bytes(g) else preset.expert_precision)
+        host_p = self.host_quant or experts_p
+        return RooflineCompute(
+            flops=hw.dense_tflops * 1e12 * hw.matmul_efficiency,
+            bw=bw,
+            cpu_flops=hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale,
+            cpu_bw=min(hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa, hw.host_thread_bw()),
+            h2d=hw.h2d_gbs(self.pinned) * 1e9,
+            cpu_hop=hw.cpu_hop_us * 1e-6,
+            dense_params=preset.dense_params_per_layer,
+            attn_pair_flops=preset.attention_pair_flops,
+            kv_bytes_per_token=full,
+            head_params=preset.vocab * g.hidden,
+            hidden=g.hidden,
+            expert_params=g.expert_params,
+            expert_bytes=tuple(int(b) for b in expert_bytes),
+            layer_overhead=(hw.layer_overhead_us + stack.layer_us) * 1e-6,
+            expert_overhead=(hw.expert_overhead_us + stack.expert_us) * 1e-6,
+            handover_latency=hw.handover_us * 1e-6,
+            p2p=hw.p2p_gbs * 1e9,
+            expert_pass=hw.expert_pass_us * 1e-6,
+            cpu_serial=hw.cpu_serial,
+            dense_bytes_per_param=self.dense_precision.bits / 8,
+            expert_bw=bw * stack.gpu_efficiency,
+            dequant_ops=experts_p.dequant_ops if experts_p is not None else 0.0,
+            host_expert_bytes=tuple(self.host_expert_bytes(expert_bytes)) if self.host_quant else (),
+            host_dequant_ops=host_p.dequant_ops if host_p is not None else 0.0,
+            host_expert_overhead=stack.host_expert_us * 1e-6,
+            kv_window_bytes_per_token=windowed,
+            window=preset.sliding_window if windowed else 0,
+            step_overhead=stack.step_us * 1e-6,
+            dense_block_params=preset.dense_layer_params if preset.dense_layers else 0,
+            dense_blocks=preset.dense_layers,
+            moe_layer_overhead=stack.expert_loop_us * g.experts * 1e-6,
+        )
+
+    def priced(self, trace: Trace) -> str:
+        """What a run of `trace` prices, in words: the experts' precision and size ('experts at
+        q4_k_m (2.65-3.06 MB each, by layer)', or the trace's measured bytes beside what the
+        model's released checkpoint weighs), the host-computed experts' where they differ, the
+        dense part's, and the routing's top-k (the trace's, said against the model's own where
+        they differ)."""
+        from casmoe.report import human_bytes
+
+        preset, g = self.preset, trace.geometry
+        sizes = self.expert_bytes(trace)
+        precision = self.precision_label(g)
+        if precision != "trace":
+            parts = [f"experts at {precision} ({_sizes(sizes)})"]
+        else:
+            released = preset.expert_bytes_per_layer()[0]
+            name = preset.expert_precision.name if preset.expert_precision is not None else "bf16"
+            params = preset.geometry.expert_params
+            width = f", {_range([8 * b / params for b in sizes], '{:.2g}')} bits/weight" if params else ""
+            parts = [f"experts at the trace's measured bytes ({_sizes(sizes)}{width}; {preset.name}'s released {name} "
+                     f"experts are {human_bytes(released)}: --quant {name} prices those)"]
+        if self.host_quant is not None and self.host_quant.name != precision:
+            parts.append(f"host-computed experts at {self.host_quant.name} ({_sizes(self.host_expert_bytes(sizes))})")
+        parts.append(f"dense part at {self.dense_precision.name}")
+        k, native = g.top_k, preset.geometry.top_k
+        parts.append(f"top-{k} of {g.experts}" if k == native else f"top-{k} of {g.experts} (the trace's routing; "
+                     f"{preset.name} routes {native}: a trace recorded at top-{native} prices its own)")
+        return ", ".join(parts)
+
+    def _kv_split(self) -> tuple[float, float]:
+        """KV bytes one token adds to an MoE layer, averaged over the layers: of those attending
+        to the whole context, and of those attending to a window (gpt-oss's every other block)."""
+        preset = self.preset
+        per_token = preset.kv_bytes_per_token()
+        if not preset.sliding_window:
+            return per_token, 0.0
+        L = preset.geometry.layers
+        windowed = sum(1 for layer in range(L) if preset.window(preset.dense_layers + layer))
+        return per_token * (L - windowed) / L, per_token * windowed / L
+
+    def copy_rate(self) -> float:
+        """Bytes/s an expert copy moves at: the link's rate as this stack's copies reach it."""
+        return self.hardware.h2d_gbs(self.pinned) * 1e9 * self.stack.copy_efficiency
+
+    def box(self) -> str:
+        """'rtx4090x4 (4 GPUs)', or 'rtx4090x4, 2 of its 4 GPUs'."""
+        hw = self.hardware
+        if self.devices == hw.gpus:
+            return f"{hw.name} ({hw.gpus} GPU{'s' * (hw.gpus > 1)})"
+        return f"{hw.name}, {self.devices} of its {hw.gpus} GPU{'s' * (hw.gpus > 1)}"
+
+
+def _range(values: Sequence[float], fmt: str) -> str:
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _sizes(nbytes: Sequence[int]) -> str:
+    """'352 MB each', or '2.65-3.06 MB each, by layer' where the layers differ (a llama.cpp mix)."""
+    from casmoe.report import human_bytes
+
+    lo, hi = human_bytes(min(nbytes)), human_bytes(max(nbytes))
+    if lo == hi:
+        return f"{hi} each"
+    if lo.split()[1] == hi.split()[1]:
+        lo = lo.split()[0]
+    return f"{lo}-{hi} each, by layer"
+
+
+def presets_of_shape(geometry: Geometry) -> list[str]:
+    """Names of the presets with the layers and experts of `geometry`."""
+    return [
+        name
+        for name, p in load_presets().items()
+        if (p.geometry.layers, p.geometry.experts) == (geometry.layers, geometry.experts)
+    ]
