@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -219,6 +218,7 @@ def _simulator(geometry) -> Callable[..., Any] | None:
         from casmoe.geometry import Quant
         from casmoe.presets import load_presets
         from casmoe.sim.passes.engine import run_trace
+        from casmoe.sim.passes.assembly import Run
         from casmoe.sim.box.hardware import load_profile
         from casmoe.sim.cost.machine import Machine
     except ImportError:
@@ -228,7 +228,7 @@ def _simulator(geometry) -> Callable[..., Any] | None:
     if not presets:
         return None
     machine = Machine(presets[0], load_profile("rtx4090x4"), quant=Quant.BF16)
-    return lambda trace, policy, cap, opts: run_trace(trace, policy, cap, machine, options=opts)
+    return lambda trace, policy, cap, opts: run_trace(Run(trace, policy, cap, machine, options=opts))
 
 
 # ---- markdown --------------------------------------------------------------------------------

@@ -21,11 +21,11 @@ from casmoe.cache import Capacity
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.passes.assembly import Run, StepPlan
 from casmoe.sim.passes.engine import run_trace
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
-from casmoe.sim.passes.serving import Arrival, Traffic
+from casmoe.sim.passes.traffic import Arrival, Traffic
 from casmoe.trace_io import load_trace
 
 
@@ -43,7 +43,7 @@ def main() -> None:
     preset, hw = get_preset("mixtral-8x7b"), load_profile("rtx4090x4")
     cls, cap = get_policy(args.policy), Capacity(args.capacity)
     plan = StepPlan.build(trace, 1, 1)
-    run = lambda **kw: run_trace(trace, cls, cap, Machine(preset, hw, devices=1), compiled=False, **kw)  # noqa: E731
+    run = lambda **kw: run_trace(Run(trace, cls, cap, Machine(preset, hw, devices=1)), compiled=False, **kw)  # noqa: E731
     fns = {
         "offline fast path (Python decision pass)": lambda: run(plan=plan),
         "offline fast path, no timeliness figures": lambda: run(plan=plan, detail=False),

@@ -25,7 +25,7 @@ from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.passes.assembly import Run, StepPlan
 from casmoe.sim.passes.engine import run_trace
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
@@ -68,7 +68,7 @@ def main() -> None:
     for devices, plan in plans.items():
         for compiled in (True, False):
             name = f"simulate, {devices} device{'s' if devices > 1 else ''}, {'compiled' if compiled else 'Python'} decision pass"
-            fns[name] = lambda plan=plan, devices=devices, compiled=compiled: run_trace(trace, cls, cap, Machine(preset, hw, devices=devices), plan=plan, compiled=compiled)
+            fns[name] = lambda plan=plan, devices=devices, compiled=compiled: run_trace(Run(trace, cls, cap, Machine(preset, hw, devices=devices)), plan=plan, compiled=compiled)
     for fn in fns.values():  # numba: compile or load from its cache, untimed
         fn()
     res = interleaved(fns, args.repeat)
@@ -87,7 +87,7 @@ def main() -> None:
     plan = StepPlan.build(trace, 1, 1)
     prof = cProfile.Profile()
     prof.enable()
-    run_trace(trace, cls, cap, Machine(preset, hw, devices=1), plan=plan)
+    run_trace(Run(trace, cls, cap, Machine(preset, hw, devices=1)), plan=plan)
     prof.disable()
     stats = pstats.Stats(prof)
     by_group: dict[str, float] = defaultdict(float)

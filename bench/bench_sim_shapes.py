@@ -29,11 +29,11 @@ from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.shipped import shipped
-from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.passes.assembly import Run, StepPlan
 from casmoe.sim.passes.engine import run_trace
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
-from casmoe.sim.passes.serving import Arrival, Traffic
+from casmoe.sim.passes.traffic import Arrival, Traffic
 from casmoe.step_arrays import StepArrays
 from casmoe.trace_io import load_trace
 
@@ -61,10 +61,10 @@ def main() -> None:
         arrays, plan = StepArrays.from_trace(trace), StepPlan.build(trace, 1, 1)
         fns = {
             "replay (compiled)": lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), arrays=arrays, compiled=True),
-            "simulate, offline": lambda: run_trace(trace, cls, cap, Machine(preset, hw), plan=plan, compiled=True),
-            "simulate, serving, 1 closed-loop user": lambda: run_trace(trace, cls, cap, Machine(preset, hw), compiled=True, plan=plan, traffic=Traffic(Arrival.CLOSED, max_batch=1)),
-            f"simulate, serving, poisson {args.rate:g}/s, max batch 8": lambda: run_trace(trace, cls, cap, Machine(preset, hw), compiled=True, plan=plan, traffic=Traffic(Arrival.POISSON, rate=args.rate)),
-            f"simulate, serving, poisson {args.rate:g}/s, max batch 8, no shared plan": lambda: run_trace(trace, cls, cap, Machine(preset, hw), compiled=True, traffic=Traffic(Arrival.POISSON, rate=args.rate)),
+            "simulate, offline": lambda: run_trace(Run(trace, cls, cap, Machine(preset, hw)), plan=plan, compiled=True),
+            "simulate, serving, 1 closed-loop user": lambda: run_trace(Run(trace, cls, cap, Machine(preset, hw), traffic=Traffic(Arrival.CLOSED, max_batch=1)), compiled=True, plan=plan),
+            f"simulate, serving, poisson {args.rate:g}/s, max batch 8": lambda: run_trace(Run(trace, cls, cap, Machine(preset, hw), traffic=Traffic(Arrival.POISSON, rate=args.rate)), compiled=True, plan=plan),
+            f"simulate, serving, poisson {args.rate:g}/s, max batch 8, no shared plan": lambda: run_trace(Run(trace, cls, cap, Machine(preset, hw), traffic=Traffic(Arrival.POISSON, rate=args.rate)), compiled=True),
         }
         for fn in fns.values():  # numba: compile or load from its cache, untimed
             fn()

@@ -80,10 +80,11 @@ def main() -> None:
 
     try:  # since issue 34: a run is priced on a Machine (model x box x stack)
         from casmoe.sim.passes.engine import run_trace
+        from casmoe.sim.passes.assembly import Run
         from casmoe.sim.cost.machine import Machine
 
         def sim(name: str, compiled: bool):
-            return lambda: run_trace(trace, get_policy(name), cap, Machine(preset, hw), compiled=compiled).stats.hits
+            return lambda: run_trace(Run(trace, get_policy(name), cap, Machine(preset, hw)), compiled=compiled).stats.hits
     except ImportError:  # a tree from before issue 34 (`--tree`): the same run through its engine
         from casmoe.sim.passes.engine import simulate as old_simulate
 

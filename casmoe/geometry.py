@@ -8,6 +8,7 @@ them millions of times per second and a tuple would cost several times more.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -149,16 +150,28 @@ class Geometry:
         return f"{self.layers} MoE layers x {self.experts} experts, top-{self.top_k}"
 
 
-def split_layers(layers: int, devices: int) -> list[range]:
-    """Contiguous, near-equal ranges of MoE layers, one per device, earlier devices taking the
-    remainder (16 layers over 3 devices: 6, 5, 5). The simulator and the backend both place
-    layers with this, so a simulated multi-device run is the backend's."""
-    if not 1 <= devices <= layers:
-        raise GeometryError(f"devices must be between 1 and the {layers} MoE layers (got {devices})")
-    base, extra = divmod(layers, devices)
+def split_layers(layers: int, devices: int | Sequence[float]) -> list[range]:
+    """Contiguous ranges of MoE layers, one per device, each device's count in proportion to its
+    weight (`devices` a count: equal weights; or one weight per device, llama.cpp's
+    `--tensor-split`, GPU memory), each at least one layer. Counts are apportioned by largest
+    remainder with ties to the earlier device, so equal weights give near-equal ranges with the
+    earlier devices taking the remainder (16 layers over 3 devices: 6, 5, 5). The simulator, the
+    backend and `casmoe plan`'s memory map all place layers with this one function."""
+    weights = [1.0] * devices if isinstance(devices, int) else [float(w) for w in devices]
+    n = len(weights)
+    if not 1 <= n <= layers:
+        raise GeometryError(f"devices must be between 1 and the {layers} MoE layers (got {n})")
+    if any(not w > 0 for w in weights):
+        raise GeometryError(f"device weights must be positive (got {weights})")
+    total = sum(weights)
+    spare = layers - n  # each device's first layer is given; the rest are apportioned
+    quotas = [spare * w / total for w in weights]
+    counts = [1 + int(q) for q in quotas]
+    order = sorted(range(n), key=lambda d: (-(quotas[d] - int(quotas[d])), d))
+    for d in order[: layers - sum(counts)]:
+        counts[d] += 1
     out, start = [], 0
-    for d in range(devices):
-        n = base + (d < extra)
-        out.append(range(start, start + n))
-        start += n
+    for count in counts:
+        out.append(range(start, start + count))
+        start += count
     return out

@@ -16,7 +16,6 @@ import io
 import json
 import os
 import zipfile
-from pathlib import Path
 from typing import IO, Any
 
 import numpy as np

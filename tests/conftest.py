@@ -91,15 +91,20 @@ def sim_run(trace: Any, policy: str | type = "lru", capacity: int | Capacity = 2
             preset: ModelPreset | None = None, devices: int = 1, quant: Any = None, pinned: bool = True,
             **kw: Any) -> Any:
     """`run_trace` of a policy (a name or a class) on `hw` (the seed box) with a preset of the
-    trace's shape, unless `preset` is given; `kw` are run_trace's."""
+    trace's shape, unless `preset` is given; `kw` are the `Run`'s fields and run_trace's own."""
+    from dataclasses import fields
+
     from casmoe.policies import get_policy
-    from casmoe.sim.passes.engine import run_trace
     from casmoe.sim.cost.machine import Machine
+    from casmoe.sim.passes.assembly import Run
+    from casmoe.sim.passes.engine import run_trace
 
     cls = get_policy(policy) if isinstance(policy, str) else policy
     cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
     machine = Machine(preset or shaped_preset(trace.geometry), hw or seed_box(), devices, quant, pinned)
-    return run_trace(trace, cls, cap, machine, **kw)
+    of_run = {f.name for f in fields(Run)}
+    run = Run(trace, cls, cap, machine, **{k: v for k, v in kw.items() if k in of_run})
+    return run_trace(run, **{k: v for k, v in kw.items() if k not in of_run})
 
 
 def one_spec(**options: Any) -> Any:

@@ -88,6 +88,7 @@ def run(case: Case) -> dict[str, Any]:
     from casmoe.policies import get_policy
     from casmoe.presets import get_preset, preset_for
     from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.assembly import Run
     from casmoe.sim.box.hardware import load_profile
     from casmoe.sim.cost.machine import Machine
 
@@ -96,10 +97,7 @@ def run(case: Case) -> dict[str, Any]:
     slots = {"k": g.top_k, "2k": 2 * g.top_k, "k+1": g.top_k + 1, "kL": g.top_k * g.layers}[case.capacity]
     capacity = Capacity(slots, per_layer=case.capacity != "kL")
     machine = Machine(get_preset(preset_for(trace)), load_profile("rtx4090x4"), devices=case.devices, stack=stack())
-    res = run_trace(
-        trace, get_policy(case.policy), capacity, machine, options=dict(case.options), batch=case.batch,
-        miss_mode=MissMode(case.miss_mode), trace_name=case.trace,
-    )
+    res = run_trace(Run(trace, get_policy(case.policy), capacity, machine, options=dict(case.options), batch=case.batch, miss_mode=MissMode(case.miss_mode), trace_name=case.trace))
     return res.to_dict()
 
 

@@ -18,6 +18,7 @@ from casmoe.cache import CacheConfigError, MissMode
 from casmoe.policies import POLICIES, get_policy
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.testing import cases
 from sim_golden import SHAPES, Case, run
@@ -50,8 +51,7 @@ def test_compiled_decisions_simulate_to_the_last_bit(variant, case, mode, batch,
 
     def result(compiled: bool):
         try:
-            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, compiled=compiled,
-                             prefill_batch=min(prefill_batch, batch)).to_dict()
+            return run_trace(Run(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, prefill_batch=min(prefill_batch, batch)), compiled=compiled).to_dict()
         except CacheConfigError as exc:  # a global pool too small to split over the devices
             return str(exc)
 

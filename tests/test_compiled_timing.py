@@ -21,9 +21,10 @@ from casmoe.presets import get_preset
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
 from casmoe.sim.passes import engine
 from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
-from casmoe.sim.passes.serving import Arrival, Schedule, Traffic
+from casmoe.sim.passes.traffic import Arrival, Schedule, Traffic
 from casmoe.testing import cases
 from casmoe.trace_io import load_trace
 from conftest import shaped_preset
@@ -71,8 +72,7 @@ def test_compiled_timing_to_the_last_bit(monkeypatch, variant, case, mode, batch
 
     def run():
         try:
-            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, compiled=True, detail=detail, context=context,
-                            prefill_batch=min(prefill_batch, batch)).to_dict()
+            return run_trace(Run(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=devices), options=options, batch=batch, miss_mode=mode, context=context, prefill_batch=min(prefill_batch, batch)), compiled=True, detail=detail).to_dict()
         except CacheConfigError as exc:  # a global pool too small to split over the devices
             return str(exc)
 
@@ -89,7 +89,7 @@ def test_compiled_timing_on_the_shipped_trace(monkeypatch, policy):
     hw = dataclasses.replace(load_profile("rtx4090x4"), load_host_us=20.0, wake_us=5.0)
 
     def run():
-        return run_trace(trace, get_policy(policy), Capacity(3), Machine(get_preset("mixtral-8x7b"), hw, devices=4), options=options, compiled=True, detail=True).to_dict()
+        return run_trace(Run(trace, get_policy(policy), Capacity(3), Machine(get_preset("mixtral-8x7b"), hw, devices=4), options=options), compiled=True, detail=True).to_dict()
 
     want, got, used = _both(monkeypatch, run)
     assert got == want and used
@@ -125,7 +125,7 @@ def test_compiled_serving_to_the_last_bit(variant, case, mode, devices, slow_lin
 
     def run(compiled: bool):
         try:
-            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=min(devices, g.layers)), options=options, miss_mode=mode, compiled=compiled, detail=True, traffic=wl, context=context).to_dict()
+            return run_trace(Run(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=min(devices, g.layers)), options=options, miss_mode=mode, traffic=wl, context=context), compiled=compiled, detail=True).to_dict()
         except (CacheConfigError, PolicyError) as exc:  # speculative: one request at a time, whole prefills
             return str(exc)
 

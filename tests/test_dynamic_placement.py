@@ -260,6 +260,7 @@ def test_the_simulator_decides_as_replay_given_its_prices(shipped_mixtral, spec,
     from casmoe.presets import load_presets
     from casmoe.sim.passes.decide import machine_costs
     from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.assembly import Run
     from casmoe.sim.box.hardware import load_profile
     from casmoe.sim.cost.machine import Machine
 
@@ -267,7 +268,7 @@ def test_the_simulator_decides_as_replay_given_its_prices(shipped_mixtral, spec,
     machine = Machine(load_presets()["mixtral-8x7b"], load_profile("rtx4090x4"))
     ps = PolicySpec.parse(spec)
     cap = Capacity(3)
-    sim = run_trace(trace, ps.cls, cap, machine, options=dict(ps.options), miss_mode=mode, batch=batch).stats
+    sim = run_trace(Run(trace, ps.cls, cap, machine, options=dict(ps.options), miss_mode=mode, batch=batch)).stats
     cache = ps.cls.create(trace.geometry, cap, trace=trace, miss_mode=mode, expert_bytes=machine.expert_bytes(trace),
                           **dict(ps.options))
     cache.attach_costs(machine_costs(machine, trace))
@@ -299,17 +300,18 @@ def test_the_prices_change_fiddlers_decisions(shipped_mixtral):
 
 def test_serving_and_substitute_mode_pass_the_step_counts(shipped_mixtral):
     from casmoe.presets import load_presets
+    from casmoe.sim.passes.assembly import Run
     from casmoe.sim.passes.engine import run_trace
     from casmoe.sim.box.hardware import load_profile
     from casmoe.sim.cost.machine import Machine
-    from casmoe.sim.passes.serving import Arrival, Traffic
+    from casmoe.sim.passes.traffic import Arrival, Traffic
 
     trace = shipped_mixtral
     machine = Machine(load_presets()["mixtral-8x7b"], load_profile("rtx4090x4"))
     options = {"gpu_prefill": 16}
-    offline = run_trace(trace, NCpuMoE, Capacity(3), machine, options=options)
-    served = run_trace(trace, NCpuMoE, Capacity(3), machine, options=options, traffic=Traffic(Arrival.CLOSED, max_batch=1))
-    walked = run_trace(trace, NCpuMoE, Capacity(3), machine, options=options, miss_mode=MissMode.SUBSTITUTE)
+    offline = run_trace(Run(trace, NCpuMoE, Capacity(3), machine, options=options))
+    served = run_trace(Run(trace, NCpuMoE, Capacity(3), machine, options=options, traffic=Traffic(Arrival.CLOSED, max_batch=1)))
+    walked = run_trace(Run(trace, NCpuMoE, Capacity(3), machine, options=options, miss_mode=MissMode.SUBSTITUTE))
     assert offline.stats.demand_loads > 0
     for res in (served, walked):
         for f in ("demand_loads", "cpu_computed", "misses"):

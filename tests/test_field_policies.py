@@ -57,6 +57,7 @@ def test_speculative_with_a_perfect_spec_misses_only_at_layer_zero(trace, extra)
 def test_speculative_with_a_perfect_spec_and_a_fast_link_never_stalls_past_layer_zero():
     from casmoe.presets import ModelPreset
     from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.assembly import Run
     from casmoe.sim.cost.machine import Machine
     from casmoe.sim.box.hardware import load_profile
 
@@ -70,7 +71,7 @@ def test_speculative_with_a_perfect_spec_and_a_fast_link_never_stalls_past_layer
     hw = dataclasses.replace(load_profile("rtx4090x4"), h2d_pinned_gbs=2.0, copy_latency_us=0.0, gpus=1)
     stalls = {}
     for name in ("lru", "speculative"):
-        res = run_trace(trace, get_policy(name), Capacity(2), Machine(preset, hw), compiled=False)
+        res = run_trace(Run(trace, get_policy(name), Capacity(2), Machine(preset, hw)), compiled=False)
         stalls[name] = res.stall_by_layer_s
     assert stalls["lru"][0] > 0 and sum(stalls["lru"][1:]) > 0  # the case does stall without the guess
     assert sum(stalls["speculative"][1:]) == 0

@@ -16,7 +16,7 @@ from casmoe.policies import POLICIES, get_policy
 from casmoe.replay import replay
 from casmoe.sim.testing import check_case
 from casmoe.testing import run_contract, traces
-from casmoe.trace import NOT_COMPUTED, Request, Trace
+from casmoe.trace import NOT_COMPUTED, Trace
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 

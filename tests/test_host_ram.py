@@ -106,7 +106,7 @@ def test_no_ram_tier_when_the_experts_do_not_fit_is_refused_naming_the_default()
 
 
 def test_served_one_user_prices_host_experts_from_storage_as_back_to_back():
-    from casmoe.sim.passes.serving import Arrival, Traffic
+    from casmoe.sim.passes.traffic import Arrival, Traffic
 
     b = 64_000_000
     kw = dict(compute=FixedCompute(cpu_expert_s=1e-3))

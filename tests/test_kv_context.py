@@ -16,7 +16,7 @@ from casmoe.sim.run.fits import FitError, check_kv
 from casmoe.sim.run.grid import Grid
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.cost.machine import Machine
-from casmoe.sim.passes.serving import Arrival, Traffic
+from casmoe.sim.passes.traffic import Arrival, Traffic
 from casmoe.sim.passes.timing import histories, work_for
 from conftest import one_spec, sim_run
 

@@ -16,6 +16,7 @@ from casmoe.policies.n_cpu_moe import NCpuMoE
 from casmoe.presets import ModelPreset
 from casmoe.replay import replay
 from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
 from casmoe.testing import traces
@@ -28,7 +29,7 @@ FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthChe
 def _sim(trace: Trace, name: str, capacity: Capacity, miss_mode: MissMode, **options):
     g = trace.geometry
     preset = ModelPreset("contract", "test", g, heads=1, kv_heads=1, head_dim=g.hidden or 8, vocab=16)
-    return run_trace(trace, get_policy(name), capacity, Machine(preset, load_profile("rtx4090x4")), options=options, miss_mode=miss_mode, compiled=False)
+    return run_trace(Run(trace, get_policy(name), capacity, Machine(preset, load_profile("rtx4090x4")), options=options, miss_mode=miss_mode), compiled=False)
 
 
 @FAST
@@ -122,4 +123,4 @@ def test_a_placement_needs_host_compute_in_the_profile():
     preset = ModelPreset("contract", "test", g, heads=1, kv_heads=1, head_dim=8, vocab=16)
     hw = dataclasses.replace(load_profile("rtx4090x4"), cpu_tflops=0.0)
     with pytest.raises(CasmoeError, match="cpu_tflops"):
-        run_trace(trace, NCpuMoE, Capacity(1), Machine(preset, hw))
+        run_trace(Run(trace, NCpuMoE, Capacity(1), Machine(preset, hw)))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from casmoe.sim.cost.compute import FixedCompute
 from casmoe.sim.box.hardware import load_profile
-from casmoe.sim.passes.serving import Arrival, Schedule, ServingError, Traffic
+from casmoe.sim.passes.traffic import Arrival, Schedule, ServingError, Traffic
 from conftest import one_spec, sim_run
 
 from casmoe.errors import CasmoeError

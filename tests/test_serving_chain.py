@@ -20,13 +20,14 @@ from casmoe.cache import CacheConfigError, Capacity, MissMode, PolicyError
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import shipped
-from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.passes.assembly import Run, StepPlan
 from casmoe.sim.cost.machine import SimConfigError
 from casmoe.sim.passes.compiled_timing import ServingPass
 from casmoe.sim.passes.engine import run_trace
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
-from casmoe.sim.passes.serving import Arrival, Schedule, Traffic, clock_delays
+from casmoe.sim.passes.serving import clock_delays
+from casmoe.sim.passes.traffic import Arrival, Schedule, Traffic
 from casmoe.testing import cases
 from casmoe.trace_io import load_trace
 from conftest import shaped_preset
@@ -62,7 +63,7 @@ def test_closed_loop_alone_to_the_last_bit(variant, case, mode, devices, slow_li
 
     def run(compiled: bool):
         try:
-            return run_trace(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=min(devices, g.layers)), options=options, miss_mode=mode, compiled=compiled, detail=True, traffic=wl).to_dict()
+            return run_trace(Run(case.trace, get_policy(name), case.capacity, Machine(shaped_preset(g), hw, devices=min(devices, g.layers)), options=options, miss_mode=mode, traffic=wl), compiled=compiled, detail=True).to_dict()
         except (CacheConfigError, PolicyError) as exc:  # speculative: one request at a time, whole prefills
             return str(exc)
 
@@ -95,14 +96,14 @@ def test_a_lone_user_runs_whole_and_arrivals_cut_the_chains(monkeypatch):
     lru = get_policy("lru")
     calls = _spied(monkeypatch)
     closed = Traffic(Arrival.CLOSED, max_batch=1)
-    fast = run_trace(trace, lru, cap, Machine(preset, hw), compiled=True, traffic=closed).to_dict()
+    fast = run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=closed), compiled=True).to_dict()
     assert calls == [len(r.steps(trace.geometry)) for r in trace.requests]
-    assert fast == run_trace(trace, lru, cap, Machine(preset, hw), compiled=False, traffic=closed).to_dict()
+    assert fast == run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=closed), compiled=False).to_dict()
     calls.clear()
     busy = Traffic(Arrival.POISSON, rate=50.0, max_batch=1)
-    fast = run_trace(trace, lru, cap, Machine(preset, hw), compiled=True, traffic=busy).to_dict()
+    fast = run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=busy), compiled=True).to_dict()
     assert len(calls) > len(trace.requests) and sum(calls) == sum(len(r.steps(trace.geometry)) for r in trace.requests)
-    assert fast == run_trace(trace, lru, cap, Machine(preset, hw), compiled=False, traffic=busy).to_dict()
+    assert fast == run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=busy), compiled=False).to_dict()
 
 
 def _land(now: float, delays: list[float]) -> float:
@@ -137,13 +138,13 @@ def test_batched_chains_and_a_shared_plan_serve_alike_and_a_foreign_plan_is_refu
     lru = get_policy("lru")
     widths: list[int] = []
     calls = _spied(monkeypatch, widths)
-    own = run_trace(trace, lru, cap, Machine(preset, hw), compiled=True, traffic=wl).to_dict()
+    own = run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=wl), compiled=True).to_dict()
     assert max(widths) > 1 and max(c for c, w in zip(calls, widths) if w > 1) > 1
-    assert own == run_trace(trace, lru, cap, Machine(preset, hw), compiled=False, traffic=wl).to_dict()
-    assert run_trace(trace, lru, cap, Machine(preset, hw), compiled=True, plan=StepPlan.build(trace), traffic=wl).to_dict() == own
+    assert own == run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=wl), compiled=False).to_dict()
+    assert run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=wl), compiled=True, plan=StepPlan.build(trace)).to_dict() == own
     for plan in (StepPlan.build(trace.subset(range(4))), StepPlan.build(trace, 2)):
         with pytest.raises(SimConfigError, match="batch 1 only"):
-            run_trace(trace, lru, cap, Machine(preset, hw), plan=plan, traffic=wl)
+            run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=wl), plan=plan)
 
 
 def test_a_request_submitted_while_the_streams_are_taken_joins_at_the_next_step():
@@ -163,5 +164,5 @@ def test_a_request_submitted_while_the_streams_are_taken_joins_at_the_next_step(
 
     trace = Trace(g, [request(2, 0), request(1, 1), request(1, 0)])  # a lone decoder, a prompt, then another
     wl = Traffic(Arrival.CLOSED, users=2, think=0.0, max_batch=2, schedule=Schedule.PREFILL_FIRST)
-    runs = [run_trace(trace, get_policy("ondemand"), Capacity(1, per_layer=False), Machine(shaped_preset(g), load_profile("rtx4090x4")), compiled=compiled, detail=True, traffic=wl).to_dict() for compiled in (True, False)]
+    runs = [run_trace(Run(trace, get_policy("ondemand"), Capacity(1, per_layer=False), Machine(shaped_preset(g), load_profile("rtx4090x4")), traffic=wl), compiled=compiled, detail=True).to_dict() for compiled in (True, False)]
     assert runs[0] == runs[1]

@@ -18,7 +18,7 @@ from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.sim.cost.compute import FixedCompute
 from casmoe.sim.passes.decide import link_costs
-from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.passes.assembly import Run, StepPlan
 from casmoe.sim.cost.machine import Machine, SimConfigError
 from casmoe.sim.passes.engine import run_trace
 from casmoe.sim.box.hardware import HardwareError, load_profile
@@ -154,18 +154,18 @@ def test_every_expert_resident_takes_exactly_the_compute_time():
         Request(decode, np.full(decode.shape, 0.5, np.float32), prefill=0, prompt="b"),
     ]
     compute = FixedCompute(layer_s=1e-3, expert_s=2e-4)
-    res = run_trace(Trace(g, reqs), get_policy("lru"), Capacity(3), Machine(shaped_preset(g), HW), compute=compute)
+    res = run_trace(Run(Trace(g, reqs), get_policy("lru"), Capacity(3), Machine(shaped_preset(g), HW)), compute=compute)
     per_token = g.layers * (1e-3 + g.top_k * 2e-4)
     assert res.decode_tokens == 7
     for q in ("p50", "p90", "p99"):
         assert getattr(res, f"token_latency_{q}_s") == pytest.approx(per_token, rel=1e-12)
     assert res.decode_tokens_per_s == pytest.approx(1 / per_token, rel=1e-12)
     # A fixed cost per device pass over a layer's experts: once per layer.
-    passing = run_trace(Trace(g, reqs), get_policy("lru"), Capacity(3), Machine(shaped_preset(g), HW), compute=dataclasses.replace(compute, expert_pass=3e-4))
+    passing = run_trace(Run(Trace(g, reqs), get_policy("lru"), Capacity(3), Machine(shaped_preset(g), HW)), compute=dataclasses.replace(compute, expert_pass=3e-4))
     assert passing.token_latency_p50_s == pytest.approx(per_token + g.layers * 3e-4, rel=1e-12)
     # Split over 2 devices: each token pays one activation hand-over more.
     handover = dataclasses.replace(compute, handover_s=5e-5)
-    split = run_trace(Trace(g, reqs), get_policy("lru"), Capacity(3), Machine(shaped_preset(g), HW, devices=2), compute=handover)
+    split = run_trace(Run(Trace(g, reqs), get_policy("lru"), Capacity(3), Machine(shaped_preset(g), HW, devices=2)), compute=handover)
     assert split.token_latency_p50_s == pytest.approx(per_token + 5e-5, rel=1e-12)
     assert res.stats.misses == g.total_experts  # only the warm-up's cold misses
 
@@ -222,9 +222,9 @@ def test_counts_equal_replay_in_load_mode(name, options, case, instant):
     machine = Machine(shaped_preset(trace.geometry), HW)
     cache = cls.create(trace.geometry, cap, trace=trace, **options)
     nbytes = machine.expert_bytes(trace)  # a cost-based policy weighs the simulator's prices (fiddler, hybrimoe)
-    cache.attach_costs(link_costs(compute or machine.compute(nbytes), HW, machine.pinned, nbytes))
+    cache.attach_costs(link_costs(compute or machine.compute(nbytes), machine, nbytes))
     expected = replay(trace, cache).stats
-    got = run_trace(trace, cls, cap, machine, options=options, compute=compute).stats
+    got = run_trace(Run(trace, cls, cap, machine, options=options), compute=compute).stats
     assert got.hits + got.late_hits == expected.hits
     assert dataclasses.replace(got, hits=expected.hits, late_hits=0) == expected
 
@@ -246,11 +246,11 @@ def test_layers_split_over_devices_count_like_one_device(name, trace, devices):
 def test_global_pool_is_split_into_one_cache_per_device():
     tr = _mixtral_trace(2)
     p = get_preset("mixtral-8x7b")
-    res = run_trace(tr, get_policy("lru"), Capacity(96, per_layer=False), Machine(p, HW, devices=4))
+    res = run_trace(Run(tr, get_policy("lru"), Capacity(96, per_layer=False), Machine(p, HW, devices=4)))
     assert res.stats.accesses == sum(len(e) for s in tr.steps() for e in s.experts)
     assert all(u > 0 for u in res.link_utilisation)
     with pytest.raises(CacheConfigError, match="split over 4 devices"):
-        run_trace(tr, get_policy("lru"), Capacity(4, per_layer=False), Machine(p, HW, devices=4))
+        run_trace(Run(tr, get_policy("lru"), Capacity(4, per_layer=False), Machine(p, HW, devices=4)))
 
 
 def test_next_layer_prefetch_crosses_to_the_next_devices_link():
@@ -306,14 +306,14 @@ def _mixtral_trace(requests: int = 3, seed: int = 0) -> Trace:
 def test_same_inputs_same_result():
     tr = _mixtral_trace()
     p = get_preset("mixtral-8x7b")
-    a = run_trace(tr, get_policy("casmoe"), Capacity(4), Machine(p, HW, devices=4), options={"predictor": "noisy"})
-    b = run_trace(tr, get_policy("casmoe"), Capacity(4), Machine(p, HW, devices=4), options={"predictor": "noisy"})
+    a = run_trace(Run(tr, get_policy("casmoe"), Capacity(4), Machine(p, HW, devices=4), options={"predictor": "noisy"}))
+    b = run_trace(Run(tr, get_policy("casmoe"), Capacity(4), Machine(p, HW, devices=4), options={"predictor": "noisy"}))
     assert a.to_dict() == b.to_dict()
 
 
 def test_a_callers_latency_log_holds_each_decode_step_in_request_order():
     from casmoe.sim.passes.latency import LatencyLog
-    from casmoe.sim.passes.serving import Arrival, Traffic
+    from casmoe.sim.passes.traffic import Arrival, Traffic
 
     g = Geometry(2, 4, 2)
     rng = np.random.default_rng(3)
@@ -344,8 +344,8 @@ def test_roofline_decode_is_bound_by_weight_streaming():
 def test_batching_merges_decode_steps_and_raises_throughput():
     tr = _mixtral_trace(4)
     p = get_preset("mixtral-8x7b")
-    one = run_trace(tr, get_policy("lru"), Capacity(8), Machine(p, HW), batch=1)
-    four = run_trace(tr, get_policy("lru"), Capacity(8), Machine(p, HW), batch=4, plan=StepPlan.build(tr, 4, 1))
+    one = run_trace(Run(tr, get_policy("lru"), Capacity(8), Machine(p, HW), batch=1))
+    four = run_trace(Run(tr, get_policy("lru"), Capacity(8), Machine(p, HW), batch=4), plan=StepPlan.build(tr, 4, 1))
     assert one.decode_tokens == four.decode_tokens == 4 * 8
     assert four.decode_tokens_per_s > one.decode_tokens_per_s
 
@@ -353,9 +353,9 @@ def test_batching_merges_decode_steps_and_raises_throughput():
 def test_substitute_and_cpu_modes_never_stall_on_misses():
     tr = _mixtral_trace()
     p = get_preset("mixtral-8x7b")
-    load = run_trace(tr, get_policy("lru"), Capacity(2), Machine(p, HW))
+    load = run_trace(Run(tr, get_policy("lru"), Capacity(2), Machine(p, HW)))
     for mode in (MissMode.SUBSTITUTE, MissMode.CPU):
-        res = run_trace(tr, get_policy("lru"), Capacity(2), Machine(p, HW), miss_mode=mode)
+        res = run_trace(Run(tr, get_policy("lru"), Capacity(2), Machine(p, HW), miss_mode=mode))
         assert res.sim_time_s < load.sim_time_s
         assert res.stats.demand_loads < load.stats.demand_loads
 
@@ -364,8 +364,8 @@ def test_host_cap_slows_parallel_prefetch():
     tr = _mixtral_trace(2)
     p = get_preset("mixtral-8x7b")
     capped = HW.with_values(host_cap_gbs=10.0, sources={"host_cap_gbs": "test"})
-    free = run_trace(tr, get_policy("casmoe"), Capacity(4), Machine(p, HW, 4), options={"predictor": "exact"})
-    slow = run_trace(tr, get_policy("casmoe"), Capacity(4), Machine(p, capped, 4), options={"predictor": "exact"})
+    free = run_trace(Run(tr, get_policy("casmoe"), Capacity(4), Machine(p, HW, 4), options={"predictor": "exact"}))
+    slow = run_trace(Run(tr, get_policy("casmoe"), Capacity(4), Machine(p, capped, 4), options={"predictor": "exact"}))
     assert slow.sim_time_s > free.sim_time_s
     assert slow.stats.late_hits > free.stats.late_hits  # the same prefetches, landing later
     assert slow.stats.hits + slow.stats.late_hits == free.stats.hits + free.stats.late_hits
@@ -383,8 +383,8 @@ def test_capacity_below_top_k_runs_with_staging_slots():
     """Mixtral-Offloading's one resident expert per layer: it runs, and keeps fewer experts than
     two slots do (more misses, more bytes on the link, a longer run)."""
     tr = _mixtral_trace(1)
-    one = run_trace(tr, get_policy("lru"), Capacity(1), Machine(get_preset("mixtral-8x7b"), HW))
-    two = run_trace(tr, get_policy("lru"), Capacity(2), Machine(get_preset("mixtral-8x7b"), HW))
+    one = run_trace(Run(tr, get_policy("lru"), Capacity(1), Machine(get_preset("mixtral-8x7b"), HW)))
+    two = run_trace(Run(tr, get_policy("lru"), Capacity(2), Machine(get_preset("mixtral-8x7b"), HW)))
     assert one.stats.accesses == two.stats.accesses
     assert one.stats.misses > two.stats.misses and one.link_bytes > two.link_bytes
     assert one.sim_time_s > two.sim_time_s
@@ -393,7 +393,7 @@ def test_capacity_below_top_k_runs_with_staging_slots():
 def test_trace_that_does_not_match_the_preset_names_the_fix():
     tr = _mixtral_trace(1)
     with pytest.raises(SimConfigError, match="--model mixtral-8x7b"):
-        run_trace(tr, get_policy("lru"), Capacity(4), Machine(get_preset("qwen3-30b-a3b"), HW))
+        run_trace(Run(tr, get_policy("lru"), Capacity(4), Machine(get_preset("qwen3-30b-a3b"), HW)))
 
 
 def test_devices_beyond_layers_is_an_error():
@@ -417,7 +417,7 @@ def test_real_qwen_trace_with_forced_top6_and_measured_bytes():
 
     tr = read_route_csv(QWEN)  # Qwen3-30B-A3B, 6 of 8 experts forced, Q4_K_M bytes per layer
     p = get_preset("qwen3-30b-a3b")
-    res = run_trace(tr, get_policy("lru"), Capacity(12), Machine(p, HW))
+    res = run_trace(Run(tr, get_policy("lru"), Capacity(12), Machine(p, HW)))
     expected = replay(tr, get_policy("lru").create(tr.geometry, Capacity(12), trace=tr)).stats
     assert res.quant == "trace" and res.stats.bytes_loaded == expected.bytes_loaded
     assert res.stats.hits + res.stats.late_hits == expected.hits and res.stats.misses == expected.misses
@@ -431,7 +431,7 @@ def test_timeline_names_copies_by_global_layer_on_their_devices_track(capacity):
     g = Geometry(2, 4, 1, hidden=8, intermediate=4, layer_expert_bytes=(1000, 1000))
     tr = trace_of(g, [np.array([[3], [2]])])
     tl = Timeline(g.experts, 2)
-    run_trace(tr, get_policy("lru"), capacity, Machine(shaped_preset(g), HW, devices=2), timeline=tl)
+    run_trace(Run(tr, get_policy("lru"), capacity, Machine(shaped_preset(g), HW, devices=2)), timeline=tl)
     copies = {(e["pid"], e["name"]) for e in tl.to_chrome()["traceEvents"] if e.get("tid") == LINK_TRACK and e["ph"] == "X"}
     assert copies == {(0, "L0E3"), (1, "L1E2")}
 

@@ -16,9 +16,10 @@ from casmoe.policies.lru import LRU
 from casmoe.replay import replay
 from casmoe.sim.cost.compute import FixedCompute
 from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
-from casmoe.sim.passes.serving import Arrival, Schedule, ServingError, Traffic
+from casmoe.sim.passes.traffic import Arrival, Schedule, ServingError, Traffic
 from casmoe.sim.passes.tiers import HostCache, TierError
 from casmoe.testing import cases, traces
 from casmoe.trace import Request, Trace
@@ -245,9 +246,9 @@ def test_no_policy_decides_differently_in_replay_and_simulate(name, options, cas
         assert name == "speculative" and batch > 1 and "batch 1" in str(exc)
         return
     cls2, log_sim = _recording(get_policy(name))
-    run_trace(trace, cls2, cap, Machine(shaped_preset(trace.geometry), HW), options=options, batch=batch, compute=FixedCompute())
+    run_trace(Run(trace, cls2, cap, Machine(shaped_preset(trace.geometry), HW), options=options, batch=batch), compute=FixedCompute())
     assert log_sim == log_replay
     if batch == 1:
         cls3, log_served = _recording(get_policy(name))
-        run_trace(trace, cls3, cap, Machine(shaped_preset(trace.geometry), HW), options=options, traffic=closed(max_batch=1))
+        run_trace(Run(trace, cls3, cap, Machine(shaped_preset(trace.geometry), HW), options=options, traffic=closed(max_batch=1)))
         assert log_served[-len(log_replay):] == log_replay or log_served == log_replay

@@ -13,6 +13,7 @@ from casmoe.geometry import Geometry
 from casmoe.policies import POLICIES, get_policy
 from casmoe.sim.cost.compute import FixedCompute
 from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
 from casmoe.testing import cases
@@ -34,7 +35,7 @@ def test_bound_never_exceeds_the_stall_and_per_layer_counts_add_up(name, options
     devices = min(devices, g.layers)
     if not cap.per_layer:  # a global pool is split over the devices: each share must hold top_k
         devices = max((d for d in range(1, devices + 1) if cap.slots * (g.layers // d) // g.layers >= g.top_k), default=1)
-    res = run_trace(trace, get_policy(name), cap, Machine(shaped_preset(trace.geometry), HW, devices=devices), options=options, compute=FixedCompute(layer_s=layer_s), detail=True)
+    res = run_trace(Run(trace, get_policy(name), cap, Machine(shaped_preset(trace.geometry), HW, devices=devices), options=options), compute=FixedCompute(layer_s=layer_s), detail=True)
     assert 0 <= res.stall_bound_s <= res.stall_s * (1 + 1e-9) + 1e-15
     assert len(res.stall_bound_by_device_s) == devices and max(res.stall_bound_by_device_s) == res.stall_bound_s
     for bound, stall in zip(res.stall_bound_by_layer_s, res.stall_by_layer_s, strict=True):
@@ -49,7 +50,7 @@ def test_on_demand_with_no_compute_is_all_bandwidth():
     rng = np.random.default_rng(0)
     rows = np.stack([np.stack([rng.choice(4, 2, replace=False) for _ in range(3)]) for _ in range(5)]).astype(np.int16)
     tr = Trace(g, [Request(rows, np.full(rows.shape, 0.5, np.float32), prefill=0)])
-    res = run_trace(tr, get_policy("ondemand"), Capacity(2), Machine(shaped_preset(g), HW), compute=FixedCompute(), detail=True)
+    res = run_trace(Run(tr, get_policy("ondemand"), Capacity(2), Machine(shaped_preset(g), HW)), compute=FixedCompute(), detail=True)
     assert res.stall_bound_s == pytest.approx(res.stall_s, rel=1e-12)
     # the link never idles, so each layer's stall is its copies: the per-layer bound is tight too
     assert res.stall_bound_by_layer_s == pytest.approx(res.stall_by_layer_s, rel=1e-12)
@@ -64,9 +65,9 @@ def test_the_bound_is_zero_with_ample_compute_and_the_link_deficit_without():
     rows = (rows + np.arange(6, dtype=np.int16)[:, None, None]) % 4
     tr = Trace(g, [Request(rows, np.ones(rows.shape, np.float32), prefill=0)])
     copy = HW.copy_latency_us * 1e-6 + 1_000_000 / (HW.h2d_pinned_gbs * 1e9)
-    ample = run_trace(tr, get_policy("lru"), Capacity(1), Machine(shaped_preset(g), HW), compute=FixedCompute(layer_s=10 * copy), detail=True)
+    ample = run_trace(Run(tr, get_policy("lru"), Capacity(1), Machine(shaped_preset(g), HW)), compute=FixedCompute(layer_s=10 * copy), detail=True)
     assert ample.stall_bound_s == 0
     assert ample.stall_s == pytest.approx(4 * 6 * copy, rel=1e-9)  # lru loads every layer on demand
-    res = run_trace(tr, get_policy("lru"), Capacity(1), Machine(shaped_preset(g), HW), compute=FixedCompute(layer_s=copy / 1.5), detail=True)
+    res = run_trace(Run(tr, get_policy("lru"), Capacity(1), Machine(shaped_preset(g), HW)), compute=FixedCompute(layer_s=copy / 1.5), detail=True)
     assert res.stall_bound_s == pytest.approx(8 * copy, rel=1e-9)
     assert res.stall_s > 2 * res.stall_bound_s  # lru fetches on demand: it loses by timing too

@@ -12,6 +12,7 @@ from casmoe.cache import Capacity, MissMode
 from casmoe.policies import get_policy
 from casmoe.shipped import shipped
 from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.cost.stack import Shared, Stack, StackError, load_shared, load_stack, stack_paths
@@ -31,7 +32,7 @@ def two_requests() -> Trace:
 
 def _run(trace: Trace, stack: Stack, policy: str = "lru", capacity: Capacity = Capacity(8), **kw):
     machine = Machine(shaped_preset(trace.geometry), seed_box(), stack=stack)
-    return run_trace(trace, get_policy(policy), capacity, machine, **kw)
+    return run_trace(Run(trace, get_policy(policy), capacity, machine, **kw))
 
 
 # ---- the shipped files ----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from casmoe.replay import replay
 from casmoe.selection import Selection, SelectionError, split_indices
 from casmoe.sim.cost.compute import FixedCompute
 from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine, SimConfigError
 from casmoe.sim.box.hardware import load_profile, profile_paths
 from casmoe.sim.run.grid import Grid, GridError
@@ -336,7 +337,7 @@ def test_replay_refuses_what_would_count_wrong():
     with pytest.raises(TraceError, match="integer array"):
         replay(Trace(g, [Request(r.topk.astype(float), r.weights, r.prefill)]), LRU(g, 4))
     with pytest.raises(SimConfigError, match="takes a policy class"):
-        run_trace(tr, LRU(g, 4), Capacity(4), Machine(shaped_preset(g), load_profile("rtx4090x4")))
+        run_trace(Run(tr, LRU(g, 4), Capacity(4), Machine(shaped_preset(g), load_profile("rtx4090x4"))))
 
 
 def test_the_python_api_takes_the_cli_options_and_defaults():

@@ -197,6 +197,7 @@ def _validate(
     calibration: Calibration | None, progress: Callable[[str], None] | None, miss_modes: Sequence[MissMode],
 ) -> tuple[list[Fidelity], Calibration]:
     from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.assembly import Run
     from casmoe.sim.cost.machine import Machine
 
     cal = calibration or calibrate(om, prompts, max_new_tokens=max_new_tokens)
@@ -229,8 +230,7 @@ def _validate(
         decide = decide.scaled(cal.decide_factor)  # as the compute thread runs them (`runtime_costs`)
 
         def sim(hw: Any, log: LatencyLog | None = None) -> Any:
-            return run_trace(run.trace, spec.cls, capacity, Machine(preset, hw), options=dict(spec.options),
-                             miss_mode=mode, latency=log)
+            return run_trace(Run(run.trace, spec.cls, capacity, Machine(preset, hw), options=dict(spec.options), miss_mode=mode), latency=log)
 
         per_request = [_request_latencies(sim, profile(s, decide), i, run.requests) for i, s in enumerate(speeds)]
         lat = [x for tokens, _ in per_request for x in tokens]

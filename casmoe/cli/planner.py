@@ -148,6 +148,7 @@ def _simulator(trace_geometry: Any, hardware: str) -> Any:
     from casmoe.policies import get_policy
     from casmoe.presets import load_presets
     from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.assembly import Run
     from casmoe.sim.box.hardware import load_profile
     from casmoe.sim.cost.machine import Machine
 
@@ -159,7 +160,7 @@ def _simulator(trace_geometry: Any, hardware: str) -> Any:
     machine = Machine(presets[0], load_profile(hardware), quant=Quant.BF16)
 
     def run(trace: Any, policy: str, cap: Any, opts: dict[str, Any]) -> float:
-        res = run_trace(trace, get_policy(policy), cap, machine, options=opts)
+        res = run_trace(Run(trace, get_policy(policy), cap, machine, options=opts))
         return res.decode_tokens_per_s
 
     return run, presets[0].name

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 import numpy as np
 
 from casmoe.geometry import Geometry
-from casmoe.planner.config import EAPConfig, PlannerConfig, PlannerError
+from casmoe.planner.config import PlannerConfig, PlannerError
 from casmoe.planner.fitdata import FitData
 from casmoe.planner.gate import Buffer, ConfidenceGate, Source, use_matcher
 from casmoe.planner.linear import FILE as LINEAR_FILE

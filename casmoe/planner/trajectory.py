@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from casmoe.geometry import Geometry
-from casmoe.trace import NOT_COMPUTED, Request, Trace, prefill_step
+from casmoe.trace import NOT_COMPUTED, Request, Trace
 
 FILE = "trajectory.npz"
 FEATURES = (

@@ -15,7 +15,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -289,16 +289,25 @@ class ModelPreset:
             return 0
         return self.sliding_window
 
-    def attended_tokens(self, block: int, context: int) -> int:
-        """Cached tokens a new token of block `block` reads when the sequence holds `context`."""
+    def attended_tokens(self, block: int, context: int, window_cells: Callable[[int], int] | None = None) -> int:
+        """Cached tokens block `block` holds, and a new token of it reads, when the sequence holds
+        `context`: all of them, or a windowed block's window. `window_cells` says how many cells
+        an engine keeps for a window when that is more than the window itself (llama.cpp keeps
+        the window plus a ubatch, padded; `casmoe.sim.questions.deploy.memory`)."""
         window = self.window(block)
-        return min(context, window) if window else context
+        if not window:
+            return context
+        return min(context, window_cells(window) if window_cells is not None else window)
 
-    def kv_bytes(self, context: int, precision: Precision | Quant | int | None = None) -> int:
-        """KV-cache bytes of one sequence of `context` tokens over all blocks (a windowed block
-        keeps only its window)."""
+    def kv_bytes(self, context: int, precision: Precision | Quant | int | None = None,
+                 blocks: Iterable[int] | None = None, window_cells: Callable[[int], int] | None = None) -> int:
+        """KV-cache bytes of one sequence of `context` tokens over `blocks` (default: every block),
+        each block's `attended_tokens` at `precision` (default bf16). The one definition of a KV
+        cache's size: the simulator's memory check per device and `casmoe plan`'s memory map
+        both call it."""
         per_token = self.kv_bytes_per_token(precision)
-        return sum(per_token * self.attended_tokens(block, context) for block in range(self.blocks))
+        blocks = range(self.blocks) if blocks is None else blocks
+        return sum(per_token * self.attended_tokens(block, context, window_cells) for block in blocks)
 
     @property
     def attention_pair_flops(self) -> int:

@@ -23,6 +23,7 @@ from casmoe.cache import CacheStats, ExpertCache, MissMode  # noqa: I001
 from casmoe.presets import shape_preset
 from casmoe.sim.passes.decide import machine_costs
 from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.cost.machine import Machine
 
@@ -47,8 +48,7 @@ def check_case(policy: type[ExpertCache], case: Case, options: dict[str, Any] | 
 def _simulate(policy: type[ExpertCache], case: Case, options: dict[str, Any]) -> CacheStats:
     """The case through the simulator, on a shipped hardware profile with a preset of the
     case's own geometry; returns its cache counters."""
-    result = run_trace(case.trace, policy, case.capacity, _machine(case), options=options, miss_mode=case.miss_mode,
-                       compiled=False)
+    result = run_trace(Run(case.trace, policy, case.capacity, _machine(case), options=options, miss_mode=case.miss_mode), compiled=False)
     return result.stats
 
 

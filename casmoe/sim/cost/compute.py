@@ -16,6 +16,17 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def attention_span(start, end, history):
+    """What attention reads when a request's tokens `start`..`end`-1 (counted within the request)
+    run after `history` tokens of earlier context: (query, key) pairs, each token attending to the
+    earlier context, the request's earlier tokens and itself; and the cached tokens read, its
+    context up to `end`. A whole prompt is (0, n, history); the decode token at position p
+    (counting itself, history included) is (p - 1, p, 0). Ints or numpy arrays alike: every pass
+    (Python, compiled, served) prices attention with this one function."""
+    pairs = (end * (end + 1) - start * (start + 1)) // 2 + (end - start) * history
+    return pairs, end + history
+
+
 @dataclass(frozen=True)
 class RooflineCompute:
     """Per-part compute times in seconds for one model on one GPU of a profile, built by

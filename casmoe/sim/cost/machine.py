@@ -160,12 +160,11 @@ class Machine:
         layer's on its device (a windowed block keeps only its window, `ModelPreset.attended_tokens`),
         the dense-only blocks' (DeepSeek's first layers) on the first device."""
         preset = self.preset
-        per_token = preset.kv_bytes_per_token()
         first = preset.dense_layers
         out = []
         for d, layers in enumerate(split_layers(preset.geometry.layers, self.devices)):
             blocks = [first + layer for layer in layers] + (list(range(first)) if d == 0 else [])
-            out.append(float(sequences * per_token * sum(preset.attended_tokens(b, context) for b in blocks)))
+            out.append(float(sequences * preset.kv_bytes(context, blocks=blocks)))
         return out
 
     def compute(self, expert_bytes: Sequence[int]) -> RooflineCompute:
@@ -257,6 +256,16 @@ class Machine:
     def copy_rate(self) -> float:
         """Bytes/s an expert copy moves at: the link's rate as this stack's copies reach it."""
         return self.hardware.h2d_gbs(self.pinned) * 1e9 * self.stack.copy_efficiency
+
+    def copy_latency(self) -> float:
+        """Seconds one copy costs before its bytes move (the profile's per-copy issue and setup)."""
+        return self.hardware.copy_latency_us * 1e-6
+
+    def copy_seconds(self, nbytes: float) -> float:
+        """Seconds one copy of `nbytes` takes over an idle link, as this stack's copies reach it:
+        the one price of a copy that the links charge, that timeliness bounds stalls with, and
+        that a cost-based policy (fiddler, hybrimoe) weighs against computing on the host."""
+        return self.copy_latency() + nbytes / self.copy_rate()
 
     def box(self) -> str:
         """'rtx4090x4 (4 GPUs)', or 'rtx4090x4, 2 of its 4 GPUs'."""

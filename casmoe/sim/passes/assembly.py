@@ -15,12 +15,12 @@ from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode
 from casmoe.geometry import split_layers
 from casmoe.sim.cost.compute import ComputeModel
 from casmoe.sim.passes.decide import Decider, link_costs
-from casmoe.sim.box.hardware import HardwareProfile
 from casmoe.sim.passes.latency import LatencyLog
 from casmoe.sim.passes.link import HostCap, Link
 from casmoe.sim.passes.result import SimResult
-from casmoe.sim.cost.stack import Stack
+from casmoe.sim.cost.machine import Machine
 from casmoe.sim.passes.tiers import HostCache, HostTier
+from casmoe.sim.passes.traffic import Traffic
 from casmoe.sim.passes.timeline import Timeline
 from casmoe.sim.passes.timeliness import Timeliness
 from casmoe.sim.passes.timing import Shard, StepTimer, histories
@@ -71,58 +71,103 @@ class StepPlan:
         return cls(trace, batch, ranges, steps, list(ranges), traces, dsteps, prefill_batch)
 
 
-@dataclass
-class Setup:
-    """Everything a run of one policy needs, resolved once; `start()` builds fresh state
-    (links, caches) for each run (oracles in serving mode may need several)."""
+@dataclass(frozen=True)
+class Run:
+    """One run, resolved: what the engine takes (`engine.run_trace`). A policy class with its
+    options and a cache on a machine (the model at its precisions on a box under a stack),
+    replaying a trace, served some way: requests one after another or in static batches of
+    `batch` (`prefill_batch` of their prompts prefilled together), or under `traffic`; a host
+    RAM tier over the storage (`host_cache`); each request served at `context` tokens of context
+    (0: its own length). `label` and `trace_name` name it in its record.
+
+    `casmoe.sim.run.spec.RunSpec` is the same run before its files are read (a trace by path and
+    digest, a policy by name): `runner.resolve` turns one into the other, the only place either
+    is taken apart."""
 
     trace: Trace
     policy: type[ExpertCache]
-    options: Mapping[str, Any]
     capacity: Capacity
-    miss_mode: MissMode
-    hardware: HardwareProfile
+    machine: Machine
+    options: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""
+    trace_name: str = ""
+    batch: int = 1
+    miss_mode: MissMode = MissMode.LOAD
+    traffic: Traffic | None = None
+    host_cache: HostCache | None = None
+    context: int = 0
+    prefill_batch: int = 1
+
+    def describe(self, expert_bytes: Sequence[int]) -> dict[str, Any]:
+        """The fields its result carries to say what ran (`SimResult`)."""
+        g, cap = self.trace.geometry, self.capacity
+        budget = cap.slots * sum(expert_bytes) if cap.per_layer else cap.slots * sum(expert_bytes) / g.layers
+        return dict(
+            policy=self.label or self.policy.name or self.policy.__name__,
+            capacity=cap.describe(),
+            capacity_slots=cap.slots,
+            capacity_gb=budget / 1e9,
+            hardware=self.machine.hardware.name,
+            model=self.machine.preset.name,
+            trace=self.trace_name,
+            devices=self.machine.devices,
+            quant=self.machine.precision_label(g),
+            miss_mode=self.miss_mode.value,
+        )
+
+
+@dataclass
+class Setup:
+    """Everything a run needs, resolved once: the run, how its layers and caches sit on the
+    devices, its experts' sizes and its compute model; `start()` builds fresh state (links,
+    caches) for each pass over it (oracles in serving mode may need several)."""
+
+    run: Run
     ranges: list[range]  # layers of each device
     shards: list[range]  # layers of each cache
     shard_traces: list[Trace]
     expert_bytes: list[int]
     compute: ComputeModel
-    pinned: bool
-    stack: Stack
     timeline: Timeline | None
-    host_cache: HostCache | None
     detail: bool
-    context: int = 0  # tokens of context each request is served at (0: its own length; `timing.histories`)
+
+    @property
+    def trace(self) -> Trace:
+        return self.run.trace
+
+    @property
+    def machine(self) -> Machine:
+        return self.run.machine
 
     def positions(self) -> list[int]:
         """Each request's context before its first token (`timing.histories`): where the
         pricing of its attention starts."""
-        return histories(self.trace.requests, self.context)
+        return histories(self.trace.requests, self.run.context)
 
     def start(self, futures: Sequence[Sequence[Step]] | None) -> RunState:
         """Links, caches (attached to `futures`, one step sequence per shard, if they read the
         future) and the timing pass, at time 0."""
         g = self.trace.geometry
-        hw = self.hardware
+        run, machine = self.run, self.machine
+        hw, stack = machine.hardware, machine.stack
         devices = len(self.ranges)
         cache_per_device = len(self.shards) > 1
         tier = None
-        if self.host_cache is not None:
-            tier = self.host_cache.build(g, self.expert_bytes, hw, self.trace)
+        if run.host_cache is not None:
+            tier = run.host_cache.build(g, self.expert_bytes, hw, self.trace)
         host = HostCap(hw.host_cap_gbs * 1e9) if hw.host_cap_gbs > 0 else None
-        rate = hw.h2d_gbs(self.pinned) * 1e9 * self.stack.copy_efficiency
-        latency = hw.copy_latency_us * 1e-6
+        rate, latency = machine.copy_rate(), machine.copy_latency()
         offsets = [layers.start * g.experts if cache_per_device else 0 for layers in self.ranges]
         links = [Link(rate, latency, host, self.timeline, d, offsets[d], tier) for d in range(devices)]
         device_of = [d for d, layers in enumerate(self.ranges) for _ in layers]
-        costs = link_costs(self.compute, hw, self.pinned, self.expert_bytes)  # what a per-step choice weighs
+        costs = link_costs(self.compute, machine, self.expert_bytes)  # what a per-step choice weighs
         shards = []
         for i, layers in enumerate(self.shards):
             sub_trace = self.shard_traces[i]
             shard_bytes = self.expert_bytes[layers.start : layers.stop]
-            cache = self.policy.create(
-                sub_trace.geometry, self._share(i, layers), miss_mode=self.miss_mode, expert_bytes=shard_bytes,
-                trace=sub_trace, **dict(self.options),
+            cache = run.policy.create(
+                sub_trace.geometry, self._share(i, layers), miss_mode=run.miss_mode, expert_bytes=shard_bytes,
+                trace=sub_trace, **dict(run.options),
             )
             if cache.host_experts or cache.decides_host:  # a placement's host experts, a per-step choice
                 hw.check_host_compute()
@@ -141,11 +186,10 @@ class Setup:
             )
         timeliness = None
         if self.detail:
-            copy = [latency + b / rate for b in self.expert_bytes]
-            timeliness = Timeliness(g.layers, g.experts, devices, copy)
+            timeliness = Timeliness(g.layers, g.experts, devices, [machine.copy_seconds(b) for b in self.expert_bytes])
         timer = StepTimer(
-            shards, links, self.compute, self.miss_mode, g.layers, g.experts,
-            load_host_s=(hw.load_host_us + self.stack.copy_us) * 1e-6, prefetch_early=self.stack.prefetch_early,
+            shards, links, self.compute, run.miss_mode, g.layers, g.experts,
+            load_host_s=(hw.load_host_us + stack.copy_us) * 1e-6, prefetch_early=stack.prefetch_early,
             load_layer_s=hw.load_layer_us * 1e-6,
             wake_s=hw.wake_us * 1e-6,
             resume_rate=hw.resume_per_stall, beside_s=hw.copy_beside_us * 1e-6,
@@ -156,7 +200,7 @@ class Setup:
 
     def _share(self, i: int, layers: range) -> Capacity:
         """A global pool split over devices: each device's share of the slots."""
-        cap = self.capacity
+        cap = self.run.capacity
         if len(self.shards) == 1:
             return cap
         g = self.trace.geometry
@@ -202,7 +246,7 @@ class RunState:
             stall_bound_s=tl.bound if tl is not None else 0.0,
             stall_bound_by_layer_s=tuple(tl.bound_by_layer) if tl is not None else (),
             stall_bound_by_device_s=tuple(tl.bound_by_device) if tl is not None else (),
-            host_cache_gb=setup.host_cache.nbytes(setup.expert_bytes) / 1e9 if setup.host_cache is not None else 0.0,
+            host_cache_gb=setup.run.host_cache.nbytes(setup.expert_bytes) / 1e9 if setup.run.host_cache is not None else 0.0,
             host_hits=tier_stats.hits if tier_stats is not None else 0,
             host_misses=tier_stats.misses if tier_stats is not None else 0,
             storage_bytes=tier.storage.bytes if tier is not None else 0,

@@ -20,6 +20,7 @@ import numpy as np
 
 from casmoe.cache import MissMode
 from casmoe.replay import starts_and_ends
+from casmoe.sim.cost.compute import attention_span
 from casmoe.sim.passes.decide import CompiledDecider
 from casmoe.sim.passes.latency import LatencyLog
 from casmoe.sim.passes.timing import work_for
@@ -113,8 +114,9 @@ def _work(trace: Any, batch: int, meta: tuple, compute: Any, multi: bool,
         P = np.array([r.prefill for r in trace.requests], np.int64)[req]
         H = np.array(history, np.int64)[req]  # earlier context (`timing.histories`)
         context = H + P + np.arange(S) - first + (P == 0)  # a decode step's position, counting itself
-        pairs = np.where(is_prefill, T * (T + 1) // 2 + T * H, context)
-        dense, head = compute.dense_many(T, pairs, np.where(is_prefill, T + H, context)), np.full(S, compute.head(1))
+        pairs, kv = attention_span(np.where(is_prefill, 0, context - 1), np.where(is_prefill, T, context),
+                                   np.where(is_prefill, H, 0))
+        dense, head = compute.dense_many(T, pairs, kv), np.full(S, compute.head(1))
         fixed = {t: compute.step_fixed(t) for t in set(tokens)}
         if any(fixed.values()):  # the runtime's own cost per pass, the dense-only blocks
             head = head + np.array([fixed[t] for t in tokens])
@@ -385,10 +387,11 @@ class ServingPass:
         if P > 1:  # one decode token each: dense time over the requests' contexts, as `Server._plan` prices it
             trace, compute = self.setup.trace, self.setup.compute
             history = self.history
-            context = sum(history[r] + int(trace.requests[r].prefill) + k + (trace.requests[r].prefill == 0)
-                          for r, k in parts)
-            pairs = context + P * np.arange(left, dtype=np.int64)
-            dense_all = compute.dense_many(np.full(left, P, np.int64), pairs, pairs, P)
+            first = np.array([history[r] + int(trace.requests[r].prefill) + k + (trace.requests[r].prefill == 0)
+                              for r, k in parts], np.int64)  # each request's next position, counting itself
+            position = first[None, :] + np.arange(left, dtype=np.int64)[:, None]  # [left, P]
+            pairs, kv = (a.sum(axis=1) for a in attention_span(position - 1, position, 0))
+            dense_all = compute.dense_many(np.full(left, P, np.int64), pairs, kv, P)
             fixed = compute.step_fixed(P)
             head_all = np.full(left, compute.head(P) + fixed if fixed else compute.head(P))
             handover_all = np.full(left, compute.handover(P) if self.multi else 0.0)

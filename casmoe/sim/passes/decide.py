@@ -32,7 +32,6 @@ from casmoe.trace import Request, Step
 
 if TYPE_CHECKING:
     from casmoe.sim.cost.compute import ComputeModel
-    from casmoe.sim.box.hardware import HardwareProfile
     from casmoe.sim.cost.machine import Machine
     from casmoe.trace import Trace
 
@@ -129,19 +128,17 @@ class ComputeCosts(ExpertCosts):
         return self.compute.expert(layer, tokens)
 
 
-def link_costs(compute: ComputeModel, hardware: HardwareProfile, pinned: bool,
-               expert_bytes: Sequence[int]) -> ComputeCosts:
-    """The prices a run on `hardware` gives a cache: its links' copy time per layer, its compute."""
-    rate = hardware.h2d_gbs(pinned) * 1e9
-    latency = hardware.copy_latency_us * 1e-6
-    return ComputeCosts(compute, [latency + b / rate for b in expert_bytes])
+def link_costs(compute: ComputeModel, machine: Machine, expert_bytes: Sequence[int]) -> ComputeCosts:
+    """The prices a run on `machine` gives a cache: a copy of one expert per layer
+    (`Machine.copy_seconds`, the price the links charge), and its compute."""
+    return ComputeCosts(compute, [machine.copy_seconds(b) for b in expert_bytes])
 
 
 def machine_costs(machine: Machine, trace: Trace) -> ComputeCosts:
     """The prices the simulator gives a cache of `trace` on `machine`; the backend's, from a
     calibrated profile: `machine_costs(Machine(preset, load_profile("calibrated.toml")), trace)`."""
     nbytes = machine.expert_bytes(trace)
-    return link_costs(machine.compute(nbytes), machine.hardware, machine.pinned, nbytes)
+    return link_costs(machine.compute(nbytes), machine, nbytes)
 
 
 class CompiledDecider:

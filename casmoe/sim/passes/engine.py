@@ -32,78 +32,62 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Iterator
 
-from casmoe.cache import Capacity, ExpertCache, MissMode
+from casmoe.cache import ExpertCache, MissMode
 from casmoe.compiled import uses_twin
 from casmoe.geometry import split_layers
 from casmoe.replay import check_replayable, starts_and_ends
 from casmoe.sim.passes import compiled_timing as compiled_pass
-from casmoe.sim.passes.assembly import RunState, Setup, StepPlan
+from casmoe.sim.passes.assembly import Run, RunState, Setup, StepPlan
 from casmoe.sim.cost.compute import ComputeModel
 from casmoe.sim.passes.decide import CompiledDecider, Decider, StepDecisions
 from casmoe.sim.passes.latency import LatencyLog
-from casmoe.sim.cost.machine import Machine, SimConfigError
+from casmoe.sim.cost.machine import SimConfigError
 from casmoe.sim.passes.result import SimResult
-from casmoe.sim.passes.serving import Traffic
-from casmoe.sim.passes.tiers import HostCache
 from casmoe.sim.passes.timeline import Timeline
 from casmoe.sim.passes.timing import work_for
-from casmoe.trace import Trace
 
 CHUNK_STEPS = 512
 """Steps decided ahead of the timing pass at a time: bounds the memory of the record."""
 
 
 def run_trace(
-    trace: Trace,
-    policy: type[ExpertCache],
-    capacity: Capacity,
-    machine: Machine,
+    run: Run,
     *,
-    options: Mapping[str, Any] | None = None,
-    label: str | None = None,
-    batch: int = 1,
-    miss_mode: MissMode = MissMode.LOAD,
-    traffic: Traffic | None = None,
-    host_cache: HostCache | None = None,
     plan: StepPlan | None = None,
     compute: ComputeModel | None = None,
     timeline: Timeline | None = None,
-    trace_name: str = "",
     detail: bool = False,
     compiled: bool | None = None,
     latency: LatencyLog | None = None,
-    context: int = 0,
-    prefill_batch: int = 1,
 ) -> SimResult:
-    """Run `trace` through `policy` caches on `machine`; see the module docstring.
-    `traffic` (`serving.Traffic`) serves the requests as they arrive instead of one after
-    another; `host_cache` adds a RAM tier over the profile's storage; `compute` replaces the
-    roofline (closed-form checks); `detail` adds the per-layer timeliness figures and the
-    perfect-prefetch bound (off by default, like the timeline: the hot loop stays bare; the CLI
-    and sweeps turn it on). `compiled` chooses the offline decision pass as
-    `casmoe.replay.replay` chooses its path (built-in policies' compiled twins; identical
-    results either way). `plan` shares the trace's steps between runs (with traffic: its
-    batch-1 arrays, which the compiled serving passes read). `latency`, a log to fill instead
-    of a fresh one, gives a caller every step's time (requests one after another only).
-    `context` prices each request's attention at that served context (`timing.histories`; 0:
-    its own length). `prefill_batch` prefills the prompts of a static batch that many at a time
-    in one step (`Trace.steps`; with traffic, `Traffic.prefill_batch` says it)."""
+    """Simulate `run` (see the module docstring): its trace through fresh caches of its policy
+    on its machine. What else a caller may give changes how the run is computed or recorded,
+    never its result: `plan` shares the trace's steps between runs (with traffic: its batch-1
+    arrays, which the compiled serving passes read); `compute` replaces the roofline (closed-form
+    checks); `timeline` records a Chrome/Perfetto trace; `detail` adds the per-layer timeliness
+    figures and the perfect-prefetch bound (off by default, like the timeline: the hot loop stays
+    bare; the CLI and sweeps turn it on); `compiled` chooses the offline decision pass as
+    `casmoe.replay.replay` chooses its path (built-in policies' compiled twins; identical results
+    either way); `latency`, a log to fill instead of a fresh one, gives a caller every step's time
+    (requests one after another only)."""
+    policy, trace, machine = run.policy, run.trace, run.machine
     if not (isinstance(policy, type) and issubclass(policy, ExpertCache)):
         raise SimConfigError(
-            f"run_trace takes a policy class (each run builds fresh caches), e.g. LRU, not {type(policy).__name__} "
+            f"a run takes a policy class (each run builds fresh caches), e.g. LRU, not {type(policy).__name__} "
             "object; casmoe.sim.simulate takes names"
         )
     check_replayable(trace)
     machine.check_geometry(trace.geometry)
-    hardware, devices = machine.hardware, machine.devices
-    if miss_mode is MissMode.CPU and compute is None:
-        hardware.check_host_compute()
+    devices = machine.devices
+    if run.miss_mode is MissMode.CPU and compute is None:
+        machine.hardware.check_host_compute()
     g = trace.geometry
     nbytes = machine.expert_bytes(trace)
-    cache_per_device = devices > 1 and not capacity.per_layer
-    if traffic is None:
+    cache_per_device = devices > 1 and not run.capacity.per_layer
+    if run.traffic is None:
+        batch, prefill_batch = run.batch, run.prefill_batch
         if not 1 <= prefill_batch <= batch:
             raise SimConfigError(f"--prefill-batch {prefill_batch} prefills the prompts of a static batch together: "
                                  f"give at most --batch ({batch}), or serve arrivals (--users, --arrival)")
@@ -121,24 +105,9 @@ def run_trace(
         ranges = split_layers(g.layers, devices)
         shard_ranges = list(ranges) if cache_per_device else [range(g.layers)]
         shard_traces = [trace.layer_slice(r) for r in ranges] if cache_per_device else [trace]
-    setup = Setup(
-        trace, policy, options or {}, capacity, miss_mode, hardware, ranges, shard_ranges, shard_traces, nbytes,
-        compute or machine.compute(nbytes), machine.pinned, machine.stack, timeline, host_cache, detail, context,
-    )
-    budget = capacity.slots * sum(nbytes) if capacity.per_layer else capacity.slots * sum(nbytes) / g.layers
-    describe = dict(
-        policy=label or policy.name or policy.__name__,
-        capacity=capacity.describe(),
-        capacity_slots=capacity.slots,
-        capacity_gb=budget / 1e9,
-        hardware=hardware.name,
-        model=machine.preset.name,
-        trace=trace_name,
-        devices=devices,
-        quant=machine.precision_label(g),
-        miss_mode=miss_mode.value,
-    )
-    if traffic is not None:
+    setup = Setup(run, ranges, shard_ranges, shard_traces, nbytes, compute or machine.compute(nbytes), timeline, detail)
+    describe = run.describe(nbytes)
+    if run.traffic is not None:
         from casmoe.sim.passes.serving import serve
 
         if latency is not None:
@@ -146,13 +115,13 @@ def run_trace(
 
         arrays = plan.arrays(0) if plan is not None and len(plan.shards) == 1 == len(shard_ranges) else None
         with no_gc():
-            return serve(setup, traffic, describe, compiled, arrays)
+            return serve(setup, run.traffic, describe, compiled, arrays)
     state = setup.start(plan.shard_steps)
     log = LatencyLog() if latency is None else latency
     with no_gc():
         end = run_offline(plan, state, setup, log, compiled)
-    back_to_back = "back-to-back" if batch == 1 else f"static batches of {batch}"
-    return state.result(setup, log, end, batch=batch, traffic=back_to_back, max_batch=batch, **describe)
+    back_to_back = "back-to-back" if run.batch == 1 else f"static batches of {run.batch}"
+    return state.result(setup, log, end, batch=run.batch, traffic=back_to_back, max_batch=run.batch, **describe)
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from typing import Callable, NamedTuple, Sequence
 
 from casmoe.cache import Access, CacheStats, ExpertCache, Load, MissMode
 from casmoe.geometry import ExpertId
-from casmoe.sim.cost.compute import ComputeModel
+from casmoe.sim.cost.compute import ComputeModel, attention_span
 from casmoe.sim.passes.decide import Decider, StepDecisions, Visit
 from casmoe.sim.passes.link import Link
 from casmoe.sim.passes.timeline import Timeline
@@ -78,22 +78,14 @@ def work_for(prefill: bool, T: int, requests: Sequence[int], pos: list[int], com
     request), from the requests' context lengths (`pos`, updated; a request's starts at its
     earlier context, `histories`). Prompts prefilled together attend each to its own tokens
     only, and each gives one output token."""
-    if prefill:
-        pairs = kv = 0
-        for r in requests:
-            n = T if len(requests) == 1 else prompts[r]
-            before = pos[r]
-            pairs += n * (n + 1) // 2 + n * before
-            kv += n + before
-            pos[r] += n
-        head = compute.head(len(requests))
-    else:
-        pairs = 0
-        for r in requests:
-            pos[r] += 1
-            pairs += pos[r]
-        kv = pairs
-        head = compute.head(T)
+    pairs = kv = 0
+    for r in requests:
+        n = (T if len(requests) == 1 else prompts[r]) if prefill else 1
+        p, k = attention_span(0, n, pos[r]) if prefill else attention_span(pos[r], pos[r] + 1, 0)
+        pairs += p
+        kv += k
+        pos[r] += n
+    head = compute.head(len(requests) if prefill else T)
     fixed = compute.step_fixed(T)
     return StepWork(T, compute.dense(T, pairs, kv, len(requests)), head + fixed if fixed else head)
 

@@ -25,7 +25,7 @@ from casmoe.sim.run.fits import MORE_GPUS, OVERCOMMIT, check_capacity, check_dev
 from casmoe.sim.box.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.cost.machine import Machine, presets_of_shape
 from casmoe.sim.run.options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
-from casmoe.sim.passes.serving import Traffic
+from casmoe.sim.passes.traffic import Traffic
 from casmoe.sim.run.spec import RunSpec, TraceRef, file_digest
 from casmoe.sim.cost.stack import DEFAULT_STACK, Stack, load_stack
 from casmoe.sim.passes.tiers import HostCache

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from casmoe.errors import CasmoeError
 from casmoe.output import write_text
-from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.passes.assembly import Run, StepPlan
 from casmoe.sim.passes.engine import run_trace
 from casmoe.sim.run.spec import RunSpec, TraceRef
 from casmoe.sim.passes.timeline import Timeline
@@ -67,37 +67,33 @@ def step_plan(ref: TraceRef, batch: int, devices: int, cache_per_device: bool, p
     return StepPlan.build(scored_trace(ref), batch, devices, cache_per_device, prefill_batch)
 
 
-def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
-    """Simulate one spec; returns its description (`RunSpec.describe`) and the result's
-    `to_dict()` as one record."""
+def resolve(spec: RunSpec) -> tuple[Run, StepPlan | None]:
+    """`spec` with its files read: the engine's `Run` (its scored trace, policy class and bound
+    options, capacity in slots) and, for requests one after another, the trace's step plan
+    shared by every run over it. The one place a `RunSpec` is taken apart."""
     ref = spec.trace
     trace = scored_trace(ref)
     machine = spec.machine
-    nbytes = machine.expert_bytes(trace)
-    capacity = spec.capacity.resolve(nbytes)
+    capacity = spec.capacity.resolve(machine.expert_bytes(trace))
     plan = None
     if spec.traffic is None:
         per_device = machine.devices > 1 and not capacity.per_layer
         plan = step_plan(ref, spec.batch, machine.devices, per_device, spec.prefill_batch)
         trace = plan.trace  # the object the plan was built on: the two caches let their entries go apart
-    result = run_trace(
-        trace,
-        spec.policy.check(),
-        capacity,
-        machine,
+    run = Run(
+        trace, spec.policy.check(), capacity, machine,
         options=spec.policy.bound(routing(ref.path, ref.digest, ref.gating)),
-        label=spec.policy.label,
-        batch=spec.batch,
-        miss_mode=spec.miss_mode,
-        traffic=spec.traffic,
-        host_cache=spec.host_cache,
-        plan=plan,
-        timeline=timeline,
-        trace_name=ref.name,
-        detail=True,
-        context=spec.context,
-        prefill_batch=spec.prefill_batch,
+        label=spec.policy.label, trace_name=ref.name, batch=spec.batch, miss_mode=spec.miss_mode,
+        traffic=spec.traffic, host_cache=spec.host_cache, context=spec.context, prefill_batch=spec.prefill_batch,
     )
+    return run, plan
+
+
+def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
+    """Simulate one spec; returns its description (`RunSpec.describe`) and the result's
+    `to_dict()` as one record."""
+    resolved, plan = resolve(spec)
+    result = run_trace(resolved, plan=plan, timeline=timeline, detail=True)
     return annotate({**spec.describe(), **result.to_dict()})
 
 

@@ -22,7 +22,7 @@ from casmoe.cache import MissMode
 from casmoe.options import CapacitySpec
 from casmoe.policies import POLICIES, PolicySpec, get_policy
 from casmoe.sim.cost.machine import Machine
-from casmoe.sim.passes.serving import Traffic
+from casmoe.sim.passes.traffic import Traffic
 from casmoe.sim.passes.tiers import HostCache
 
 RESULT_VERSION = 4

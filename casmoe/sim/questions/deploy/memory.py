@@ -25,6 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Sequence
 
+from casmoe.geometry import split_layers
 from casmoe.precision import Precision, parse_precision
 from casmoe.presets import ModelPreset
 from casmoe.sim.questions.deploy.engines import fact
@@ -221,22 +222,13 @@ llama.cpp.toml [[quant_type]]: q8_0 34 bytes / 32 values; `auto` is the model's 
 
 
 def kv_bytes(engine: str, preset: ModelPreset, context: int, concurrency: int, kv: str, ubatch: int) -> int:
-    """KV cache of `concurrency` sequences of `context` tokens as the engine sizes it. llama.cpp:
-    a sliding-window block keeps GGML_PAD(min(context, window + ubatch), 256) cells
-    (verified.toml, llama_cpp_swa_cache); the paged engines keep a window block's window."""
-    values = preset.kv_values_per_token
-    bits = KV_BITS.get(kv, 16)
-    total = 0
-    for block in range(preset.blocks):
-        window = preset.window(block)
-        if not window:
-            cells = context
-        elif engine == "llama.cpp":
-            cells = min(context, -(-(window + ubatch) // 256) * 256)
-        else:
-            cells = min(context, window)
-        total += cells
-    return int(total * values * bits / 8) * concurrency
+    """KV cache of `concurrency` sequences of `context` tokens as the engine sizes it
+    (`ModelPreset.kv_bytes`, at the engine's KV type). llama.cpp: a sliding-window block keeps
+    GGML_PAD(min(context, window + ubatch), 256) cells (verified.toml, llama_cpp_swa_cache); the
+    paged engines keep a window block's window."""
+    precision = parse_precision(f"{KV_BITS.get(kv, 16):g}bpw")
+    cells = (lambda window: -(-(window + ubatch) // 256) * 256) if engine == "llama.cpp" else None
+    return preset.kv_bytes(context, precision, window_cells=cells) * concurrency
 
 
 def _sglang_reserve(total: int) -> int:
@@ -276,27 +268,13 @@ def reserve(engine: str, preset: ModelPreset, total: int, box: Box, ubatch: int)
     return res, f"the profile's reserved_gib ({box.reserved_gib:g} GiB: CUDA context, activations, allocator slack)"
 
 
-def split_layers(layers: int, weights: Sequence[float]) -> list[tuple[int, ...]]:
-    """Contiguous MoE layers per GPU in proportion to `weights` (llama.cpp's -ts), each at least one."""
-    n = len(weights)
-    total = float(sum(weights))
-    out, start = [], 0
-    for i, w in enumerate(weights):
-        left = n - i - 1
-        count = layers - start - left if i == n - 1 else round(layers * w / total)
-        count = max(1, min(count, layers - start - left))
-        out.append(tuple(range(start, start + count)))
-        start += count
-    return out
-
-
 def base(engine: str, preset: ModelPreset, box: Box, precisions: Precisions, context: int, concurrency: int,
          ubatch: int | None = None) -> MemoryMap:
     """The map before any expert is placed: reserve, dense weights, embeddings and KV per GPU
     (layers split in proportion to GPU memory), the host's reserve and other weights."""
     ub = ubatch or rules()["llama_cpp"]["ubatch"]
     g = preset.geometry
-    per_gpu_layers = split_layers(g.layers, box.gpu_gib)
+    per_gpu_layers = [tuple(r) for r in split_layers(g.layers, box.gpu_gib)]  # llama.cpp's -ts: by memory
     dense_total = preset.sizes(precisions.gpu, precisions.dense)["dense"]
     head = precisions.dense.param_bytes(preset.head_params)
     kv_total = kv_bytes(engine, preset, context, concurrency, precisions.kv, ub)
