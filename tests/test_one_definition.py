@@ -66,3 +66,30 @@ def test_each_pattern_finds_its_one_definition():
 ])
 def test_a_second_definition_is_caught(copy):
     assert any(re.search(pattern, copy) for pattern, _ in ONE_PLACE.values())
+
+
+def test_a_cost_based_policy_weighs_the_copy_the_link_charges():
+    """Under a stack whose copies reach part of the link's rate (DeepSpeed's), fiddler chooses
+    between copying and computing on the host at the price its run's links then charge."""
+    from casmoe.cache import Capacity
+    from casmoe.policies import get_policy
+    from casmoe.presets import get_preset
+    from casmoe.shipped import shipped
+    from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.cost.machine import Machine
+    from casmoe.sim.cost.stack import load_stack
+    from casmoe.sim.passes.assembly import Run, Setup
+    from casmoe.trace_io import load_trace
+
+    trace = load_trace(shipped("tiny-mixtral.npz")).subset([0])
+    machine = Machine(get_preset("mixtral-8x7b"), load_profile("rtx4090x4@gpus=1"), stack=load_stack("deepspeed"))
+    assert machine.stack.copy_efficiency < 1
+    nbytes = machine.expert_bytes(trace)
+    run = Run(trace, get_policy("fiddler"), Capacity(4), machine)
+    layers = range(trace.geometry.layers)
+    state = Setup(run, [layers], [layers], [trace], nbytes, machine.compute(nbytes), None, False).start(None)
+    link, cache = state.links[0], state.shards[0].cache
+    for layer in (0, 5):
+        charged = link.latency + nbytes[layer] / link.rate
+        assert cache.costs.copy(layer) == pytest.approx(charged, rel=1e-12)
+        assert charged > machine.hardware.copy_latency_us * 1e-6 + nbytes[layer] / (machine.hardware.h2d_gbs(True) * 1e9)
