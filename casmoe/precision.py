@@ -92,12 +92,14 @@ class Rule:
 @dataclass(frozen=True)
 class Precision:
     """A storage precision. `bits` is the average per weight, scales, zeros and block headers
-    included (for a llama.cpp mix, its base type's: what the dense part and the un-raised expert
-    tensors take). `dequant_ops` is the arithmetic a kernel spends per weight to turn it back into
-    a float (0 for bf16/fp16); its `source` says whether it was counted from a reference
-    dequantiser or estimated. `block` is the row length a block type needs (0: any), `fallback`
-    the type llama.cpp uses for a row that is not a multiple of it. A mix has a `base` and per
-    expert tensor `gate`/`up`/`down` rules, the first that holds at a layer winning."""
+    included (for a llama.cpp mix, its base type's: what the un-raised expert tensors take).
+    `dequant_ops` is the arithmetic a kernel spends per weight to turn it back into a float (0 for
+    bf16/fp16); its `source` says whether it was counted from a reference dequantiser or
+    estimated. `block` is the row length a block type needs (0: any), `fallback` the type
+    llama.cpp uses for a row that is not a multiple of it. A llama.cpp file type (`is_file_type`)
+    has a `base` and per expert tensor `gate`/`up`/`down` rules, the first that holds at a layer
+    winning, and the types it gives the rest of the file: `dense` (attention, shared experts:
+    every tensor of a GGUF is quantised, not only the experts) and `head` (the output matrix)."""
 
     name: str
     bits: float
@@ -107,6 +109,8 @@ class Precision:
     block: int = 0
     fallback: Precision | None = None
     base: Precision | None = None
+    dense: Precision | None = None
+    head: Precision | None = None
     gate: tuple[Rule, ...] = ()
     up: tuple[Rule, ...] = ()
     down: tuple[Rule, ...] = ()
@@ -136,6 +140,13 @@ class Precision:
     def is_mix(self) -> bool:
         """True for a llama.cpp mix whose expert tensors change type by layer or by tensor."""
         return bool(self.gate or self.up or self.down)
+
+    @property
+    def is_file_type(self) -> bool:
+        """True for a llama.cpp file type: it quantises the whole file, the dense part and the
+        head as well as the experts (a plain format such as int4 or hqq2 says how the experts
+        are stored, and the dense part keeps its own precision)."""
+        return self.base is not None
 
     @property
     def leaf(self) -> Precision:
@@ -220,6 +231,9 @@ class Precision:
             d["block"] = self.block
         if self.base is not None:
             d["base"] = self.base.name
+        for part in ("dense", "head"):
+            if getattr(self, part) is not None:
+                d[part] = getattr(self, part).name
         for part in EXPERT_PARTS:
             if self.rules(part):
                 d[part] = [[r.when.value, r.type.name] for r in self.rules(part)]
@@ -283,6 +297,14 @@ def _precision(name: str, table: dict[str, Any], types: dict[str, Precision], pa
     if base_name not in types:
         raise PrecisionError(f"{where}: base {base_name!r} is not a ggml type of the file")
     base = types[base_name]
+    parts: dict[str, Precision] = {}
+    for part in ("dense", "head"):
+        name_ = table.get(part)
+        if name_ is None:
+            raise PrecisionError(f"{where}: a file type says the type of its {part} tensors ({part} = \"Q6_K\", ...)")
+        if name_ not in types:
+            raise PrecisionError(f"{where}: {part} type {name_!r} is not a ggml type of the file")
+        parts[part] = types[name_]
     rules: dict[str, tuple[Rule, ...]] = {}
     for part in EXPERT_PARTS:
         parsed = []
@@ -301,7 +323,7 @@ def _precision(name: str, table: dict[str, Any], types: dict[str, Precision], pa
             parsed.append(Rule(condition, types[target]))
         rules[part] = tuple(parsed)
     return Precision(name=name, bits=base.bits, family=base.family, dequant_ops=base.dequant_ops,
-                     source=str(table["source"]), block=base.block, fallback=base.fallback, base=base, **rules)
+                     source=str(table["source"]), block=base.block, fallback=base.fallback, base=base, **parts, **rules)
 
 
 @cache

@@ -185,7 +185,9 @@ def _load(tmp_path: Path, text: str) -> dict[str, Precision]:
     ('[ggml.T]\nbits = 4\nblock = 32\nblock_bytes = 17\nfamily = "int"\ndequant_ops = 1\nsource = "s"', "block_bytes"),
     ('[precision.x]\nbase = "Q9"\nsource = "s"', "not a ggml type"),
     (('[ggml.T]\nbits = 4\nfamily = "int"\ndequant_ops = 1\nsource = "s"\n[precision.x]\nbase = "T"\n'
-      'down = [["sometimes", "T"]]\nsource = "s"'), "unknown condition"),
+      'dense = "T"\nhead = "T"\ndown = [["sometimes", "T"]]\nsource = "s"'), "unknown condition"),
+    (('[ggml.T]\nbits = 4\nfamily = "int"\ndequant_ops = 1\nsource = "s"\n[precision.x]\nbase = "T"\n'
+      'dense = "T"\nsource = "s"'), "type of its head tensors"),
     ('[ggml.T]\nbits = 4\nfamily = "int"\ndequant_ops = 1\nsource = "s"\nfallback = "U"\n', "fallback"),
     ('[stuff.x]\nbits = 4', "unknown top-level"),
 ])
@@ -193,3 +195,24 @@ def test_a_bad_precisions_file_fails_in_one_line(tmp_path, text, words):
     with pytest.raises(PrecisionError) as err:
         _load(tmp_path, text)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("model, quant, dense, head", [
+    ("qwen3-30b-a3b", "q4_k_m", "Q4_K", "Q6_K"),  # a GGUF quantises every tensor
+    ("gpt-oss-120b", "q4_k_m", "Q4_K", "Q8_0"),  # a 2880-wide head is not whole Q6_K blocks: Q8_0
+    ("qwen3-30b-a3b", "mxfp4_moe", "Q8_0", "Q8_0"),
+    ("qwen3-30b-a3b", "iq2_xxs", "IQ2_XXS", "Q5_K"),
+    ("mixtral-8x7b", "int4", "bf16", "bf16"),  # a plain format stores the experts only
+    ("mixtral-8x7b", "hqq2", "bf16", "bf16"),
+])
+def test_a_file_type_prices_the_whole_file_and_a_plain_format_the_experts(model, quant, dense, head):
+    from casmoe.presets import get_preset
+    from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.cost.machine import Machine
+
+    preset = get_preset(model)
+    machine = Machine(preset, load_profile("rtx4090x4"), quant=parse_precision(quant))
+    assert (machine.dense_precision.name, machine.head_precision.name) == (dense, head)
+    assert machine.head_bytes() == machine.head_precision.param_bytes(preset.vocab * preset.geometry.hidden)
+    forced = Machine(preset, load_profile("rtx4090x4"), quant=parse_precision(quant), dense_quant=parse_precision("bf16"))
+    assert (forced.dense_precision.name, forced.head_precision.name) == ("bf16", "bf16")  # --dense-quant wins

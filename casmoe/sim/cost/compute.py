@@ -63,6 +63,7 @@ class RooflineCompute:
     dense_block_params: int = 0  # one dense-only block (attention and its FFN)
     dense_blocks: int = 0  # dense-only blocks a token passes (DeepSeek's first layers)
     moe_layer_overhead: float = 0.0  # the runtime's own cost per MoE layer beyond `layer_overhead` (its loop over every expert)
+    head_bytes: float = 0.0  # the LM head's bytes at its own precision (0: `dense_bytes_per_param` x `head_params`)
 
     def dense(self, tokens: int, attn_pairs: int, kv_tokens: int, requests: int = 1) -> float:
         """One layer's dense part for `tokens` new tokens of `requests` requests that attend over
@@ -103,7 +104,8 @@ class RooflineCompute:
     def head(self, tokens: int) -> float:
         """The LM head for `tokens` output positions."""
         flops = 2 * self.head_params * tokens
-        return max(flops / self.flops, self.dense_bytes_per_param * self.head_params / self.bw) + self.layer_overhead
+        nbytes = self.head_bytes or self.dense_bytes_per_param * self.head_params
+        return max(flops / self.flops, nbytes / self.bw) + self.layer_overhead
 
     def step_fixed(self, tokens: int) -> float:
         """What a forward pass of `tokens` tokens costs besides its MoE layers and head: the

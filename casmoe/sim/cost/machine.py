@@ -105,7 +105,25 @@ class Machine:
 
     @property
     def dense_precision(self) -> Precision:
-        return self.dense_quant or self.preset.dense_precision
+        """The dense part's precision: `dense_quant`, else the file type's when the experts are
+        at a llama.cpp file type (a GGUF quantises every tensor), else the checkpoint's."""
+        if self.dense_quant is not None:
+            return self.dense_quant
+        if self.quant is not None and self.quant.is_file_type:
+            return self.quant.dense
+        return self.preset.dense_precision
+
+    @property
+    def head_precision(self) -> Precision:
+        """The LM head's precision: a llama.cpp file type's output type (moved to its fallback
+        when the model's width is not whole blocks, as llama.cpp does), else the dense part's."""
+        if self.dense_quant is None and self.quant is not None and self.quant.is_file_type:
+            return self.quant.head.fitted(self.preset.geometry.hidden)
+        return self.dense_precision
+
+    def head_bytes(self) -> float:
+        """Bytes of the LM head (read whole by every forward pass)."""
+        return self.head_precision.param_bytes(self.preset.vocab * self.preset.geometry.hidden)
 
     def dense_weight_bytes(self, blocks: int) -> float:
         """Bytes of the dense part of `blocks` MoE blocks on a GPU, at the dense precision."""
@@ -115,7 +133,8 @@ class Machine:
         """Bytes of one GPU left for expert slots and the KV cache: its memory less the dense
         weights of its layers and, on the first and last device, the embedding and LM head."""
         preset = self.preset
-        head = self.dense_precision.bits / 8 * 2 * preset.vocab * preset.geometry.hidden  # embedding + lm head
+        table = self.dense_precision.param_bytes(preset.vocab * preset.geometry.hidden)
+        head = table + (0 if preset.tie_embeddings else self.head_bytes())  # the embedding table and the LM head
         free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
         return free - head if device in (0, self.devices - 1) else free
 
@@ -201,6 +220,7 @@ class Machine:
             expert_pass=hw.expert_pass_us * 1e-6,
             cpu_serial=hw.cpu_serial,
             dense_bytes_per_param=self.dense_precision.bits / 8,
+            head_bytes=self.head_bytes(),
             expert_bw=bw * stack.gpu_efficiency,
             dequant_ops=experts_p.dequant_ops if experts_p is not None else 0.0,
             host_expert_bytes=tuple(self.host_expert_bytes(expert_bytes)) if self.host_quant else (),
