@@ -120,7 +120,7 @@ def test_cpu_only_vm_recorded_here():
 
 
 def test_a_measured_host_says_how_it_was_measured():
-    small = lambda threads, _nbytes: stream_copy(threads, 8 * 2**20)  # a real copy, kept short  # noqa: E731
+    small = lambda threads, _nbytes: stream_copy(threads, 8 * 2**20)  # a real copy, kept short
     found = detect(RecordedReader(BOXES / "kvm-xeon-2vcpu"), small)
     p = found.profile
     assert how(found, "cpu_thread_gbs") == how(found, "cpu_mem_bw_gbs") == "measured"

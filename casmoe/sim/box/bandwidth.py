@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 
 MIN_BYTES = 256 * 2**20
 MAX_BYTES = 1024 * 2**20
@@ -47,7 +48,7 @@ def stream_copy(threads: int, nbytes: int) -> Stream:
     src = np.ones(nbytes // 8)
     dst = np.empty_like(src)
     bounds = np.linspace(0, src.size, threads + 1).astype(int)
-    parts = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    parts = [(dst[a:b], src[a:b]) for a, b in pairwise(bounds)]
     timings = []
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:

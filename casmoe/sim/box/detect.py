@@ -16,16 +16,30 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import cache
-from typing import Any, Callable
+from typing import Any
 
 from casmoe.sim.box import parts
 from casmoe.sim.box.bandwidth import Stream, array_bytes, stream_copy
 from casmoe.sim.box.hardware import GPU_FIELDS, HOST_RESERVED_GIB, HOST_RESERVED_SOURCE, HardwareProfile
 from casmoe.sim.box.reader import Reader, SystemReader
-from casmoe.sim.box.readings import (ASSUMED, DETECTED, MEASURED, Cpu, Dimms, Fact, Gpu, detected, read_cpu,
-                                     read_dimms, read_gpus, read_numa, read_ram_gib)
+from casmoe.sim.box.readings import (
+    ASSUMED,
+    DETECTED,
+    MEASURED,
+    Cpu,
+    Dimms,
+    Fact,
+    Gpu,
+    detected,
+    read_cpu,
+    read_dimms,
+    read_gpus,
+    read_numa,
+    read_ram_gib,
+)
 
 GPU_ASSUMED: dict[str, tuple[float, str]] = {
     "reserved_gib": (1.5, "CUDA context (~0.5 GiB) + activations and allocator slack, as the published boxes' profiles"),
@@ -46,10 +60,10 @@ RUNTIME_COSTS = ("load_host_us", "load_layer_us", "wake_us", "resume_per_stall",
                  "decide_load_us", "expert_pass_us")
 """A runtime's own costs: a property of the software, not of the box (`casmoe calibrate`)."""
 
-DEFAULT_GHZ = (2.0, "2.0 GHz, the base clock of the slowest current server parts (Xeon Gold 6330: 2.0 GHz, "
-                    "catalog/cpus.toml)")
-DEFAULT_CHANNEL = (2, 3200.0, "2 channels of DDR4-3200 per socket (8 B x 3200 MT/s = 25.6 GB/s each), a desktop's "
-                              "memory; a server has 6 to 12 channels")
+DEFAULT_GHZ = (2.0, ("2.0 GHz, the base clock of the slowest current server parts (Xeon Gold 6330: 2.0 GHz, "
+                     "catalog/cpus.toml)"))
+DEFAULT_CHANNEL = (2, 3200.0, ("2 channels of DDR4-3200 per socket (8 B x 3200 MT/s = 25.6 GB/s each), a desktop's "
+                               "memory; a server has 6 to 12 channels"))
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def cpu_key(model: str) -> str:
     """A CPU model as lscpu prints it, in the catalog's naming: 'Intel(R) Xeon(R) Gold 6330 CPU @
     2.00GHz' -> 'Intel Xeon Gold 6330', 'AMD EPYC 7453 28-Core Processor' -> 'AMD EPYC 7453',
     '13th Gen Intel(R) Core(TM) i5-13600K' -> 'Intel Core i5-13600K'."""
-    s = re.sub(r"\((R|TM)\)", "", model, flags=re.I)
+    s = re.sub(r"\((R|TM)\)", "", model, flags=re.IGNORECASE)
     s = re.sub(r"\s(CPU\b|\d+-Core Processor|Processor\b|with ).*$", "", s)
     s = re.sub(r"^\d+th Gen\s+", "", s.strip())
     return " ".join(s.split())

@@ -93,7 +93,8 @@ class SystemReader(_Files):
             return None
         env = {**os.environ, "LC_ALL": "C"}  # lscpu translates its labels; the parser reads the English ones
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, errors="replace")
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, errors="replace",
+                                  check=False)  # a tool that fails says why in its output: the parser reads it
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout + done.stderr

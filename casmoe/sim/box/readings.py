@@ -108,7 +108,7 @@ def _float(text: str | None) -> float | None:
 
 def _size_bytes(text: str | None) -> int | None:
     """'300 MiB (1 instance)', '8192K', '32 GB' as bytes."""
-    m = re.match(r"\s*([\d.]+)\s*([KMGT]?)(i?B)?", text or "", re.I)
+    m = re.match(r"\s*([\d.]+)\s*([KMGT]?)(i?B)?", text or "", re.IGNORECASE)
     if not m:
         return None
     return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
@@ -226,8 +226,8 @@ def _channels(modules: list[dict[str, str]]) -> tuple[int, str]:
     keys = set()
     for d in modules:
         bank, locator = d.get("Bank Locator", ""), d.get("Locator", "")
-        if re.search("channel", bank, re.I):
-            keys.add(re.sub(r"[\s_-]*dimm[\s_-]*\d+$", "", bank, flags=re.I))
+        if re.search("channel", bank, re.IGNORECASE):
+            keys.add(re.sub(r"[\s_-]*dimm[\s_-]*\d+$", "", bank, flags=re.IGNORECASE))
         elif m := re.fullmatch(r"(.*[A-Za-z])\d+", locator.strip()):
             keys.add(m.group(1))
         else:
@@ -266,7 +266,7 @@ def _cpu_count(cpulist: str | None, cpumap: str | None) -> int | None:
             total += int(hi or lo) - int(lo) + 1
         return total
     if cpumap and cpumap.strip():
-        return bin(int(cpumap.strip().replace(",", ""), 16)).count("1")
+        return int(cpumap.strip().replace(",", ""), 16).bit_count()
     return None
 
 
@@ -310,14 +310,15 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
         if len(row) != len(header):
             continue
         d = dict(zip(header, (v.strip() for v in row)))
-
-        def number(key: str) -> float | None:
-            return _float(re.sub(r"\s*[A-Za-z/]+$", "", d.get(key, "")))
-
-        gen, width = number("pcie.link.gen.max"), number("pcie.link.width.max")
-        gpus.append(Gpu(d["name"], number("memory.total"), int(gen) if gen else None, int(width) if width else None,
+        gen, width = _number(d, "pcie.link.gen.max"), _number(d, "pcie.link.width.max")
+        gpus.append(Gpu(d["name"], _number(d, "memory.total"), int(gen) if gen else None, int(width) if width else None,
                         f"`{command_line('nvidia-smi')}`"))
     return gpus
+
+
+def _number(row: dict[str, str], key: str) -> float | None:
+    """A CSV cell as a number, its unit ('81559 MiB') dropped; None for '[N/A]' or a missing column."""
+    return _float(re.sub(r"\s*[A-Za-z/]+$", "", row.get(key, "")))
 
 
 def parse_rocm_smi(text: str) -> list[Gpu]:
