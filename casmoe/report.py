@@ -54,7 +54,7 @@ def print_table(records: Sequence[dict[str, Any]], columns: Sequence[str], title
 
     table = Table(title=title)
     for c in columns:
-        table.add_column(c, justify="left" if c in ("policy", "capacity", "name") else "right")
+        table.add_column(c, justify="left" if c in ("policy", "capacity", "name", "field", "from") else "right")
     for r in records:
         table.add_row(*(escape(_fmt(r.get(c, ""))) for c in columns))  # policy labels hold [key=value]
     Console(width=200).print(table)

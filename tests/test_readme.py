@@ -27,6 +27,7 @@ README = REPO / "README.md"
 FAST = [  # a few seconds each on 2 busy cores; the others (10 s to hours) run with -m slow
     r"^casmoe trace info",
     r"^casmoe profiles",
+    r"^casmoe hardware detect",
     r"^casmoe trace import traces/real/",
     r"^casmoe trace import examples/moe-lrc/",
     r"^casmoe trace import examples/engine-dumps/",

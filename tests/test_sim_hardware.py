@@ -40,7 +40,8 @@ def test_unsourced_number_is_rejected(tmp_path):
 @pytest.mark.parametrize(
     "edit,message",
     [
-        (("gpus = 1", "gpus = 0"), "gpus must be >= 1"),
+        (("gpus = 1", "gpus = 0"), "gpus = 0 \\(no GPU\\), but memory_gib, reserved_gib"),
+        (("gpus = 1", "gpus = -1"), "gpus must be >= 0"),
         (("mem_efficiency = 0.85", "mem_efficiency = 1.5"), "mem_efficiency must be in"),
         (("gpus = 1", 'gpus = "one"'), "gpus must be int"),
         (("gpus = 1", "gpus = 1\nflux = 2"), "unknown profile fields"),
@@ -98,3 +99,17 @@ def test_the_probe_box_of_24000_gbs_of_pcie_is_refused(tmp_path):
                               for line in text.splitlines()))
     with pytest.raises(HardwareError, match="h2d_pinned_gbs = 24000 is beyond any real box"):
         load_profile(str(path))
+
+
+def test_a_box_without_a_gpu_loads_with_its_gpu_fields_zero():
+    """A CPU-only box (llama.cpp without a GPU) is a profile with gpus = 0 and every GPU number 0."""
+    import dataclasses
+
+    from casmoe.sim.box.hardware import GPU_FIELDS
+
+    hw = load_profile("rtx4090x4")
+    none = {n: 0.0 for n in GPU_FIELDS}
+    cpu_only = dataclasses.replace(hw, gpus=0, gpu="none", **none,
+                                   sources={**hw.sources, **{n: "no GPU" for n in ("gpus", *GPU_FIELDS)}})
+    again = HardwareProfile.from_toml(cpu_only.to_toml())
+    assert again == cpu_only and again.gpus == 0 and again.usable_bytes() == 0

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import typer
 
-from casmoe.cli import backend, catalog, leaderboard, lrc, plan, planner, profile, record, replay, search, simulate, sweep, trace  # noqa: F401  (register commands)
+from casmoe.cli import backend, catalog, hardware, leaderboard, lrc, plan, planner, profile, record, replay, search, simulate, sweep, trace  # noqa: F401  (register commands)
 from casmoe.cli.app import app, finite_floats
 from casmoe.errors import CasmoeError
 

@@ -51,9 +51,15 @@ it (a what-if of the next generation); beyond that the number is a typo or a wro
 GB/s of PCIe), refused instead of simulated without a word."""
 WHAT_IF = 4.0
 
+GPU_FIELDS = ("memory_gib", "reserved_gib", "dense_tflops", "mem_bw_gbs", "matmul_efficiency", "mem_efficiency",
+              "h2d_pinned_gbs", "h2d_pageable_gbs", "copy_latency_us", "host_cap_gbs", "handover_us", "p2p_gbs")
+"""The numbers that describe a GPU and its host link: all 0 in a profile of a box without one
+(`gpus = 0`, a CPU-only llama.cpp box), so that a half-described GPU is refused, not priced."""
+
 @dataclass(frozen=True)
 class HardwareProfile:
-    """One machine: `gpus` identical accelerators, each with its own host-to-device link.
+    """One machine: `gpus` identical accelerators, each with its own host-to-device link (0: a box
+    without a GPU, whose `GPU_FIELDS` are all 0).
 
     Bandwidths are in GB/s (1e9 bytes/s), compute in TFLOPS (1e12 FLOP/s), times in
     microseconds, memory in GiB (how vendors size GPU memory). `host_cap_gbs = 0` means the
@@ -157,10 +163,15 @@ class HardwareProfile:
         infinite = [n for n in numbers if not math.isfinite(getattr(self, n))]
         if infinite:
             raise HardwareError(f"profile {self.name!r}: {', '.join(infinite)} must be finite numbers (not nan or inf)")
-        if self.gpus < 1:
-            raise HardwareError(f"profile {self.name!r}: gpus must be >= 1")
+        if self.gpus < 0:
+            raise HardwareError(f"profile {self.name!r}: gpus must be >= 0 (0: a box without a GPU)")
+        if self.gpus == 0:
+            described = [n for n in GPU_FIELDS if getattr(self, n)]
+            if described:
+                raise HardwareError(f"profile {self.name!r}: gpus = 0 (no GPU), but {', '.join(described)} describe "
+                                    "one; set them to 0 or give the GPU count")
         positive = ("memory_gib", "dense_tflops", "mem_bw_gbs", "h2d_pinned_gbs", "h2d_pageable_gbs", "p2p_gbs")
-        for n in positive:
+        for n in positive if self.gpus else ():
             if getattr(self, n) <= 0:
                 raise HardwareError(f"profile {self.name!r}: {n} must be > 0")
         for n in numbers:
@@ -180,10 +191,10 @@ class HardwareProfile:
                 f"profile {self.name!r}: host_reserved_gib ({self.host_reserved_gib:g} GiB kept for the OS and the "
                 f"runtime) must be below host_ram_gib ({self.host_ram_gib:g}); give more host RAM or a smaller reserve"
             )
-        for n in ("matmul_efficiency", "mem_efficiency"):
+        for n in ("matmul_efficiency", "mem_efficiency") if self.gpus else ():
             if not 0 < getattr(self, n) <= 1:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in (0, 1]")
-        if self.reserved_gib >= self.memory_gib:
+        if self.gpus and self.reserved_gib >= self.memory_gib:
             raise HardwareError(f"profile {self.name!r}: reserved_gib must be below memory_gib")
         for n, (fastest, source) in FASTEST_REAL.items():
             if getattr(self, n) > WHAT_IF * fastest:
