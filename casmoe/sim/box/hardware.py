@@ -220,6 +220,12 @@ class HardwareProfile:
         return self.h2d_pinned_gbs if pinned else self.h2d_pageable_gbs
 
     @property
+    def host_only(self) -> bool:
+        """A box without a GPU (`gpus = 0`): the host computes every part of the model, the
+        dense part, the head and every expert, on its own cores and from its own RAM."""
+        return self.gpus == 0
+
+    @property
     def sockets(self) -> int:
         return self.cpu_sockets or 1
 

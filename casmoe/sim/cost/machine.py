@@ -11,6 +11,7 @@ place, and a new part of the machine is a field here and its use in `compute`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -125,13 +126,25 @@ class Machine:
         """Bytes of the LM head (read whole by every forward pass)."""
         return self.head_precision.param_bytes(self.preset.vocab * self.preset.geometry.hidden)
 
+    def host_weight_bytes(self) -> float:
+        """Bytes of every weight but the routed experts: the dense part of every block, the
+        embedding table and the LM head (one matrix when tied), at their precisions. A box
+        without a GPU holds them in host RAM beside the experts (`fits.HostDemand`)."""
+        preset = self.preset
+        table = self.dense_precision.param_bytes(preset.head_params)
+        return self.dense_precision.param_bytes(preset.dense_params()) + table + (
+            0 if preset.tie_embeddings else self.head_bytes())
+
     def dense_weight_bytes(self, blocks: int) -> float:
         """Bytes of the dense part of `blocks` MoE blocks on a GPU, at the dense precision."""
         return self.dense_precision.bits / 8 * self.preset.dense_params_per_layer * blocks
 
     def free_bytes(self, device: int, layers: range) -> float:
         """Bytes of one GPU left for expert slots and the KV cache: its memory less the dense
-        weights of its layers and, on the first and last device, the embedding and LM head."""
+        weights of its layers and, on the first and last device, the embedding and LM head
+        (none on a box without a GPU: its one device is the host, which holds no slots)."""
+        if self.hardware.host_only:
+            return 0.0
         preset = self.preset
         table = self.dense_precision.param_bytes(preset.vocab * preset.geometry.hidden)
         head = table + (0 if preset.tie_embeddings else self.head_bytes())  # the embedding table and the LM head
@@ -195,17 +208,23 @@ class Machine:
         host_bw_eff = hw.cpu_mem_efficiency or stack.host_efficiency
         host_flop_eff = hw.cpu_matmul_efficiency or stack.host_flops_efficiency
         numa = 1.0 if stack.numa_aware or hw.sockets == 1 else 1.0 / hw.sockets
-        bw = hw.mem_bw_gbs * 1e9 * hw.mem_efficiency
+        cpu_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale
+        cpu_bw = min(hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa, hw.host_thread_bw())
+        if hw.host_only:  # the host's kernels run every part, on the same cores; nothing crosses a link
+            flops, bw, expert_bw, h2d, hop, serial = cpu_flops, cpu_bw, cpu_bw, math.inf, 0.0, 1.0
+        else:
+            flops, bw = hw.dense_tflops * 1e12 * hw.matmul_efficiency, hw.mem_bw_gbs * 1e9 * hw.mem_efficiency
+            expert_bw, h2d, hop, serial = bw * stack.gpu_efficiency, hw.h2d_gbs(self.pinned) * 1e9, hw.cpu_hop_us * 1e-6, hw.cpu_serial
         full, windowed = self._kv_split()
         experts_p = self.quant or (None if self.measured_bytes(g) else preset.expert_precision)
         host_p = self.host_quant or experts_p
         return RooflineCompute(
-            flops=hw.dense_tflops * 1e12 * hw.matmul_efficiency,
+            flops=flops,
             bw=bw,
-            cpu_flops=hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale,
-            cpu_bw=min(hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa, hw.host_thread_bw()),
-            h2d=hw.h2d_gbs(self.pinned) * 1e9,
-            cpu_hop=hw.cpu_hop_us * 1e-6,
+            cpu_flops=cpu_flops,
+            cpu_bw=cpu_bw,
+            h2d=h2d,
+            cpu_hop=hop,
             dense_params=preset.dense_params_per_layer,
             attn_pair_flops=preset.attention_pair_flops,
             kv_bytes_per_token=full,
@@ -218,10 +237,10 @@ class Machine:
             handover_latency=hw.handover_us * 1e-6,
             p2p=hw.p2p_gbs * 1e9,
             expert_pass=hw.expert_pass_us * 1e-6,
-            cpu_serial=hw.cpu_serial,
+            cpu_serial=serial,
             dense_bytes_per_param=self.dense_precision.bits / 8,
             head_bytes=self.head_bytes(),
-            expert_bw=bw * stack.gpu_efficiency,
+            expert_bw=expert_bw,
             dequant_ops=experts_p.dequant_ops if experts_p is not None else 0.0,
             host_expert_bytes=tuple(self.host_expert_bytes(expert_bytes)) if self.host_quant else (),
             host_dequant_ops=host_p.dequant_ops if host_p is not None else 0.0,
@@ -284,12 +303,17 @@ class Machine:
     def copy_seconds(self, nbytes: float) -> float:
         """Seconds one copy of `nbytes` takes over an idle link, as this stack's copies reach it:
         the one price of a copy that the links charge, that timeliness bounds stalls with, and
-        that a cost-based policy (fiddler, hybrimoe) weighs against computing on the host."""
+        that a cost-based policy (fiddler, hybrimoe) weighs against computing on the host. A box
+        without a GPU has no link: a copy never ends, so no choice ever makes one."""
+        if self.hardware.host_only:
+            return math.inf
         return self.copy_latency() + nbytes / self.copy_rate()
 
     def box(self) -> str:
-        """'rtx4090x4 (4 GPUs)', or 'rtx4090x4, 2 of its 4 GPUs'."""
+        """'rtx4090x4 (4 GPUs)', 'rtx4090x4, 2 of its 4 GPUs', or 'my-laptop (no GPU)'."""
         hw = self.hardware
+        if hw.host_only:
+            return f"{hw.name} (no GPU)"
         if self.devices == hw.gpus:
             return f"{hw.name} ({hw.gpus} GPU{'s' * (hw.gpus > 1)})"
         return f"{hw.name}, {self.devices} of its {hw.gpus} GPU{'s' * (hw.gpus > 1)}"

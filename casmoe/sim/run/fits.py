@@ -11,12 +11,12 @@ the whole budget over the profile's storage (and the run says so).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from casmoe.cache import Capacity
 from casmoe.errors import CasmoeError
 from casmoe.geometry import split_layers
-from casmoe.presets import ModelPreset
 from casmoe.sim.box.hardware import GIB, HardwareProfile
 
 if TYPE_CHECKING:
@@ -33,6 +33,11 @@ class FitError(CasmoeError, ValueError):
 
 
 def check_devices(hw: HardwareProfile, devices: int, overcommit: bool) -> None:
+    if hw.host_only:  # the host is the one device of a box without a GPU
+        if devices != 1:
+            raise FitError(f"--devices {devices}, but profile {hw.name!r} has no GPU: its host computes every layer "
+                           "(leave --devices out, or give --gpus N for a what-if with N GPUs)")
+        return
     if devices > hw.gpus and not overcommit:
         raise FitError(
             f"--devices {devices}, but profile {hw.name!r} has {hw.gpus} GPU{'s' * (hw.gpus > 1)}; use at most "
@@ -44,7 +49,13 @@ def check_capacity(capacity: Capacity, fit: int, pool_fit: int, experts: int, la
                    overcommit: bool) -> str | None:
     """Refuse (or, overcommitted, note) a cache the GPUs cannot hold beside the dense weights:
     more slots per layer than `fit`, or a pool of more whole experts than `pool_fit`; a cache of
-    every expert or more holds no more than all. The refusal names the largest that fits."""
+    every expert or more holds no more than all. The refusal names the largest that fits. A box
+    without a GPU holds none: its host computes every expert (`where` names it)."""
+    if fit == pool_fit == 0 and where.endswith("(no GPU)"):
+        if capacity.slots == 0 and not capacity.per_layer:
+            return None
+        raise FitError(f"{where} has no GPU to hold an expert cache: its host computes every expert; run a placement "
+                       "(n-cpu-moe, ktransformers) with --global-capacity 0")
     if capacity.per_layer:
         have, most = min(capacity.slots, experts), fit
         text = f"capacity {label} is {have:g} experts per layer, but {where} holds {most} beside the dense weights"
@@ -61,35 +72,61 @@ def check_capacity(capacity: Capacity, fit: int, pool_fit: int, experts: int, la
     return f"note: {text}; simulated anyway ({OVERCOMMIT})"
 
 
-def host_ram_shortfall(hw: HardwareProfile, expert_bytes: Sequence[int], experts: int,
-                       preset: ModelPreset) -> str | None:
-    """Why the experts do not fit the profile's host RAM budget (its RAM less what it keeps for
-    the OS and the runtime, `HardwareProfile.host_ram_bytes`), or None when they fit or the
-    profile does not say how much RAM it has."""
-    total = sum(expert_bytes) * experts
-    budget = hw.host_ram_bytes()
-    if not budget or total <= budget:
-        return None
-    return (f"the experts of {preset.name} ({total / 1e9:.4g} GB) do not fit the {budget / GIB:g} GiB of host RAM of "
-            f"{hw.name!r} left beside the {hw.host_reserved_gib:g} GiB kept for the OS and the runtime")
+@dataclass(frozen=True)
+class HostDemand:
+    """What a run keeps in host RAM: the experts the host holds (every expert, less those a
+    placement keeps on the GPUs for good: llama.cpp and KTransformers load a GPU tensor into
+    VRAM and leave no host copy in use), and, on a box without a GPU, the rest of the model
+    (dense part, embeddings, head) and the KV cache."""
+
+    experts: float
+    other: float
+    held_on_gpus: int  # experts a placement keeps on the GPUs
+
+    @classmethod
+    def of(cls, machine: Machine, expert_bytes: Sequence[int], held_on_gpus: int = 0, kv: float = 0.0) -> HostDemand:
+        g = machine.preset.geometry
+        held = min(held_on_gpus, g.total_experts)
+        experts = sum(expert_bytes) * g.experts * (1 - held / g.total_experts)
+        other = machine.host_weight_bytes() + kv if machine.hardware.host_only else 0.0
+        return cls(experts, other, held)
+
+    def shortfall(self, machine: Machine) -> str | None:
+        """Why this does not fit the profile's host RAM budget (its RAM less what it keeps for
+        the OS and the runtime, `HardwareProfile.host_ram_bytes`), or None when it fits or the
+        profile does not say how much RAM it has."""
+        hw, budget = machine.hardware, machine.hardware.host_ram_bytes()
+        if not budget or self.experts + self.other <= budget:
+            return None
+        what = f"the experts of {machine.preset.name}" + (f" the GPUs do not hold ({self.held_on_gpus} do)"
+                                                          if self.held_on_gpus else "")
+        if self.other:
+            what += f" and the rest of the model with its KV cache ({self.other / 1e9:.4g} GB)"
+        return (f"{what} ({(self.experts + self.other) / 1e9:.4g} GB) do not fit the {budget / GIB:g} GiB of host "
+                f"RAM of {hw.name!r} left beside the {hw.host_reserved_gib:g} GiB kept for the OS and the runtime")
 
 
-def default_host_cache(hw: HardwareProfile, expert_bytes: Sequence[int], experts: int, preset: ModelPreset,
-                       overcommit: bool) -> tuple[str | None, str | None]:
-    """(--host-cache text, note) when the experts do not fit the host RAM budget
-    (`host_ram_shortfall`): a RAM tier of the whole budget over the profile's storage, through
-    which every expert reaches the GPUs or the host's own compute; (None, None) when they fit.
-    Refused when the profile has no storage to hold the rest."""
-    what = None if overcommit else host_ram_shortfall(hw, expert_bytes, experts, preset)
+def default_host_cache(machine: Machine, demand: HostDemand, overcommit: bool) -> tuple[str | None, str | None]:
+    """(--host-cache text, note) when the host RAM budget cannot hold `demand`: a RAM tier of the
+    budget left beside the rest of the model over the profile's storage, through which every
+    expert reaches the GPUs or the host's own compute (what llama.cpp's default mmap does: the
+    kernel's page cache keeps what fits and reads the rest from the drive); (None, None) when it
+    fits. Refused when the profile has no storage to hold the rest, or no RAM is left for a tier."""
+    what = None if overcommit else demand.shortfall(machine)
     if what is None:
         return None, None
+    hw = machine.hardware
     if hw.storage_read_gbs <= 0:
         raise FitError(f"{what}, and the profile has no storage tier (storage_read_gbs); add one, use a smaller "
                        f"--quant, or {OVERCOMMIT} to keep them all in RAM anyway")
-    left = hw.host_ram_bytes() / GIB
-    return f"{left:g}GiB", (f"note: {what}: a RAM tier of those {left:g} GiB over its storage, read at storage's "
-                            "price by the GPUs and by host-computed experts alike (--host-cache to size it, "
-                            f"{OVERCOMMIT} for every expert in RAM)")
+    left = (hw.host_ram_bytes() - demand.other) / GIB
+    if left <= 0:
+        raise FitError(f"{what}: nothing is left for experts beside the rest of the model; use a smaller --quant, "
+                       f"more --host-ram, or {OVERCOMMIT} for a what-if")
+    return f"{left:.4g}GiB", (f"note: {what}: a RAM tier of the {left:.4g} GiB left for experts over its storage, "
+                              "read at storage's price by the GPUs and by host-computed experts alike, as the page "
+                              f"cache of a memory-mapped model is (--host-cache to size it, {OVERCOMMIT} for every "
+                              "expert in RAM)")
 
 
 def check_kv(machine: Machine, expert_bytes: Sequence[int], capacity: Capacity, label: str, context: int,
@@ -99,7 +136,10 @@ def check_kv(machine: Machine, expert_bytes: Sequence[int], capacity: Capacity, 
     `capacity`: a server that admits that many requests at that context would run out of
     memory, however fast it would be. The refusal names configurations that fit at this box:
     the longest context at this cache and concurrency, the largest cache at this context and
-    concurrency, and the most concurrent sequences (`flag`: --batch, --max-batch or --users)."""
+    concurrency, and the most concurrent sequences (`flag`: --batch, --max-batch or --users).
+    A box without a GPU keeps its KV cache in host RAM (`HostDemand`), not here."""
+    if machine.hardware.host_only:
+        return None
     g = machine.preset.geometry
     ranges = split_layers(g.layers, machine.devices)
     free = [machine.free_bytes(d, layers) for d, layers in enumerate(ranges)]

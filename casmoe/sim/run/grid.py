@@ -18,10 +18,12 @@ from typing import Any, Iterable, Mapping, Sequence
 from casmoe.errors import CasmoeError
 from casmoe.options import FIT, CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.policies import POLICIES, PolicySpec, parse_policies
+from casmoe.policies.placement import Placement, budget_slots
 from casmoe.presets import get_preset, preset_for, shape_preset
 from casmoe.selection import Scored, Selection
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.sim.run.fits import MORE_GPUS, OVERCOMMIT, check_capacity, check_devices, check_kv, default_host_cache, host_ram_shortfall
+from casmoe.sim.run.fits import (MORE_GPUS, OVERCOMMIT, HostDemand, check_capacity, check_devices, check_kv,
+                                 default_host_cache)
 from casmoe.sim.box.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.cost.machine import Machine, presets_of_shape
 from casmoe.sim.run.options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
@@ -228,14 +230,17 @@ class _Builder:
                 fit, pool_fit = machine.max_slots(nbytes, kv), machine.max_pool_slots(nbytes, kv)
                 beside_dense = machine.max_slots(nbytes), machine.max_pool_slots(nbytes)
                 groups.append(Group(path, scored, tr.tokens, machine, fit))
-                where = f"{machine.hardware.name} x{machine.devices}" if machine.devices != machine.hardware.gpus \
-                    else machine.hardware.name
+                where = machine.box() if machine.hardware.host_only else f"{machine.hardware.name} x{machine.devices}" \
+                    if machine.devices != machine.hardware.gpus else machine.hardware.name
                 capacities = self._capacities(whole, fit, pool_fit, beside_dense, nbytes, where,
                                               bool(g.value("allow_overcommit")))
-                for host_cache in self._host_caches(machine, whole, nbytes):
-                    for (cap, why), traffic, batch, context, mm, policy in itertools.product(
-                        capacities.items(), traffics, batches, contexts, miss_modes, policies
-                    ):
+                for (cap, why), traffic, batch, context, mm, policy in itertools.product(
+                    capacities.items(), traffics, batches, contexts, miss_modes, policies
+                ):
+                    sequences = self._sequences(traffic, batch)[0]
+                    kv = float(sum(machine.kv_bytes(context or longest, sequences)))
+                    held = budget_slots(whole.geometry, cap.resolve(nbytes)) if issubclass(policy.cls, Placement) else 0
+                    for host_cache in self._host_caches(machine, whole, nbytes, HostDemand.of(machine, nbytes, held, kv)):
                         if why is None:
                             why = self._kv_fits(machine, nbytes, cap, context or longest, batch, traffic, where)
                         spec = RunSpec(ref, policy, cap, machine, hardware, batch, mm, traffic, host_cache,
@@ -305,7 +310,7 @@ class _Builder:
             preset = shape_preset(whole.geometry) if name is None else get_preset(name)
             spec = variant_spec(hw_name, link or "", ram, gpus, threads)
             hw: HardwareProfile = load_profile(spec)
-            n = devices or min(hw.gpus, whole.geometry.layers)  # every GPU of the box, one layer each at least
+            n = devices or max(1, min(hw.gpus, whole.geometry.layers))  # every GPU, one layer each; a GPU-less box: its host
             check_devices(hw, n, overcommit)
             runtime = stack if isinstance(stack, Stack) else load_stack(stack or DEFAULT_STACK).resolved()
             machine = Machine(preset, hw, n, parse_quant(quant), bool(g.value("pinned")), parse_quant(dense_quant),
@@ -361,18 +366,20 @@ class _Builder:
             return str(exc)
         return None
 
-    def _host_caches(self, machine: Machine, whole: Any, nbytes: Sequence[int]) -> list[HostCache | None]:
+    def _host_caches(self, machine: Machine, whole: Any, nbytes: Sequence[int],
+                     demand: HostDemand) -> list[HostCache | None]:
+        """The RAM tiers of a run whose host RAM must hold `demand`: each --host-cache given, or
+        by default none when it fits and a tier of what the RAM has left when it does not."""
         g = self.grid
         out: list[HostCache | None] = []
-        tier, note = default_host_cache(machine.hardware, nbytes, whole.geometry.experts, machine.preset,
-                                        bool(g.value("allow_overcommit")))
+        tier, note = default_host_cache(machine, demand, bool(g.value("allow_overcommit")))
         for text in g.values("host_cache"):
             if text is None:
                 text = tier
                 self.note(note)
             if text is None or str(text).strip().lower() == "none":
                 if text is not None and tier is not None:  # every expert in RAM, on a box whose RAM is smaller
-                    short = host_ram_shortfall(machine.hardware, nbytes, whole.geometry.experts, machine.preset)
+                    short = demand.shortfall(machine)
                     raise GridError(f"--host-cache none keeps every expert in host RAM, but {short}; give "
                                     f"--host-cache {tier} (the default) or {OVERCOMMIT} for a what-if")
                 out.append(None)
