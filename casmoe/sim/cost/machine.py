@@ -12,8 +12,8 @@ place, and a new part of the machine is a field here and its use in `compute`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Sequence
 
 from casmoe.cache import Capacity
 from casmoe.errors import CasmoeError
@@ -54,6 +54,26 @@ class Machine:
     dense_quant: Precision | None = None
     host_quant: Precision | None = None
     stack: Stack = field(default_factory=_default_stack)
+    numa: bool | None = None  # one copy of the host weights per NUMA node (None: the stack's own habit)
+
+    def content(self) -> dict[str, Any]:
+        """What a result depends on of this machine, as JSON-able data, for `RunSpec.key`: every
+        field, read by field so that a new one is keyed without another edit (sources and fit
+        records say where numbers came from, not what they are, and are left out)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "preset":
+                out["preset"] = asdict(value)
+            elif f.name == "hardware":
+                out["profile"] = {k: v for k, v in value.to_dict().items() if k != "sources"}
+            elif f.name == "stack":
+                out["stack"] = {k: v for k, v in value.to_dict().items() if k not in ("sources", "fitted_on")}
+            elif isinstance(value, Precision):
+                out.setdefault("precisions", {})[f.name] = value.to_dict()
+            elif value is not None or f.name in ("quant", "dense_quant", "host_quant"):
+                out[f.name] = value
+        return out
 
     def check_geometry(self, trace: Geometry) -> None:
         """The trace's layers and experts must be the preset's; the error names presets that fit.
@@ -207,7 +227,8 @@ class Machine:
         stack = self.stack.resolved()  # a stack's zeros: the shared defaults (`casmoe/sim/cost/stacks/shared.toml`)
         host_bw_eff = hw.cpu_mem_efficiency or stack.host_efficiency
         host_flop_eff = hw.cpu_matmul_efficiency or stack.host_flops_efficiency
-        numa = 1.0 if stack.numa_aware or hw.sockets == 1 else 1.0 / hw.sockets
+        copies = stack.numa_aware if self.numa is None else self.numa
+        numa = 1.0 if copies or hw.sockets == 1 else 1.0 / hw.sockets
         cpu_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale
         cpu_bw = min(hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa, hw.host_thread_bw())
         if hw.host_only:  # the host's kernels run every part, on the same cores; nothing crosses a link
@@ -334,6 +355,20 @@ def _sizes(nbytes: Sequence[int]) -> str:
     if lo.split()[1] == hi.split()[1]:
         lo = lo.split()[0]
     return f"{lo}-{hi} each, by layer"
+
+
+NUMA = {"copies": True, "one": False}
+"""`--numa` words: whether the runtime keeps one copy of the host weights per NUMA node."""
+
+
+def parse_numa(text: str | None) -> bool | None:
+    """`--numa copies|one` as `Machine.numa` (None: the stack's habit)."""
+    if text is None:
+        return None
+    key = str(text).strip().lower()
+    if key not in NUMA:
+        raise SimConfigError(f"--numa {text!r}: give copies (a copy of the host weights on each socket) or one")
+    return NUMA[key]
 
 
 def presets_of_shape(geometry: Geometry) -> list[str]:

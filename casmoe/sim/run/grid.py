@@ -25,7 +25,7 @@ from casmoe.shipped import DEFAULT_TRACE, shipped
 from casmoe.sim.run.fits import (MORE_GPUS, OVERCOMMIT, HostDemand, check_capacity, check_devices, check_kv,
                                  default_host_cache)
 from casmoe.sim.box.hardware import HardwareProfile, load_profile, variant_spec
-from casmoe.sim.cost.machine import Machine, presets_of_shape
+from casmoe.sim.cost.machine import Machine, parse_numa, presets_of_shape
 from casmoe.sim.run.options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
 from casmoe.sim.passes.traffic import Traffic
 from casmoe.sim.run.spec import RunSpec, TraceRef, file_digest
@@ -298,9 +298,9 @@ class _Builder:
         g = self.grid
         overcommit = bool(g.value("allow_overcommit"))
         axes = ("model", "hardware", "gpus", "link", "host_ram", "cpu_threads", "devices", "quant", "dense_quant",
-                "host_quant", "stack")
+                "host_quant", "stack", "numa")
         for (model, hw_name, gpus, link, ram, threads, devices, quant, dense_quant, host_quant,
-             stack) in itertools.product(*(g.values(a) for a in axes)):
+             stack, numa) in itertools.product(*(g.values(a) for a in axes)):
             name = preset_for(whole, model)
             if name is None and not self.shape_ok:
                 fits = ", ".join(presets_of_shape(whole.geometry)) or "none"
@@ -314,7 +314,7 @@ class _Builder:
             check_devices(hw, n, overcommit)
             runtime = stack if isinstance(stack, Stack) else load_stack(stack or DEFAULT_STACK).resolved()
             machine = Machine(preset, hw, n, parse_quant(quant), bool(g.value("pinned")), parse_quant(dense_quant),
-                              parse_quant(host_quant), runtime)
+                              parse_quant(host_quant), runtime, parse_numa(numa))
             machine.check_geometry(whole.geometry)
             yield machine, spec
 

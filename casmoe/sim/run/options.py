@@ -148,6 +148,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("cpu_threads", int, "Host threads the experts computed on the host run on, repeatable (llama.cpp -t, "
            "KTransformers --cpu_infer): FLOPs scale with the cores in use, bandwidth with the threads up to the "
            "sockets' (the profile's cpu_cores, cpu_thread_gbs); default: one per core.", minimum=1, group="box"),
+    Option("numa", str, "Host weights per NUMA node, repeatable: copies (one copy on each socket, read at every "
+           "socket's bandwidth: KTransformers' USE_NUMA=1) or one (a single copy, read at one socket's: llama.cpp's "
+           "default); default: the stack's.", group="box", parser="casmoe.sim.cost.machine:parse_numa"),
     Option("devices", int, "GPUs the layers are split over, repeatable (0: every GPU of the box).", default=0,
            minimum=0, group="box"),
     Option("pinned", bool, "Copy from pinned host memory (--pageable: pageable).", default=True, axis=False,

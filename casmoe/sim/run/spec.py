@@ -73,8 +73,6 @@ class RunSpec:
     @cached_property
     def key(self) -> str:
         """A digest of everything the result depends on (see the module docstring)."""
-        m = self.machine
-        profile = {k: v for k, v in m.hardware.to_dict().items() if k != "sources"}
         tier = None
         if self.host_cache is not None:
             hc = self.host_cache
@@ -86,12 +84,7 @@ class RunSpec:
             "policy": self.policy.label,
             "policy_inputs": policy_inputs(self.policy),
             "capacity": [self.capacity.text, self.capacity.per_layer],
-            "preset": asdict(m.preset),
-            "profile": profile,
-            "devices": m.devices,
-            "precisions": [None if p is None else p.to_dict() for p in (m.quant, m.dense_quant, m.host_quant)],
-            "pinned": m.pinned,
-            "stack": {k: v for k, v in m.stack.to_dict().items() if k not in ("sources", "fitted_on")},
+            **self.machine.content(),
             "batch": self.batch,
             "miss_mode": self.miss_mode.value,
             "traffic": None if self.traffic is None else {
