@@ -23,7 +23,7 @@ gguf = pytest.importorskip("gguf")
 from casmoe.precision import LayerRule, parse_precision
 from casmoe.presets import Attention, get_preset
 from casmoe.presets.gguf import preset_from_header, read_gguf, supported_architectures
-from casmoe.presets.gguf_header import GGUFError, SkippedArray, read_header
+from casmoe.presets.gguf_header import GGUFError, GGUFHeader, SkippedArray, TensorInfo, read_header
 from casmoe.presets.weights import file_weights
 
 Q = gguf.GGMLQuantizationType
@@ -301,9 +301,97 @@ def test_glm4moe_counts_the_mtp_block_apart(tmp_path):
     assert preset.dense_precision.name == "bf16" and w.total_bytes == total(w)
 
 
-def test_every_architecture_casmoe_maps_has_a_shipped_preset_family():
+# ---- every mapping against casmoe's shipped preset of the same model -----------------------------
+
+# The keys llama.cpp's converter (convert_hf_to_gguf.py and conversion/<family>.py at commit 0c1e570)
+# writes from each model's config.json, as gguf.GGUFWriter helper names, and the preset they must give.
+CONVERTED = {
+    "qwen3-30b-a3b": ("qwen3moe", {"block_count": 48, "embedding_length": 2048, "feed_forward_length": 6144,
+                                   "expert_feed_forward_length": 768, "expert_count": 128, "expert_used_count": 8,
+                                   "head_count": 32, "head_count_kv": 4, "key_length": 128, "value_length": 128}),
+    "qwen1.5-moe-a2.7b": ("qwen2moe", {"block_count": 24, "embedding_length": 2048, "feed_forward_length": 5632,
+                                       "expert_feed_forward_length": 1408, "expert_shared_feed_forward_length": 5632,
+                                       "expert_count": 60, "expert_used_count": 4, "head_count": 16,
+                                       "head_count_kv": 16}),
+    "gpt-oss-20b": ("gpt-oss", {"block_count": 24, "embedding_length": 2880, "feed_forward_length": 2880,
+                                "expert_feed_forward_length": 2880, "expert_count": 32, "expert_used_count": 4,
+                                "head_count": 64, "head_count_kv": 8, "key_length": 64, "value_length": 64,
+                                "sliding_window": 128}),
+    "mixtral-8x7b": ("llama", {"block_count": 32, "embedding_length": 4096, "feed_forward_length": 14336,
+                               "expert_count": 8, "expert_used_count": 2, "head_count": 32, "head_count_kv": 8}),
+    "deepseek-v2-lite": ("deepseek2", {"block_count": 27, "leading_dense_block_count": 1, "embedding_length": 2048,
+                                       "feed_forward_length": 10944, "expert_feed_forward_length": 1408,
+                                       "expert_count": 64, "expert_used_count": 6, "expert_shared_count": 2,
+                                       "head_count": 16, "head_count_kv": 1, "key_length": 576, "value_length": 512,
+                                       "key_length_mla": 192, "value_length_mla": 128, "kv_lora_rank": 512,
+                                       "rope_dimension_count": 64}),
+    "deepseek-v3": ("deepseek2", {"block_count": 61, "leading_dense_block_count": 3, "embedding_length": 7168,
+                                  "feed_forward_length": 18432, "expert_feed_forward_length": 2048,
+                                  "expert_count": 256, "expert_used_count": 8, "expert_shared_count": 1,
+                                  "head_count": 128, "head_count_kv": 1, "key_length": 576, "value_length": 512,
+                                  "key_length_mla": 192, "value_length_mla": 128, "q_lora_rank": 1536,
+                                  "kv_lora_rank": 512, "rope_dimension_count": 64}),
+    "glm-4.5-air": ("glm4moe", {"block_count": 47, "nextn_predict_layers": 1, "leading_dense_block_count": 1,
+                                "embedding_length": 4096, "feed_forward_length": 10944,
+                                "expert_feed_forward_length": 1408, "expert_count": 128, "expert_used_count": 8,
+                                "expert_shared_count": 1, "head_count": 96, "head_count_kv": 8, "key_length": 128,
+                                "value_length": 128}),
+    "llama-4-scout": ("llama4", {"block_count": 48, "embedding_length": 5120, "feed_forward_length": 16384,
+                                 "expert_feed_forward_length": 8192, "interleave_moe_layer_step": 1,
+                                 "expert_count": 16, "expert_used_count": 1, "head_count": 40, "head_count_kv": 8,
+                                 "key_length": 128, "value_length": 128}),
+    "dbrx": ("dbrx", {"block_count": 40, "embedding_length": 6144, "feed_forward_length": 10752, "expert_count": 16,
+                      "expert_used_count": 4, "head_count": 48, "head_count_kv": 8}),
+    "phi-3.5-moe": ("phimoe", {"block_count": 32, "embedding_length": 4096, "feed_forward_length": 6400,
+                               "expert_count": 16, "expert_used_count": 2, "head_count": 32, "head_count_kv": 8}),
+    "olmoe-1b-7b": ("olmoe", {"block_count": 16, "embedding_length": 2048, "feed_forward_length": 1024,
+                              "expert_count": 64, "expert_used_count": 8, "head_count": 16, "head_count_kv": 16}),
+}
+
+
+def converted_header(arch: str, meta: dict, vocab: int, tied: bool) -> GGUFHeader:
+    """The header such a conversion writes, held in memory (a real-width file would take gigabytes):
+    its keys, the embedding and head, and per block the FFN tensors the loader of `arch` asks for."""
+    keys = gguf.Keys
+    names = {k: v for group in (keys.LLM, keys.Attention, keys.Rope) for k, v in vars(group).items() if k.isupper()}
+    alias = {"kv_lora_rank": "KV_LORA_RANK", "q_lora_rank": "Q_LORA_RANK", "rope_dimension_count": "DIMENSION_COUNT",
+             "key_length_mla": "KEY_LENGTH_MLA", "value_length_mla": "VALUE_LENGTH_MLA"}
+    fields = {"general.architecture": arch}
+    for helper, value in meta.items():
+        const = alias.get(helper, helper.upper())
+        fields[names[const].format(arch=arch)] = value
+    h, n_exp, blocks = meta["embedding_length"], meta["expert_count"], meta["block_count"]
+    width = meta.get("expert_feed_forward_length", meta["feed_forward_length"])
+    lead, step = meta.get("leading_dense_block_count", 0), meta.get("interleave_moe_layer_step", 1)
+    shared = meta.get("expert_shared_feed_forward_length", 0) or meta.get("expert_shared_count", 0) * width
+    shapes = [("token_embd.weight", (h, vocab))] + ([] if tied else [("output.weight", (h, vocab))])
+    for b in range(blocks):
+        if b >= blocks - meta.get("nextn_predict_layers", 0):
+            shapes.append((f"blk.{b}.nextn.eh_proj.weight", (2 * h, h)))
+        elif b < lead or (b + 1) % step:
+            shapes += [(f"blk.{b}.ffn_{p}.weight", (h, meta["feed_forward_length"])) for p in ("gate", "up")]
+        else:
+            shapes += [(f"blk.{b}.ffn_{p}_exps.weight", (h, width, n_exp)) for p in ("gate", "up", "down")]
+            shapes += [(f"blk.{b}.ffn_up_shexp.weight", (h, shared))] if shared else []
+    tensors = tuple(TensorInfo(name, "BF16", shape, 2 * math.prod(shape)) for name, shape in shapes)
+    return GGUFHeader("converted.gguf", ("converted.gguf",), 3, fields, tensors)
+
+
+@pytest.mark.parametrize("model", sorted(CONVERTED))
+def test_each_mapping_reads_a_converted_model_as_casmoes_shipped_preset(model):
+    shipped = get_preset(model)
+    arch, meta = CONVERTED[model]
+    preset = preset_from_header(converted_header(arch, meta, shipped.vocab, shipped.tie_embeddings))
+    ignore = {"name", "source", "precision_source", "expert_precision", "dense_precision"}
+    assert {k: v for k, v in preset.to_dict().items() if k not in ignore} == {
+        k: v for k, v in shipped.to_dict().items() if k not in ignore}
+    assert preset.total_params() == shipped.total_params()
+
+
+def test_every_architecture_casmoe_maps_is_checked_against_a_shipped_preset():
     assert supported_architectures() == ("dbrx", "deepseek2", "glm4moe", "gpt-oss", "llama", "llama4", "olmoe",
                                           "phimoe", "qwen2moe", "qwen3moe")
+    assert {arch for arch, _ in CONVERTED.values()} == set(supported_architectures())
 
 
 # ---- errors ------------------------------------------------------------------------------------
