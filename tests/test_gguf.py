@@ -388,6 +388,17 @@ def test_each_mapping_reads_a_converted_model_as_casmoes_shipped_preset(model):
     assert preset.total_params() == shipped.total_params()
 
 
+def test_llama4_interleaved_dense_blocks_are_counted_and_said():
+    """Llama-4-Maverick's layout: every second block MoE (interleave_moe_layer_step 2, llama4.cpp:
+    block i is MoE when (i + 1) % 2 == 0), the others dense of feed_forward_length."""
+    meta = dict(CONVERTED["llama-4-scout"][1], block_count=4, interleave_moe_layer_step=2)
+    header = converted_header("llama4", meta, 202048, False)
+    preset, w = preset_from_header(header), file_weights(header)
+    assert w.moe_blocks == (1, 3) and len(w.dense_blocks) == 2
+    assert (preset.geometry.layers, preset.dense_layers, preset.dense_intermediate) == (2, 2, 16384)
+    assert preset.geometry.shared_experts == 1 and "dense blocks interleave with the MoE ones" in preset.source
+
+
 def test_every_architecture_casmoe_maps_is_checked_against_a_shipped_preset():
     assert supported_architectures() == ("dbrx", "deepseek2", "glm4moe", "gpt-oss", "llama", "llama4", "olmoe",
                                           "phimoe", "qwen2moe", "qwen3moe")
