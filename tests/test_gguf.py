@@ -290,6 +290,9 @@ def test_old_split_expert_files_are_read_and_flagged(tmp_path):
     assert (preset.geometry.layers, preset.geometry.intermediate, preset.head_dim) == (2, 256, 64)
     assert w.expert == (3 * 256 * 256 // 32 * 18,) * 2  # Q4_0: 18 bytes per 32 weights
     assert w.types["experts"] == "Q4_0" and w.precision_name() == "q4_0" and w.total_bytes == total(w)
+    from casmoe.sim.questions.deploy.model import resolve_model
+
+    assert "which current llama.cpp does not load" in resolve_model(w.path, need_preset=False).note
 
 
 def test_glm4moe_counts_the_mtp_block_apart(tmp_path):

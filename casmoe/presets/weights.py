@@ -49,7 +49,7 @@ class FileWeights:
     merged tensors' bytes divided by `experts`), `expert_params[l]` its weights. `dense[l]` is the
     rest of that block: attention, norms, the router and any shared experts. `dense_blocks` are
     the blocks without experts (DeepSeek's and GLM's first blocks). `embedding` is the token
-    table, `head` the output matrix (the embedding table itself when `tied`). `other` holds the
+    table, `head` the output matrix and its bias if any (the embedding table itself when `tied`). `other` holds the
     top-level tensors besides those (the final norm, RoPE factors) and `mtp` the blocks of
     multi-token prediction, which llama.cpp skips unless asked to draft with them. So
     `total_bytes == experts * sum(expert) + sum(dense) + sum(dense_blocks) + embedding +

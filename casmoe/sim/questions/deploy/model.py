@@ -158,6 +158,9 @@ def _from_gguf(path: Path, presets: dict[str, ModelPreset], need_preset: bool) -
     g = model.geometry
     shape = f"{g.describe()}, {model.dense_layers} dense blocks, {model.attention.value} attention"
     read = f"{path} (GGUF, {weights.file_type or weights.precision_name()})"
+    if weights.split_experts:
+        read += (" [its experts are the old per-expert tensors, which current llama.cpp does not load: re-convert "
+                 "it with a current convert_hf_to_gguf.py]")
     for name, p in presets.items():
         if _routing(p) == _routing(model) and all(getattr(p, k) == getattr(model, k) for k in _SAME):
             differ = [f"{k} {getattr(model, k)} (preset {getattr(p, k)})" for k in _NOTED
