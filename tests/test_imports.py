@@ -7,7 +7,7 @@ import sys
 def test_import_casmoe_leaves_heavy_modules_out():
     code = (
         "import sys, casmoe, casmoe.sim, casmoe.backends, casmoe.cli;"
-        "heavy = [m for m in ('torch', 'transformers', 'matplotlib', 'sentence_transformers', 'hnswlib', 'numba') if m in sys.modules];"
+        "heavy = [m for m in ('torch', 'transformers', 'matplotlib', 'sentence_transformers', 'hnswlib', 'numba', 'gguf', 'huggingface_hub') if m in sys.modules];"
         "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
