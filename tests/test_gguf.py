@@ -276,8 +276,8 @@ def test_gpt_oss_mxfp4_experts_with_biases_merged_gate_up_and_windows(tmp_path):
     assert [preset.window(b) for b in range(2)] == [128, 0]
     # MXFP4: 17 bytes per 32 weights; gate_up 512 rows of 256, down 256 rows of 256; biases F32
     assert w.expert == ((512 * 256 + 256 * 256) // 32 * 17 + (512 + 256) * 4,) * 2
-    assert w.precision_name() == "mxfp4" and w.file_type == "MOSTLY_MXFP4_MOE"
-    assert preset.expert_precision.name == "mxfp4"
+    assert w.precision_name() == "mxfp4_moe" and w.file_type == "MOSTLY_MXFP4_MOE"  # the file type (casmoe/precisions.toml)
+    assert preset.expert_precision.name == "mxfp4_moe"
     assert w.types["experts"] == "MXFP4" and w.types["attention"] == "BF16" and w.types["head"] == "BF16"
     attention = (256 + 128 + 128 + 256) * 256 * 2 + (256 + 128 + 128 + 256) * 4 + 4 * 4
     assert w.dense == (attention + 2 * 256 * 4 + 4 * 256 * 4 + 4 * 4,) * 2
