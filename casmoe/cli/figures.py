@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from casmoe.output import atomic_open
-from casmoe.report import SPEED, sig, varied_axes
+from casmoe.report import SPEED, policy_label, sig, varied_axes
 
 ORACLE_LEGEND = ("* oracle (dashed): reads the future,\nor fitted on the requests it is\n"
                  "scored on: a bound, not deployable")
@@ -54,11 +54,6 @@ class Style:
     def line(self) -> dict[str, Any]:
         """Keyword arguments of `Axes.plot`."""
         return {"color": self.colour, "marker": self.marker, "linestyle": self.linestyle}
-
-
-def policy_label(record: dict[str, Any]) -> str:
-    """A record's policy as the tables write it: starred when it is an oracle."""
-    return record["policy"] + ("*" if record.get("oracle") else "")
 
 
 def _base(label: str) -> str:
