@@ -404,3 +404,101 @@ def test_plot_functions_write_whole_pngs(tmp_path, lrc_results):
     ]
     assert all(isinstance(p, Path) and p.read_bytes()[:4] == b"\x89PNG" for p in written)
     assert not plots._pyplot().get_fignums()  # closed after saving
+
+
+# ---- casmoe plan's pictures ----------------------------------------------------------------------
+
+
+def candidate(engine: str, label: str, decode: float, band: list[float] | None, fits: bool = True,
+              on_gpu: tuple[int, ...] = (8, 8)) -> dict[str, Any]:
+    """A plan.json configuration on two GPUs and two host nodes, 4 MoE layers of 8 experts:
+    `on_gpu` experts of each layer on GPU 0 (layers 0-1) and GPU 1 (layers 2-3)."""
+    gpus = [{"gpu": i, "total_gib": 24.0, "reserve_gib": 2.0, "dense_gib": 1.5, "embeddings_gib": 0.5, "kv_gib": 1.0,
+             "experts_gib": 18.0 if fits else 30.0, "expert_count": on_gpu[i] * 2, "used_gib": 23.0 if fits else 35.0,
+             "free_gib": 1.0 if fits else -11.0, "moe_layers": [2 * i, 2 * i + 1]} for i in range(2)]
+    host = [{"node": n, "total_gib": 64.0, "reserve_gib": 2.0, "other_gib": 0.5, "experts_gib": 10.0,
+             "expert_count": 8, "used_gib": 12.5, "free_gib": 51.5} for n in range(2)]
+    return {"engine": engine, "label": label, "fits": fits, "unit": "layer", "gpu_layers": [[0, 1], [2, 3]],
+            "experts_per_layer": 8, "gpu_experts_by_layer": [[on_gpu[0], on_gpu[0], 0, 0], [0, 0, on_gpu[1], on_gpu[1]]],
+            "memory": {"fits": fits, "problems": [] if fits else ["GPU 0 over by 11 GiB"], "gpus": gpus, "host": host},
+            "speed": {"decode_tok_s": decode, "decode_at_context_tok_s": decode * 0.9, "decode_band_tok_s": band,
+                      "uncertainty": "x/÷ 2.00" if band else "not validated: the ideal stack is an upper bound"}}
+
+
+PLAN = {"model": "qwen3-30b-a3b", "hardware": "rtx4090x4@gpus=2", "context": 8192, "concurrency": 1,
+        "box": {"gpus_gib": [24.0, 24.0], "host_ram_gib": 128.0, "numa_nodes": 2, "threads": 56},
+        "precisions": "experts bf16; dense bf16; KV cache f16",
+        "engines": [{"engine": "llama.cpp", "best": candidate("llama.cpp", "--n-cpu-moe 2", 20.0, [10.0, 40.0]),
+                     "runners_up": [candidate("llama.cpp", "--n-cpu-moe 3", 15.0, [7.5, 30.0])]},
+                    {"engine": "casmoe", "best": candidate("casmoe", "routed experts", 30.0, None, on_gpu=(4, 6)),
+                     "runners_up": [candidate("casmoe", "everything on the GPUs", 50.0, None, fits=False)]},
+                    {"engine": "vllm", "best": None, "runners_up": []}]}
+
+
+def test_plan_memory_map_draws_each_engines_bars_and_where_each_layer_lives():
+    fig = plots.figure_plan_memory(PLAN)
+    assert len(fig.get_suptitle().splitlines()) == 2 and "qwen3-30b-a3b on rtx4090x4@gpus=2" in fig.get_suptitle()
+    bars = [ax for ax in fig.axes if ax.patches]
+    assert [ax.get_title(loc="left").split(":")[0] for ax in bars] == ["llama.cpp", "casmoe"]  # vllm has no configuration
+    for ax in bars:
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["GPU 0", "GPU 1", "host 0", "host 1"]
+        assert ax.get_xscale() == "linear"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["runtime reserve", "dense weights", "embeddings", "KV cache", "expert slots", "free",
+                      "the device's memory"]
+    strips = [ax for ax in fig.axes if ax.images]
+    shares = np.asarray(strips[1].images[0].get_array())  # casmoe: 4 of 8 experts of layers 0-1 on GPU 0
+    assert shares[:, 0].tolist() == [0.5, 0.0, 0.5] and shares[:, 3].tolist() == [0.0, 0.75, 0.25]
+    assert np.allclose(shares.sum(axis=0), 1.0)
+
+
+def test_plan_memory_map_marks_what_does_not_fit():
+    over = {**PLAN, "engines": [{"engine": "casmoe", "best": PLAN["engines"][1]["runners_up"][0], "runners_up": []}]}
+    fig = plots.figure_plan_memory(over)
+    (ax,) = [ax for ax in fig.axes if ax.patches]
+    assert "DOES NOT FIT" in ax.get_title(loc="left") and any("over by 11 GiB" in t.get_text() for t in ax.texts)
+
+
+def test_plan_speed_draws_every_candidate_with_its_interval():
+    fig = plots.figure_plan_speed(PLAN)
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "log" and len(fig.get_suptitle().splitlines()) == 2
+    marks = {ln.get_gid(): ln for ln in ax.get_lines() if ln.get_gid()}
+    assert set(marks) == {"llama.cpp: --n-cpu-moe 2", "llama.cpp: --n-cpu-moe 3", "casmoe: routed experts",
+                          "casmoe: everything on the GPUs"}
+    assert to_hex(marks["casmoe: everything on the GPUs"].get_color()) == to_hex("0.6")  # does not fit: grey
+    assert marks["casmoe: everything on the GPUs"].get_marker() == "X"
+    assert to_hex(marks["llama.cpp: --n-cpu-moe 2"].get_color()) != to_hex(marks["casmoe: routed experts"].get_color())
+    bands = [ln for ln in ax.get_lines() if not ln.get_gid() and len(ln.get_xdata()) == 2]
+    assert sorted(tuple(ln.get_xdata()) for ln in bands) == [(7.5, 30.0), (10.0, 40.0)]
+    assert any("upper bound" in t.get_text() for t in ax.texts)  # no interval: said why
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[-1] == "casmoe: everything on the GPUs [does not fit]"  # fastest on top
+
+
+def test_draw_plan_reads_plan_json_alone(tmp_path):
+    import json
+
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    written = plots.draw_plan(tmp_path)
+    assert [p.name for p in written] == ["plan_memory.png", "plan_speed.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written)
+
+
+def test_the_readmes_pictures_are_drawn_from_committed_results():
+    """bench/readme_figures.py draws docs/img/ from result files in the tree: they exist, hold
+    what each picture needs, and the README shows every picture it writes."""
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("readme_figures", root / "bench" / "readme_figures.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    records = json.loads(script.SIMULATE.read_text())
+    assert {r["policy"] for r in records} >= {"lru", "lfu", "routed-placement", "belady"}
+    assert [p.name for p in plots.report_plots(records)] == list(script.PICTURES[:3])
+    assert plots._plan_engines(json.loads(script.PLAN.read_text()))
+    readme = (root / "README.md").read_text()
+    for name in script.PICTURES:
+        assert (script.OUT / name).exists() and f"](docs/img/{name})" in readme, name

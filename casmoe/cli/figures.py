@@ -1,16 +1,21 @@
 """PNG plots of results (matplotlib imported lazily, on the file-only Agg backend).
 
-Every figure reads without the source: a title naming what it shows and the run (model, box,
-trace), y axes that say what they measure and in which unit, one colour and marker per policy
-that all plots of a run share (`PolicyStyles`; oracles, starred, dashed), legends beside the axes
-instead of over the data, zeros drawn (no log axis that drops them).
+Every figure reads without the source: a title of two lines, what it shows and then the setting
+(model, box, trace, what is not the default), sized to fit; y axes that say what they measure and
+in which unit, one scale a panel (logarithmic only where values span decades and none is 0, never
+linear-then-log); at most eight series a panel: the simulator's plots put each family of policies
+(`casmoe.policies.family`) in a column of its own with its legend under it; colours from Okabe and
+Ito's colour-blind-safe palette, distinct in a panel, one colour and marker per policy that all
+plots of a run share (`PolicyStyles`; oracles, starred, dashed); legends beside or under the axes,
+never over the data.
 
 Each plot is a pair: `figure_X(...)` builds the matplotlib Figure (the tests inspect it), and
 `plot_X(path, ...)` writes it as a PNG, atomically (a file that exists is whole), and closes it.
-`report_plots` chooses the PNGs of a `simulate`/`sweep` report folder and `draw_report` draws them.
+`report_plots` chooses the PNGs of a `simulate`/`sweep` report folder and `draw_report` draws
+them; `draw_plan` draws a plan folder's from its plan.json.
 
-Sections: styles and titles; the report folder; the simulator's plots; serving; `casmoe search`;
-routing consistency (`casmoe lrc`); the planner's gate.
+Sections: styles and titles; the report folder; the simulator's plots; serving; `casmoe plan`;
+`casmoe search`; routing consistency (`casmoe lrc`); the planner's gate.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ REFERENCE = "0.45"
 # no two alike at the legend's size: a thin diamond ('d') read as the diamond ('D') of another
 # policy in a blue-purple neighbour's colour (fiddler beside n-cpu-moe[gpu_prefill=32])
 MARKERS = ("o", "s", "D", "^", "v", "<", ">", "p", "*", "X", "P", "1", "h", "x", "+")
+MIN_WIDTH = 12.0
+"""Inches a figure of family columns is at least wide: its two-line title fits at 7 points or more."""
 SERIES_PER_PANEL = 8
 """At most this many series in one panel: more cannot be told apart (families go on separate panels)."""
 
@@ -258,15 +265,17 @@ def _title(fig: Any, what: str, context: str) -> None:
     right = min((leg.get_window_extent().x0 / fig.dpi for leg in fig.legends), default=width_in) - 0.1
     setting = "; ".join(line for line in context.splitlines() if line)
     text = "\n".join([what, *([setting] if setting else [])])
-    title = fig.suptitle(text, fontsize=10.0, x=right / 2 / width_in)
     renderer = fig.canvas.get_renderer()
-    size = 10.0 * min(1.0, right / (title.get_window_extent(renderer).width / fig.dpi))
-    if size < 7.0:
-        size = 7.0
-        chars = int(len(max(text.splitlines(), key=len)) * right / (title.get_window_extent(renderer).width / fig.dpi)
-                    * 10.0 / size)
-        text = "\n".join([what, textwrap.fill(setting, chars)])
-    fig.suptitle(text, fontsize=size, x=right / 2 / width_in)
+    size = 10.0
+    for _ in range(4):  # glyph widths do not scale exactly with the size: shrink until it fits
+        title = fig.suptitle(text, fontsize=size, x=right / 2 / width_in)
+        over = title.get_window_extent(renderer).width / fig.dpi / (0.95 * right)  # hinting varies with the dpi
+        if over <= 1.0 or size == 7.0:
+            break
+        size = max(7.0, size / over * 0.98)
+    if over > 1.0:  # too long even at 7 points: the setting wraps
+        chars = int(len(max(text.splitlines(), key=len)) / over)
+        fig.suptitle("\n".join([what, textwrap.fill(setting, chars)]), fontsize=size, x=right / 2 / width_in)
 
 
 def _legend(fig: Any, handles: Sequence[Any], title: str | None = None) -> Any:
@@ -334,45 +343,30 @@ def _series(ax: Any, x: Sequence[float], series: dict[str, Sequence[float]], sty
             ax.plot(x, ys, **kw)
 
 
-def _zero_safe_log(ax: Any, values: Iterable[float], linear_below: float | None = None, unit: str = "") -> None:
-    """A log y axis where the values span a decade or more, else a linear one from 0; when a
-    value is zero, symlog instead of log (linear from 0 to the smallest positive value's power
-    of ten, log above, the switch marked): zeros are drawn, not dropped."""
+def _one_scale(ax: Any, values: Iterable[float]) -> None:
+    """A log y axis where the values span a decade or more and none is 0, else a linear one
+    from 0 (zeros drawn, never dropped; no axis switches from linear to log part-way)."""
     finite = [v for v in values if math.isfinite(v)]
     positive = [v for v in finite if v > 0]
-    if not positive or max(positive) < 10 * min(positive):
-        ax.set_yscale("linear")
-        top = 1.05 * max(positive, default=1.0)
-        ax.set_ylim(-0.03 * top, top)
-        return
-    if all(v > 0 for v in finite) and linear_below is None:
+    if positive and max(positive) >= 10 * min(positive) and len(positive) == len(finite):
         ax.set_yscale("log")
         return
-    thresh = linear_below or 10 ** math.floor(math.log10(min(positive)))
-    ax.set_yscale("symlog", linthresh=thresh, linscale=0.6)
-    top = max(positive)
-    ax.set_ylim(-thresh * 0.15, top * 1.6)
-    ax.axhline(thresh, color="0.6", linewidth=0.6, linestyle=":")
-    ax.text(0.005, thresh, f" linear below {thresh:g}{unit}", transform=ax.get_yaxis_transform(), fontsize="x-small",
-            color="0.4", ha="left", va="bottom")
+    ax.set_yscale("linear")
+    top = 1.05 * max(positive, default=1.0)
+    ax.set_ylim(-0.03 * top, top)
 
 
 def _log_ticks(ax: Any) -> None:
-    """Labelled major ticks at 1, 2 and 5 times the powers of ten on a log or symlog y axis
-    (at every integer multiple when the data span less than a decade), no minor labels: values
-    read without counting gridlines."""
-    from matplotlib.ticker import LogLocator, NullFormatter, SymmetricalLogLocator
+    """Labelled major ticks at 1, 2 and 5 times the powers of ten on a log y axis (at every
+    integer multiple when the data span less than a decade), no minor labels: values read
+    without counting gridlines."""
+    from matplotlib.ticker import LogLocator, NullFormatter
 
-    scale = ax.get_yscale()
-    lo, hi = ax.get_ylim()
-    subs = (1.0, 2.0, 5.0) if lo <= 0 or hi / lo >= 10 else (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0)
-    if scale == "log":
-        ax.yaxis.set_major_locator(LogLocator(subs=subs))
-    elif scale == "symlog":
-        ax.yaxis.set_major_locator(SymmetricalLogLocator(linthresh=ax.yaxis.get_transform().linthresh, base=10,
-                                                         subs=subs))
-    else:
+    if ax.get_yscale() != "log":
         return
+    lo, hi = ax.get_ylim()
+    subs = (1.0, 2.0, 5.0) if hi / lo >= 10 else (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0)
+    ax.yaxis.set_major_locator(LogLocator(subs=subs))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")
 
@@ -418,10 +412,10 @@ def _gb_ticks(ax: Any, sizes: Sequence[float], rs: Sequence[dict[str, Any]]) -> 
 
 @dataclass(frozen=True)
 class ReportPlot:
-    """One PNG of a report folder: its file name, the `plot_*` function and its records."""
+    """One PNG of a report folder: its file name, the `figure_*` function and its records."""
 
     name: str
-    draw: Callable[..., Path]
+    figure: Callable[..., Any]
     records: list[dict[str, Any]]
 
 
@@ -436,25 +430,25 @@ def report_plots(records: Sequence[dict[str, Any]]) -> list[ReportPlot]:
     smallest = min(r["capacity_gb"] for r in ran)
     at_smallest = [r for r in ran if r["capacity_gb"] == smallest]
     plots = [
-        ReportPlot("decode_vs_capacity.png", plot_decode_vs_capacity, ran),
-        ReportPlot("stall_by_layer.png", plot_stall_by_layer, at_smallest),
-        ReportPlot("timeliness.png", plot_timeliness, at_smallest),
+        ReportPlot("decode_vs_capacity.png", figure_decode_vs_capacity, ran),
+        ReportPlot("stall_by_layer.png", figure_stall_by_layer, at_smallest),
+        ReportPlot("timeliness.png", figure_timeliness, at_smallest),
     ]
     served = [r for r in ran if "arrival" in r]
     if served:
-        plots.append(ReportPlot("queue.png", plot_queue, [r for r in served if r["capacity_gb"] == smallest]))
+        plots.append(ReportPlot("queue.png", figure_queue, [r for r in served if r["capacity_gb"] == smallest]))
     if len({r.get("rate") for r in served}) > 1:
-        plots.append(ReportPlot("latency_vs_load.png", plot_latency_vs_load, served))
+        plots.append(ReportPlot("latency_vs_load.png", figure_latency_vs_load, served))
     return plots
 
 
-def draw_report(folder: Path, records: Sequence[dict[str, Any]] | None = None) -> list[Path]:
+def draw_report(folder: Path, records: Sequence[dict[str, Any]] | None = None, dpi: int = 110) -> list[Path]:
     """Draw a report folder's PNGs from `records` (default: its results.json), every plot in
     the same policy styles; returns the files written."""
     if records is None:
         records = json.loads((folder / "results.json").read_text())
     styles = PolicyStyles.of(r for r in records if "skipped" not in r)
-    return [p.draw(folder / p.name, p.records, styles=styles) for p in report_plots(records)]
+    return [_save(p.figure(p.records, styles), folder / p.name, dpi) for p in report_plots(records)]
 
 
 # ---- the simulator's plots -------------------------------------------------------------------
@@ -494,6 +488,7 @@ class Columns:
         setup = setup and any(_setup_s(r) for r in records)
         plt = _pyplot()
         widths = [width] * len(families) + ([width * 1.1] if setup else [])
+        widths = [w * max(1.0, MIN_WIDTH / sum(widths)) for w in widths]  # room for the setting's line
         fig = plt.figure(figsize=(sum(widths), rows * height + 2.2), layout="constrained")
         subs = list(fig.subfigures(1, len(widths), width_ratios=widths, squeeze=False)[0])
         axes = [list(sub.subplots(rows, 1, squeeze=False)[:, 0]) for sub in subs[:len(families)]]
@@ -748,7 +743,7 @@ _LATENCY_NAMES = {"ttft": "time to first token", "tpot": "time per output token"
 def figure_latency_vs_load(records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Any:
     """TTFT and TPOT, p50 and p99 each in its own column, against the offered load, one line
     per policy, one row per cache size (and per other axis that varies): where a
-    configuration saturates. Time axes are log (zeros kept)."""
+    configuration saturates. Time axes are log where they span a decade and none is 0, else linear."""
     styles = styles or PolicyStyles.of(records)
     rows = _facets(records, ignore=("rate",), extra=("capacity",))
     fig, axs = _figure(len(rows), len(_LATENCY), 3.4, 3.0)
@@ -772,7 +767,7 @@ def figure_latency_vs_load(records: Sequence[dict[str, Any]], styles: PolicyStyl
         values = [float(v) for ax in shared for line in ax.get_lines() for v in line.get_ydata()]
         for ax in shared[1:]:
             ax.sharey(shared[0])
-        _zero_safe_log(shared[0], values, unit=" s")
+        _one_scale(shared[0], values)
         _log_ticks(shared[0])
     _policy_legend(fig, styles, drawn, same)
     _title(fig, "Latency against the offered load (Poisson arrivals)", run_context(records, "row"))
@@ -781,6 +776,176 @@ def figure_latency_vs_load(records: Sequence[dict[str, Any]], styles: PolicyStyl
 
 def plot_latency_vs_load(path: Path, records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Path:
     return _save(figure_latency_vs_load(records, styles), path)
+
+
+# ---- casmoe plan ----------------------------------------------------------------------------
+
+
+_MEMORY_PARTS = (  # plan.json key -> (legend, colour): the memory map's segments, left to right
+    ("reserve_gib", "runtime reserve", "0.62"),
+    ("dense_gib", "dense weights", PALETTE[0]),
+    ("embeddings_gib", "embeddings", PALETTE[5]),
+    ("other_gib", "embeddings (host)", PALETTE[5]),
+    ("kv_gib", "KV cache", PALETTE[1]),
+    ("experts_gib", "expert slots", PALETTE[2]),
+    ("free_gib", "free", "white"),
+)
+
+
+def _plan_setting(plan: dict[str, Any]) -> str:
+    """'qwen3-30b-a3b on rtx4090x4@gpus=1: 1 GPU (24 GiB), 64 GiB host RAM; context 8192 x 1; experts bf16; ...'."""
+    b = plan["box"]
+    gpus = b["gpus_gib"]
+    return (f"{plan['model']} on {plan['hardware']}: {len(gpus)} GPU{'s' * (len(gpus) != 1)} "
+            f"({', '.join(f'{g:g}' for g in gpus)} GiB), {b['host_ram_gib']:g} GiB host RAM; "
+            f"context {plan['context']} x {plan['concurrency']}; {plan['precisions']}")
+
+
+def _plan_engines(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The engines that have a configuration (each one's best)."""
+    return [e for e in plan["engines"] if e.get("best")]
+
+
+def _memory_bars(ax: Any, memory: dict[str, Any]) -> None:
+    """A stacked horizontal bar per GPU and per host NUMA node, GiB; what overflows the device
+    runs past its total, marked."""
+    places = [(f"GPU {g['gpu']}", g) for g in memory["gpus"]] + [(f"host {h['node']}", h) for h in memory["host"]]
+    for y, (_, part) in enumerate(places):
+        left = 0.0
+        for key, _, colour in _MEMORY_PARTS:
+            width = max(0.0, float(part.get(key) or 0.0))
+            if width:
+                ax.barh(y, width, left=left, height=0.62, color=colour, edgecolor="0.35", linewidth=0.6)
+                if key == "experts_gib" and part.get("expert_count") and width > 0.12 * part["total_gib"]:
+                    ax.text(left + width / 2, y, f"{part['expert_count']:,} experts", ha="center", va="center",
+                            fontsize="x-small", color="white")
+                left += width
+        ax.plot([part["total_gib"]] * 2, [y - 0.4, y + 0.4], color="black", linewidth=1.6)
+        if part["used_gib"] > part["total_gib"]:
+            ax.text(part["total_gib"], y + 0.42, " over by " + f"{part['used_gib'] - part['total_gib']:.3g} GiB",
+                    fontsize="x-small", color=PALETTE[3], va="bottom")
+    ax.set_yticks(range(len(places)), [name for name, _ in places], fontsize="small")
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def _layer_strip(ax: Any, cand: dict[str, Any]) -> Any:
+    """Which layers' experts live where: per GPU (and the host), the share of each MoE layer's
+    experts it holds; None when plan.json does not say (`gpu_experts_by_layer`)."""
+    counts = cand.get("gpu_experts_by_layer")
+    per = cand.get("experts_per_layer")
+    if not counts or not per:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "plan.json does not list\nthe experts per layer", ha="center", va="center",
+                fontsize="small", transform=ax.transAxes)
+        return None
+    shares = [[c / per for c in row] for row in counts]
+    shares.append([1 - sum(col) for col in zip(*shares)])
+    image = ax.imshow(shares, aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
+    ax.set_yticks(range(len(shares)), [*(f"GPU {i}" for i in range(len(counts))), "host"], fontsize="small")
+    layers = len(shares[0])
+    ax.set_xticks(range(0, layers, max(1, layers // 8)))
+    return image
+
+
+def figure_plan_memory(plan: dict[str, Any]) -> Any:
+    """The memory map of each engine's configuration on the box: a stacked bar per GPU and per
+    host NUMA node (runtime reserve, dense weights, embeddings, KV cache, expert slots, free;
+    the device's total marked, what overflows it past the mark), and beside it which layers'
+    experts live where (the share of each MoE layer's experts on each GPU and on the host)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    engines = _plan_engines(plan)
+    places = max((len(e["best"]["memory"]["gpus"]) + len(e["best"]["memory"]["host"]) for e in engines), default=1)
+    plt = _pyplot()
+    fig, axs = plt.subplots(max(1, len(engines)), 2, figsize=(12.5, max(1, len(engines)) * (0.45 * places + 1.0) + 1.0),
+                            squeeze=False, layout="constrained", width_ratios=(3, 2))
+    image = None
+    for (bars, strip), e in zip(axs, engines):
+        cand = e["best"]
+        _memory_bars(bars, cand["memory"])
+        verdict = "fits" if cand["fits"] else "DOES NOT FIT"
+        bars.set_title(textwrap.shorten(f"{e['engine']}: {cand['label']} ({verdict})", 80), fontsize="small", loc="left")
+        image = _layer_strip(strip, cand) or image
+    for bars, strip in axs[1:]:
+        bars.sharex(axs[0][0])
+    axs[-1][0].set_xlabel("GiB", fontsize="small")
+    axs[-1][1].set_xlabel("MoE layer", fontsize="small")
+    axs[0][1].set_title("share of each layer's experts held there", fontsize="small")
+    if image is not None:
+        fig.colorbar(image, ax=axs[:, 1], fraction=0.05, label="share of the layer's experts (0-1)")
+    handles = [Patch(facecolor=c, edgecolor="0.35", label=name) for key, name, c in _MEMORY_PARTS if key != "other_gib"]
+    handles.append(Line2D([], [], color="black", linewidth=1.6, label="the device's memory"))
+    _legend(fig, handles)
+    _title(fig, "Memory map of each engine's best configuration, and which layers' experts live where",
+           _plan_setting(plan))
+    return fig
+
+
+def _candidates(plan: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
+    """(engine, candidate, is the engine's best) for every configuration plan.json holds."""
+    return [(e["engine"], c, i == 0) for e in plan["engines"] for i, c in
+            enumerate([e["best"], *e.get("runners_up", [])] if e.get("best") else [])]
+
+
+def figure_plan_speed(plan: dict[str, Any]) -> Any:
+    """Every candidate configuration's expected decode tokens/s (filled: its engine's best;
+    hollow square: at a full context), with the interval the published table measured for its
+    kind of configuration as a bar; one colour per engine; a configuration that does not fit
+    drawn grey and crossed. Log axis: the intervals are factors (x/÷)."""
+    from matplotlib.lines import Line2D
+
+    rows = [(engine, c, best) for engine, c, best in _candidates(plan) if (c.get("speed") or {}).get("decode_tok_s")]
+    rows.sort(key=lambda row: row[1]["speed"]["decode_tok_s"])
+    engines = list(dict.fromkeys(e["engine"] for e in plan["engines"]))
+    colour = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(engines)}
+    plt = _pyplot()
+    fig, axs = plt.subplots(1, 1, figsize=(12.0, 0.38 * len(rows) + 1.8), squeeze=False, layout="constrained")
+    ax = axs[0][0]
+    for y, (engine, c, best) in enumerate(rows):
+        s = c["speed"]
+        tint = colour[engine] if c["fits"] else "0.6"
+        band = s.get("decode_band_tok_s")
+        if band:
+            ax.plot(band, [y, y], color=tint, linewidth=3, alpha=0.35, solid_capstyle="butt")
+        if s.get("decode_at_context_tok_s"):
+            ax.plot([s["decode_at_context_tok_s"]], [y], marker="s", markersize=5, color=tint, markerfacecolor="white",
+                    linestyle="none")
+        ax.plot([s["decode_tok_s"]], [y], marker="o" if c["fits"] else "X", markersize=8 if best else 6, color=tint,
+                markerfacecolor=tint if best else "white", linestyle="none", gid=f"{engine}: {c['label']}")
+        note = "" if band else ("  upper bound (ideal stack)" if "upper bound" in s.get("uncertainty", "")
+                                else "  no validated interval")
+        ax.text(s["decode_tok_s"], y + 0.3, f" {s['decode_tok_s']:.3g}{note}", fontsize="x-small", va="bottom",
+                color="0.25")
+    ax.set_yticks(range(len(rows)), [textwrap.shorten(f"{e}: {c['label']}", 72) + ("" if c["fits"] else " [does not fit]")
+                                     for e, c, _ in rows], fontsize="small")
+    ax.set_xscale("log")
+    ax.set_xlabel("decode tokens/s (log scale)", fontsize="small")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    ax.set_ylim(-0.7, len(rows) - 0.2)
+    handles = [Line2D([], [], marker="o", color=colour[name], linestyle="none", label=name) for name in engines]
+    handles += [Line2D([], [], marker="o", color="0.3", markerfacecolor="white", linestyle="none",
+                       label="a runner-up (filled: the engine's best)"),
+                Line2D([], [], marker="s", color="0.3", markerfacecolor="white", linestyle="none", markersize=5,
+                       label=f"at a full {plan['context']}-token context"),
+                Line2D([], [], color="0.3", linewidth=3, alpha=0.35, label="80% interval of the published table"),
+                Line2D([], [], marker="X", color="0.6", linestyle="none", label="does not fit")]
+    _legend(fig, handles, "engine")
+    _title(fig, "Expected decode speed of every configuration, with its interval", _plan_setting(plan))
+    return fig
+
+
+def draw_plan(folder: Path, out: Path | None = None, dpi: int = 110) -> list[Path]:
+    """The plan's pictures, drawn from its plan.json alone (so they follow whatever the plan
+    writes), into `out` (default: beside it): plan_memory.png (`figure_plan_memory`) and
+    plan_speed.png (`figure_plan_speed`); returns the files written."""
+    plan = json.loads((folder / "plan.json").read_text())
+    if not _plan_engines(plan):
+        return []
+    out = folder if out is None else out
+    return [_save(figure_plan_memory(plan), out / "plan_memory.png", dpi),
+            _save(figure_plan_speed(plan), out / "plan_speed.png", dpi)]
 
 
 # ---- casmoe search ---------------------------------------------------------------------------
