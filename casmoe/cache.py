@@ -16,8 +16,10 @@ chooses, through a few hooks:
 
 A policy is one file. Beside the hooks it declares what it is, as class attributes: its
 compiled twin (`twin`, `casmoe.twin`), how it is fitted and on what (`fit`,
-`casmoe.policies.fitting`), and the variants a bare name runs (`variants`: CasMoE's deployable
-planner beside its oracle brackets). Adding a built-in policy is its module plus its name in
+`casmoe.policies.fitting`), the variants a bare name runs (`variants`: CasMoE's deployable
+planner beside its oracle brackets), a line that says what it does (`summary`, `variant_notes`)
+and the runtime that runs it (`runtime`, a stack's name). Its family (reactive cache,
+prefetcher, host compute, oracle) is read off these hooks and flags (`casmoe.policies.family`). Adding a built-in policy is its module plus its name in
 `casmoe/policies/registry.py`.
 
 Runtimes call the events in this order per request: `begin_request`, then per step and layer
@@ -239,6 +241,16 @@ class ExpertCache:
     """How the policy is fitted, and on which requests (`casmoe.policies.fitting`); None: nothing."""
     variants: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
     """The options a bare name runs with, one run each (CasMoE: its planner and its oracle brackets)."""
+    summary: ClassVar[str] = ""
+    """What the policy does and whose method it is, in one line for a newcomer: the legend under
+    `simulate`'s table names every policy shown with it."""
+    variant_notes: ClassVar[Mapping[str, str]] = {}
+    """One line per option (`key=value`, or `key` for any value) that changes what a variant is
+    (`casmoe[predictor=exact]`: an oracle bracket), said in the legend instead of `summary`."""
+    runtime: ClassVar[str | None] = None
+    """The shipped stack (`casmoe/sim/cost/stacks/NAME.toml`) of the runtime that runs this
+    policy, or None where none is shipped: the headline prices its figure there beside the
+    ideal stack's upper bound."""
     host_experts: frozenset[ExpertId] = frozenset()
     """Experts a placement keeps on the host for good (`casmoe.policies.placement`): a miss on
     one is computed there, whatever the miss mode, as the cpu miss mode computes every miss

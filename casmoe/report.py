@@ -1,7 +1,8 @@
-"""Tables and JSON/CSV files of results; the PNG plots are `casmoe.cli.figures`.
+"""Tables and JSON/CSV files of results; the PNG plots are `casmoe.cli.figures`, the simulator's
+summary (its headline and the table by family) `casmoe.summary`.
 
-Sections: number formatting and tables; files; the simulator's summaries (headline and the
-policies x cache sizes table, shared by `simulate` and `sweep`); serving, timeliness and tiers.
+Sections: number formatting and tables; files; the replay's table; what a simulate record says
+(its axes, labels and uncertainty); serving, timeliness and tiers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Callable, Collection, Sequence
 
 from casmoe.output import atomic_open, write_text
 
@@ -46,17 +47,19 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def print_table(records: Sequence[dict[str, Any]], columns: Sequence[str], title: str | None = None) -> None:
-    """A rich table on stdout, one row per record."""
+def print_table(records: Sequence[dict[str, Any]], columns: Sequence[str], title: str | None = None,
+                sections: Collection[int] = ()) -> None:
+    """A rich table on stdout, one row per record; a rule under each row index in `sections`."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for c in columns:
-        table.add_column(c, justify="left" if c in ("policy", "capacity", "name", "field", "from") else "right")
-    for r in records:
-        table.add_row(*(escape(_fmt(r.get(c, ""))) for c in columns))  # policy labels hold [key=value]
+        table.add_column(c, justify="left" if c in ("policy", "capacity", "name", "family", "field", "from") else "right")
+    for i, r in enumerate(records):
+        table.add_row(*(escape(_fmt(r.get(c, ""))) for c in columns),  # policy labels hold [key=value]
+                      end_section=i in sections)
     Console(width=200).print(table)
 
 
@@ -104,7 +107,7 @@ def print_replay(records: Sequence[dict[str, Any]], title: str) -> None:
     policy (late hits in a replay, prefetches of demand-only policies) is left out."""
     cols = [k for k in _REPLAY_COLUMNS if k == "hit_rate" or any(r.get(k) for r in records)]
     rows = [
-        {"policy": _policy_label(r), "capacity": r["capacity"],
+        {"policy": policy_label(r), "capacity": r["capacity"],
          **{_REPLAY_COLUMNS[k][0]: _REPLAY_COLUMNS[k][1](r[k]) for k in cols}}
         for r in records
     ]
@@ -113,51 +116,21 @@ def print_replay(records: Sequence[dict[str, Any]], title: str) -> None:
         print(ORACLE_NOTE)
 
 
-# ---- the simulator's summaries ----------------------------------------------------------------
+# ---- what a simulate record says (the summaries: `casmoe.summary`) -----------------------------
 
 AXES = ("trace", "model", "hardware", "stack", "batch", "miss_mode", "quant", "devices", "rate", "users", "host_cache_gb")
 """Record fields a sweep may vary beside policy and capacity."""
 SPEED = "decode_tokens_per_s"
 
 
-def varied_axes(records: Sequence[dict[str, Any]]) -> list[str]:
-    """The axes (besides policy and capacity) whose value differs between records."""
-    return [k for k in AXES if len({str(r.get(k)) for r in records}) > 1]
-
-
-def _policy_label(r: dict[str, Any]) -> str:
+def policy_label(r: dict[str, Any]) -> str:
+    """A record's policy as the tables write it: starred when it is an oracle."""
     return r["policy"] + ("*" if r.get("oracle") else "")
 
 
-def _row_label(r: dict[str, Any]) -> str:
-    """A policy and the stack it ran on, as the uncertainty notes name a row."""
-    return _policy_label(r) + (f" on {r['stack']}" if "stack" in r else "")
-
-
-def _capacity_columns(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(capacity label, heading) in growing cache size; the heading adds the size in GB when
-    every record of that label has the same one."""
-    sizes: dict[str, set[float]] = {}
-    for r in records:
-        sizes.setdefault(r["capacity"], set()).add(round(r["capacity_gb"], 6))
-    order = sorted(sizes, key=lambda c: (min(sizes[c]), c))
-    return [(c, f"{c}\n{sig(next(iter(sizes[c])))} GB" if len(sizes[c]) == 1 else c) for c in order]
-
-
-def print_capacity_table(records: Sequence[dict[str, Any]], title: str, value: str = SPEED,
-                         show: Callable[[float], str] = sig) -> None:
-    """One row per policy (and per value of every varied axis), one column per cache size."""
-    axes = varied_axes(records)
-    columns = _capacity_columns(records)
-    rows: dict[tuple, dict[str, Any]] = {}
-    for r in records:
-        key = (_policy_label(r), *(str(r.get(a)) for a in axes))
-        row = rows.setdefault(key, {"policy": key[0], **dict(zip(axes, key[1:]))})
-        row[r["capacity"]] = show(r[value])
-        row.setdefault(UNCERTAINTY, set()).add(uncertainty_cell(r))
-    shown = [{**row, **{head: row.get(c, "-") for c, head in columns}, UNCERTAINTY: " / ".join(sorted(row[UNCERTAINTY]))}
-             for row in rows.values()]
-    print_table(shown, ["policy", *axes, *(head for _, head in columns), UNCERTAINTY], title=title)
+def varied_axes(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The axes (besides policy and capacity) whose value differs between records."""
+    return [k for k in AXES if len({str(r.get(k)) for r in records}) > 1]
 
 
 UNCERTAINTY = "uncertainty"
@@ -208,81 +181,6 @@ def uncertainty_notes(records: Sequence[dict[str, Any]], label: Callable[[dict[s
     if any(OUTSIDE_MARK[0] in uncertainty_cell(r) for r in records):
         lines.append(OUTSIDE_MARK)
     return lines
-
-
-def headline(records: Sequence[dict[str, Any]]) -> list[str]:
-    """Per cache size (and varied axes): the fastest policy, its decode tok/s and its speed-up
-    over on-demand loading and over LRU; an oracle winner is followed by the best policy a
-    server could run."""
-    axes = varied_axes(records)
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in records:  # in the records' order of axes, then growing cache
-        groups.setdefault((*(_axis_value(a, r.get(a)) for a in axes), r["capacity"]), []).append(r)
-    seen: dict[tuple, int] = {}
-    for k in groups:
-        seen.setdefault(k[:-1], len(seen))
-    order = sorted(groups, key=lambda k: (seen[k[:-1]], groups[k][0]["capacity_gb"]))
-    lines = []
-    for key in order:
-        group = groups[key]
-        best = max(group, key=lambda r: (r[SPEED], not r.get("oracle")))
-        where = ", ".join([*key[:-1], f"{key[-1]} ({sig(best['capacity_gb'])} GB)"])
-        text = (f"{where}: {_policy_label(best)} {sig(best[SPEED])} tok/s" + _speedups(best, group)
-                + _trust(best, "stack" not in axes))
-        if best.get("oracle"):
-            real = [r for r in group if not r.get("oracle")]
-            if real:
-                runner = max(real, key=lambda r: r[SPEED])
-                text += f"; best without an oracle: {runner['policy']} {sig(runner[SPEED])} tok/s"
-        lines.append(text)
-    return lines
-
-
-def _trust(best: dict[str, Any], name_stack: bool) -> str:
-    """The stack a headline's figure assumed (unless the line names it already, as a varied axis)
-    and how far to trust it: ', on the mixtral-offloading stack (x/÷ 1.50)'; nothing for a record
-    without a stack."""
-    if "stack" not in best:
-        return ""
-    cell = uncertainty_cell(best)
-    return (f", on the {best['stack']} stack" if name_stack else "") + (f" ({cell})" if cell else "")
-
-
-def _axis_value(axis: str, value: Any) -> str:
-    """'rtx4090x4' for names, 'devices 4' for numbers that need their axis to read."""
-    return str(value) if axis in ("trace", "model", "hardware") else f"{axis.replace('_', ' ')} {value}"
-
-
-def _speedups(best: dict[str, Any], group: Sequence[dict[str, Any]]) -> str:
-    parts = []
-    for name in ("ondemand", "lru"):
-        base = next((r for r in group if r["policy"] == name), None)
-        if base is not None and base is not best and base[SPEED] > 0:
-            parts.append(f"{sig(best[SPEED] / base[SPEED])}x {name}")
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-def print_simulation(records: Sequence[dict[str, Any]], title: str, details: str) -> None:
-    """What `simulate` and `sweep` print: the headline, then decode tok/s per policy and cache
-    size; `details` names the files that hold every other measurement."""
-    from rich.console import Console
-
-    console = Console(width=200, highlight=False)
-    console.print(f"[bold]{title}[/bold]", markup=True)
-    console.print("Fastest policy per cache size (decode tokens/s; speed-up over on-demand loading and LRU):",
-                  markup=False)
-    for line in headline(records):
-        console.print("  " + line, markup=False)
-    print_capacity_table(records, title="decode tokens/s by policy and expert-cache size")
-    notes = uncertainty_notes(records, _row_label)
-    if notes:
-        console.print("uncertainty (how far real systems of each kind landed from casmoe's figures: casmoe validate "
-                      "--published):", markup=False)
-        for line in notes:
-            console.print("  " + line, markup=False)
-    if any(r.get("oracle") for r in records):
-        console.print(ORACLE_NOTE, markup=False)
-    console.print(details, markup=False)
 
 
 # ---- serving (simulate --arrival / --users, sweep rates), prefetch timeliness, tiers -----------

@@ -18,6 +18,11 @@ Tests that depend on the machine otherwise fix what they read: memory (`availabl
 patched), the umask, the working directory (absolute paths), timing (counted work instead of
 seconds where a test is about the work, not the speed).
 
+Before the first dot, one line says how many tests run and how long the default suite (`-m 'not
+slow'` over pyproject's test paths) took on this machine the last time it ran whole (kept in
+pytest's cache; until then, the last time bench/RESULTS.md recorded), so that minutes of dots read
+as progress, not as a hang.
+
 Builders the test modules share: a model preset of a trace's own routing shape
 (`shaped_preset`), the seed's hardware profile (`seed_box`), one simulator run from a policy
 name (`sim_run`) and the one `RunSpec` of some `casmoe simulate` options (`one_spec`).
@@ -25,10 +30,12 @@ name (`sim_run`) and the one `RunSpec` of some `casmoe simulate` options (`one_s
 
 from __future__ import annotations
 
+import datetime
 import locale
 import os
 import shutil
 import tempfile
+import time
 from typing import Any
 
 from casmoe.cache import Capacity
@@ -73,6 +80,37 @@ def pytest_unconfigure(config) -> None:  # noqa: ARG001
             os.environ[name] = value
     if _cache:
         shutil.rmtree(_cache, ignore_errors=True)
+
+
+SUITE_KEY = "casmoe/default-suite"
+RECORDED = "657 tests took 2.5 min on two busy cores when bench/RESULTS.md last timed it; there are more now"
+_started = time.monotonic()
+
+
+def _whole_default_suite(config) -> bool:
+    """This session runs the default suite whole: pyproject's test paths, `-m 'not slow'`, no -k."""
+    return (config.args_source is config.ArgsSource.TESTPATHS and config.option.markexpr == "not slow"
+            and not config.option.keyword)
+
+
+def pytest_collection_finish(session) -> None:
+    """The line before the dots: how many tests run, and how long the default suite takes."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    cache = getattr(session.config, "cache", None)
+    last = cache.get(SUITE_KEY, None) if cache is not None else None
+    said = (f"took {last['seconds'] / 60:.1f} min for {last['tests']} tests here on {last['day']}" if last
+            else f"has not run whole here yet ({RECORDED})")
+    if reporter is not None:
+        n = len(session.items)
+        reporter.write_line(f"{n} test{'s' * (n != 1)} to run; the default suite (-m 'not slow') {said}")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Keep how long the whole default suite took, for the next session's first line."""
+    cache = getattr(session.config, "cache", None)
+    if cache is not None and _whole_default_suite(session.config) and exitstatus in (0, 1):
+        cache.set(SUITE_KEY, {"seconds": round(time.monotonic() - _started), "tests": session.testscollected,
+                              "day": datetime.date.today().isoformat()})
 
 
 def shaped_preset(g: Geometry, head_dim: int = 8, name: str = "test") -> ModelPreset:

@@ -72,6 +72,8 @@ def test_gpt_oss_120b_on_one_4090_with_64_gb_at_32k(gptoss_trace, tmp_path, monk
         assert best["speed"]["decode_tok_s"] > 0 and best["speed"]["uncertainty"].startswith("uncertainty: " + spread(
             {"stack": STACKS[e["engine"]], "policy": best["simulated_policy"] or ""}))
         assert best["memory"]["gpus"][0]["kv_gib"] > 0
+        assert sum(map(sum, best["gpu_experts_by_layer"])) == best["gpu_experts"]  # which layers' experts live where
+    assert sorted(p.name for p in (tmp_path / "p").glob("*.png")) == ["plan_memory.png", "plan_speed.png"]
     import pandas as pd
 
     frame = pd.read_csv(tmp_path / "p" / "candidates.csv")

@@ -1,8 +1,10 @@
 """`casmoe.cli.figures`: each figure, built from a few synthetic records, read back through matplotlib's
-objects before it is saved: a title naming the model, the box and the trace; y axes with a unit;
-one (colour, marker) pair per policy, the same in every plot of a run, oracles dashed; the legend
-beside the axes, not over them; zeros drawn, not dropped by a log axis; host-computed misses
-apart from loaded ones."""
+objects before it is saved, as a reader would check it: a title of at most two lines naming what
+it shows, with the model, the box and the trace in the second; y axes with a unit and one scale
+each (no linear-then-log axis); at most eight series in a panel, in distinct colours; one (colour,
+marker) pair per policy, the same in every plot of a run, oracles dashed; families of policies on
+panels of their own, each column's legend under it, not over the data; zeros drawn; the one-time
+setup before the first request apart from the run's stalls."""
 
 from __future__ import annotations
 
@@ -21,27 +23,30 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from casmoe.cli import figures as plots  # noqa: E402
 from casmoe.cli.figures import PolicyStyles, SearchPoint  # noqa: E402
+from casmoe.policies import POLICIES  # noqa: E402
 
 LAYERS = 6
-POLICIES = ["ondemand", "lru", "least-stale", "n-cpu-moe", "casmoe[predictor=exact]", "belady"]
+POLICIES_RUN = ["ondemand", "lru", "least-stale", "n-cpu-moe", "casmoe[predictor=exact]", "belady"]
 ORACLES = {"casmoe[predictor=exact]", "belady"}
+FAMILY_COLUMNS = ["reactive caches", "host-compute placements", "oracles"]
 
 
-def record(policy: str, slots: int, rate: float | None = None) -> dict[str, Any]:
+def record(policy: str, slots: int, rate: float | None = None, oracle: bool | None = None) -> dict[str, Any]:
     """A simulate record with the fields the plots read; least-stale equals lru, n-cpu-moe
     computes its misses on the host and never stalls on layers 0-2, belady is 9x LRU."""
-    i = POLICIES.index(policy)
+    i = POLICIES_RUN.index(policy) if policy in POLICIES_RUN else len(POLICIES_RUN) + len(policy) % 7
     speed = {"ondemand": 1.0, "lru": 2.0 * slots, "least-stale": 2.0 * slots, "n-cpu-moe": 9.0 + slots,
-             "casmoe[predictor=exact]": 2.5 * slots, "belady": 18.0 * slots}[policy]
+             "casmoe[predictor=exact]": 2.5 * slots, "belady": 18.0 * slots}.get(policy, 1.5 * slots + i / 10)
     accesses, misses = 1000, (1000 if policy == "ondemand" else 600 // slots)
     stall = [0.0 if policy == "n-cpu-moe" and layer < 3 else 0.1 * (i + 1) + 0.01 * layer for layer in range(LAYERS)]
     if policy == "least-stale":
         stall = [0.1 * 2 + 0.01 * layer for layer in range(LAYERS)]  # = lru's
     r = {
         "trace": "tiny-mixtral.npz", "model": "mixtral-8x7b", "hardware": "rtx4090x4", "devices": 4,
-        "policy": policy, "oracle": policy in ORACLES, "capacity": f"{slots}/layer", "capacity_gb": 11.3 * slots,
-        "batch": 1, "miss_mode": "load", "quant": "trace", "scored": "2 of 800 requests (the first 2 of the trace)",
-        "workload": "back-to-back", "decode_tokens_per_s": speed, "accesses": accesses, "hits": accesses - misses,
+        "policy": policy, "oracle": policy in ORACLES if oracle is None else oracle, "capacity": f"{slots}/layer",
+        "capacity_gb": 11.3 * slots, "batch": 1, "miss_mode": "load", "quant": "trace",
+        "scored": "2 of 800 requests (the first 2 of the trace)", "workload": "back-to-back",
+        "decode_tokens_per_s": speed, "accesses": accesses, "hits": accesses - misses,
         "late_hits": 0, "misses": misses, "cpu_computed": misses if policy == "n-cpu-moe" else 0, "substitutions": 0,
         "hit_rate": 1 - misses / accesses, "stall_by_layer_s": stall,
         "stall_bound_by_layer_s": [0.0 if layer % 2 else 0.05 for layer in range(LAYERS)],
@@ -56,14 +61,27 @@ def record(policy: str, slots: int, rate: float | None = None) -> dict[str, Any]
     return r
 
 
-RECORDS = [record(p, s) for s in (2, 4, 6) for p in POLICIES]
+RECORDS = [record(p, s) for s in (2, 4, 6) for p in POLICIES_RUN]
 AT_SMALLEST = [r for r in RECORDS if r["capacity"] == "2/layer"]
-SERVED = [record(p, 2, rate) for rate in (0.1, 0.5, 1.0) for p in POLICIES]
+SERVED = [record(p, 2, rate) for rate in (0.1, 0.5, 1.0) for p in POLICIES_RUN]
+EVERY = [record(label, s, oracle=label.startswith("casmoe[predictor") or label in ("belady", "sch"))
+         for s in (2, 4) for label in [*POLICIES, "n-cpu-moe[gpu_prefill=32]", "casmoe[planner=auto]",
+                                       "casmoe[predictor=noisy]", "casmoe[predictor=exact]"] if label != "casmoe"]
+"""The default run's 20 policies: more than a panel can hold."""
 
 
 def lines(fig: Any) -> list[Line2D]:
-    """Every policy's line in the figure (their gid is the policy label)."""
-    return [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_gid()]
+    """Every policy's line in the figure (their gid is the policy label; reference lines' start 'reference:')."""
+    return [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_gid() and not ln.get_gid().startswith("reference:")]
+
+
+def legends(fig: Any) -> list[Any]:
+    """The figure's legends and those of its subfigures (a column each)."""
+    return [*fig.legends, *(leg for sub in fig.subfigs for leg in sub.legends)]
+
+
+def entries(fig: Any) -> list[str]:
+    return [t.get_text() for leg in legends(fig) for t in leg.get_texts() if t.get_text().strip()]
 
 
 def pairs(fig: Any) -> dict[str, set[tuple[str, str]]]:
@@ -76,8 +94,9 @@ def pairs(fig: Any) -> dict[str, set[tuple[str, str]]]:
 def check_common(fig: Any, labels: set[str], context: tuple[str, ...] = ("mixtral-8x7b", "rtx4090x4 (4 GPUs)",
                                                                           "tiny-mixtral.npz")) -> None:
     title = fig.get_suptitle()
+    assert len(title.splitlines()) <= 2, title  # what, then the setting
     for part in context:
-        assert part in title, (part, title)
+        assert part in title.splitlines()[-1], (part, title)
     styles = pairs(fig)
     assert set(styles) == labels
     assert all(len(p) == 1 for p in styles.values()), styles  # one style per policy in every panel
@@ -85,15 +104,20 @@ def check_common(fig: Any, labels: set[str], context: tuple[str, ...] = ("mixtra
     for ln in lines(fig):
         assert (ln.get_linestyle() == "--") == ln.get_gid().endswith("*"), ln.get_gid()
     shown = [ax for ax in fig.axes if ax.get_visible()]
+    for ax in shown:
+        mine = [ln for ln in ax.get_lines() if ln.get_gid() and not ln.get_gid().startswith("reference:")]
+        assert len({ln.get_gid() for ln in mine}) <= plots.SERIES_PER_PANEL, ax.get_title()
+        assert len({to_hex(ln.get_color()) for ln in mine}) == len({ln.get_gid() for ln in mine}), ax.get_title()
+        assert ax.get_yscale() in ("linear", "log"), ax.get_yscale()  # one scale: no symlog
     assert any("(" in ax.get_ylabel() and ")" in ax.get_ylabel() for ax in shown)  # a unit
     fig.draw_without_rendering()
-    assert fig.legends, "no legend"
+    assert legends(fig), "no legend"
     title_box = fig._suptitle.get_window_extent()
-    for leg in fig.legends:
+    for leg in legends(fig):
         box = leg.get_window_extent()
         for ax in shown:
-            assert not box.overlaps(ax.get_window_extent()), "the legend covers an axes"
-        assert not box.overlaps(title_box), "the legend covers the title"
+            assert not box.overlaps(ax.get_window_extent()), "a legend covers an axes"
+        assert not box.overlaps(title_box), "a legend covers the title"
 
 
 def drawn(ax: Any, x: float, y: float) -> bool:
@@ -119,37 +143,51 @@ def labels_of(records: list[dict[str, Any]]) -> set[str]:
     return {plots.policy_label(r) for r in records}
 
 
+def column_titles(fig: Any) -> list[str]:
+    """The family each column of a family-column figure holds (its top panel's first title line)."""
+    return [sub.axes[0].get_title().splitlines()[0] for sub in fig.subfigs if sub.axes and sub.axes[0].get_lines()]
+
+
 @pytest.fixture(autouse=True)
 def _close():
     yield
     plots._pyplot().close("all")
 
 
-def test_decode_vs_capacity_panels_title_styles_legend_and_zeros():
+def test_decode_vs_capacity_puts_each_family_in_its_column_on_one_scale():
     fig = plots.figure_decode_vs_capacity(RECORDS)
     check_common(fig, labels_of(RECORDS))
-    titles = [ax.get_title() for ax in fig.axes]
-    assert any("loaded over the link" in t for t in titles) and any("computed on the host" in t for t in titles)
-    host = next(ax for ax in fig.axes if "computed on the host" in ax.get_title())
-    assert {ln.get_gid() for ln in host.get_lines() if ln.get_gid()} == {"n-cpu-moe"}  # host compute apart
-    loaded = next(ax for ax in fig.axes if "loaded over the link" in ax.get_title())
-    assert loaded.get_yscale() != "log" and zero_drawn(fig, "n-cpu-moe")  # 0 loaded misses, drawn
-    change = next(ax for ax in fig.axes if "change over LRU" in ax.get_title())
-    assert change.get_yscale() == "symlog"  # belady at +800% leaves the middle readable
-    lo, hi = change.get_ylim()
-    assert hi > 700 and lo < -80
-    # the middle (-50%..+50%) keeps at least a third of the panel's height
-    y = [change.transData.transform((0, v))[1] for v in (-50, 50, lo, hi)]
-    assert (y[1] - y[0]) / (y[3] - y[2]) > 1 / 3
-    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert column_titles(fig) == FAMILY_COLUMNS
+    speed = [sub.axes[0] for sub in fig.subfigs]
+    assert {ax.get_yscale() for ax in speed} == {"log"}  # 1 to 108 tok/s: ratios read as distances
+    assert len({ax.get_ylim() for ax in speed}) == 1  # one scale for every family
+    waits = [sub.axes[1] for sub in fig.subfigs]
+    assert {ax.get_yscale() for ax in waits} == {"linear"} and {ax.get_ylim() for ax in waits} == {(-3, 103)}
+    assert zero_drawn(fig, "n-cpu-moe")  # 0 loaded misses, drawn
+    host = fig.subfigs[1].axes[0]
+    (ref,) = [ln for ln in host.get_lines() if ln.get_gid().startswith("reference:")]
+    assert "best plain cache (lru)" in ref.get_gid() and list(ref.get_ydata()) == [4.0, 8.0, 12.0]
+    assert not any(ln.get_gid().startswith("reference:") for ln in fig.subfigs[0].axes[0].get_lines())
+    legend = [t.get_text() for t in fig.subfigs[0].legends[0].get_texts()]
     assert any(t.startswith("lru") and "least-stale" in t for t in legend)  # equal lines say so
+    assert "best plain cache (lru)" in [t.get_text() for t in fig.subfigs[1].legends[0].get_texts()]
 
 
-def test_decode_vs_capacity_without_lru_or_host_compute_has_two_panels():
+def test_the_default_runs_twenty_policies_fit_their_panels():
+    fig = plots.figure_decode_vs_capacity(EVERY)
+    check_common(fig, labels_of(EVERY))
+    assert column_titles(fig) == ["reactive caches", "prefetchers", "host-compute placements", "oracles"]
+    for sub in fig.subfigs:  # each column's legend names its own family's policies, and only those
+        names = {t.get_text().split("  (=")[0] for t in sub.legends[0].get_texts() if t.get_text().strip()}
+        drawn_here = {ln.get_gid() for ax in sub.axes for ln in ax.get_lines()}
+        assert names == {g.split(":", 1)[1] if g.startswith("reference:") else g for g in drawn_here}
+
+
+def test_decode_vs_capacity_of_two_families_has_two_columns():
     rs = [r for r in RECORDS if r["policy"] in ("ondemand", "belady")]
     fig = plots.figure_decode_vs_capacity(rs)
     check_common(fig, labels_of(rs))
-    assert len([ax for ax in fig.axes if ax.get_visible()]) == 2
+    assert column_titles(fig) == ["reactive caches", "oracles"] and len(fig.axes) == 4
 
 
 def test_decode_vs_capacity_facets_a_sweep_axis_into_rows():
@@ -159,25 +197,40 @@ def test_decode_vs_capacity_facets_a_sweep_axis_into_rows():
     check_common(fig, labels_of(rs), ("mixtral-8x7b", "tiny-mixtral.npz", "each row's box"))
     titles = " ".join(ax.get_title() for ax in fig.axes)
     assert "rtx4090x4 (4 GPUs)" in titles and "h100-sxm (1 GPU)" in titles
+    assert all(len(sub.axes) == 4 for sub in fig.subfigs)  # speed and waits per box
 
 
-def test_stall_by_layer_draws_zero_stalls():
+def test_stall_by_layer_draws_zero_stalls_on_one_linear_scale():
     fig = plots.figure_stall_by_layer(AT_SMALLEST)
     check_common(fig, labels_of(AT_SMALLEST))
     assert "2/layer" in fig.get_suptitle()
-    assert fig.axes[0].get_yscale() == "linear"  # less than a decade: linear from 0
+    assert {ax.get_yscale() for ax in fig.axes} == {"linear"} and len({ax.get_ylim() for ax in fig.axes}) == 1
     assert zero_drawn(fig, "n-cpu-moe")
-    spread = [{**r, "stall_by_layer_s": [v / 1000 for v in r["stall_by_layer_s"]]} if r["policy"] == "n-cpu-moe" else r
-              for r in AT_SMALLEST]  # decades apart: log, and symlog for the zeros
-    fig = plots.figure_stall_by_layer(spread)
-    assert fig.axes[0].get_yscale() == "symlog" and zero_drawn(fig, "n-cpu-moe")
+    assert column_titles(fig) == FAMILY_COLUMNS
 
 
-def test_timeliness_has_a_legend_and_separate_panels():
+def test_the_one_time_setup_is_drawn_apart_from_the_stalls():
+    setup = [{**r, "setup_s": 2.5, "setup_bytes": 45e9} if r["policy"] == "n-cpu-moe" else {**r, "setup_s": 0.0}
+             for r in AT_SMALLEST]
+    for figure in (plots.figure_stall_by_layer, plots.figure_timeliness):
+        fig = figure(setup)
+        (panel,) = [ax for ax in fig.axes if "setup" in ax.get_title()]
+        assert [t.get_text() for t in panel.get_yticklabels()] == ["n-cpu-moe"]  # only the run that has one
+        (bar,) = panel.patches
+        assert bar.get_width() == 2.5 and any("45.0 GB" in t.get_text() for t in panel.texts)
+        assert to_hex(bar.get_facecolor()) == pairs(fig)["n-cpu-moe"].pop()[0]
+        placed = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_gid() == "n-cpu-moe"]
+        assert placed and all(max(ln.get_ydata()) < 2.5 for ln in placed)  # not among its stalls
+    assert not any("setup" in ax.get_title() for ax in plots.figure_stall_by_layer(AT_SMALLEST).axes)
+
+
+def test_timeliness_has_three_rows_per_family_column():
     fig = plots.figure_timeliness(AT_SMALLEST)
     check_common(fig, labels_of(AT_SMALLEST))
-    assert len(fig.axes) == 3
+    assert len(fig.axes) == 3 * len(FAMILY_COLUMNS) and column_titles(fig) == FAMILY_COLUMNS
     assert zero_drawn(fig, "lru")  # its bound is 0 at odd layers, its late hits 0 everywhere
+    assert [fig.subfigs[0].axes[i].get_ylabel() for i in range(3)] == [
+        "stall (s, run total)", "bandwidth bound (s, run total)", "late hits (count)"]
 
 
 def test_queue_draws_an_empty_queue_at_zero():
@@ -188,10 +241,10 @@ def test_queue_draws_an_empty_queue_at_zero():
 
 def test_latency_vs_load_one_column_per_percentile():
     fig = plots.figure_latency_vs_load(SERVED)
-    check_common(fig, labels_of(SERVED))
     assert [ax.get_title() for ax in fig.axes] == ["time to first token, p50", "time to first token, p99",
                                                     "time per output token, p50", "time per output token, p99"]
     assert all("(s)" in ax.get_ylabel() for ax in fig.axes)
+    assert len(fig.get_suptitle().splitlines()) <= 2
 
 
 def test_report_plots_share_one_style_per_policy(tmp_path, monkeypatch):
@@ -211,13 +264,17 @@ def test_report_plots_share_one_style_per_policy(tmp_path, monkeypatch):
     assert all(len(p) == 1 for p in seen.values()), seen  # one style per policy across the run's plots
 
 
-def test_policy_styles_are_distinct_fixed_for_built_ins_and_dashed_for_oracles():
+def test_policy_styles_differ_within_a_family_and_across_the_run():
     labels = [f"casmoe[x={i}]" for i in range(30)] + ["lru", "belady*", "my.module:Mine"]
     styles = PolicyStyles(labels)
     got = [styles(label) for label in labels]
     assert len({(s.colour, s.marker) for s in got}) == len(labels)
-    assert len({s.colour for s in got[:15]}) == 15 and len({s.marker for s in got[:15]}) == 15
-    assert styles("lru") == PolicyStyles(["belady*", "lru"])("lru")  # the same in any run
+    every = PolicyStyles.of(EVERY)
+    for family in {every.family(plots.policy_label(r)) for r in EVERY}:
+        mine = [plots.policy_label(r) for r in EVERY if every.family(plots.policy_label(r)) is family]
+        assert len({every(x).colour for x in set(mine)}) == len(set(mine))  # a panel's colours differ
+    assert set(plots.PALETTE) >= {every(plots.policy_label(r)).colour for r in EVERY}  # colour-blind-safe
+    assert styles("lru") == PolicyStyles(["belady*", "lru"])("lru")  # the same in any run of these
     assert styles("belady*").dashed and not styles("lru").dashed
 
 
@@ -227,8 +284,8 @@ def test_the_loaded_panel_counts_late_prefetches_as_waits():
     streamed = [{**r, "policy": "layer-offload", "misses": 0, "hits": 1000, "late_hits": 900, "hit_rate": 1.0}
                 for r in RECORDS if r["policy"] == "ondemand"]
     fig = plots.figure_decode_vs_capacity(RECORDS + streamed)
-    loaded = next(ax for ax in fig.axes if "loaded over the link" in ax.get_title())
-    (line,) = [ln for ln in loaded.get_lines() if ln.get_gid() == "layer-offload"]
+    (line,) = [ln for ax in fig.axes for ln in ax.get_lines()
+               if ln.get_gid() == "layer-offload" and ax.get_ylim() == (-3, 103)]
     assert list(line.get_ydata()) == pytest.approx([90.0] * 3)
 
 
@@ -255,8 +312,16 @@ def test_titles_name_the_stack_the_figures_assumed():
     assert "ideal stack (an upper bound)" in fig.get_suptitle()
     both = [{**r, "stack": "ideal"} for r in RECORDS] + [{**r, "stack": "llama.cpp"} for r in RECORDS]
     fig = plots.figure_decode_vs_capacity(both)
-    assert "each row's stack" in fig.get_suptitle()
-    assert any(ax.get_title().startswith("llama.cpp stack\n") for ax in fig.axes)  # the row's setting on its own line
+    assert "each row's stack" in fig.get_suptitle() and len(fig.get_suptitle().splitlines()) == 2
+    assert any("llama.cpp stack" in ax.get_title() for ax in fig.axes)  # the row's setting in its panels' titles
+
+
+def test_a_long_setting_still_fits_two_lines():
+    long = [{**r, "hardware": "rtx4090-64g@gpus=2,link=pcie5", "quant": "q4_k_m", "batch": 4,
+             "miss_mode": "substitute", "stack": "mixtral-offloading"} for r in RECORDS]
+    for figure in (plots.figure_decode_vs_capacity, plots.figure_stall_by_layer, plots.figure_timeliness):
+        title = figure(long).get_suptitle()
+        assert len(title.splitlines()) == 2 and "misses substituted" in title and "mixtral-offloading stack" in title
 
 
 def test_search_panels_per_config_policies_styled_target_in_legend():
@@ -302,7 +367,7 @@ def lrc_results():
 def test_lrc_plots_name_their_traces_and_style_baselines_as_policies(lrc_results):
     for fig in (plots.figure_lrc_sch(lrc_results), plots.figure_lrc_srp(lrc_results),
                 plots.figure_lrc_layers(lrc_results)):
-        title = fig.get_suptitle()
+        title = " ".join(fig.get_suptitle().split())  # a narrow figure's setting may wrap
         assert "a: 3 MoE layers, 8 experts, top-2" in title and "b: 3 MoE layers" in title
         assert "no hardware" in title
         fig.draw_without_rendering()
@@ -339,3 +404,101 @@ def test_plot_functions_write_whole_pngs(tmp_path, lrc_results):
     ]
     assert all(isinstance(p, Path) and p.read_bytes()[:4] == b"\x89PNG" for p in written)
     assert not plots._pyplot().get_fignums()  # closed after saving
+
+
+# ---- casmoe plan's pictures ----------------------------------------------------------------------
+
+
+def candidate(engine: str, label: str, decode: float, band: list[float] | None, fits: bool = True,
+              on_gpu: tuple[int, ...] = (8, 8)) -> dict[str, Any]:
+    """A plan.json configuration on two GPUs and two host nodes, 4 MoE layers of 8 experts:
+    `on_gpu` experts of each layer on GPU 0 (layers 0-1) and GPU 1 (layers 2-3)."""
+    gpus = [{"gpu": i, "total_gib": 24.0, "reserve_gib": 2.0, "dense_gib": 1.5, "embeddings_gib": 0.5, "kv_gib": 1.0,
+             "experts_gib": 18.0 if fits else 30.0, "expert_count": on_gpu[i] * 2, "used_gib": 23.0 if fits else 35.0,
+             "free_gib": 1.0 if fits else -11.0, "moe_layers": [2 * i, 2 * i + 1]} for i in range(2)]
+    host = [{"node": n, "total_gib": 64.0, "reserve_gib": 2.0, "other_gib": 0.5, "experts_gib": 10.0,
+             "expert_count": 8, "used_gib": 12.5, "free_gib": 51.5} for n in range(2)]
+    return {"engine": engine, "label": label, "fits": fits, "unit": "layer", "gpu_layers": [[0, 1], [2, 3]],
+            "experts_per_layer": 8, "gpu_experts_by_layer": [[on_gpu[0], on_gpu[0], 0, 0], [0, 0, on_gpu[1], on_gpu[1]]],
+            "memory": {"fits": fits, "problems": [] if fits else ["GPU 0 over by 11 GiB"], "gpus": gpus, "host": host},
+            "speed": {"decode_tok_s": decode, "decode_at_context_tok_s": decode * 0.9, "decode_band_tok_s": band,
+                      "uncertainty": "x/÷ 2.00" if band else "not validated: the ideal stack is an upper bound"}}
+
+
+PLAN = {"model": "qwen3-30b-a3b", "hardware": "rtx4090x4@gpus=2", "context": 8192, "concurrency": 1,
+        "box": {"gpus_gib": [24.0, 24.0], "host_ram_gib": 128.0, "numa_nodes": 2, "threads": 56},
+        "precisions": "experts bf16; dense bf16; KV cache f16",
+        "engines": [{"engine": "llama.cpp", "best": candidate("llama.cpp", "--n-cpu-moe 2", 20.0, [10.0, 40.0]),
+                     "runners_up": [candidate("llama.cpp", "--n-cpu-moe 3", 15.0, [7.5, 30.0])]},
+                    {"engine": "casmoe", "best": candidate("casmoe", "routed experts", 30.0, None, on_gpu=(4, 6)),
+                     "runners_up": [candidate("casmoe", "everything on the GPUs", 50.0, None, fits=False)]},
+                    {"engine": "vllm", "best": None, "runners_up": []}]}
+
+
+def test_plan_memory_map_draws_each_engines_bars_and_where_each_layer_lives():
+    fig = plots.figure_plan_memory(PLAN)
+    assert len(fig.get_suptitle().splitlines()) == 2 and "qwen3-30b-a3b on rtx4090x4@gpus=2" in fig.get_suptitle()
+    bars = [ax for ax in fig.axes if ax.patches]
+    assert [ax.get_title(loc="left").split(":")[0] for ax in bars] == ["llama.cpp", "casmoe"]  # vllm has no configuration
+    for ax in bars:
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["GPU 0", "GPU 1", "host 0", "host 1"]
+        assert ax.get_xscale() == "linear"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["runtime reserve", "dense weights", "embeddings", "KV cache", "expert slots", "free",
+                      "the device's memory"]
+    strips = [ax for ax in fig.axes if ax.images]
+    shares = np.asarray(strips[1].images[0].get_array())  # casmoe: 4 of 8 experts of layers 0-1 on GPU 0
+    assert shares[:, 0].tolist() == [0.5, 0.0, 0.5] and shares[:, 3].tolist() == [0.0, 0.75, 0.25]
+    assert np.allclose(shares.sum(axis=0), 1.0)
+
+
+def test_plan_memory_map_marks_what_does_not_fit():
+    over = {**PLAN, "engines": [{"engine": "casmoe", "best": PLAN["engines"][1]["runners_up"][0], "runners_up": []}]}
+    fig = plots.figure_plan_memory(over)
+    (ax,) = [ax for ax in fig.axes if ax.patches]
+    assert "DOES NOT FIT" in ax.get_title(loc="left") and any("over by 11 GiB" in t.get_text() for t in ax.texts)
+
+
+def test_plan_speed_draws_every_candidate_with_its_interval():
+    fig = plots.figure_plan_speed(PLAN)
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "log" and len(fig.get_suptitle().splitlines()) == 2
+    marks = {ln.get_gid(): ln for ln in ax.get_lines() if ln.get_gid()}
+    assert set(marks) == {"llama.cpp: --n-cpu-moe 2", "llama.cpp: --n-cpu-moe 3", "casmoe: routed experts",
+                          "casmoe: everything on the GPUs"}
+    assert to_hex(marks["casmoe: everything on the GPUs"].get_color()) == to_hex("0.6")  # does not fit: grey
+    assert marks["casmoe: everything on the GPUs"].get_marker() == "X"
+    assert to_hex(marks["llama.cpp: --n-cpu-moe 2"].get_color()) != to_hex(marks["casmoe: routed experts"].get_color())
+    bands = [ln for ln in ax.get_lines() if not ln.get_gid() and len(ln.get_xdata()) == 2]
+    assert sorted(tuple(ln.get_xdata()) for ln in bands) == [(7.5, 30.0), (10.0, 40.0)]
+    assert any("upper bound" in t.get_text() for t in ax.texts)  # no interval: said why
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[-1] == "casmoe: everything on the GPUs [does not fit]"  # fastest on top
+
+
+def test_draw_plan_reads_plan_json_alone(tmp_path):
+    import json
+
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    written = plots.draw_plan(tmp_path)
+    assert [p.name for p in written] == ["plan_memory.png", "plan_speed.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written)
+
+
+def test_the_readmes_pictures_are_drawn_from_committed_results():
+    """bench/readme_figures.py draws docs/img/ from result files in the tree: they exist, hold
+    what each picture needs, and the README shows every picture it writes."""
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("readme_figures", root / "bench" / "readme_figures.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    records = json.loads(script.SIMULATE.read_text())
+    assert {r["policy"] for r in records} >= {"lru", "lfu", "routed-placement", "belady"}
+    assert [p.name for p in plots.report_plots(records)] == list(script.PICTURES[:3])
+    assert plots._plan_engines(json.loads(script.PLAN.read_text()))
+    readme = (root / "README.md").read_text()
+    for name in script.PICTURES:
+        assert (script.OUT / name).exists() and f"](docs/img/{name})" in readme, name

@@ -97,7 +97,8 @@ def test_no_runtime_names_a_policy():
     """Outside casmoe/policies, no module imports a policy's own module (only the registry
     and the spec), and none asks `isinstance` of a policy class."""
     policy_modules = {f"casmoe.policies.{p.stem}" for p in POLICY_HOME.glob("*.py")} - {
-        "casmoe.policies.__init__", "casmoe.policies.registry", "casmoe.policies.spec", "casmoe.policies.fitting"}
+        "casmoe.policies.__init__", "casmoe.policies.registry", "casmoe.policies.spec", "casmoe.policies.fitting",
+        "casmoe.policies.family"}
     classes = {cls.__name__ for cls in POLICIES.values()}
     bad = []
     for name, targets in graph(PACKAGES).items():
@@ -140,3 +141,26 @@ def test_nothing_outside_a_policy_reads_its_fields():
             if isinstance(node, ast.Attribute) and node.attr in fields and ast.unparse(node.value) not in ("self", "cls"):
                 bad.append(f"{name}:{node.lineno} {ast.unparse(node)}")
     assert not bad, "private cache fields read from outside the policy:\n" + "\n".join(bad)
+
+
+def test_every_built_in_policy_says_what_it_is_and_its_family_follows_its_hooks():
+    """The legend under simulate's table and the plots' panels read these declarations; the
+    family comes from the hooks and flags, not from a list of names."""
+    from casmoe.cache import MissMode
+    from casmoe.policies.family import Family, describe, family_of, plain_cache
+
+    for name, cls in POLICIES.items():
+        assert cls.summary and len(cls.summary) <= 100 and "\n" not in cls.summary, name
+        assert cls.runtime is None or (ROOT / "casmoe" / "sim" / "cost" / "stacks" / f"{cls.runtime}.toml").exists()
+    families = {name: family_of(cls) for name, cls in POLICIES.items()}
+    assert {n for n, f in families.items() if f is Family.ORACLE} == {"belady", "sch"}
+    assert {n for n, f in families.items() if f is Family.HOST} == {"n-cpu-moe", "ktransformers", "fiddler", "hybrimoe",
+                                                                  "routed-placement"}
+    assert {"semoe", "speculative", "moe-infinity", "layer-offload", "casmoe"} == {
+        n for n, f in families.items() if f is Family.PREFETCH}
+    assert family_of(POLICIES["lru"], miss_mode=MissMode.CPU) is Family.HOST  # the run's miss mode counts
+    assert family_of(POLICIES["casmoe"], oracle=True) is Family.ORACLE  # an oracle predictor's record
+    plain = {n for n in POLICIES if plain_cache({"policy": n, "oracle": False})}
+    assert plain == {"lru", "lfu", "least-stale"}  # not on-demand (keeps nothing), not static (fitted)
+    assert "oracle" not in describe("casmoe[planner=auto]") and "bound" in describe("casmoe[predictor=exact]*")
+    assert describe("n-cpu-moe[n=4]") == POLICIES["n-cpu-moe"].summary and describe("my.module:Nope") == ""

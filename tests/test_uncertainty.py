@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from casmoe.report import OUTSIDE_MARK
+from casmoe.report import OUTSIDE_MARK, sig
 from casmoe.sim.trust import uncertainty as u
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,8 +78,14 @@ def test_the_python_headline_names_stack_and_spread(spreads) -> None:
     import casmoe.sim
 
     res = casmoe.sim.simulate(policies=["lru"], capacities=[4], requests=1)
-    (line,) = res.headline().splitlines()
-    assert line.endswith(", on the ideal stack (upper bound)")
+    line, stacks = res.headline().splitlines()
+    # the ideal stack's upper bound, then the figure on the runtime that runs LRU (Mixtral-Offloading's)
+    (lru,) = res.records
+    assert line.endswith(f"lru {sig(lru['decode_tokens_per_s'])} tok/s, itself the best plain cache; on its runtime "
+                         f"{sig(lru['on_runtime']['decode_tokens_per_s'])}")
+    assert lru["on_runtime"]["decode_tokens_per_s"] < lru["decode_tokens_per_s"]
+    assert stacks == ("upper bounds on the ideal stack (no runtime cost); on their runtimes' stacks: "
+                      "lru on mixtral-offloading (x/÷ 1.50†)")
     assert res.frame()["uncertainty_factor"].isna().all()
 
 

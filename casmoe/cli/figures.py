@@ -1,16 +1,21 @@
 """PNG plots of results (matplotlib imported lazily, on the file-only Agg backend).
 
-Every figure reads without the source: a title naming what it shows and the run (model, box,
-trace), y axes that say what they measure and in which unit, one colour and marker per policy
-that all plots of a run share (`PolicyStyles`; oracles, starred, dashed), legends beside the axes
-instead of over the data, zeros drawn (no log axis that drops them).
+Every figure reads without the source: a title of two lines, what it shows and then the setting
+(model, box, trace, what is not the default), sized to fit; y axes that say what they measure and
+in which unit, one scale a panel (logarithmic only where values span decades and none is 0, never
+linear-then-log); at most eight series a panel: the simulator's plots put each family of policies
+(`casmoe.policies.family`) in a column of its own with its legend under it; colours from Okabe and
+Ito's colour-blind-safe palette, distinct in a panel, one colour and marker per policy that all
+plots of a run share (`PolicyStyles`; oracles, starred, dashed); legends beside or under the axes,
+never over the data.
 
 Each plot is a pair: `figure_X(...)` builds the matplotlib Figure (the tests inspect it), and
 `plot_X(path, ...)` writes it as a PNG, atomically (a file that exists is whole), and closes it.
-`report_plots` chooses the PNGs of a `simulate`/`sweep` report folder and `draw_report` draws them.
+`report_plots` chooses the PNGs of a `simulate`/`sweep` report folder and `draw_report` draws
+them; `draw_plan` draws a plan folder's from its plan.json.
 
-Sections: styles and titles; the report folder; the simulator's plots; serving; `casmoe search`;
-routing consistency (`casmoe lrc`); the planner's gate.
+Sections: styles and titles; the report folder; the simulator's plots; serving; `casmoe plan`;
+`casmoe search`; routing consistency (`casmoe lrc`); the planner's gate.
 """
 
 from __future__ import annotations
@@ -23,20 +28,24 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from casmoe.output import atomic_open
-from casmoe.report import SPEED, sig, varied_axes
+from casmoe.report import SPEED, human_bytes, policy_label, sig, varied_axes
 
 ORACLE_LEGEND = ("* oracle (dashed): reads the future,\nor fitted on the requests it is\n"
                  "scored on: a bound, not deployable")
 
 # ---- styles and titles ---------------------------------------------------------------------------
 
-COLOURS = (  # tab10, then ten darker or more saturated ones; with the markers, 60 distinct pairs
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-    "#000000", "#393b79", "#a6761d", "#e7298a", "#006d6f", "#66a61e", "#a50f15", "#6a3d9a", "#b15928", "#6b6b00",
-)
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442")
+"""Okabe and Ito's colour-blind-safe palette ("Color Universal Design", 2008), the pale yellow last."""
+REFERENCE = "0.45"
+"""The grey of reference lines (the best plain cache drawn beside other families): in no series' palette."""
 # no two alike at the legend's size: a thin diamond ('d') read as the diamond ('D') of another
 # policy in a blue-purple neighbour's colour (fiddler beside n-cpu-moe[gpu_prefill=32])
 MARKERS = ("o", "s", "D", "^", "v", "<", ">", "p", "*", "X", "P", "1", "h", "x", "+")
+MIN_WIDTH = 12.0
+"""Inches a figure of family columns is at least wide: its two-line title fits at 7 points or more."""
+SERIES_PER_PANEL = 8
+"""At most this many series in one panel: more cannot be told apart (families go on separate panels)."""
 
 
 @dataclass(frozen=True)
@@ -56,53 +65,84 @@ class Style:
         return {"color": self.colour, "marker": self.marker, "linestyle": self.linestyle}
 
 
-def policy_label(record: dict[str, Any]) -> str:
-    """A record's policy as the tables write it: starred when it is an oracle."""
-    return record["policy"] + ("*" if record.get("oracle") else "")
-
-
 def _base(label: str) -> str:
     """'casmoe[predictor=exact]*' -> 'casmoe'."""
     return label.rstrip("*").split("[", 1)[0]
 
 
 class PolicyStyles:
-    """Policy label -> `Style`, distinct per label, the same in every plot given this object.
+    """Policy label -> `Style`, the same in every plot given this object.
 
-    A built-in policy has a fixed slot (its place in the registry), so that `lru` looks alike in
-    every run; a variant (`casmoe[predictor=noisy]`) or a user's class takes its base name's slot
-    when no other label of the run has it, else the next free one. Slot i is (COLOURS[i % 20],
-    MARKERS[i % 15]): colour and marker both differ up to 15 labels, the pair up to 60. A label
-    that ends in '*' (an oracle) is dashed.
+    Labels are ordered by family (`casmoe.policies.family`: the plots put each family on panels
+    of its own), built-ins in the registry's order within it, then the others as first seen.
+    Colours come from PALETTE: dealt over the whole run when it has at most 8 labels, else
+    per family, so that the (at most 8) series of any panel differ in colour. Markers follow
+    the run's order, the next free one where a (colour, marker) pair is taken, so no two labels
+    of a run look alike even where families meet in one panel (`casmoe search`). An oracle (its
+    label ends in '*') is dashed.
     """
 
-    def __init__(self, labels: Iterable[str] = ()) -> None:
+    def __init__(self, labels: Iterable[str] = (), families: dict[str, Any] | None = None) -> None:
         from casmoe.policies.registry import POLICIES
 
-        self._fixed = {name: i for i, name in enumerate(POLICIES)}
-        self._slots: dict[str, int] = {}
+        self._order = {name: i for i, name in enumerate(POLICIES)}
+        self._families: dict[str, Any] = dict(families or {})
+        self._seen: list[str] = []
+        self._styles: dict[str, Style] = {}
         for label in labels:
-            self(label)
+            if label not in self._seen:
+                self._seen.append(label)
+        self._deal()
 
     @classmethod
     def of(cls, records: Iterable[dict[str, Any]]) -> PolicyStyles:
-        """The styles of every policy in `records`, in their order."""
-        return cls(policy_label(r) for r in records)
+        """The styles of every policy in `records` (families from the records: their oracle
+        flag and miss mode count)."""
+        from casmoe.policies.family import record_family
+
+        records = list(records)
+        return cls((policy_label(r) for r in records), {policy_label(r): record_family(r) for r in records})
+
+    def family(self, label: str) -> Any:
+        """The family a label is drawn with."""
+        if label not in self._families:
+            from casmoe.policies.family import record_family
+
+            self._families[label] = record_family({"policy": label.rstrip("*"), "oracle": label.endswith("*")})
+        return self._families[label]
+
+    def _key(self, label: str) -> tuple[int, int, bool, int]:
+        from casmoe.policies.family import Family
+
+        return (list(Family).index(self.family(label)), self._order.get(_base(label), len(self._order)),
+                label != _base(label), self._seen.index(label))
+
+    def _deal(self) -> None:
+        order = sorted(self._seen, key=self._key)
+        few = len(order) <= len(PALETTE)
+        taken: set[tuple[int, int]] = set()
+        ranks: dict[Any, int] = {}
+        for place, label in enumerate(order):
+            family = self.family(label)
+            colour = (place if few else ranks.get(family, 0)) % len(PALETTE)
+            ranks[family] = ranks.get(family, 0) + 1
+            marker = next(m % len(MARKERS) for m in range(place, place + len(MARKERS))
+                          if (colour, m % len(MARKERS)) not in taken)
+            taken.add((colour, marker))
+            self._styles[label] = Style(PALETTE[colour], MARKERS[marker], label.endswith("*"))
 
     def __call__(self, label: str) -> Style:
-        key = label.rstrip("*")
-        if key not in self._slots:
-            taken = set(self._slots.values())
-            slot = self._fixed.get(_base(key))
-            if slot is None or slot in taken:
-                slot = next(i for i in range(len(self._fixed), 10**6) if i not in taken)
-            self._slots[key] = slot
-        slot = self._slots[key]
-        return Style(COLOURS[slot % len(COLOURS)], MARKERS[slot % len(MARKERS)], label.endswith("*"))
+        if label not in self._styles:
+            self._seen.append(label)
+            self._deal()
+        return self._styles[label]
 
     def sort(self, labels: Iterable[str]) -> list[str]:
-        """`labels` in slot order (the registry's, then first seen): the legends' order."""
-        return sorted(labels, key=lambda label: (self._slots.get(label.rstrip("*"), 10**6), label))
+        """`labels` by family, then in their family's order: the legends' order."""
+        labels = list(labels)
+        for label in labels:
+            self(label)
+        return sorted(labels, key=self._key)
 
 
 def box(record: dict[str, Any]) -> str:
@@ -145,8 +185,9 @@ def _setting(axis: str, r: dict[str, Any]) -> str:
 
 
 def run_context(records: Sequence[dict[str, Any]], per: str = "panel") -> str:
-    """The run for a title: model on box, trace, then batch, miss mode, expert precision and
-    workload; what varies between `records` is named as shown `per` panel."""
+    """The run for a title's second line: model on box, trace, then what is not the default of
+    batch, miss mode, expert precision and workload, and the stack; what varies between
+    `records` is named as shown `per` panel."""
     if not records:
         return ""
     r = records[0]
@@ -161,13 +202,14 @@ def run_context(records: Sequence[dict[str, Any]], per: str = "panel") -> str:
     # older ones (and the tests' synthetic records) as `workload`; a served one says its max batch itself
     work = "traffic" if "traffic" in r else "workload"
     served = work in r and same(work) and "back-to-back" not in str(r[work])
+    defaults = {"batch": 1, "miss_mode": "load", "host_cache_gb": 0}  # said by nothing: what a plain run is
     settings = [_setting(a, r) for a in ("batch", "miss_mode", "quant", "host_cache_gb") if a in r and same(a)
-                and (a != "host_cache_gb" or r[a]) and not (a == "batch" and served)]
+                and r[a] != defaults.get(a) and not (a == "batch" and served)]
     if "stack" in r:  # every figure assumed a runtime's costs: say whose (a record without one predates stacks)
         settings.append(_setting("stack", r) if same("stack") else f"each {per}'s stack")
-    if work in r and same(work):
-        settings.append(str(r[work]).replace("back-to-back", "requests back to back"))
-    return f"{model} on {where}, {trace}" + (f"\n{', '.join(settings)}" if settings else "")
+    if served:
+        settings.append(str(r[work]))
+    return f"{model} on {where}, {trace}" + (f"; {', '.join(settings)}" if settings else "")
 
 
 def _facets(records: Sequence[dict[str, Any]], ignore: Sequence[str] = (), extra: Sequence[str] = ()
@@ -214,13 +256,26 @@ def _facet_grid(n: int, width: float, height: float, small_width: float, small_h
 
 
 def _title(fig: Any, what: str, context: str) -> None:
-    """What the figure shows, then the run, centred over the panels and wrapped to their width
-    (the legend beside them keeps its place: call this after the legend)."""
+    """Two lines over the panels: what the figure shows, then the setting (the context's lines
+    joined), in the largest font up to 10 points in which both fit the panels' width, as
+    measured (the legend beside them keeps its place: call this after the legend). Only a
+    setting too long even at 7 points wraps."""
     fig.draw_without_rendering()  # lays the legend out
     width_in = fig.get_figwidth()
-    right = min((leg.get_window_extent().x0 / fig.dpi for leg in fig.legends), default=width_in)
-    lines = [textwrap.fill(line, max(40, int(right * 13))) for line in [what, *context.splitlines()] if line]
-    fig.suptitle("\n".join(lines), fontsize="medium", x=right / 2 / width_in)
+    right = min((leg.get_window_extent().x0 / fig.dpi for leg in fig.legends), default=width_in) - 0.1
+    setting = "; ".join(line for line in context.splitlines() if line)
+    text = "\n".join([what, *([setting] if setting else [])])
+    renderer = fig.canvas.get_renderer()
+    size = 10.0
+    for _ in range(4):  # glyph widths do not scale exactly with the size: shrink until it fits
+        title = fig.suptitle(text, fontsize=size, x=right / 2 / width_in)
+        over = title.get_window_extent(renderer).width / fig.dpi / (0.95 * right)  # hinting varies with the dpi
+        if over <= 1.0 or size == 7.0:
+            break
+        size = max(7.0, size / over * 0.98)
+    if over > 1.0:  # too long even at 7 points: the setting wraps
+        chars = int(len(max(text.splitlines(), key=len)) / over)
+        fig.suptitle("\n".join([what, textwrap.fill(setting, chars)]), fontsize=size, x=right / 2 / width_in)
 
 
 def _legend(fig: Any, handles: Sequence[Any], title: str | None = None) -> Any:
@@ -235,21 +290,26 @@ def _handle(style: Style, label: str, **kw: Any) -> Any:
     return Line2D([], [], **{**style.line(), "markersize": 6, "linewidth": 1.3, **kw}, label=label)
 
 
-def _policy_legend(fig: Any, styles: PolicyStyles, labels: Iterable[str], same: dict[str, set[str]] | None = None,
-                   extra: Sequence[Any] = ()) -> Any:
-    """One entry per policy in `labels`, oracles explained; where lines lie on each other in
-    every panel, the first of them says so ('lru (= lfu, static)'), the others name it ('= lru')."""
+def _policy_handles(styles: PolicyStyles, labels: Iterable[str], same: dict[str, set[str]] | None = None
+                    ) -> list[Any]:
+    """One legend entry per policy in `labels`, in family order; where lines lie on each other in
+    every panel, the first of them says so ('lru (= least-stale)'), the others name it ('= lru')."""
     labels = styles.sort(set(labels))
     same = same or {}
-    names = []
+    handles = []
     for label in labels:
         earlier = [x for x in styles.sort(same.get(label, ())) if labels.index(x) < labels.index(label)]
         later = [x for x in styles.sort(same.get(label, ())) if labels.index(x) > labels.index(label)]
         alike = earlier[:1] or later
-        names.append(f"{label}  (= {', '.join(alike)})" if alike else label)
-    handles = [_handle(styles(label), name) for label, name in zip(labels, names)]
+        handles.append(_handle(styles(label), f"{label}  (= {', '.join(alike)})" if alike else label))
+    return handles
+
+
+def _policy_legend(fig: Any, styles: PolicyStyles, labels: Iterable[str], same: dict[str, set[str]] | None = None,
+                   extra: Sequence[Any] = ()) -> Any:
+    """The figure's legend of the policies in `labels` (`_policy_handles`), oracles explained."""
     title = "policy" + (f"\n{ORACLE_LEGEND}" if any(label.endswith("*") for label in labels) else "")
-    return _legend(fig, [*handles, *extra], title)
+    return _legend(fig, [*_policy_handles(styles, labels, same), *extra], title)
 
 
 def _series(ax: Any, x: Sequence[float], series: dict[str, Sequence[float]], styles: PolicyStyles,
@@ -283,56 +343,43 @@ def _series(ax: Any, x: Sequence[float], series: dict[str, Sequence[float]], sty
             ax.plot(x, ys, **kw)
 
 
-def _zero_safe_log(ax: Any, values: Iterable[float], linear_below: float | None = None, unit: str = "") -> None:
-    """A log y axis where the values span a decade or more, else a linear one from 0; when a
-    value is zero, symlog instead of log (linear from 0 to the smallest positive value's power
-    of ten, log above, the switch marked): zeros are drawn, not dropped."""
+def _one_scale(ax: Any, values: Iterable[float]) -> None:
+    """A log y axis where the values span a decade or more and none is 0, else a linear one
+    from 0 (zeros drawn, never dropped; no axis switches from linear to log part-way)."""
     finite = [v for v in values if math.isfinite(v)]
     positive = [v for v in finite if v > 0]
-    if not positive or max(positive) < 10 * min(positive):
-        ax.set_yscale("linear")
-        top = 1.05 * max(positive, default=1.0)
-        ax.set_ylim(-0.03 * top, top)
-        return
-    if all(v > 0 for v in finite) and linear_below is None:
+    if positive and max(positive) >= 10 * min(positive) and len(positive) == len(finite):
         ax.set_yscale("log")
         return
-    thresh = linear_below or 10 ** math.floor(math.log10(min(positive)))
-    ax.set_yscale("symlog", linthresh=thresh, linscale=0.6)
-    top = max(positive)
-    ax.set_ylim(-thresh * 0.15, top * 1.6)
-    ax.axhline(thresh, color="0.6", linewidth=0.6, linestyle=":")
-    ax.text(0.005, thresh, f" linear below {thresh:g}{unit}", transform=ax.get_yaxis_transform(), fontsize="x-small",
-            color="0.4", ha="left", va="bottom")
+    ax.set_yscale("linear")
+    top = 1.05 * max(positive, default=1.0)
+    ax.set_ylim(-0.03 * top, top)
 
 
 def _log_ticks(ax: Any) -> None:
-    """Labelled major ticks at 1, 2 and 5 times the powers of ten on a log or symlog y axis
-    (at every integer multiple when the data span less than a decade), no minor labels: values
-    read without counting gridlines."""
-    from matplotlib.ticker import LogLocator, NullFormatter, SymmetricalLogLocator
+    """Labelled major ticks at 1, 2 and 5 times the powers of ten on a log y axis (at every
+    integer multiple when the data span less than a decade), no minor labels: values read
+    without counting gridlines."""
+    from matplotlib.ticker import LogLocator, NullFormatter
 
-    scale = ax.get_yscale()
-    lo, hi = ax.get_ylim()
-    subs = (1.0, 2.0, 5.0) if lo <= 0 or hi / lo >= 10 else (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0)
-    if scale == "log":
-        ax.yaxis.set_major_locator(LogLocator(subs=subs))
-    elif scale == "symlog":
-        ax.yaxis.set_major_locator(SymmetricalLogLocator(linthresh=ax.yaxis.get_transform().linthresh, base=10,
-                                                         subs=subs))
-    else:
+    if ax.get_yscale() != "log":
         return
+    lo, hi = ax.get_ylim()
+    subs = (1.0, 2.0, 5.0) if hi / lo >= 10 else (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0)
+    ax.yaxis.set_major_locator(LogLocator(subs=subs))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")
 
 
-def _from_zero(ax: Any, counts: bool = False) -> None:
+def _from_zero(ax: Any, counts: bool = False, lines: Sequence[Any] | None = None) -> None:
     """A linear y axis from just below 0 (points at 0 drawn whole, not cut by the frame); whole
-    numbers only for counts; an axis with nothing above 0 still shows its zeros."""
+    numbers only for counts; an axis with nothing above 0 still shows its zeros. `lines`: the
+    lines of every panel sharing the axis (default: this panel's)."""
     from matplotlib.ticker import MaxNLocator
 
-    data = [float(v) for line in ax.get_lines() for v in line.get_ydata() if math.isfinite(float(v))]
-    hi = max(ax.get_ylim()[1], 1.05 * max(data, default=0.0))  # a top point drawn whole too
+    lines = ax.get_lines() if lines is None else lines
+    data = [float(v) for line in lines for v in line.get_ydata() if math.isfinite(float(v))]
+    hi = 1.05 * max(data, default=0.0)  # a top point drawn whole too
     if not any(v > 0 for v in data):
         hi = 1.0
     ax.set_ylim(-0.03 * hi, hi)
@@ -365,10 +412,10 @@ def _gb_ticks(ax: Any, sizes: Sequence[float], rs: Sequence[dict[str, Any]]) -> 
 
 @dataclass(frozen=True)
 class ReportPlot:
-    """One PNG of a report folder: its file name, the `plot_*` function and its records."""
+    """One PNG of a report folder: its file name, the `figure_*` function and its records."""
 
     name: str
-    draw: Callable[..., Path]
+    figure: Callable[..., Any]
     records: list[dict[str, Any]]
 
 
@@ -383,37 +430,31 @@ def report_plots(records: Sequence[dict[str, Any]]) -> list[ReportPlot]:
     smallest = min(r["capacity_gb"] for r in ran)
     at_smallest = [r for r in ran if r["capacity_gb"] == smallest]
     plots = [
-        ReportPlot("decode_vs_capacity.png", plot_decode_vs_capacity, ran),
-        ReportPlot("stall_by_layer.png", plot_stall_by_layer, at_smallest),
-        ReportPlot("timeliness.png", plot_timeliness, at_smallest),
+        ReportPlot("decode_vs_capacity.png", figure_decode_vs_capacity, ran),
+        ReportPlot("stall_by_layer.png", figure_stall_by_layer, at_smallest),
+        ReportPlot("timeliness.png", figure_timeliness, at_smallest),
     ]
     served = [r for r in ran if "arrival" in r]
     if served:
-        plots.append(ReportPlot("queue.png", plot_queue, [r for r in served if r["capacity_gb"] == smallest]))
+        plots.append(ReportPlot("queue.png", figure_queue, [r for r in served if r["capacity_gb"] == smallest]))
     if len({r.get("rate") for r in served}) > 1:
-        plots.append(ReportPlot("latency_vs_load.png", plot_latency_vs_load, served))
+        plots.append(ReportPlot("latency_vs_load.png", figure_latency_vs_load, served))
     return plots
 
 
-def draw_report(folder: Path, records: Sequence[dict[str, Any]] | None = None) -> list[Path]:
+def draw_report(folder: Path, records: Sequence[dict[str, Any]] | None = None, dpi: int = 110) -> list[Path]:
     """Draw a report folder's PNGs from `records` (default: its results.json), every plot in
     the same policy styles; returns the files written."""
     if records is None:
         records = json.loads((folder / "results.json").read_text())
     styles = PolicyStyles.of(r for r in records if "skipped" not in r)
-    return [p.draw(folder / p.name, p.records, styles=styles) for p in report_plots(records)]
+    return [_save(p.figure(p.records, styles), folder / p.name, dpi) for p in report_plots(records)]
 
 
 # ---- the simulator's plots -------------------------------------------------------------------
 
 
-def _share(key: str) -> Callable[[dict[str, Any], Any], float | None]:
-    def value(r: dict[str, Any], _: Any) -> float | None:
-        return 100 * r.get(key, 0) / r["accesses"] if r.get("accesses") else None
-    return value
-
-
-def _loaded_misses(r: dict[str, Any], _: Any) -> float | None:
+def _loaded_misses(r: dict[str, Any]) -> float:
     """Accesses that waited for a load over the link: the misses less those computed on the host
     or substituted, and the late hits (a prefetch still in flight). A hit on an expert still
     being copied waits as a miss does: layer-offload, whose every streamed expert is a
@@ -424,94 +465,154 @@ def _loaded_misses(r: dict[str, Any], _: Any) -> float | None:
     return 100 * waited / r["accesses"]
 
 
-def _vs_lru(r: dict[str, Any], lru: dict[str, Any] | None) -> float | None:
-    return 100 * (r[SPEED] / lru[SPEED] - 1) if lru and lru[SPEED] > 0 else None
+@dataclass
+class Columns:
+    """A figure of one column of panels per family of policies (`casmoe.policies.family`), each
+    column a subfigure with its own legend under it, so a panel holds at most a family's series;
+    and, where some run uploaded experts before its first request, a last narrow column for
+    that one-time setup (`setup`)."""
+
+    fig: Any
+    families: list[Any]
+    axes: list[list[Any]]  # [column][row]
+    subfigures: list[Any]
+    setup: Any = None  # the setup column's axes, or None
+
+    @classmethod
+    def build(cls, records: Sequence[dict[str, Any]], styles: PolicyStyles, rows: int, width: float, height: float,
+              setup: bool = False) -> Columns:
+        from casmoe.policies.family import Family
+
+        present = {styles.family(policy_label(r)) for r in records}
+        families = [f for f in Family if f in present]
+        setup = setup and any(_setup_s(r) for r in records)
+        plt = _pyplot()
+        widths = [width] * len(families) + ([width * 1.1] if setup else [])
+        widths = [w * max(1.0, MIN_WIDTH / sum(widths)) for w in widths]  # room for the setting's line
+        fig = plt.figure(figsize=(sum(widths), rows * height + 2.2), layout="constrained")
+        subs = list(fig.subfigures(1, len(widths), width_ratios=widths, squeeze=False)[0])
+        axes = [list(sub.subplots(rows, 1, squeeze=False)[:, 0]) for sub in subs[:len(families)]]
+        extra = subs[-1].subplots(1, 1) if setup else None
+        for family, column in zip(families, axes):
+            column[0].set_title(f"{family.value}\n{textwrap.fill(family.means, int(width * 12))}", fontsize="small")
+        return cls(fig, families, axes, subs, extra)
+
+    def legends(self, styles: PolicyStyles, drawn: dict[Any, set[str]], same: dict[str, set[str]],
+                extra: dict[Any, list[Any]] | None = None) -> None:
+        """Each column's policies under it (and the reference lines drawn in it)."""
+        from matplotlib.lines import Line2D
+
+        columns = [_policy_handles(styles, drawn.get(family, ()), same) + (extra or {}).get(family, [])
+                   for family in self.families]
+        rows = max(map(len, columns), default=0)
+        for handles, sub in zip(columns, self.subfigures):  # padded to one length: the columns' panels line up
+            blank = [Line2D([], [], linestyle="none", label=" ") for _ in range(rows - len(handles))]
+            sub.legend(handles=handles + blank, loc="outside lower center", fontsize="small", frameon=False)
 
 
-def _change_axis(ax: Any, values: Sequence[float]) -> None:
-    """The change over LRU: a line at 0 (LRU itself); linear, or, when some policy gains more
-    than +100%, linear up to +100% and logarithmic above (symlog), the switch marked."""
-    from matplotlib.ticker import FixedLocator, NullLocator
+def _setup_s(r: dict[str, Any]) -> float:
+    """Seconds a run spent before its first request uploading the experts it places (the
+    simulator's `setup_s`; absent from older records: 0)."""
+    return float(r.get("setup_s") or 0.0)
 
-    ax.axhline(0, color="0.3", linewidth=0.8)
-    finite = [v for v in values if math.isfinite(v)]
-    if finite and max(finite) > 100:
-        ax.set_yscale("symlog", linthresh=100, linscale=1.5)
-        ax.axhline(100, color="0.6", linewidth=0.6, linestyle=":")
-        ax.text(0.005, 100, " log above +100%", transform=ax.get_yaxis_transform(), fontsize="x-small", color="0.4",
-                ha="left", va="bottom")
-        ax.set_ylim(min(-10.0, min(finite) - 10), 1.6 * max(finite))  # headroom: the top point drawn whole
-        ticks = [-100, -50, 0, 50, 100] + [t for t in (200, 500, 1000, 2000, 5000, 10000) if t <= 1.2 * max(finite)]
-        ax.yaxis.set_major_locator(FixedLocator(ticks))
-        ax.yaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_formatter(lambda v, _: f"{v:+,.4g}%" if v else "0 (LRU)")
+
+def _draw_setup(ax: Any, records: Sequence[dict[str, Any]], styles: PolicyStyles) -> None:
+    """The one-time setup apart from the run's stalls: a bar per policy that has one, its
+    bytes beside it. It is paid once, before the first request, not per token."""
+    rs = sorted((r for r in records if _setup_s(r)), key=lambda r: _setup_s(r))
+    labels = [policy_label(r) for r in rs]
+    ax.barh(range(len(rs)), [_setup_s(r) for r in rs], color=[styles(label).colour for label in labels], height=0.6)
+    for i, r in enumerate(rs):
+        if r.get("setup_bytes"):
+            ax.text(_setup_s(r), i, f" {human_bytes(r['setup_bytes'])}", va="center", fontsize="x-small")
+    ax.set_yticks(range(len(rs)), labels, fontsize="small")
+    ax.set_xlim(0, 1.35 * max(_setup_s(r) for r in rs))
+    ax.set_xlabel("s, once per run", fontsize="small")
+    ax.set_title("one-time setup, before\nthe first request (no stall)", fontsize="small")
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def _plain_best(records: Sequence[dict[str, Any]]) -> tuple[dict[float, float], list[str]]:
+    """The best plain cache's decode tok/s per cache size (the headline's baseline,
+    `casmoe.policies.family.plain_cache`), and the policies it is, in order."""
+    from casmoe.policies.family import plain_cache
+
+    best: dict[float, dict[str, Any]] = {}
+    for r in records:
+        if not r.get("oracle") and plain_cache(r):
+            size = r["capacity_gb"]
+            if size not in best or r[SPEED] > best[size][SPEED]:
+                best[size] = r
+    return {k: v[SPEED] for k, v in best.items()}, list(dict.fromkeys(policy_label(r) for r in best.values()))
+
+
+def _reference(ax: Any, sizes: Sequence[float], best: dict[float, float], names: Sequence[str]) -> Any:
+    """The best plain cache as a grey reference line in another family's panel."""
+    ys = [best.get(x, math.nan) for x in sizes]
+    label = f"best plain cache ({' or '.join(names)})"
+    return ax.plot(sizes, ys, color=REFERENCE, linewidth=2.2, linestyle=":", gid=f"reference:{label}",
+                   label=label, zorder=1)[0]
+
+
+def _speed_scale(axes: Sequence[Any], values: Sequence[float]) -> None:
+    """One y scale for every speed panel: logarithmic when the speeds span a decade or more
+    (a ratio reads as the same distance everywhere), else linear from 0."""
+    positive = [v for v in values if math.isfinite(v) and v > 0]
+    for ax in axes:  # the same limits set on each: an axis shared across subfigures redraws the figure per change
+        if positive and max(positive) >= 10 * min(positive):
+            ax.set_yscale("log")
+            ax.set_ylim(min(positive) / 1.3, max(positive) * 1.3)
+            _log_ticks(ax)
+        else:
+            top = 1.05 * max(positive, default=1.0)
+            ax.set_ylim(-0.03 * top, top)
 
 
 def figure_decode_vs_capacity(records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Any:
-    """Against the expert-cache size: decode tokens/s; the change over LRU; the misses loaded
-    over the link (log, zeros kept); and, when some policy has them, the misses computed on the
-    host or substituted instead, apart from the loaded ones. One row of panels per value of the
-    axes a sweep varies.
-
-    The change over LRU is linear up to +100% and logarithmic above (symlog): a policy 8x
-    faster than LRU (host compute) would flatten a linear axis to a line at 0 for the others,
-    and clipping would hide by how much it wins; below +100% no point moves, so the middle
-    stays readable, and the switch is marked on the axis."""
+    """Against the expert-cache size, one column per family of policies: decode tokens/s, with
+    the best plain cache (the headline's baseline) as a grey reference in the other families'
+    panels; and the share of expert accesses that waited for a load over the link (misses and
+    late prefetches). A pair of rows per value of the axes a sweep varies. Every speed panel
+    has one scale (logarithmic when speeds span a decade, so ratios read alike at every size;
+    else linear from 0); the waits are linear, 0-100%."""
     styles = styles or PolicyStyles.of(records)
-    rows = _facets(records)
-    panels: list[tuple[str, str, Callable[[dict[str, Any], Any], float | None]]] = [
-        ("decode speed", "decode tokens/s", lambda r, _: r[SPEED]),
-    ]
-    if any(r["policy"] == "lru" for r in records) and any(r["policy"] != "lru" for r in records):
-        panels.append(("change over LRU", "decode tokens/s vs LRU at the same size (%)", _vs_lru))
-    panels.append(("misses and late prefetches: loaded over the link", "waited for a load (% of expert accesses)",
-                   _loaded_misses))
-    if any(r.get("cpu_computed") for r in records):
-        panels.append(("misses computed on the host (not loaded)", "computed on the host (% of accesses)",
-                       _share("cpu_computed")))
-    if any(r.get("substitutions") for r in records):
-        panels.append(("misses substituted (lossy, not loaded)", "substituted (% of accesses)",
-                       _share("substitutions")))
-    square = len(rows) == 1 and len(panels) == 4  # 2 x 2 rather than a strip
-    fig, axs = _figure(2 if square else len(rows), 2 if square else len(panels), 4.3, 3.5)
+    facets = _facets(records)
+    cols = Columns.build(records, styles, 2 * len(facets), 3.5, 2.7)
     same: dict[str, set[str]] = {}
-    drawn: set[str] = set()
-    for row, (facet, rs) in enumerate(rows):
+    drawn: dict[Any, set[str]] = {}
+    refs: dict[Any, list[Any]] = {}
+    speed_axes, speeds = [], []
+    for f, (facet, rs) in enumerate(facets):
         sizes = sorted({r["capacity_gb"] for r in rs})
-        lru = {r["capacity_gb"]: r for r in rs if r["policy"] == "lru"}
-        for ax, (name, ylabel, value) in zip(axs.flat if square else axs[row], panels):
-            series: dict[str, list[float]] = {}
-            for r in sorted(rs, key=lambda r: r["capacity_gb"]):
-                v = value(r, lru.get(r["capacity_gb"]))
-                if v is not None:
-                    series.setdefault(policy_label(r), [math.nan] * len(sizes))[sizes.index(r["capacity_gb"])] = v
-            if name.startswith(("misses computed", "misses substituted")):  # only the policies that do it
-                series = {k: v for k, v in series.items() if any(x > 0 for x in v)}
-                ax.text(0.01, 0.98, "policies not shown: 0%", transform=ax.transAxes, fontsize="x-small", va="top",
-                        color="0.4")
-            _series(ax, sizes, series, styles, same)
-            drawn |= set(series)
-            values = [v for ys in series.values() for v in ys]
-            if name == "change over LRU":
-                _change_axis(ax, values)
-            elif name.startswith("misses and late"):
-                _zero_safe_log(ax, values, linear_below=1 if any(v == 0 for v in values) else None, unit="%")
-                _log_ticks(ax)
-                ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}%" if v else "0")
-            elif name.startswith("misses"):
-                ax.set_ylim(-3, 103)
-            else:
-                _from_zero(ax)
-            # the row's setting on a line of its own, wrapped to the panel: long box names
-            # ('rtx4090-64g@gpus=2,link=pcie5 (2 GPUs)') would run into the next panel's title
-            ax.set_title(textwrap.fill(facet, 48) + f"\n{name}" if facet else name, fontsize="small")
-            ax.set_ylabel(ylabel, fontsize="small")
-            ax.set_xlabel("expert cache, all GPUs (GB)", fontsize="small")
-            _gb_ticks(ax, sizes, rs)
-            ax.grid(True, which="major", alpha=0.3)
-    _policy_legend(fig, styles, drawn, same)
-    _title(fig, "Decode speed and expert misses against the expert-cache size", run_context(records, "row"))
-    return fig
+        plain, names = _plain_best(rs)
+        for family, column in zip(cols.families, cols.axes):
+            mine = sorted((r for r in rs if styles.family(policy_label(r)) is family), key=lambda r: r["capacity_gb"])
+            top, bottom = column[2 * f], column[2 * f + 1]
+            for ax, value in ((top, lambda r: r[SPEED]), (bottom, _loaded_misses)):
+                series: dict[str, list[float]] = {}
+                for r in mine:
+                    series.setdefault(policy_label(r), [math.nan] * len(sizes))[sizes.index(r["capacity_gb"])] = value(r)
+                _series(ax, sizes, series, styles, same)
+                drawn.setdefault(family, set()).update(series)
+                _gb_ticks(ax, sizes, rs)
+                ax.grid(True, which="major", alpha=0.3)
+            speeds += [r[SPEED] for r in mine]
+            if plain and family.name != "REACTIVE":
+                refs.setdefault(family, [_reference(top, sizes, plain, names)])
+                speeds += list(plain.values())
+            speed_axes.append(top)
+            bottom.set_ylim(-3, 103)
+            bottom.set_xlabel("expert cache, all GPUs (GB)", fontsize="small")
+            if facet:
+                top.set_title((f"{family.value}\n" if f else top.get_title() + "\n") + textwrap.fill(facet, 44),
+                              fontsize="small")
+        cols.axes[0][2 * f].set_ylabel("decode tokens/s", fontsize="small")
+        cols.axes[0][2 * f + 1].set_ylabel("waited for the link\n(% of expert accesses)", fontsize="small")
+    _speed_scale(speed_axes, speeds)
+    cols.legends(styles, drawn, same, refs)
+    _title(cols.fig, "Decode speed and waits for the link against the expert-cache size, by family of policy",
+           run_context(records, "row"))
+    return cols.fig
 
 
 def plot_decode_vs_capacity(path: Path, records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Path:
@@ -519,40 +620,54 @@ def plot_decode_vs_capacity(path: Path, records: Sequence[dict[str, Any]], style
 
 
 def _where(records: Sequence[dict[str, Any]]) -> str:
-    """'at 2/layer (22.5 GB)' when every record has that cache, else ''."""
+    """' at 2/layer (22.5 GB)' when every record has that cache, else ''."""
     caps = {(r["capacity"], r["capacity_gb"]) for r in records}
     if len(caps) != 1:
         return ""
     cap, gb = next(iter(caps))
-    return f" at the cache {cap} ({sig(gb)} GB, the smallest run)"
+    return f" at the smallest cache, {cap} ({sig(gb)} GB)"
+
+
+def _per_layer(cols: Columns, rows: Sequence[tuple[str, str]], facets: Sequence[tuple[str, list[dict[str, Any]]]],
+               styles: PolicyStyles, counts: Sequence[str] = ()) -> None:
+    """Draw per-layer lists (`rows`: record key, y label) one row of panels each, per facet, a
+    family per column, every panel of a row on one linear scale from 0 (`counts`: whole numbers)."""
+    same: dict[str, set[str]] = {}
+    drawn: dict[Any, set[str]] = {}
+    for f, (facet, rs) in enumerate(facets):
+        for i, (key, ylabel) in enumerate(rows):
+            row = [column[f * len(rows) + i] for column in cols.axes]
+            for family, ax in zip(cols.families, row):
+                series = {policy_label(r): [float(v) for v in r[key]] for r in rs
+                          if r.get(key) and styles.family(policy_label(r)) is family}
+                if series:
+                    _series(ax, list(range(len(next(iter(series.values()))))), series, styles, same)
+                drawn.setdefault(family, set()).update(series)
+                ax.grid(True, alpha=0.3)
+                if facet and i == 0:
+                    ax.set_title((ax.get_title() + "\n" if f == 0 else "") + textwrap.fill(facet, 44),
+                                 fontsize="small")
+            for ax in row:  # one scale for the row, set on each panel (see `_speed_scale`)
+                _from_zero(ax, counts=key in counts, lines=[ln for other in row for ln in other.get_lines()])
+            row[0].set_ylabel(ylabel, fontsize="small")
+    for column in cols.axes:
+        column[-1].set_xlabel("MoE layer", fontsize="small")
+    cols.legends(styles, drawn, same)
 
 
 def figure_stall_by_layer(records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Any:
-    """Seconds decode waited for expert loads at each MoE layer, over the whole run, one line
-    per policy (zeros drawn: a symlog axis when a layer has none), one panel per value of the
-    axes that vary."""
+    """Seconds decode waited for expert loads at each MoE layer over the whole run, one column
+    per family (a row per value of the axes that vary), every panel on one linear scale from 0;
+    the one-time upload of a placement's experts before the first request, where a record has
+    one (`setup_s`), in a panel of its own: it is no stall of the run."""
     styles = styles or PolicyStyles.of(records)
     facets = _facets(records, extra=("capacity",))
-    fig, axs = _facet_grid(len(facets), 7.6, 5.6, 6.0, 4.4)
-    same: dict[str, set[str]] = {}
-    drawn: set[str] = set()
-    values: list[float] = []
-    for ax, (facet, rs) in zip(axs.flat, facets):
-        series = {policy_label(r): [float(v) for v in r["stall_by_layer_s"]] for r in rs if r.get("stall_by_layer_s")}
-        if series:
-            _series(ax, list(range(len(next(iter(series.values()))))), series, styles, same)
-        drawn |= set(series)
-        values += [v for ys in series.values() for v in ys]
-        ax.set_title(facet, fontsize="small")
-        ax.set_xlabel("MoE layer", fontsize="small")
-        ax.grid(True, alpha=0.3)
-    _zero_safe_log(axs[0][0], values, unit=" s")  # shared by every panel
-    _log_ticks(axs[0][0])
-    for ax in axs[:, 0]:
-        ax.set_ylabel("stall waiting for expert loads (s, run total)", fontsize="small")
-    _policy_legend(fig, styles, drawn, same)
-    _title(fig, "Stall per MoE layer" + _where(records), run_context(records))
-    return fig
+    cols = Columns.build(records, styles, len(facets), 3.6, 3.2, setup=True)
+    _per_layer(cols, [("stall_by_layer_s", "stall waiting for expert loads (s, run total)")], facets, styles)
+    if cols.setup is not None:
+        _draw_setup(cols.setup, records, styles)
+    _title(cols.fig, "Stall per MoE layer" + _where(records), run_context(records))
+    return cols.fig
 
 
 def plot_stall_by_layer(path: Path, records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Path:
@@ -560,37 +675,27 @@ def plot_stall_by_layer(path: Path, records: Sequence[dict[str, Any]], styles: P
 
 
 _TIMELINESS = (
-    ("stall_by_layer_s", "stall (s, run total)", "stall: decode waiting for expert loads"),
-    ("stall_bound_by_layer_s", "bound (s, run total)",
-     "bandwidth bound: the stall the same loads would cost if each were issued as early as the link allows"),
-    ("late_by_layer", "late hits (count)", "late hits: prefetched experts still in flight when needed"),
+    ("stall_by_layer_s", "stall (s, run total)"),
+    ("stall_bound_by_layer_s", "bandwidth bound (s, run total)"),
+    ("late_by_layer", "late hits (count)"),
 )
 
 
 def figure_timeliness(records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Any:
     """Does a policy lose by prediction or by bandwidth: per MoE layer, its stall, the
-    bandwidth bound of the same loads (what no earlier issuing could save) and its late hits,
-    one line per policy, on linear axes (zeros drawn)."""
+    bandwidth bound of the same loads (the stall if each were issued as early as the link
+    allows: what no earlier issuing could save) and its late hits (prefetches still in flight
+    when needed); a family per column, each row on one linear scale from 0; the one-time setup
+    apart, as in `figure_stall_by_layer`."""
     styles = styles or PolicyStyles.of(records)
     facets = _facets(records, extra=("capacity",))
-    fig, axs = _figure(len(_TIMELINESS), len(facets), 7.6 if len(facets) == 1 else 5.4, 2.8, sharex=True)
-    same: dict[str, set[str]] = {}
-    drawn: set[str] = set()
-    for col, (facet, rs) in enumerate(facets):
-        for row, (key, ylabel, what) in enumerate(_TIMELINESS):
-            ax = axs[row][col]
-            series = {policy_label(r): [float(v) for v in r[key]] for r in rs if r.get(key)}
-            if series:
-                _series(ax, list(range(len(next(iter(series.values()))))), series, styles, same)
-            drawn |= set(series)
-            ax.set_title(textwrap.fill((f"{facet}: " if facet else "") + what, 70), fontsize="small")
-            ax.set_ylabel(ylabel, fontsize="small")
-            _from_zero(ax, counts=key == "late_by_layer")
-            ax.grid(True, alpha=0.3)
-        axs[-1][col].set_xlabel("MoE layer", fontsize="small")
-    _policy_legend(fig, styles, drawn, same)
-    _title(fig, "Prefetch timeliness per MoE layer" + _where(records), run_context(records))
-    return fig
+    cols = Columns.build(records, styles, len(_TIMELINESS) * len(facets), 3.6, 2.3, setup=True)
+    _per_layer(cols, _TIMELINESS, facets, styles, counts=("late_by_layer",))
+    if cols.setup is not None:
+        _draw_setup(cols.setup, records, styles)
+    _title(cols.fig, "Prefetch timeliness per MoE layer" + _where(records)
+           + ": stall, bandwidth bound and late hits", run_context(records))
+    return cols.fig
 
 
 def plot_timeliness(path: Path, records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Path:
@@ -638,7 +743,7 @@ _LATENCY_NAMES = {"ttft": "time to first token", "tpot": "time per output token"
 def figure_latency_vs_load(records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Any:
     """TTFT and TPOT, p50 and p99 each in its own column, against the offered load, one line
     per policy, one row per cache size (and per other axis that varies): where a
-    configuration saturates. Time axes are log (zeros kept)."""
+    configuration saturates. Time axes are log where they span a decade and none is 0, else linear."""
     styles = styles or PolicyStyles.of(records)
     rows = _facets(records, ignore=("rate",), extra=("capacity",))
     fig, axs = _figure(len(rows), len(_LATENCY), 3.4, 3.0)
@@ -662,7 +767,7 @@ def figure_latency_vs_load(records: Sequence[dict[str, Any]], styles: PolicyStyl
         values = [float(v) for ax in shared for line in ax.get_lines() for v in line.get_ydata()]
         for ax in shared[1:]:
             ax.sharey(shared[0])
-        _zero_safe_log(shared[0], values, unit=" s")
+        _one_scale(shared[0], values)
         _log_ticks(shared[0])
     _policy_legend(fig, styles, drawn, same)
     _title(fig, "Latency against the offered load (Poisson arrivals)", run_context(records, "row"))
@@ -671,6 +776,176 @@ def figure_latency_vs_load(records: Sequence[dict[str, Any]], styles: PolicyStyl
 
 def plot_latency_vs_load(path: Path, records: Sequence[dict[str, Any]], styles: PolicyStyles | None = None) -> Path:
     return _save(figure_latency_vs_load(records, styles), path)
+
+
+# ---- casmoe plan ----------------------------------------------------------------------------
+
+
+_MEMORY_PARTS = (  # plan.json key -> (legend, colour): the memory map's segments, left to right
+    ("reserve_gib", "runtime reserve", "0.62"),
+    ("dense_gib", "dense weights", PALETTE[0]),
+    ("embeddings_gib", "embeddings", PALETTE[5]),
+    ("other_gib", "embeddings (host)", PALETTE[5]),
+    ("kv_gib", "KV cache", PALETTE[1]),
+    ("experts_gib", "expert slots", PALETTE[2]),
+    ("free_gib", "free", "white"),
+)
+
+
+def _plan_setting(plan: dict[str, Any]) -> str:
+    """'qwen3-30b-a3b on rtx4090x4@gpus=1: 1 GPU (24 GiB), 64 GiB host RAM; context 8192 x 1; experts bf16; ...'."""
+    b = plan["box"]
+    gpus = b["gpus_gib"]
+    return (f"{plan['model']} on {plan['hardware']}: {len(gpus)} GPU{'s' * (len(gpus) != 1)} "
+            f"({', '.join(f'{g:g}' for g in gpus)} GiB), {b['host_ram_gib']:g} GiB host RAM; "
+            f"context {plan['context']} x {plan['concurrency']}; {plan['precisions']}")
+
+
+def _plan_engines(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The engines that have a configuration (each one's best)."""
+    return [e for e in plan["engines"] if e.get("best")]
+
+
+def _memory_bars(ax: Any, memory: dict[str, Any]) -> None:
+    """A stacked horizontal bar per GPU and per host NUMA node, GiB; what overflows the device
+    runs past its total, marked."""
+    places = [(f"GPU {g['gpu']}", g) for g in memory["gpus"]] + [(f"host {h['node']}", h) for h in memory["host"]]
+    for y, (_, part) in enumerate(places):
+        left = 0.0
+        for key, _, colour in _MEMORY_PARTS:
+            width = max(0.0, float(part.get(key) or 0.0))
+            if width:
+                ax.barh(y, width, left=left, height=0.62, color=colour, edgecolor="0.35", linewidth=0.6)
+                if key == "experts_gib" and part.get("expert_count") and width > 0.12 * part["total_gib"]:
+                    ax.text(left + width / 2, y, f"{part['expert_count']:,} experts", ha="center", va="center",
+                            fontsize="x-small", color="white")
+                left += width
+        ax.plot([part["total_gib"]] * 2, [y - 0.4, y + 0.4], color="black", linewidth=1.6)
+        if part["used_gib"] > part["total_gib"]:
+            ax.text(part["total_gib"], y + 0.42, " over by " + f"{part['used_gib'] - part['total_gib']:.3g} GiB",
+                    fontsize="x-small", color=PALETTE[3], va="bottom")
+    ax.set_yticks(range(len(places)), [name for name, _ in places], fontsize="small")
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def _layer_strip(ax: Any, cand: dict[str, Any]) -> Any:
+    """Which layers' experts live where: per GPU (and the host), the share of each MoE layer's
+    experts it holds; None when plan.json does not say (`gpu_experts_by_layer`)."""
+    counts = cand.get("gpu_experts_by_layer")
+    per = cand.get("experts_per_layer")
+    if not counts or not per:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "plan.json does not list\nthe experts per layer", ha="center", va="center",
+                fontsize="small", transform=ax.transAxes)
+        return None
+    shares = [[c / per for c in row] for row in counts]
+    shares.append([1 - sum(col) for col in zip(*shares)])
+    image = ax.imshow(shares, aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
+    ax.set_yticks(range(len(shares)), [*(f"GPU {i}" for i in range(len(counts))), "host"], fontsize="small")
+    layers = len(shares[0])
+    ax.set_xticks(range(0, layers, max(1, layers // 8)))
+    return image
+
+
+def figure_plan_memory(plan: dict[str, Any]) -> Any:
+    """The memory map of each engine's configuration on the box: a stacked bar per GPU and per
+    host NUMA node (runtime reserve, dense weights, embeddings, KV cache, expert slots, free;
+    the device's total marked, what overflows it past the mark), and beside it which layers'
+    experts live where (the share of each MoE layer's experts on each GPU and on the host)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    engines = _plan_engines(plan)
+    places = max((len(e["best"]["memory"]["gpus"]) + len(e["best"]["memory"]["host"]) for e in engines), default=1)
+    plt = _pyplot()
+    fig, axs = plt.subplots(max(1, len(engines)), 2, figsize=(12.5, max(1, len(engines)) * (0.45 * places + 1.0) + 1.0),
+                            squeeze=False, layout="constrained", width_ratios=(3, 2))
+    image = None
+    for (bars, strip), e in zip(axs, engines):
+        cand = e["best"]
+        _memory_bars(bars, cand["memory"])
+        verdict = "fits" if cand["fits"] else "DOES NOT FIT"
+        bars.set_title(textwrap.shorten(f"{e['engine']}: {cand['label']} ({verdict})", 80), fontsize="small", loc="left")
+        image = _layer_strip(strip, cand) or image
+    for bars, strip in axs[1:]:
+        bars.sharex(axs[0][0])
+    axs[-1][0].set_xlabel("GiB", fontsize="small")
+    axs[-1][1].set_xlabel("MoE layer", fontsize="small")
+    axs[0][1].set_title("share of each layer's experts held there", fontsize="small")
+    if image is not None:
+        fig.colorbar(image, ax=axs[:, 1], fraction=0.05, label="share of the layer's experts (0-1)")
+    handles = [Patch(facecolor=c, edgecolor="0.35", label=name) for key, name, c in _MEMORY_PARTS if key != "other_gib"]
+    handles.append(Line2D([], [], color="black", linewidth=1.6, label="the device's memory"))
+    _legend(fig, handles)
+    _title(fig, "Memory map of each engine's best configuration, and which layers' experts live where",
+           _plan_setting(plan))
+    return fig
+
+
+def _candidates(plan: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
+    """(engine, candidate, is the engine's best) for every configuration plan.json holds."""
+    return [(e["engine"], c, i == 0) for e in plan["engines"] for i, c in
+            enumerate([e["best"], *e.get("runners_up", [])] if e.get("best") else [])]
+
+
+def figure_plan_speed(plan: dict[str, Any]) -> Any:
+    """Every candidate configuration's expected decode tokens/s (filled: its engine's best;
+    hollow square: at a full context), with the interval the published table measured for its
+    kind of configuration as a bar; one colour per engine; a configuration that does not fit
+    drawn grey and crossed. Log axis: the intervals are factors (x/÷)."""
+    from matplotlib.lines import Line2D
+
+    rows = [(engine, c, best) for engine, c, best in _candidates(plan) if (c.get("speed") or {}).get("decode_tok_s")]
+    rows.sort(key=lambda row: row[1]["speed"]["decode_tok_s"])
+    engines = list(dict.fromkeys(e["engine"] for e in plan["engines"]))
+    colour = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(engines)}
+    plt = _pyplot()
+    fig, axs = plt.subplots(1, 1, figsize=(12.0, 0.38 * len(rows) + 1.8), squeeze=False, layout="constrained")
+    ax = axs[0][0]
+    for y, (engine, c, best) in enumerate(rows):
+        s = c["speed"]
+        tint = colour[engine] if c["fits"] else "0.6"
+        band = s.get("decode_band_tok_s")
+        if band:
+            ax.plot(band, [y, y], color=tint, linewidth=3, alpha=0.35, solid_capstyle="butt")
+        if s.get("decode_at_context_tok_s"):
+            ax.plot([s["decode_at_context_tok_s"]], [y], marker="s", markersize=5, color=tint, markerfacecolor="white",
+                    linestyle="none")
+        ax.plot([s["decode_tok_s"]], [y], marker="o" if c["fits"] else "X", markersize=8 if best else 6, color=tint,
+                markerfacecolor=tint if best else "white", linestyle="none", gid=f"{engine}: {c['label']}")
+        note = "" if band else ("  upper bound (ideal stack)" if "upper bound" in s.get("uncertainty", "")
+                                else "  no validated interval")
+        ax.text(s["decode_tok_s"], y + 0.3, f" {s['decode_tok_s']:.3g}{note}", fontsize="x-small", va="bottom",
+                color="0.25")
+    ax.set_yticks(range(len(rows)), [textwrap.shorten(f"{e}: {c['label']}", 72) + ("" if c["fits"] else " [does not fit]")
+                                     for e, c, _ in rows], fontsize="small")
+    ax.set_xscale("log")
+    ax.set_xlabel("decode tokens/s (log scale)", fontsize="small")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    ax.set_ylim(-0.7, len(rows) - 0.2)
+    handles = [Line2D([], [], marker="o", color=colour[name], linestyle="none", label=name) for name in engines]
+    handles += [Line2D([], [], marker="o", color="0.3", markerfacecolor="white", linestyle="none",
+                       label="a runner-up (filled: the engine's best)"),
+                Line2D([], [], marker="s", color="0.3", markerfacecolor="white", linestyle="none", markersize=5,
+                       label=f"at a full {plan['context']}-token context"),
+                Line2D([], [], color="0.3", linewidth=3, alpha=0.35, label="80% interval of the published table"),
+                Line2D([], [], marker="X", color="0.6", linestyle="none", label="does not fit")]
+    _legend(fig, handles, "engine")
+    _title(fig, "Expected decode speed of every configuration, with its interval", _plan_setting(plan))
+    return fig
+
+
+def draw_plan(folder: Path, out: Path | None = None, dpi: int = 110) -> list[Path]:
+    """The plan's pictures, drawn from its plan.json alone (so they follow whatever the plan
+    writes), into `out` (default: beside it): plan_memory.png (`figure_plan_memory`) and
+    plan_speed.png (`figure_plan_speed`); returns the files written."""
+    plan = json.loads((folder / "plan.json").read_text())
+    if not _plan_engines(plan):
+        return []
+    out = folder if out is None else out
+    return [_save(figure_plan_memory(plan), out / "plan_memory.png", dpi),
+            _save(figure_plan_speed(plan), out / "plan_speed.png", dpi)]
 
 
 # ---- casmoe search ---------------------------------------------------------------------------
@@ -819,7 +1094,7 @@ def plot_lrc_sch(path: Path, results: Sequence[Any]) -> Path:
     return _save(figure_lrc_sch(results), path)
 
 
-_TRACE_STYLES = [Style(c, m) for c, m in zip(COLOURS, MARKERS)]
+_TRACE_STYLES = [Style(c, m) for c, m in zip(PALETTE, MARKERS)]
 
 
 def figure_lrc_srp(results: Sequence[Any]) -> Any:
@@ -899,9 +1174,9 @@ def plot_lrc_layers(path: Path, results: Sequence[Any], rho: float = 2.0) -> Pat
 
 
 _EPSILON = (  # key, label, style
-    ("recall_at_k", "cascade recall@k (of the top-k experts)", Style(COLOURS[0], "o")),
-    ("coverage_at_2k", "cascade coverage@2k", Style(COLOURS[1], "s")),
-    ("eam_share", "share of requests answered by the matcher (EAM)", Style(COLOURS[2], "^", dashed=True)),
+    ("recall_at_k", "cascade recall@k (of the top-k experts)", Style(PALETTE[0], "o")),
+    ("coverage_at_2k", "cascade coverage@2k", Style(PALETTE[1], "s")),
+    ("eam_share", "share of requests answered by the matcher (EAM)", Style(PALETTE[2], "^", dashed=True)),
 )
 
 

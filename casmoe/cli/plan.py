@@ -59,6 +59,7 @@ def plan(
     chosen from the routing (your --trace, else the shipped one of the model's shape), fitted
     on its train split and scored on its held-out requests. Every flag is one the engine's own
     source has at the version named (casmoe/engines/)."""
+    from casmoe.cli.figures import draw_plan
     from casmoe.output import check_dir_target
     from casmoe.sim.questions.deploy import PlanRequest
     from casmoe.sim.questions.deploy.engines import ENGINES
@@ -80,6 +81,7 @@ def plan(
         if choice.note:
             result.notes.insert(0, choice.note)
         summary = _write(result, folder)
+        draw_plan(folder)  # plan_memory.png and plan_speed.png, from plan.json alone
         summaries.append(summary)
         if not as_json:
             _print(result, folder)

@@ -58,7 +58,7 @@ def write_report(out: Path, records: list[dict[str, Any]], plots: Plots) -> tupl
 def report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str, timeline: Optional[Path],
             serving_title: str, timeliness: bool, plots: Plots) -> None:
     """Write the report folder, then print the records as JSON or as tables (and what was skipped)."""
-    from casmoe.report import print_simulation
+    from casmoe.summary import YOUR_BOX, print_simulation
 
     written, pending = write_report(out, records, plots)
     if as_json:
@@ -73,6 +73,8 @@ def report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str, 
         typer.echo(line)
     if pending:
         typer.echo(pending)
+    if ran:
+        typer.echo(YOUR_BOX)
 
 
 def skipped_lines(records: list[dict[str, Any]]) -> list[str]:

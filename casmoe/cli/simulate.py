@@ -15,6 +15,7 @@ from casmoe.cli.reporting import PLOTS, Plots, report
 from casmoe.cli.flags import run_options
 from casmoe.errors import CasmoeError
 if TYPE_CHECKING:
+    from casmoe.sim.box.hardware import HardwareProfile
     from casmoe.sim.run.grid import Grid
 
 
@@ -61,6 +62,13 @@ def simulate(
         for note in runs.notes:
             typer.echo(note)
     traffic = runs.specs[0].traffic
-    boxes = sorted({f"{g.machine.preset.name} on {g.machine.box()}" for g in runs.groups})
+    boxes = sorted({f"{g.machine.preset.name} on {g.machine.box()}" + _parts(g.machine.hardware) for g in runs.groups})
     report(out, res.records, as_json, "; ".join(boxes), timeline, f"serving {traffic.describe()}" if traffic else "",
            timeliness, plots)
+
+
+def _parts(hw: HardwareProfile) -> str:
+    """': 4x NVIDIA GeForce RTX 4090 24 GB, ..., 256 GiB host RAM': what the box is, for a
+    reader who does not know the profile's name."""
+    parts = [p for p in (hw.description, f"{hw.host_ram_gib:g} GiB host RAM" if hw.host_ram_gib else "") if p]
+    return f": {', '.join(parts)}" if parts else ""

@@ -15,6 +15,7 @@ from casmoe.policies.lazy_heap import LazyHeaps
 
 class Belady(ExpertCache):
     name = "belady"
+    summary = "evicts the expert used farthest in the future: optimal eviction, a bound"
     twin = Twin(Kind.BELADY)
     needs_future = True
 

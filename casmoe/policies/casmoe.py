@@ -111,6 +111,14 @@ class PlannerPredictor:
 
 class CasMoE(ExpertCache):
     name = "casmoe"
+    summary = "predicts every layer's experts from the prompt and prefetches them (CasMoE)"
+    variant_notes = {
+        "planner=auto": "CasMoE with a planner fitted on the trace's train split",
+        "planner": "CasMoE with the planner fitted in that folder",
+        "predictor=exact": "CasMoE told the request's own routing: its best case, a bound",
+        "predictor=noisy": "CasMoE told the request's routing blended with noise, a bound",
+    }
+    runtime = "mixtral-offloading"  # no runtime of its own: the PyTorch caching one
     fit = PlannerFit()
     variants = ({"planner": AUTO}, {"predictor": "exact"}, {"predictor": "noisy"})
     """The deployable planner (fitted on the trace's train split, or `--planner DIR`), beside the

@@ -56,6 +56,8 @@ PUBLISHED = PublishedCosts(copy_cost=70.0, host_per_token=7.0, gpu_cost=0.0,
 
 class Fiddler(KTransformers):
     name = "fiddler"
+    summary = "as ktransformers, but a host expert many tokens need is copied to the GPU (Fiddler)"
+    runtime = None  # its own runtime, of which no stack is shipped
 
     def __init__(self, *args, tokens: int | None = None, published: bool = False, **kw) -> None:
         if tokens is not None and tokens < 1:

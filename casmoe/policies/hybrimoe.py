@@ -58,6 +58,8 @@ CPU_START = 0.79
 
 class HybriMoE(ExpertCache):
     name = "hybrimoe"
+    summary = "a GPU cache by routing score; each step splits experts between CPU and GPU (HybriMoE)"
+    runtime = "ktransformers"  # HybriMoE is built on KTransformers
 
     def __init__(self, *args, alpha: float = 0.5, prefetch: int = 0, split: bool = True, published: bool = False,
                  **kw) -> None:

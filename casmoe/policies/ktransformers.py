@@ -41,6 +41,8 @@ from casmoe.trace import Trace
 
 class KTransformers(Placement):
     name = "ktransformers"
+    summary = "the most routed experts stay on the GPUs, the CPU computes the rest (KTransformers)"
+    runtime = "ktransformers"
 
     def __init__(self, geometry: Geometry, capacity: int | Capacity, *, popularity: np.ndarray, **kw) -> None:
         self.popularity = np.asarray(popularity, dtype=np.float64).ravel()

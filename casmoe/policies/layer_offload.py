@@ -31,6 +31,8 @@ from casmoe.policies.placement import budget_slots
 
 class LayerOffload(ExpertCache):
     name = "layer-offload"
+    summary = "streams whole layers' experts every token, routing or not (HF Accelerate, DeepSpeed)"
+    runtime = "hf-accelerate"
 
     def __init__(self, geometry: Geometry, capacity: int | Capacity, *, n: int | None = None, **kw) -> None:
         L, E = geometry.layers, geometry.experts

@@ -34,6 +34,7 @@ from casmoe.policies.lru import LRU
 
 class LeastStale(LRU):
     name = "least-stale"
+    summary = "evicts the expert of the layer the forward pass left longest ago (SpecMD)"
     twin = Twin(Kind.LEAST_STALE)
 
     def victim(self, layer: int, candidates) -> ExpertId:

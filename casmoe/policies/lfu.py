@@ -15,6 +15,8 @@ from casmoe.policies.lazy_heap import LazyHeaps
 
 class LFU(ExpertCache):
     name = "lfu"
+    summary = "evicts the least frequently used expert"
+    runtime = "mixtral-offloading"  # no runtime of its own: the PyTorch caching one
     twin = Twin(Kind.LFU)
 
     def __init__(self, *args, **kw) -> None:

@@ -17,6 +17,8 @@ class LRU(ExpertCache):
     """
 
     name = "lru"
+    summary = "evicts the least recently used expert (the cache of Mixtral-Offloading)"
+    runtime = "mixtral-offloading"
     twin = Twin(Kind.LRU)
 
     def __init__(self, *args, **kw) -> None:

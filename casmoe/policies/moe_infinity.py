@@ -54,6 +54,8 @@ def train_eams(trace: Trace) -> list[np.ndarray]:
 
 class MoEInfinity(ExpertCache):
     name = "moe-infinity"
+    summary = "prefetches by the expert counts of the most similar past request (MoE-Infinity)"
+    runtime = "moe-infinity"
     fit = TraceFit("fit")
 
     def __init__(self, *args, collection: Sequence[np.ndarray] = (), size: int = 512, ahead: int = 3, **kw) -> None:

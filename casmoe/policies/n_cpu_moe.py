@@ -34,6 +34,9 @@ from casmoe.policies.placement import Placement
 
 class NCpuMoE(Placement):
     name = "n-cpu-moe"
+    summary = "the CPU computes the first layers' experts, the GPUs hold the rest (llama.cpp --n-cpu-moe)"
+    variant_notes = {"gpu_prefill": "llama.cpp --n-cpu-moe with its op offload: prompt batches copy host experts to the GPU"}
+    runtime = "llama.cpp"
     variants = ({}, {"gpu_prefill": 32})
     """llama.cpp as configured by `--n-cpu-moe` alone, and with its op offload (on by default,
     32 tokens: `casmoe/engines/llama.cpp.toml [op_offload]`)."""

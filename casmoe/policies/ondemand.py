@@ -15,5 +15,6 @@ from casmoe.policies.lru import LRU
 
 class OnDemand(LRU):
     name = "ondemand"
+    summary = "loads each routed expert when its layer runs and keeps none: the floor, not a deployment"
     twin = Twin(Kind.LRU)
     keeps_experts = False

@@ -109,6 +109,8 @@ def layer_order(shares: np.ndarray) -> list[int]:
 
 class RoutedPlacement(Placement):
     name = "routed-placement"
+    summary = "the experts most decode steps use stay on the GPUs, the CPU computes the rest (casmoe plan)"
+    runtime = "ktransformers"  # its GPU mask is what `casmoe plan` writes for KTransformers
     fit = TraceFit("profile")
 
     def __init__(self, geometry: Geometry, capacity: int | Capacity, *, shares: np.ndarray, unit: str = "expert",

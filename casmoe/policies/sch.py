@@ -21,6 +21,7 @@ from casmoe.twin import Twin, TwinState
 
 class SCH(ExpertCache):
     name = "sch"
+    summary = "keeps the experts the next m tokens route to most (the SCH metric's cache), a bound"
     needs_future = True
 
     def __init__(self, *args, m: int = 16, **kw) -> None:

@@ -15,6 +15,7 @@ from casmoe.twin import Twin, TwinState
 
 class SEMoE(LRU):
     name = "semoe"
+    summary = "while a layer runs, loads the next layer's most used experts (SE-MoE)"
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)

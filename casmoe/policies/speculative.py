@@ -47,6 +47,8 @@ from casmoe.twin import Guesses, Twin, TwinState, beyond_guesses
 
 class Speculative(LRU):
     name = "speculative"
+    summary = ("loads the experts the next router picks from this layer's output "
+               "(Mixtral-Offloading, Pre-gated MoE)")
 
     def __init__(self, *args, spec: dict[int, np.ndarray] | None = None, experts: int | None = None,
                  ahead: int = 1, **kw) -> None:

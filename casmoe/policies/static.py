@@ -23,6 +23,7 @@ from casmoe.twin import Twin, TwinState
 
 class Static(LRU):
     name = "static"
+    summary = "pins the experts a train-split profile routes to most, LRU for the rest"
     fit = TraceFit("profile")
 
     def _twin_state(self) -> TwinState:

@@ -26,6 +26,7 @@ from casmoe.options import OptionError
 from casmoe.sim.run.grid import Grid, Runs
 from casmoe.sim.run.options import ALIASES, BY_NAME, OPTIONS
 from casmoe.sim.run.runner import run
+from casmoe.sim.run.runtimes import on_runtimes
 from casmoe.sim.passes.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class Results:
 
     def headline(self) -> str:
         """The fastest policy per cache size, as `casmoe simulate` prints it (one line each)."""
-        from casmoe.report import headline
+        from casmoe.summary import headline
 
         return "\n".join(headline([r for r in self.records if "skipped" not in r]))
 
@@ -109,7 +110,8 @@ def simulate(
 def run_specs(runs: Runs, timeline: Path | None = None,
               progress: Callable[[int, int], None] | None = None) -> Results:
     """Run every spec of `runs` in this process, in order (`casmoe simulate` and the API); a
-    run that cannot be built is a `skipped` record, unless it is the only one."""
+    run that cannot be built is a `skipped` record, unless it is the only one. The headline's
+    methods are priced again on their runtimes' stacks (`casmoe.sim.run.runtimes`)."""
     specs = runs.specs
     first = specs[0]
     recorder = None
@@ -131,7 +133,7 @@ def run_specs(runs: Runs, timeline: Path | None = None,
                           f"{records[0]['skipped']}")
     if recorder is not None:
         recorder.write(timeline)  # type: ignore[arg-type]
-    return Results(records, runs)
+    return Results(on_runtimes(runs, records), runs)
 
 
 def _signature() -> inspect.Signature:

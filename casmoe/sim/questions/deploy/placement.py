@@ -55,6 +55,18 @@ class Placement:
             out.append(sorted(layer for layer, n in per.items() if n == E))
         return out
 
+    def by_layer(self, layers: int) -> list[list[int]]:
+        """Per GPU, how many experts of each of the `layers` MoE layers it holds (plan.json's
+        `gpu_experts_by_layer`: which layers' experts live where, whatever the unit placed)."""
+        E = self.experts_per_layer
+        out = []
+        for ids in self.gpu:
+            counts = [0] * layers
+            for e in ids:
+                counts[e // E] += 1
+            out.append(counts)
+        return out
+
     def host_layers(self, layers: int) -> list[int]:
         """MoE layers with no expert on any GPU."""
         E = self.experts_per_layer

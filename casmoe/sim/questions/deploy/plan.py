@@ -134,8 +134,10 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         pl = self.placement
+        layers = 1 + max((g.layers[-1] for g in pl.memory.gpus if g.layers), default=-1)
         return {"engine": self.engine, "label": self.label, "fits": self.fits, "rule": pl.rule, "unit": pl.unit,
-                "gpu_experts": pl.count, "gpu_layers": pl.gpu_layers(),
+                "gpu_experts": pl.count, "gpu_layers": pl.gpu_layers(), "experts_per_layer": pl.experts_per_layer,
+                "gpu_experts_by_layer": pl.by_layer(layers),
                 "command": self.command.text(), "argv": self.command.argv(),
                 "prepare": [c.text() for c in self.prepare], "files": self.files, "notes": self.notes,
                 "memory": pl.memory.to_dict(), "speed": None if self.speed is None else self.speed.to_dict(),
