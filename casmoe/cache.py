@@ -384,6 +384,14 @@ class ExpertCache:
         """The current request finished."""
 
     @classmethod
+    def held_on_gpus(cls, geometry: Geometry, capacity: Capacity) -> int:
+        """Experts a run of this policy keeps on the GPUs for good, with no copy of them left
+        in use on the host: none for a cache (it copies from the host, which keeps every
+        expert); a placement's whole budget (`casmoe.policies.placement`). The host RAM a run
+        needs is every expert less these (`casmoe.sim.run.fits.HostDemand`)."""
+        return 0
+
+    @classmethod
     def computes_on_host(cls, miss_mode: MissMode) -> bool:
         """Whether a run of this policy may compute experts on the host: the cpu miss mode, a
         placement (its misses run there), or a policy that chooses per step which experts do

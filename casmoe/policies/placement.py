@@ -57,6 +57,12 @@ class Placement(ExpertCache):
 
     loads_on_demand = False  # a miss is computed on the host: no slot needed, none at all for an all-host placement
 
+    @classmethod
+    def held_on_gpus(cls, geometry: Geometry, capacity: Capacity) -> int:
+        """The whole budget: the engines load a GPU-resident tensor into VRAM once and leave
+        no host copy in use."""
+        return budget_slots(geometry, capacity)
+
     def __init__(self, geometry: Geometry, capacity: int | Capacity, *, gpu_prefill: int | None = None,
                  stage: int | None = None, **kw) -> None:
         cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)

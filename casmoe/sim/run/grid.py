@@ -18,7 +18,6 @@ from typing import Any, Iterable, Mapping, Sequence
 from casmoe.errors import CasmoeError
 from casmoe.options import FIT, CapacitySpec, parse_miss_mode, parse_quant
 from casmoe.policies import POLICIES, PolicySpec, parse_policies
-from casmoe.policies.placement import Placement, budget_slots
 from casmoe.presets import get_preset, preset_for, shape_preset
 from casmoe.selection import Scored, Selection
 from casmoe.shipped import DEFAULT_TRACE, shipped
@@ -239,7 +238,7 @@ class _Builder:
                 ):
                     sequences = self._sequences(traffic, batch)[0]
                     kv = float(sum(machine.kv_bytes(context or longest, sequences)))
-                    held = budget_slots(whole.geometry, cap.resolve(nbytes)) if issubclass(policy.cls, Placement) else 0
+                    held = policy.cls.held_on_gpus(whole.geometry, cap.resolve(nbytes))
                     for host_cache in self._host_caches(machine, whole, nbytes, HostDemand.of(machine, nbytes, held, kv)):
                         if why is None:
                             why = self._kv_fits(machine, nbytes, cap, context or longest, batch, traffic, where)
