@@ -388,26 +388,40 @@ def _validate_published(fit: bool, out: Optional[Path], as_json: bool) -> None:
     result = against_published(progress=bar)
     records = [r.to_dict() for r in result.results]
     summary = result.summary()
+    document = {"summary": summary, "rows": records}
     if out is not None:
-        write_json(out / "validation.json", {"summary": summary, "spreads": result.spreads(), "rows": records})
+        write_json(out / "validation.json", document)
         write_csv(out / "validation.csv", records)
     if fit:
         for path in write_fitted(result):
             typer.echo(f"wrote {path}")
     if as_json:
-        typer.echo(json.dumps({"summary": summary, "spreads": result.spreads(), "rows": records}, indent=2))
+        typer.echo(json.dumps(document, indent=2))
         return
     scored = [r for r in records if r["role"] != "out of scope"]
-    print_table([{"row": r["id"], "system": r["system"], "stack": r["stack"], "role": r["role"],
-                  "published tok/s": r["published_tok_s"], "predicted tok/s": r["predicted_tok_s"], "ratio": r["ratio"]}
-                 for r in scored], ["row", "system", "stack", "role", "published tok/s", "predicted tok/s", "ratio"],
-                title="casmoe against published measurements (ratio = predicted / published; fit rows are not scored)")
+    print_table([{"row": r["id"], "stack": r["stack"], "role": r["role"] + (" (disputed)" if r["disputed"] else ""),
+                  "published tok/s": r["published_tok_s"], "predicted tok/s": r["predicted_tok_s"], "ratio": r["ratio"],
+                  "interval": f"x/÷ {r['interval_factor']:.2f}" if r["interval_factor"] else "",
+                  "in": {True: "yes", False: "no", None: ""}[r["inside_interval"]]}
+                 for r in scored], ["row", "stack", "role", "published tok/s", "predicted tok/s", "ratio", "interval", "in"],
+                title="casmoe against published measurements (ratio = predicted / published; each source's rows "
+                      "predicted by constants fitted on the other sources)")
+    typer.echo(validation_line(summary))
+
+
+def validation_line(summary: dict[str, Any]) -> str:
+    """The summary in words: what was predicted, how far it landed, how often the interval held."""
     rank = summary["rankings"]
-    typer.echo(f"{summary['predicted']} rows predicted from {len(summary['systems'])} systems "
-               f"({summary['fit_rows']} fit rows, {summary['out_of_scope']} rows out of scope: see --out or --json for why); "
-               f"median |log ratio| {summary['median_abs_log_ratio']:.3f} (x{math.exp(summary['median_abs_log_ratio']):.2f}), "
-               f"worst x{math.exp(summary['max_abs_log_ratio']):.2f}, {summary['beyond_2x']} beyond 2x; same-source rankings kept "
-               f"{rank['kept']} of {rank['pairs']} pairs" + (f" (broken: {'; '.join(rank['broken'])})" if rank['broken'] else ""))
+    text = (f"{summary['predicted']} rows of {summary['sources']} sources predicted, each leaving its source out "
+            f"({summary['out_of_scope']} rows out of scope, {len(summary['beyond_bound'])} beyond their configuration's "
+            f"bound, {len(summary['disputed'])} disputed: see --out or --json for why); "
+            f"median |log ratio| {summary['median_abs_log_ratio']:.3f} (x{math.exp(summary['median_abs_log_ratio']):.2f}), "
+            f"worst x{math.exp(summary['max_abs_log_ratio']):.2f}, {summary['beyond_2x']} beyond 2x; same-source rankings "
+            f"kept {rank['kept']} of {rank['pairs']} pairs")
+    if summary.get("interval_coverage") is not None:
+        text += (f"; the 80% interval held {100 * summary['interval_coverage']:.0f}% of rows left out, median width "
+                 f"x/÷ {summary['interval_median_factor']:.2f}")
+    return text
 
 
 def _progress_steps(desc: str):

@@ -1,30 +1,35 @@
-"""casmoe held against published measurements of real offloading systems: `casmoe validate --published`.
+"""casmoe held against published measurements of real systems: `casmoe validate --published`.
 
-`casmoe/sim/trust/published/measurements.toml` holds what papers, project READMEs and users measured, each
-row with its source and, where casmoe can express it, its configuration in casmoe's terms
-(`run`: the options of `casmoe simulate`, the box as a profile of `casmoe/sim/trust/published/profiles/`,
-the runtime as a stack of `casmoe/sim/cost/stacks/`); a row casmoe cannot express says why (`scope`).
+`casmoe/sim/trust/published/measurements.toml` holds what papers, project READMEs and users
+measured, each row with its source and, where casmoe can express it, its configuration in
+casmoe's terms (`run`: the options of `casmoe simulate`, the box as a profile of
+`casmoe/sim/trust/published/profiles/`, the runtime as a stack of `casmoe/sim/cost/stacks/`); a
+row casmoe cannot express says why (`scope`).
 
-No number is predicted by a constant fitted on it:
+No number is predicted by a constant fitted on its own measurement. Each stack's unknown costs
+(the fields its file lists under `[fitted_on]`: a per-layer cost, the host kernels' share of DRAM
+bandwidth, ...) are fitted on that stack's rows, leaving one setup out at a time: the rows one
+source measured on one box (`Row.group`) are predicted by constants fitted on every other
+setup's rows, the same source's other boxes included: a user asking about their own box has the
+whole table but never their own measurements. A stack measured on one setup only is predicted
+from a prior instead: each field at the median of what the other stacks fitted, leaving that
+setup out of their fits too. The interval printed beside a figure makes a stricter claim, and is
+checked leaving whole sources out (`casmoe.sim.trust.error_model`). `--fit` writes the constants
+fitted on every row (what users get) into the stack files, and the error model, fitted on the
+left-out residuals, beside the table.
 
-- a stack's fitted fields name the rows they are fitted on (`fitted_on` in `casmoe/sim/cost/stacks/NAME.toml`,
-  its simplest runs: an on-demand or all-on-GPU row); those rows are fit rows, never scored.
-  Which rows: the system's own authors' or users' measurements where there are any, a paper
-  table before a README, and a README row only where no paper row determines the field (a
-  per-expert cost needs a model with many experts); this rule was written down in session 6
-  after README-fitted DeepSpeed stacks had predicted the paper rows 0.41-0.54x (bench/RESULTS.md
-  keeps both results);
-- the shared defaults every stack without its own measurement takes (`casmoe/sim/cost/stacks/shared.toml`:
-  the host kernels' share of DRAM bandwidth) are fitted leaving each system out in turn: a
-  system's rows are predicted with the value fitted on the other systems' rows, and its stack is
-  fitted under that value;
-- `--fit` writes the constants fitted on every row (what users get) into the stack files.
+Fitting a stack on its rows needs each row's speed at many values of its constants, and a row
+is a simulation. The fit works on a linear model of each row's time per token in its constants
+(`Linear`: exact for the additive per-layer and per-expert costs, and for efficiencies in their
+reciprocal, the form in which a bandwidth-bound time depends on them), built from a few
+simulations around the current values and rebuilt once around the fit; every reported figure
+is a simulation at the fitted values, never the linear model's.
 
 Each prediction simulates the row's run on a trace of the model's routing shape: the shipped
 trace where one exists (tiny-mixtral's routing for Mixtral-8x7B, synthetic-qwen3-top8 for
 Qwen3-30B-A3B), else a synthetic one (`casmoe.synthetic`, default knobs) at the row's prompt and
-output lengths and top-k. The spreads it measures per kind of configuration are what simulate,
-search and the leaderboard print beside their figures (`spread`).
+output lengths and top-k. A prefill row (`prefill_tok_s`, llama-bench's pp) is one request of
+its prompt length, timed to its first token.
 """
 
 from __future__ import annotations
@@ -33,16 +38,20 @@ import hashlib
 import json
 import math
 import statistics
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import tomllib
-from casmoe.sim.cost.stack import Shared, Stack, load_shared, load_stack
+import numpy as np
 
 from casmoe.errors import CasmoeError
-from casmoe.sim.trust.uncertainty import FAMILIES, MEASUREMENTS, SPREAD_FILE, family_of
+from casmoe.sim.cost.stack import Shared, Stack, load_shared, load_stack
+from casmoe.sim.trust.error_model import ErrorModel, Point, leave_one_source_out, point_of
+from casmoe.sim.trust.error_model import fit as fit_error
+from casmoe.sim.trust.uncertainty import MEASUREMENTS, family_of
 
 SHIPPED_TRACES = {"mixtral-8x7b": ("tiny-mixtral.npz", 2), "qwen3-30b-a3b": ("synthetic-qwen3-top8.npz", 8)}
 """Model preset -> (shipped trace of its routing shape, its top-k)."""
@@ -55,8 +64,22 @@ STREAM_DECODE_TOKENS = 16
 SYNTHETIC_REQUESTS = 16
 """Requests of a synthetic trace: a policy that fits (MoE-Infinity's collection) fits on the
 train part, the held-out ones are scored."""
-RATES = {"decode_tok_s": "decode_tokens_per_s", "s_per_token": "decode_tokens_per_s"}
-"""Published metric -> the simulate field it is compared with (as a rate: s_per_token inverted)."""
+PREFILL_PROMPT = 512
+"""Prompt tokens of a prefill row that does not state its own (llama-bench's default pp512)."""
+
+
+def _decode_rate(record: dict[str, Any], row: Row) -> float:
+    return float(record["decode_tokens_per_s"])
+
+
+def _prefill_rate(record: dict[str, Any], row: Row) -> float:
+    """Prompt tokens over the time to the first token of the one request simulated."""
+    return float(record["prefill_tokens"]) / (float(record["ttft_mean_s"]) * int(record["requests"]))
+
+
+RATES: dict[str, Callable[[dict[str, Any], Row], float]] = {
+    "decode_tok_s": _decode_rate, "s_per_token": _decode_rate, "prefill_tok_s": _prefill_rate}
+"""Published metric -> the rate a simulate record predicts for it (s_per_token compared as a rate)."""
 
 
 class ValidationError(CasmoeError, ValueError):
@@ -66,7 +89,9 @@ class ValidationError(CasmoeError, ValueError):
 @dataclass(frozen=True)
 class Row:
     """One published measurement (`measurements.toml`): its source, what was measured, and its
-    configuration in casmoe's terms (`run`) or why it has none (`scope`)."""
+    configuration in casmoe's terms (`run`) or why it has none (`scope`). `disputed` names the
+    source a measurement contradicts, where another source measured the same configuration far
+    apart: such a row is predicted and shown, never fitted on or counted in the summary."""
 
     id: str
     system: str
@@ -80,6 +105,8 @@ class Row:
     box: str
     prompt_tokens: int
     output_tokens: int
+    url: str = ""
+    disputed: str = ""
 
     @property
     def rate(self) -> float:
@@ -92,8 +119,30 @@ class Row:
 
     @property
     def family(self) -> str:
-        """The kind of configuration, for the spreads (`uncertainty.family_of`)."""
+        """The kind of configuration, for the error model (`uncertainty.family_of`)."""
         return family_of(self.run or {})
+
+    @property
+    def document(self) -> str:
+        """The source a row comes from: the page it was read from (its address without the
+        anchor or query: one thread, one README at a commit, one paper), else the document its
+        locator names."""
+        if self.url:
+            u = urlsplit(self.url)
+            return f"{u.netloc}{u.path}".rstrip("/")
+        return self.source.split(",")[0].split(" (")[0].strip()
+
+    @property
+    def group(self) -> str:
+        """One measurement setup, the unit a prediction leaves out: a source's rows on one box.
+        A user asking about their own box has the whole table but not their own measurements:
+        a row is predicted with every other setup's rows, its source's other boxes included,
+        never with a row of its own setup."""
+        return f"{self.document} @ {self.box or (self.run or {}).get('hardware', '')}"
+
+    @property
+    def prefill(self) -> bool:
+        return self.metric == "prefill_tok_s"
 
 
 def load_rows(path: Path = MEASUREMENTS) -> list[Row]:
@@ -111,7 +160,8 @@ def row_from_dict(r: dict[str, Any], where: str) -> Row:
         raise ValidationError(f"{where}: row {r['id']}: metric {r['metric']!r} cannot be validated yet (only {', '.join(RATES)})")
     return Row(r["id"], r["system"], r["kind"], r["source"], r["metric"], float(r["value"]), r.get("run"),
                r.get("scope", ""), str(r.get("model", "")), str(r.get("box", "")),
-               int(r.get("prompt_tokens") or 0), int(r.get("output_tokens") or 0))
+               int(r.get("prompt_tokens") or 0), int(r.get("output_tokens") or 0), str(r.get("url", "")),
+               str(r.get("disputed", "")))
 
 
 # ---- predicting one row ---------------------------------------------------------------------------
@@ -121,12 +171,15 @@ def trace_for(row: Row) -> tuple[Path, int]:
     """The trace a row's run replays (its first `requests` held-out requests are scored), and
     that count: the shipped trace of the model's routing shape where one exists, else a
     synthetic one, its requests cut to a few dozen decode tokens (a decode rate settles within
-    them: streaming at once, caches within a few dozen tokens)."""
+    them: streaming at once, caches within a few dozen tokens). A prefill row: one synthetic
+    request of its prompt length and one decode token."""
     from casmoe.shipped import shipped
 
     run = row.run or {}
     model = run["model"]
     top_k = run.get("top_k")
+    if row.prefill:
+        return synthetic_trace(model, top_k, row.prompt_tokens or PREFILL_PROMPT, 1), 1
     stream = row.family == "stream"  # every token pays the same: one short request measures it
     decode, requests = (STREAM_DECODE_TOKENS, 1) if stream else (DECODE_TOKENS, REQUESTS)
     name, k = SHIPPED_TRACES.get(model, (None, None))
@@ -211,14 +264,11 @@ def predict(row: Row, stack: Stack | None = None) -> float:
         from casmoe.sim.run.runner import run
 
         (spec,) = specs_for(row, stack)
-        _PREDICTED[key] = float(run(spec)[RATES[row.metric]])
+        _PREDICTED[key] = RATES[row.metric](run(spec), row)
     return _PREDICTED[key]
 
 
 _PREDICTED: dict[tuple, float] = {}
-
-
-# ---- fitting ------------------------------------------------------------------------------------
 
 
 FIT_BOUNDS = {"step_us": (0.0, 5e6), "layer_us": (0.0, 1e5), "expert_us": (0.0, 1e5), "expert_loop_us": (0.0, 1e5), "host_expert_us": (0.0, 1e5),
@@ -226,12 +276,149 @@ FIT_BOUNDS = {"step_us": (0.0, 5e6), "layer_us": (0.0, 1e5), "expert_us": (0.0, 
               "copy_efficiency": (0.01, 1.0)}
 
 
+def bound(row: Row) -> float:
+    """The fastest the row's configuration can run in casmoe's model: an ideal runtime (no cost
+    of its own, copies at the link's pinned rate, host kernels at the host's peak bandwidth)."""
+    ideal = replace(load_stack("ideal"), host_efficiency=1.0, host_flops_efficiency=1.0)
+    return predict(row, ideal)
+
+
+BOUND_TOLERANCE = 1.15
+"""How far a measurement may beat casmoe's speed bound before its written configuration is
+taken to be wrong (the link rates of the published boxes are known to ~15%)."""
+
+
+# ---- fitting a stack on many rows: a linear model of each row's time ------------------------------
+
+
+RECIPROCAL = ("copy_efficiency", "gpu_efficiency", "host_efficiency", "host_flops_efficiency")
+"""Fields a bandwidth-bound time is linear in the reciprocal of; the others (microseconds) add."""
+PRIOR_WEIGHT = 0.01
+"""How strongly a fit is held to its prior, per field, in the log of its linear form (`_floor`
+added): a field off its prior by a factor e costs as much as one row off by 1%, so a few rows move
+it over orders of magnitude, and a field no row determines stays put."""
+
+
+def _to_x(stack: Stack, fields: Sequence[str]) -> np.ndarray:
+    return np.array([1.0 / getattr(stack, f) if f in RECIPROCAL else float(getattr(stack, f)) for f in fields])
+
+
+def _from_x(stack: Stack, fields: Sequence[str], x: Sequence[float]) -> Stack:
+    lo, hi = _x_bounds(fields)
+    x = np.clip(np.asarray(x, float), lo, hi)
+    return replace(stack, **{f: float(1.0 / v if f in RECIPROCAL else v) for f, v in zip(fields, x)})
+
+
+def _x_bounds(fields: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = [], []
+    for f in fields:
+        a, b = FIT_BOUNDS[f]
+        lo.append(1.0 / b if f in RECIPROCAL else a)
+        hi.append(1.0 / a if f in RECIPROCAL else b)
+    return np.array(lo), np.array(hi)
+
+
+def _scale(fields: Sequence[str]) -> np.ndarray:
+    """A typical size of each field's change, in its linear form: microseconds in hundreds, an
+    efficiency's reciprocal in ones (the solver's steps)."""
+    return np.array([1.0 if f in RECIPROCAL else 100.0 for f in fields])
+
+
+def _floor(fields: Sequence[str]) -> np.ndarray:
+    """Added before the prior's log: a cost of 0 microseconds is 50 away from one of 50."""
+    return np.array([0.0 if f in RECIPROCAL else 50.0 for f in fields])
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A row's time per token (seconds; a prefill row: per prompt token) as a linear function of
+    a stack's fields around `x0` (`_to_x`): `t0 + grad @ (x - x0)`, from 1 + len(fields) runs."""
+
+    row: Row
+    x0: np.ndarray
+    t0: float
+    grad: np.ndarray
+
+    def time(self, x: np.ndarray) -> float:
+        return self.t0 + float(self.grad @ (x - self.x0))
+
+
+def linearize(row: Row, stack: Stack, fields: Sequence[str]) -> Linear:
+    """`row`'s time around `stack`'s values of `fields`: a run at them and one per field moved by
+    a step (the time is linear in each; any step gives the same slope where it is)."""
+    x0 = _to_x(stack, fields)
+    t0 = 1.0 / predict(row, stack)
+    grad = np.zeros(len(fields))
+    lo, hi = _x_bounds(fields)
+    for i, f in enumerate(fields):
+        step = 0.25 * x0[i] if f in RECIPROCAL else max(0.25 * x0[i], 50.0)
+        if x0[i] + step > hi[i]:
+            step = -step
+        x = x0.copy()
+        x[i] += step
+        grad[i] = (1.0 / predict(row, _from_x(stack, fields, x)) - t0) / step
+    return Linear(row, x0, t0, grad)
+
+
+def fit_linear(lins: Sequence[Linear], fields: Sequence[str], prior: np.ndarray) -> np.ndarray:
+    """The values of `fields` (linear form) that best match the rows' measured times in log
+    (least squares on the linear models), held weakly to `prior` (`PRIOR_WEIGHT`)."""
+    from scipy.optimize import least_squares
+
+    lo, hi = _x_bounds(fields)
+    scale, floor = _scale(fields), _floor(fields)
+    measured = np.array([math.log(1.0 / lin.row.rate) for lin in lins])
+    x0s = np.array([lin.x0 for lin in lins])
+    t0s = np.array([lin.t0 for lin in lins])
+    grads = np.array([lin.grad for lin in lins])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        times = np.maximum(t0s + np.einsum("rf,rf->r", grads, x[None, :] - x0s), 1e-9)
+        return np.concatenate([np.log(times) - measured, PRIOR_WEIGHT * (np.log(x + floor) - np.log(prior + floor))])
+
+    start = np.clip(prior, lo, hi)
+    return least_squares(residuals, start, bounds=(lo, hi), x_scale=scale).x
+
+
+@dataclass
+class StackFit:
+    """One stack fitted on its rows: the values fitted on all of them (`stack`) and the linear
+    models of every row around them, from which the fits leaving one source out are solved."""
+
+    stack: Stack
+    fields: list[str]
+    rows: list[Row]
+    lins: list[Linear]
+
+    def without(self, group: str, prior: np.ndarray) -> np.ndarray | None:
+        """The fields fitted on the rows of every other source (None: no other source)."""
+        lins = [lin for lin in self.lins if lin.row.group != group]
+        return fit_linear(lins, self.fields, prior) if lins else None
+
+
+def fit_stack_rows(stack: Stack, rows: Sequence[Row], progress: Callable[[str], None] = lambda _: None) -> StackFit:
+    """`stack`'s fitted fields (`fitted_on`'s keys) fitted on `rows` (its rows, disputed ones
+    left out): linear models around its values, a fit, linear models again around the fit
+    (the models are exact in the additive costs, close in the efficiencies), a second fit."""
+    fields = list(stack.fitted_on)
+    rows = [r for r in rows if not r.disputed]
+    if not fields or not rows:
+        return StackFit(stack, fields, list(rows), [])
+    x = _to_x(stack, fields)
+    for rounds in range(2):
+        progress(f"fitting stack {stack.name} on {len(rows)} rows ({'first' if rounds == 0 else 'second'} pass)")
+        lins = [linearize(r, stack, fields) for r in rows]
+        x = fit_linear(lins, fields, x)
+        stack = _from_x(stack, fields, x)
+    return StackFit(stack, fields, list(rows), [linearize(r, stack, fields) for r in rows])
+
+
 def fit_stack(stack: Stack, rows: dict[str, Row], shared: Shared) -> tuple[Stack, dict[str, float]]:
     """`stack` with its fitted fields (`fitted_on`) solved on their rows, under `shared`:
-    least squares of log(predicted / published); returns it (its zeros still meaning the shared
-    default) and each field's standard error
-    (how well the rows determine it; inf when as many fields as rows leave no residual)."""
-    import numpy as np
+    least squares of log(predicted / published) by direct simulation (the few rows a user
+    measured, `casmoe.sim.questions.calibration`); returns it (its zeros still meaning the
+    shared default) and each field's standard error (how well the rows determine it; inf when as
+    many fields as rows leave no residual)."""
     from scipy.optimize import least_squares
 
     fields_ = list(stack.fitted_on)
@@ -280,61 +467,42 @@ def get_layers(row: Row) -> int:
     return get_preset((row.run or {})["model"]).geometry.layers
 
 
-def uses_shared_host(row: Row, stacks: dict[str, Stack]) -> bool:
-    """Whether the row computes experts on the host with the shared default efficiency (its
-    stack neither states nor fits its own)."""
-    stack = stacks[row.stack]
-    return row.family == "host" and stack.host_efficiency == 0 and "host_efficiency" not in stack.fitted_on
-
-
-def shared_without(system: str | None, stacks: dict[str, Stack], fit_system: dict[str, set[str]], base: Shared) -> Shared:
-    """The shared host efficiency as the median of the host efficiencies stacks fitted on their
-    own rows, leaving out the stacks fitted on rows of `system` (None: leave none out); `base`
-    when no other stack fitted one."""
-    own = {n: s.host_efficiency for n, s in stacks.items() if "host_efficiency" in s.fitted_on and system not in fit_system[n]}
-    if not own:
-        return base
-    value = float(statistics.median(own.values()))
-    return replace(base, host_efficiency=value,
-                   sources={**base.sources, "host_efficiency": "median of the host efficiencies fitted by "
-                            + ", ".join(f"{n} ({v:.3g})" for n, v in sorted(own.items()))})
-
-
-BOUND_TOLERANCE = 1.15
-"""How far a measurement may beat casmoe's speed bound before its written configuration is
-taken to be wrong (the link rates of the published boxes are known to ~15%)."""
-
-
-def bound(row: Row) -> float:
-    """The fastest the row's configuration can run in casmoe's model: an ideal runtime (no cost
-    of its own, copies at the link's pinned rate, host kernels at the host's peak bandwidth)."""
-    ideal = replace(load_stack("ideal"), host_efficiency=1.0, host_flops_efficiency=1.0)
-    return predict(row, ideal)
-
-
 # ---- the whole table ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Result:
     row: Row
-    role: str  # "predicted", "fit" (a stack was fitted on it), "beyond bound" (faster than its configuration can run), "out of scope"
+    role: str  # "predicted", "beyond bound" (faster than its configuration can run), "out of scope"
     predicted: float | None = None  # the rate
-    shared: float | None = None  # the host efficiency in effect
     note: str = ""
     bound: float | None = None  # the rate of an ideal runtime in the row's configuration
+    fitted_on: int = 0  # rows of other sources the stack's constants were fitted on (0: the prior)
+    stack: dict[str, float] = field(default_factory=dict)  # the fitted fields' values it was predicted with
+    point: Point | None = None  # the configuration as the error model sees it
+    factor: float | None = None  # its 80% interval (x/÷), from the error model fitted leaving its source out
 
     @property
     def ratio(self) -> float | None:
         return None if self.predicted is None else self.predicted / self.row.rate
 
+    @property
+    def scored(self) -> bool:
+        """Counted in the summary: predicted and not disputed."""
+        return self.role == "predicted" and not self.row.disputed and self.ratio is not None
+
     def to_dict(self) -> dict[str, Any]:
         r = self.row
         return {
-            "id": r.id, "system": r.system, "kind": r.kind, "stack": r.stack if r.run else "", "family": r.family if r.run else "",
-            "metric": r.metric, "published": r.value, "published_tok_s": r.rate, "predicted_tok_s": self.predicted,
-            "ratio": self.ratio, "abs_log_ratio": None if self.ratio is None else abs(math.log(self.ratio)),
-            "bound_tok_s": self.bound, "role": self.role, "host_efficiency": self.shared, "note": self.note or r.scope, "source": r.source,
+            "id": r.id, "system": r.system, "kind": r.kind, "group": r.group, "stack": r.stack if r.run else "",
+            "family": r.family if r.run else "", "model": (r.run or {}).get("model", r.model),
+            "hardware": (r.run or {}).get("hardware", ""), "metric": r.metric, "published": r.value,
+            "published_tok_s": r.rate, "predicted_tok_s": self.predicted, "ratio": self.ratio,
+            "abs_log_ratio": None if self.ratio is None else abs(math.log(self.ratio)), "bound_tok_s": self.bound,
+            "role": self.role, "fitted_on_rows": self.fitted_on, "constants": self.stack, "disputed": r.disputed,
+            "interval_factor": self.factor,
+            "inside_interval": None if self.factor is None or self.ratio is None else abs(math.log(self.ratio)) <= math.log(self.factor),
+            "note": self.note or r.scope, "source": r.source,
         }
 
 
@@ -343,40 +511,47 @@ class Validation:
     results: list[Result]
     stacks: dict[str, Stack]  # fitted on every row (what `--fit` writes)
     shared: Shared
-    errors: dict[str, dict[str, float]] = field(default_factory=dict)
+    error: ErrorModel | None = None  # fitted on every scored row's residual, its coverage measured leaving sources out
 
     def predicted(self) -> list[Result]:
-        return [r for r in self.results if r.role == "predicted"]
+        return [r for r in self.results if r.scored]
 
     def summary(self) -> dict[str, Any]:
-        logs = [abs(math.log(r.ratio)) for r in self.predicted() if r.ratio]
-        ratios = [r.ratio for r in self.predicted() if r.ratio]
+        scored = self.predicted()
+        logs = [abs(math.log(r.ratio)) for r in scored]
+        ratios = [r.ratio for r in scored]
+        by = lambda key: {k: statistics.median(abs(math.log(r.ratio)) for r in scored if key(r) == k)  # noqa: E731
+                          for k in sorted({key(r) for r in scored})}
         return {
             "rows": len(self.results),
             "predicted": len(logs),
-            "fit_rows": sum(r.role == "fit" for r in self.results),
+            "sources": len({r.row.document for r in scored}),
+            "setups": len({r.row.group for r in scored}),
             "out_of_scope": sum(r.role == "out of scope" for r in self.results),
             "beyond_bound": [r.row.id for r in self.results if r.role == "beyond bound"],
-            "systems": sorted({r.row.system for r in self.predicted()}),
+            "disputed": [r.row.id for r in self.results if r.row.disputed and r.role == "predicted"],
+            "systems": sorted({r.row.system for r in scored}),
             "median_abs_log_ratio": statistics.median(logs) if logs else None,
             "median_ratio": statistics.median(ratios) if ratios else None,
             "max_abs_log_ratio": max(logs) if logs else None,
             "beyond_2x": sum(x > math.log(2) for x in logs),
+            "beyond_2x_rows": [r.row.id for r in scored if abs(math.log(r.ratio)) > math.log(2)],
+            "median_abs_log_ratio_by_stack": by(lambda r: r.row.stack),
+            "median_abs_log_ratio_by_family": by(lambda r: r.row.family),
             "rankings": self.rankings(),
+            "interval_coverage": None if self.error is None else self.error.coverage,
+            "interval_median_factor": None if self.error is None else self.error.median_factor,
         }
 
     def rankings(self) -> dict[str, Any]:
         """Same-source comparisons: rows of one source, box, model and precision that differ in
         policy or system; each pair's measured order against the predicted one."""
         groups: dict[tuple, list[Result]] = {}
-        for r in self.results:
-            if r.predicted is None or r.role not in ("predicted", "fit"):
-                continue
+        for r in self.predicted():
             run = r.row.run or {}
-            key = (r.row.source.split(",")[0], run.get("hardware"), run.get("model"), run.get("quant"), r.row.metric)
+            key = (r.row.group, run.get("hardware"), run.get("model"), run.get("quant"), r.row.metric)
             groups.setdefault(key, []).append(r)
-        kept = broken = 0
-        wrong = []
+        kept, wrong = 0, []
         for members in groups.values():
             for i, a in enumerate(members):
                 for b in members[i + 1:]:
@@ -385,70 +560,107 @@ class Validation:
                     if (a.row.rate > b.row.rate) == (a.predicted > b.predicted):
                         kept += 1
                     else:
-                        broken += 1
                         wrong.append(f"{a.row.id} vs {b.row.id}")
-        return {"pairs": kept + broken, "kept": kept, "broken": wrong}
+        return {"pairs": kept + len(wrong), "kept": kept, "broken": wrong}
 
-    def spreads(self) -> dict[str, dict[str, float]]:
-        """Per kind of configuration (family x stack validated or not): the 80th percentile
-        of |log ratio| over the predicted rows (how far to trust a figure of that kind)."""
-        out: dict[str, dict[str, float]] = {}
-        for kind in FAMILIES:
-            logs = sorted(abs(math.log(r.ratio)) for r in self.predicted() if r.row.family == kind and r.ratio)
-            if logs:
-                q = logs[min(len(logs) - 1, math.ceil(0.8 * len(logs)) - 1)]
-                out[kind] = {"p80_abs_log_ratio": q, "rows": len(logs), "median_abs_log_ratio": statistics.median(logs)}
-        return out
+
+def _prior(name: str, fits: dict[str, StackFit], group: str | None) -> np.ndarray:
+    """Where a fit of stack `name` starts and is held: each field at the median of what the
+    other stacks that fit it fitted on rows of other sources than `group` (None: every row);
+    a field no other stack fits keeps the stack file's value."""
+    own = fits[name]
+    out = []
+    for i, f in enumerate(own.fields):
+        values = []
+        for other, fit in fits.items():
+            if other == name or f not in fit.fields:
+                continue
+            x = fit.without(group, _to_x(fit.stack, fit.fields)) if group is not None else _to_x(fit.stack, fit.fields)
+            if x is not None:
+                values.append(x[fit.fields.index(f)])
+        out.append(statistics.median(values) if values else _to_x(load_stack(name), own.fields)[i])
+    return np.array(out)
 
 
 def validate(rows: list[Row] | None = None, progress: Callable[[str], None] | None = None) -> Validation:
-    """Predict every validated row as the module docstring says: leaving each system out for the
-    shared constants, never scoring a stack's fit rows."""
+    """Predict every row with a run as the module docstring says: each source's rows by
+    constants fitted on the other sources' rows of the same stack."""
     rows = load_rows() if rows is None else rows
-    by_id = {r.id: r for r in rows}
-    base = load_shared()
     say = progress or (lambda _: None)
-    shipped = {n: load_stack(n) for n in sorted({r.stack for r in rows if r.run})}
-    fit_rows = {i: n for n, s in shipped.items() for ids in s.fitted_on.values() for i in ids}
-    for i, name in fit_rows.items():  # a stack fitted on a row that uses the shared default would tie the two
-        if uses_shared_host(by_id[i], shipped):
-            raise ValidationError(f"stack {name} is fitted on {i}, which uses the shared host efficiency: fit its own")
+    shared = load_shared()
+    runs = [r for r in rows if r.run]
+    names = sorted({r.stack for r in runs})
+    shipped = {n: load_stack(n).resolved(shared) for n in names}
     say("the ideal bound of every row")
-    bounds = {r.id: bound(r) for r in rows if r.run}
-    beyond = {i for i, b in bounds.items() if by_id[i].rate > b * BOUND_TOLERANCE}
-    for i, name in fit_rows.items():
-        if i in beyond:
-            raise ValidationError(f"stack {name} is fitted on {i}, which ran faster than its configuration can "
-                                  f"({by_id[i].rate:.3g} tok/s against a bound of {bounds[i]:.3g}): fit it on another row")
-    stacks, errors = {}, {}
-    for name, s in shipped.items():
-        say(f"fitting stack {name}")
-        stacks[name], errors[name] = fit_stack(s, by_id, base)
-    fit_system = {n: {by_id[i].system for ids in s.fitted_on.values() for i in ids} for n, s in shipped.items()}
-    shared = shared_without(None, stacks, fit_system, base)
-    results = []
-    for system in sorted({r.system for r in rows if r.run}):
-        mine = [r for r in rows if r.system == system and r.run]
-        say(f"{system}: {len(mine)} rows")
-        shared_s = shared_without(system, stacks, fit_system, base)
-        for r in mine:
-            stack = stacks[r.stack].resolved(shared_s)
-            role = "fit" if r.id in fit_rows else "predicted"
-            if r.id in beyond:
-                results.append(Result(r, "beyond bound", bound=bounds[r.id], note=(
-                    f"measured {r.rate:.3g} tok/s, faster than casmoe's bound for the configuration written for it "
-                    f"({bounds[r.id]:.3g} tok/s: an ideal runtime, copies at the link's pinned rate): what ran is not "
-                    "what the row says (a precision, a placement or a box the source does not state)")))
-                continue
-            try:
-                results.append(Result(r, role, predict(r, stack), stack.host_efficiency,
-                                      "a stack constant was fitted on this row" if role == "fit" else "", bounds[r.id]))
-            except CasmoeError as exc:
-                results.append(Result(r, "out of scope", note=f"cannot be simulated: {exc}"))
+    bounds, results, skipped = {}, [], set()
+    for r in runs:
+        try:
+            bounds[r.id] = bound(r)
+        except CasmoeError as exc:
+            results.append(Result(r, "out of scope", note=f"cannot be simulated: {exc}"))
+            skipped.add(r.id)
+    beyond = {i for i, b in bounds.items() if next(r for r in runs if r.id == i).rate > b * BOUND_TOLERANCE}
+    fits = {n: fit_stack_rows(shipped[n], [r for r in runs if r.stack == n and r.id in bounds and r.id not in beyond], say)
+            for n in names}
+    for r in runs:
+        if r.id in skipped:
+            continue
+        if r.id in beyond:
+            results.append(Result(r, "beyond bound", bound=bounds[r.id], note=(
+                f"measured {r.rate:.3g} tok/s, faster than casmoe's bound for the configuration written for it "
+                f"({bounds[r.id]:.3g} tok/s: an ideal runtime, copies at the link's pinned rate): what ran is not "
+                "what the row says (a precision, a placement or a box the source does not state)")))
+    for name in names:
+        fit = fits[name]
+        mine = [r for r in runs if r.stack == name and r.id in bounds and r.id not in beyond]
+        for group in sorted({r.group for r in mine}):
+            members = [r for r in mine if r.group == group]
+            say(f"{name}: {len(members)} rows of {group}")
+            if not fit.fields:
+                stack, n = fit.stack, 0
+            else:
+                x = fit.without(group, _prior(name, fits, group))
+                n = sum(1 for lin in fit.lins if lin.row.group != group)
+                stack = _from_x(fit.stack, fit.fields, x if x is not None else _prior(name, fits, group))
+            values = {f: getattr(stack, f) for f in fit.fields}
+            for r in members:
+                try:
+                    results.append(Result(r, "predicted", predict(r, stack), bound=bounds[r.id], fitted_on=n,
+                                          stack=values, note=r.disputed and f"disputed: {r.disputed}"))
+                except CasmoeError as exc:
+                    results.append(Result(r, "out of scope", note=f"cannot be simulated: {exc}"))
     results += [Result(r, "out of scope") for r in rows if not r.run]
     order = {r.id: k for k, r in enumerate(rows)}
     results.sort(key=lambda x: order[x.row.id])
-    return Validation(results, stacks, shared, errors)
+    say("the error model and its coverage, leaving one source out")
+    results, model = with_intervals(results)
+    return Validation(results, {n: f.stack for n, f in fits.items()}, shared, model)
+
+
+def point_of_row(row: Row, stack: Stack) -> Point:
+    """The error model's view of a row's configuration (its run as `specs_for` builds it)."""
+    (spec,) = specs_for(row, stack)
+    return point_of(spec.machine, row.family, spec.host_cache is not None)
+
+
+def with_intervals(results: list[Result]) -> tuple[list[Result], ErrorModel | None]:
+    """Each scored row's point and its 80% interval from the error model fitted leaving its
+    source out, and the model fitted on every scored row, with the coverage so measured."""
+    scored = [r for r in results if r.scored]
+    if len(scored) < 2 or len({r.row.group for r in scored}) < 2:
+        return results, None
+    points = [point_of_row(r.row, replace(load_stack(r.row.stack), **r.stack)) for r in scored]
+    groups = [r.row.document for r in scored]  # the interval's claim is checked on whole sources left out
+    residuals = [math.log(r.ratio) for r in scored]
+    setups = [r.row.group for r in scored]
+    seen_of = [[p for p, s in zip(points, setups) if s != setup] for setup in setups]  # what its prediction saw
+    inside, factors = leave_one_source_out(residuals, points, groups, seen_of)
+    weights = fit_error(residuals, points, seen_of)
+    model = ErrorModel(weights, tuple(points), len(scored), sum(inside) / len(inside),
+                       statistics.median(factors), len(set(groups)))
+    by_id = {r.row.id: (p, f) for r, p, f in zip(scored, points, factors)}
+    out = [replace(r, point=by_id[r.row.id][0], factor=by_id[r.row.id][1]) if r.row.id in by_id else r for r in results]
+    return out, model
 
 
 FITTED_MARK = " | fitted: "
@@ -456,41 +668,41 @@ FITTED_MARK = " | fitted: "
 of its last fit begins: a refit replaces the record, never the reason."""
 
 
-def _fitted_source(why: str, value: float, error: float | None, ids: Sequence[str]) -> str:
-    se = "not determined (as many fields as rows)" if error is None or math.isinf(error) else f"{error:.3g}"
-    return (f"{why.split(FITTED_MARK)[0]}{FITTED_MARK}{value:.4g} (standard error {se}) on {', '.join(ids)} "
-            "by casmoe validate --published --fit")
-
-
 def write_fitted(v: Validation) -> list[Path]:
-    """Write the constants fitted on every row: each stack's fitted fields, the shared defaults,
-    and the spreads per kind of configuration."""
-    from casmoe.sim.cost.stack import SHARED_FILE, stack_paths
-
+    """Write the constants fitted on every row (each stack's fitted fields, the rows they were
+    fitted on) and the shared defaults: the median of the stacks' own host efficiencies."""
     from casmoe.output import write_text
+    from casmoe.sim.cost.stack import SHARED_FILE, stack_paths
 
     written = []
     paths = stack_paths()
     for name, s in v.stacks.items():
         shipped = load_stack(name)
-        sources = {**shipped.sources, **{f: _fitted_source(shipped.sources.get(f, ""), getattr(s, f), v.errors[name].get(f),
-                                                           ids) for f, ids in shipped.fitted_on.items()}}
-        fitted = replace(shipped, **{f: getattr(s, f) for f in shipped.fitted_on}, sources=sources)
+        ids = [r.row.id for r in v.results if r.row.stack == name and r.role == "predicted" and not r.row.disputed]
+        if not shipped.fitted_on or not ids:
+            continue
+        groups = len({r.row.group for r in v.results if r.row.id in ids})
+        sources = {f: (f"{shipped.sources.get(f, '').split(FITTED_MARK)[0]}{FITTED_MARK}{getattr(s, f):.4g} on "
+                       f"{len(ids)} rows of {groups} sources by casmoe validate --published --fit")
+                   for f in shipped.fitted_on}
+        fitted = replace(shipped, **{f: getattr(s, f) for f in shipped.fitted_on}, sources={**shipped.sources, **sources},
+                         fitted_on={f: ids for f in shipped.fitted_on})
         header = [line for line in paths[name].read_text().splitlines() if line.startswith("#")]
         written.append(write_text(paths[name], "\n".join([*header, fitted.to_toml()])))
+    own = {n: s.host_efficiency for n, s in v.stacks.items() if "host_efficiency" in load_stack(n).fitted_on}
     sh = v.shared
+    if own:
+        value = float(statistics.median(own.values()))
+        why = "median of the host efficiencies fitted by " + ", ".join(f"{n} ({x:.3g})" for n, x in sorted(own.items()))
+        sh = replace(sh, host_efficiency=value, sources={**sh.sources, "host_efficiency": why})
     text = ["# The constants every stack takes where it has no measurement of its own (a stack's 0 means",
-            "# \"the shared default\"). Written by `casmoe validate --published --fit`, fitted on every validated",
-            "# row that uses it; each system's rows are predicted with the value fitted leaving that system out.",
+            "# \"the shared default\"). Written by `casmoe validate --published --fit`.",
             f"host_efficiency = {sh.host_efficiency!r}", f"host_flops_efficiency = {sh.host_flops_efficiency!r}", "",
             "[sources]", f"host_efficiency = {json.dumps(sh.sources.get('host_efficiency', ''))}",
             f"host_flops_efficiency = {json.dumps(sh.sources.get('host_flops_efficiency', ''))}"]
     written.append(write_text(SHARED_FILE, "\n".join(text) + "\n"))
-    spreads = v.spreads()
-    lines = ["# How far casmoe's predictions land from published measurements, per kind of configuration",
-             "# (casmoe validate --published --fit): the 80th percentile of |log(predicted / published)| over",
-             "# the rows predicted (never fitted on). simulate, search and the leaderboard print it beside a figure."]
-    for kind, d in spreads.items():
-        lines += ["", f"[{kind}]"] + [f"{k} = {v_!r}" for k, v_ in d.items()]
-    written.append(write_text(SPREAD_FILE, "\n".join(lines) + "\n"))
+    if v.error is not None:
+        from casmoe.sim.trust.error_model import MODEL_FILE
+
+        written.append(write_text(MODEL_FILE, v.error.to_toml()))
     return written

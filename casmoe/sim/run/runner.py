@@ -31,7 +31,8 @@ from casmoe.sim.passes.assembly import Run, StepPlan
 from casmoe.sim.passes.engine import run_trace
 from casmoe.sim.run.spec import RunSpec, TraceRef
 from casmoe.sim.passes.timeline import Timeline
-from casmoe.sim.trust.uncertainty import annotate
+from casmoe.sim.trust.error_model import point_of
+from casmoe.sim.trust.uncertainty import annotate, family
 from casmoe.trace import Trace
 from casmoe.trace_io import load_trace
 
@@ -94,7 +95,8 @@ def run(spec: RunSpec, timeline: Timeline | None = None) -> dict[str, Any]:
     `to_dict()` as one record."""
     resolved, plan = resolve(spec)
     result = run_trace(resolved, plan=plan, timeline=timeline, detail=True)
-    return annotate({**spec.describe(), **result.to_dict()})
+    point = point_of(spec.machine, family(spec.policy.label, spec.miss_mode.value), spec.host_cache is not None)
+    return annotate({**spec.describe(), **result.to_dict(), "error_point": point.to_dict()})
 
 
 def run_or_skip(spec: RunSpec) -> dict[str, Any]:

@@ -1,35 +1,35 @@
-"""What a simulated decode figure is worth: the spread `casmoe validate --published --fit` measured
-for its kind of configuration against published measurements of real systems, and where the
-configuration lies outside what those measurements covered.
+"""What a simulated figure is worth: its 80% interval from the error model
+(`casmoe.sim.trust.error_model`), fitted on the published table's left-out residuals, and where
+its configuration lies far from what that table measured.
 
 Kept apart from `validation` (which runs grids) so that every run can say its uncertainty
-without importing the validation machinery. Every surface that prints a predicted figure
-(simulate's table and headline, search's Pareto table, the leaderboard) reads a record's
-`uncertainty` (words) and `uncertainty_factor` (a number, None where nothing was validated) and
-`uncertainty_outside` (whether it lies outside the published table), which `annotate` sets;
+without importing the validation machinery. A run's record carries its configuration as the
+error model sees it (`error_point`, set by `casmoe.sim.run.runner.run`); `annotate` turns it
+into `uncertainty` (words), `uncertainty_factor` (the interval: the figure x/÷ this; None where
+nothing was validated: the ideal stack is an upper bound) and `uncertainty_outside` (more than
+a doubling away from every measured box or model, or a runtime no published row ran), each
+read again when a stored record is read, so an earlier fit never speaks for the current one.
 `casmoe.report.uncertainty_cell` makes the table cell of them.
 """
 
 from __future__ import annotations
 
-import math
-import tomllib
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 PUBLISHED = Path(__file__).with_name("published")
-SPREAD_FILE = PUBLISHED / "spread.toml"
 MEASUREMENTS = PUBLISHED / "measurements.toml"
-FAMILIES = ("cache", "host", "stream", "gpu")
+FAMILIES = ("gpu", "host", "stream", "cache")
 IDEAL = "ideal"
+FAR = 1.0
+"""A box or model more than this far (in doublings of its numbers) from every measured one is
+said to lie outside what was validated."""
 
 
 def family(policy: str, miss_mode: str = "load") -> str:
-    """The kind of configuration a run is, for the spreads: every expert on the GPU, host
-    compute (a placement, a per-step host choice, or the cpu miss mode: the policy's own
-    declaration, `ExpertCache.computes_on_host`), streaming whole layers, or caching."""
+    """The kind of configuration a run is: every expert on the GPU, host compute (a placement,
+    a per-step host choice, or the cpu miss mode: the policy's own declaration,
+    `ExpertCache.computes_on_host`), streaming whole layers, or caching."""
     from casmoe.cache import MissMode
     from casmoe.policies import POLICIES
 
@@ -48,80 +48,49 @@ def family_of(record: dict[str, Any]) -> str:
     return family(str(record.get("policy", "")), str(record.get("miss_mode") or "load"))
 
 
-@lru_cache(maxsize=1)
-def spreads() -> dict[str, dict[str, float]]:
-    """The measured spreads per family (empty before the first `--fit`)."""
-    if not SPREAD_FILE.exists():
-        return {}
-    return tomllib.loads(SPREAD_FILE.read_text())
+def _where(record: dict[str, Any]) -> tuple[float | None, list[str]]:
+    """The record's interval factor and where it lies outside what was validated."""
+    from casmoe.sim.trust.error_model import Point, load
 
-
-@dataclass(frozen=True)
-class Coverage:
-    """What the published table's simulated rows cover: the model presets, the boxes (published
-    profiles) and each stack's kinds of configuration."""
-
-    models: frozenset[str]
-    boxes: frozenset[str]
-    kinds: frozenset[tuple[str, str]]  # (stack, family)
-
-
-@lru_cache(maxsize=1)
-def coverage() -> Coverage:
-    """Read once from `casmoe/sim/trust/published/measurements.toml` (its rows with a `run`)."""
-    runs = [r["run"] for r in tomllib.loads(MEASUREMENTS.read_text())["row"] if r.get("run")]
-    return Coverage(frozenset(str(r["model"]) for r in runs), frozenset(str(r["hardware"]) for r in runs),
-                    frozenset((str(r.get("stack", IDEAL)), family_of(r)) for r in runs))
+    model, point = load(), record.get("error_point")
+    if model is None or point is None:
+        return None, []
+    p = Point.from_dict(point)
+    x = dict(zip(("bias", "host", "cache", "stream", "host_only", "unseen_stack", "storage", "box", "model"),
+                 p.features(model.seen)))
+    far = [f"no published row ran the {p.stack} stack"] if x["unseen_stack"] else []
+    far += [f"its {what} is {x[key]:.1f} doublings from the nearest measured one" for key, what in
+            (("box", "box"), ("model", "model")) if x[key] > FAR]
+    return model.factor(p), far
 
 
 def factor(record: dict[str, Any]) -> float | None:
-    """The multiplicative spread (80% of published rows of the record's kind lay within
-    figure x/÷ factor), or None where nothing was validated (the ideal stack, an unseen kind)."""
+    """The 80% interval of the record's figure (the figure x/÷ this), or None where nothing was
+    validated (the ideal stack, no error model yet)."""
     if record.get("stack", IDEAL) == IDEAL:
         return None
-    d = spreads().get(family_of(record))
-    return math.exp(d["p80_abs_log_ratio"]) if d else None
-
-
-def outside(record: dict[str, Any]) -> list[str]:
-    """Where the record's configuration lies outside the published rows the spread was measured
-    on, in words (none for a record that names neither model, box nor stack): a model or a box
-    no published row ran, a stack with no published row of this kind of configuration."""
-    cov, out = coverage(), []
-    model, box, stack = record.get("model"), record.get("hardware"), record.get("stack")
-    if model is not None and model not in cov.models:
-        out.append(f"no published row runs {model}")
-    if box is not None and str(box).partition("@")[0] not in cov.boxes:
-        out.append(f"{box} is not one of the {len(cov.boxes)} published boxes")
-    kind = family_of(record)
-    if stack not in (None, IDEAL) and (stack, kind) not in cov.kinds:
-        out.append(f"stack {stack} has no published {kind} row")
-    return out
+    return _where(record)[0]
 
 
 def spread(record: dict[str, Any]) -> str:
-    """What a simulate record's decode figure is worth, in words: the validated spread of its
-    kind of configuration, or why it has none, then where it lies outside what was validated."""
+    """What a record's figure is worth, in words."""
+    from casmoe.sim.trust.error_model import load
+
     if record.get("stack", IDEAL) == IDEAL:
         return "not validated: the ideal stack is an upper bound (name the runtime with --stack)"
-    kind = family_of(record)
-    f = factor(record)
-    if f is None and not spreads():
-        text = "not validated yet: no spread measured (casmoe validate --published --fit measures them)"
-    elif f is None:
-        text = f"not validated: no published row of a {kind} configuration"
-    else:
-        text = f"x/÷ {f:.2f} (80% of {int(spreads()[kind]['rows'])} published {kind} rows)"
-    beyond = outside(record)
-    return text + (f"; outside what was validated: {'; '.join(beyond)}" if beyond else "")
+    model = load()
+    f, far = _where(record)
+    if model is None or f is None:
+        return "not validated yet: no error model (casmoe validate --published --fit fits one)"
+    held = f", which held {100 * model.coverage:.0f}% of published rows left out" if model.coverage is not None else ""
+    text = f"x/÷ {f:.2f} (80% interval of the error model fitted on {model.rows} published rows{held})"
+    return text + (f"; outside what was validated: {'; '.join(far)}" if far else "")
 
 
 def annotate(record: dict[str, Any]) -> dict[str, Any]:
-    """`record` with its `uncertainty` (words), `uncertainty_factor` (None where nothing was
-    validated) and `uncertainty_outside` (the configuration lies outside the published table) as
-    of the spreads now: a stored point is re-annotated when read, so an earlier `--fit` never
-    speaks for the current one. A skipped record is returned as it is."""
+    """`record` with its `uncertainty` (words), `uncertainty_factor` and `uncertainty_outside`
+    as of the error model now. A skipped record is returned as it is."""
     if "skipped" in record:
         return record
-    return {**record, "uncertainty": spread(record), "uncertainty_factor": factor(record),
-            "uncertainty_outside": bool(outside(record))}
+    f, far = (None, []) if record.get("stack", IDEAL) == IDEAL else _where(record)
+    return {**record, "uncertainty": spread(record), "uncertainty_factor": f, "uncertainty_outside": bool(far)}

@@ -15,8 +15,8 @@ Speeds are the simulator's, at the routing's request lengths, on the trace's hel
 (what the placement was fitted on never scores it), with what it does not model said beside
 them: decode at the full context adds the attention's KV read in closed form; SGLang's
 whole-module copies are a closed form; llama.cpp's op offload of prefill is not modelled. The
-uncertainty is the spread `casmoe validate --published` measured for the run's kind of
-configuration on its stack (`casmoe.sim.trust.uncertainty`); a stack nothing validated says so.
+uncertainty is the 80% interval of the error model `casmoe validate --published` fitted for the
+run's configuration (`casmoe.sim.trust.uncertainty`); a stack nothing validated says so.
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def sim_quant(precision: Precision, preset: ModelPreset, trace_bytes: Sequence[i
 
 
 def uncertainty(record: dict[str, Any] | None, decode: float | None) -> tuple[tuple[float, float] | None, str]:
-    """The validation table's spread for this kind of run (`casmoe.sim.trust.uncertainty`): a band
+    """The error model's 80% interval for this run (`casmoe.sim.trust.uncertainty`): a band
     around `decode` and its words; none for a closed form or a stack nothing validated."""
     if decode is None or record is None:
         return None, NOT_VALIDATED
