@@ -64,6 +64,7 @@ class RooflineCompute:
     dense_blocks: int = 0  # dense-only blocks a token passes (DeepSeek's first layers)
     moe_layer_overhead: float = 0.0  # the runtime's own cost per MoE layer beyond `layer_overhead` (its loop over every expert)
     head_bytes: float = 0.0  # the LM head's bytes at its own precision (0: `dense_bytes_per_param` x `head_params`)
+    dense_block_bytes: float = 0.0  # one dense-only block's bytes (0: `dense_bytes_per_param` x `dense_block_params`)
 
     def dense(self, tokens: int, attn_pairs: int, kv_tokens: int, requests: int = 1) -> float:
         """One layer's dense part for `tokens` new tokens of `requests` requests that attend over
@@ -114,7 +115,8 @@ class RooflineCompute:
         if not self.dense_blocks:
             return self.step_overhead
         flops = 2 * self.dense_block_params * tokens
-        block = max(flops / self.flops, self.dense_bytes_per_param * self.dense_block_params / self.bw)
+        nbytes = self.dense_block_bytes or self.dense_bytes_per_param * self.dense_block_params
+        block = max(flops / self.flops, nbytes / self.bw)
         return self.dense_blocks * (block + self.layer_overhead) + self.step_overhead
 
     def handover(self, tokens: int) -> float:

@@ -24,6 +24,7 @@ from casmoe.sim.box.hardware import HardwareProfile
 from casmoe.sim.cost.stack import DEFAULT_STACK, Stack, load_stack
 
 if TYPE_CHECKING:
+    from casmoe.presets.weights import FileWeights
     from casmoe.sim.cost.compute import RooflineCompute
     from casmoe.trace import Trace
 
@@ -44,7 +45,8 @@ class Machine:
     the trace's measured bytes when it was recorded from this model's width, else the
     checkpoint's native precision); `host_quant`, the experts computed on the host (default: as
     `quant`); `dense_quant`, attention, shared experts, routers and embeddings (default: the
-    checkpoint's)."""
+    checkpoint's). `weights`, the bytes a GGUF file stores part by part (`casmoe.presets.gguf`),
+    replaces every estimate from precisions: the file is the truth."""
 
     preset: ModelPreset
     hardware: HardwareProfile
@@ -55,6 +57,16 @@ class Machine:
     host_quant: Precision | None = None
     stack: Stack = field(default_factory=_default_stack)
     numa: bool | None = None  # one copy of the host weights per NUMA node (None: the stack's own habit)
+    weights: FileWeights | None = None
+
+    def __post_init__(self) -> None:
+        w = self.weights
+        if w is not None:
+            if self.quant is not None or self.dense_quant is not None:
+                raise SimConfigError(f"{w.path} states every tensor's type: leave --quant and --dense-quant out")
+            if w.layers != self.preset.geometry.layers:
+                raise SimConfigError(f"{w.path} has {w.layers} MoE layers, the preset {self.preset.name} "
+                                     f"{self.preset.geometry.layers}")
 
     def content(self) -> dict[str, Any]:
         """What a result depends on of this machine, as JSON-able data, for `RunSpec.key`: every
@@ -69,6 +81,8 @@ class Machine:
                 out["profile"] = {k: v for k, v in value.to_dict().items() if k != "sources"}
             elif f.name == "stack":
                 out["stack"] = {k: v for k, v in value.to_dict().items() if k not in ("sources", "fitted_on")}
+            elif f.name == "weights" and value is not None:
+                out["weights"] = {k: v for k, v in value.to_dict().items() if k not in ("path", "parts")}
             elif isinstance(value, Precision):
                 out.setdefault("precisions", {})[f.name] = value.to_dict()
             elif value is not None or f.name in ("quant", "dense_quant", "host_quant"):
@@ -98,11 +112,14 @@ class Machine:
         """Whether experts are priced at the trace's measured bytes: no precision forced, and
         the trace recorded from this model's width (the shipped tiny models route like Mixtral
         but are priced as the preset being simulated)."""
-        return self.quant is None and bool(trace.layer_expert_bytes) and trace.hidden in (0, self.preset.geometry.hidden)
+        return (self.quant is None and self.weights is None and bool(trace.layer_expert_bytes)
+                and trace.hidden in (0, self.preset.geometry.hidden))
 
     def expert_bytes(self, trace: Trace) -> list[int]:
-        """Bytes per expert per layer on the GPUs: the trace's measured ones (`measured_bytes`),
-        else the preset's at the experts' precision."""
+        """Bytes per expert per layer on the GPUs: the file's (`weights`), the trace's measured
+        ones (`measured_bytes`), else the preset's at the experts' precision."""
+        if self.weights is not None:
+            return list(self.weights.expert)
         g = trace.geometry
         if self.measured_bytes(g):
             if min(g.layer_expert_bytes) <= 0:
@@ -120,6 +137,8 @@ class Machine:
     def precision_label(self, trace: Geometry) -> str:
         """The experts' precision as a record names it: the forced one, `trace` (measured), or
         the checkpoint's."""
+        if self.weights is not None:
+            return self.weights.precision_name()
         if self.quant is not None:
             return self.quant.name
         return "trace" if self.measured_bytes(trace) else self.preset.expert_precision.name
@@ -144,20 +163,43 @@ class Machine:
 
     def head_bytes(self) -> float:
         """Bytes of the LM head (read whole by every forward pass)."""
+        if self.weights is not None:
+            return float(self.weights.head)
         return self.head_precision.param_bytes(self.preset.vocab * self.preset.geometry.hidden)
+
+    def table_bytes(self) -> float:
+        """Bytes of the token embedding table (the head itself when tied)."""
+        if self.weights is not None:
+            return float(self.weights.embedding)
+        return self.dense_precision.param_bytes(self.preset.head_params)
 
     def host_weight_bytes(self) -> float:
         """Bytes of every weight but the routed experts: the dense part of every block, the
         embedding table and the LM head (one matrix when tied), at their precisions. A box
         without a GPU holds them in host RAM beside the experts (`fits.HostDemand`)."""
         preset = self.preset
-        table = self.dense_precision.param_bytes(preset.head_params)
-        return self.dense_precision.param_bytes(preset.dense_params()) + table + (
-            0 if preset.tie_embeddings else self.head_bytes())
+        head = 0 if preset.tie_embeddings else self.head_bytes()
+        if self.weights is not None:
+            w = self.weights
+            return float(sum(w.dense) + sum(w.dense_blocks) + w.other) + self.table_bytes() + head
+        return self.dense_precision.param_bytes(preset.dense_params()) + self.table_bytes() + head
 
     def dense_weight_bytes(self, blocks: int) -> float:
-        """Bytes of the dense part of `blocks` MoE blocks on a GPU, at the dense precision."""
+        """Bytes of the dense part of `blocks` MoE blocks on a GPU: the file's average block, or
+        the dense precision's."""
+        if self.weights is not None:
+            return sum(self.weights.dense) / len(self.weights.dense) * blocks
         return self.dense_precision.bits / 8 * self.preset.dense_params_per_layer * blocks
+
+    def dense_block_bytes(self) -> float:
+        """Bytes of one dense-only block (DeepSeek's first blocks): the file's average, or the
+        dense precision's (0: the model has none)."""
+        preset = self.preset
+        if not preset.dense_layers:
+            return 0.0
+        if self.weights is not None and self.weights.dense_blocks:
+            return sum(self.weights.dense_blocks) / len(self.weights.dense_blocks)
+        return self.dense_precision.bits / 8 * preset.dense_layer_params
 
     def free_bytes(self, device: int, layers: range) -> float:
         """Bytes of one GPU left for expert slots and the KV cache: its memory less the dense
@@ -166,8 +208,7 @@ class Machine:
         if self.hardware.host_only:
             return 0.0
         preset = self.preset
-        table = self.dense_precision.param_bytes(preset.vocab * preset.geometry.hidden)
-        head = table + (0 if preset.tie_embeddings else self.head_bytes())  # the embedding table and the LM head
+        head = self.table_bytes() + (0 if preset.tie_embeddings else self.head_bytes())  # the embedding table and the LM head
         free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
         return free - head if device in (0, self.devices - 1) else free
 
@@ -259,8 +300,10 @@ class Machine:
             p2p=hw.p2p_gbs * 1e9,
             expert_pass=hw.expert_pass_us * 1e-6,
             cpu_serial=serial,
-            dense_bytes_per_param=self.dense_precision.bits / 8,
+            dense_bytes_per_param=(self.dense_precision.bits / 8 if self.weights is None
+                                   else self.dense_weight_bytes(1) / preset.dense_params_per_layer),
             head_bytes=self.head_bytes(),
+            dense_block_bytes=0.0 if self.weights is None else self.dense_block_bytes(),
             expert_bw=expert_bw,
             dequant_ops=experts_p.dequant_ops if experts_p is not None else 0.0,
             host_expert_bytes=tuple(self.host_expert_bytes(expert_bytes)) if self.host_quant else (),

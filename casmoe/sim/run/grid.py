@@ -300,20 +300,26 @@ class _Builder:
                 "host_quant", "stack", "numa")
         for (model, hw_name, gpus, link, ram, threads, devices, quant, dense_quant, host_quant,
              stack, numa) in itertools.product(*(g.values(a) for a in axes)):
-            name = preset_for(whole, model)
-            if name is None and not self.shape_ok:
+            weights = None
+            if model is not None and str(model).lower().endswith(".gguf"):  # the user's own file: its bytes
+                from casmoe.presets.gguf import read_gguf
+
+                file_preset, weights = read_gguf(model)
+            name = None if weights is not None else preset_for(whole, model)
+            if name is None and weights is None and not self.shape_ok:
                 fits = ", ".join(presets_of_shape(whole.geometry)) or "none"
                 raise GridError(f"no model preset has the shape of the trace ({whole.geometry.describe()}; presets "
                                 f"of its layers and experts: {fits}); pass --model, or add a preset to "
                                 "casmoe/presets/models.toml")
-            preset = shape_preset(whole.geometry) if name is None else get_preset(name)
+            preset = file_preset if weights is not None else shape_preset(whole.geometry) if name is None \
+                else get_preset(name)
             spec = variant_spec(hw_name, link or "", ram, gpus, threads)
             hw: HardwareProfile = load_profile(spec)
             n = devices or max(1, min(hw.gpus, whole.geometry.layers))  # every GPU, one layer each; a GPU-less box: its host
             check_devices(hw, n, overcommit)
             runtime = stack if isinstance(stack, Stack) else load_stack(stack or DEFAULT_STACK).resolved()
             machine = Machine(preset, hw, n, parse_quant(quant), bool(g.value("pinned")), parse_quant(dense_quant),
-                              parse_quant(host_quant), runtime, parse_numa(numa))
+                              parse_quant(host_quant), runtime, parse_numa(numa), weights)
             machine.check_geometry(whole.geometry)
             yield machine, spec
 

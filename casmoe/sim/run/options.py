@@ -95,8 +95,8 @@ _SLOTS = ("capacity", "global_capacity", "host_cache")
 OPTIONS: tuple[Option, ...] = (
     Option("trace", str, f"Trace (.npz), repeatable; default: the shipped {DEFAULT_TRACE} (its first "
            f"{SHIPPED_REQUESTS} scored requests).", alias="traces"),
-    Option("model", str, "Model preset (`casmoe presets`), repeatable; default: the trace's, else the one of its shape.",
-           alias="models"),
+    Option("model", str, "Model preset (`casmoe presets`) or a GGUF file (its shapes and every tensor's bytes read from "
+           "its header), repeatable; default: the trace's, else the one of its shape.", alias="models"),
     Option("quant", str, "Expert precision, repeatable: a name (bf16, fp8, int8, int4, nf4, q8_0, q4_k_m, q3_k_m, q2_k, "
            "mxfp4, hqq2, hqq3, ...), a width (4.5bpw), or trace (the trace's measured bytes per expert); default: "
            "trace, else the checkpoint's (`casmoe presets`).", alias="quants", parser="casmoe.options:parse_quant"),
