@@ -8,7 +8,7 @@ installed copy by `casmoe/shipped.py`; the largest traces stay in the source che
 
 from setuptools import find_packages, setup
 
-DATA = ["README.md", "tiny-mixtral.npz", "synthetic-mixtral.npz", "corpus/*", "models/*/*", "real/*"]
+DATA = ["README.md", "tiny-mixtral.npz", "synthetic-mixtral.npz", "synthetic-gpt-oss-120b-top4.npz", "corpus/*", "models/*/*", "real/*"]
 """Files of traces/ in a wheel: the default trace, the synthetic one of the README's planner
 tour, the corpus, the tiny models and the real route CSVs (38 MB; tiny-olmoe.npz and
 synthetic-qwen3.npz, 24 MB, are reproducible and stay in the checkout)."""

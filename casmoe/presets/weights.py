@@ -70,7 +70,7 @@ class FileWeights:
     dense_blocks: tuple[int, ...]
     embedding: int
     head: int
-    types: dict[str, str]
+    types: dict[str, str] = field(hash=False)  # words about the rest: a RunSpec holding the file is hashed
     file_type: str
     total_bytes: int
     experts: int

@@ -15,12 +15,14 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Sequence
 
+from casmoe import engine_memory
 from casmoe.cache import Capacity
+from casmoe.engine_memory import EngineMemory
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, split_layers
 from casmoe.precision import Precision
 from casmoe.presets import ModelPreset, load_presets
-from casmoe.sim.box.hardware import HardwareProfile
+from casmoe.sim.box.hardware import GIB, HardwareProfile
 from casmoe.sim.cost.stack import DEFAULT_STACK, Stack, load_stack
 
 if TYPE_CHECKING:
@@ -31,6 +33,21 @@ if TYPE_CHECKING:
 
 class SimConfigError(CasmoeError, ValueError):
     """A simulation that cannot be set up as asked (geometry mismatch, too many devices...)."""
+
+
+@dataclass(frozen=True)
+class GpuResident:
+    """Bytes one GPU holds besides the KV cache and the experts (`Machine.gpu_resident`), and
+    how its engine's reserve was counted."""
+
+    reserve: float
+    dense: float
+    embeddings: float
+    how: str = ""
+
+    @property
+    def total(self) -> float:
+        return self.reserve + self.dense + self.embeddings
 
 
 def _default_stack() -> Stack:
@@ -201,16 +218,38 @@ class Machine:
             return sum(self.weights.dense_blocks) / len(self.weights.dense_blocks)
         return self.dense_precision.bits / 8 * preset.dense_layer_params
 
+    @property
+    def memory(self) -> EngineMemory:
+        """What the run's engine keeps on a GPU besides the model and how it lays out its KV cache
+        (`casmoe.engine_memory`, named by the stack): the one definition the plan's map reads too."""
+        return engine_memory.of_stack(self.stack.name)
+
+    def gpu_resident(self, device: int, layers: Sequence[int], total: float | None = None) -> GpuResident:
+        """What one GPU of `total` bytes (default: the profile's memory) holds besides the KV cache
+        and the experts: the engine's reserve, the dense part of its `layers` (MoE layers; the
+        first device also runs the dense-only blocks), the token embedding table on the first
+        device unless the engine keeps it on the host, the LM head on the last (one matrix with
+        the table when tied)."""
+        preset, g = self.preset, self.preset.geometry
+        total = self.hardware.memory_gib * GIB if total is None else total
+        mem = self.memory
+        reserve, how = mem.reserve(int(total), preset.vocab, g.hidden, g.top_k, g.intermediate,
+                                   self.hardware.reserved_gib)
+        first, last = device == 0, device == self.devices - 1
+        dense = self.dense_weight_bytes(len(layers)) + (self.dense_block_bytes() * preset.dense_layers if first else 0.0)
+        table = self.table_bytes() if first and not mem.table_on_host else 0.0
+        head = 0.0
+        if last and not (preset.tie_embeddings and table):  # tied: the table is the head
+            head = self.table_bytes() if preset.tie_embeddings else self.head_bytes()
+        return GpuResident(float(reserve), dense, table + head, how)
+
     def free_bytes(self, device: int, layers: range) -> float:
-        """Bytes of one GPU left for expert slots and the KV cache: its memory less the dense
-        weights of its layers and, on the first and last device, the embedding and LM head
-        (none on a box without a GPU: its one device is the host, which holds no slots)."""
+        """Bytes of one GPU left for expert slots and the KV cache: its memory less what
+        `gpu_resident` puts there (none on a box without a GPU: its one device is the host,
+        which holds no slots)."""
         if self.hardware.host_only:
             return 0.0
-        preset = self.preset
-        head = self.table_bytes() + (0 if preset.tie_embeddings else self.head_bytes())  # the embedding table and the LM head
-        free = self.hardware.usable_bytes() - self.dense_weight_bytes(len(layers))
-        return free - head if device in (0, self.devices - 1) else free
+        return self.hardware.memory_gib * GIB - self.gpu_resident(device, layers).total
 
     def max_slots(self, expert_bytes: Sequence[int], reserved: Sequence[float] = ()) -> int:
         """Most slots per layer the GPUs hold next to the dense weights (capped at all experts),
@@ -248,16 +287,19 @@ class Machine:
             out.append(float(cap.slots * per_layer) if cap.per_layer else share * per_layer / len(layers))
         return out
 
-    def kv_bytes(self, context: int, sequences: int) -> list[float]:
+    def kv_bytes(self, context: int, sequences: int, ranges: Sequence[Sequence[int]] | None = None) -> list[float]:
         """KV-cache bytes each GPU holds for `sequences` sequences of `context` tokens: each MoE
-        layer's on its device (a windowed block keeps only its window, `ModelPreset.attended_tokens`),
-        the dense-only blocks' (DeepSeek's first layers) on the first device."""
+        layer's on its device (a windowed block keeps its window, or the cells its engine keeps
+        for one: `ModelPreset.attended_tokens`, `EngineMemory.window_cells`), the dense-only
+        blocks' (DeepSeek's first layers) on the first device. `ranges`: the MoE layers of each
+        device when not the even split (`casmoe plan`'s GPUs of different sizes)."""
         preset = self.preset
         first = preset.dense_layers
+        cells = self.memory.window_cells()
         out = []
-        for d, layers in enumerate(split_layers(preset.geometry.layers, self.devices)):
+        for d, layers in enumerate(ranges if ranges is not None else split_layers(preset.geometry.layers, self.devices)):
             blocks = [first + layer for layer in layers] + (list(range(first)) if d == 0 else [])
-            out.append(float(sequences * preset.kv_bytes(context, blocks=blocks)))
+            out.append(float(sequences * preset.kv_bytes(context, blocks=blocks, window_cells=cells)))
         return out
 
     def compute(self, expert_bytes: Sequence[int]) -> RooflineCompute:

@@ -76,7 +76,8 @@ def check_capacity(capacity: Capacity, fit: int, pool_fit: int, experts: int, la
 class HostDemand:
     """What a run keeps in host RAM: the experts the host holds (every expert, less those a
     placement keeps on the GPUs for good: llama.cpp and KTransformers load a GPU tensor into
-    VRAM and leave no host copy in use), and, on a box without a GPU, the rest of the model
+    VRAM and leave no host copy in use), what the engine keeps there besides (llama.cpp's token
+    embedding table, `casmoe.engine_memory`), and, on a box without a GPU, the rest of the model
     (dense part, embeddings, head) and the KV cache."""
 
     experts: float
@@ -88,7 +89,10 @@ class HostDemand:
         g = machine.preset.geometry
         held = min(held_on_gpus, g.total_experts)
         experts = sum(expert_bytes) * g.experts * (1 - held / g.total_experts)
-        other = machine.host_weight_bytes() + kv if machine.hardware.host_only else 0.0
+        if machine.hardware.host_only:
+            other = machine.host_weight_bytes() + kv
+        else:  # what the engine keeps on the host besides experts (llama.cpp's token embedding table)
+            other = machine.table_bytes() if machine.memory.table_on_host else 0.0
         return cls(experts, other, held)
 
     def shortfall(self, machine: Machine) -> str | None:
@@ -101,7 +105,8 @@ class HostDemand:
         what = f"the experts of {machine.preset.name}" + (f" the GPUs do not hold ({self.held_on_gpus} do)"
                                                           if self.held_on_gpus else "")
         if self.other:
-            what += f" and the rest of the model with its KV cache ({self.other / 1e9:.4g} GB)"
+            what += (f" and the rest of the model with its KV cache ({self.other / 1e9:.4g} GB)" if machine.hardware.host_only
+                     else f" and the {self.other / 1e9:.4g} GB the engine keeps beside them")
         return (f"{what} ({(self.experts + self.other) / 1e9:.4g} GB) do not fit the {budget / GIB:g} GiB of host "
                 f"RAM of {hw.name!r} left beside the {hw.host_reserved_gib:g} GiB kept for the OS and the runtime")
 

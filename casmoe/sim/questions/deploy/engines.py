@@ -35,6 +35,9 @@ LLAMA_QUANTIZE = "llama-quantize"
 VLLM = "vllm serve"
 SGLANG = "python -m sglang.launch_server"
 CASMOE = "casmoe bench"
+SHELL = "shell"
+"""The `flags_of` of a preparation step that is no engine's command line (a download, llama.cpp's
+convert_hf_to_gguf.py): its text comes from casmoe/engines/support.toml [[prepare]], not a flag list."""
 
 ENGINES = ("llama.cpp", "ktransformers", "vllm", "sglang", "casmoe")
 """The engines `casmoe plan` writes configurations for."""
@@ -159,6 +162,7 @@ class Command:
     args: tuple[tuple[str, str | None], ...]
     flags_of: str = ""
     env: tuple[tuple[str, str], ...] = ()
+    creates: str = ""  # the file or folder a preparation step makes (a script skips the step when it exists)
 
     def argv(self) -> list[str]:
         out = self.program.split()
@@ -191,8 +195,8 @@ class Command:
     def check(self) -> None:
         """Raise `EngineFlagError` unless every flag is one the engine's source has, with a
         value of its kind (a choice of its enum, llama.cpp's `-ot` syntax)."""
-        if self.flags_of == CASMOE:
-            return  # held to the installed `casmoe bench` by the CLI and the tests
+        if self.flags_of in (CASMOE, SHELL):
+            return  # `casmoe bench`: held to the installed command by the CLI and the tests; a shell step: no flag list
         flags = flag_list(self.flags_of or self.program)
         for flag, value in self.args:
             if not flag:

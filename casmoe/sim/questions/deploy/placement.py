@@ -17,13 +17,13 @@ the host), the baseline a routing-aware choice is held to at equal memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
 from casmoe.policies import get_policy
-from casmoe.sim.questions.deploy.memory import MemoryMap, Precisions
+from casmoe.sim.questions.deploy.memory import MemoryMap
 from casmoe.presets import ModelPreset
 
 ROUTED = "routed-placement"
@@ -82,7 +82,7 @@ class Placement:
 
     def policy(self, layers: int, batch: int) -> str:
         """The policy spec the simulator runs for this placement (with `global_capacity` = count)."""
-        if self.rule == "first" or self.rule == "all":
+        if self.rule in ("first", "all", "host"):
             return f"n-cpu-moe[n={len(self.host_layers(layers))}]"
         options = ["unit=layer"] if self.unit == "layer" else []
         if batch > 1:
@@ -103,23 +103,31 @@ def train_shares(trace, batch: int) -> np.ndarray:
     return get_policy(ROUTED).shares(trace.subset(split_indices(trace, "train")), batch)  # type: ignore[attr-defined]
 
 
-def place(base: MemoryMap, preset: ModelPreset, precisions: Precisions, order: Sequence[int], unit: str,
-          rule: str = "routed") -> Placement:
-    """Fill the GPUs of `base` in `order` (layers, or flat expert ids) until the next unit fits
-    on no GPU; the rest stays on the host."""
-    g = preset.geometry
-    L, E = g.layers, g.experts
-    gpu_b = preset.expert_bytes_per_layer(precisions.gpu)
-    host_b = preset.expert_bytes_per_layer(precisions.host)
+def place(base: MemoryMap, experts: int, order: Sequence[int], unit: str, rule: str = "routed") -> Placement:
+    """Fill the GPUs of `base` in `order` (layers, or flat expert ids of `experts` per layer)
+    until the next unit fits on no GPU; the rest stays on the host. An expert's bytes are the
+    map's (`MemoryMap.gpu_expert_bytes`, `host_expert_bytes`: the machine's, or the file's)."""
+    E = experts
+    gpu_b, host_b = base.gpu_expert_bytes, base.host_expert_bytes
+    L = len(gpu_b)
     room = base.expert_room()
+    # the simulator charges a pool of whole experts at its GPU's average expert (`Machine.slot_bytes`): a
+    # placement also holds no more experts than that accounting fits, so that it runs without overcommit
+    mean = [sum(gpu_b[layer] for layer in gm.layers) / len(gm.layers) if gm.layers else 0.0 for gm in base.gpus]
+    pool = list(room)
     owner = {layer: i for i, gm in enumerate(base.gpus) for layer in gm.layers}
     placed: list[list[int]] = [[] for _ in base.gpus]
-    for unit_id in order:
+
+    def fits(i: int, size: int, n: int) -> bool:
+        return room[i] >= size and (len(placed[i]) + n) * mean[i] <= pool[i]
+
+    for unit_id in order if base.gpus else ():
         layer = unit_id if unit == "layer" else unit_id // E
-        size = gpu_b[layer] * (E if unit == "layer" else 1)
+        n = E if unit == "layer" else 1
+        size = gpu_b[layer] * n
         home = owner.get(layer, 0)
-        target = home if room[home] >= size else max(range(len(room)), key=lambda i: (room[i], -i))
-        if room[target] < size:
+        target = home if fits(home, size, n) else max(range(len(room)), key=lambda i: (room[i], -i))
+        if not fits(target, size, n):
             break
         room[target] -= size
         placed[target] += [layer * E + e for e in range(E)] if unit == "layer" else [unit_id]
@@ -134,18 +142,19 @@ def place(base: MemoryMap, preset: ModelPreset, precisions: Precisions, order: S
     return Placement(rule, unit, gpu, memory, E)
 
 
-def first_layers(base: MemoryMap, preset: ModelPreset, precisions: Precisions) -> Placement:
+def first_layers(base: MemoryMap, experts: int) -> Placement:
     """llama.cpp's `--n-cpu-moe N` with the fewest N that fits: the last layers on the GPUs."""
-    L = preset.geometry.layers
-    return place(base, preset, precisions, list(range(L - 1, -1, -1)), "layer", rule="first")
+    L = len(base.gpu_expert_bytes)
+    return place(base, experts, list(range(L - 1, -1, -1)), "layer", rule="first")
 
 
-def equal_memory_layers(placement: Placement, preset: ModelPreset, precisions: Precisions, base: MemoryMap,
-                        order: Sequence[int]) -> Placement:
-    """The routed layer choice holding as many layers as `placement` does (equal memory when
-    the layers' experts are of one size)."""
-    count = len([layer for gl in placement.gpu_layers() for layer in gl])
-    return place(base, preset, precisions, list(order)[:count], "layer")
+def per_layer_cache(base: MemoryMap, experts: int, slots: int) -> Placement:
+    """A cache of `slots` experts in every layer (casmoe's LRU): its map holds slots x layers
+    experts on the GPUs (the first `slots` of each layer stand for whichever are resident)."""
+    L = len(base.gpu_expert_bytes)
+    order = [layer * experts + e for layer in range(L) for e in range(min(slots, experts))]
+    pl = place(base, experts, order, "expert")
+    return pl if pl.rule == "all" else replace(pl, rule="cache")
 
 
 def write_kt_order(path, order: Sequence[int], preset: ModelPreset) -> None:
