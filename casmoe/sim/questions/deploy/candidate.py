@@ -27,7 +27,7 @@ from casmoe.sim.questions.deploy.routing import Routing
 NOT_VALIDATED = "uncertainty: not yet validated for this stack"
 
 
-def _r(x: float | None) -> float | None:
+def rounded(x: float | None) -> float | None:
     return None if x is None else round(float(x), 3)
 
 
@@ -43,8 +43,8 @@ class Speed:
     evidence: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"decode_tok_s": _r(self.decode), "prefill_tok_s": _r(self.prefill),
-                "decode_band_tok_s": None if self.band is None else [_r(b) for b in self.band],
+        return {"decode_tok_s": rounded(self.decode), "prefill_tok_s": rounded(self.prefill),
+                "decode_band_tok_s": None if self.band is None else [rounded(b) for b in self.band],
                 "uncertainty": self.uncertainty, "how": self.how, "evidence": self.evidence}
 
 
@@ -120,7 +120,7 @@ class Candidate:
         return {"engine": self.engine, "configuration": self.label, "precision": self.precisions.gpu.name
                 if self.precisions.gpu == self.precisions.host else self.precisions.describe(),
                 "fits": self.fits, "gpu_experts": self.placement.count, "gpu_gib": t["gpu_used_gib"],
-                "host_gib": t["host_used_gib"], "decode_tok_s": _r(s.decode), "prefill_tok_s": _r(s.prefill),
+                "host_gib": t["host_used_gib"], "decode_tok_s": rounded(s.decode), "prefill_tok_s": rounded(s.prefill),
                 "band": "" if s.band is None else f"{s.band[0]:.3g}-{s.band[1]:.3g}", "how": s.how, "key": self.key}
 
 

@@ -28,7 +28,7 @@ from casmoe.sim.questions.deploy import engines as eng
 from casmoe.sim.questions.deploy import memory as mem
 from casmoe.sim.questions.deploy import support
 from casmoe.sim.questions.deploy.candidate import Candidate, Context
-from casmoe.sim.questions.deploy.placement import (Placement, first_layers, per_layer_cache, place)
+from casmoe.sim.questions.deploy.placement import Placement, first_layers, per_layer_cache, place
 
 STACKS = {"llama.cpp": "llama.cpp", "ktransformers": "ktransformers", "vllm": "vllm", "sglang": "ideal",
           "casmoe": "ideal"}
@@ -317,7 +317,7 @@ def _first_layers(ctx: Context, engine: str, prec: mem.Precisions) -> tuple[mem.
 
 
 def vllm(ctx: Context, prec: mem.Precisions) -> list[Candidate]:
-    p, req = ctx.preset, ctx.req
+    req = ctx.req
     quant = _hf_precision("vllm", ctx, prec)
     one, _, pl = _first_layers(ctx, "vllm", prec)
     host = pl.host_layers(ctx.L)

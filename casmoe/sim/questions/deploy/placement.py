@@ -23,8 +23,8 @@ from typing import Sequence
 import numpy as np
 
 from casmoe.policies import get_policy
-from casmoe.sim.questions.deploy.memory import MemoryMap
 from casmoe.presets import ModelPreset
+from casmoe.sim.questions.deploy.memory import MemoryMap
 
 ROUTED = "routed-placement"
 

@@ -36,10 +36,16 @@ from casmoe.sim.box.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.questions.deploy import engines as eng
 from casmoe.sim.questions.deploy import memory as mem
 from casmoe.sim.questions.deploy import support
-from casmoe.sim.questions.deploy.candidate import NOT_VALIDATED, Candidate, Context, Speed, _r, reproduce
+from casmoe.sim.questions.deploy.candidate import NOT_VALIDATED, Candidate, Context, Speed, reproduce, rounded
 from casmoe.sim.questions.deploy.configurations import BUILDERS, STACKS, ConfigurationError
-from casmoe.sim.questions.deploy.placement import first_layers, routed_order, train_shares, write_casmoe_profile, write_kt_order
-from casmoe.sim.questions.deploy.quality import DEFAULT_FLOOR, above, floor_kld, gguf_choices, is_native
+from casmoe.sim.questions.deploy.placement import (
+    first_layers,
+    routed_order,
+    train_shares,
+    write_casmoe_profile,
+    write_kt_order,
+)
+from casmoe.sim.questions.deploy.quality import DEFAULT_FLOOR, above, floor_kld, gguf_choices
 from casmoe.sim.questions.deploy.routing import Routing, resolve
 
 SYSTEMS = {"llama.cpp": ("llama.cpp", "Ollama"), "ktransformers": ("KTransformers",), "vllm": ("vLLM",),
@@ -140,7 +146,7 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpu_layers": self.gpu_layers, "gpu_experts": self.gpu_experts, "rows": list(self.rows),
-                "gains": {f"{p} vs n-cpu-moe": _r(self.gain(p)) for p in ("routed layers", "routed experts")}}
+                "gains": {f"{p} vs n-cpu-moe": rounded(self.gain(p)) for p in ("routed layers", "routed experts")}}
 
 
 @dataclass
@@ -209,8 +215,9 @@ def _cores(cpu: str) -> int:
 
 # ---------------------------------------------------------------------------------------- helpers
 def hf_id(preset: ModelPreset) -> str:
-    """The Hugging Face id the preset's source names ('Qwen/Qwen3-30B-A3B config.json ...'), or ''."""
-    m = re.search(r"\b([A-Za-z0-9][\w.-]*/[\w.-]+)\s+config\.json", preset.source)
+    """The Hugging Face id the preset's source begins with ('Qwen/Qwen3-30B-A3B config.json ...',
+    'deepseek-ai/DeepSeek-V2-Lite(-Chat) config.json', 'zai-org/GLM-4.5: ...'), or ''."""
+    m = re.match(r"([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w-]*(?:\.[\w-]+)*)(?=[\s:(]|$)", preset.source)
     return m.group(1) if m else ""
 
 
@@ -434,7 +441,7 @@ def _precision_row(c: Candidate, best: Candidate | None) -> dict[str, Any]:
     size = sum(g.experts + g.dense + g.embeddings for g in m.gpus) + sum(h.experts + h.other for h in m.host)
     return {"precision": c.precisions.gpu.name if c.precisions.gpu == c.precisions.host else c.precisions.describe(),
             "chosen": c is best, "weights_gib": round(size / mem.GIB, 2), "fits": c.fits, "configuration": c.label,
-            "decode_tok_s": _r(s.decode), "band": "" if s.band is None else f"{s.band[0]:.3g}-{s.band[1]:.3g}",
+            "decode_tok_s": rounded(s.decode), "band": "" if s.band is None else f"{s.band[0]:.3g}-{s.band[1]:.3g}",
             "quality": c.quality.text, "at_floor": "yes" if c.above_floor else "no"}
 
 
@@ -478,8 +485,9 @@ def _comparison_specs(ctx: Context, llama: list[Candidate] | None) -> list[tuple
     picks = [c for c in llama if c.above_floor and c.placement.rule != "all"]
     if picks:
         prec = min(picks, key=lambda c: c.precisions.gpu.bits).precisions
-    base = mem.base(ctx.machine("llama.cpp", prec), ctx.box, ctx.req.context, ctx.req.concurrency)
-    first = first_layers(base, ctx.E)
+    firsts = [first_layers(mem.base(ctx.machine(STACKS[e], prec), ctx.box, ctx.req.context, ctx.req.concurrency),
+                           ctx.E) for e in ("llama.cpp", "ktransformers")]
+    first = min(firsts, key=lambda pl: pl.count)  # equal memory: the layers both engines' GPUs hold beside the rest
     G = ctx.L - len(first.host_layers(ctx.L))
     if G <= 0 or G >= ctx.L:
         return None
@@ -502,7 +510,7 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], dic
     """One `run_all` for every candidate and comparison point."""
     from casmoe.sim.run.runner import run_all
 
-    specs, owners = [], []
+    specs, owners, rows = [], [], []
     for c in cands:
         if c.sim is None:
             continue
@@ -515,13 +523,15 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], dic
             continue
         c.notes += [n.removeprefix("note: ") for n in run_notes if "RAM tier" in n]
         if ctx.box.gpus > 1:
-            c.sim = {**c.sim, "allow_overcommit": spec.allow_overcommit or None,
+            c.sim = {**c.sim, "allow_overcommit": spec.overcommit or None,
                      "host_cache": str(spec.host_cache.rows) if spec.host_cache is not None else None}
         specs.append(spec)
         owners.append(("candidate", c, spec))
     for meta, values in comparison or []:
         spec, why, _ = _spec_of(dict(values), ctx.box.gpus)
         if why:
+            rows.append({**meta, "decode_tok_s": None, "scored": f"not priced: {why.split('; give ', 1)[0]}",
+                         "key": "", "reproduce": reproduce(values)})
             continue
         specs.append(spec)
         owners.append(("comparison", (meta, values), spec))
@@ -529,7 +539,6 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], dic
     records, computed = run_all(unique, out, jobs=jobs, ray_address=ray_address, progress=progress) if unique \
         else ([], 0)
     by_key = {r["key"]: r for r in records}
-    rows = []
     for kind, owner, spec in owners:
         rec = by_key[spec.key]
         if kind == "candidate":
@@ -537,7 +546,7 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], dic
             owner.speed = _speed(rec, spec)
         else:
             meta, values = owner
-            rows.append({**meta, "decode_tok_s": _r(rec.get("decode_tokens_per_s")), "scored": rec.get("scored"),
+            rows.append({**meta, "decode_tok_s": rounded(rec.get("decode_tokens_per_s")), "scored": rec.get("scored"),
                          "key": spec.key, "reproduce": reproduce(values),
                          **({"skipped": rec["skipped"]} if "skipped" in rec else {})})
     for c in cands:

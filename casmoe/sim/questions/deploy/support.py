@@ -210,6 +210,6 @@ def version_check(engine: str, minimum: str, why: str) -> list[str]:
                f'{shlex.quote(want)} ]'
     return [f"have=$({read})",
             f"if ! {{ {test}; }}; then",
-            f"  echo {shlex.quote(tell + f'; found: ')}\"${{have:-none}}\"' ({how})' >&2",
+            f"  echo {shlex.quote(tell + '; found: ')}\"${{have:-none}}\"' ({how})' >&2",
             "  exit 1",
             "fi"]
