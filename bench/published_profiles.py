@@ -5,7 +5,7 @@ the parts catalogs (`casmoe/sim/box/catalog/gpus.toml`, `cpus.toml`: vendor spec
 every number sourced: from the box, the catalog, a link generation (`casmoe/sim/box/links.toml`), or the
 same stated assumption the shipped profiles make (kernel efficiencies, launch overheads). What
 neither says is 0 with a source saying so (a host of unknown bandwidth cannot price host experts,
-and `casmoe validate --published` leaves such rows out, saying why). Rerun after editing either:
+and `casmoe validate published` leaves such rows out, saying why). Rerun after editing either:
 
     python bench/published_profiles.py
 """

@@ -147,7 +147,7 @@ def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
     answers = summary["pareto"] + [r for r in summary["answers"] if r not in summary["pareto"]]
     notes = uncertainty_notes(answers, lambda r: r["config"])
     if notes:
-        typer.echo(f"uncertainty of {metric} (the spread casmoe validate --published measured for each kind of "
+        typer.echo(f"uncertainty of {metric} (the spread casmoe validate published measured for each kind of "
                    "configuration; it speaks for decode tok/s):")
         for line in notes:
             typer.echo("  " + line)

@@ -509,6 +509,6 @@ def load_profile(spec: str | Path) -> HardwareProfile:
         return HardwareProfile.from_file(path)
     raise HardwareError(
         f"unknown hardware profile {str(spec)!r}; shipped: {', '.join(profile_paths())} (and the published boxes of "
-        "`casmoe profiles --published`); or pass the path of your own "
-        "TOML file (see `casmoe profiles`)"
+        "`casmoe hardware list --published`); or pass the path of your own "
+        "TOML file (see `casmoe hardware list`)"
     )

@@ -1,4 +1,4 @@
-"""A software stack calibrated on what a user measured: `casmoe calibrate --measured FILE`.
+"""A software stack calibrated on what a user measured: `casmoe calibrate measured FILE`.
 
 A user who timed one or a few runs on their own box (on-demand and one cached policy, say) knows
 the answer for those runs only. The published table's machinery (`casmoe.sim.questions.validation`) fits a

@@ -81,7 +81,7 @@ def spread(record: dict[str, Any]) -> str:
     model = load()
     f, far = _where(record)
     if model is None or f is None:
-        return "not validated yet: no error model (casmoe validate --published --fit fits one)"
+        return "not validated yet: no error model (casmoe validate published --fit fits one)"
     held = f", which held {100 * model.coverage:.0f}% of published rows left out" if model.coverage is not None else ""
     text = f"x/÷ {f:.2f} (80% interval of the error model fitted on {model.rows} published rows{held})"
     return text + (f"; outside what was validated: {'; '.join(far)}" if far else "")

@@ -15,7 +15,7 @@ Speeds are the simulator's, at the routing's request lengths, on the trace's hel
 (what the placement was fitted on never scores it), with what it does not model said beside
 them: decode at the full context adds the attention's KV read in closed form; SGLang's
 whole-module copies are a closed form; llama.cpp's op offload of prefill is not modelled. The
-uncertainty is the 80% interval of the error model `casmoe validate --published` fitted for the
+uncertainty is the 80% interval of the error model `casmoe validate published` fitted for the
 run's configuration (`casmoe.sim.trust.uncertainty`); a stack nothing validated says so.
 """
 
