@@ -15,7 +15,7 @@ from casmoe.policies.ktransformers import KTransformers
 from casmoe.policies.n_cpu_moe import NCpuMoE
 from casmoe.presets import ModelPreset
 from casmoe.replay import replay
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile

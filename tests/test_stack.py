@@ -11,7 +11,7 @@ import pytest
 from casmoe.cache import Capacity, MissMode
 from casmoe.policies import get_policy
 from casmoe.shipped import shipped
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.assembly import Run
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.cost.machine import Machine
