@@ -235,6 +235,11 @@ class ExpertCache:
     top_k (Mixtral-Offloading's `offload_per_layer=7`: one resident expert per layer), a layer's
     other routed experts are loaded into staging slots and evicted (by the policy's `victim`)
     once the layer is done: at most `capacity` experts stay."""
+    fills_at_start: ClassVar[bool] = False
+    """True: the loads of the first request's start are the set a server loads once, before it
+    takes any request (a placement's GPU experts: llama.cpp and KTransformers load them at
+    start-up); runtimes land them before the clock starts and count them apart (`setup_s`),
+    never as a wait of that request. The decisions are the same either way."""
     twin: ClassVar[Twin | None] = None
     """The compiled twin this very class declares (`casmoe.twin`); subclasses run in Python."""
     fit: ClassVar[Fit | None] = None

@@ -5,7 +5,7 @@
   `timing_kernel` and `compiled_timing` (the same timing compiled);
 - `link`: host-to-device `Link` (free-at time, demand ahead of queued prefetches), `HostCap`;
 - `tiers`: the host RAM tier over the storage drive (`--host-cache`), chunked two-tier misses;
-- `assembly`: the resolved run the driver takes (`Run`), its steps cut into shards (`Schedule`), setup and state;
+- `assembly`: the resolved run the driver takes (`Run`), its steps cut into shards (`TraceSteps`), setup and state;
   `driver`: `run_trace`, a run from its start to its result (requests one after another here, served in `serving`);
 - `traffic`: how requests reach a served run and how the server batches them (`Traffic`, a run option);
 - `serving`: SimPy processes for arrivals, users, the continuous-batching scheduler and devices;
