@@ -87,7 +87,7 @@ def point_of(machine: Any, family: str, storage: bool) -> Point:
     box = tuple(math.log1p(x) for x in (hw.mem_bw_gbs, hw.memory_gib * max(hw.gpus, 1), hw.h2d_pinned_gbs,
                                          hw.cpu_mem_bw_gbs))
     model = (math.log(preset.total_params()), math.log(preset.active_params()), math.log(g.experts), math.log(g.top_k))
-    return Point(family, machine.stack.name, hw.host_only, storage, box, model)
+    return Point(family, machine.stack.label, hw.host_only, storage, box, model)
 
 
 @dataclass(frozen=True)
