@@ -138,13 +138,14 @@ def test_calibrate_writes_a_stack_simulate_runs(tmp_path) -> None:
     assert "left-out tok/s" in result.output and "layer_us = " in result.output and "named by --fit" in result.output
     stack = load_stack(out)
     assert stack.name == "mine" and stack.fitted_on == {"layer_us": ["od", "lru4"]}
+    assert stack.label == "mine (mine.toml)"  # a user's stack, told apart from any shipped one
     assert "casmoe calibrate measured" in stack.sources["layer_us"]
     sim = runner.invoke(app, ["simulate", "--stack", str(out), "--model", "mixtral-8x7b", "--hardware", "a100-80g",
                               "--quant", "int4", "--policy", "lru", "--capacity", "4", "--requests", "1",
                               "--allow-overcommit", "--plots", "none", "--out", str(tmp_path / "sim"), "--json"])
     assert sim.exit_code == 0, sim.output
     (record,) = json.loads((tmp_path / "sim" / "results.json").read_text())
-    assert record["stack"] == "mine" and record["decode_tokens_per_s"] > 0
+    assert record["stack"] == "mine (mine.toml)" and record["decode_tokens_per_s"] > 0
 
 
 def test_calibrate_json_names_the_choices(tmp_path) -> None:
@@ -245,11 +246,19 @@ def test_a_row_faster_than_its_configuration_can_run_is_flagged(three) -> None:
     assert not any(ch.beyond_bound for ch in three.checks)
     (row,) = _measured(["od"])
     bound = v.bound(row)
-    fast = dataclasses.replace(row, value=bound * 2)
-    cal = c.calibrate([fast], load_stack("ideal"), source="test", when="today")
+    cal = c.calibrate([dataclasses.replace(row, value=bound * 1.3)], load_stack("ideal"), source="test", when="today")
     (check,) = cal.checks
     assert check.beyond_bound and check.bound == pytest.approx(bound)
     assert "at its bound" in cal.describe("layer_us")  # no software cost makes it fast enough
+    with pytest.raises(c.CalibrationError, match="faster than its configuration can run"):  # and beyond any fit
+        c.calibrate([dataclasses.replace(row, value=bound * 3)], load_stack("ideal"), source="test", when="today")
+
+
+def test_a_rate_in_the_wrong_unit_is_refused_not_fitted_at_a_bound(three) -> None:
+    """Tokens per millisecond written as per second: 1000x too slow, no runtime cost explains it."""
+    (row,) = _measured(["od"])
+    with pytest.raises(c.CalibrationError, match="per millisecond"):
+        c.calibrate([dataclasses.replace(row, value=row.value / 1000)], load_stack("ideal"), source="test", when="today")
 
 
 def test_the_command_warns_of_a_row_beyond_its_bound(tmp_path) -> None:
@@ -259,7 +268,7 @@ def test_the_command_warns_of_a_row_beyond_its_bound(tmp_path) -> None:
 
     (row,) = _measured(["od"])
     measured = tmp_path / "m.toml"
-    measured.write_text(_toml([dataclasses.replace(row, value=v.bound(row) * 2)]))
+    measured.write_text(_toml([dataclasses.replace(row, value=v.bound(row) * 1.3)]))
     result = CliRunner().invoke(app, ["calibrate", "measured", str(measured), "--out", str(tmp_path / "s.toml")])
     assert result.exit_code == 0, result.output
     assert "warning: row od measured" in result.output and "faster than its configuration can run" in result.output

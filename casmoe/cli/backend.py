@@ -240,20 +240,30 @@ def calibrate_measured(
                                       "which and why)."),
     out: Path = typer.Option(Path("calibrated-stack.toml"), help="The stack to write."),
     name: Optional[str] = typer.Option(None, help="The stack's name inside the file (default: the --out file's stem)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="For llama-bench output or a llama-server log: "
+                                           "the box it ran on (a profile name or TOML; `casmoe hardware detect "
+                                           "--out my-box.toml` writes this machine's)."),
+    model: Optional[str] = typer.Option(None, "--model", help="For llama-bench output or a llama-server log: the "
+                                        "model it ran (a GGUF or a preset), where the file names none or it is not here."),
     as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON."),
 ) -> None:
     """Fit a software stack on the runs you measured on your own box and write it for
     `casmoe simulate --stack FILE`: each fitted number with its standard error, each row checked
-    by a refit without it."""
+    by a refit without it. FILE is casmoe's [[row]] TOML or CSV, or what llama.cpp printed:
+    llama-bench's output (-o json, jsonl, csv or md) or llama-server's timing lines."""
     from datetime import datetime, timezone
 
     from casmoe.output import check_file_target
     from casmoe.sim.questions.calibration import base_stack, calibrate as fit_measured, load_measured
 
     check_file_target(out, "--out")
-    rows = load_measured(measured)
+    from casmoe.sim.questions.measured_files import Context
+
+    context = None if hardware is None and model is None else Context(hardware or "", model, stack or "llama.cpp")
+    rows = load_measured(measured, context)
     base = base_stack(rows, stack)
-    command = f"casmoe calibrate measured {measured}" + (f" --stack {stack}" if stack else "") + (f" --fit {fit}" if fit else "")
+    command = (f"casmoe calibrate measured {measured}" + (f" --hardware {hardware}" if hardware else "")
+               + (f" --model {model}" if model else "") + (f" --stack {stack}" if stack else "") + (f" --fit {fit}" if fit else ""))
     cal = fit_measured(rows, base, None if fit is None else fit.split(","), source=command,
                        when=datetime.now(timezone.utc).date().isoformat(), name=name or out.stem)
     path = cal.stack.write(out)

@@ -217,16 +217,16 @@ def synthetic_trace(model: str, top_k: int | None, prompt: int, output: int) -> 
     from dataclasses import replace as with_
 
     from casmoe.planner.embedding import cache_dir
-    from casmoe.presets import get_preset
+    from casmoe.presets import model_preset
     from casmoe.synthetic import SynthConfig, generate
     from casmoe.trace_io import save_trace
 
-    g = get_preset(model).geometry
+    g = model_preset(model).geometry
     if top_k is not None:
         g = with_(g, top_k=int(top_k))
     cfg = SynthConfig(requests=SYNTHETIC_REQUESTS, prefill=(prompt, prompt), decode=(output, output), spec=True, seed=0)
     key = hashlib.sha256(json.dumps([g.to_dict(), repr(cfg)], sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir(create=True) / f"validation-{model}-{key}.npz"
+    path = cache_dir(create=True) / f"validation-{Path(model).stem}-{key}.npz"
     if not path.exists():
         save_trace(generate(g, cfg), path)
     return path
@@ -462,9 +462,9 @@ def fit_stack(stack: Stack, rows: dict[str, Row], shared: Shared) -> tuple[Stack
 
 
 def get_layers(row: Row) -> int:
-    from casmoe.presets import get_preset
+    from casmoe.presets import model_preset
 
-    return get_preset((row.run or {})["model"]).geometry.layers
+    return model_preset((row.run or {})["model"]).geometry.layers
 
 
 # ---- the whole table ------------------------------------------------------------------------------
