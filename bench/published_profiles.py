@@ -126,6 +126,11 @@ MAP: dict[str, Spec] = {
     "ur-kt-2xp8136-4090-448g": Spec("NVIDIA GeForce RTX 4090", "Intel Xeon Platinum P-8136", "pcie4", 2, (
         0, 2400, "box: 'Memory: DDR4-2400 DRAM (448GB=64GB x 7)' over 2 NUMA nodes: 7 populated channels in all")),
     "ur-kt-2x6330-l40-2t": Spec("NVIDIA L40", "Intel Xeon Gold 6330", "pcie4", 2),
+    "ur-kt-tr7965wx-a6000-256g": Spec("NVIDIA RTX A6000", "AMD Ryzen Threadripper PRO 7965WX", "pcie4", 1),
+    "ur-kt-2x6230-rtx6000ada-512g": Spec("NVIDIA RTX 6000 Ada Generation", "Intel Xeon Gold 6230", "pcie4", 2),
+    "ur-kt-gold6133-4090-502g": Spec("NVIDIA GeForce RTX 4090", "Intel Xeon Gold 6133", "pcie4", 1, why=(
+        "one socket priced: the source does not state the socket count, and a run with one weight copy reads it at one "
+        "socket's bandwidth either way")),
     "ur-kt-2x9355-8x5090-1511g": Spec("NVIDIA GeForce RTX 5090", "AMD EPYC 9355", "pcie5", 2),
     "ur-kt-millstone-rtxpro6000": Spec("NVIDIA RTX PRO 6000 Blackwell Server Edition", None, "pcie5"),
 }
