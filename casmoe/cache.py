@@ -144,8 +144,10 @@ class Capacity:
 class CacheStats:
     """Counters of one run. `hit_rate` = (hits + late hits) / routed accesses.
 
-    `cold_misses` are the misses that filled a free slot (nothing evicted); the moe-lrc
-    convention counts those as hits (`warm_hit_rate`), so SCH curves compare with it.
+    `cold_misses` are the misses that filled a slot never filled before (nothing evicted: the
+    cache was not yet full); the moe-lrc convention counts those as hits (`warm_hit_rate`), so
+    SCH curves compare with it. A slot freed and filled again (a staging slot's refill, an
+    on-demand release) is a warm cache's miss, not a cold one.
     """
 
     accesses: int
@@ -299,6 +301,7 @@ class ExpertCache:
         self._free: list[list[int]] = [
             list(range((p + 1) * physical - 1, p * physical - 1, -1)) for p in range(pools)
         ]
+        self._high = [0] * pools  # the most residents each pool has held: its slots ever filled
         self._slot_of: dict[ExpertId, int] = {}
         self._by_layer: list[set[ExpertId]] = [set() for _ in range(geometry.layers)]
         self._inflight: set[ExpertId] = set()
@@ -706,8 +709,10 @@ class ExpertCache:
         free = self._free[pool]
         if free:
             slot, victim = free.pop(), -1
-            if reason is LoadReason.DEMAND:
-                self._n["cold_misses"] += 1
+            if len(self._pool_members[pool]) == self._high[pool]:  # a slot never filled (freed ones are taken first)
+                self._high[pool] += 1
+                if reason is LoadReason.DEMAND:
+                    self._n["cold_misses"] += 1
         else:
             members = self._pool_members[pool]
             candidates = _Candidates(members, self._protected)
