@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 MODEL=${1:-tiny-mixtral}
 OUT=${2:-bench/backend-out}
 mkdir -p "$OUT"
-nice -n 10 casmoe validate --model "$MODEL" --num-prompts 8 --max-new-tokens 32 --json > "$OUT/validate.json"
+nice -n 10 casmoe validate backend --model "$MODEL" --num-prompts 8 --max-new-tokens 32 --json > "$OUT/validate.json"
 LINK=0.05  # GB/s: an emulated link on which an expert copy costs about one layer's decode compute
 
 for policy in ondemand lru semoe; do

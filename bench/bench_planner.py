@@ -217,7 +217,7 @@ def _simulator(geometry) -> Callable[..., Any] | None:
     try:
         from casmoe.geometry import Quant
         from casmoe.presets import load_presets
-        from casmoe.sim.passes.engine import run_trace
+        from casmoe.sim.passes.driver import run_trace
         from casmoe.sim.passes.assembly import Run
         from casmoe.sim.box.hardware import load_profile
         from casmoe.sim.cost.machine import Machine

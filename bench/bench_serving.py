@@ -21,8 +21,8 @@ from casmoe.cache import Capacity
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim.passes.assembly import Run, StepPlan
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run, TraceSteps
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.passes.traffic import Arrival, Traffic
@@ -42,7 +42,7 @@ def main() -> None:
     trace = load_trace(shipped(SYNTHETIC_TRACE)).subset(range(args.requests))
     preset, hw = get_preset("mixtral-8x7b"), load_profile("rtx4090x4")
     cls, cap = get_policy(args.policy), Capacity(args.capacity)
-    plan = StepPlan.build(trace, 1, 1)
+    plan = TraceSteps.build(trace, 1, 1)
     run = lambda **kw: run_trace(Run(trace, cls, cap, Machine(preset, hw, devices=1)), compiled=False, **kw)  # noqa: E731
     fns = {
         "offline fast path (Python decision pass)": lambda: run(plan=plan),

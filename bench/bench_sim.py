@@ -25,8 +25,8 @@ from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim.passes.assembly import Run, StepPlan
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run, TraceSteps
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
 from casmoe.trace_io import load_trace
@@ -60,7 +60,7 @@ def main() -> None:
     decode = sum(1 for s in steps if not s.prefill)
     print(f"trace: {len(trace.requests)} requests, {len(steps)} steps ({decode} decode tokens), {args.policy} {cap.describe()}")
 
-    plans = {devices: StepPlan.build(trace, 1, devices) for devices in (1, 4)}
+    plans = {devices: TraceSteps.build(trace, 1, devices) for devices in (1, 4)}
     fns = {
         "replay (counts only, same cache, compiled)": lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), steps=steps),
         "replay, Python": lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), steps=steps, compiled=False),
@@ -84,7 +84,7 @@ def main() -> None:
         print(f"\n{devices} device(s): compiled / Python decision pass = {fast[0] / slow[0]:.2f}x the time; "
               f"{decode / fast[0]:,.0f} decode tokens/s (goal >= 20,000 at batch 1, one core)")
 
-    plan = StepPlan.build(trace, 1, 1)
+    plan = TraceSteps.build(trace, 1, 1)
     prof = cProfile.Profile()
     prof.enable()
     run_trace(Run(trace, cls, cap, Machine(preset, hw, devices=1)), plan=plan)

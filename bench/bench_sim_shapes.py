@@ -4,13 +4,13 @@ Per trace, one cache (`--policy`, `--slots` per layer; the tiny shapes `--tiny-s
 rtx4090x4 (one device), all timed in one process, interleaved (`side_by_side.interleaved`,
 min CPU seconds of `--repeat` rounds), start-up excluded on every side: numba compiled or
 loaded before timing, and the inputs each runtime starts from (replay's `StepArrays`, the
-simulator's `StepPlan`) built once, untimed. Rows:
+simulator's `TraceSteps`) built once, untimed. Rows:
 
 - replay: `casmoe.replay.replay`, compiled (the count-only floor);
 - simulate, offline: requests back to back (`simulate`, compiled decisions and timing);
 - simulate, serving: the SimPy scheduler with one closed-loop user (the offline path's
   numbers, checked) and Poisson arrivals at `--rate` with continuous batching, reading the
-  same `StepPlan`'s batch-1 arrays (and once building its own, "no shared plan").
+  same `TraceSteps`'s batch-1 arrays (and once building its own, "no shared plan").
 
 Speeds are routed accesses per CPU second (the trace's accesses at batch 1); the ratio column
 is each row's speed over replay's on the same trace.
@@ -29,8 +29,8 @@ from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.shipped import shipped
-from casmoe.sim.passes.assembly import Run, StepPlan
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run, TraceSteps
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.passes.traffic import Arrival, Traffic
@@ -58,7 +58,7 @@ def main() -> None:
         trace = trace.subset(range(min(args.requests, len(trace.requests))))
         preset = get_preset(model)
         cap = Capacity(args.slots if "qwen" in name else args.tiny_slots or 2 * trace.geometry.top_k)
-        arrays, plan = StepArrays.from_trace(trace), StepPlan.build(trace, 1, 1)
+        arrays, plan = StepArrays.from_trace(trace), TraceSteps.build(trace, 1, 1)
         fns = {
             "replay (compiled)": lambda: replay(trace, cls.create(trace.geometry, cap, trace=trace), arrays=arrays, compiled=True),
             "simulate, offline": lambda: run_trace(Run(trace, cls, cap, Machine(preset, hw)), plan=plan, compiled=True),

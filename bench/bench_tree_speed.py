@@ -79,14 +79,14 @@ def main() -> None:
         return lambda: replay(trace, get_policy(name).create(g, cap, trace=trace), compiled=compiled).stats.hits
 
     try:  # since issue 34: a run is priced on a Machine (model x box x stack)
-        from casmoe.sim.passes.engine import run_trace
+        from casmoe.sim.passes.driver import run_trace
         from casmoe.sim.passes.assembly import Run
         from casmoe.sim.cost.machine import Machine
 
         def sim(name: str, compiled: bool):
             return lambda: run_trace(Run(trace, get_policy(name), cap, Machine(preset, hw)), compiled=compiled).stats.hits
     except ImportError:  # a tree from before issue 34 (`--tree`): the same run through its engine
-        from casmoe.sim.passes.engine import simulate as old_simulate
+        from casmoe.sim.passes.driver import simulate as old_simulate
 
         def sim(name: str, compiled: bool):
             return lambda: old_simulate(trace, get_policy(name), cap, hw, preset, compiled=compiled).stats.hits

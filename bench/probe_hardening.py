@@ -334,7 +334,7 @@ def probes() -> list[Probe]:
               setup=lambda d: (d / "adir").mkdir()),
         # 11. bench --mmap nodir/x, --device nope
         Probe(f"{TB} 11 backend paths", "calibrate --out nodir/x.toml",  # (bench --mmap left with issue 11)
-              ["calibrate", "--model", "tiny-mixtral", "--out", "nodir/x.toml", "--threads", "1"], slow=True),
+              ["calibrate", "backend", "--model", "tiny-mixtral", "--out", "nodir/x.toml", "--threads", "1"], slow=True),
         Probe(f"{TB} 12 bench device", "bench --device nope",
               ["bench", "--model", "tiny-mixtral", "--num-prompts", "1", "--max-new-tokens", "2", "--device", "nope",
                "--threads", "1"], slow=True),
@@ -874,7 +874,7 @@ def probes_study() -> list[Probe]:
               setup=lambda d: sglang_dump(d, SERIAL[:2], bad=-5), check=names("d.pt", "record 0", "layer 1", "-5")),
         Probe(c2, "SGLang requests of different lengths one after another", imp + ["d.pt", "-o", "o.npz"],
               setup=lambda d: sglang_dump(d, SERIAL), check=trace_is(serial_requests)),
-        Probe(c2, "a boolean mask as popularity counts", ["profile", "import", "--format", "ktransformers", "m.pt", "-o",
+        Probe(c2, "a boolean mask as popularity counts", ["popularity", "import", "--format", "ktransformers", "m.pt", "-o",
                                                           "p.npz"],
               setup=torch_file("m.pt", lambda: __import__("torch").rand(4, 8) > 0.5), check=names("m.pt", "boolean")),
         Probe(c2, "an expert nobody routed to and a correct --model", imp + ["r.json", "--model", "mixtral-8x7b", "-o",
@@ -886,7 +886,7 @@ def probes_study() -> list[Probe]:
               check=names("x.csv is a zip archive, not a routing CSV")),
         Probe(c3, "a pickled .npy", imp + ["x.npy", "--num-experts", "4", "-o", "o.npz"],
               setup=foreign("x.npy", "npy-pickle"), check=names("x.npy is a NumPy .npy file of pickled")),
-        Probe(c3, "a .pt that is not a profile", ["profile", "info", "m.pt"],
+        Probe(c3, "a .pt that is not a profile", ["popularity", "info", "m.pt"],
               setup=torch_file("m.pt", lambda: {"weight": __import__("torch").zeros(3)}),
               check=names("m.pt is a torch.save file, not a casmoe profile")),
         Probe(c3, "a .pt as static[profile=]", ["replay", *T, "--policy", "static[profile=m.pt]", "--capacity", "4"],

@@ -144,8 +144,10 @@ class Capacity:
 class CacheStats:
     """Counters of one run. `hit_rate` = (hits + late hits) / routed accesses.
 
-    `cold_misses` are the misses that filled a free slot (nothing evicted); the moe-lrc
-    convention counts those as hits (`warm_hit_rate`), so SCH curves compare with it.
+    `cold_misses` are the misses that filled a slot never filled before (nothing evicted: the
+    cache was not yet full); the moe-lrc convention counts those as hits (`warm_hit_rate`), so
+    SCH curves compare with it. A slot freed and filled again (a staging slot's refill, an
+    on-demand release) is a warm cache's miss, not a cold one.
     """
 
     accesses: int
@@ -235,6 +237,11 @@ class ExpertCache:
     top_k (Mixtral-Offloading's `offload_per_layer=7`: one resident expert per layer), a layer's
     other routed experts are loaded into staging slots and evicted (by the policy's `victim`)
     once the layer is done: at most `capacity` experts stay."""
+    fills_at_start: ClassVar[bool] = False
+    """True: the loads of the first request's start are the set a server loads once, before it
+    takes any request (a placement's GPU experts: llama.cpp and KTransformers load them at
+    start-up); runtimes land them before the clock starts and count them apart (`setup_s`),
+    never as a wait of that request. The decisions are the same either way."""
     twin: ClassVar[Twin | None] = None
     """The compiled twin this very class declares (`casmoe.twin`); subclasses run in Python."""
     fit: ClassVar[Fit | None] = None
@@ -294,6 +301,7 @@ class ExpertCache:
         self._free: list[list[int]] = [
             list(range((p + 1) * physical - 1, p * physical - 1, -1)) for p in range(pools)
         ]
+        self._high = [0] * pools  # the most residents each pool has held: its slots ever filled
         self._slot_of: dict[ExpertId, int] = {}
         self._by_layer: list[set[ExpertId]] = [set() for _ in range(geometry.layers)]
         self._inflight: set[ExpertId] = set()
@@ -701,8 +709,10 @@ class ExpertCache:
         free = self._free[pool]
         if free:
             slot, victim = free.pop(), -1
-            if reason is LoadReason.DEMAND:
-                self._n["cold_misses"] += 1
+            if len(self._pool_members[pool]) == self._high[pool]:  # a slot never filled (freed ones are taken first)
+                self._high[pool] += 1
+                if reason is LoadReason.DEMAND:
+                    self._n["cold_misses"] += 1
         else:
             members = self._pool_members[pool]
             candidates = _Candidates(members, self._protected)

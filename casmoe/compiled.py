@@ -185,6 +185,7 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
         free=free,
         nfree=np.full(pools, slots, np.int64),
         members=np.zeros(pools, np.int64),
+        high=np.zeros(pools, np.int64),
         prot_pool=np.zeros(pools, np.int64),
         protected=np.zeros(N, np.bool_),
         prot_at=np.zeros(N, np.int64),

@@ -2,7 +2,7 @@
 
 Serving engines that keep only counts (TensorRT-LLM's expert statistics, KTransformers'
 activation frequencies, SGLang's `stat` recorder) cannot give a trace, but they give what a
-static placement needs: which experts are hot. `casmoe profile import` turns their dumps into
+static placement needs: which experts are hot. `casmoe popularity import` turns their dumps into
 a profile file; `load_profile` reads one, or a casmoe trace (its routed counts), so every
 placement that ranks experts by popularity (`static[profile=FILE]`, frequency placements) takes
 either.
@@ -153,7 +153,7 @@ def _npz_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     from casmoe.npz import read_npz
 
     return read_npz(path, ProfileError, "a casmoe profile or trace (.npz)",
-                    hint="turn engine dumps into a profile with `casmoe profile import`")
+                    hint="turn engine dumps into a profile with `casmoe popularity import`")
 
 
 def read_profile(path: str | os.PathLike[str]) -> Profile:
@@ -174,6 +174,6 @@ def load_profile(path: str | os.PathLike[str]) -> np.ndarray:
     """Expert popularity `counts[L, E]` (float64) from a profile file or a casmoe trace.
 
     The one loader for every placement that ranks experts by popularity: a profile written by
-    `casmoe profile import` gives its counts, a trace `.npz` the number of computed token-layers
+    `casmoe popularity import` gives its counts, a trace `.npz` the number of computed token-layers
     routed to each expert (`Trace.popularity`)."""
     return read_profile(path).counts

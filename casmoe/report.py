@@ -146,7 +146,9 @@ def uncertainty_cell(record: dict[str, Any]) -> str:
         return ""
     f = record.get("uncertainty_factor")
     if f is None:
-        return "upper bound" if record.get("stack") == "ideal" else "not validated"
+        from casmoe.sim.trust.uncertainty import upper_bound
+
+        return "upper bound" if upper_bound(record) else "not validated"
     return f"x/÷ {f:.2f}" + (OUTSIDE_MARK[0] if record.get("uncertainty_outside") else "")
 
 

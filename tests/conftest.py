@@ -135,7 +135,7 @@ def sim_run(trace: Any, policy: str | type = "lru", capacity: int | Capacity = 2
     from casmoe.policies import get_policy
     from casmoe.sim.cost.machine import Machine
     from casmoe.sim.passes.assembly import Run
-    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.driver import run_trace
 
     cls = get_policy(policy) if isinstance(policy, str) else policy
     cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)

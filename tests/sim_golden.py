@@ -87,7 +87,7 @@ def run(case: Case) -> dict[str, Any]:
     from casmoe.cache import Capacity, MissMode
     from casmoe.policies import get_policy
     from casmoe.presets import get_preset, preset_for
-    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.driver import run_trace
     from casmoe.sim.passes.assembly import Run
     from casmoe.sim.box.hardware import load_profile
     from casmoe.sim.cost.machine import Machine

@@ -72,7 +72,7 @@ def test_calibrate_writes_a_profile_the_simulator_loads(model_dir, tmp_path):
     from casmoe.sim.box.hardware import load_profile
 
     out = tmp_path / "me.toml"
-    code, text = _run(["calibrate", "--model", str(model_dir / "m"), "--out", str(out), "--prompts",
+    code, text = _run(["calibrate", "backend", "--model", str(model_dir / "m"), "--out", str(out), "--prompts",
                        str(model_dir / "prompts.txt"), "--max-new-tokens", "4", "--link-gbps", "0.05"])
     assert code == 0, text
     prof = load_profile(out)
@@ -80,7 +80,7 @@ def test_calibrate_writes_a_profile_the_simulator_loads(model_dir, tmp_path):
     # the emulated 0.05 GB/s link, measured through the copier: never faster than the cap; slower
     # by as much as the host is busy, so the lower bound only says it measured this link at all
     assert 0.005 < prof.h2d_pinned_gbs < 0.06
-    code, text = _run(["calibrate", "--model", str(model_dir / "m"), "--out", str(tmp_path / "again.toml"), "--prompts",
+    code, text = _run(["calibrate", "backend", "--model", str(model_dir / "m"), "--out", str(tmp_path / "again.toml"), "--prompts",
                        str(model_dir / "prompts.txt"), "--max-new-tokens", "3", "--json"])
     cal = json.loads(text)
     expert_bytes = 3 * 32 * 48 * 4  # tiny mixtral, float32: the profile prices a host expert at the measured time
@@ -90,7 +90,7 @@ def test_calibrate_writes_a_profile_the_simulator_loads(model_dir, tmp_path):
 
 
 def test_validate_json_gives_a_median_error_per_policy(model_dir):
-    code, out = _run(["validate", "--model", str(model_dir / "m"), "--prompts", str(model_dir / "prompts.txt"),
+    code, out = _run(["validate", "backend", "--model", str(model_dir / "m"), "--prompts", str(model_dir / "prompts.txt"),
                       "--max-new-tokens", "4", "--policy", "lru", "--policy", "ondemand", "--miss-mode", "load",
                       "--miss-mode", "cpu", "--json"])
     assert code == 0, out
@@ -205,7 +205,7 @@ def test_validate_above_its_noise_floor_says_so_in_one_line(model_dir, monkeypat
     from casmoe.cli import main
 
     monkeypatch.setattr(validate, "NOISE_LIMIT", -1.0)  # any spread at all is too much
-    monkeypatch.setattr(sys, "argv", ["casmoe", "validate", "--model", str(model_dir / "m"), "--prompts",
+    monkeypatch.setattr(sys, "argv", ["casmoe", "validate", "backend", "--model", str(model_dir / "m"), "--prompts",
                                       str(model_dir / "prompts.txt"), "--num-prompts", "2", "--max-new-tokens", "3",
                                       "--policy", "lru"])
     with pytest.raises(SystemExit) as done:

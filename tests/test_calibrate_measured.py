@@ -1,5 +1,5 @@
 """A stack calibrated on a user's own measurements (`casmoe.sim.questions.calibration`,
-`casmoe calibrate --measured`): rows "measured" by a known stack are fitted back to it, the
+`casmoe calibrate measured`): rows "measured" by a known stack are fitted back to it, the
 fields chosen are those the rows determine, each row is checked by a refit without it, the stack
 written is one `casmoe simulate --stack FILE` runs, and bad input is one line and exit 2."""
 
@@ -133,18 +133,19 @@ def test_calibrate_writes_a_stack_simulate_runs(tmp_path) -> None:
     measured.write_text(_toml(rows))
     out = tmp_path / "mine.toml"
     runner = CliRunner()
-    result = runner.invoke(app, ["calibrate", "--measured", str(measured), "--fit", "layer_us", "--out", str(out)])
+    result = runner.invoke(app, ["calibrate", "measured", str(measured), "--fit", "layer_us", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "left-out tok/s" in result.output and "layer_us = " in result.output and "named by --fit" in result.output
     stack = load_stack(out)
     assert stack.name == "mine" and stack.fitted_on == {"layer_us": ["od", "lru4"]}
-    assert "casmoe calibrate --measured" in stack.sources["layer_us"]
+    assert stack.label == "mine (mine.toml)"  # a user's stack, told apart from any shipped one
+    assert "casmoe calibrate measured" in stack.sources["layer_us"]
     sim = runner.invoke(app, ["simulate", "--stack", str(out), "--model", "mixtral-8x7b", "--hardware", "a100-80g",
                               "--quant", "int4", "--policy", "lru", "--capacity", "4", "--requests", "1",
                               "--allow-overcommit", "--plots", "none", "--out", str(tmp_path / "sim"), "--json"])
     assert sim.exit_code == 0, sim.output
     (record,) = json.loads((tmp_path / "sim" / "results.json").read_text())
-    assert record["stack"] == "mine" and record["decode_tokens_per_s"] > 0
+    assert record["stack"] == "mine (mine.toml)" and record["decode_tokens_per_s"] > 0
 
 
 def test_calibrate_json_names_the_choices(tmp_path) -> None:
@@ -156,7 +157,7 @@ def test_calibrate_json_names_the_choices(tmp_path) -> None:
 
     measured = tmp_path / "m.toml"
     measured.write_text(_toml(_measured(["lru4"])))
-    result = CliRunner().invoke(app, ["calibrate", "--measured", str(measured), "--out", str(tmp_path / "s.toml"), "--json"])
+    result = CliRunner().invoke(app, ["calibrate", "measured", str(measured), "--out", str(tmp_path / "s.toml"), "--json"])
     assert result.exit_code == 0, result.output
     record = json.loads(result.output)
     assert list(record["fitted"]) == ["layer_us"] and record["fitted"]["layer_us"]["standard_error"] is None
@@ -185,15 +186,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, text, a
     measured = tmp_path / "m.toml"
     if text is not None:
         measured.write_text(text)
-    code, out, err = cli(["calibrate", "--measured", str(measured), "--out", str(tmp_path / "s.toml"), *args],
+    code, out, err = cli(["calibrate", "measured", str(measured), "--out", str(tmp_path / "s.toml"), *args],
                          tmp_path, monkeypatch, capsys)
     assert code == 2 and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "s.toml").exists()
 
 
-def test_without_measured_the_command_still_wants_a_model(tmp_path, monkeypatch, capsys) -> None:
-    code, _, err = cli(["calibrate"], tmp_path, monkeypatch, capsys)
-    assert code == 2 and "--model" in err and "--measured" in err
+def test_each_calibration_is_its_own_command(tmp_path, monkeypatch, capsys) -> None:
+    code, out, _ = cli(["calibrate", "--help"], tmp_path, monkeypatch, capsys)
+    assert code == 0 and "backend" in out and "measured" in out
+    code, _, err = cli(["calibrate", "backend"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "--model" in err
 
 
 def test_the_base_is_the_stack_the_rows_name_unless_given() -> None:
@@ -210,23 +213,52 @@ def test_the_base_is_the_stack_the_rows_name_unless_given() -> None:
 
 
 def test_measuring_and_fitting_are_not_mixed(tmp_path, monkeypatch, capsys) -> None:
+    """An option of the other calibration is refused in one line, never ignored."""
     measured = tmp_path / "m.toml"
     measured.write_text(_toml(_measured(["lru4"])))
-    code, _, err = cli(["calibrate", "--measured", str(measured), "--model", "tiny-mixtral"], tmp_path, monkeypatch, capsys)
-    assert code == 2 and "give one" in err
-    code, _, err = cli(["calibrate", "--model", "tiny-mixtral", "--fit", "layer_us"], tmp_path, monkeypatch, capsys)
-    assert code == 2 and "--stack and --fit go with --measured" in err
+    code, _, err = cli(["calibrate", "measured", str(measured), "--model", "tiny-mixtral"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "--model" in err and err.count("\n") == 1
+    code, _, err = cli(["calibrate", "backend", "--model", "tiny-mixtral", "--fit", "layer_us"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "--fit" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("old, new", [
+    (["calibrate", "--measured", "F", "--fit", "layer_us"], ["calibrate", "measured", "F", "--fit", "layer_us"]),
+    (["calibrate", "--model", "m"], ["calibrate", "backend", "--model", "m"]),
+    (["validate", "--published", "--out", "v"], ["validate", "published", "--out", "v"]),
+    (["validate", "--model", "m"], ["validate", "backend", "--model", "m"]),
+    (["profiles", "--published"], ["hardware", "list", "--published"]),
+    (["profile", "info", "p.npz"], ["popularity", "info", "p.npz"]),
+])
+def test_old_command_names_run_and_say_the_new_one(old, new) -> None:
+    from casmoe.cli import renamed
+
+    argv, note = renamed(old)
+    assert argv == new and note.startswith("note: `casmoe ") and "is now `casmoe " in note
+
+
+def test_an_old_name_runs_through_the_command_line(tmp_path, monkeypatch, capsys) -> None:
+    code, out, err = cli(["profiles"], tmp_path, monkeypatch, capsys)
+    assert code == 0 and "rtx4090x4" in out and "`casmoe hardware list`" in err
 
 
 def test_a_row_faster_than_its_configuration_can_run_is_flagged(three) -> None:
     assert not any(ch.beyond_bound for ch in three.checks)
     (row,) = _measured(["od"])
     bound = v.bound(row)
-    fast = dataclasses.replace(row, value=bound * 2)
-    cal = c.calibrate([fast], load_stack("ideal"), source="test", when="today")
+    cal = c.calibrate([dataclasses.replace(row, value=bound * 1.3)], load_stack("ideal"), source="test", when="today")
     (check,) = cal.checks
     assert check.beyond_bound and check.bound == pytest.approx(bound)
     assert "at its bound" in cal.describe("layer_us")  # no software cost makes it fast enough
+    with pytest.raises(c.CalibrationError, match="faster than its configuration can run"):  # and beyond any fit
+        c.calibrate([dataclasses.replace(row, value=bound * 3)], load_stack("ideal"), source="test", when="today")
+
+
+def test_a_rate_in_the_wrong_unit_is_refused_not_fitted_at_a_bound(three) -> None:
+    """Tokens per millisecond written as per second: 1000x too slow, no runtime cost explains it."""
+    (row,) = _measured(["od"])
+    with pytest.raises(c.CalibrationError, match="per millisecond"):
+        c.calibrate([dataclasses.replace(row, value=row.value / 1000)], load_stack("ideal"), source="test", when="today")
 
 
 def test_the_command_warns_of_a_row_beyond_its_bound(tmp_path) -> None:
@@ -236,7 +268,7 @@ def test_the_command_warns_of_a_row_beyond_its_bound(tmp_path) -> None:
 
     (row,) = _measured(["od"])
     measured = tmp_path / "m.toml"
-    measured.write_text(_toml([dataclasses.replace(row, value=v.bound(row) * 2)]))
-    result = CliRunner().invoke(app, ["calibrate", "--measured", str(measured), "--out", str(tmp_path / "s.toml")])
+    measured.write_text(_toml([dataclasses.replace(row, value=v.bound(row) * 1.3)]))
+    result = CliRunner().invoke(app, ["calibrate", "measured", str(measured), "--out", str(tmp_path / "s.toml")])
     assert result.exit_code == 0, result.output
     assert "warning: row od measured" in result.output and "faster than its configuration can run" in result.output

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from casmoe.cache import CacheConfigError, MissMode
 from casmoe.policies import POLICIES, get_policy
 from casmoe.sim.box.hardware import load_profile
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.testing import cases
@@ -62,7 +62,7 @@ def test_compiled_decisions_simulate_to_the_last_bit(variant, case, mode, batch,
 @pytest.mark.parametrize("policy", ["lru", "belady", "semoe", "casmoe"])
 def test_compiled_decisions_on_shipped_traces(policy, shape, monkeypatch):
     """The golden cases of tests/sim_golden.py, forced through the compiled decision pass."""
-    import casmoe.sim.passes.engine as engine
+    import casmoe.sim.passes.driver as engine
 
     real = engine.run_offline
     monkeypatch.setattr(engine, "run_offline", lambda *a: real(*a[:4], True))

@@ -19,8 +19,8 @@ from casmoe.cache import CacheConfigError, Capacity, MissMode, PolicyError
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import SYNTHETIC_TRACE, shipped
-from casmoe.sim.passes import engine
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes import driver as engine
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile

@@ -259,7 +259,7 @@ def test_the_simulator_decides_as_replay_given_its_prices(shipped_mixtral, spec,
     from casmoe.policies import PolicySpec
     from casmoe.presets import load_presets
     from casmoe.sim.passes.decide import machine_costs
-    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.driver import run_trace
     from casmoe.sim.passes.assembly import Run
     from casmoe.sim.box.hardware import load_profile
     from casmoe.sim.cost.machine import Machine
@@ -301,7 +301,7 @@ def test_the_prices_change_fiddlers_decisions(shipped_mixtral):
 def test_serving_and_substitute_mode_pass_the_step_counts(shipped_mixtral):
     from casmoe.presets import load_presets
     from casmoe.sim.passes.assembly import Run
-    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.driver import run_trace
     from casmoe.sim.box.hardware import load_profile
     from casmoe.sim.cost.machine import Machine
     from casmoe.sim.passes.traffic import Arrival, Traffic

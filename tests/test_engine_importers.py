@@ -375,10 +375,10 @@ def test_engine_dump_to_trace_and_counts_to_static_profile(tmp_path, monkeypatch
     counts[:, :, 4] = 1000  # expert 4 is the hottest of every MoE layer
     counts[:, DENSE] = 0
     torch.save({"logical_count": torch.tensor(counts)}, tmp_path / "stat.pt")
-    code, out, err = cli(["profile", "import", "--format", "sglang-stat", "stat.pt", "-o", "p.npz"], tmp_path,
+    code, out, err = cli(["popularity", "import", "--format", "sglang-stat", "stat.pt", "-o", "p.npz"], tmp_path,
                          monkeypatch, capsys)
     assert code == 0, err
-    code, out, err = cli(["profile", "info", "p.npz"], tmp_path, monkeypatch, capsys)
+    code, out, err = cli(["popularity", "info", "p.npz"], tmp_path, monkeypatch, capsys)
     assert code == 0 and "3 MoE layers x 6 experts" in out, err
     from casmoe.cache import Capacity
     from casmoe.policies import get_policy
@@ -399,10 +399,10 @@ def test_engine_dump_to_trace_and_counts_to_static_profile(tmp_path, monkeypatch
         ["trace", "import", "dump.pt", "-o", "t.npz", "--top-k", "0"],
         ["trace", "import", "dump.pt", "-o", "t.npz", "--model", "mixtral-8x7b"],
         ["trace", "import", "dump.pt", "-o", "t.npz", "--num-experts", "7"],
-        ["profile", "import", "--format", "trtllm", "dump.pt", "-o", "p.npz"],
-        ["profile", "import", "--format", "ktransformers", "dump.pt", "-o", "p.npz"],
-        ["profile", "import", "--format", "nope", "dump.pt", "-o", "p.npz"],
-        ["profile", "info", "dump.pt"],
+        ["popularity", "import", "--format", "trtllm", "dump.pt", "-o", "p.npz"],
+        ["popularity", "import", "--format", "ktransformers", "dump.pt", "-o", "p.npz"],
+        ["popularity", "import", "--format", "nope", "dump.pt", "-o", "p.npz"],
+        ["popularity", "info", "dump.pt"],
     ],
 )
 def test_engine_command_faults_are_one_line(tmp_path, monkeypatch, capsys, argv):

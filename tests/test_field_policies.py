@@ -56,7 +56,7 @@ def test_speculative_with_a_perfect_spec_misses_only_at_layer_zero(trace, extra)
 
 def test_speculative_with_a_perfect_spec_and_a_fast_link_never_stalls_past_layer_zero():
     from casmoe.presets import ModelPreset
-    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.driver import run_trace
     from casmoe.sim.passes.assembly import Run
     from casmoe.sim.cost.machine import Machine
     from casmoe.sim.box.hardware import load_profile

@@ -71,8 +71,8 @@ READERS = {  # the commands that read a user's file, with the name the user gave
     "route CSV": (["trace", "import", "x.csv", "-o", "o.npz"], "x.csv", "a routing CSV"),
     "JSON routing": (["trace", "import", "--format", "json", "x.json", "-o", "o.npz"], "x.json", "a JSON routing file"),
     "trace": (["trace", "info", "x.npz"], "x.npz", "a casmoe trace"),
-    "profile": (["profile", "info", "x.npz"], "x.npz", "a casmoe profile or trace"),
-    "ktransformers": (["profile", "import", "--format", "ktransformers", "x.pt", "-o", "p.npz"], "x.pt",
+    "profile": (["popularity", "info", "x.npz"], "x.npz", "a casmoe profile or trace"),
+    "ktransformers": (["popularity", "import", "--format", "ktransformers", "x.pt", "-o", "p.npz"], "x.pt",
                       "KTransformers activation frequencies"),
     "sglang dump": (["trace", "import", "--format", "sglang", "x.pt", "-o", "o.npz"], "x.pt", "an SGLang per_token dump"),
     "layer array": (["trace", "import", "x.npy", "--num-experts", "4", "-o", "o.npz"], "x.npy", "a per-layer routing array"),
@@ -250,7 +250,7 @@ def test_numpy_warnings_of_extreme_logits_stay_silent(tmp_path, monkeypatch, cap
 
 def test_a_torch_warning_of_a_pickle_protocol_stays_silent(tmp_path, monkeypatch, capsys):
     (tmp_path / "p.pt").write_bytes(pickle.dumps({"logical_count": [1, 2]}, protocol=4))
-    code, _, err = cli(["profile", "import", "--format", "ktransformers", "p.pt", "-o", "o.npz"], tmp_path,
+    code, _, err = cli(["popularity", "import", "--format", "ktransformers", "p.pt", "-o", "o.npz"], tmp_path,
                        monkeypatch, capsys)
     assert_one_line(code, err)
     assert "Warning" not in err and len(err.strip().splitlines()) == 1

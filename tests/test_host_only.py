@@ -15,7 +15,7 @@ from casmoe.presets import get_preset
 from casmoe.sim.box.hardware import GPU_FIELDS, HardwareProfile, load_profile
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.passes.assembly import Run
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.run.fits import FitError, HostDemand, check_capacity, default_host_cache
 from casmoe.trace import Request, Trace
 

@@ -379,7 +379,7 @@ def test_a_per_token_dump_without_a_map_takes_the_model_s_expert_count(tmp_path)
 
 def test_a_foreign_dump_is_one_line_in_the_cli(tmp_path, monkeypatch, capsys):
     (tmp_path / "m.pt").write_bytes(b"PK\x03\x04" + bytes(40))
-    code, _, err = cli(["profile", "import", "--format", "ktransformers", "m.pt", "-o", "p.npz"], tmp_path,
+    code, _, err = cli(["popularity", "import", "--format", "ktransformers", "m.pt", "-o", "p.npz"], tmp_path,
                        monkeypatch, capsys)
     assert_one_line(code, err)
     assert "m.pt" in err

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from casmoe.cache import CacheStats
 from casmoe.geometry import Geometry, GeometryError, split_layers
-from casmoe.sim.passes.assembly import StepPlan
+from casmoe.sim.passes.assembly import TraceSteps
 from casmoe.synthetic import SynthConfig, generate
 
 
@@ -52,7 +52,7 @@ def test_layer_slice_keeps_each_layers_routing_and_bytes():
 def test_step_plan_shards_are_the_device_split():
     g = Geometry(7, 4, 2, hidden=8, intermediate=4)
     tr = _trace(g, requests=2, seed=2)
-    plan = StepPlan.build(tr, devices=3, cache_per_device=True)
+    plan = TraceSteps.build(tr, devices=3, cache_per_device=True)
     assert plan.shards == split_layers(7, 3)
     assert [t.geometry.layers for t in plan.shard_traces] == [3, 2, 2]
 

@@ -63,7 +63,7 @@ def imports(name: str, path: Path, known: set[str]) -> dict[str, bool]:
     found: dict[str, bool] = {}
 
     def add(target: str, node: ast.AST) -> None:
-        while target and target not in known:  # `import casmoe.sim.passes.engine.x` -> the module part
+        while target and target not in known:  # `import casmoe.sim.passes.driver.x` -> the module part
             target = target.rpartition(".")[0]
         if target and target != name:
             found[target] = found.get(target, True) and id(node) in hidden
@@ -167,7 +167,7 @@ def test_the_checker_reads_every_package():
     folders = {p.parent for p in (ROOT / "casmoe").rglob("*.py") if "__pycache__" not in p.parts}
     assert not [f for f in folders if not (f / "__init__.py").exists()], "folders of code that are not packages"
     files = modules(PACKAGES)
-    assert {"casmoe.cache", "casmoe.sim.passes.engine", "casmoe.backends.session", "casmoe.cli.replay"} <= set(files)
+    assert {"casmoe.cache", "casmoe.sim.passes.driver", "casmoe.backends.session", "casmoe.cli.replay"} <= set(files)
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

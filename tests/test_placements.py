@@ -15,7 +15,7 @@ from casmoe.policies.ktransformers import KTransformers
 from casmoe.policies.n_cpu_moe import NCpuMoE
 from casmoe.presets import ModelPreset
 from casmoe.replay import replay
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
@@ -124,3 +124,30 @@ def test_a_placement_needs_host_compute_in_the_profile():
     hw = dataclasses.replace(load_profile("rtx4090x4"), cpu_tflops=0.0)
     with pytest.raises(CasmoeError, match="cpu_tflops"):
         run_trace(Run(trace, NCpuMoE, Capacity(1), Machine(preset, hw)))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("served", [False, True])
+def test_the_start_up_fill_lands_before_the_clock_starts(compiled, served):
+    """A placement's GPU experts are loaded once, at start-up: never a wait of the first
+    request (its TTFT), counted apart at the links' rate, the decisions unchanged."""
+    from casmoe.presets import get_preset
+    from casmoe.shipped import shipped
+    from casmoe.sim.passes.traffic import Arrival, Traffic
+
+    trace = load_trace(shipped("tiny-mixtral.npz")).subset(range(3))
+    machine = Machine(get_preset("mixtral-8x7b"), load_profile("rtx4090x4@gpus=1"))
+    traffic = Traffic(Arrival.CLOSED, max_batch=1) if served else None
+    cap = Capacity(96, per_layer=False)
+    res = run_trace(Run(trace, NCpuMoE, cap, machine, traffic=traffic), compiled=compiled)
+    nbytes = machine.expert_bytes(trace)
+    held = [e for e in range(trace.geometry.total_experts)
+            if e // trace.geometry.experts >= trace.geometry.layers - 12]  # 96 experts: the last 12 layers
+    assert res.setup_bytes == sum(nbytes[e // trace.geometry.experts] for e in held)
+    assert res.setup_s == pytest.approx(sum(machine.copy_seconds(nbytes[e // trace.geometry.experts]) for e in held))
+    assert res.link_bytes == 0 and res.stall_demand_s == 0 and res.stall_late_s == 0  # nothing is copied in the run
+    first = trace.requests[0]
+    expect = replay(trace, NCpuMoE.create(trace.geometry, cap, trace=trace)).stats
+    assert (res.stats.hits, res.stats.misses) == (expect.hits, expect.misses)  # the same decisions
+    assert res.ttft_p50_s < res.setup_s  # the fill is not in the first answer's wait
+    assert first.prefill > 0

@@ -301,3 +301,19 @@ def test_layer_offload_victims_match_the_scan(trace, extra):
     ref = _ScanLayerOffload(g, cap)
     replay(trace, ref)
     assert fast.stats() == ref.stats()
+
+
+@pytest.mark.parametrize("name", ["lru", "lfu", "ondemand"])
+def test_warm_hit_rate_counts_only_slots_never_filled_as_cold(name):
+    """A cache that starts warm has no cold misses after its slots first fill: a staging slot
+    refilled (fewer slots than top_k) or an on-demand layer's refill is a warm cache's miss.
+    So the warm hit rate never falls as the cache grows, as a hit rate of nested caches does not."""
+    from casmoe.shipped import shipped
+    from casmoe.trace_io import load_trace
+
+    trace = load_trace(shipped("tiny-mixtral.npz")).subset(range(6))
+    warm = [replay(trace, get_policy(name).create(trace.geometry, Capacity(c), trace=trace)).stats for c in (1, 2)]
+    for s, slots in zip(warm, (1, 2)):
+        assert s.cold_misses <= trace.geometry.layers * max(slots, trace.geometry.top_k)
+    if name != "ondemand":
+        assert warm[1].warm_hit_rate >= warm[0].warm_hit_rate

@@ -808,10 +808,10 @@ def test_a_leaderboard_on_a_box_below_top_k_runs_the_sizes_it_holds(tmp_path, mo
 def test_profiles_show_an_unstated_number_as_unstated_not_zero(tmp_path, monkeypatch, capsys):
     """A published box whose source names no RAM, drive or CPU holds 0 for them ('not modelled'):
     the listing says '-', not '0 GiB of RAM' or '0 TFLOPS, 0 GB/s' of host compute."""
-    code, out, err = cli(["profiles", "--published"], tmp_path, monkeypatch, capsys)
+    code, out, err = cli(["hardware", "list", "--published"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
     assert "0 TFLOPS, 0 GB/s" not in out and "-: not stated by the profile's source" in out
-    code, out, err = cli(["profiles"], tmp_path, monkeypatch, capsys)
+    code, out, err = cli(["hardware", "list"], tmp_path, monkeypatch, capsys)
     assert code == 0 and "not stated" not in out, err  # the shipped profiles state every one
 
 

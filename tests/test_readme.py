@@ -26,12 +26,12 @@ README = REPO / "README.md"
 
 FAST = [  # a few seconds each on 2 busy cores; the others (10 s to hours) run with -m slow
     r"^casmoe trace info",
-    r"^casmoe profiles",
+    r"^casmoe hardware list",
     r"^casmoe hardware detect",
     r"^casmoe trace import traces/real/",
     r"^casmoe trace import examples/moe-lrc/",
     r"^casmoe trace import examples/engine-dumps/",
-    r"^casmoe profile ",
+    r"^casmoe popularity ",
     r"^casmoe replay --trace vllm\.npz",
     r"^casmoe trace export qwen\.npz",
     r"^casmoe lrc -t traces/real/moe_lrc_case_traces\.json",

@@ -20,10 +20,10 @@ from casmoe.cache import CacheConfigError, Capacity, MissMode, PolicyError
 from casmoe.policies import get_policy
 from casmoe.presets import get_preset
 from casmoe.shipped import shipped
-from casmoe.sim.passes.assembly import Run, StepPlan
+from casmoe.sim.passes.assembly import Run, TraceSteps
 from casmoe.sim.cost.machine import SimConfigError
 from casmoe.sim.passes.compiled_timing import ServingPass
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.passes.serving import clock_delays
@@ -141,8 +141,8 @@ def test_batched_chains_and_a_shared_plan_serve_alike_and_a_foreign_plan_is_refu
     own = run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=wl), compiled=True).to_dict()
     assert max(widths) > 1 and max(c for c, w in zip(calls, widths) if w > 1) > 1
     assert own == run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=wl), compiled=False).to_dict()
-    assert run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=wl), compiled=True, plan=StepPlan.build(trace)).to_dict() == own
-    for plan in (StepPlan.build(trace.subset(range(4))), StepPlan.build(trace, 2)):
+    assert run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=wl), compiled=True, plan=TraceSteps.build(trace)).to_dict() == own
+    for plan in (TraceSteps.build(trace.subset(range(4))), TraceSteps.build(trace, 2)):
         with pytest.raises(SimConfigError, match="batch 1 only"):
             run_trace(Run(trace, lru, cap, Machine(preset, hw), traffic=wl), plan=plan)
 

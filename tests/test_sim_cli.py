@@ -1,4 +1,4 @@
-"""`casmoe simulate`, `casmoe sweep` and `casmoe profiles` end to end, in subprocesses."""
+"""`casmoe simulate`, `casmoe sweep` and `casmoe hardware list` end to end, in subprocesses."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def test_clear_errors(args, message, tmp_path, monkeypatch, capsys):
 
 
 def test_profiles_lists_every_shipped_profile(tmp_path):
-    proc = casmoe("profiles", "--json", cwd=tmp_path)
+    proc = casmoe("hardware", "list", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     names = {p["name"] for p in json.loads(proc.stdout)}
     assert {"rtx4090x4", "a100-80g", "h100-sxm", "h200-sxm", "rtx5090"} <= names

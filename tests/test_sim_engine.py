@@ -18,9 +18,9 @@ from casmoe.presets import get_preset
 from casmoe.replay import replay
 from casmoe.sim.cost.compute import FixedCompute
 from casmoe.sim.passes.decide import link_costs
-from casmoe.sim.passes.assembly import Run, StepPlan
+from casmoe.sim.passes.assembly import Run, TraceSteps
 from casmoe.sim.cost.machine import Machine, SimConfigError
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.box.hardware import HardwareError, load_profile
 from casmoe.sim.passes.timing import Shard, StepTimer
 from casmoe.testing import cases, traces
@@ -345,7 +345,7 @@ def test_batching_merges_decode_steps_and_raises_throughput():
     tr = _mixtral_trace(4)
     p = get_preset("mixtral-8x7b")
     one = run_trace(Run(tr, get_policy("lru"), Capacity(8), Machine(p, HW), batch=1))
-    four = run_trace(Run(tr, get_policy("lru"), Capacity(8), Machine(p, HW), batch=4), plan=StepPlan.build(tr, 4, 1))
+    four = run_trace(Run(tr, get_policy("lru"), Capacity(8), Machine(p, HW), batch=4), plan=TraceSteps.build(tr, 4, 1))
     assert one.decode_tokens == four.decode_tokens == 4 * 8
     assert four.decode_tokens_per_s > one.decode_tokens_per_s
 

@@ -113,3 +113,23 @@ def test_a_box_without_a_gpu_loads_with_its_gpu_fields_zero():
                                    sources={**hw.sources, **{n: "no GPU" for n in ("gpus", *GPU_FIELDS)}})
     again = HardwareProfile.from_toml(cpu_only.to_toml())
     assert again == cpu_only and again.gpus == 0 and again.usable_bytes() == 0
+
+
+def test_every_profile_number_has_a_plausible_range():
+    """Every number of a profile is bounded by the fastest real part of its kind, or says why it
+    has no such bound: a typo or a wrong unit is refused wherever it is written."""
+    from casmoe.sim.box.hardware import FASTEST_REAL, UNBOUNDED, HardwareProfile
+
+    fields = set(HardwareProfile.numeric_fields())
+    assert fields == set(FASTEST_REAL) | set(UNBOUNDED) and not set(FASTEST_REAL) & set(UNBOUNDED)
+
+
+@pytest.mark.parametrize("field, value", [("cpu_matrix_speedup", 800.0), ("gpus", 1000), ("cpu_cores", 10000),
+                                          ("host_ram_gib", 2e6), ("cpu_thread_gbs", 5000.0)])
+def test_a_number_beyond_any_real_part_is_refused(field, value):
+    from casmoe.sim.box.hardware import HardwareError, load_profile
+
+    base = load_profile("rtx4090x4")
+    extra = {"cpu_cores": 64} if field == "cpu_thread_gbs" else {}
+    with pytest.raises(HardwareError, match=f"{field}"):
+        base.with_values(**{field: value}, **extra, sources={field: "test", **{k: "test" for k in extra}})

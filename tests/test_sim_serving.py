@@ -15,7 +15,7 @@ from casmoe.policies import POLICIES, get_policy
 from casmoe.policies.lru import LRU
 from casmoe.replay import replay
 from casmoe.sim.cost.compute import FixedCompute
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.sim.box.hardware import load_profile

@@ -11,7 +11,7 @@ import pytest
 from casmoe.cache import Capacity, MissMode
 from casmoe.policies import get_policy
 from casmoe.shipped import shipped
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.assembly import Run
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.cost.machine import Machine
@@ -212,3 +212,21 @@ def test_early_prefetch_is_never_slower_for_a_guessing_policy(two_requests) -> N
     assert early.stats.hits + early.stats.late_hits == late.stats.hits + late.stats.late_hits
     assert early.sim_time_s <= late.sim_time_s  # ... issued sooner
     assert early.stall_late_s < late.stall_late_s
+
+
+def test_a_stack_is_told_apart_by_what_it_charges_not_its_name(tmp_path) -> None:
+    """A user's file named like a shipped stack is that stack only if it charges the same: an
+    edited `ideal` is no upper bound, an edited mixtral-offloading is not the validated one, and
+    two stacks of one name in one run stay two rows."""
+    shipped = load_stack("ideal")
+    copy = tmp_path / "ideal.toml"
+    copy.write_text(shipped.to_toml())
+    same = load_stack(str(copy))
+    assert same.shipped and same.label == "ideal" and same.upper_bound
+    copy.write_text(dataclasses.replace(shipped, layer_us=500.0).to_toml())
+    edited = load_stack(str(copy))
+    assert not edited.shipped and edited.label == "ideal (ideal.toml)" and not edited.upper_bound
+    mixoff = tmp_path / "mine.toml"
+    mixoff.write_text(dataclasses.replace(load_stack("mixtral-offloading"), layer_us=1.0).to_toml())
+    assert load_stack(str(mixoff)).label == "mixtral-offloading (mine.toml)"
+    assert load_stack("mixtral-offloading").label == "mixtral-offloading" and not load_stack("mixtral-offloading").upper_bound

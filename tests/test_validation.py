@@ -171,7 +171,9 @@ def test_cli_help_names_the_published_mode() -> None:
     from casmoe.cli import app
 
     result = CliRunner().invoke(app, ["validate", "--help"])
-    assert result.exit_code == 0 and "--published" in result.output and "--fit" in result.output
+    assert result.exit_code == 0 and "published" in result.output and "backend" in result.output
+    result = CliRunner().invoke(app, ["validate", "published", "--help"])
+    assert result.exit_code == 0 and "--fit" in result.output and "--model" not in result.output
 
 
 @pytest.mark.slow

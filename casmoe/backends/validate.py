@@ -196,7 +196,7 @@ def _validate(
     om: OffloadedModel, prompts: Sequence[Prompt], policies: Sequence[str], capacity: Capacity, max_new_tokens: int,
     calibration: Calibration | None, progress: Callable[[str], None] | None, miss_modes: Sequence[MissMode],
 ) -> tuple[list[Fidelity], Calibration]:
-    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.driver import run_trace
     from casmoe.sim.passes.assembly import Run
     from casmoe.sim.cost.machine import Machine
 

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import typer
 
-from casmoe.cli import backend, catalog, hardware, leaderboard, lrc, plan, planner, profile, record, replay, search, simulate, sweep, trace  # noqa: F401  (register commands)
+from casmoe.cli import backend, catalog, hardware, leaderboard, lrc, plan, planner, popularity, record, replay, search, simulate, sweep, trace  # noqa: F401  (register commands)
 from casmoe.cli.app import app, finite_floats
 from casmoe.errors import CasmoeError
 
@@ -121,10 +121,43 @@ def main() -> None:
         warnings.showwarning = shown
 
 
+RENAMED = {"profiles": ("hardware", "list"), "profile": ("popularity",)}
+"""Old command names and the ones they became (one meaning per name: a hardware profile, a
+popularity profile); the old ones still run, for one release, and say the new name."""
+SPLIT = {"validate": ("--published", "published", "backend"), "calibrate": ("--measured", "measured", "backend")}
+"""Commands that were two commands under one name, told apart by a flag: the flag's form is
+now a subcommand of its own, the other form `backend`."""
+
+
+def renamed(argv: list[str]) -> tuple[list[str], str | None]:
+    """`argv` in today's command names, and a note saying the new name when it used an old one."""
+    if not argv:
+        return argv, None
+    head, rest = argv[0], argv[1:]
+    if head in RENAMED:
+        old, now, new = head, " ".join(RENAMED[head]), [*RENAMED[head], *rest]
+    elif head in SPLIT and rest and rest[0] not in ("backend", "published", "measured", "--help", "-h"):
+        flag, mode, other = SPLIT[head]
+        given = next((a for a in rest if a == flag or a.startswith(flag + "=")), None)
+        if given is None:
+            old, now, new = head, f"{head} {other}", [head, other, *rest]
+        else:
+            old, now = f"{head} {flag}", f"{head} {mode}"
+            i = rest.index(given)
+            value = [given.split("=", 1)[1]] if "=" in given else rest[i + 1:i + 2] if flag == "--measured" else []
+            new = [head, mode, *value, *rest[:i], *rest[i + 1 + (flag == "--measured" and "=" not in given):]]
+    else:
+        return argv, None
+    return new, f"note: `casmoe {old}` is now `casmoe {now}`; the old name works for one release"
+
+
 def _run() -> None:
     debug = os.environ.get("CASMOE_DEBUG", "") not in ("", "0")
+    argv, note = renamed(sys.argv[1:])
+    if note:
+        print(f"casmoe: {note}", file=sys.stderr)
     try:
-        code = finite_floats(typer.main.get_command(app)).main(standalone_mode=False)
+        code = finite_floats(typer.main.get_command(app)).main(args=argv, prog_name="casmoe", standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)  # `--help` and typer.Exit return their status here
     except CasmoeError as exc:
         if debug:

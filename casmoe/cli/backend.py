@@ -172,19 +172,25 @@ quant = "int4", policy = "lru", capacity = "4" } (casmoe simulate options; model
 See examples/measured.toml."""
 
 
-@app.command()
-def calibrate(
-    model: Optional[str] = typer.Option(None, "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a "
-                                        "local model folder (not with --measured)."),
-    out: Optional[Path] = typer.Option(None, help="File to write: the hardware profile (default calibrated.toml), or "
-                                       "with --measured the stack (default calibrated-stack.toml)."),
-    name: Optional[str] = typer.Option(None, help="Profile (default: calibrated) or stack (default: the --out file's stem) name inside the file."),
-    measured: Optional[Path] = typer.Option(None, "--measured", help=MEASURED_HELP),
-    stack: Optional[str] = typer.Option(None, "--stack", help="With --measured: the stack to calibrate, a shipped name or a "
-                                        "TOML (default: the stack the rows name, else ideal)."),
-    fit: Optional[str] = typer.Option(None, "--fit", help="With --measured: the fields to fit, comma-separated (default: "
-                                      "those the rows determine, of layer_us, copy_efficiency, host_efficiency; the "
-                                      "command says which and why)."),
+calibrate_app = typer.Typer(
+    help="Fit what casmoe prices a run with on measurements: this machine running a model through the backend "
+         "(`backend`: a hardware profile), or runs you measured yourself (`measured`: a software stack).",
+    no_args_is_help=True,
+)
+app.add_typer(calibrate_app, name="calibrate")
+validate_app = typer.Typer(
+    help="Hold casmoe's predictions against real runs: the backend on this machine (`backend`), or published "
+         "measurements of real systems (`published`).",
+    no_args_is_help=True,
+)
+app.add_typer(validate_app, name="validate")
+
+
+@calibrate_app.command("backend")
+def calibrate_backend(
+    model: str = typer.Option(..., "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a local model folder."),
+    out: Path = typer.Option(Path("calibrated.toml"), help="The hardware profile to write."),
+    name: str = typer.Option("calibrated", help="The profile's name inside the file."),
     prompts: Optional[Path] = PROMPTS,
     num_prompts: int = typer.Option(4, min=1, help="Prompts for the decode-step measurement."),
     max_new_tokens: int = typer.Option(16, min=2, help="Decode steps per prompt."),
@@ -196,22 +202,12 @@ def calibrate(
     as_json: bool = typer.Option(False, "--json", help="Print the measurements (or the calibration) as JSON."),
 ) -> None:
     """Measure this machine (compute, copy bandwidth and per-copy cost) running MODEL and write a
-    hardware profile that `casmoe simulate --hardware FILE` reads; or, with --measured, fit a
-    software stack on the runs you measured and write it for `casmoe simulate --stack FILE`."""
+    hardware profile that `casmoe simulate --hardware FILE` reads."""
     from casmoe.output import check_file_target
 
-    if measured is not None:
-        if model is not None:
-            raise BenchInputError("--model measures this machine; --measured fits on your measurements: give one")
-        return _calibrate_measured(measured, stack, fit, out or Path("calibrated-stack.toml"), name, as_json)
-    if model is None:
-        raise typer.BadParameter("give --model (a shipped tiny model or a local folder), or --measured FILE", param_hint="--model")
-    if stack is not None or fit is not None:
-        raise BenchInputError("--stack and --fit go with --measured")
     from casmoe.backends.bench import open_offloaded
     from casmoe.backends.calibrate import calibrate as measure
 
-    out = out or Path("calibrated.toml")
     check_file_target(out, "--out")
     opened = open_offloaded(model, devices=(device or [])[:1], dtype=dtype,
                             link=_link(threads, link_gbps, link_latency_us))
@@ -221,7 +217,7 @@ def calibrate(
 
     with responsive_copies():
         cal = measure(om, reqs, max_new_tokens=max_new_tokens)
-    path = cal.profile(name or "calibrated").write(out)
+    path = cal.profile(name).write(out)
     if as_json:
         typer.echo(json.dumps({"profile": str(path), **cal.to_dict()}, indent=2))
         return
@@ -234,19 +230,40 @@ def calibrate(
     )
 
 
-def _calibrate_measured(measured: Path, stack: Optional[str], fit: Optional[str], out: Path, name: Optional[str],
-                        as_json: bool) -> None:
-    """`casmoe calibrate --measured FILE`: the stack fitted on the user's rows, written, and the
-    checks that say how far to trust it."""
+@calibrate_app.command("measured")
+def calibrate_measured(
+    measured: Path = typer.Argument(..., metavar="FILE", help=MEASURED_HELP),
+    stack: Optional[str] = typer.Option(None, "--stack", help="The stack to calibrate, a shipped name or a TOML "
+                                        "(default: the stack the rows name, else ideal)."),
+    fit: Optional[str] = typer.Option(None, "--fit", help="The fields to fit, comma-separated (default: those the rows "
+                                      "determine, of layer_us, copy_efficiency, host_efficiency; the command says "
+                                      "which and why)."),
+    out: Path = typer.Option(Path("calibrated-stack.toml"), help="The stack to write."),
+    name: Optional[str] = typer.Option(None, help="The stack's name inside the file (default: the --out file's stem)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="For llama-bench output or a llama-server log: "
+                                           "the box it ran on (a profile name or TOML; `casmoe hardware detect "
+                                           "--out my-box.toml` writes this machine's)."),
+    model: Optional[str] = typer.Option(None, "--model", help="For llama-bench output or a llama-server log: the "
+                                        "model it ran (a GGUF or a preset), where the file names none or it is not here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON."),
+) -> None:
+    """Fit a software stack on the runs you measured on your own box and write it for
+    `casmoe simulate --stack FILE`: each fitted number with its standard error, each row checked
+    by a refit without it. FILE is casmoe's [[row]] TOML or CSV, or what llama.cpp printed:
+    llama-bench's output (-o json, jsonl, csv or md) or llama-server's timing lines."""
     from datetime import datetime, timezone
 
     from casmoe.output import check_file_target
     from casmoe.sim.questions.calibration import base_stack, calibrate as fit_measured, load_measured
 
     check_file_target(out, "--out")
-    rows = load_measured(measured)
+    from casmoe.sim.questions.measured_files import Context
+
+    context = None if hardware is None and model is None else Context(hardware or "", model, stack or "llama.cpp")
+    rows = load_measured(measured, context)
     base = base_stack(rows, stack)
-    command = f"casmoe calibrate --measured {measured}" + (f" --stack {stack}" if stack else "") + (f" --fit {fit}" if fit else "")
+    command = (f"casmoe calibrate measured {measured}" + (f" --hardware {hardware}" if hardware else "")
+               + (f" --model {model}" if model else "") + (f" --stack {stack}" if stack else "") + (f" --fit {fit}" if fit else ""))
     cal = fit_measured(rows, base, None if fit is None else fit.split(","), source=command,
                        when=datetime.now(timezone.utc).date().isoformat(), name=name or out.stem)
     path = cal.stack.write(out)
@@ -291,16 +308,9 @@ def _shared_flags(rows: list[Any]) -> str:
     return "".join(f" --{k.replace('_', '-')} {v}" for k, v in same.items())
 
 
-@app.command()
-def validate(
-    model: Optional[str] = typer.Option(None, "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a "
-                                        "local model folder (not with --published)."),
-    published: bool = typer.Option(
-        False, "--published", help="Instead: hold the simulator against published measurements of real offloading "
-        "systems (casmoe/sim/trust/published/measurements.toml), every row predicted by constants fitted on other rows."),
-    fit: bool = typer.Option(False, "--fit", help="With --published: also write the constants fitted on every row "
-                             "(the stacks' fitted fields, the shared defaults, the spreads)."),
-    out: Optional[Path] = typer.Option(None, help="With --published: write validation.json and validation.csv here."),
+@validate_app.command("backend")
+def validate_backend(
+    model: str = typer.Option(..., "--model", help="A shipped tiny model (tiny-mixtral, tiny-olmoe) or a local model folder."),
     policy: Optional[list[str]] = typer.Option(
         None, help=f"Policies to compare, NAME or NAME[key=value,...], repeatable (default: {', '.join(FIDELITY_POLICIES)})."
     ),
@@ -322,10 +332,6 @@ def validate(
     """Fidelity: run the backend on the CPU with an emulated link, replay its own trace in the
     simulator with a calibrated profile, same policy and capacity; report the error of the
     median per-token latency."""
-    if published:
-        return _validate_published(fit, out, as_json)
-    if model is None:
-        raise typer.BadParameter("give --model (a shipped tiny model or a local folder), or --published", param_hint="--model")
     from casmoe.backends.calibrate import calibrate as measure
     from casmoe.backends.copier import responsive_copies
     from casmoe.backends.validate import balanced_link, validate as compare
@@ -375,8 +381,17 @@ def validate(
                 f"{records[0]['repeat_error']:.1%} apart, baselines {records[0]['baseline_spread']:.1%})")
 
 
-def _validate_published(fit: bool, out: Optional[Path], as_json: bool) -> None:
-    """`casmoe validate --published`: predicted against published, per row and in summary."""
+@validate_app.command("published")
+def validate_published(
+    fit: bool = typer.Option(False, "--fit", help="Also write the constants fitted on every row (the stacks' fitted "
+                             "fields, the shared defaults) and the error model every figure's interval comes from."),
+    out: Optional[Path] = typer.Option(None, help="Write validation.json and validation.csv here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary and every row as JSON."),
+) -> None:
+    """Hold the simulator against published measurements of real offloading systems
+    (casmoe/sim/trust/published/measurements.toml): each source's rows on a box predicted by
+    constants fitted on every other setup, the error model's interval checked leaving whole
+    sources out."""
     from casmoe.output import check_dir_target
     from casmoe.report import print_table, write_csv, write_json
     from casmoe.sim.questions.validation import validate as against_published
@@ -384,7 +399,7 @@ def _validate_published(fit: bool, out: Optional[Path], as_json: bool) -> None:
 
     if out is not None:
         check_dir_target(out, "--out")
-    bar = _progress_steps("validate --published")
+    bar = _progress_steps("validate published")
     result = against_published(progress=bar)
     records = [r.to_dict() for r in result.results]
     summary = result.summary()

@@ -11,7 +11,8 @@ import typer
 from casmoe.cli.app import app
 
 hardware_app = typer.Typer(
-    help="The box you run on, as a hardware profile (`--hardware FILE` anywhere); shipped profiles are `casmoe profiles`.",
+    help="Hardware profiles: the shipped ones and the published boxes (`list`), and the box you run on (`detect`), "
+         "for `--hardware NAME or FILE` anywhere.",
     no_args_is_help=True,
 )
 app.add_typer(hardware_app, name="hardware")
@@ -61,3 +62,45 @@ def detect(
                "(check those: edit the file, each number keeps its [sources] line)")
     if out is not None:
         typer.echo(f"wrote {out}; pass --hardware {out}")
+
+
+@hardware_app.command("list")
+def list_profiles(
+    as_json: bool = typer.Option(False, "--json", help="Print the full profiles (with sources) as JSON."),
+    published: bool = typer.Option(False, "--published", help="Also the boxes of the published measurements "
+                                   "(casmoe/sim/trust/published/profiles: what `casmoe validate published` simulates)."),
+) -> None:
+    """List the shipped hardware profiles; add your own as a TOML file and pass its path."""
+    from casmoe.sim.box.hardware import PROFILES_DIR, load_profile, profile_paths
+
+    loaded = [load_profile(name) for name in profile_paths(published)]
+    if as_json:
+        typer.echo(json.dumps([p.to_dict() for p in loaded], indent=2))
+        return
+    from casmoe.report import print_table
+
+    def stated(value: float) -> str:
+        """A profile's 0 is 'not stated by the source (0: not modelled)', not a measurement of nothing."""
+        return f"{value:g}" if value else "-"
+
+    rows = [
+        {
+            "name": p.name,
+            "gpus": f"{p.gpus}x {p.gpu}",
+            "GiB": f"{p.memory_gib:g}",
+            "TFLOPS": f"{p.dense_tflops:g}",
+            "mem GB/s": f"{p.mem_bw_gbs:g}",
+            "H2D pinned GB/s": f"{p.h2d_pinned_gbs:g}",
+            "pageable GB/s": f"{p.h2d_pageable_gbs:g}",
+            "NVMe GB/s": stated(p.storage_read_gbs),
+            "host RAM GiB": stated(p.host_ram_gib),
+            "OS reserve GiB": stated(p.host_reserved_gib),
+            "host": p.cpu,
+            "host compute": p.describe_host() if p.cpu_tflops or p.cpu_mem_bw_gbs else "-",
+        }
+        for p in loaded
+    ]
+    print_table(rows, list(rows[0]), title="hardware profiles")
+    if any(not (p.storage_read_gbs and p.host_ram_gib and (p.cpu_tflops or p.cpu_mem_bw_gbs)) for p in loaded):
+        typer.echo("-: not stated by the profile's source (0 in the file: not modelled; --json gives each source)")
+    typer.echo(f"files in {PROFILES_DIR}; copy one, edit it (every number needs a [sources] entry), pass --hardware PATH")

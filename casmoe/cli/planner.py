@@ -147,7 +147,7 @@ def _simulator(trace_geometry: Any, hardware: str) -> Any:
     from casmoe.geometry import Quant
     from casmoe.policies import get_policy
     from casmoe.presets import load_presets
-    from casmoe.sim.passes.engine import run_trace
+    from casmoe.sim.passes.driver import run_trace
     from casmoe.sim.passes.assembly import Run
     from casmoe.sim.box.hardware import load_profile
     from casmoe.sim.cost.machine import Machine

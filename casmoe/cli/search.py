@@ -80,7 +80,7 @@ def _row(config: Any, record: dict[str, Any], result: Any) -> dict[str, Any]:
     price = result.price(config)
     return {
         "config": label(config), "gpus": config.machine.devices, "policy": config.policy.label,
-        "stack": config.machine.stack.name,
+        "stack": config.machine.stack.label,
         # '22/layer', or '51 global' (one pool of whole experts, on a box that holds fewer than top_k per layer)
         "cache": record["capacity"],
         "slots_per_layer": record["capacity_slots"] if record["capacity"].endswith("/layer") else None,
@@ -147,7 +147,7 @@ def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
     answers = summary["pareto"] + [r for r in summary["answers"] if r not in summary["pareto"]]
     notes = uncertainty_notes(answers, lambda r: r["config"])
     if notes:
-        typer.echo(f"uncertainty of {metric} (the spread casmoe validate --published measured for each kind of "
+        typer.echo(f"uncertainty of {metric} (the spread casmoe validate published measured for each kind of "
                    "configuration; it speaks for decode tok/s):")
         for line in notes:
             typer.echo("  " + line)

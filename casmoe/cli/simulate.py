@@ -39,7 +39,7 @@ def simulate(
     With no arguments: the first requests of the shipped default trace on rtx4090x4 with the
     preset of its model, every policy, at cache sizes the box holds; prints the fastest policy
     per cache size (with the --stack it assumed, default ideal: an upper bound) and a policies x
-    sizes table of decode tokens/s with the uncertainty `casmoe validate --published` measured for
+    sizes table of decode tokens/s with the uncertainty `casmoe validate published` measured for
     each kind of configuration, writes every measurement to --out.
     """
     from casmoe.output import check_dir_target, check_file_target

@@ -108,7 +108,7 @@ def _record(rec: Any, where: str) -> dict[str, Any]:
     need = ("forward_pass_id", "input_ids", "positions", "forward_mode", "topk_ids_of_layer")
     missing = [n for n in need if n not in rec]
     if missing:
-        hint = " (a per_pass or stat dump: counts only, use `casmoe profile import --format sglang-stat`)" \
+        hint = " (a per_pass or stat dump: counts only, use `casmoe popularity import --format sglang-stat`)" \
             if "global_physical_count" in rec else ""
         raise TraceError(f"{where}: record lacks {', '.join(missing)}{hint}")
     ids = as_int_array(rec["input_ids"], where, "input_ids", 1)
@@ -246,10 +246,10 @@ def read_per_token(files: Sequence[Path], where: str) -> Trace:
                 keys = ", ".join(map(str, list(doc)[:8])) + (" ..." if len(doc) > 8 else "")
                 held = f"a dict (keys: {keys or 'none'})"
             if isinstance(doc, dict) and "logical_count" in doc:
-                hint = "; a stat dump holds counts only: use `casmoe profile import --format sglang-stat`"
+                hint = "; a stat dump holds counts only: use `casmoe popularity import --format sglang-stat`"
             elif isinstance(doc, np.ndarray):
                 held = f"a tensor {list(doc.shape)}"
-                hint = "; a counts table: use `casmoe profile import --format ktransformers`"
+                hint = "; a counts table: use `casmoe popularity import --format ktransformers`"
             raise TraceError(f"{f} is a torch.save file of {held}, not an SGLang per_token dump (a dict with "
                              f"'records'){hint}")
         if not isinstance(doc["records"], list):

@@ -71,6 +71,7 @@ class Machine(NamedTuple):
     free: np.ndarray  # int64 [P, slots]: each pool's free-slot stack
     nfree: np.ndarray  # int64 [P]
     members: np.ndarray  # int64 [P]: residents per pool
+    high: np.ndarray  # int64 [P]: the most residents each pool has held (its slots ever filled)
     prot_pool: np.ndarray  # int64 [P]: protected residents per pool
     protected: np.ndarray  # bool [N]
     prot_at: np.ndarray  # int64 [N]: index of an expert's live entry in prot_list
@@ -237,8 +238,10 @@ def _admit(mc, expert, demand):
     if mc.nfree[pool] > 0:
         mc.nfree[pool] -= 1
         slot = mc.free[pool, mc.nfree[pool]]
-        if demand:
-            mc.n[N_COLD] += 1
+        if mc.members[pool] == mc.high[pool]:  # a slot never filled (freed ones are taken first)
+            mc.high[pool] += 1
+            if demand:
+                mc.n[N_COLD] += 1
     else:
         if mc.prot_pool[pool] >= mc.members[pool]:
             # every resident is routed by this layer (a long prefill): the earliest-routed of

@@ -45,7 +45,7 @@ class Fit:
 @dataclass(frozen=True)
 class TraceFit(Fit):
     """Fitted on routing given as option `option`: a trace (object or file) or, where the
-    policy takes one, a counts-only profile file (`casmoe profile import`)."""
+    policy takes one, a counts-only profile file (`casmoe popularity import`)."""
 
     option: str = "profile"
 
@@ -127,7 +127,7 @@ class PlannerFit(Fit):
 
 
 def profile_counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
-    """[L, E] routed counts of a profile: a Trace, a trace file or a `casmoe profile import` file."""
+    """[L, E] routed counts of a profile: a Trace, a trace file or a `casmoe popularity import` file."""
     if isinstance(profile, Trace):
         return profile.popularity()
     if not isinstance(profile, (str, os.PathLike)):  # static[profile=0]: a number, not a file

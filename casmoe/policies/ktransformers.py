@@ -11,7 +11,7 @@ The GPU runs its experts, the CPU (AMX/AVX-512 kernels) the rest, side by side.
 Modelled: the slots of the capacity (slots per layer x layers) hold the experts the profile
 routes to most, ranked over all layers (ties to the lower id); the others run on the host, as
 the cpu miss mode runs a miss (beside the GPU's or after them, as the profile's `cpu_serial`
-says). The profile is `profile` (a trace, a trace file or a `casmoe profile import` file), by
+says). The profile is `profile` (a trace, a trace file or a `casmoe popularity import` file), by
 default the popularity of the trace's train split, never of the scored requests (as `static`).
 
 `--kt-gpu-prefill-token-threshold T` is the placements' `gpu_prefill` option

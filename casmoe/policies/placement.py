@@ -9,8 +9,8 @@ GPU's experts or after them, `cpu_serial`), whatever the run's miss mode; nothin
 
 The GPU set fills one pool that holds the whole budget (the capacity's slots, all layers
 together: a placement keeps more experts in some layers than in others), and is copied in when
-the first request starts: a server loads it once at start-up, here that fill is charged to the
-first request, as every cache's first fills are. Subclasses only say which experts go on the
+the first request starts; a server loads it once at start-up, so the runtimes land that fill
+before their clock starts and report it apart (`fills_at_start`, `setup_s`). Subclasses only say which experts go on the
 GPUs (`choose_gpu`), and may decide per step which host experts to copy instead (`host_misses`).
 
 **The GPU-prefill threshold** (`gpu_prefill=T`, an option of every placement): a step with at
@@ -56,6 +56,7 @@ class Placement(ExpertCache):
     for one step when `host_misses` says so (`gpu_prefill` tokens or more, by default)."""
 
     loads_on_demand = False  # a miss is computed on the host: no slot needed, none at all for an all-host placement
+    fills_at_start = True  # the GPU set is loaded at start-up, before any request
 
     @classmethod
     def held_on_gpus(cls, geometry: Geometry, capacity: Capacity) -> int:

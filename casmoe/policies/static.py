@@ -50,7 +50,7 @@ class Static(LRU):
 
     @classmethod
     def create(cls, geometry, capacity, *, trace: Trace | None = None, profile: Trace | str | None = None, **kw: Any) -> ExpertCache:
-        """Popularity from `profile` (a profile file of `casmoe profile import`, a trace file or
+        """Popularity from `profile` (a profile file of `casmoe popularity import`, a trace file or
         a Trace), else from the trace being run (an offline profile of the very requests it is
         scored on: an upper bound on what a static placement achieves; the command line and
         sweeps `bind` a profile of the train split instead)."""

@@ -22,7 +22,7 @@ from casmoe.testing import Case, check_replay, checked, run_contract  # first: w
 from casmoe.cache import CacheStats, ExpertCache, MissMode  # noqa: I001
 from casmoe.presets import shape_preset
 from casmoe.sim.passes.decide import machine_costs
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.assembly import Run
 from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.cost.machine import Machine

@@ -45,10 +45,34 @@ FASTEST_REAL: dict[str, tuple[float, str]] = {
     "dense_tflops": (2500.0, "dense BF16 of the MI355X, 2.5 PFLOPS (AMD datasheet; B200: 2.25)"),
     "cpu_mem_bw_gbs": (1230.0, "two sockets of 12-channel DDR5-6400 (2 x 12 x 51.2 GB/s, Xeon 6900P / EPYC 9005)"),
     "storage_read_gbs": (14.0, "one PCIe 5.0 x4 NVMe drive (Samsung 9100 PRO datasheet, 14.8 GB/s)"),
+    "gpus": (72.0, "the GPUs of one NVLink domain, the GB200 NVL72 rack (NVIDIA GB200 NVL72 datasheet)"),
+    "cpu_tflops": (90.9, "two AMD EPYC 9965: 2 x 192 cores x 3.7 GHz boost (AMD datasheet) x 64 FP32 FLOP a cycle "
+                         "(Zen 5: two 512-bit FMA pipes, 2 x 16 x 2)"),
+    "cpu_cores": (384.0, "two AMD EPYC 9965 of 192 cores (AMD datasheet)"),
+    "cpu_threads": (768.0, "two AMD EPYC 9965, 384 threads each (AMD datasheet)"),
+    "cpu_sockets": (8.0, "8-socket 4th-generation Xeon Scalable systems (Intel Xeon Platinum 8490H: 8S scalability, ARK)"),
+    "host_ram_gib": (32768.0, "32 TB of one 8-socket server (HPE Compute Scale-up Server 3200: up to 32 TB)"),
+    "host_reserved_gib": (32768.0, "every GiB of the largest host RAM above"),
+    "cpu_thread_gbs": (365.0, "one core can take at most 64 bytes a cycle into L1 (Intel optimization manual: the "
+                              "L1 data cache's fill width) at the fastest clock shipped, 5.7 GHz (i9-14900K, ARK)"),
+    "cpu_matrix_speedup": (16.0, "Intel AMX: 1024 BF16 FLOP a cycle and core against AVX-512's 64 FP32 (Intel, "
+                                 "'Accelerate AI Workloads with Intel AMX')"),
 }
 """The fastest real part of each kind, with its source: a profile may go up to `WHAT_IF` times
 it (a what-if of the next generation); beyond that the number is a typo or a wrong unit (24,000
-GB/s of PCIe), refused instead of simulated without a word."""
+GB/s of PCIe, a speed-up of 800 meant as 8x), refused instead of simulated without a word."""
+UNBOUNDED = {
+    "reserved_gib": "below memory_gib (checked)", "matmul_efficiency": "in (0, 1] (checked)",
+    "mem_efficiency": "in (0, 1] (checked)", "cpu_mem_efficiency": "in [0, 1] (checked)",
+    "cpu_matmul_efficiency": "in [0, 1] (checked)", "cpu_serial": "in [0, 1] (checked)",
+    "resume_per_stall": "a multiple of a stall a slow runtime may well exceed",
+    **{n: "a time: a slow part, a slow runtime or a slow drive is real, however slow" for n in (
+        "copy_latency_us", "layer_overhead_us", "expert_overhead_us", "handover_us", "storage_latency_us", "load_host_us",
+        "load_layer_us", "wake_us", "copy_beside_us", "decide_us", "decide_load_us", "cpu_hop_us", "expert_pass_us")},
+}
+"""Numbers with no fastest real part, and why: a time has no fastest and any slowness is real;
+a share or a reserve is checked against its own range. Every number is here or in
+`FASTEST_REAL` (tests/test_sim_hardware.py holds the two to cover every field)."""
 WHAT_IF = 4.0
 
 GPU_FIELDS = ("memory_gib", "reserved_gib", "dense_tflops", "mem_bw_gbs", "matmul_efficiency", "mem_efficiency",
@@ -509,6 +533,6 @@ def load_profile(spec: str | Path) -> HardwareProfile:
         return HardwareProfile.from_file(path)
     raise HardwareError(
         f"unknown hardware profile {str(spec)!r}; shipped: {', '.join(profile_paths())} (and the published boxes of "
-        "`casmoe profiles --published`); or pass the path of your own "
-        "TOML file (see `casmoe profiles`)"
+        "`casmoe hardware list --published`); or pass the path of your own "
+        "TOML file (see `casmoe hardware list`)"
     )

@@ -97,7 +97,7 @@ class Machine:
             elif f.name == "hardware":
                 out["profile"] = {k: v for k, v in value.to_dict().items() if k != "sources"}
             elif f.name == "stack":
-                out["stack"] = {k: v for k, v in value.to_dict().items() if k not in ("sources", "fitted_on")}
+                out["stack"] = {"name": value.name, **value.costs()}
             elif f.name == "weights" and value is not None:
                 out["weights"] = {k: v for k, v in value.to_dict().items() if k not in ("path", "parts")}
             elif isinstance(value, Precision):

@@ -80,6 +80,37 @@ class Stack:
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     fitted_on: dict[str, list[str]] = field(default_factory=dict, compare=False)
     """Field -> ids of the published rows it was fitted on (`casmoe/sim/trust/published/measurements.toml`)."""
+    origin: str = field(default="", compare=False)
+    """The user's file it was read from ("": shipped, or built in code)."""
+
+    def costs(self) -> dict[str, Any]:
+        """What the stack charges, by field: its identity (sources, fits and origin say where
+        numbers came from, not what they are)."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("name", "description", "sources", "fitted_on")}
+
+    @property
+    def shipped(self) -> bool:
+        """Whether it charges what the shipped stack of its name charges (a user's copy with the
+        same numbers is that stack; an edited one is not, whatever it is named)."""
+        path = stack_paths().get(self.name)
+        return path is not None and load_stack(self.name).resolved().costs() == self.resolved().costs()
+
+    @property
+    def upper_bound(self) -> bool:
+        """A runtime that costs nothing beyond the hardware (the ideal stack, or any stack of
+        those numbers): its figures are upper bounds, by what it charges, not by its name."""
+        ideal = Stack("ideal", "", sources={n: "-" for n in (*self.numeric_fields(), "numa_aware", "prefetch_early")})
+        mine, base = self.costs(), ideal.costs()
+        return all(mine[k] == base[k] for k in base if k not in ("host_efficiency", "host_flops_efficiency",
+                                                                  "numa_aware", "prefetch_early"))
+
+    @property
+    def label(self) -> str:
+        """How a record names it: the shipped name, or the name and the user's file it came from
+        when it charges something else (two stacks of one name in one run stay two)."""
+        if not self.origin or self.shipped:
+            return self.name
+        return f"{self.name} ({Path(self.origin).name})"
 
     def __post_init__(self) -> None:
         numbers = self.numeric_fields()
@@ -118,11 +149,12 @@ class Stack:
         return replace(self, **values, sources={**self.sources, **sources}) if values else self
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field a stack file holds (`origin` is where this one was read, not part of it)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "origin"}
 
     def to_toml(self) -> str:
         lines = [f"{f.name} = {json.dumps(getattr(self, f.name))}" for f in fields(self)
-                 if f.name not in ("sources", "fitted_on")]
+                 if f.name not in ("sources", "fitted_on", "origin")]
         lines += ["", "[sources]"] + [f"{k} = {json.dumps(v)}" for k, v in self.sources.items()]
         if self.fitted_on:
             lines += ["", "[fitted_on]"] + [f"{k} = {json.dumps(v)}" for k, v in self.fitted_on.items()]
@@ -143,6 +175,8 @@ class Stack:
         for n in ("numa_aware", "prefetch_early"):
             if n in raw and not isinstance(raw[n], bool):
                 raise StackError(f"{where}: {n} must be true or false, got {raw[n]!r}")
+        if "origin" in raw:
+            raise StackError(f"{where}: unknown stack fields ['origin']; known: the fields `casmoe stacks --json` shows")
         for n in ("sources", "fitted_on"):
             if n in raw and not isinstance(raw[n], dict):
                 raise StackError(f"{where}: [{n}] must be a table")
@@ -159,7 +193,10 @@ class Stack:
     def from_file(cls, path: str | Path) -> Stack:
         from casmoe.userfile import read_toml
 
-        return cls.from_dict(read_toml(path, "stack file", StackError), str(path))
+        stack = cls.from_dict(read_toml(path, "stack file", StackError), str(path))
+        shipped = stack_paths().get(stack.name)
+        is_shipped = shipped is not None and Path(path).resolve() == shipped.resolve()
+        return stack if is_shipped else replace(stack, origin=str(path))
 
 
 def _without_name(exc: Exception, raw: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """A simulator run assembled from its inputs: the trace cut into steps and shards
-(`StepPlan`), the resolved settings of one policy's run (`Setup`) and the fresh state a run
+(`TraceSteps`), the resolved settings of one policy's run (`Setup`) and the fresh state a run
 drives (`RunState`: each device's link, the caches, the timing pass).
 
 Both drivers build on these, the offline fast path (`engine.py`) and the SimPy serving one
@@ -29,7 +29,7 @@ from casmoe.trace import Future, Step, Trace
 
 
 @dataclass
-class StepPlan:
+class TraceSteps:
     """A trace cut into steps, and into one sub-model per cache (`shards`): the whole model,
     or each device's layers when every device needs its own cache (a global pool).
 
@@ -60,7 +60,7 @@ class StepPlan:
 
     @classmethod
     def build(cls, trace: Trace, batch: int = 1, devices: int = 1, cache_per_device: bool = False,
-              prefill_batch: int = 1) -> StepPlan:
+              prefill_batch: int = 1) -> TraceSteps:
         g = trace.geometry
         ranges = split_layers(g.layers, devices)
         steps = trace.steps(batch, prefill_batch)
@@ -252,6 +252,8 @@ class RunState:
             storage_bytes=tier.storage.bytes if tier is not None else 0,
             host_storage_reads=tier.host_reads if tier is not None else 0,
             stall_storage_s=timer.stall_storage,
+            setup_s=timer.setup_s,
+            setup_bytes=timer.setup_bytes,
             **log.summary(end),
             **kw,
         )

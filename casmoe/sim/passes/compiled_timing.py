@@ -58,6 +58,12 @@ def run(plan: Any, machine: Any, setup: Any, log: LatencyLog, decider: CompiledD
     for c0 in range(0, S, chunk_steps):
         c1 = min(S, c0 + chunk_steps)
         rows, marks, begin_rows = decider.decide(c0, c1, starts, finishing)
+        if machine.timer.setup_pending[0] and begin_rows:  # the start-up fill: landed before the clock starts
+            first = min(begin_rows)
+            a, b = begin_rows[first]
+            machine.timer.setup_pending[0] = False
+            machine.timer.setup(0, rows[a:b, 1].tolist())
+            begin_rows = {**begin_rows, first: (b, b)}
         st = _room(tk, st, int(np.count_nonzero(rows[:, 0] == LOG_PREFETCH)))
         out_start, out_end = np.empty(c1 - c0), np.empty(c1 - c0)
         now = tk.run_steps(st, arrays.visit_ptr, arrays.experts, arrays.counts, arrays.weighted, rows, marks, c0, c1,
@@ -320,7 +326,8 @@ class ServingPass:
             twin.begin(self.setup.trace.requests[r])
         begin = int(mc.reg[km.R_LOG])
         self._room(begin + len(experts) + self.budget)
-        self.begin_a[0], self.begin_b[0], self.ending[0], self.weighted[0] = (0 if starting else -1), begin, ending > 0, weighted
+        self.begin_a[0], self.begin_b[0], self.ending[0], self.weighted[0] = (
+            self._first_begin(starting) if starting else -1), begin, ending > 0, weighted
         self.work[0], self.work[1] = work.dense, work.head
         if self.multi:
             self.work[2] = self.setup.compute.handover(work.tokens)
@@ -329,6 +336,17 @@ class ServingPass:
         for _ in range(ending):
             twin.end()
         return float(self.out[1])
+
+    def _first_begin(self, starting: Sequence[int]) -> int:
+        """The first log row of a request start's loads to put on the links: 0, or past them all
+        when they are the start-up fill, which lands before the clock starts (`StepTimer.setup`)."""
+        timer, mc, km = self.machine.timer, self.twin.mc, self.twin.km
+        if not timer.setup_pending[0]:
+            return 0
+        begin = int(mc.reg[km.R_LOG])
+        timer.setup_pending[0] = False
+        timer.setup(0, mc.log[:begin, 1].tolist())
+        return begin
 
     def _batch1(self) -> tuple[StepArrays, np.ndarray, np.ndarray, np.ndarray]:
         """The trace's batch-1 steps (`Request.steps`) as arrays, with their dense, head and
@@ -399,7 +417,7 @@ class ServingPass:
         mc.reg[km.R_LOG] = 0
         for r in starting:
             twin.begin(self.setup.trace.requests[r])
-        self.begin_a[0], self.begin_b[0] = (0 if starting else -1), mc.reg[km.R_LOG]
+        self.begin_a[0], self.begin_b[0] = (self._first_begin(starting) if starting else -1), mc.reg[km.R_LOG]
         ptr, L = arrays.visit_ptr, self.L
         ptrs, unweighted = np.empty((P, L + 1), np.int64), np.zeros(P, np.bool_)
         out_ptr, out_experts, out_counts = np.empty(L + 1, np.int64), self.merged[0], self.merged[1]

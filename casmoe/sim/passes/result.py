@@ -88,6 +88,8 @@ class SimResult:
     storage_bytes: int = 0
     host_storage_reads: int = 0  # of host_misses, experts computed on the host that were read from storage first
     stall_storage_s: float = 0.0
+    setup_s: float = 0.0  # the start-up fill's time on the links, before the clock started (`ExpertCache.fills_at_start`)
+    setup_bytes: int = 0  # and its bytes, not in `link_bytes`
     future_runs: int = 1  # runs an oracle needed until the step sequence it was given repeated
 
     @property

@@ -407,7 +407,7 @@ def serve(setup: Setup, traffic: Traffic, describe: dict[str, Any], compiled: bo
           arrays: StepArrays | None = None) -> Any:
     """Serve the trace's requests under `traffic`; the result of the last run. `compiled`
     chooses the passes as `simulate` does (a built-in policy's twin and the compiled timing);
-    `arrays`, the trace's batch-1 steps if built already (`StepPlan.arrays`), spare the
+    `arrays`, the trace's batch-1 steps if built already (`TraceSteps.arrays`), spare the
     compiled passes building them."""
     futures = None
     previous: list[Step] | None = None

@@ -146,6 +146,10 @@ class StepTimer:
         self.late = 0
         self.late_by_layer = [0] * layers
         self.device_busy = [0.0] * len(links)
+        self.setup_pending = [shard.cache.fills_at_start for shard in shards]
+        """Per shard: its first request start's loads are still the start-up fill (`ExpertCache.fills_at_start`)."""
+        self.setup_s = 0.0  # how long the links took to load the start-up fill, before the clock started
+        self.setup_bytes = 0
 
     # ---- request boundaries ----------------------------------------------------------------
 
@@ -159,6 +163,10 @@ class StepTimer:
         for i, shard in enumerate(self.shards):
             self._land_all(shard, t)
             loads = decisions[i].begin if decisions is not None else shard.decider.begin(starting)
+            if self.setup_pending[i]:
+                self.setup_pending[i] = False
+                self.setup(i, [ld.expert for ld in loads])
+                continue
             if loads:
                 self._issue(shard, t, loads)
                 issued += len(loads)
@@ -168,6 +176,20 @@ class StepTimer:
         self.compute_s += host
         self.device_busy[0] += host
         return t + host
+
+    def setup(self, i: int, experts: Sequence[ExpertId]) -> None:
+        """Shard `i`'s start-up fill (`experts`, its local ids): landed before the clock starts,
+        each link taking its copies' time one after another; counted apart from the run."""
+        shard = self.shards[i]
+        per_link: dict[int, float] = {}
+        for e in experts:
+            layer = e // self.E
+            link = shard.links[layer]
+            per_link[id(link)] = per_link.get(id(link), 0.0) + link.latency + shard.expert_bytes[layer] / link.rate
+            self.setup_bytes += shard.expert_bytes[layer]
+            if self.interleaved:  # decided as the walk goes: the cache is told they are in
+                shard.cache.arrived(e)
+        self.setup_s = max(self.setup_s, *per_link.values(), 0.0)
 
     def end(self, t: float, requests: int) -> None:
         """`requests` finish at `t` (their `end_request`, when decisions are made as we go)."""

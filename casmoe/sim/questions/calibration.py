@@ -1,4 +1,4 @@
-"""A software stack calibrated on what a user measured: `casmoe calibrate --measured FILE`.
+"""A software stack calibrated on what a user measured: `casmoe calibrate measured FILE`.
 
 A user who timed one or a few runs on their own box (on-demand and one cached policy, say) knows
 the answer for those runs only. The published table's machinery (`casmoe.sim.questions.validation`) fits a
@@ -30,6 +30,7 @@ per run option says the same in one line per row.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -39,6 +40,8 @@ from typing import Any
 
 from casmoe.errors import CasmoeError
 from casmoe.sim.cost.stack import Shared, Stack, load_shared, load_stack
+from casmoe.sim.questions.measured_files import Context, is_engine_output
+from casmoe.sim.questions.measured_files import read as read_engine_output
 from casmoe.sim.questions.validation import BOUND_TOLERANCE, FIT_BOUNDS, RATES, Row, bound, fit_stack, predict, row_from_dict, specs_for
 
 ROW_KEYS = ("id", "rate", "metric", "value", "system", "source", "prompt_tokens", "output_tokens", "notes", "run")
@@ -66,13 +69,24 @@ class CalibrationError(CasmoeError, ValueError):
 # ---- reading the measurements ---------------------------------------------------------------------
 
 
-def load_measured(path: str | Path) -> list[Row]:
-    """The rows of a user's TOML or CSV (see the module docstring), each checked: a rate, a
-    model and a box, run options `casmoe simulate` accepts."""
+def load_measured(path: str | Path, context: Context | None = None) -> list[Row]:
+    """The rows of a user's TOML or CSV (see the module docstring), or of llama-bench's output or
+    llama-server's log (`casmoe.sim.questions.measured_files`, with `context`: the box and model
+    those files do not name), each checked: a rate, a model and a box, run options `casmoe
+    simulate` accepts, and no two rows the same measurement."""
     path = Path(path)
     if not path.is_file():
         raise CalibrationError(f"measurements file {path} not found")
-    if path.suffix.lower() == ".csv":
+    engine = is_engine_output(path)
+    if engine and (context is None or not context.hardware):
+        raise CalibrationError(f"{path} is llama.cpp's own output, which does not name the box it ran on: give "
+                               "--hardware (a profile: `casmoe hardware detect --out my-box.toml` writes this machine's)")
+    if not engine and context is not None:
+        raise CalibrationError(f"{path}: its rows name their own runs (model, hardware, stack): leave --hardware and "
+                               "--model out (they are for llama-bench output and llama-server logs)")
+    if engine:
+        raws = read_engine_output(path, context).rows
+    elif path.suffix.lower() == ".csv":
         raws = _csv_rows(path)
     else:
         from casmoe.userfile import read_toml
@@ -85,6 +99,14 @@ def load_measured(path: str | Path) -> list[Row]:
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
         raise CalibrationError(f"{path}: row ids repeat: {', '.join(repeated)}")
+    seen: dict[str, str] = {}
+    for r in rows:  # one run written twice adds no information, and would make a fit look sure of itself
+        same = json.dumps([r.run, r.metric, r.prompt_tokens], sort_keys=True, default=str)
+        if same in seen:
+            raise CalibrationError(f"{path}: rows {seen[same]} and {r.id} are the same run (every option alike): one "
+                                   "measurement counted twice would fit as if confirmed; keep one, or average the runs "
+                                   "into one row")
+        seen[same] = r.id
     for r in rows:
         try:
             specs_for(r)
@@ -95,7 +117,7 @@ def load_measured(path: str | Path) -> list[Row]:
 
 def _csv_rows(path: Path) -> list[dict[str, Any]]:
     """CSV lines in the TOML's shape: the row's own keys, every other filled cell a run option."""
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is not part of the first key
         lines = list(csv.DictReader(f))
     if not lines:
         raise CalibrationError(f"{path}: no rows (a header line with id, rate and run options, then a line per run)")
@@ -319,10 +341,9 @@ def describe_error(name: str, value: float, error: float, spare: int) -> str:
             "(as many fields as rows: no residual to judge it by)" if spare <= 0 else "(the rows do not separate it)")
     else:
         text = f"{sig(value, 4)} ± {sig(error, 2)}{unit} (standard error)"
-    lo, hi = FIT_BOUNDS[name]
-    near = 1e-3 * (hi - lo)  # a bounded fit stops just inside its bound
-    if value <= lo + near or value >= hi - near:
-        text += f", at its bound ({sig(lo if value <= lo + near else hi, 4)})"
+    if _at_bound(name, value):
+        lo, hi = FIT_BOUNDS[name]
+        text += f", at its bound ({sig(lo if value <= (lo + hi) / 2 else hi, 4)})"
     return text
 
 
@@ -361,4 +382,26 @@ def calibrate(rows: Sequence[Row], base: Stack, fields: Sequence[str] | None = N
     stack = replace(fitted, name=name or f"{base.name}-calibrated",
                     description=f"{base.name} calibrated on {len(rows)} measured row{'s' if len(rows) > 1 else ''} ({source})",
                     sources={**base.sources, **sources}, fitted_on={f: ids for f in fields})
+    at_bound = [f for f in fields if _at_bound(f, getattr(fitted, f))]
+    missed = [c for c in checks if abs(math.log(c.fitted / c.row.rate)) > math.log(MISSED)]
+    if at_bound and missed:  # the rows ask for more than the fields can mean: a unit or a run written wrong
+        worst = max(missed, key=lambda c: abs(math.log(c.fitted / c.row.rate)))
+        why = (f"faster than its configuration can run in casmoe's model ({worst.bound:.4g} tok/s with no software "
+               "cost): check its run (precision, box, cache size)" if worst.beyond_bound else
+               "slower than any runtime cost explains: check its rate (tokens per second, not per millisecond) and "
+               "its run (model, precision, box, policy)")
+        raise CalibrationError(
+            f"the fit ran {', '.join(at_bound)} to the end of its range and still misses row {worst.row.id} "
+            f"{worst.fitted / worst.row.rate:.3g}x (measured {worst.row.rate:.4g} tok/s, fitted {worst.fitted:.4g}): "
+            f"{why}")
     return Calibration(base, stack, errors, choices, checks)
+
+
+MISSED = 2.0
+"""A fitted row this far from its measurement (either way) is not explained by the fit."""
+
+
+def _at_bound(name: str, value: float) -> bool:
+    lo, hi = FIT_BOUNDS[name]
+    near = 1e-3 * (hi - lo)  # a bounded fit stops just inside its bound
+    return value <= lo + near or value >= hi - near

@@ -215,7 +215,7 @@ def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
                 lines += [late, ""] if late else []
         notes = uncertainty_notes(ran, label_of)
         lines += ["uncertainty of decode tok/s (how far real systems of each kind landed from casmoe's figures: "
-                  "casmoe validate --published):", "", *(f"- {n}" for n in notes), ""] if notes else []
+                  "casmoe validate published):", "", *(f"- {n}" for n in notes), ""] if notes else []
     else:
         lines += ["no point of this workload could be simulated on this machine:", ""]
     skipped = skipped_lines(records, h)

@@ -171,7 +171,7 @@ def label(spec: RunSpec) -> str:
     policy, precision, RAM tier."""
     m = spec.machine
     precision = m.precision_label(whole_trace(spec.trace.path, spec.trace.digest).geometry)
-    parts = [m.hardware.name, f"{m.devices} GPU{'s' if m.devices > 1 else ''}", f"{m.stack.name} stack", spec.policy.label,
+    parts = [m.hardware.name, f"{m.devices} GPU{'s' if m.devices > 1 else ''}", f"{m.stack.label} stack", spec.policy.label,
              "trace bytes" if precision == "trace" else precision]
     if spec.host_cache is not None:
         parts.append(f"RAM tier {spec.host_cache.rows} experts")

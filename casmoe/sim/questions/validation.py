@@ -1,4 +1,4 @@
-"""casmoe held against published measurements of real systems: `casmoe validate --published`.
+"""casmoe held against published measurements of real systems: `casmoe validate published`.
 
 `casmoe/sim/trust/published/measurements.toml` holds what papers, project READMEs and users
 measured, each row with its source and, where casmoe can express it, its configuration in
@@ -217,16 +217,16 @@ def synthetic_trace(model: str, top_k: int | None, prompt: int, output: int) -> 
     from dataclasses import replace as with_
 
     from casmoe.planner.embedding import cache_dir
-    from casmoe.presets import get_preset
+    from casmoe.presets import model_preset
     from casmoe.synthetic import SynthConfig, generate
     from casmoe.trace_io import save_trace
 
-    g = get_preset(model).geometry
+    g = model_preset(model).geometry
     if top_k is not None:
         g = with_(g, top_k=int(top_k))
     cfg = SynthConfig(requests=SYNTHETIC_REQUESTS, prefill=(prompt, prompt), decode=(output, output), spec=True, seed=0)
     key = hashlib.sha256(json.dumps([g.to_dict(), repr(cfg)], sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir(create=True) / f"validation-{model}-{key}.npz"
+    path = cache_dir(create=True) / f"validation-{Path(model).stem}-{key}.npz"
     if not path.exists():
         save_trace(generate(g, cfg), path)
     return path
@@ -462,9 +462,9 @@ def fit_stack(stack: Stack, rows: dict[str, Row], shared: Shared) -> tuple[Stack
 
 
 def get_layers(row: Row) -> int:
-    from casmoe.presets import get_preset
+    from casmoe.presets import model_preset
 
-    return get_preset((row.run or {})["model"]).geometry.layers
+    return model_preset((row.run or {})["model"]).geometry.layers
 
 
 # ---- the whole table ------------------------------------------------------------------------------
@@ -683,7 +683,7 @@ def write_fitted(v: Validation) -> list[Path]:
             continue
         groups = len({r.row.group for r in v.results if r.row.id in ids})
         sources = {f: (f"{shipped.sources.get(f, '').split(FITTED_MARK)[0]}{FITTED_MARK}{getattr(s, f):.4g} on "
-                       f"{len(ids)} rows of {groups} sources by casmoe validate --published --fit")
+                       f"{len(ids)} rows of {groups} sources by casmoe validate published --fit")
                    for f in shipped.fitted_on}
         fitted = replace(shipped, **{f: getattr(s, f) for f in shipped.fitted_on}, sources={**shipped.sources, **sources},
                          fitted_on={f: ids for f in shipped.fitted_on})
@@ -696,7 +696,7 @@ def write_fitted(v: Validation) -> list[Path]:
         why = "median of the host efficiencies fitted by " + ", ".join(f"{n} ({x:.3g})" for n, x in sorted(own.items()))
         sh = replace(sh, host_efficiency=value, sources={**sh.sources, "host_efficiency": why})
     text = ["# The constants every stack takes where it has no measurement of its own (a stack's 0 means",
-            "# \"the shared default\"). Written by `casmoe validate --published --fit`.",
+            "# \"the shared default\"). Written by `casmoe validate published --fit`.",
             f"host_efficiency = {sh.host_efficiency!r}", f"host_flops_efficiency = {sh.host_flops_efficiency!r}", "",
             "[sources]", f"host_efficiency = {json.dumps(sh.sources.get('host_efficiency', ''))}",
             f"host_flops_efficiency = {json.dumps(sh.sources.get('host_flops_efficiency', ''))}"]

@@ -236,6 +236,11 @@ class _Builder:
                 for (cap, why), traffic, batch, context, mm, policy in itertools.product(
                     capacities.items(), traffics, batches, contexts, miss_modes, policies
                 ):
+                    if machine.hardware.host_only and dict(policy.options).get("gpu_prefill") is not None:
+                        if any("gpu_prefill" in str(p) for p in g.given.get("policy", ())):
+                            raise GridError(f"{policy.label}: gpu_prefill copies host experts to a GPU for long "
+                                            f"prompts, and {machine.box()} has none; leave it out")
+                        continue  # a variant of the policy's that needs a GPU: none on this box
                     sequences = self._sequences(traffic, batch)[0]
                     kv = float(sum(machine.kv_bytes(context or longest, sequences)))
                     held = policy.cls.held_on_gpus(whole.geometry, cap.resolve(nbytes))

@@ -138,7 +138,7 @@ OPTIONS: tuple[Option, ...] = (
            alias="range", flags=("--span", "--range")),
     Option("requests", int, f"Only the first N selected requests (0: all); default: {SHIPPED_REQUESTS} of the "
            "shipped trace, else all.", axis=False, minimum=0),
-    Option("hardware", str, "Hardware profile (`casmoe profiles`) or TOML path, repeatable; variants: "
+    Option("hardware", str, "Hardware profile (`casmoe hardware list`) or TOML path, repeatable; variants: "
            "NAME@gpus=2,link=pcie5,host_ram_gib=64.", default="rtx4090x4", group="box"),
     Option("gpus", int, "GPUs in the box, repeatable: a variant of the profile with this many.", minimum=1,
            group="box"),

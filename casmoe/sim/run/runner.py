@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from casmoe.errors import CasmoeError
 from casmoe.output import write_text
-from casmoe.sim.passes.assembly import Run, StepPlan
-from casmoe.sim.passes.engine import run_trace
+from casmoe.sim.passes.assembly import Run, TraceSteps
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.run.spec import RunSpec, TraceRef
 from casmoe.sim.passes.timeline import Timeline
 from casmoe.sim.trust.error_model import point_of
@@ -63,12 +63,12 @@ def scored_trace(ref: TraceRef) -> Trace:
 
 
 @lru_cache(maxsize=4)
-def step_plan(ref: TraceRef, batch: int, devices: int, cache_per_device: bool, prefill_batch: int = 1) -> StepPlan:
+def step_plan(ref: TraceRef, batch: int, devices: int, cache_per_device: bool, prefill_batch: int = 1) -> TraceSteps:
     """The scored trace cut into steps and shards, shared by every run over it."""
-    return StepPlan.build(scored_trace(ref), batch, devices, cache_per_device, prefill_batch)
+    return TraceSteps.build(scored_trace(ref), batch, devices, cache_per_device, prefill_batch)
 
 
-def resolve(spec: RunSpec) -> tuple[Run, StepPlan | None]:
+def resolve(spec: RunSpec) -> tuple[Run, TraceSteps | None]:
     """`spec` with its files read: the engine's `Run` (its scored trace, policy class and bound
     options, capacity in slots) and, for requests one after another, the trace's step plan
     shared by every run over it. The one place a `RunSpec` is taken apart."""

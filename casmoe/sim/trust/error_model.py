@@ -1,7 +1,7 @@
 """How far a predicted figure may be off: an error model fitted on the published table's
 left-out residuals, printed as an 80% interval beside every figure.
 
-`casmoe validate --published` predicts each published row with constants fitted on other
+`casmoe validate published` predicts each published row with constants fitted on other
 sources (`casmoe.sim.questions.validation`); the log of predicted over measured is a residual
 the fit never saw. Residuals are not alike: a runtime measured by several sources lands closer
 than one only its own paper measured; a placement that computes experts on the host depends on
@@ -87,7 +87,7 @@ def point_of(machine: Any, family: str, storage: bool) -> Point:
     box = tuple(math.log1p(x) for x in (hw.mem_bw_gbs, hw.memory_gib * max(hw.gpus, 1), hw.h2d_pinned_gbs,
                                          hw.cpu_mem_bw_gbs))
     model = (math.log(preset.total_params()), math.log(preset.active_params()), math.log(g.experts), math.log(g.top_k))
-    return Point(family, machine.stack.name, hw.host_only, storage, box, model)
+    return Point(family, machine.stack.label, hw.host_only, storage, box, model)
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class ErrorModel:
         import json
 
         lines = ["# The error model of casmoe's predictions (casmoe/sim/trust/error_model.py), written by",
-                 "# `casmoe validate --published --fit`: log sigma = weights . features, fitted on the published",
+                 "# `casmoe validate published --fit`: log sigma = weights . features, fitted on the published",
                  "# table's left-out residuals; coverage and median_factor measured leaving one source out.",
                  f"rows = {self.rows}", f"sources = {self.sources}"]
         lines += [f"{k} = {json.dumps(v)}" for k, v in (("coverage", self.coverage), ("median_factor", self.median_factor))
@@ -172,7 +172,7 @@ def leave_one_source_out(residuals: Sequence[float], points: Sequence[Point], gr
 
 @lru_cache(maxsize=1)
 def load() -> ErrorModel | None:
-    """The shipped error model (None before the first `casmoe validate --published --fit`)."""
+    """The shipped error model (None before the first `casmoe validate published --fit`)."""
     if not MODEL_FILE.exists():
         return None
     raw = tomllib.loads(MODEL_FILE.read_text())

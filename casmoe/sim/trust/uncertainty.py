@@ -64,10 +64,16 @@ def _where(record: dict[str, Any]) -> tuple[float | None, list[str]]:
     return model.factor(p), far
 
 
+def upper_bound(record: dict[str, Any]) -> bool:
+    """Whether the record's stack charges nothing beyond the hardware (`Stack.upper_bound`: by
+    what it charges, not its name); a record of before that flag: its stack named ideal."""
+    return bool(record.get("upper_bound", record.get("stack", IDEAL) == IDEAL))
+
+
 def factor(record: dict[str, Any]) -> float | None:
     """The 80% interval of the record's figure (the figure x/÷ this), or None where nothing was
-    validated (the ideal stack, no error model yet)."""
-    if record.get("stack", IDEAL) == IDEAL:
+    validated (an upper-bound stack, no error model yet)."""
+    if upper_bound(record):
         return None
     return _where(record)[0]
 
@@ -76,12 +82,13 @@ def spread(record: dict[str, Any]) -> str:
     """What a record's figure is worth, in words."""
     from casmoe.sim.trust.error_model import load
 
-    if record.get("stack", IDEAL) == IDEAL:
-        return "not validated: the ideal stack is an upper bound (name the runtime with --stack)"
+    if upper_bound(record):
+        return (f"not validated: the {record.get('stack', IDEAL)} stack charges nothing beyond the hardware, an upper "
+                "bound (name the runtime with --stack)")
     model = load()
     f, far = _where(record)
     if model is None or f is None:
-        return "not validated yet: no error model (casmoe validate --published --fit fits one)"
+        return "not validated yet: no error model (casmoe validate published --fit fits one)"
     held = f", which held {100 * model.coverage:.0f}% of published rows left out" if model.coverage is not None else ""
     text = f"x/÷ {f:.2f} (80% interval of the error model fitted on {model.rows} published rows{held})"
     return text + (f"; outside what was validated: {'; '.join(far)}" if far else "")
@@ -92,5 +99,5 @@ def annotate(record: dict[str, Any]) -> dict[str, Any]:
     as of the error model now. A skipped record is returned as it is."""
     if "skipped" in record:
         return record
-    f, far = (None, []) if record.get("stack", IDEAL) == IDEAL else _where(record)
+    f, far = (None, []) if upper_bound(record) else _where(record)
     return {**record, "uncertainty": spread(record), "uncertainty_factor": f, "uncertainty_outside": bool(far)}

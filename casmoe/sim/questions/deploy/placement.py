@@ -176,7 +176,7 @@ def write_kt_order(path, order: Sequence[int], preset: ModelPreset) -> None:
 
 
 def write_casmoe_profile(path, shares: np.ndarray, source: str) -> None:
-    """A `casmoe profile` file of the step shares (the routed-placement policy reads it as its
+    """A `casmoe popularity` file of the step shares (the routed-placement policy reads it as its
     `profile=` and ranks experts the same way)."""
     from casmoe.profile import Profile
 

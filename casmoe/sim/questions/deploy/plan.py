@@ -18,7 +18,7 @@ and its `casmoe simulate` line.
 Speeds are the simulator's, on the trace's held-out requests (what the placement was fitted on
 never scores it), each request served at the plan's context; what it does not model is said beside
 them (llama.cpp's op offload of prefill; SGLang's whole-module copies, a closed form). The
-uncertainty is the 80% interval of the error model `casmoe validate --published` fitted for the
+uncertainty is the 80% interval of the error model `casmoe validate published` fitted for the
 run's configuration (`casmoe.sim.trust.uncertainty`); a stack nothing validated says so.
 """
 

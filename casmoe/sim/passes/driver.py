@@ -39,7 +39,7 @@ from casmoe.compiled import uses_twin
 from casmoe.geometry import split_layers
 from casmoe.replay import check_replayable, starts_and_ends
 from casmoe.sim.passes import compiled_timing as compiled_pass
-from casmoe.sim.passes.assembly import Run, RunState, Setup, StepPlan
+from casmoe.sim.passes.assembly import Run, RunState, Setup, TraceSteps
 from casmoe.sim.cost.compute import ComputeModel
 from casmoe.sim.passes.decide import CompiledDecider, Decider, StepDecisions
 from casmoe.sim.passes.latency import LatencyLog
@@ -55,7 +55,7 @@ CHUNK_STEPS = 512
 def run_trace(
     run: Run,
     *,
-    plan: StepPlan | None = None,
+    plan: TraceSteps | None = None,
     compute: ComputeModel | None = None,
     timeline: Timeline | None = None,
     detail: bool = False,
@@ -92,7 +92,7 @@ def run_trace(
             raise SimConfigError(f"--prefill-batch {prefill_batch} prefills the prompts of a static batch together: "
                                  f"give at most --batch ({batch}), or serve arrivals (--users, --arrival)")
         if plan is None:
-            plan = StepPlan.build(trace, batch, devices, cache_per_device, prefill_batch)
+            plan = TraceSteps.build(trace, batch, devices, cache_per_device, prefill_batch)
         elif plan.trace is not trace or plan.batch != batch or len(plan.ranges) != devices or (
             len(plan.shards) > 1
         ) != cache_per_device or plan.prefill_batch != prefill_batch:
@@ -138,7 +138,7 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def run_offline(plan: StepPlan, machine: RunState, setup: Setup, log: LatencyLog, compiled: bool | None = None,
+def run_offline(plan: TraceSteps, machine: RunState, setup: Setup, log: LatencyLog, compiled: bool | None = None,
                 compiled_timing: bool = True) -> float:
     """The fast path: requests one after another (or in static batches), each chunk of steps
     decided first, then priced. Returns the makespan. Where a compiled twin decides and the

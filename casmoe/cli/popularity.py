@@ -1,4 +1,4 @@
-"""`casmoe profile ...`: popularity profiles from engines that keep only expert counts."""
+"""`casmoe popularity ...`: popularity profiles from engines that keep only expert counts."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import typer
 from casmoe.cli.app import app
 
 profile_app = typer.Typer(
-    help="Popularity profiles (routed counts per layer and expert) from counts-only engine dumps; hardware profiles are `casmoe profiles`.",
+    help="Popularity profiles (routed counts per layer and expert) from counts-only engine dumps; hardware profiles are `casmoe hardware list`.",
     no_args_is_help=True,
 )
-app.add_typer(profile_app, name="profile")
+app.add_typer(profile_app, name="popularity")
 
 
 @profile_app.command("import")
