@@ -416,18 +416,18 @@ def candidate(engine: str, label: str, decode: float, band: list[float] | None, 
     gpus = [{"gpu": i, "total_gib": 24.0, "reserve_gib": 2.0, "dense_gib": 1.5, "embeddings_gib": 0.5, "kv_gib": 1.0,
              "experts_gib": 18.0 if fits else 30.0, "expert_count": on_gpu[i] * 2, "used_gib": 23.0 if fits else 35.0,
              "free_gib": 1.0 if fits else -11.0, "moe_layers": [2 * i, 2 * i + 1]} for i in range(2)]
-    host = [{"node": n, "total_gib": 64.0, "reserve_gib": 2.0, "other_gib": 0.5, "experts_gib": 10.0,
+    host = [{"node": n, "total_gib": 64.0, "reserve_gib": 2.0, "embeddings_gib": 0.5, "experts_gib": 10.0,
              "expert_count": 8, "used_gib": 12.5, "free_gib": 51.5} for n in range(2)]
     return {"engine": engine, "label": label, "fits": fits, "unit": "layer", "gpu_layers": [[0, 1], [2, 3]],
             "experts_per_layer": 8, "gpu_experts_by_layer": [[on_gpu[0], on_gpu[0], 0, 0], [0, 0, on_gpu[1], on_gpu[1]]],
             "memory": {"fits": fits, "problems": [] if fits else ["GPU 0 over by 11 GiB"], "gpus": gpus, "host": host},
-            "speed": {"decode_tok_s": decode, "decode_at_context_tok_s": decode * 0.9, "decode_band_tok_s": band,
+            "speed": {"decode_tok_s": decode, "decode_band_tok_s": band,
                       "uncertainty": "x/÷ 2.00" if band else "not validated: the ideal stack is an upper bound"}}
 
 
 PLAN = {"model": "qwen3-30b-a3b", "hardware": "rtx4090x4@gpus=2", "context": 8192, "concurrency": 1,
         "box": {"gpus_gib": [24.0, 24.0], "host_ram_gib": 128.0, "numa_nodes": 2, "threads": 56},
-        "precisions": "experts bf16; dense bf16; KV cache f16",
+        "precisions": "experts bf16; dense bf16",
         "engines": [{"engine": "llama.cpp", "best": candidate("llama.cpp", "--n-cpu-moe 2", 20.0, [10.0, 40.0]),
                      "runners_up": [candidate("llama.cpp", "--n-cpu-moe 3", 15.0, [7.5, 30.0])]},
                     {"engine": "casmoe", "best": candidate("casmoe", "routed experts", 30.0, None, on_gpu=(4, 6)),

@@ -785,7 +785,6 @@ _MEMORY_PARTS = (  # plan.json key -> (legend, colour): the memory map's segment
     ("reserve_gib", "runtime reserve", "0.62"),
     ("dense_gib", "dense weights", PALETTE[0]),
     ("embeddings_gib", "embeddings", PALETTE[5]),
-    ("other_gib", "embeddings (host)", PALETTE[5]),
     ("kv_gib", "KV cache", PALETTE[1]),
     ("experts_gib", "expert slots", PALETTE[2]),
     ("free_gib", "free", "white"),
@@ -875,7 +874,7 @@ def figure_plan_memory(plan: dict[str, Any]) -> Any:
     axs[0][1].set_title("share of each layer's experts held there", fontsize="small")
     if image is not None:
         fig.colorbar(image, ax=axs[:, 1], fraction=0.05, label="share of the layer's experts (0-1)")
-    handles = [Patch(facecolor=c, edgecolor="0.35", label=name) for key, name, c in _MEMORY_PARTS if key != "other_gib"]
+    handles = [Patch(facecolor=c, edgecolor="0.35", label=name) for key, name, c in _MEMORY_PARTS]
     handles.append(Line2D([], [], color="black", linewidth=1.6, label="the device's memory"))
     _legend(fig, handles)
     _title(fig, "Memory map of each engine's best configuration, and which layers' experts live where",
@@ -890,8 +889,8 @@ def _candidates(plan: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
 
 
 def figure_plan_speed(plan: dict[str, Any]) -> Any:
-    """Every candidate configuration's expected decode tokens/s (filled: its engine's best;
-    hollow square: at a full context), with the interval the published table measured for its
+    """Every candidate configuration's expected decode tokens/s at the plan's context (filled: its
+    engine's best), with the interval the published table measured for its
     kind of configuration as a bar; one colour per engine; a configuration that does not fit
     drawn grey and crossed. Log axis: the intervals are factors (x/÷)."""
     from matplotlib.lines import Line2D
@@ -909,9 +908,6 @@ def figure_plan_speed(plan: dict[str, Any]) -> Any:
         band = s.get("decode_band_tok_s")
         if band:
             ax.plot(band, [y, y], color=tint, linewidth=3, alpha=0.35, solid_capstyle="butt")
-        if s.get("decode_at_context_tok_s"):
-            ax.plot([s["decode_at_context_tok_s"]], [y], marker="s", markersize=5, color=tint, markerfacecolor="white",
-                    linestyle="none")
         ax.plot([s["decode_tok_s"]], [y], marker="o" if c["fits"] else "X", markersize=8 if best else 6, color=tint,
                 markerfacecolor=tint if best else "white", linestyle="none", gid=f"{engine}: {c['label']}")
         note = "" if band else ("  upper bound (ideal stack)" if "upper bound" in s.get("uncertainty", "")
@@ -927,8 +923,6 @@ def figure_plan_speed(plan: dict[str, Any]) -> Any:
     handles = [Line2D([], [], marker="o", color=colour[name], linestyle="none", label=name) for name in engines]
     handles += [Line2D([], [], marker="o", color="0.3", markerfacecolor="white", linestyle="none",
                        label="a runner-up (filled: the engine's best)"),
-                Line2D([], [], marker="s", color="0.3", markerfacecolor="white", linestyle="none", markersize=5,
-                       label=f"at a full {plan['context']}-token context"),
                 Line2D([], [], color="0.3", linewidth=3, alpha=0.35, label="80% interval of the published table"),
                 Line2D([], [], marker="X", color="0.6", linestyle="none", label="does not fit")]
     _legend(fig, handles, "engine")

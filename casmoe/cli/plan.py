@@ -32,7 +32,7 @@ BOX_FIELDS = (("gpus", "GPUs"), ("memory_gib", "GiB per GPU"), ("h2d_pinned_gbs"
 @app.command()
 @run_options("box", exclude=("devices", "pinned", "host_cache", "host_policy", "allow_overcommit", "cpu_threads", "numa"),
              helps={
-    "hardware": "Hardware profile (`casmoe profiles`) or TOML path, repeatable; variants: "
+    "hardware": "Hardware profile (`casmoe hardware list`) or TOML path, repeatable; variants: "
                 "NAME@gpus=2,link=pcie5,host_ram_gib=64. Default: this machine, detected (`casmoe hardware detect`; "
                 f"the profile is written to --out/{DETECTED}, each number marked read, measured or assumed).",
     "stack": "Software stack of the one --engine planned: your own runtime's costs (`casmoe stacks`, or a TOML "
@@ -115,7 +115,7 @@ def plan(
                           weights, compare, stacks[0])
         result = _run(req, folder, jobs, ray_target(ray, ray_address), as_json)
         summary = _write(result, folder, detected)
-        draw_plan(folder)  # plan_memory.png and plan_speed.png, from plan.json alone
+        _draw(folder, summary, draw_plan)
         summaries.append(summary)
         if not as_json:
             _print(result, folder, detected)
@@ -123,16 +123,46 @@ def plan(
         typer.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
 
 
-def _detect(out: Path, quiet: bool) -> Any:
-    """This machine's profile (`casmoe hardware detect`), written to `out/detected-box.toml`."""
-    from casmoe.sim.box.detect import detect_profile
+def _draw(folder: Path, summary: dict[str, Any], draw: Any) -> None:
+    """plan_memory.png and plan_speed.png, from plan.json alone; not again when what they show is
+    what they were drawn from (a repeated plan: about two seconds of drawing saved)."""
+    shown = {k: v for k, v in summary.items() if k != "simulated_now"}
+    digest = hashlib.sha256(json.dumps(shown, sort_keys=True).encode()).hexdigest()
+    stamp = folder / ".figures-of"
+    pngs = [folder / "plan_memory.png", folder / "plan_speed.png"]
+    if stamp.exists() and stamp.read_text() == digest and all(p.exists() for p in pngs):
+        return
+    draw(folder)
+    stamp.write_text(digest)
 
+
+def _detect(out: Path, quiet: bool) -> Any:
+    """This machine's profile (`casmoe hardware detect`), written to `out/detected-box.toml`. A
+    profile this plan folder already holds is kept when every number read from the machine is
+    the same again: its measured ones (host bandwidth, a probe whose result varies run to run)
+    stand, so a repeated plan prices the same box and reuses its points."""
+    from dataclasses import replace
+
+    from casmoe.sim.box.detect import Detected, detect_profile
+    from casmoe.sim.box.hardware import HardwareError, HardwareProfile
+
+    path = out / DETECTED
+    if path.exists():
+        read = detect_profile(measure=False)
+        try:
+            kept = HardwareProfile.from_file(path)
+        except (HardwareError, OSError, ValueError):
+            kept = None
+        same = kept is not None and all(getattr(kept, n) == getattr(read.profile, n)
+                                        for n, how in read.provenance.items() if how == "detected")
+        if same:
+            return Detected(replace(kept, name=read.profile.name), read.facts)
     if not quiet:
         typer.echo("no --hardware: detecting this machine (measuring its host memory bandwidth, about a second) ...",
                    err=True)
     found = detect_profile(measure=True)
     out.mkdir(parents=True, exist_ok=True)
-    found.profile.write(out / DETECTED)
+    found.profile.write(path)
     return found
 
 
