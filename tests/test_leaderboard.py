@@ -55,6 +55,8 @@ def test_fitted_policies_are_fitted_on_train_requests_only(tmp_path):
         if fit is not None and not s.oracle:
             assert dict(s.options) == {fit.option: str(w.train)}
     assert lb.capacities(2) == ["2", "3", "4", "8"]
+    assert lb.capacities(8, 128) == ["8", "12", "16", "32", "128"]  # and all on the GPU
+    assert lb.capacities(2, 8) == ["2", "3", "4", "8"]  # 4 x top_k is every expert already
 
 
 def test_leaderboard_end_to_end_and_resumes(tmp_path):
@@ -70,6 +72,8 @@ def test_leaderboard_end_to_end_and_resumes(tmp_path):
         assert f"\n{name}" in table
     assert "n/a" not in table  # every policy ran on every size
     assert "\nbelady* |" in table and "\nlru |" in table and "moe-infinity[fit=train]" in table
+    assert "8 slots/layer (all on the GPU)" in table  # every expert of a layer: all on the GPU, a column of its own
+    assert "placements in their engines' terms" in table and "llama.cpp --n-cpu-moe" in table
     assert (tmp_path / "out" / "a.png").exists() and (tmp_path / "out" / "leaderboard.csv").exists()
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0 and "(0 computed now)" in again.stdout

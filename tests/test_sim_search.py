@@ -82,6 +82,21 @@ def test_cli_search_writes_the_table_json_and_plot(tmp_path):
     (row,) = summary["pareto"]
     record = json.loads((out / row["evidence"]).read_text())
     assert record["decode_tokens_per_s"] >= 3 and record["capacity_slots"] == row["slots_per_layer"]
+    assert row["engine_terms"] == f"{row['slots_per_layer']} slots per layer" or row["engine_terms"].startswith("all on")
+
+
+def test_a_placements_answer_is_said_in_its_engines_terms(tmp_path):
+    """'22/layer' is not what a llama.cpp user types: a placement's answer is its --n-cpu-moe N (or
+    all on the GPU), a KTransformers mask its GPU-expert count or ratio."""
+    from casmoe.sim.questions.search import in_engine_terms
+
+    configs_ = configs(Grid.of({**BASE, "gpus": 2, "policy": ["n-cpu-moe", "ktransformers"]}))
+    result = search(configs_, Target.parse("tok/s>=0.01"), str(tmp_path / "s"))
+    said = {c.policy.name: in_engine_terms(c, r) for c, r in result.answers}
+    assert said["n-cpu-moe"].startswith(("llama.cpp --n-cpu-moe", "all on the GPU"))
+    if said["n-cpu-moe"].startswith("llama.cpp"):
+        assert 0 < int(said["n-cpu-moe"].rpartition(" ")[2]) <= 32  # blocks of Mixtral's 32 on the host
+    assert said["ktransformers"].startswith(("KTransformers --kt-", "all on the GPU"))
 
 
 def test_cli_search_errors_are_one_line(tmp_path, monkeypatch, capsys):

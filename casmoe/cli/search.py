@@ -41,8 +41,9 @@ def search(
 ) -> None:
     """Find the cheapest configurations (cache slots per layer for every combination of the
     options given: policy, precision, RAM tier, GPUs, host link, host RAM, ...) that meet a
-    target: a Pareto table of memory against the metric, with each point's simulate record as
-    evidence, and search.png. Bisects the cache size per configuration instead of running the
+    target: a Pareto table of memory against the metric, each answer in its engine's terms
+    (--n-cpu-moe N, -ot layers, KTransformers' GPU experts, all on the GPU, a cache's slots per
+    layer), with each point's simulate record as evidence, and search.png. Bisects the cache size per configuration instead of running the
     whole grid, searches faster links and more RAM first (a miss there settles the slower ones;
     a hit bounds them), and says how many points it simulated. Every row prints its box's price
     (casmoe/sim/box/prices.toml, or --prices); answers whose metric is within 1% of each other are a tie,
@@ -74,7 +75,7 @@ def search(
 
 
 def _row(config: Any, record: dict[str, Any], result: Any) -> dict[str, Any]:
-    from casmoe.sim.questions.search import label, memory_gb
+    from casmoe.sim.questions.search import in_engine_terms, label, memory_gb
 
     metric = result.target.metric
     price = result.price(config)
@@ -84,6 +85,7 @@ def _row(config: Any, record: dict[str, Any], result: Any) -> dict[str, Any]:
         # '22/layer', or '51 global' (one pool of whole experts, on a box that holds fewer than top_k per layer)
         "cache": record["capacity"],
         "slots_per_layer": record["capacity_slots"] if record["capacity"].endswith("/layer") else None,
+        "engine_terms": in_engine_terms(config, record),  # '--n-cpu-moe 30', 'all on the GPU', '22 slots per layer'
         "memory_gb": round(memory_gb(record), 3),
         "price_usd": None if price is None or price.usd is None else round(price.usd, 2),
         "price": "unknown" if price is None else price.describe(),
@@ -131,7 +133,7 @@ def _print(summary: dict[str, Any], result: Any, out: Path) -> None:
     metric = result.target.metric
     for line in summary["priced"]:  # the model, its precisions and the requests every row below was priced on
         typer.echo(line)
-    cols = ["config", "price_usd", "cache", "memory_gb", metric, UNCERTAINTY, "evidence"]
+    cols = ["config", "price_usd", "engine_terms", "memory_gb", metric, UNCERTAINTY, "evidence"]
     shown = [_priced(r) for r in summary["pareto"]]
     if shown:
         print_table(shown, cols, f"cheapest configurations meeting {summary['target']} (Pareto: GPUs, memory, box "

@@ -1,6 +1,8 @@
 """The leaderboard: every built-in policy x every workload trace x cache sizes of 1, 1.5, 2 and 4 x
-top_k slots per layer (on a box that holds fewer than top_k per layer, the sizes it holds, as
-simulate's defaults), scored only on requests no fitted component saw (nor their prompts).
+top_k slots per layer and every expert (all on the GPU, where the box holds it; on a box that
+holds fewer than top_k per layer, the sizes it holds, as simulate's defaults), scored only on
+requests no fitted component saw (nor their prompts). The placements' cells are also said in
+their engines' terms (`--n-cpu-moe N`, `-ot` layers, KTransformers' GPU experts).
 
 Each trace is split in two `Halves`: its `train` requests fit whatever a policy fits (each
 policy's `Fit.on_train`: static's and ktransformers' popularity profiles, moe-infinity's
@@ -41,6 +43,7 @@ class Halves:
     split: str
     requests: int
     tokens: int
+    experts: int = 0  # experts per layer: the size that holds all of them is 'all on the GPU'
 
 
 def prepare(path: Path, folder: Path, requests: int) -> Halves:
@@ -67,11 +70,13 @@ def prepare(path: Path, folder: Path, requests: int) -> Halves:
         if not out.exists():
             folder.mkdir(parents=True, exist_ok=True)
             save_trace(part, out)
-    return Halves(path.stem, scored, fit, how, len(heldout), held.tokens)
+    return Halves(path.stem, scored, fit, how, len(heldout), held.tokens, trace.geometry.experts)
 
 
-def capacities(top_k: int) -> list[str]:
-    return [str(s) for s in sorted({math.ceil(f * top_k) for f in FACTORS})]
+def capacities(top_k: int, experts: int = 0) -> list[str]:
+    """1, 1.5, 2 and 4 x top_k slots per layer (rounded up), and every expert (all on the GPU)."""
+    sizes = {math.ceil(f * top_k) for f in FACTORS} | ({experts} if experts else set())
+    return [str(s) for s in sorted(s for s in sizes if not experts or s <= experts)]
 
 
 def policies(halves: Halves, fit_planner: bool = True) -> list[PolicySpec]:
@@ -93,9 +98,10 @@ def runs(halves: Sequence[Halves], grid: Grid, fit_planner: bool = True) -> Runs
     `--allow-overcommit` simulates it anyway."""
     specs, refused, notes, groups = [], {}, [], []
     for h in halves:
-        top_k = load_trace(h.scored).geometry.top_k
+        geometry = load_trace(h.scored).geometry
+        top_k = geometry.top_k
         base = grid.with_values(trace=[str(h.scored)], policy=policies(h, fit_planner), split="all", requests=0)
-        built = base.with_values(capacity=capacities(top_k)).specs(strict=False)
+        built = base.with_values(capacity=capacities(top_k, geometry.experts)).specs(strict=False)
         if built.specs and all(s in built.refused for s in built.specs):  # a box below top_k per layer
             built = base.specs(strict=False)  # the sizes it holds: staging slots, a pool of whole experts
             notes.append(f"{h.name}: the box holds fewer than top_k = {top_k} experts per layer, so the board "
@@ -119,22 +125,42 @@ def markdown(records: Sequence[dict[str, Any]], halves: Sequence[Halves], specs:
     the runs of `records` in order); the points a machine could not run are one line per
     reason, naming the cells it covers, not one per cell."""
     lines = []
-    machines = [s.machine for s in specs] if len(specs) == len(records) else [None] * len(records)
+    aligned = len(specs) == len(records)
+    runs = list(specs) if aligned else [None] * len(records)
     for h in halves:
-        mine = [(m, r) for m, r in zip(machines, records) if Path(r["trace"]).name == h.scored.name]
+        mine = [(s, r) for s, r in zip(runs, records) if Path(r["trace"]).name == h.scored.name]
         if not mine:
             continue
         lines += [f"### {h.name}: {h.requests} held-out requests, {h.tokens} tokens ({h.split})", ""]
-        boxes: dict[Any, list[dict[str, Any]]] = {}
-        for m, r in mine:
-            boxes.setdefault(m if m is not None else (r.get("model", "?"), r.get("hardware", "?")), []).append(r)
-        for machine, rs in boxes.items():
+        boxes: dict[Any, list[tuple[Any, dict[str, Any]]]] = {}
+        for spec, r in mine:
+            key = spec.machine if spec is not None else (r.get("model", "?"), r.get("hardware", "?"))
+            boxes.setdefault(key, []).append((spec, r))
+        for machine, pairs in boxes.items():
+            rs = [r for _, r in pairs]
             lines += [_priced(machine, rs, h), ""]
             lines += _tables(rs, h)
+            terms = _engine_terms(pairs, h)
+            lines += terms + [""] if terms else []
             advice = _to_run(machine, rs, h)
             lines += [advice, ""] if advice else []
     lines.append("\\* oracle: reads the future (a bound, not a deployable policy).")
     return "\n".join(lines) + "\n"
+
+
+def _engine_terms(pairs: Sequence[tuple[Any, dict[str, Any]]], h: Halves) -> list[str]:
+    """The placements' cells as their engines are told them (`--n-cpu-moe N`, `-ot` layers,
+    KTransformers' GPU experts, all on the GPU): what a user types to run the cell."""
+    from casmoe.policies.placement import Placement
+    from casmoe.sim.questions.deploy.terms import engine_terms
+
+    out = []
+    for spec, r in pairs:
+        if spec is None or "skipped" in r or not issubclass(spec.policy.cls, Placement):
+            continue
+        out.append(f"- {short_label(r['policy'], h)} at {_cap_title(r['capacity_spec'], h.experts)}: "
+                   f"{engine_terms(spec)}")
+    return ["placements in their engines' terms:", "", *out] if out else []
 
 
 def _priced(machine: Any, records: Sequence[dict[str, Any]], halves: Halves) -> str:
@@ -163,7 +189,8 @@ def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:
     sizes = [int(r["capacity_spec"]) for r in refused]
     steps = steps_to_hold(machine, trace, max(sizes), min(sizes))
     return (f"to run the sizes it skipped ({', '.join(map(str, sorted(set(sizes))))} slots/layer; the leaderboard's "
-            f"sizes are 1, 1.5, 2 and 4 x top_k): {steps + ' per layer; or ' if steps else ''}--allow-overcommit "
+            f"sizes are 1, 1.5, 2 and 4 x top_k and every expert): {steps + ' per layer; or ' if steps else ''}"
+            "--allow-overcommit "
             "(simulates a cache the GPUs do not hold)")
 
 
@@ -178,9 +205,11 @@ def _cap_key(label: str) -> tuple[bool, int]:
     return bool(pool), int(number)
 
 
-def _cap_title(label: str) -> str:
+def _cap_title(label: str, experts: int = 0) -> str:
     number, _, pool = label.partition(" ")
-    return f"a pool of {number} whole experts" if pool else f"{number} slots/layer"
+    if pool:
+        return f"a pool of {number} whole experts"
+    return f"{number} slots/layer" + (" (all on the GPU)" if experts and int(number) >= experts else "")
 
 
 def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
@@ -196,7 +225,7 @@ def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
     if ran:
         for key, title, fmt in METRICS:
             extra = [UNCERTAINTY] if key == TRUSTED else []
-            lines += [f"{title} | " + " | ".join([*(_cap_title(c) for c in caps), *extra]),
+            lines += [f"{title} | " + " | ".join([*(_cap_title(c, h.experts) for c in caps), *extra]),
                       "---|" + "---|" * (len(caps) + len(extra))]
             rows: dict[str, dict[str, str]] = {}
             for r in records:
@@ -259,7 +288,7 @@ def skipped_lines(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
         full = len(cells) == len(names) * len(sizes)  # every policy named, at every size named
         who = "every policy" if full and len(names) == len(policies) else ", ".join(names) if full else \
             "; ".join(f"{p} @ {', '.join(c for q, c in cells if q == p)}" for p in names)
-        where = "every size" if full and len(sizes) == len(caps) else ", ".join(map(_cap_title, sizes))
+        where = "every size" if full and len(sizes) == len(caps) else ", ".join(_cap_title(c, h.experts) for c in sizes)
         n = f" (N = {', '.join(sizes)})" if len(sizes) > 1 and "N" in re.findall(r"(?<![\w.])N(?![\w.])", why) else ""
         out.append(f"n/a, {who} at {where}{n}: {why}" if full else f"n/a, {who}{n}: {why}")
     return out

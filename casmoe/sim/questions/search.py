@@ -274,6 +274,20 @@ class SearchResult:
         return sorted(front, key=order)
 
 
+def answer_spec(config: RunSpec, record: dict[str, Any]) -> RunSpec:
+    """The run of a config at the cache size a record of it was simulated at."""
+    text, _, pool = str(record["capacity_spec"]).partition(" ")
+    return replace(config, capacity=CapacitySpec(text, per_layer=not pool))
+
+
+def in_engine_terms(config: RunSpec, record: dict[str, Any]) -> str:
+    """An answer as its engine is told it: `--n-cpu-moe N`, `-ot` layers, KTransformers' GPU experts,
+    all on the GPU, or a cache's slots per layer (`casmoe.sim.questions.deploy.terms`)."""
+    from casmoe.sim.questions.deploy.terms import engine_terms
+
+    return engine_terms(answer_spec(config, record))
+
+
 def memory_gb(record: dict[str, Any]) -> float:
     """What a point costs in memory: the GPUs' expert cache plus the RAM tier."""
     return record["capacity_gb"] + record.get("host_cache_gb", 0.0)
