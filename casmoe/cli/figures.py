@@ -865,7 +865,9 @@ def figure_plan_memory(plan: dict[str, Any]) -> Any:
         cand = e["best"]
         _memory_bars(bars, cand["memory"])
         verdict = "fits" if cand["fits"] else "DOES NOT FIT"
-        bars.set_title(textwrap.shorten(f"{e['engine']}: {cand['label']} ({verdict})", 80), fontsize="small", loc="left")
+        precision = f", {cand['precision_name']}" if cand.get("precision_name") else ""
+        bars.set_title(textwrap.shorten(f"{e['engine']}: {cand['label']}{precision} ({verdict})", 80), fontsize="small",
+                       loc="left")
         image = _layer_strip(strip, cand) or image
     for bars, strip in axs[1:]:
         bars.sharex(axs[0][0])
@@ -914,8 +916,9 @@ def figure_plan_speed(plan: dict[str, Any]) -> Any:
                                 else "  no validated interval")
         ax.text(s["decode_tok_s"], y + 0.3, f" {s['decode_tok_s']:.3g}{note}", fontsize="x-small", va="bottom",
                 color="0.25")
-    ax.set_yticks(range(len(rows)), [textwrap.shorten(f"{e}: {c['label']}", 72) + ("" if c["fits"] else " [does not fit]")
-                                     for e, c, _ in rows], fontsize="small")
+    ax.set_yticks(range(len(rows)), [textwrap.shorten(f"{e}: {c['label']}" + (f", {c['precision_name']}" if
+                                                                           c.get("precision_name") else ""), 72)
+                                     + ("" if c["fits"] else " [does not fit]") for e, c, _ in rows], fontsize="small")
     ax.set_xscale("log")
     ax.set_xlabel("decode tokens/s (log scale)", fontsize="small")
     ax.grid(True, axis="x", which="both", alpha=0.3)

@@ -94,6 +94,12 @@ class Candidate:
         return self.placement.memory.fits
 
     @property
+    def precision_name(self) -> str:
+        """'q4_k_m', or 'bf16 / q4_k_m' (the GPUs' experts / the host's)."""
+        p = self.precisions
+        return p.gpu.name if p.gpu == p.host else f"{p.gpu.name} / {p.host.name}"
+
+    @property
     def reproduce(self) -> str:
         return reproduce(self.sim) if self.sim is not None else ""
 
@@ -101,7 +107,8 @@ class Candidate:
         pl = self.placement
         layers = len(pl.memory.gpu_expert_bytes) or 1 + max((g.layers[-1] for g in pl.memory.gpus if g.layers), default=-1)
         return {"engine": self.engine, "label": self.label, "fits": self.fits, "rule": pl.rule, "unit": pl.unit,
-                "precision": self.precisions.describe(), "quality": self.quality.to_dict(),
+                "precision": self.precisions.describe(), "precision_name": self.precision_name,
+                "quality": self.quality.to_dict(),
                 "above_quality_floor": self.above_floor,
                 "gpu_experts": pl.count, "gpu_layers": pl.gpu_layers(), "experts_per_layer": pl.experts_per_layer,
                 "gpu_experts_by_layer": pl.by_layer(layers),
@@ -117,8 +124,7 @@ class Candidate:
         """A flat record (candidates.csv, the printed table)."""
         s = self.speed or Speed(None)
         t = self.placement.memory.totals()
-        return {"engine": self.engine, "configuration": self.label, "precision": self.precisions.gpu.name
-                if self.precisions.gpu == self.precisions.host else self.precisions.describe(),
+        return {"engine": self.engine, "configuration": self.label, "precision": self.precision_name,
                 "fits": self.fits, "gpu_experts": self.placement.count, "gpu_gib": t["gpu_used_gib"],
                 "host_gib": t["host_used_gib"], "decode_tok_s": rounded(s.decode), "prefill_tok_s": rounded(s.prefill),
                 "band": "" if s.band is None else f"{s.band[0]:.3g}-{s.band[1]:.3g}", "how": s.how, "key": self.key}

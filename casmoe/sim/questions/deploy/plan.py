@@ -167,12 +167,12 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         r = self.request
-        chosen = [e.best.precisions.describe() for e in self.engines if e.best]
+        chosen = [f"{e.engine} {e.best.precision_name}" for e in self.engines if e.best]
         return {"model": self.preset.name, "model_source": self.model_note, "hardware": r.hardware, "box": {
                     "gpus_gib": list(self.box.gpu_gib), "host_ram_gib": self.box.host_ram_gib,
                     "numa_nodes": self.box.numa_nodes, "threads": self.box.threads},
                 "context": r.context, "concurrency": r.concurrency,
-                "precisions": "; ".join(dict.fromkeys(chosen)) or "none chosen",
+                "precisions": "experts " + (", ".join(chosen) or "none chosen"),
                 "quality_floor": r.quality_floor or DEFAULT_FLOOR,
                 "routing": self.routing.how, "trace": str(self.routing.path), "notes": self.notes,
                 "engines": [e.to_dict() for e in self.engines],
