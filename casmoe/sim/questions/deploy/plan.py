@@ -266,6 +266,8 @@ def _precisions(engine: str, ctx: Context) -> list[mem.Precisions]:
     if engine == "ktransformers":  # the GPU experts are the checkpoint's; the host's a GGUF at the floor's type
         host = req.quality_floor if req.quality_floor not in (None, "none") else DEFAULT_FLOOR
         return [mem.Precisions.of(p, native, host)]
+    if engine in ("vllm", "sglang") and native in ("bf16", "fp16"):  # the checkpoint, and FP8 made from it
+        return [mem.Precisions.of(p, native), mem.Precisions.of(p, "fp8")]
     return [mem.Precisions.of(p, native)]
 
 

@@ -90,7 +90,8 @@ def quality(precision: Precision, preset: ModelPreset, released: Precision | Non
                        _native_source(preset))
     known = _reference_kld().get(name)
     if known is None:
-        return Quality(name, False, None, "no published quality figure for this type")
+        return Quality(name, False, None, f"no published quality figure for {name} (casmoe/engines/quant_quality.toml): "
+                       "not picked at a quality floor (--precision or --quality-floor none picks it)")
     kld, source = known
     return Quality(name, False, kld, f"KLD {kld:.4f} on {REFERENCE.split(' (')[0]} (a dense model: no published "
                    f"figure for {preset.name} or another MoE across the stock types)", source)
