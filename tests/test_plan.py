@@ -337,6 +337,22 @@ def test_experts_beyond_host_ram_are_priced_with_the_drives_reads(tmp_path):
     assert record["host_cache_gb"] > 0
 
 
+def test_a_box_without_a_gpu_or_a_drive_rate_says_what_to_add(tmp_path):
+    """A CPU-only box whose RAM is smaller than the model and whose profile states no drive: llama.cpp
+    would read the rest from the drive, which nothing prices; said in the plan's terms (the field to
+    add), no traceback, no command."""
+    from casmoe.sim.box.hardware import GPU_FIELDS, load_profile
+
+    cpu = load_profile(BOX).with_values({}, name="cpu-box", gpus=0, storage_read_gbs=0.0, storage_latency_us=0.0,
+                                        **{f: 0 for f in GPU_FIELDS})
+    path = cpu.write(tmp_path / "cpu-box.toml")
+    plan = make_plan(PlanRequest("qwen3-30b-a3b", f"{path}@host_ram_gib=16", ("llama.cpp",), precision="q4_k_m",
+                                 requests=2, compare=False), tmp_path / "c")
+    (llama,) = plan.engines
+    assert llama.best is None and "storage_read_gbs" in llama.why_none and "cpu-box.toml" in llama.why_none
+    assert all(c.command.value("-ngl") == "0" for c in llama.others)
+
+
 def test_a_script_of_a_configuration_that_does_not_fit_refuses_to_run(tmp_path):
     """A concurrency no box holds: nothing is best, each script says it does not fit and exits 1
     before starting the engine."""

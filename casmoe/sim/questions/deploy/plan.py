@@ -467,7 +467,10 @@ def _spec_of(values: dict[str, Any], gpus: int) -> tuple[Any, str | None, list[s
     from casmoe.sim.run.grid import Grid
 
     values = {k: v for k, v in values.items() if not k.startswith("_")}
-    runs = Grid.of(values, "casmoe plan").specs(strict=False)
+    try:
+        runs = Grid.of(values, "casmoe plan").specs(strict=False)
+    except CasmoeError as exc:  # the simulator cannot price it at all (no drive to read what RAM lacks)
+        return None, _plan_terms(str(exc), values.get("hardware", "")), []
     spec = runs.specs[0]
     if spec in runs.refused and gpus > 1:
         if spec.host_cache is not None:
@@ -476,6 +479,15 @@ def _spec_of(values: dict[str, Any], gpus: int) -> tuple[Any, str | None, list[s
         again = Grid.of(values, "casmoe plan").specs(strict=False)
         return again.specs[0], None, runs.notes
     return spec, runs.refused.get(spec), runs.notes
+
+
+def _plan_terms(why: str, hardware: str) -> str:
+    """A simulator refusal as what a plan's user can change (simulate's remedies name its flags)."""
+    if "no storage tier" in why:
+        what = why.split(", and the profile has no storage tier", 1)[0]
+        return (f"{what}; the engine would read the rest from the drive, and the profile does not say how fast "
+                f"(storage_read_gbs): add it to {hardware.split('@')[0]} to price that, or plan a smaller precision")
+    return why.split("; give ", 1)[0]
 
 
 def _comparison_specs(ctx: Context, llama: list[Candidate] | None) -> list[tuple[dict[str, Any], dict[str, Any]]] | None:
@@ -521,7 +533,7 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], dic
             continue
         spec, why, run_notes = _spec_of(c.sim, ctx.box.gpus)
         if why:
-            c.speed = Speed(None, how=f"not priced: the simulator refuses it ({why.split('; give ', 1)[0]})")
+            c.speed = Speed(None, how=f"not priced: {_plan_terms(why, ctx.hardware)}")
             continue
         c.notes += [n.removeprefix("note: ") for n in run_notes if "RAM tier" in n]
         if ctx.box.gpus > 1:
@@ -532,7 +544,7 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], dic
     for meta, values in comparison or []:
         spec, why, _ = _spec_of(dict(values), ctx.box.gpus)
         if why:
-            rows.append({**meta, "decode_tok_s": None, "scored": f"not priced: {why.split('; give ', 1)[0]}",
+            rows.append({**meta, "decode_tok_s": None, "scored": f"not priced: {_plan_terms(why, ctx.hardware)}",
                          "key": "", "reproduce": reproduce(values)})
             continue
         specs.append(spec)
