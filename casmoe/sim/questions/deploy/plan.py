@@ -664,4 +664,4 @@ def published(model: str, engines: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["Comparison", "EnginePlan", "Plan", "PlanError", "PlanRequest", "box_of", "hf_id", "make_plan", "replace"]
+__all__ = ["Comparison", "EnginePlan", "Plan", "PlanError", "PlanRequest", "box_of", "hf_id", "make_plan"]
