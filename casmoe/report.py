@@ -133,6 +133,12 @@ def varied_axes(records: Sequence[dict[str, Any]]) -> list[str]:
     return [k for k in AXES if len({str(r.get(k)) for r in records}) > 1]
 
 
+def upper_bound(record: dict[str, Any]) -> bool:
+    """Whether the record's stack charges nothing beyond the hardware (`Stack.upper_bound`: by
+    what it charges, not its name); a record of before that flag: its stack named ideal."""
+    return bool(record.get("upper_bound", record.get("stack", "ideal") == "ideal"))
+
+
 UNCERTAINTY = "uncertainty"
 """The column of a predicted figure's validated spread (`casmoe.sim.trust.uncertainty`)."""
 
@@ -146,8 +152,6 @@ def uncertainty_cell(record: dict[str, Any]) -> str:
         return ""
     f = record.get("uncertainty_factor")
     if f is None:
-        from casmoe.sim.trust.uncertainty import upper_bound
-
         return "upper bound" if upper_bound(record) else "not validated"
     return f"x/÷ {f:.2f}" + (OUTSIDE_MARK[0] if record.get("uncertainty_outside") else "")
 

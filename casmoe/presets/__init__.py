@@ -370,16 +370,6 @@ def get_preset(name: str) -> ModelPreset:
     return presets[name]
 
 
-def model_preset(model: str) -> ModelPreset:
-    """The preset a `--model` names: a preset's name, or a GGUF file's header
-    (`casmoe.presets.gguf`: its shapes as the file states them)."""
-    if str(model).lower().endswith(".gguf"):
-        from casmoe.presets.gguf import read_gguf
-
-        return read_gguf(model)[0]
-    return get_preset(model)
-
-
 def preset_for(trace: Any, wanted: str | None = None) -> str | None:
     """The preset a trace is priced as: `wanted`, else the one it was recorded from
     (`meta["model_preset"]`), else the only preset of its shape; None when none fits."""

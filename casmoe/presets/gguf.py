@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from casmoe.presets import Attention, ModelPreset
+from casmoe.presets import Attention, ModelPreset, get_preset
 from casmoe.presets.gguf_header import SPLIT_NAME, GGUFError, GGUFHeader, read_header
 from casmoe.presets.weights import FileWeights, file_weights
 
@@ -123,6 +123,14 @@ def preset_name(path: str | Path) -> str:
     name = Path(path).name
     m = SPLIT_NAME.match(name)
     return m["prefix"] if m else name.removesuffix(".gguf")
+
+
+def model_preset(model: str) -> ModelPreset:
+    """The preset a `--model` names: a preset's name, or a GGUF file's header (its shapes as
+    the file states them)."""
+    if str(model).lower().endswith(".gguf"):
+        return read_gguf(model)[0]
+    return get_preset(model)
 
 
 def read_gguf(path: str | Path) -> tuple[ModelPreset, FileWeights]:

@@ -225,7 +225,7 @@ def _placement(test: dict[str, Any], model: str, context: Context, label: str, p
 
 def _shape(model: str) -> tuple[int, int]:
     """MoE layers and experts of a GGUF or a preset."""
-    from casmoe.presets import model_preset
+    from casmoe.presets.gguf import model_preset
 
     g = model_preset(model).geometry
     return g.layers, g.experts

@@ -217,7 +217,7 @@ def synthetic_trace(model: str, top_k: int | None, prompt: int, output: int) -> 
     from dataclasses import replace as with_
 
     from casmoe.planner.embedding import cache_dir
-    from casmoe.presets import model_preset
+    from casmoe.presets.gguf import model_preset
     from casmoe.synthetic import SynthConfig, generate
     from casmoe.trace_io import save_trace
 
@@ -462,7 +462,7 @@ def fit_stack(stack: Stack, rows: dict[str, Row], shared: Shared) -> tuple[Stack
 
 
 def get_layers(row: Row) -> int:
-    from casmoe.presets import model_preset
+    from casmoe.presets.gguf import model_preset
 
     return model_preset((row.run or {})["model"]).geometry.layers
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from casmoe.report import upper_bound
+
 PUBLISHED = Path(__file__).with_name("published")
 MEASUREMENTS = PUBLISHED / "measurements.toml"
 FAMILIES = ("gpu", "host", "stream", "cache")
@@ -62,12 +64,6 @@ def _where(record: dict[str, Any]) -> tuple[float | None, list[str]]:
     far += [f"its {what} is {x[key]:.1f} doublings from the nearest measured one" for key, what in
             (("box", "box"), ("model", "model")) if x[key] > FAR]
     return model.factor(p), far
-
-
-def upper_bound(record: dict[str, Any]) -> bool:
-    """Whether the record's stack charges nothing beyond the hardware (`Stack.upper_bound`: by
-    what it charges, not its name); a record of before that flag: its stack named ideal."""
-    return bool(record.get("upper_bound", record.get("stack", IDEAL) == IDEAL))
 
 
 def factor(record: dict[str, Any]) -> float | None:
