@@ -116,7 +116,7 @@ def exactness(folder: Path, devices: list[str], small: bool) -> None:
                         continue
                     name = f"exact {'+'.join(devs)} {policy} {'RAM 6/16' if ram else 'disk'} batch {batch}"
 
-                    def run(policy=policy, ram=ram, batch=batch) -> tuple[bool, dict[str, Any]]:
+                    def run(policy=policy, ram=ram, batch=batch, om=om) -> tuple[bool, dict[str, Any]]:
                         host = HostCache(ram, get_policy("lru")) if ram else None
                         r = om.run(P, get_policy(policy), 2, max_new_tokens=steps, keep_logits=True, host=host,
                                    batch=batch)
