@@ -86,6 +86,7 @@ def test_round_trip_through_toml(tmp_path) -> None:
     [
         ({"layer_us": -1.0}, "layer_us must be a finite number >= 0"),
         ({"copy_efficiency": 1.5}, "copy_efficiency must be in (0, 1]"),
+        ({"launch_share": 1.5}, "launch_share must be in [0, 1]"),
         ({"host_efficiency": 2.0}, "host_efficiency must be in [0, 1]"),
         ({"numa_aware": "yes"}, "numa_aware must be true or false"),
         ({"speed": 3.0}, "unknown stack fields ['speed']"),
@@ -130,6 +131,28 @@ def test_layer_cost_adds_per_block_of_every_pass(two_requests) -> None:
     passes = base.decode_tokens + base.requests
     blocks = two_requests.geometry.layers + 1
     assert slow.sim_time_s - base.sim_time_s == pytest.approx(passes * blocks * 1e-3, rel=1e-9)
+
+
+def test_launch_share_scales_the_profiles_launch_overheads(two_requests) -> None:
+    """A runtime paying every launch pays the profile's per-block and per-expert overheads once
+    each: the same time as those overheads charged as its own `layer_us` and `expert_us`."""
+    ideal = load_stack("ideal")
+    hw = seed_box()
+    assert ideal.launch_share == 0.0
+    launches = _run(two_requests, dataclasses.replace(ideal, launch_share=1.0))
+    own = _run(two_requests, dataclasses.replace(ideal, layer_us=hw.layer_overhead_us, expert_us=hw.expert_overhead_us))
+    half = _run(two_requests, dataclasses.replace(ideal, launch_share=0.5))
+    base = _run(two_requests, ideal)
+    assert launches.sim_time_s == pytest.approx(own.sim_time_s, rel=1e-12)
+    assert base.sim_time_s < half.sim_time_s < launches.sim_time_s
+    assert dataclasses.replace(ideal, launch_share=0.5).upper_bound is False and ideal.upper_bound
+
+
+def test_a_stack_file_of_before_launch_share_pays_every_launch() -> None:
+    raw = load_stack("hf-accelerate").to_dict()
+    del raw["launch_share"], raw["sources"]["launch_share"]
+    stack = Stack.from_dict(raw, "old.toml")
+    assert stack.launch_share == 1.0 and "not stated in the file" in stack.sources["launch_share"]
 
 
 def test_expert_loop_cost_adds_per_expert_of_every_moe_layer_passed(two_requests) -> None:

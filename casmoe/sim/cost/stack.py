@@ -10,9 +10,14 @@ What each field adds to a run (`Machine`, `casmoe.sim.cost.compute`, `casmoe.sim
 
 - `step_us`: per forward pass (a decode token of the batch, or a prefill), on the compute
   thread: the Python loop, sampling, launching the graph;
+- `launch_share`: the share of the profile's kernel-launch overheads (`layer_overhead_us`,
+  `expert_overhead_us`: a launch per kernel from the host) the runtime pays: 1 launches each
+  kernel from Python or C++ one by one; 0 replays a captured graph (CUDA graphs) with one
+  kernel for all of a layer's routed experts (a grouped `mul_mat_id`, a fused MoE kernel), so
+  launch gaps vanish and what a layer still costs is measured in `layer_us`;
 - `layer_us`: per block of a pass (each MoE layer, each dense-only block and the LM head: the
-  runtime's module calls), beyond the profile's kernel-launch overhead;
-- `expert_us`: per routed expert run on a GPU, beyond the profile's launch overhead;
+  runtime's module calls), beyond the profile's launch overhead it pays;
+- `expert_us`: per routed expert run on a GPU, beyond the profile's launch overhead it pays;
 - `expert_loop_us`: per expert of each MoE layer a pass goes through, routed or not: runtimes
   whose MoE block walks every expert (HF transformers' `for expert_idx in range(self.num_experts)`
   with a `torch.where` on its mask, a device sync each), so a layer of 128 experts costs 16x
@@ -66,6 +71,7 @@ class Stack:
     name: str
     description: str
     step_us: float = 0.0
+    launch_share: float = 1.0
     layer_us: float = 0.0
     expert_us: float = 0.0
     expert_loop_us: float = 0.0
@@ -99,7 +105,8 @@ class Stack:
     def upper_bound(self) -> bool:
         """A runtime that costs nothing beyond the hardware (the ideal stack, or any stack of
         those numbers): its figures are upper bounds, by what it charges, not by its name."""
-        ideal = Stack("ideal", "", sources={n: "-" for n in (*self.numeric_fields(), "numa_aware", "prefetch_early")})
+        ideal = Stack("ideal", "", launch_share=0.0,
+                      sources={n: "-" for n in (*self.numeric_fields(), "numa_aware", "prefetch_early")})
         mine, base = self.costs(), ideal.costs()
         return all(mine[k] == base[k] for k in base if k not in ("host_efficiency", "host_flops_efficiency",
                                                                   "numa_aware", "prefetch_early"))
@@ -118,6 +125,8 @@ class Stack:
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise StackError(f"stack {self.name!r}: {n} must be a finite number >= 0, got {v!r}")
+        if self.launch_share > 1:
+            raise StackError(f"stack {self.name!r}: launch_share must be in [0, 1]")
         for n in ("copy_efficiency", "gpu_efficiency"):
             if not 0 < getattr(self, n) <= 1:
                 raise StackError(f"stack {self.name!r}: {n} must be in (0, 1]")
@@ -180,6 +189,9 @@ class Stack:
         for n in ("sources", "fitted_on"):
             if n in raw and not isinstance(raw[n], dict):
                 raise StackError(f"{where}: [{n}] must be a table")
+        if "launch_share" not in raw:  # a file of before the field: every launch paid, as then
+            raw = {**raw, "launch_share": 1.0,
+                   "sources": {**raw.get("sources", {}), "launch_share": LAUNCH_SHARE_DEFAULT}}
         values = {k: (float(v) if k in cls.numeric_fields() and isinstance(v, int) and not isinstance(v, bool) else v)
                   for k, v in raw.items()}
         try:
@@ -197,6 +209,9 @@ class Stack:
         shipped = stack_paths().get(stack.name)
         is_shipped = shipped is not None and Path(path).resolve() == shipped.resolve()
         return stack if is_shipped else replace(stack, origin=str(path))
+
+
+LAUNCH_SHARE_DEFAULT = "1: not stated in the file, every kernel launch of the profile paid"
 
 
 def _without_name(exc: Exception, raw: dict[str, Any]) -> str:
