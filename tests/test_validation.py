@@ -123,6 +123,16 @@ def test_a_setup_is_predicted_by_constants_fitted_without_it() -> None:
     assert all(by[i].fitted_on == 3 for i in ids)
 
 
+def test_disputed_rows_are_few_and_each_names_a_row_that_contradicts_it() -> None:
+    """Disputing a row takes it out of the score: kept to a few, each with the contradicting
+    measurement as a row of the table a reader can open."""
+    disputed = [r for r in BY_ID.values() if r.disputed]
+    assert len(disputed) <= 3
+    for r in disputed:
+        named = [i for i in BY_ID if i in r.disputed and i != r.id]
+        assert named and all(not BY_ID[i].disputed for i in named), r.id
+
+
 def test_a_disputed_row_is_predicted_but_neither_fitted_on_nor_counted() -> None:
     row = dataclasses.replace(BY_ID["mixoff-a100-hqq2-lru"], disputed="contradicted by x")
     val = v.Validation([v.Result(row, "predicted", row.rate * 50)], {}, v.load_shared())
