@@ -100,6 +100,37 @@ def test_ktransformers_keeps_the_most_routed_experts_of_all_layers(trace, extra)
     assert stats.hits == int(used[on_gpu].sum()) and stats.cpu_computed == int(used[~on_gpu].sum())
 
 
+@FAST
+@given(trace=traces(), extra=st.integers(0, 3))
+def test_ktransformers_uniform_holds_the_same_count_per_layer_by_id(trace, extra):
+    """SGLang's default placement: each layer's lowest ids, layers differing by one at most."""
+    g = trace.geometry
+    cap = Capacity(min(g.top_k + extra, g.experts))
+    cache = KTransformers.create(g, cap, strategy="uniform")
+    per_layer = [sorted(e % g.experts for e in cache.gpu if e // g.experts == layer) for layer in range(g.layers)]
+    assert sum(map(len, per_layer)) == cap.slots * g.layers
+    assert max(map(len, per_layer)) - min(map(len, per_layer)) <= 1
+    assert all(ids == list(range(len(ids))) for ids in per_layer)
+    used = np.zeros(g.total_experts, np.int64)
+    for step in trace.steps():
+        for ids in step.experts:
+            np.add.at(used, ids, 1)
+    on_gpu = np.zeros(g.total_experts, bool)
+    on_gpu[list(cache.gpu)] = True
+    stats = replay(trace, cache).stats
+    assert stats.hits == int(used[on_gpu].sum()) and stats.cpu_computed == int(used[~on_gpu].sum())
+
+
+def test_ktransformers_uniform_reads_no_routing():
+    from casmoe.policies import PolicySpec
+    from casmoe.shipped import shipped
+
+    trace = load_trace(shipped("tiny-mixtral.npz"))
+    assert PolicySpec.parse("ktransformers[strategy=uniform]").fitted_requests(trace) == set()
+    with pytest.raises(CacheConfigError, match="strategy must be one of"):
+        KTransformers.create(trace.geometry, Capacity(2), strategy="random")
+
+
 def test_ktransformers_and_n_cpu_moe_profile_only_the_train_split():
     from casmoe.policies import PolicySpec
     from casmoe.selection import split_indices

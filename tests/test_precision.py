@@ -199,7 +199,7 @@ def test_a_bad_precisions_file_fails_in_one_line(tmp_path, text, words):
 
 @pytest.mark.parametrize("model, quant, dense, head", [
     ("qwen3-30b-a3b", "q4_k_m", "Q4_K", "Q6_K"),  # a GGUF quantises every tensor
-    ("gpt-oss-120b", "q4_k_m", "Q4_K", "Q8_0"),  # a 2880-wide head is not whole Q6_K blocks: Q8_0
+    ("gpt-oss-120b", "q4_k_m", "Q5_0", "Q8_0"),  # 2880-wide rows are not whole K blocks: Q4_K -> Q5_0, Q6_K -> Q8_0
     ("qwen3-30b-a3b", "mxfp4_moe", "Q8_0", "Q8_0"),
     ("qwen3-30b-a3b", "iq2_xxs", "IQ2_XXS", "Q5_K"),
     ("mixtral-8x7b", "int4", "bf16", "bf16"),  # a plain format stores the experts only
@@ -216,3 +216,15 @@ def test_a_file_type_prices_the_whole_file_and_a_plain_format_the_experts(model,
     assert machine.head_bytes() == machine.head_precision.param_bytes(preset.vocab * preset.geometry.hidden)
     forced = Machine(preset, load_profile("rtx4090x4"), quant=parse_precision(quant), dense_quant=parse_precision("bf16"))
     assert (forced.dense_precision.name, forced.head_precision.name) == ("bf16", "bf16")  # --dense-quant wins
+
+
+def test_a_file_type_named_for_the_dense_part_keeps_the_experts_own_type():
+    """gpt-oss in a Q4_K_M GGUF: llama.cpp keeps its MXFP4 experts and quantises the rest to
+    Q4_K_M's types (`--quant mxfp4 --dense-quant q4_k_m`)."""
+    from casmoe.presets import get_preset
+    from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.cost.machine import Machine
+
+    machine = Machine(get_preset("gpt-oss-20b"), load_profile("rtx4090x4"), quant=parse_precision("mxfp4"),
+                      dense_quant=parse_precision("q4_k_m"))
+    assert (machine.quant.name, machine.dense_precision.name, machine.head_precision.name) == ("mxfp4", "Q5_0", "Q8_0")

@@ -150,7 +150,8 @@ def test_launch_share_scales_the_profiles_launch_overheads(two_requests) -> None
 
 def test_a_stack_file_of_before_launch_share_pays_every_launch() -> None:
     raw = load_stack("hf-accelerate").to_dict()
-    del raw["launch_share"], raw["sources"]["launch_share"]
+    del raw["launch_share"]
+    raw["sources"] = {k: v for k, v in raw["sources"].items() if k != "launch_share"}
     stack = Stack.from_dict(raw, "old.toml")
     assert stack.launch_share == 1.0 and "not stated in the file" in stack.sources["launch_share"]
 

@@ -66,9 +66,11 @@ def test_the_ideal_bound_is_never_slower_than_a_stack() -> None:
 def test_fit_recovers_the_constants_that_made_the_measurements() -> None:
     """Rows "measured" by a known stack: the fit finds its per-layer cost and copy efficiency
     again from the two on-demand rows whose experts differ only in bytes."""
-    truth = dataclasses.replace(load_stack("mixtral-offloading"), layer_us=3000.0, copy_efficiency=0.4)
+    ids = ["mixoff-a100-hqq2-ondemand", "mixoff-a100-hqq3-ondemand"]
+    truth = dataclasses.replace(load_stack("mixtral-offloading"), layer_us=3000.0, copy_efficiency=0.4,
+                                fitted_on={"layer_us": ids, "copy_efficiency": ids})
     rows = {}
-    for i in ("mixoff-a100-hqq2-ondemand", "mixoff-a100-hqq3-ondemand"):
+    for i in ids:
         r = BY_ID[i]
         measured = v.predict(r, truth.resolved())
         rows[i] = dataclasses.replace(r, metric="decode_tok_s", value=measured)

@@ -162,20 +162,29 @@ class Machine:
 
     @property
     def dense_precision(self) -> Precision:
-        """The dense part's precision: `dense_quant`, else the file type's when the experts are
-        at a llama.cpp file type (a GGUF quantises every tensor), else the checkpoint's."""
+        """The dense part's precision: a llama.cpp file type's dense type (a GGUF quantises every
+        tensor; `file_type`), else `dense_quant`, else the checkpoint's."""
+        file_type = self.file_type
+        if file_type is not None:
+            return file_type.dense.fitted(self.preset.geometry.hidden)
+        return self.dense_quant or self.preset.dense_precision
+
+    @property
+    def file_type(self) -> Precision | None:
+        """The llama.cpp file type the non-expert tensors follow: `dense_quant` when it is one
+        (experts of their own type, as gpt-oss's MXFP4 experts in a Q4_K_M file), else the
+        experts' when no dense precision is named; None for a checkpoint's formats."""
         if self.dense_quant is not None:
-            return self.dense_quant
-        if self.quant is not None and self.quant.is_file_type:
-            return self.quant.dense
-        return self.preset.dense_precision
+            return self.dense_quant if self.dense_quant.is_file_type else None
+        return self.quant if self.quant is not None and self.quant.is_file_type else None
 
     @property
     def head_precision(self) -> Precision:
         """The LM head's precision: a llama.cpp file type's output type (moved to its fallback
         when the model's width is not whole blocks, as llama.cpp does), else the dense part's."""
-        if self.dense_quant is None and self.quant is not None and self.quant.is_file_type:
-            return self.quant.head.fitted(self.preset.geometry.hidden)
+        file_type = self.file_type
+        if file_type is not None:
+            return file_type.head.fitted(self.preset.geometry.hidden)
         return self.dense_precision
 
     def head_bytes(self) -> float:

@@ -151,12 +151,11 @@ def markdown(records: Sequence[dict[str, Any]], halves: Sequence[Halves], specs:
 def _engine_terms(pairs: Sequence[tuple[Any, dict[str, Any]]], h: Halves) -> list[str]:
     """The placements' cells as their engines are told them (`--n-cpu-moe N`, `-ot` layers,
     KTransformers' GPU experts, all on the GPU): what a user types to run the cell."""
-    from casmoe.policies.placement import Placement
     from casmoe.sim.questions.deploy.terms import engine_terms
 
     out = []
     for spec, r in pairs:
-        if spec is None or "skipped" in r or not issubclass(spec.policy.cls, Placement):
+        if spec is None or "skipped" in r or not spec.policy.cls.fills_at_start:
             continue
         out.append(f"- {short_label(r['policy'], h)} at {_cap_title(r['capacity_spec'], h.experts)}: "
                    f"{engine_terms(spec)}")

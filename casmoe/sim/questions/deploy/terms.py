@@ -16,19 +16,17 @@ from casmoe.sim.questions.deploy import engines as eng
 
 def engine_terms(spec: Any) -> str:
     """How the engine running `spec`'s policy is told its placement (see the module docstring)."""
-    from casmoe.policies.placement import Placement, budget_slots
     from casmoe.sim.run.runner import resolve
 
     run, _ = resolve(spec)
     g = run.trace.geometry
     L, E = g.layers, g.experts
     cap = run.capacity
-    if not issubclass(run.policy, Placement):
-        slots = cap.slots if cap.per_layer else budget_slots(g, cap) // max(1, L)
-        if cap.per_layer and cap.slots >= E or not cap.per_layer and budget_slots(g, cap) >= g.total_experts:
+    if not run.policy.fills_at_start:  # a cache, not a placement (its GPU set is chosen as it runs)
+        pool = cap.clamped(g).total(g)
+        if cap.per_layer and cap.slots >= E or not cap.per_layer and pool >= g.total_experts:
             return "all on the GPU (every expert cached)"
-        return f"{cap.slots} slots per layer" if cap.per_layer else f"a pool of {budget_slots(g, cap)} experts " \
-                                                                    f"(~{slots} a layer)"
+        return f"{cap.slots} slots per layer" if cap.per_layer else f"a pool of {pool} experts (~{pool // max(1, L)} a layer)"
     expert_bytes = spec.machine.expert_bytes(run.trace)
     cache = run.policy.create(g, cap, miss_mode=run.miss_mode, expert_bytes=expert_bytes, trace=run.trace,
                               **dict(run.options))
@@ -44,8 +42,9 @@ def engine_terms(spec: Any) -> str:
         if host == list(range(len(host))):
             return f"llama.cpp --n-cpu-moe {dense + len(host)}"
         return f"llama.cpp -ot '{eng.overrides_text([([dense + layer for layer in host], 'CPU')])}'"
+    # SGLang places uniformly unless told the frequency strategy (and given the routing profile)
+    strategy = "" if dict(run.options).get("strategy") == "uniform" else " --kt-expert-placement-strategy frequency"
     if len(set(per)) == 1:
-        return f"KTransformers --kt-num-gpu-experts {per[0]}"
+        return f"KTransformers --kt-num-gpu-experts {per[0]}{strategy}"
     ratio = (len(gpu) + 0.5) / g.total_experts
-    return (f"KTransformers --kt-gpu-experts-ratio {ratio!r} ({len(gpu)} of {g.total_experts} experts, "
-            "--kt-expert-placement-strategy frequency)")
+    return (f"KTransformers --kt-gpu-experts-ratio {ratio!r}{strategy} ({len(gpu)} of {g.total_experts} experts)")
