@@ -91,7 +91,10 @@ class Row:
     """One published measurement (`measurements.toml`): its source, what was measured, and its
     configuration in casmoe's terms (`run`) or why it has none (`scope`). `disputed` names the
     source a measurement contradicts, where another source measured the same configuration far
-    apart: such a row is predicted and shown, never fitted on or counted in the summary."""
+    apart: such a row is predicted and shown, never fitted on or counted in the summary.
+    `faster_than_bound` says why a row measured faster than casmoe's bound for its written
+    configuration (a source that misprints, a setting it does not state): such a row is shown
+    beyond its bound, and a beyond-bound row without a reason fails the table's test."""
 
     id: str
     system: str
@@ -107,6 +110,7 @@ class Row:
     output_tokens: int
     url: str = ""
     disputed: str = ""
+    faster_than_bound: str = ""
 
     @property
     def rate(self) -> float:
@@ -161,7 +165,7 @@ def row_from_dict(r: dict[str, Any], where: str) -> Row:
     return Row(r["id"], r["system"], r["kind"], r["source"], r["metric"], float(r["value"]), r.get("run"),
                r.get("scope", ""), str(r.get("model", "")), str(r.get("box", "")),
                int(r.get("prompt_tokens") or 0), int(r.get("output_tokens") or 0), str(r.get("url", "")),
-               str(r.get("disputed", "")))
+               str(r.get("disputed", "")), str(r.get("faster_than_bound", "")))
 
 
 # ---- predicting one row ---------------------------------------------------------------------------
@@ -608,8 +612,9 @@ def validate(rows: list[Row] | None = None, progress: Callable[[str], None] | No
         if r.id in beyond:
             results.append(Result(r, "beyond bound", bound=bounds[r.id], note=(
                 f"measured {r.rate:.3g} tok/s, faster than casmoe's bound for the configuration written for it "
-                f"({bounds[r.id]:.3g} tok/s: an ideal runtime, copies at the link's pinned rate): what ran is not "
-                "what the row says (a precision, a placement or a box the source does not state)")))
+                f"({bounds[r.id]:.3g} tok/s: an ideal runtime, copies at the link's pinned rate): "
+                + (r.faster_than_bound or "what ran is not what the row says (a precision, a placement or a box "
+                   "the source does not state)"))))
     for name in names:
         fit = fits[name]
         mine = [r for r in runs if r.stack == name and r.id in bounds and r.id not in beyond]
