@@ -16,14 +16,11 @@ one the simulator runs without overcommit, and the other way round.
 
 from __future__ import annotations
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Callable
+from casmoe.tables import read_table
 
 GIB = 1024**3
 MIB = 1024**2
@@ -34,8 +31,7 @@ PROFILE = ""
 
 @cache
 def rules() -> dict[str, Any]:
-    with open(RULES, "rb") as fh:
-        return tomllib.load(fh)
+    return read_table(RULES)
 
 
 @dataclass(frozen=True)

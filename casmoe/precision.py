@@ -20,10 +20,6 @@ Sizes are computed with exact fractions and rounded down once per expert, so a p
 
 from __future__ import annotations
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 import enum
 import re
 from dataclasses import dataclass
@@ -34,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from casmoe.errors import CasmoeError
+from casmoe.tables import read_table
 
 PRECISIONS_FILE = Path(__file__).with_name("precisions.toml")
 EXPERT_PARTS = ("gate", "up", "down")
@@ -330,8 +327,7 @@ def _precision(name: str, table: dict[str, Any], types: dict[str, Precision], pa
 def load_precisions(path: Path = PRECISIONS_FILE) -> dict[str, Precision]:
     """The named precisions of `path` (`[precision.NAME]` tables); `[ggml.TYPE]` tables are the
     block types they are built from, not selectable by name."""
-    with open(path, "rb") as fh:
-        raw = tomllib.load(fh)
+    raw = read_table(path)
     unknown = set(raw) - {"ggml", "precision"}
     if unknown:
         raise PrecisionError(f"{path}: unknown top-level tables {sorted(unknown)}; use [ggml.*] and [precision.*]")

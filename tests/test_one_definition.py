@@ -31,6 +31,9 @@ ONE_PLACE = {
         {"presets/__init__.py"},
     ),
     "the layer split over devices": (r"def split_layers\b|divmod\(\s*layers\s*,", {"geometry.py"}),
+    "reading a TOML table (shipped ones by `tables.read_table`, a user's by `userfile.read_toml`)": (
+        r"tomllib\.loads?\(", {"tables.py", "userfile.py", "sim/box/hardware.py"},
+    ),
 }
 """quantity -> (the pattern of its formula, the files that may hold it). A use goes through the
 one function (`Machine.copy_seconds`, `compute.attention_span`, `ModelPreset.kv_bytes`,

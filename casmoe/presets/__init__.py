@@ -10,10 +10,6 @@ that is how we know the shapes are right. Users can point `load_presets` at thei
 
 from __future__ import annotations
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,6 +20,7 @@ from typing import Any
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, GeometryError, Quant
 from casmoe.precision import Precision, PrecisionError, parse_precision
+from casmoe.tables import read_table
 
 PRESETS_FILE = Path(__file__).with_name("models.toml")
 
@@ -337,8 +334,7 @@ class ModelPreset:
 
 @cache
 def load_presets(path: Path = PRESETS_FILE) -> dict[str, ModelPreset]:
-    with open(path, "rb") as fh:
-        raw = tomllib.load(fh)
+    raw = read_table(path)
     presets = {}
     for name, table in raw.items():
         try:

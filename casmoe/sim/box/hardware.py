@@ -24,6 +24,7 @@ from typing import Any
 
 from casmoe.errors import CasmoeError
 from casmoe.output import write_text
+from casmoe.tables import read_table
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 
@@ -401,7 +402,7 @@ axes, and the host threads a runtime is told to use)."""
 
 def link_generations() -> dict[str, dict[str, Any]]:
     """The host-link generations a variant can take (`casmoe/sim/box/links.toml`): pinned rate, source."""
-    return tomllib.loads(LINKS_FILE.read_text())
+    return read_table(LINKS_FILE)
 
 
 def variant(profile: HardwareProfile, link: str = "", host_ram_gib: float | None = None,

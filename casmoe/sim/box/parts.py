@@ -16,24 +16,21 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 from casmoe.sim.box.hardware import link_generations
+from casmoe.tables import read_table
 
 CATALOG_DIR = Path(__file__).with_name("catalog")
 
 
 @cache
 def gpu_catalog() -> dict[str, dict[str, Any]]:
-    return tomllib.loads((CATALOG_DIR / "gpus.toml").read_text())
+    return read_table(CATALOG_DIR / "gpus.toml")
 
 
 @cache
 def cpu_catalog() -> dict[str, dict[str, Any]]:
-    return tomllib.loads((CATALOG_DIR / "cpus.toml").read_text())
+    return read_table(CATALOG_DIR / "cpus.toml")
 
 
 def gpu_entry(name: str) -> str | None:

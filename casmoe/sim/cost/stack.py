@@ -40,10 +40,6 @@ What each field adds to a run (`Machine`, `casmoe.sim.cost.compute`, `casmoe.sim
 
 from __future__ import annotations
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 import json
 import math
 from dataclasses import dataclass, field, fields, replace
@@ -53,6 +49,7 @@ from typing import Any
 
 from casmoe.errors import CasmoeError
 from casmoe.output import write_text
+from casmoe.tables import read_table
 
 STACKS_DIR = Path(__file__).with_name("stacks")
 SHARED_FILE = STACKS_DIR / "shared.toml"
@@ -235,7 +232,7 @@ def load_shared(path: Path = SHARED_FILE) -> Shared:
 
 @lru_cache(maxsize=4)
 def _shared(path: str, mtime_ns: int) -> Shared:
-    raw = tomllib.loads(Path(path).read_text())
+    raw = read_table(path)
     return Shared(float(raw["host_efficiency"]), float(raw["host_flops_efficiency"]), dict(raw.get("sources", {})))
 
 

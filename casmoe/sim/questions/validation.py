@@ -38,7 +38,6 @@ import hashlib
 import json
 import math
 import statistics
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,6 +51,7 @@ from casmoe.sim.cost.stack import Shared, Stack, load_shared, load_stack
 from casmoe.sim.trust.error_model import ErrorModel, Point, leave_one_source_out, point_of
 from casmoe.sim.trust.error_model import fit as fit_error
 from casmoe.sim.trust.uncertainty import MEASUREMENTS, family_of
+from casmoe.tables import read_table
 
 SHIPPED_TRACES = {"mixtral-8x7b": ("tiny-mixtral.npz", 2), "qwen3-30b-a3b": ("synthetic-qwen3-top8.npz", 8)}
 """Model preset -> (shipped trace of its routing shape, its top-k)."""
@@ -150,7 +150,7 @@ class Row:
 
 
 def load_rows(path: Path = MEASUREMENTS) -> list[Row]:
-    rows = [row_from_dict(r, str(path)) for r in tomllib.loads(path.read_text())["row"]]
+    rows = [row_from_dict(r, str(path)) for r in read_table(path)["row"]]
     ids = [r.id for r in rows]
     if len(set(ids)) != len(ids):
         raise ValidationError(f"{path}: row ids repeat")
@@ -276,7 +276,8 @@ _PREDICTED: dict[tuple, float] = {}
 
 
 FIT_BOUNDS = {"step_us": (0.0, 5e6), "layer_us": (0.0, 1e5), "expert_us": (0.0, 1e5), "expert_loop_us": (0.0, 1e5), "host_expert_us": (0.0, 1e5),
-              "copy_us": (0.0, 1e5), "host_efficiency": (0.01, 1.0), "gpu_efficiency": (0.01, 1.0),
+              "copy_us": (0.0, 1e5), "host_efficiency": (0.01, 1.0), "host_flops_efficiency": (0.01, 1.0),
+              "gpu_efficiency": (0.01, 1.0),
               "copy_efficiency": (0.01, 1.0)}
 
 

@@ -22,12 +22,12 @@ source's rows counted in or out of their intervals), and written with the model
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from casmoe.tables import read_table
 
 PUBLISHED = Path(__file__).with_name("published")
 MODEL_FILE = PUBLISHED / "error_model.toml"
@@ -175,7 +175,7 @@ def load() -> ErrorModel | None:
     """The shipped error model (None before the first `casmoe validate published --fit`)."""
     if not MODEL_FILE.exists():
         return None
-    raw = tomllib.loads(MODEL_FILE.read_text())
+    raw = read_table(MODEL_FILE)
     weights = tuple(float(raw["weights"][n]) for n in FEATURES)
     seen = tuple(Point.from_dict(d) for d in raw.get("seen", []))
     return ErrorModel(weights, seen, int(raw.get("rows", 0)), raw.get("coverage"), raw.get("median_factor"),

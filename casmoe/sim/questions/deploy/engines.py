@@ -13,10 +13,6 @@ command's parameters by the CLI and the tests (this package cannot import the CL
 
 from __future__ import annotations
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -25,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from casmoe.errors import CasmoeError
+from casmoe.tables import read_table
 
 ENGINE_DATA = Path(__import__("casmoe").__file__).resolve().parent / "engines"
 """casmoe/engines/*.toml: a checkout's, or the installed package's copy (setup.py's package data)."""
@@ -87,8 +84,7 @@ class FlagList:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
+    return read_table(path)
 
 
 def _flags_of(table: list[dict[str, Any]], program: str, engine: str) -> list[Flag]:

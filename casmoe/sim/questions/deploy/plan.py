@@ -47,6 +47,7 @@ from casmoe.sim.questions.deploy.placement import (
 )
 from casmoe.sim.questions.deploy.quality import DEFAULT_FLOOR, above, floor_kld, gguf_choices
 from casmoe.sim.questions.deploy.routing import Routing, resolve
+from casmoe.tables import read_table
 
 SYSTEMS = {"llama.cpp": ("llama.cpp", "Ollama"), "ktransformers": ("KTransformers",), "vllm": ("vLLM",),
            "sglang": ("SGLang",), "casmoe": ()}
@@ -640,17 +641,8 @@ def _write_files(ctx: Context, engines: list[EnginePlan], out: Path) -> None:
 def published(model: str, engines: Sequence[str]) -> list[dict[str, Any]]:
     """Measurements of this model on these engines in casmoe/sim/trust/published/measurements.toml, with their
     boxes: what real runs reported, beside what the plan predicts."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-
     folder = Path(__file__).resolve().parents[2] / "trust" / "published"
-    try:
-        rows = tomllib.loads((folder / "measurements.toml").read_text())["row"]
-        boxes = tomllib.loads((folder / "boxes.toml").read_text())
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        return []
+    rows, boxes = read_table(folder / "measurements.toml")["row"], read_table(folder / "boxes.toml")
     systems = {s: e for e in engines for s in SYSTEMS.get(e, ())}
     out = []
     for r in rows:

@@ -17,10 +17,6 @@ The released precision costs nothing by definition (gpt-oss was trained in MXFP4
 
 from __future__ import annotations
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -29,6 +25,7 @@ from casmoe.errors import CasmoeError
 from casmoe.precision import Precision, parse_precision
 from casmoe.presets import ModelPreset
 from casmoe.sim.questions.deploy.engines import ENGINE_DATA
+from casmoe.tables import read_table
 
 QUALITY = ENGINE_DATA / "quant_quality.toml"
 GGUF_CHOICES = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "iq4_xs", "q3_k_m")
@@ -46,8 +43,7 @@ class QualityError(CasmoeError, ValueError):
 
 @cache
 def _table() -> dict[str, Any]:
-    with open(QUALITY, "rb") as fh:
-        return tomllib.load(fh)
+    return read_table(QUALITY)
 
 
 def _reference_kld() -> dict[str, tuple[float, str]]:

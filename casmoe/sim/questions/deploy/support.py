@@ -14,10 +14,6 @@ engine cannot load, and each script it writes checks the engine's version before
 
 from __future__ import annotations
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 import re
 import shlex
 from dataclasses import dataclass
@@ -26,6 +22,7 @@ from typing import Any, Sequence
 
 from casmoe.presets import ModelPreset
 from casmoe.sim.questions.deploy.engines import ENGINE_DATA
+from casmoe.tables import read_table
 
 SUPPORT = ENGINE_DATA / "support.toml"
 ENGINE_KEYS = {"llama.cpp": "llama.cpp", "ktransformers": "ktransformers", "vllm": "vllm", "sglang": "sglang"}
@@ -35,8 +32,7 @@ its adapters, `casmoe.backends.adapters`)."""
 
 @cache
 def data() -> dict[str, Any]:
-    with open(SUPPORT, "rb") as fh:
-        return tomllib.load(fh)
+    return read_table(SUPPORT)
 
 
 @dataclass(frozen=True)
