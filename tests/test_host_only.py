@@ -22,13 +22,14 @@ from casmoe.trace import Request, Trace
 
 
 def host_box(ram_gib: float = 64.0, storage_gbs: float = 3.0) -> HardwareProfile:
-    """The seed box's host alone: its CPU, its RAM, a drive; no GPU."""
+    """The seed box's host alone: its CPU (without its integer dot products), its RAM, a drive; no GPU."""
     seed = load_profile("rtx4090x4")
     values = {name: 0 for name in GPU_FIELDS}
     return seed.with_values(
         name="cpu-box", gpus=0, host_ram_gib=ram_gib, storage_read_gbs=storage_gbs, storage_latency_us=80.0,
-        **values, sources={**{n: "test: no GPU" for n in (*values, "gpus")}, "host_ram_gib": "test",
-                           "storage_read_gbs": "test", "storage_latency_us": "test"})
+        cpu_int8_speedup=0.0, **values, sources={**{n: "test: no GPU" for n in (*values, "gpus")}, "host_ram_gib": "test",
+                                                 "storage_read_gbs": "test", "storage_latency_us": "test",
+                                                 "cpu_int8_speedup": "test: FMAs alone"})
 
 
 def one_request(g: Geometry, tokens: int = 9, prefill: int = 4) -> Trace:

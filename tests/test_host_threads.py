@@ -20,7 +20,8 @@ from conftest import one_spec
 from casmoe.precision import parse_precision
 from casmoe.presets import get_preset
 
-HW = load_profile("rtx4090x4")  # 2x Xeon Gold 6330: 56 cores, 3.58 TFLOPS, 375 GB/s
+HW = load_profile("rtx4090x4").with_values(  # 2x Xeon Gold 6330: 56 cores, 3.58 TFLOPS, 375 GB/s
+    cpu_int8_speedup=0.0, sources={"cpu_int8_speedup": "test: no integer dot products (the shipped profile's VNNI: 4)"})
 MIXTRAL = get_preset("mixtral-8x7b")
 
 
@@ -123,6 +124,7 @@ def test_float_experts_and_profiles_without_the_field_keep_the_fp32_rate():
     for quant in (None, "bf16", "fp8", "int4", "hqq2", "nf4", "gptq4"):  # None: Mixtral's bf16 checkpoint
         assert compute(vnni(), quant) == compute(HW, quant), quant
     assert HW.cpu_int8_speedup == 0 and HW.host_int_flop_scale == HW.host_flop_scale
+    assert compute(load_profile("rtx4090x4"), "q4_k_m") == compute(vnni(), "q4_k_m")  # the shipped profile: VNNI
     one = vnni(speedup=1.0)
     assert compute(one, "q4_k_m") == compute(HW, "q4_k_m")
 
