@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from casmoe.sim.box.hardware import GPU_FIELDS, HOST_RESERVED_GIB, HOST_RESERVED_SOURCE, HardwareProfile
+from casmoe.sim.box.parts import INT8_DOT
 
 ROOT = Path(__file__).resolve().parents[1] / "casmoe" / "sim"
 BOXES = tomllib.loads((ROOT / "trust" / "published" / "boxes.toml").read_text())
@@ -52,6 +53,7 @@ class Spec:
     base: str = ""  # the boxes.toml key this profile is made from, when it differs from the profile's name
     why: str = ""  # how the run used part of the box
     ram_gib: tuple[float, str] | None = None  # host RAM when the box states it in other words than ram_gib
+    int8_dot: tuple[str, str] | None = None  # the int8 dot product (catalog `int8_dot`) of a CPU the catalog lacks
 
 
 ONE_SOCKET = "one socket of it: the single-socket rows run `numactl -N 1 -m 1 ... --cpu_infer 33` (measurements.toml notes)"
@@ -63,8 +65,14 @@ MAP: dict[str, Spec] = {
     "mixoff-desktop-rtx3060": Spec("NVIDIA GeForce RTX 3060", None, "pcie3", 1),
     "colab-t4-free": Spec("Tesla T4", None, "pcie3"),
     "azure-t4": Spec("Tesla T4", None, "pcie3"),
-    "fiddler-env1-quadro-rtx6000": Spec("Quadro RTX 6000", None, "pcie3"),
-    "fiddler-env2-l4": Spec("NVIDIA L4", None, "pcie4"),
+    "fiddler-env1-quadro-rtx6000": Spec("Quadro RTX 6000", None, "pcie3", int8_dot=(
+        "vpmaddubsw", "box: a '48-core Intel Skylake' CPU (SKU not stated; a server part, Skylake-SP, as boxes.toml "
+                      "infers): AVX-512 without VNNI, which came with the 2nd-generation Xeon Scalable (intel.com "
+                      "'Introduction to Intel Deep Learning Boost on Second Generation Intel Xeon Scalable Processors')")),
+    "fiddler-env2-l4": Spec("NVIDIA L4", None, "pcie4", int8_dot=(
+        "vpdpbusd", "box: an 'Intel Cascade Lake' CPU (SKU not stated): DL Boost VNNI is 'available in 2nd generation "
+                    "Intel Xeon Scalable processors' (intel.com 'Introduction to Intel Deep Learning Boost on Second "
+                    "Generation Intel Xeon Scalable Processors')")),
     "moeinf-readme-a5000": Spec("NVIDIA RTX A5000", None, "pcie4"),
     "moeinf-paper-a5000-32g": Spec("NVIDIA RTX A5000", None, "pcie4"),
     "moeinf-paper-a5000-128g": Spec("NVIDIA RTX A5000", None, "pcie4"),
@@ -187,6 +195,25 @@ def host_isa(b: dict, bsrc: dict, cpu_name: str | None) -> tuple[str, str]:
     return "unknown", "not stated and not in the catalog"
 
 
+def int8_speedup(spec: Spec, b: dict, bsrc: dict) -> tuple[float, str]:
+    """The host's `cpu_int8_speedup` and its source: the catalog CPU's integer dot product (or the
+    box's, for a CPU the catalog lacks); 0 where neither is known. A run that forced another
+    backend is the runtime's choice: the profile keeps the CPU's instructions and says so."""
+    if spec.cpu is not None:
+        kind, where = CPUS[spec.cpu]["int8_dot"], f"catalog {spec.cpu}: {CPUS[spec.cpu]['sources']['int8_dot']}"
+    elif spec.int8_dot is not None:
+        kind, where = spec.int8_dot
+    else:
+        return 0.0, "unknown: the source does not name the CPU (0: int8 kernels at the FP32 rate)"
+    if kind not in INT8_DOT:
+        return 0.0, f"unknown: {where} (0: int8 kernels at the FP32 rate)"
+    speedup, how = INT8_DOT[kind]
+    stated = str(b.get("cpu_isa", ""))
+    forced = (f"; the box's runs chose the AVX2 backend ({bsrc.get('cpu_isa', stated)}): the runtime's choice, which "
+              "its stack's fitted efficiency carries, not the CPU's") if "AVX2 backend" in stated else ""
+    return speedup, f"{how}; {where}{forced}"
+
+
 def memory_type(b: dict, cpu_name: str | None) -> str:
     """DDR4 or DDR5 (or unknown), from the box's memory statement, else the catalog part's."""
     for text in (str(b.get("ram", "")), str(CPUS[cpu_name]["memory"]) if cpu_name else ""):
@@ -299,6 +326,7 @@ def profile(name: str) -> HardwareProfile:
                            f"FLOP/cycle ({'catalog' if c['fp32_flops_per_cycle'] else 'estimate: one 512-bit or two 256-bit FMA units'}) "
                            f"x {ghz} GHz ({'catalog' if c['boost_ghz'] or c['base_ghz'] else 'estimate: clock not found'}); "
                            f"host ISA {isa} ({isa_src}), memory {mem}")
+    v["cpu_int8_speedup"], s["cpu_int8_speedup"] = int8_speedup(spec, b, bsrc)
     if spec.host_bw is not None and not v["cpu_mem_bw_gbs"]:
         v["cpu_mem_bw_gbs"], s["cpu_mem_bw_gbs"] = spec.host_bw
     if spec.storage is not None:

@@ -44,15 +44,52 @@ class PrecisionError(CasmoeError, ValueError):
 
 
 class Family(enum.Enum):
-    """How the weights are stored; the simulator may price dequantisation per family."""
+    """How the weights are stored, and so how a host kernel multiplies them (`INT_DOT`)."""
 
     FLOAT = "float"
-    INT = "int"
-    KQUANT = "kquant"
+    INT = "int"  # integer formats of PyTorch stacks (GPTQ, AWQ, casmoe's int8/int4) and bare widths
+    GGML = "ggml"  # ggml's legacy block types: Q4_0, Q5_0, Q5_1, Q8_0
+    KQUANT = "kquant"  # ggml's k-quants (Q2_K..Q6_K) and i-quants (IQ1_S..IQ4_XS, IQ4_NL)
     MX = "mx"
     HQQ = "hqq"
     NF = "nf"
     FP8 = "fp8"
+
+
+_GGML_CPU = ("llama.cpp ggml/src/ggml-cpu/ggml-cpu.c (commit 0c1e5709, as vendored by llama-cpp-python 0.3.36), "
+             "type_traits_cpu")
+INT_DOT: dict[Family, tuple[bool, str]] = {
+    Family.KQUANT: (True, (f"{_GGML_CPU}: Q2_K..Q6_K and the IQ types have vec_dot_type = GGML_TYPE_Q8_K (IQ4_NL: "
+                           "Q8_0): the activations are quantised to int8 and ggml_vec_dot_q4_K_q8_K "
+                           "(ggml-cpu/arch/x86/quants.c) multiplies the unpacked int8 weights by them with "
+                           "_mm256_maddubs_epi16 + _mm256_madd_epi16; ik_llama.cpp's k-quant kernels "
+                           "(ggml/src/iqk/iqk_gemm_kquants.cpp compute_block) with _mm512_dpbusd_epi32 where "
+                           "HAVE_FANCY_SIMD (AVX512F, VNNI, VL, BW, DQ); KTransformers' llamafile backend runs "
+                           "ggml's kernels")),
+    Family.GGML: (True, (f"{_GGML_CPU}: Q4_0, Q5_0, Q8_0 have vec_dot_type = GGML_TYPE_Q8_0 (Q5_1: Q8_1); "
+                         "ggml_vec_dot_q4_0_q8_0 sums with mul_sum_i8_pairs_float, which is _mm256_dpbusd_epi32 "
+                         "under __AVX512VNNI__, _mm256_dpbusd_avx_epi32 under __AVXVNNI__, else "
+                         "_mm256_maddubs_epi16 + _mm256_madd_epi16 (ggml-cpu/arch/x86/quants.c)")),
+    Family.MX: (True, (f"{_GGML_CPU}: MXFP4 has vec_dot_type = GGML_TYPE_Q8_0; ggml_vec_dot_mxfp4_q8_0 "
+                       "(ggml-cpu/arch/x86/quants.c) looks the E2M1 codes up as int8 (kvalues_fp4) and multiplies "
+                       "them by the int8 activations with mul_add_epi8 (_mm256_maddubs_epi16) + _mm256_madd_epi16; "
+                       "a host computing MXFP4 experts is a ggml runtime (llama.cpp runs gpt-oss's MXFP4 experts so)")),
+    Family.FLOAT: (False, ("bf16/fp16/fp32 weights multiply float activations with float FMAs (ggml: vec_dot_type "
+                           "F16 for F16, BF16 for BF16, F32 for F32; PyTorch: a float GEMM): cpu_tflops' own rate")),
+    Family.INT: (False, ("GPTQ/AWQ group-128 and casmoe's int8/int4 are PyTorch stacks' formats: their host "
+                         "path dequantises the weights to bf16/fp32 and runs a float GEMM (no int8 activations); "
+                         "a bare width (4.5bpw) names no format, so no integer kernel is assumed")),
+    Family.HQQ: (False, ("HQQ (mobiusml/hqq Quantizer.dequantize, as Mixtral-Offloading and HF Accelerate run it) "
+                         "dequantises W_q to floats, (W_q - zero) * scale, before a float matmul in PyTorch")),
+    Family.NF: (False, ("bitsandbytes NF4 (dequantize_4bit) looks the codes up as floats and multiplies in the "
+                        "activations' float type: no int8 activations")),
+    Family.FP8: (False, ("FP8 e4m3 weights on a CPU are converted to bf16/fp32 before the matmul (x86 has no FP8 "
+                         "arithmetic; DeepSeek's reference dequantises each 128x128 block with its scale)")),
+}
+"""Whether a host kernel multiplies weights of each family by int8-quantised activations with
+integer dot products (x86 `vpdpbusd`, or `vpmaddubsw` + `vpmaddwd`), and where that was read.
+Such kernels run at `HardwareProfile.cpu_int8_speedup` times the profile's FP32 FMA rate; the
+rest at the FP32 rate (`Machine.compute`). tests/test_precision.py holds every family to an entry."""
 
 
 class LayerRule(enum.Enum):
@@ -132,6 +169,13 @@ class Precision:
     def exact_bits(self) -> Fraction:
         """`bits` as the exact fraction it was written as (4.3 is 43/10, not the nearest float)."""
         return Fraction(repr(self.bits))
+
+    @property
+    def int_dot(self) -> bool:
+        """True when a host kernel multiplies these weights by int8-quantised activations with
+        integer dot products (ggml's block types), by its family (`INT_DOT`); a llama.cpp file
+        type answers for its base type."""
+        return INT_DOT[self.family][0]
 
     @property
     def is_mix(self) -> bool:

@@ -119,6 +119,36 @@ def test_cpu_only_vm_recorded_here():
     assert p.host_reserved_gib == 4.0 and how(found, "host_reserved_gib") == "assumed"
 
 
+@pytest.mark.parametrize("box, speedup, how_read, words", [
+    ("kvm-xeon-2vcpu", 4.0, "detected", "avx512_vnni and avx_vnni; 4: AVX512-VNNI / AVX-VNNI vpdpbusd"),  # AMX Xeon
+    ("dual-epyc-7451", 2.0, "detected", "avx2 without VNNI; 2: without VNNI"),  # Zen 1: AVX2, no VNNI
+    ("apple-vm-nonroot", 0.0, "assumed", "neither VNNI nor AVX2"),  # NEON
+    ("h100-sxm", 0.0, "assumed", "flags not read"),
+])
+def test_the_int8_dot_product_speedup_is_read_from_the_flags(box, speedup, how_read, words):
+    found = recorded(box)
+    assert found.profile.cpu_int8_speedup == speedup and how(found, "cpu_int8_speedup") == how_read
+    assert words in found.profile.sources["cpu_int8_speedup"]
+    if speedup == 4.0:
+        assert "AVX-512 VNNI" in found.facts["ISA"].value and "int8 dot products x4" in found.profile.describe_host()
+
+
+def test_without_flags_the_int8_dot_product_comes_from_the_catalog_entry():
+    from casmoe.sim.box.detect import _int8_dot
+    from casmoe.sim.box.parts import cpu_catalog
+    from casmoe.sim.box.readings import Cpu, detected
+
+    for model, speedup in (("Intel(R) Xeon(R) Gold 6330 CPU @ 2.00GHz", 4.0),  # Ice Lake: VNNI
+                           ("Intel(R) Xeon(R) Gold 6138 CPU @ 2.00GHz", 2.0),  # Skylake-SP: AVX-512 without VNNI
+                           ("AMD EPYC 7453 28-Core Processor", 2.0),  # Zen 3: AVX2
+                           ("Intel(R) Core(TM) Ultra 7 265K", 0.0)):  # the catalog does not know
+        cpu = Cpu(detected(model, "test"), None, None, None, None, None, None)
+        key = cpu_entry(model)
+        fact = _int8_dot(cpu, key, cpu_catalog()[key] if key else None)
+        assert fact.value == speedup and fact.how == ("detected" if speedup else "assumed"), model
+        assert f"catalog '{key}'" in fact.source
+
+
 def test_a_measured_host_says_how_it_was_measured():
     small = lambda threads, _nbytes: stream_copy(threads, 8 * 2**20)  # a real copy, kept short
     found = detect(RecordedReader(BOXES / "kvm-xeon-2vcpu"), small)

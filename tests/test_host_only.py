@@ -11,6 +11,7 @@ import pytest
 from casmoe.cache import Capacity
 from casmoe.geometry import Geometry
 from casmoe.policies import get_policy
+from casmoe.precision import parse_precision
 from casmoe.presets import get_preset
 from casmoe.sim.box.hardware import GPU_FIELDS, HardwareProfile, load_profile
 from casmoe.sim.cost.machine import Machine
@@ -21,13 +22,14 @@ from casmoe.trace import Request, Trace
 
 
 def host_box(ram_gib: float = 64.0, storage_gbs: float = 3.0) -> HardwareProfile:
-    """The seed box's host alone: its CPU, its RAM, a drive; no GPU."""
+    """The seed box's host alone: its CPU (without its integer dot products), its RAM, a drive; no GPU."""
     seed = load_profile("rtx4090x4")
     values = {name: 0 for name in GPU_FIELDS}
     return seed.with_values(
         name="cpu-box", gpus=0, host_ram_gib=ram_gib, storage_read_gbs=storage_gbs, storage_latency_us=80.0,
-        **values, sources={**{n: "test: no GPU" for n in (*values, "gpus")}, "host_ram_gib": "test",
-                           "storage_read_gbs": "test", "storage_latency_us": "test"})
+        cpu_int8_speedup=0.0, **values, sources={**{n: "test: no GPU" for n in (*values, "gpus")}, "host_ram_gib": "test",
+                                                 "storage_read_gbs": "test", "storage_latency_us": "test",
+                                                 "cpu_int8_speedup": "test: FMAs alone"})
 
 
 def one_request(g: Geometry, tokens: int = 9, prefill: int = 4) -> Trace:
@@ -45,6 +47,33 @@ def test_the_host_prices_every_part_and_nothing_crosses_a_link():
     assert c.h2d == math.inf and c.cpu_hop == 0.0 and c.cpu_serial == 1.0
     assert machine.copy_seconds(1e6) == math.inf  # no link: a cost-based policy never copies
     assert machine.box() == "cpu-box (no GPU)"
+
+
+def test_a_host_box_runs_ggml_types_with_integer_dot_products_in_every_part():
+    """llama.cpp on a CPU: a Q4_K_M GGUF's dense part (Q4_K), head (Q6_K) and experts all meet
+    int8 activations, at `cpu_int8_speedup` x the FP32 rate; a bf16 dense part keeps the FP32 rate."""
+    preset = get_preset("qwen3-30b-a3b")
+    vnni = host_box().with_values(cpu_int8_speedup=4.0, sources={"cpu_int8_speedup": "test: AVX512-VNNI"})
+    q4, bf16 = parse_precision("q4_k_m"), parse_precision("bf16")
+
+    def machine_head(quant, dense=None):
+        return Machine(preset, vnni, quant=quant, dense_quant=dense).head_precision
+
+    def compute(box, dense=None):
+        machine = Machine(preset, box, quant=q4, dense_quant=dense)
+        return machine.compute(preset.expert_bytes_per_layer(q4))
+
+    plain, fast = compute(host_box()), compute(vnni)
+    assert (fast.flops, fast.cpu_flops) == (pytest.approx(4 * plain.flops, rel=1e-12), fast.flops)
+    assert machine_head(q4).int_dot  # the Q6_K head: the dense part's kind of kernel
+    prompt = 8192  # compute-bound: a quarter of the time
+    assert fast.head(prompt) - fast.layer_overhead == pytest.approx((plain.head(prompt) - plain.layer_overhead) / 4)
+    assert fast.attn_flops == plain.flops and plain.attn_flops == 0.0  # attention reads the F16 cache with FMAs
+    pairs = 10**9  # attention alone: the FP32 rate
+    assert fast.dense(0, pairs, 0) == pytest.approx(plain.dense(0, pairs, 0), rel=1e-12)
+    mixed = compute(vnni, bf16)
+    assert mixed.flops == compute(host_box(), bf16).flops == plain.flops and mixed.attn_flops == 0.0  # FMAs
+    assert mixed.cpu_flops == fast.cpu_flops and not machine_head(q4, bf16).int_dot  # --dense-quant bf16: the head too
 
 
 def test_decode_on_a_host_box_is_the_sum_of_its_parts():

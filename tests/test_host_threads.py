@@ -1,8 +1,10 @@
-"""Host compute as a runtime runs it: threads, per-thread bandwidth and matrix units (AMX).
+"""Host compute as a runtime runs it: threads, per-thread bandwidth, matrix units (AMX) and
+integer dot products (VNNI).
 
 FLOPs scale with the cores in use, DRAM bandwidth with the threads until the sockets' is
-reached, and matrix units raise the FLOP peak of prefill-sized host experts
-(`HardwareProfile.host_flop_scale`, `host_thread_bw`, read by `Machine.compute`).
+reached, matrix units raise the FLOP peak of prefill-sized host experts, and integer dot
+products that of ggml's quantised experts (`HardwareProfile.host_flop_scale`,
+`host_int_flop_scale`, `host_thread_bw`, read by `Machine.compute`).
 """
 
 from __future__ import annotations
@@ -15,14 +17,26 @@ from casmoe.sim.box.hardware import HardwareError, load_profile
 from casmoe.sim.cost.machine import Machine
 from conftest import one_spec
 
+from casmoe.precision import parse_precision
 from casmoe.presets import get_preset
 
-HW = load_profile("rtx4090x4")  # 2x Xeon Gold 6330: 56 cores, 3.58 TFLOPS, 375 GB/s
+HW = load_profile("rtx4090x4").with_values(  # 2x Xeon Gold 6330: 56 cores, 3.58 TFLOPS, 375 GB/s
+    cpu_int8_speedup=0.0, sources={"cpu_int8_speedup": "test: no integer dot products (the shipped profile's VNNI: 4)"})
 MIXTRAL = get_preset("mixtral-8x7b")
 
 
-def compute(hw):
-    return Machine(MIXTRAL, hw, 4).compute(MIXTRAL.expert_bytes_per_layer(None))
+def compute(hw, quant=None):
+    machine = Machine(MIXTRAL, hw, 4, quant=None if quant is None else parse_precision(quant))
+    return machine.compute(MIXTRAL.expert_bytes_per_layer(machine.quant))
+
+
+def vnni(hw=HW, speedup=4.0):
+    return hw.with_values(cpu_int8_speedup=speedup, sources={"cpu_int8_speedup": "test: AVX512-VNNI"})
+
+
+def host_roofline(c, layer, tokens):
+    """A host expert's roofline time: `cpu_expert` less its activations' transfers and the runtime's cost."""
+    return c.cpu_expert(layer, tokens) - 2 * (c.cpu_hop + 2 * c.hidden * tokens / c.h2d) - c.host_expert_overhead
 
 
 def test_flops_scale_with_the_cores_in_use_and_no_further():
@@ -91,3 +105,44 @@ def test_threads_are_a_variant_an_option_and_shown():
         variant(no_cores, cpu_threads=4)
     with pytest.raises(HardwareError, match="cpu_matrix_speedup"):
         HW.with_values(cpu_matrix_speedup=0.5, sources={"cpu_matrix_speedup": "test"})
+
+
+def test_integer_dot_products_speed_up_ggml_experts_where_compute_bound_only():
+    """ggml multiplies Q4_K weights by int8 activations (vec_dot_type Q8_K); with AVX512-VNNI
+    `vpdpbusd` does 4 multiply-adds a 32-bit lane where an FP32 FMA does 1."""
+    plain, fast = compute(HW, "q4_k_s"), compute(vnni(), "q4_k_s")  # every expert tensor Q4_K
+    assert fast.cpu_flops == pytest.approx(4 * plain.cpu_flops, rel=1e-12)
+    prompt = 4096  # compute-bound at either rate: a quarter of the time
+    assert host_roofline(fast, 0, prompt) == pytest.approx(host_roofline(plain, 0, prompt) / 4, rel=1e-9)
+    assert fast.cpu_expert(0, 1) == plain.cpu_expert(0, 1)  # one decode token: bandwidth-bound at either rate
+    assert host_roofline(fast, 0, 1) == pytest.approx(fast.expert_bytes[0] / fast.cpu_bw, rel=1e-12)
+    q8_plain, q8_fast = compute(HW, "q8_0"), compute(vnni(), "q8_0")  # legacy Q8_0: integer dot products too
+    assert q8_fast.cpu_flops == pytest.approx(4 * q8_plain.cpu_flops, rel=1e-12)
+
+
+def test_float_experts_and_profiles_without_the_field_keep_the_fp32_rate():
+    for quant in (None, "bf16", "fp8", "int4", "hqq2", "nf4", "gptq4"):  # None: Mixtral's bf16 checkpoint
+        assert compute(vnni(), quant) == compute(HW, quant), quant
+    assert HW.cpu_int8_speedup == 0 and HW.host_int_flop_scale == HW.host_flop_scale
+    assert compute(load_profile("rtx4090x4"), "q4_k_m") == compute(vnni(), "q4_k_m")  # the shipped profile: VNNI
+    one = vnni(speedup=1.0)
+    assert compute(one, "q4_k_m") == compute(HW, "q4_k_m")
+
+
+def test_matrix_units_and_integer_dot_products_do_not_multiply():
+    """AMX tiles and VNNI are two routes to an int8 product: a kernel takes one, so ggml's
+    types run at the larger speedup and float experts at the matrix units' alone."""
+    amx = HW.with_values(cpu_matrix_speedup=8.0, sources={"cpu_matrix_speedup": "test"})
+    both = vnni(amx)
+    assert compute(both, "q4_k_m").cpu_flops == pytest.approx(8 * compute(HW, "q4_k_m").cpu_flops, rel=1e-12)
+    assert compute(both).cpu_flops == compute(amx).cpu_flops
+    wide = vnni(HW.with_values(cpu_matrix_speedup=2.0, sources={"cpu_matrix_speedup": "test"}))
+    assert compute(wide, "q4_k_m").cpu_flops == pytest.approx(4 * compute(HW, "q4_k_m").cpu_flops, rel=1e-12)
+    assert both.describe_host() == "3.58 TFLOPS, 375 GB/s, 56 cores, matrix units x8, int8 dot products x4"
+
+
+@pytest.mark.parametrize("value, words", [(0.5, "cpu_int8_speedup must be >= 1"), (20.0, "beyond any real box")])
+def test_an_int8_speedup_below_one_or_beyond_any_real_part_is_refused_in_one_line(value, words):
+    with pytest.raises(HardwareError, match=words) as refused:
+        vnni(speedup=value)
+    assert "\n" not in str(refused.value) and "cpu_int8_speedup" in str(refused.value)

@@ -228,3 +228,18 @@ def test_a_file_type_named_for_the_dense_part_keeps_the_experts_own_type():
     machine = Machine(get_preset("gpt-oss-20b"), load_profile("rtx4090x4"), quant=parse_precision("mxfp4"),
                       dense_quant=parse_precision("q4_k_m"))
     assert (machine.quant.name, machine.dense_precision.name, machine.head_precision.name) == ("mxfp4", "Q5_0", "Q8_0")
+
+
+def test_every_family_says_whether_the_host_multiplies_it_with_integer_dot_products():
+    from casmoe.precision import INT_DOT, bits_per_weight
+
+    assert set(INT_DOT) == set(Family) and all(source for _, source in INT_DOT.values())
+    # ggml's block types meet int8 activations (vec_dot_type Q8_K / Q8_0); a file type answers for its base
+    for name in ("q4_k_m", "q2_k", "q6_k", "q8_0", "q4_0", "iq4_xs", "iq2_xxs", "mxfp4", "mxfp4_moe"):
+        assert P[name].int_dot, name
+    assert leaf("Q8_0").family is Family.GGML and leaf("Q4_K").family is Family.KQUANT
+    # floats, and the formats PyTorch stacks dequantise to floats first
+    for name in ("bf16", "fp16", "fp8", "int8", "int4", "gptq4", "awq4", "nf4", "hqq2", "hqq3", "hqq4"):
+        assert not P[name].int_dot, name
+    assert not bits_per_weight(4.5).int_dot  # a bare width names no kernel
+    assert not P["q4_k_m"].head.fitted(2880).fitted(7).int_dot  # a row no block fits is stored F16

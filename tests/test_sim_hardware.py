@@ -124,8 +124,8 @@ def test_every_profile_number_has_a_plausible_range():
     assert fields == set(FASTEST_REAL) | set(UNBOUNDED) and not set(FASTEST_REAL) & set(UNBOUNDED)
 
 
-@pytest.mark.parametrize("field, value", [("cpu_matrix_speedup", 800.0), ("gpus", 1000), ("cpu_cores", 10000),
-                                          ("host_ram_gib", 2e6), ("cpu_thread_gbs", 5000.0)])
+@pytest.mark.parametrize("field, value", [("cpu_matrix_speedup", 800.0), ("cpu_int8_speedup", 20.0), ("gpus", 1000),
+                                          ("cpu_cores", 10000), ("host_ram_gib", 2e6), ("cpu_thread_gbs", 5000.0)])
 def test_a_number_beyond_any_real_part_is_refused(field, value):
     from casmoe.sim.box.hardware import HardwareError, load_profile
 

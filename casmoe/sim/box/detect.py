@@ -231,6 +231,7 @@ def _host(reader: Reader, cpu: Cpu, dimms: Dimms | str, stream: tuple[Stream, St
         "cpu_matrix_speedup": Fact(0.0, ASSUMED, ("AMX read in the flags, but no sourced speedup of it; "
                                                   if cpu.flags and "amx_tile" in cpu.flags.value else "")
                                    + "0: no matrix units modelled"),
+        "cpu_int8_speedup": _int8_dot(cpu, key, entry),
         "cpu_serial": Fact(0.0 if has_gpu else 1.0, ASSUMED, "the host's experts run beside the GPU's" if has_gpu else
                            "no GPU: the host computes every expert, on the runtime's one thread pool"),
         "storage_read_gbs": Fact(0.0, ASSUMED, "not detected (0: not modelled); give the drive's read rate"),
@@ -248,9 +249,32 @@ def _host(reader: Reader, cpu: Cpu, dimms: Dimms | str, stream: tuple[Stream, St
 
 def _isa(flags: frozenset[str]) -> str:
     """The vector and matrix extensions that matter for expert kernels, as flags name them."""
-    named = [("avx2", "AVX2"), ("fma", "FMA"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX-512 BF16"),
-             ("amx_tile", "AMX"), ("asimd", "NEON"), ("sve", "SVE")]
+    named = [("avx2", "AVX2"), ("fma", "FMA"), ("avx_vnni", "AVX-VNNI"), ("avx512f", "AVX-512"),
+             ("avx512_vnni", "AVX-512 VNNI"), ("avx512_bf16", "AVX-512 BF16"), ("amx_tile", "AMX"), ("asimd", "NEON"),
+             ("sve", "SVE")]
     return ", ".join(label for flag, label in named if flag in flags) or "none of AVX2, AVX-512, AMX, NEON"
+
+
+def _int8_dot(cpu: Cpu, key: str | None, entry: dict[str, Any] | None) -> Fact:
+    """How many times the host's integer dot products raise the FP32 multiply-add rate for ggml's
+    quantised types (`HardwareProfile.cpu_int8_speedup`, `parts.INT8_DOT`): from the flags (VNNI:
+    4, AVX2 alone: 2), else from the catalog's entry for the CPU, else 0 with the reason."""
+    if cpu.flags:
+        flags = cpu.flags.value
+        vnni = sorted(flags & {"avx512_vnni", "avx_vnni"})
+        if vnni:
+            speedup, why = parts.INT8_DOT["vpdpbusd"]
+            return detected(speedup, f"{cpu.flags.source}: {' and '.join(vnni)}; {why}")
+        if "avx2" in flags:
+            speedup, why = parts.INT8_DOT["vpmaddubsw"]
+            return detected(speedup, f"{cpu.flags.source}: avx2 without VNNI; {why}")
+        return Fact(0.0, ASSUMED, "neither VNNI nor AVX2 in the flags (Arm's SDOT, asimddp, is not modelled); 0: int8 "
+                                  "kernels at the FP32 rate")
+    if entry and entry["int8_dot"] in parts.INT8_DOT:
+        speedup, why = parts.INT8_DOT[entry["int8_dot"]]
+        return detected(speedup, f"flags not read; catalog '{key}': {entry['sources']['int8_dot']}; {why}")
+    unknown = f"catalog '{key}' does not know it ({entry['sources']['int8_dot']})" if entry else "the CPU not in the catalog"
+    return Fact(0.0, ASSUMED, f"flags not read (no lscpu or /proc/cpuinfo) and {unknown}; 0: int8 kernels at the FP32 rate")
 
 
 def _flops(cpu: Cpu, key: str | None, entry: dict[str, Any] | None) -> Fact:

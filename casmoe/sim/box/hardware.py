@@ -58,6 +58,12 @@ FASTEST_REAL: dict[str, tuple[float, str]] = {
                               "L1 data cache's fill width) at the fastest clock shipped, 5.7 GHz (i9-14900K, ARK)"),
     "cpu_matrix_speedup": (16.0, "Intel AMX: 1024 BF16 FLOP a cycle and core against AVX-512's 64 FP32 (Intel, "
                                  "'Accelerate AI Workloads with Intel AMX')"),
+    "cpu_int8_speedup": (4.0, "AVX512-VNNI / AVX-VNNI vpdpbusd (Intel intrinsics guide, _mm512_dpbusd_epi32, "
+                              "_mm256_dpbusd_avx_epi32: 'Multiply groups of 4 adjacent pairs of unsigned 8-bit "
+                              "integers ... with corresponding signed 8-bit integers ... Sum these 4 results with the "
+                              "corresponding 32-bit integer'): 4 multiply-adds per 32-bit lane in one instruction, "
+                              "against 1 for an FP32 FMA of the same width; x86 has no wider integer dot product "
+                              "(AMX tiles are cpu_matrix_speedup)"),
 }
 """The fastest real part of each kind, with its source: a profile may go up to `WHAT_IF` times
 it (a what-if of the next generation); beyond that the number is a typo or a wrong unit (24,000
@@ -130,7 +136,13 @@ class HardwareProfile:
     threads and stops improving once the channels are saturated (ggml-org/llama.cpp#34).
     `cpu_matrix_speedup` is how many times matrix units (Intel AMX) raise the FLOP peak of
     `cpu_tflops` (AVX-512 FMA) for kernels that use them (0: none): it speeds up prefill-sized
-    host experts, not decode, which streams weights.
+    host experts, not decode, which streams weights. `cpu_int8_speedup` is how many times the
+    host's integer dot-product instructions raise the multiply-add rate of `cpu_tflops` for
+    kernels that multiply int8-quantised activations by quantised weights (ggml's block types,
+    `Precision.int_dot`; 0: none, 1x): 4 with AVX512-VNNI or AVX-VNNI (`vpdpbusd`: 4 int8
+    multiply-adds per 32-bit lane in one instruction), 2 with AVX2 alone (`vpmaddubsw` then
+    `vpmaddwd`: two instructions for those 4). A kernel takes the integer dot products or the
+    matrix units, not both: such kernels run at the larger of the two (`host_int_flop_scale`).
     """
 
     name: str
@@ -175,6 +187,7 @@ class HardwareProfile:
     cpu_threads: int = 0
     cpu_thread_gbs: float = 0.0
     cpu_matrix_speedup: float = 0.0
+    cpu_int8_speedup: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -209,6 +222,9 @@ class HardwareProfile:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in [0, 1] (0: the software stack's)")
         if self.cpu_matrix_speedup and self.cpu_matrix_speedup < 1:
             raise HardwareError(f"profile {self.name!r}: cpu_matrix_speedup must be >= 1 (0: no matrix units)")
+        if self.cpu_int8_speedup and self.cpu_int8_speedup < 1:
+            raise HardwareError(f"profile {self.name!r}: cpu_int8_speedup must be >= 1 (0: no integer dot products "
+                                "modelled, the FP32 rate)")
         if self.cpu_threads and not self.cpu_cores:
             raise HardwareError(f"profile {self.name!r}: cpu_threads needs cpu_cores (the cores cpu_tflops counts)")
         if self.host_ram_gib and self.host_reserved_gib >= self.host_ram_gib:
@@ -259,12 +275,23 @@ class HardwareProfile:
         """The share of `cpu_tflops` the host's expert kernels can reach by their thread count
         and instructions: the cores in use of all cores (threads beyond the cores add no FMA
         units), times the matrix units' speedup."""
-        cores = min(self.cpu_threads, self.cpu_cores) / self.cpu_cores if self.cpu_threads else 1.0
-        return cores * (self.cpu_matrix_speedup or 1.0)
+        return self._host_cores_share * (self.cpu_matrix_speedup or 1.0)
+
+    @property
+    def host_int_flop_scale(self) -> float:
+        """`host_flop_scale` for kernels that multiply int8-quantised activations by quantised
+        weights (`Precision.int_dot`): the integer dot products' speedup or the matrix units',
+        whichever is larger, never their product (one kernel uses VNNI or AMX tiles, not both);
+        without `cpu_int8_speedup`, `host_flop_scale` itself."""
+        return self._host_cores_share * max(self.cpu_matrix_speedup or 1.0, self.cpu_int8_speedup or 1.0)
+
+    @property
+    def _host_cores_share(self) -> float:
+        return min(self.cpu_threads, self.cpu_cores) / self.cpu_cores if self.cpu_threads else 1.0
 
     def describe_host(self) -> str:
         """The host's expert compute in a few words: '3.58 TFLOPS, 375 GB/s, 56 cores (16
-        threads), 20 GB/s a thread, matrix units x8'."""
+        threads), 20 GB/s a thread, matrix units x8, int8 dot products x4'."""
         parts = [f"{self.cpu_tflops:g} TFLOPS, {self.cpu_mem_bw_gbs:g} GB/s"]
         if self.cpu_cores:
             parts.append(f"{self.cpu_cores} cores" + (f" ({self.cpu_threads} threads)" if self.cpu_threads else ""))
@@ -272,6 +299,8 @@ class HardwareProfile:
             parts.append(f"{self.cpu_thread_gbs:g} GB/s a thread")
         if self.cpu_matrix_speedup:
             parts.append(f"matrix units x{self.cpu_matrix_speedup:g}")
+        if self.cpu_int8_speedup:
+            parts.append(f"int8 dot products x{self.cpu_int8_speedup:g}")
         return ", ".join(parts)
 
     def host_thread_bw(self) -> float:
@@ -369,7 +398,7 @@ OPTIONAL = {
     "wake_us": 0.0, "resume_per_stall": 0.0, "copy_beside_us": 0.0, "decide_us": 0.0, "decide_load_us": 0.0,
     "cpu_hop_us": 0.0, "expert_pass_us": 0.0, "cpu_serial": 0.0, "cpu_sockets": 0, "cpu_mem_efficiency": 0.0,
     "cpu_matmul_efficiency": 0.0, "host_reserved_gib": 0.0, "cpu_cores": 0, "cpu_threads": 0, "cpu_thread_gbs": 0.0,
-    "cpu_matrix_speedup": 0.0,
+    "cpu_matrix_speedup": 0.0, "cpu_int8_speedup": 0.0,
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
 ABSENT = "not given in the profile (0: not modelled)"

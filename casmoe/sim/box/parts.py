@@ -22,6 +22,27 @@ from casmoe.tables import read_table
 
 CATALOG_DIR = Path(__file__).with_name("catalog")
 
+INT8_DOT = {
+    "vpdpbusd": (4.0, ("4: AVX512-VNNI / AVX-VNNI vpdpbusd (Intel intrinsics guide, _mm512_dpbusd_epi32, "
+                       "_mm256_dpbusd_avx_epi32: 'Multiply groups of 4 adjacent pairs of unsigned 8-bit integers ... Sum "
+                       "these 4 results with the corresponding 32-bit integer') does 4 int8 multiply-adds per 32-bit lane "
+                       "in one instruction, where an FP32 FMA does 1; ggml takes it for Q4_0/Q8_0/IQ4_NL "
+                       "(mul_sum_us8_pairs_float under __AVX512VNNI__ or __AVXVNNI__, ggml-cpu/arch/x86/quants.c, "
+                       "llama.cpp 0c1e5709) and ik_llama.cpp for the k-quants (iqk_gemm_kquants.cpp compute_block, "
+                       "HAVE_FANCY_SIMD); mainline ggml's k-quant dot products keep vpmaddubsw + vpmaddwd even here "
+                       "(ggml_vec_dot_q4_K_q8_K): a peak, which the stack's host efficiency scales")),
+    "vpmaddubsw": (2.0, ("2: without VNNI ggml multiplies int8 with _mm256_maddubs_epi16 (vpmaddubsw: u8 x s8 products "
+                         "summed in pairs to int16) then _mm256_madd_epi16 (vpmaddwd: pairs to int32; "
+                         "ggml_vec_dot_q4_K_q8_K applies the sub-block scale in it), ggml-cpu/arch/x86/quants.c, "
+                         "llama.cpp 0c1e5709: two instructions for the 4 multiply-adds of a 32-bit lane, where an FP32 "
+                         "FMA does 1; Intel counts the vpaddd accumulate as a third ('Multiplying two 8-bit values and "
+                         "accumulating the result to 32 bits requires three instructions', intel.com 'Accelerate Lower "
+                         "Numerical Precision Inference with Intel Deep Learning Boost'), 4/3 where it takes a multiply "
+                         "port: 2 is the upper figure")),
+}
+"""What each int8 dot product of the catalog (`cpus.toml` `int8_dot`) or of a CPU's flags gives a
+profile's `cpu_int8_speedup`, and why (`casmoe hardware detect`, `bench/published_profiles.py`)."""
+
 
 @cache
 def gpu_catalog() -> dict[str, dict[str, Any]]:

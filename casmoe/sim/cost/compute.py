@@ -32,9 +32,9 @@ class RooflineCompute:
     """Per-part compute times in seconds for one model on one GPU of a profile, built by
     `Machine.compute` (the model's precisions and structure, the box, the software stack)."""
 
-    flops: float  # achieved FLOP/s on the GPU
+    flops: float  # achieved FLOP/s on the GPU (a box without one: the host's, at the dense part's precision)
     bw: float  # achieved bytes/s of GPU memory for the dense part
-    cpu_flops: float  # achieved FLOP/s of the host's expert kernels
+    cpu_flops: float  # achieved FLOP/s of the host's expert kernels at their precision (int8 dot products or FMAs)
     cpu_bw: float  # achieved bytes/s of the host's expert kernels
     h2d: float  # bytes/s of the host link (activations for host experts)
     cpu_hop: float  # one activation transfer between the GPU and the host (cpu miss mode)
@@ -65,26 +65,35 @@ class RooflineCompute:
     moe_layer_overhead: float = 0.0  # the runtime's own cost per MoE layer beyond `layer_overhead` (its loop over every expert)
     head_bytes: float = 0.0  # the LM head's bytes at its own precision (0: `dense_bytes_per_param` x `head_params`)
     dense_block_bytes: float = 0.0  # one dense-only block's bytes (0: `dense_bytes_per_param` x `dense_block_params`)
+    attn_flops: float = 0.0  # FLOP/s of attention's score and value products where not `flops` (0: `flops`)
 
     def dense(self, tokens: int, attn_pairs: int, kv_tokens: int, requests: int = 1) -> float:
         """One layer's dense part for `tokens` new tokens of `requests` requests that attend over
         `attn_pairs` (query, key) pairs in all and read `kv_tokens` cached tokens (a windowed
         layer reads at most `window` of each request's)."""
-        flops = 2 * self.dense_params * tokens + self.attn_pair_flops * attn_pairs
         nbytes = self.dense_bytes_per_param * self.dense_params + self.kv_bytes_per_token * kv_tokens
         if self.window:
             nbytes += self.kv_window_bytes_per_token * min(kv_tokens, requests * self.window)
-        return max(flops / self.flops, nbytes / self.bw) + self.layer_overhead + self.moe_layer_overhead
+        arithmetic = self._dense_arithmetic(tokens, attn_pairs)
+        return max(arithmetic, nbytes / self.bw) + self.layer_overhead + self.moe_layer_overhead
 
     def dense_many(self, tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens: np.ndarray,
                    requests: int = 1) -> np.ndarray:
         """`dense` over int64 arrays of steps of `requests` requests each: the same operations
         elementwise, so the same bits."""
-        flops = 2 * self.dense_params * tokens + self.attn_pair_flops * attn_pairs
         nbytes = self.dense_bytes_per_param * self.dense_params + self.kv_bytes_per_token * kv_tokens
         if self.window:
             nbytes = nbytes + self.kv_window_bytes_per_token * np.minimum(kv_tokens, requests * self.window)
-        return np.maximum(flops / self.flops, nbytes / self.bw) + self.layer_overhead + self.moe_layer_overhead
+        arithmetic = self._dense_arithmetic(tokens, attn_pairs)
+        return np.maximum(arithmetic, nbytes / self.bw) + self.layer_overhead + self.moe_layer_overhead
+
+    def _dense_arithmetic(self, tokens, attn_pairs):
+        """Seconds of the dense part's arithmetic (ints or arrays alike): its weights' products at
+        `flops`, attention's over the cached tokens at `attn_flops` where that differs (a host
+        multiplying a GGUF's weights with int8 dot products reads an F16 cache with FMAs)."""
+        if self.attn_flops:
+            return 2 * self.dense_params * tokens / self.flops + self.attn_pair_flops * attn_pairs / self.attn_flops
+        return (2 * self.dense_params * tokens + self.attn_pair_flops * attn_pairs) / self.flops
 
     def expert(self, layer: int, tokens: int) -> float:
         """One routed expert of `layer` applied to `tokens` tokens."""

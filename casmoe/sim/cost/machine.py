@@ -20,7 +20,7 @@ from casmoe.cache import Capacity
 from casmoe.engine_memory import EngineMemory
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, split_layers
-from casmoe.precision import Precision
+from casmoe.precision import Precision, parse_precision
 from casmoe.presets import ModelPreset, load_presets
 from casmoe.sim.box.hardware import GIB, HardwareProfile
 from casmoe.sim.cost.stack import DEFAULT_STACK, Stack, load_stack
@@ -321,20 +321,34 @@ class Machine:
         host_flop_eff = hw.cpu_matmul_efficiency or stack.host_flops_efficiency
         copies = stack.numa_aware if self.numa is None else self.numa
         numa = 1.0 if copies or hw.sockets == 1 else 1.0 / hw.sockets
-        cpu_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale
+        float_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale
+        int_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_int_flop_scale
+
+        def host_rate(p: Precision | None) -> float:
+            """FLOP/s of the host's kernels on weights of precision `p`: integer dot products for
+            ggml's block types (`Precision.int_dot`), FMAs for the rest and the unknown."""
+            return int_flops if p is not None and p.int_dot else float_flops
+
         cpu_bw = min(hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa, hw.host_thread_bw())
+        experts_p = self.quant or (None if self.measured_bytes(g) else preset.expert_precision)
+        host_p = self.host_quant or experts_p
+        cpu_flops, attn_flops = host_rate(self._host_expert_precision(host_p)), 0.0
         if hw.host_only:  # the host's kernels run every part, on the same cores; nothing crosses a link
-            flops, bw, expert_bw, h2d, hop, serial = cpu_flops, cpu_bw, cpu_bw, math.inf, 0.0, 1.0
+            # the dense part's precision sets the rate of its blocks and of the head (a llama.cpp file type's head
+            # type is a ggml block type as its dense type is, and a plain --dense-quant stores the head alike);
+            # attention multiplies the F16 cache (llama.cpp's default cache type) with FMAs
+            dense = host_rate(self._dense_kernel_precision())
+            flops, bw, expert_bw, h2d, hop, serial = dense, cpu_bw, cpu_bw, math.inf, 0.0, 1.0
+            attn_flops = 0.0 if dense == float_flops else float_flops
         else:
             flops, bw = hw.dense_tflops * 1e12 * hw.matmul_efficiency, hw.mem_bw_gbs * 1e9 * hw.mem_efficiency
             expert_bw, h2d, hop, serial = bw * stack.gpu_efficiency, hw.h2d_gbs(self.pinned) * 1e9, hw.cpu_hop_us * 1e-6, hw.cpu_serial
         full, windowed = self._kv_split()
-        experts_p = self.quant or (None if self.measured_bytes(g) else preset.expert_precision)
-        host_p = self.host_quant or experts_p
         return RooflineCompute(
             flops=flops,
             bw=bw,
             cpu_flops=cpu_flops,
+            attn_flops=attn_flops,
             cpu_bw=cpu_bw,
             h2d=h2d,
             cpu_hop=hop,
@@ -367,6 +381,19 @@ class Machine:
             dense_blocks=preset.dense_layers,
             moe_layer_overhead=stack.expert_loop_us * g.experts * 1e-6,
         )
+
+    def _host_expert_precision(self, host_p: Precision | None) -> Precision | None:
+        """The precision the host's expert kernels multiply: a GGUF file's experts (`weights`:
+        their llama.cpp file type, their one ggml type, or their width when mixed past casmoe's
+        rules), else `host_p` (`host_quant`, else the experts')."""
+        if self.weights is not None and self.host_quant is None:
+            return parse_precision(self.weights.precision_name())
+        return host_p
+
+    def _dense_kernel_precision(self) -> Precision:
+        """The precision the dense part's kernels multiply: a GGUF file's (its one ggml type, or
+        its width), else `dense_precision`."""
+        return self.dense_precision if self.weights is None else parse_precision(self.weights.dense_precision_name())
 
     def priced(self, trace: Trace) -> str:
         """What a run of `trace` prices, in words: the experts' precision and size ('experts at
