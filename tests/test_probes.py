@@ -713,7 +713,8 @@ def test_the_first_line_says_every_precision_and_the_top_k(tmp_path, monkeypatch
                                 "--host-quant", "int4"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
     first = out.splitlines()[0]
-    assert "host-computed experts at int4" in first and "dense part at Q8_0" in first  # --dense-quant q8_0 is llama.cpp's Q8_0 file type: Q8_0 tensors and "top-2 of 8" in first
+    # --dense-quant q8_0 is llama.cpp's Q8_0 file type: its dense tensors are Q8_0
+    assert "host-computed experts at int4" in first and "dense part at Q8_0" in first and "top-2 of 8" in first
     qwen = REPO / "traces" / "synthetic-qwen3.npz"
     code, out, err = cli(["simulate", "--trace", str(qwen), "--requests", "1", "--policy", "lru", "--capacity", "8",
                           "--hardware", "rtx5090", "--out", "q", "--plots", "none"], tmp_path, monkeypatch, capsys)
