@@ -60,6 +60,7 @@ def test_speculative_with_a_perfect_spec_and_a_fast_link_never_stalls_past_layer
     from casmoe.sim.passes.assembly import Run
     from casmoe.sim.cost.machine import Machine
     from casmoe.sim.box.hardware import load_profile
+    from casmoe.sim.cost.stack import load_stack
 
     g = Geometry(4, 8, 2, hidden=64, intermediate=32)
     rng = np.random.default_rng(0)
@@ -67,11 +68,13 @@ def test_speculative_with_a_perfect_spec_and_a_fast_link_never_stalls_past_layer
                     np.full((30, 4, 2), 0.5, np.float32), 0, f"p{i}") for i in range(3)]
     trace = perfect_spec(Trace(g, reqs))
     preset = ModelPreset("contract", "test", g, heads=1, kv_heads=1, head_dim=64, vocab=16)
-    # a copy takes far less than a layer's dense part, yet a demand load still waits for one
+    # a copy takes far less than a layer of an eager runtime (its kernel launches), yet a
+    # demand load still waits for one
     hw = dataclasses.replace(load_profile("rtx4090x4"), h2d_pinned_gbs=2.0, copy_latency_us=0.0, gpus=1)
+    eager = dataclasses.replace(load_stack("ideal"), launch_share=1.0)
     stalls = {}
     for name in ("lru", "speculative"):
-        res = run_trace(Run(trace, get_policy(name), Capacity(2), Machine(preset, hw)), compiled=False)
+        res = run_trace(Run(trace, get_policy(name), Capacity(2), Machine(preset, hw, stack=eager)), compiled=False)
         stalls[name] = res.stall_by_layer_s
     assert stalls["lru"][0] > 0 and sum(stalls["lru"][1:]) > 0  # the case does stall without the guess
     assert sum(stalls["speculative"][1:]) == 0

@@ -22,6 +22,7 @@ from casmoe.sim.passes.assembly import Run, TraceSteps
 from casmoe.sim.cost.machine import Machine, SimConfigError
 from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.box.hardware import HardwareError, load_profile
+from casmoe.sim.cost.stack import load_stack
 from casmoe.sim.passes.timing import Shard, StepTimer
 from casmoe.testing import cases, traces
 from casmoe.trace import Request, Trace
@@ -337,7 +338,9 @@ def test_roofline_decode_is_bound_by_weight_streaming():
     p = get_preset("mixtral-8x7b")
     c = Machine(p, HW).compute(p.geometry.bytes_per_layer())
     stream = p.geometry.expert_bytes() / (HW.mem_bw_gbs * 1e9 * HW.mem_efficiency)
-    assert c.expert(0, 1) == pytest.approx(stream + HW.expert_overhead_us * 1e-6)
+    assert c.expert(0, 1) == pytest.approx(stream)  # the ideal stack launches nothing from the host
+    eager = Machine(p, HW, stack=dataclasses.replace(load_stack("ideal"), launch_share=1.0)).compute(p.geometry.bytes_per_layer())
+    assert eager.expert(0, 1) == pytest.approx(stream + HW.expert_overhead_us * 1e-6)  # an eager one pays each launch
     assert c.expert(0, 4096) > c.expert(0, 1)  # prefill-size batches become FLOP bound
 
 
@@ -402,10 +405,14 @@ def test_devices_beyond_layers_is_an_error():
     assert [len(r) for r in split_layers(32, 3)] == [11, 11, 10]
 
 
-def test_four_4090s_hold_seven_mixtral_experts_per_layer():
+def test_four_4090s_hold_every_mixtral_expert_with_a_2_gib_reserve_and_seven_with_more():
     p = get_preset("mixtral-8x7b")
-    # 22 GiB per card after the reserve; 8 layers x 7 x 352 MB + dense weights fit, x 8 do not.
-    assert Machine(p, HW, 4).max_slots(p.geometry.bytes_per_layer()) == 7
+    # 22 GiB per card after the 2 GiB reserve: 8 layers x 8 x 352 MB (22.55 GB) + their dense
+    # part (0.67 GB) + the embedding table or the head (0.26 GB) = 23.48 GB of 23.62 GB.
+    assert HW.reserved_gib == 2.0
+    assert Machine(p, HW, 4).max_slots(p.geometry.bytes_per_layer()) == 8
+    tighter = dataclasses.replace(HW, reserved_gib=2.2)  # 0.21 GB more: the eighth expert no longer fits
+    assert Machine(p, tighter, 4).max_slots(p.geometry.bytes_per_layer()) == 7
     assert Machine(p, HW, 1).max_slots(p.geometry.bytes_per_layer()) == 1
 
 
