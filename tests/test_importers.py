@@ -371,7 +371,7 @@ def test_the_shipped_moe_lrc_folder_imports_the_models_own_routing():
         np.testing.assert_array_equal(np.sort(req.topk, axis=-1), np.sort(want, axis=-1))
 
 
-# ---- what a user's file or flags declare: refused when ambiguous or contradicted (issue 19) -----
+# ---- what a user's file or flags declare: refused when ambiguous or contradicted ----------------
 
 MINIMAL = "# n_layer=2 n_expert=4 n_expert_used=2\nturn,step,layer,expert\n0,0,0,3\n0,0,0,1\n0,0,1,0\n0,0,1,2\n0,1,0,2\n0,1,0,3\n"
 
