@@ -207,6 +207,47 @@ def _leaderboard() -> str:
             f"({run['machine']}). {heading}.\n\n" + "\n".join(rows) + "\n")
 
 
+def _main_table() -> str:
+    """The main job's hit rate and decode tok/s per policy (oracles starred) and cache size."""
+    from casmoe.report import policy_label, sig
+
+    records = load_source("main")
+    sizes = sorted({(r["capacity_gb"], r["capacity"]) for r in records})
+    rows: dict[str, dict[str, str]] = {}
+    for r in records:
+        rows.setdefault(policy_label(r), {})[r["capacity"]] = f"{r['hit_rate']:.3f} / {sig(r['decode_tokens_per_s'])}"
+    lines = ["| policy | " + " | ".join(f"{c} ({sig(gb)} GB)" for gb, c in sizes) + " |",
+             "|---|" + "---|" * len(sizes)]
+    lines += [f"| {label} | " + " | ".join(cells.get(c, "-") for _, c in sizes) + " |" for label, cells in rows.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _validation_by_stack() -> str:
+    """Per stack: rows predicted and the median |log ratio| (as a factor), from validate published's summary."""
+    v = load_source("validation")
+    scored = [r for r in v["rows"] if r["role"] == "predicted" and not r["disputed"] and r["ratio"] is not None]
+    lines = ["| stack | rows predicted | median abs log ratio | as a factor |", "|---|---|---|---|"]
+    for stack, med in v["summary"]["median_abs_log_ratio_by_stack"].items():
+        n = sum(r["stack"] == stack for r in scored)
+        lines.append(f"| `{stack}` | {n} | {med:.3f} | x{math.exp(med):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _validation_misses() -> str:
+    """The predicted rows beyond 2x of their published figure, worst first."""
+    from casmoe.report import sig
+
+    v = load_source("validation")
+    misses = sorted((r for r in v["rows"] if r["id"] in set(v["summary"]["beyond_2x_rows"])),
+                    key=lambda r: -abs(math.log(r["ratio"])))
+    lines = ["| row | stack | published tok/s | predicted tok/s | ratio | 80% interval |", "|---|---|---|---|---|---|"]
+    for r in misses:
+        interval = f"x/÷ {r['interval_factor']:.2f}" if r["interval_factor"] else ""
+        lines.append(f"| `{r['id']}` | `{r['stack']}` | {sig(r['published_tok_s'])} | {sig(r['predicted_tok_s'])} | "
+                     f"{sig(r['ratio'])} | {interval} |")
+    return "\n".join(lines) + "\n"
+
+
 def _stacks() -> str:
     """Every shipped stack: what it stands for and the published rows its fitted fields came from."""
     from casmoe.sim.cost.stack import load_stack, stack_paths
@@ -225,6 +266,9 @@ GENERATED: dict[str, Callable[[], str]] = {
     "validation-line": _validation,
     "stacks": _stacks,
     "leaderboard-decode": _leaderboard,
+    "main-table": _main_table,
+    "validation-by-stack": _validation_by_stack,
+    "validation-misses": _validation_misses,
 }
 
 

@@ -94,7 +94,7 @@ shipped before had: the 0.1 recipe, which had reproduced tiny-mixtral byte for b
 session, gave other weights in the next (the same first loss, another final one; the old models'
 environment was not recorded) and those let one expert take 2.62-2.64x its fair share of the
 trace (over the 2.5x target); 0.15 keeps both models balanced (2.18 / 2.42) at little cost
-(bench/RESULTS.md, "Training is reproducible only in its environment")."""
+(bench/RESULTS.md, "The shipped tiny models")."""
 
 
 @dataclass(frozen=True)
