@@ -338,7 +338,7 @@ def test_import_npz_and_auto_dispatch(tmp_path):
         import_trace([tmp_path / "absent.csv"])
 
 
-@pytest.mark.slow  # loads and runs tiny-mixtral; the README test imports the folder in the default suite
+@pytest.mark.slow  # loads and runs tiny-mixtral; the docs' command test imports the folder in the default suite
 def test_the_shipped_moe_lrc_folder_imports_the_models_own_routing():
     """examples/moe-lrc holds moe-lrc's rank files of tiny-mixtral; importing them gives back the
     experts the model's routers chose for those tokens."""
