@@ -55,8 +55,8 @@ SOURCES = {
     "backend_memory": "bench/backend-memory.json",
     "backend_validate_1": "bench/validate/s5-run1.json",
     "backend_validate_2": "bench/validate/s5-run2.json",
-    "leaderboard": "bench/leaderboard/s5/leaderboard.md",
-    "leaderboard_run": "bench/leaderboard/s5/run.json",
+    "leaderboard": "bench/leaderboard/2026-12-07/leaderboard.md",
+    "leaderboard_run": "bench/leaderboard/2026-12-07/run.json",
     "calibrate": "bench/results/calibrate-measured.json",
     "measurements": "casmoe/sim/trust/published/measurements.toml",
     "corpus": "traces/corpus/corpus.jsonl",
@@ -194,17 +194,36 @@ def _validation() -> str:
     return validation_line(load_source("validation")["summary"]) + "\n"
 
 
+def _decode_table(section: str) -> str:
+    """A leaderboard.md section's decode table, every row with both its outer pipes, as every
+    Markdown reads it (the file's own separator row has a trailing pipe its rows lack)."""
+    table = ("decode tok/s " + section.split("\ndecode tok/s ", 1)[1]).split("\n\n", 1)[0]
+    return "\n".join("| " + " | ".join(cell.strip() for cell in line.strip().strip("|").split("|")) + " |"
+                     for line in table.splitlines())
+
+
+def _leaderboard_run() -> str:
+    run = load_source("leaderboard_run")
+    return (f"`{SOURCES['leaderboard']}`: `{run['command']}`, run on {run['date']} at commit {run['commit']} "
+            f"({run['machine']})")
+
+
 def _leaderboard() -> str:
     """The first workload's decode table of the leaderboard's own leaderboard.md, under a line
     saying which run made it (its run.json)."""
-    text, run = load_source("leaderboard"), load_source("leaderboard_run")
-    section = text.split("\n### ")[0]
+    section = load_source("leaderboard").split("\n### ")[0]
     heading = section.splitlines()[0].lstrip("# ")
-    table = ("decode tok/s " + section.split("\ndecode tok/s ", 1)[1]).split("\n\n", 1)[0]
-    rows = ["| " + " | ".join(cell.strip() for cell in line.strip().strip("|").split("|")) + " |"
-            for line in table.splitlines()]  # every row with both its outer pipes, as every Markdown reads it
-    return (f"`{SOURCES['leaderboard']}`: `{run['command']}`, run on {run['date']} at commit {run['commit']} "
-            f"({run['machine']}). {heading}.\n\n" + "\n".join(rows) + "\n")
+    return f"{_leaderboard_run()}. {heading}.\n\n{_decode_table(section)}\n"
+
+
+def _leaderboard_all() -> str:
+    """Every workload's decode table of the leaderboard's leaderboard.md, each under its heading."""
+    sections = load_source("leaderboard").lstrip("# ").split("\n### ")
+    parts = [f"{_leaderboard_run()}.\n"]
+    for section in sections:
+        lines = section.splitlines()
+        parts.append(f"{lines[0]}; {lines[2]}:\n\n{_decode_table(section)}\n")
+    return "\n".join(parts)
 
 
 def _main_table() -> str:
@@ -266,6 +285,7 @@ GENERATED: dict[str, Callable[[], str]] = {
     "validation-line": _validation,
     "stacks": _stacks,
     "leaderboard-decode": _leaderboard,
+    "leaderboard-all": _leaderboard_all,
     "main-table": _main_table,
     "validation-by-stack": _validation_by_stack,
     "validation-misses": _validation_misses,
