@@ -12,7 +12,7 @@ Each configuration runs in a fresh child process (`child` subcommand), which rep
   0.12 GiB) and casmoe's backend;
 - `peak_rss`: `ru_maxrss` at the end (serving 4 prompts of 32 tokens, 8 new tokens each, LRU,
   top-k slots per MoE layer on the CPU: every prefill streams through them);
-- the target of issue 11: import_rss + dense bytes + RAM tier + slot pool + 0.25 GiB.
+- the target: import_rss + dense bytes + RAM tier + slot pool + 0.25 GiB.
 The checkpoint's pages are dropped from the page cache before each child (posix_fadvise
 DONTNEED), so every run starts cold; page-cache pages are never RSS, mapped pages are.
 

@@ -1,4 +1,4 @@
-"""Where casmoe's hit rate goes on an unseen task, against LFU (issue 23, item 3): a data look.
+"""Where casmoe's hit rate goes on an unseen task, against LFU: a data look.
 
     python bench/bench_casmoe_evictions.py --trace traces/tiny-olmoe.npz --task code [--planner DIR] [--json out.json]
 

@@ -1,4 +1,4 @@
-"""The prompt embedder's speed against its accuracy (issue 23, item 1: predict <= 5 ms p50).
+"""The prompt embedder's speed against its accuracy (the target: predict <= 5 ms p50).
 
     python bench/bench_embedder.py [--repeat 200] [--json out.json]
 

@@ -1,4 +1,4 @@
-"""Replay speed of the field's policies with compiled twins (issue 22): Python path vs twin.
+"""Replay speed of the field's policies with compiled twins: Python path vs twin.
 
 Input: a shipped trace (default `traces/tiny-olmoe.npz`, its first `--requests`), batch 1.
 Pairs, in this process, interleaved, minimum CPU time of `--repeat` rounds, identical counts

@@ -1,4 +1,4 @@
-"""Planner speed and footprint (issue 23, item 5): fit time, predict latency on novel prompts,
+"""Planner speed and footprint: fit time, predict latency on novel prompts,
 and serving without torch.
 
     python bench/bench_planner_speed.py [--trace T ...] [--old] [--json out.json]
@@ -7,7 +7,7 @@ For each trace: `fit_planner` with the defaults (linear predictor, confidence ga
 stage) on the trace's fit split, timed (wall and process CPU seconds), then `Planner.predict`
 on held-out prompts made novel by a counter suffix (embed + matcher + gate + predictor: wall
 and thread-CPU p50 over 200 calls, and the embedding alone), planner state bytes. `--old` also
-fits the seed's transformer predictor (the default before issue 23, 30 epochs) back to back on
+fits the seed's transformer predictor (the default before the ridge predictor, 30 epochs) back to back on
 the same trace, so the two fit times are measured under the same machine load. Then, in a
 fresh interpreter, a planner is loaded, predicts and serves a casmoe replay, and the script
 reports whether torch was imported. Load average is recorded before and after each timing.

@@ -7,7 +7,7 @@ shim (which adds the same few ms to every command) is left out of both sides.
 
 `--before PYTHON` adds the same casmoe commands run by another interpreter, one whose
 environment has another checkout of casmoe installed (e.g. a venv with `pip install --no-deps -e`
-of `git archive c214424`, the code before issue 13), so before and after are measured in one
+of `git archive c214424`, the code before the compiled kernels), so before and after are measured in one
 interleaved run.
 
 Run:  python bench/bench_startup.py [--repeat 15] [--before PYTHON]

@@ -78,14 +78,14 @@ def main() -> None:
     def rep(name: str, compiled: bool):
         return lambda: replay(trace, get_policy(name).create(g, cap, trace=trace), compiled=compiled).stats.hits
 
-    try:  # since issue 34: a run is priced on a Machine (model x box x stack)
+    try:  # since the run description (after 402a7ed): a run is priced on a Machine (model x box x stack)
         from casmoe.sim.passes.driver import run_trace
         from casmoe.sim.passes.assembly import Run
         from casmoe.sim.cost.machine import Machine
 
         def sim(name: str, compiled: bool):
             return lambda: run_trace(Run(trace, get_policy(name), cap, Machine(preset, hw)), compiled=compiled).stats.hits
-    except ImportError:  # a tree from before issue 34 (`--tree`): the same run through its engine
+    except ImportError:  # a tree from before it (`--tree`): the same run through its engine
         from casmoe.sim.passes.driver import simulate as old_simulate
 
         def sim(name: str, compiled: bool):

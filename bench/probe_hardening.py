@@ -1,17 +1,17 @@
-"""Probe the CLI as a hostile user would: the 14 traceback classes and 6 silent-wrong classes of
-issue 14, issue 19's damaged planner folders, non-atomic writes and unclear errors, and the user
-study's importers that counted wrongly without a word, foreign files named as another format's
-parse error, caches that failed a run and the missing test extra (`--issue study`; a probe whose
-input is legal checks the result it imports), and issue 38's user study on one RTX 4090 (`--issue
-38`: run option values reaching code unchecked, refusals whose advice is refused in turn, noise on
-a normal run, the box's price in search), each with one or more concrete inputs. Prints one row
+"""Probe the CLI as a hostile user would, in four groups (`--group`): `errors`, the 14 traceback
+classes and 6 silent-wrong classes of hostile inputs; `files`, damaged planner folders, non-atomic
+writes and unclear errors; `study`, a user study's importers that counted wrongly without a word,
+foreign files named as another format's parse error, caches that failed a run and the missing test
+extra (a probe whose input is legal checks the result it imports); `box`, a user's question on one
+RTX 4090 (run option values reaching code unchecked, refusals whose advice is refused in turn, noise
+on a normal run, the box's price in search); each with one or more concrete inputs. Prints one row
 per probe and the counts per kind.
 
     python bench/probe_hardening.py            # all probes (~2 min on 2 cores)
     python bench/probe_hardening.py --skip-slow  # without the recording, fitting and kill probes
-    python bench/probe_hardening.py --issue 19   # issue 19's probes only
-    python bench/probe_hardening.py --issue study  # the user study's: importers, foreign files, caches, extras
-    python bench/probe_hardening.py --issue 38   # issue 38's: unchecked values, advice, noise, prices (~3 min)
+    python bench/probe_hardening.py --group files  # planner folders, non-atomic writes, unclear errors
+    python bench/probe_hardening.py --group study  # the user study's: importers, foreign files, caches, extras
+    python bench/probe_hardening.py --group box    # unchecked values, advice, noise, prices (~3 min)
 
 A probe of a *traceback* class passes when casmoe exits 2 with one `casmoe: error:` line and no
 traceback (and leaves no partial file). A *non-atomic* probe passes when an interrupted or
@@ -333,7 +333,7 @@ def probes() -> list[Probe]:
         Probe(f"{TB} 10 output is a dir", "trace export DIR", ["trace", "export", str(TRACE), "adir"],
               setup=lambda d: (d / "adir").mkdir()),
         # 11. bench --mmap nodir/x, --device nope
-        Probe(f"{TB} 11 backend paths", "calibrate --out nodir/x.toml",  # (bench --mmap left with issue 11)
+        Probe(f"{TB} 11 backend paths", "calibrate --out nodir/x.toml",  # (bench --mmap is gone)
               ["calibrate", "backend", "--model", "tiny-mixtral", "--out", "nodir/x.toml", "--threads", "1"], slow=True),
         Probe(f"{TB} 12 bench device", "bench --device nope",
               ["bench", "--model", "tiny-mixtral", "--num-prompts", "1", "--max-new-tokens", "2", "--device", "nope",
@@ -381,7 +381,7 @@ def probes() -> list[Probe]:
     ]
 
 
-# ---- issue 19: planner folders, non-atomic writes, unclear errors ----------------------------------
+# ---- files: planner folders, non-atomic writes, unclear errors -------------------------------------
 
 def planner_folder(d: Path, name: str = "p", seed: int = 0, prompts: int = 12) -> None:
     """A planner for small_trace's geometry from parts (random keys and patterns, an untrained
@@ -608,7 +608,7 @@ UE = "unclear"
 NA = "non-atomic"
 
 
-def probes_19() -> list[Probe]:
+def probes_files() -> list[Probe]:
     sim = ["simulate", *T, "--requests", "2", "--out", "o"]
     serve = ["replay", "--trace", "t.npz", "--policy", "casmoe", "--planner", "p"]
     pf = f"{TB} 15 planner folder"
@@ -926,9 +926,9 @@ def gap_trace(d: Path) -> None:
     save_trace(tr, d / "g.npz")
 
 
-# ---- issue 38: the user study's question on one RTX 4090 (prices, noise, unchecked values) ---------
+# ---- box: a user's question on one RTX 4090 (prices, noise, unchecked values) ------------------------
 
-I38 = "38"
+BOX = "box"
 UC, NO, PR, AD = "unchecked", "noise", "price", "advice"
 QWEN = REPO / "traces" / "synthetic-qwen3.npz"
 
@@ -1054,13 +1054,13 @@ def quant_advice_runs(d: Path) -> str:
     return accepted(again, d) or ("" if "cheapest configurations" in again.stdout else "still no answer with --quant int8")
 
 
-def probes_38() -> list[Probe]:
+def probes_box() -> list[Probe]:
     sim = ["simulate", *T, "--requests", "2", "--out", "o", "--plots", "none"]
     lru = sim + ["--policy", "lru", "--capacity", "2"]
     srch = ["search", *T, "--requests", "2", "--policy", "lru", "--out", "s"]
     mine = ["simulate", *T, "--model", "mixtral-8x7b", "--hardware", "my4090.toml", "--requests", "2", "--policy", "lru",
             "--out", "o", "--plots", "none"]
-    tg, po, hw, hc, py, sw, bx, wr = (f"{UC} {I38} {c}" for c in ("target", "policy options", "hardware variant",
+    tg, po, hw, hc, py, sw, bx, wr = (f"{UC} {BOX} {c}" for c in ("target", "policy options", "hardware variant",
                                                                    "host cache", "python api", "sweep types",
                                                                    "box flags", "one writer"))
     sweep = ["sweep", "g.toml", "--out", "sw", "--jobs", "1", "--plots", "none"]
@@ -1174,38 +1174,38 @@ def probes_38() -> list[Probe]:
             ["leaderboard", *T, "--requests", "1", "--no-fit-planner", "--out", "o"])),
         Probe(wr, "simulate into a folder another run writes", runner=held_lock(lru)),
         # every refusal names a step that works
-        Probe(f"{AD} {I38} loops", "no default cache fits: the advice runs", setup=box_4090, runner=no_loop(
+        Probe(f"{AD} {BOX} loops", "no default cache fits: the advice runs", setup=box_4090, runner=no_loop(
             mine, {"more --devices": ["--devices", "2"], "--capacity for a what-if": ["--capacity", "2"],
                    "smaller --quant": ["--quant", "int8"]})),
-        Probe(f"{AD} {I38} loops", "--capacity 2 over what the box holds: the advice runs", setup=box_4090, runner=no_loop(
+        Probe(f"{AD} {BOX} loops", "--capacity 2 over what the box holds: the advice runs", setup=box_4090, runner=no_loop(
             mine + ["--capacity", "2"], {"smaller --capacity": ["--capacity", "1"], "more --devices": ["--devices", "2"],
                                          "--allow-overcommit": ["--allow-overcommit"]})),
-        Probe(f"{AD} {I38} loops", "--devices 2 on a 1-GPU box names --gpus", mine + ["--quant", "int4", "--devices", "2"],
+        Probe(f"{AD} {BOX} loops", "--devices 2 on a 1-GPU box names --gpus", mine + ["--quant", "int4", "--devices", "2"],
               setup=box_4090, check=names("--gpus 2")),
-        Probe(f"{AD} {I38} loops", "--users with --rate names --rate", lru + ["--users", "2", "--rate", "0.5"],
+        Probe(f"{AD} {BOX} loops", "--users with --rate names --rate", lru + ["--users", "2", "--rate", "0.5"],
               check=names("--rate")),
-        Probe(f"{AD} {I38} loops", "search on a box below top_k names an option that holds it", setup=box_4090,
+        Probe(f"{AD} {BOX} loops", "search on a box below top_k names an option that holds it", setup=box_4090,
               runner=quant_advice_runs),
         # no noise on a normal run
-        Probe(f"{NO} {I38} normal run", "simulate prints only what was asked", lru + ["--policy", "lfu"],
+        Probe(f"{NO} {BOX} normal run", "simulate prints only what was asked", lru + ["--policy", "lfu"],
               check=without_noise),
-        Probe(f"{NO} {I38} normal run", "speculative without spec: one skipped line",
+        Probe(f"{NO} {BOX} normal run", "speculative without spec: one skipped line",
               ["simulate", "--trace", str(QWEN), "--requests", "1", "--policy", "speculative", "--policy", "lru",
                "--capacity", "6", "--capacity", "9", "--capacity", "12", "--out", "o", "--plots", "none"],
               check=lines_with("skipped", 1)),
-        Probe(f"{NO} {I38} normal run", "a library's multi-line warning is one line", sim + ["--policy", "userpol:P",
+        Probe(f"{NO} {BOX} normal run", "a library's multi-line warning is one line", sim + ["--policy", "userpol:P",
                                                                                              "--capacity", "2"],
               setup=user_policy("    def prefetch_layer(self, step, layer):\n        import warnings\n"
                                 "        warnings.warn('first line\\nsecond line', RuntimeWarning)\n        return []\n"),
               check=warning_line),
-        Probe(f"{NO} {I38} normal run", "leaderboard on a box that skips a workload: one n/a line per reason",
+        Probe(f"{NO} {BOX} normal run", "leaderboard on a box that skips a workload: one n/a line per reason",
               ["leaderboard", *T, "--hardware", "my4090.toml", "--requests", "1", "--no-fit-planner", "--out", "o"],
               setup=box_4090, check=lines_with("n/a", 1)),
         # the box's price
-        Probe(f"{PR} {I38} tie", "a placement that ignores the link: the cheaper link wins",
+        Probe(f"{PR} {BOX} tie", "a placement that ignores the link: the cheaper link wins",
               ["search", *T, "--requests", "2", "--policy", "n-cpu-moe", "--gpus", "4", "--link", "pcie4", "--link",
                "pcie5", "--target", "tok/s>=1", "--out", "s"], check=search_json(cheaper_link_wins)),
-        Probe(f"{PR} {I38} tie", "a GPU with no price is searched, its price unknown",
+        Probe(f"{PR} {BOX} tie", "a GPU with no price is searched, its price unknown",
               ["search", *T, "--requests", "2", "--policy", "lru", "--hardware", "hw.toml", "--target", "tok/s>=1",
                "--out", "s"], setup=hardware(gpu='"Unpriced GPU"'), check=search_json(unknown_price)),
     ]
@@ -1258,12 +1258,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-slow", action="store_true")
     ap.add_argument("--only", default="", help="run probes whose name or class contains this")
-    ap.add_argument("--issue", choices=("14", "19", ST, I38),
-                    help="only that issue's probes, or the user study's (default: all)")
+    ap.add_argument("--group", choices=("errors", "files", ST, BOX),
+                    help="only that group's probes (default: all; the module docstring says what each holds)")
     a = ap.parse_args()
     counts: dict[str, list[int]] = {}
-    chosen = {"14": probes, "19": probes_19, ST: probes_study, I38: probes_38,
-              None: lambda: probes() + probes_19() + probes_study() + probes_38()}[a.issue]()
+    chosen = {"errors": probes, "files": probes_files, ST: probes_study, BOX: probes_box,
+              None: lambda: probes() + probes_files() + probes_study() + probes_box()}[a.group]()
     for pr in chosen:
         if (a.skip_slow and pr.slow) or (a.only not in pr.name and a.only not in pr.klass):
             continue

@@ -1,4 +1,4 @@
-"""Draw the README's pictures (docs/img/*.png) from the result files committed beside this script.
+"""Draw the pictures of the README and docs/ (docs/img/*.png) from the result files committed beside this script.
 
 One picture of each kind that the main job and the plan draw, from bench/readme-figures/:
 
@@ -12,7 +12,8 @@ commands' own functions, at a lower resolution (a README shows them at its colum
 stored with a palette of 256 colours chosen to cover the image, undithered (a quarter of the
 bytes; a median-cut palette of fewer colours merged orange into yellow, which the plots tell
 policies apart by).
-tests/test_plots.py checks that these inputs exist and that the README shows every picture.
+tests/test_plots.py checks that these inputs exist and that the README or a docs page shows every picture.
+The figures the pages quote from the same files are filled by `python bench/docs_figures.py --write`.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def print_simulation(records: Sequence[dict[str, Any]], title: str, details: str
     notes = uncertainty_notes(records, _row_label)
     if notes:
         console.print("uncertainty (how far real systems of each kind landed from casmoe's figures: casmoe validate "
-                      "--published):", markup=False)
+                      "published):", markup=False)
         for line in notes:
             console.print("  " + line, markup=False)
     console.print(details, markup=False)

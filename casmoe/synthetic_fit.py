@@ -38,7 +38,7 @@ the same ranking: the per-group log-weights, the drift and its persistence, and 
 per expert (each of the previous token's experts recurs with that probability, now K of them).
 Router weights per rank extend the fitted ranks' log-linear decay over rank (or drop the last
 ranks) and keep each layer's total weight. Checked on the real Qwen3 trace
-(bench/RESULTS.md, "Qwen3 at its native top-8"): fitted on its first 4 ranks, extrapolated to
+(bench/RESULTS.md, "Qwen3-30B-A3B at its native top-8"): fitted on its first 4 ranks, extrapolated to
 6, against the real top-6 routing and a fit at 6.
 
 A trace with one group can be given `tasks` synthetic tasks: each relabels a random share

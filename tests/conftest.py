@@ -20,8 +20,8 @@ seconds where a test is about the work, not the speed).
 
 Before the first dot, one line says how many tests run and how long the default suite (`-m 'not
 slow'` over pyproject's test paths) took on this machine the last time it ran whole (kept in
-pytest's cache; until then, the last time bench/RESULTS.md recorded), so that minutes of dots read
-as progress, not as a hang.
+pytest's cache; until then, what bench/results/suite.json recorded, which `python bench/time_suite.py`
+writes), so that minutes of dots read as progress, not as a hang.
 
 Builders the test modules share: a model preset of a trace's own routing shape
 (`shaped_preset`), the seed's hardware profile (`seed_box`), one simulator run from a policy
@@ -31,11 +31,13 @@ name (`sim_run`) and the one `RunSpec` of some `casmoe simulate` options (`one_s
 from __future__ import annotations
 
 import datetime
+import json
 import locale
 import os
 import shutil
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from casmoe.cache import Capacity
@@ -83,7 +85,18 @@ def pytest_unconfigure(config) -> None:  # noqa: ARG001
 
 
 SUITE_KEY = "casmoe/default-suite"
-RECORDED = "657 tests took 2.5 min on two busy cores when bench/RESULTS.md last timed it; there are more now"
+SUITE_FILE = Path(__file__).resolve().parents[1] / "bench" / "results" / "suite.json"
+
+
+def _recorded() -> str:
+    """The default suite's last recorded timing, in words (bench/results/suite.json)."""
+    try:
+        s = json.loads(SUITE_FILE.read_text(encoding="utf-8"))
+        return (f"{s['tests']} tests took {s['minutes']} min on {s['cores']} busy cores on {s['date']}, "
+                "bench/results/suite.json")
+    except (OSError, ValueError, KeyError):
+        return "no timing recorded in bench/results/suite.json"
+
 _started = time.monotonic()
 
 
@@ -99,7 +112,7 @@ def pytest_collection_finish(session) -> None:
     cache = getattr(session.config, "cache", None)
     last = cache.get(SUITE_KEY, None) if cache is not None else None
     said = (f"took {last['seconds'] / 60:.1f} min for {last['tests']} tests here on {last['day']}" if last
-            else f"has not run whole here yet ({RECORDED})")
+            else f"has not run whole here yet ({_recorded()})")
     if reporter is not None:
         n = len(session.items)
         reporter.write_line(f"{n} test{'s' * (n != 1)} to run; the default suite (-m 'not slow') {said}")

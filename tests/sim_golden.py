@@ -1,11 +1,11 @@
 """Golden results of the batch-1 / static-batch simulator, to prove later engines unchanged.
 
 `tests/data/sim_golden.json` holds `SimResult.to_dict()` of every case below as computed by
-the engine at commit c214424 (the last one before the serving rewrite, issue 12), on every
+the engine at commit c214424 (the last one before the serving rewrite), on every
 shipped trace; the tiny-mixtral and tiny-olmoe cases were recomputed (those fields only) when
-the two traces were re-recorded (issue 10), by the engine proven identical to c214424's on the
+the two traces were re-recorded from retrained tiny models, by the engine proven identical to c214424's on the
 old traces and, still, on synthetic-mixtral. All cases were recomputed, every field, when the
-layer's timing changed on purpose (fidelity, issue 12: experts wait for their copies after the
+layer's timing changed on purpose (fidelity to the backend: experts wait for their copies after the
 dense part, issuing overlaps the copies, a layer that waited resumes slower); before that
 commit the engine still gave c214424's values. `tests/test_sim_golden.py` recomputes the cases
 and requires equality to the last bit (floats round-trip exactly through JSON). Regenerate only when a semantic change is

@@ -1,4 +1,4 @@
-"""Per-step CPU-or-copy decisions (issue 37, item 3): `fiddler`, `hybrimoe` and the placements'
+"""Per-step CPU-or-copy decisions: `fiddler`, `hybrimoe` and the placements'
 GPU-prefill threshold (`gpu_prefill`), through `ExpertCache.host_misses`.
 
 The shared contract runs each in every miss mode, the replay given the simulator's prices

@@ -1,4 +1,4 @@
-"""Closed forms for the field's methods: speculative, moe-infinity, least-stale (issue 22).
+"""Closed forms for the field's methods: speculative, moe-infinity, least-stale.
 
 The shared contract (`check_policy`, every miss mode) runs them in tests/test_policies.py; here
 each is held to what its method promises on cases whose answer is known in advance.

@@ -1,5 +1,5 @@
 """Adaptive gating (AdapMoE's lossy half, `casmoe.gating`): closed forms of the routing
-transform, the policy contract on gated routing, and the command line (issue 22)."""
+transform, the policy contract on gated routing, and the command line."""
 
 from __future__ import annotations
 

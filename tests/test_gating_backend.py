@@ -1,5 +1,5 @@
 """Adaptive gating in the torch backend: the offloaded run's logits equal the un-offloaded model
-gated by AdapMoE's own rule, and `casmoe bench --adaptive-gating` reports its quality (issue 22)."""
+gated by AdapMoE's own rule, and `casmoe bench --adaptive-gating` reports its quality."""
 
 from __future__ import annotations
 

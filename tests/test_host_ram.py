@@ -1,6 +1,6 @@
 """Host RAM is a budget: the profile keeps some for the OS and the runtime, a RAM tier never takes
 more than the rest, and experts that fit neither the GPUs nor that budget are read from storage at
-storage's price in every mode, the host-computed ones of the placements too (issue 38)."""
+storage's price in every mode, the host-computed ones of the placements too."""
 
 from __future__ import annotations
 

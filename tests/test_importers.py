@@ -338,7 +338,7 @@ def test_import_npz_and_auto_dispatch(tmp_path):
         import_trace([tmp_path / "absent.csv"])
 
 
-@pytest.mark.slow  # loads and runs tiny-mixtral; the README test imports the folder in the default suite
+@pytest.mark.slow  # loads and runs tiny-mixtral; the docs' command test imports the folder in the default suite
 def test_the_shipped_moe_lrc_folder_imports_the_models_own_routing():
     """examples/moe-lrc holds moe-lrc's rank files of tiny-mixtral; importing them gives back the
     experts the model's routers chose for those tokens."""
@@ -371,7 +371,7 @@ def test_the_shipped_moe_lrc_folder_imports_the_models_own_routing():
         np.testing.assert_array_equal(np.sort(req.topk, axis=-1), np.sort(want, axis=-1))
 
 
-# ---- what a user's file or flags declare: refused when ambiguous or contradicted (issue 19) -----
+# ---- what a user's file or flags declare: refused when ambiguous or contradicted ----------------
 
 MINIMAL = "# n_layer=2 n_expert=4 n_expert_used=2\nturn,step,layer,expert\n0,0,0,3\n0,0,0,1\n0,0,1,0\n0,0,1,2\n0,1,0,2\n0,1,0,3\n"
 

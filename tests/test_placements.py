@@ -1,5 +1,5 @@
 """Closed forms for the fixed placements: llama.cpp's `n-cpu-moe` and KTransformers' frequency
-placement (issue 22). `check_policy` runs both in every miss mode in tests/test_policies.py."""
+placement. `check_policy` runs both in every miss mode in tests/test_policies.py."""
 
 from __future__ import annotations
 

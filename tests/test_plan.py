@@ -1,4 +1,4 @@
-"""`casmoe plan` end to end (issues 37, 42, 44): from the user's box and files to a command that runs.
+"""`casmoe plan` end to end: from the user's box and files to a command that runs.
 
 A GGUF on the machine it runs on, detected; the one-4090 box's Qwen3-30B-A3B all on the GPU at a
 4-bit quant; no command its engine cannot run; the printed figure is what the printed `casmoe
@@ -266,7 +266,7 @@ def test_bad_input_is_one_line(argv, message, tmp_path, monkeypatch, capsys):
 # ------------------------------------------------------------------------------ the engine's own terms
 def test_n_cpu_moe_counts_blocks_dense_ones_included(tmp_path):
     """DeepSeek-V2-Lite's first block is dense: --n-cpu-moe N keeps blocks 0..N-1's experts on the
-    host, i.e. MoE layers 0..N-2, which must be the map's host layers (issue 44: it printed 7 for 7)."""
+    host, i.e. MoE layers 0..N-2, which must be the map's host layers (it once printed 7 for 7)."""
     p = get_preset("deepseek-v2-lite")
     plan = make_plan(PlanRequest("deepseek-v2-lite", f"{BOX}@host_ram_gib=128", ("llama.cpp",), precision="bf16",
                                  gpu_memory=(16.0,), requests=2, compare=False), tmp_path / "d")

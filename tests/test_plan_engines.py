@@ -1,4 +1,4 @@
-"""`casmoe plan`'s command lines against the flags each engine's source has (issue 37).
+"""`casmoe plan`'s command lines against the flags each engine's source has.
 
 The flag lists are data read at a named version (casmoe/engines/*.toml, casmoe/sim/questions/deploy/verified.toml);
 every command a plan writes must parse with them: each flag a name or alias of the list, its

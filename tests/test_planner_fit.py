@@ -229,7 +229,7 @@ def test_casmoe_policy_feeds_served_prompts_to_the_planner_buffer(planner_dir, t
         assert planner.explain(r.prompt).similarity == pytest.approx(1.0, abs=1e-3)
 
 
-# ---- evaluation across traces and tasks (issue 10, item 7) ------------------------------------
+# ---- evaluation across traces and tasks -------------------------------------------------------
 
 
 def _least_popular_trace(planner, requests: int = 6) -> Trace:
@@ -430,7 +430,7 @@ def test_validation_scores_the_folds_least_like_the_rest_first() -> None:
 
 
 def test_a_saved_planner_serves_a_replay_without_torch(planner_dir, trace, tmp_path, monkeypatch) -> None:
-    """Issue 23's "serving without torch": load, predict a novel prompt and drive a casmoe replay
+    """Serving without torch: load, predict a novel prompt and drive a casmoe replay
     in a fresh interpreter, through bench/bench_planner_speed.py's own check (which once broke
     unnoticed: it ran only when the bench ran)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))

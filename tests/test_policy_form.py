@@ -39,7 +39,7 @@ def test_a_built_in_policy_is_its_own_module(name):
 
 
 PYTHON_ONLY = ("moe-infinity", "n-cpu-moe", "ktransformers", "layer-offload", "fiddler", "hybrimoe", "routed-placement")
-"""Built-in policies without a compiled twin (issues 22, 37): they run their Python hooks everywhere
+"""Built-in policies without a compiled twin: they run their Python hooks everywhere
 (a placement has no victim to choose; layer-offload's streaming, fiddler's and hybrimoe's per-step
 CPU-or-copy choice are in no kernel)."""
 

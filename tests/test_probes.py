@@ -1,4 +1,4 @@
-"""Probes of issue 19's classes beyond the fuzz suite: damaged and mixed planner folders, writes
+"""Probes of the hardening classes beyond the fuzz suite: damaged and mixed planner folders, writes
 that fail half way, files users write by hand (BOM, other encodings, copied profiles), numbers
 that are no numbers (nan, inf), archives that inflate past memory, names at the file system's
 limit. Each case asserts a one-line error (exit 2, one `casmoe: error:` line naming the file),
@@ -625,7 +625,7 @@ def test_a_bare_group_prints_its_help(tmp_path, monkeypatch, capsys):
     assert code == 2 and "Usage:" in err and "trace [OPTIONS] COMMAND" in err and "synth" in err
 
 
-# ---- issue 38: the study's question on one RTX 4090 (bench/probe_hardening.py --issue 38) -------
+# ---- a user's question on one RTX 4090: unchecked values, advice, prices (probe_hardening --group box)
 
 SIM = ["simulate", "--trace", str(TRACE), "--requests", "2", "--out", "o", "--plots", "none"]
 SEARCH = ["search", "--trace", str(TRACE), "--requests", "2", "--policy", "lru", "--out", "s"]

@@ -1,4 +1,4 @@
-"""Answers a user can trust (issue 19, part A): no what-if reports a number its inputs no longer
+"""Answers a user can trust: no what-if reports a number its inputs no longer
 produce, no oracle or fitted-on-the-test-set comparison unmarked, a box simulated with the
 memory it has, API misuse refused. Errors are one line on stderr with exit code 2."""
 
@@ -106,7 +106,7 @@ def test_an_edited_profile_recomputes_its_points(tmp_path):
 
 
 def test_a_resumed_leaderboard_recomputes_what_an_edited_profile_changes(tmp_path):
-    """Issue 34: the leaderboard once stored its points without the profile's content, so a
+    """The leaderboard once stored its points without the profile's content, so a
     resumed run reused results of the box as it was. Its runs are keyed like every command's now."""
     hw = box(tmp_path, h2d_pinned_gbs=24.0)
     out = tmp_path / "board"
@@ -396,7 +396,7 @@ def test_bench_refuses_a_nan_link(tmp_path):
 
 
 def test_a_trace_without_prompts_is_served_by_the_trajectory_stage(tmp_path):
-    """Issue 23: a prompt-free trace is not refused and never predicted from an empty prompt:
+    """A prompt-free trace is not refused and never predicted from an empty prompt:
     the planner fits its trajectory stage alone and casmoe serves from the routing it sees."""
     from casmoe.planner import PlannerConfig, fit_planner
     from casmoe.replay import replay

@@ -219,7 +219,7 @@ def test_cli_one_line_error_for_a_missing_trace(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr and "nope.npz" in out.stderr
 
 
-# ---- locality against its baselines, global balance, bands by shape (issue 21) ------------------
+# ---- locality against its baselines, global balance, bands by shape ----------------------------
 
 
 def two_blocks(T: int = 20, E: int = 8) -> Trace:

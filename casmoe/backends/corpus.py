@@ -242,7 +242,7 @@ def _entries(by_task: dict[str, list[str]], rng: np.random.Generator, caps: dict
     return prompts
 
 
-# ---------------------------------------------------------------- held-out domains (issue 21)
+# ------------------------------------------- held-out domains (tasks the corpus does not have)
 
 HELDOUT_DOMAINS_CAP = 150  # documents per held-out domain
 TZDATA_LINES = 8  # consecutive rule lines of the time zone database per document

@@ -16,8 +16,8 @@ layer's top-2 slots to one expert, and consecutive tokens of real text reused th
 pair 37% of the time. Balanced per layer over a batch, a layer may still route by topic (every
 token of a text to the same experts); balanced per row, it must route by token. `--balance
 global` counts the loads over the last `balance_window` batches (Qwen's global-batch balance,
-arXiv 2501.11873) for models meant to keep a request on its experts; bench/RESULTS.md (issue 21)
-has what it did. `--locality-coef` adds a named, training-time-only term
+arXiv 2501.11873) for models meant to keep a request on its experts; bench/RESULTS.md ("How the
+training recipe was chosen") has what it did. `--locality-coef` adds a named, training-time-only term
 (`routing_drift_loss`: the router probability mass that moves between consecutive tokens of a
 text) for routing that keeps consecutive tokens on their experts, and `--concentration-coef` a
 second (`request_concentration_loss`: how evenly a text spreads over a layer's experts) for
@@ -85,8 +85,8 @@ RECIPES: dict[str, Recipe] = {
     "tiny-mixtral": Recipe(steps=800, balance=Balance.BATCH, locality_coef=0.5),
     "tiny-olmoe": Recipe(steps=800, balance=Balance.BATCH, locality_coef=0.5),
 }
-"""Each shipped model's recipe, chosen by the ablation in bench/RESULTS.md (issue 21, "Retraining
-for realistic routing"): balance over the batch of 16 mixed-task rows rather than per row (per-row
+"""Each shipped model's recipe, chosen by the ablation in bench/RESULTS.md ("How the training
+recipe was chosen"): balance over the batch of 16 mixed-task rows rather than per row (per-row
 balance forces every text onto all experts evenly), the routing-drift term for temporal
 locality, and twice the steps of the first models, which buys back the drift term's perplexity.
 The balance coefficient (`TINY_MODELS`' `router_aux_loss_coef`) is 0.15, not the 0.1 the models
@@ -94,7 +94,7 @@ shipped before had: the 0.1 recipe, which had reproduced tiny-mixtral byte for b
 session, gave other weights in the next (the same first loss, another final one; the old models'
 environment was not recorded) and those let one expert take 2.62-2.64x its fair share of the
 trace (over the 2.5x target); 0.15 keeps both models balanced (2.18 / 2.42) at little cost
-(bench/RESULTS.md, "Training is reproducible only in its environment")."""
+(bench/RESULTS.md, "The shipped tiny models")."""
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,8 @@ def training_environment() -> dict[str, str]:
     """What a training run's arithmetic depends on beyond its settings: the libraries' versions
     and the CPU kernels torch dispatches to. Why it is recorded: on one machine the same recipe
     and seed give the same weights byte for byte (tests/test_train.py), but the shipped
-    tiny-olmoe's recipe gave three different models in three sessions (held-out perplexity
-    98.79, 99.89, 99.95; bench/RESULTS.md issue 21): float rounding differs between library
+    tiny-olmoe's recipe gave three different models on three days (held-out perplexity
+    98.79, 99.89, 99.95; bench/RESULTS.md, "The shipped tiny models"): float rounding differs between library
     versions and between CPU kernels (AVX2, AVX-512), and 800 steps amplify it. So a claim that
     `casmoe train-tiny NAME` reproduces a shipped model holds where this environment matches the
     one its `train.json` records (`environment_differences`)."""
@@ -289,7 +289,7 @@ def routing_drift_loss(router_logits, rows) -> Any:
     Why a model is trained with it (`TrainSettings.locality_coef`, `--locality-coef`): a tiny
     model's router reads a residual stream dominated by the current token's embedding, so it
     routes by token, and consecutive tokens keep no more experts than the request's own mix in
-    shuffled order would (bench/RESULTS.md, issue 21), where real MoEs repeat their experts over
+    shuffled order would (bench/RESULTS.md, "How the training recipe was chosen"), where real MoEs repeat their experts over
     consecutive tokens well above that (Mixtral, arXiv 2401.04088 section 5; the local routing
     consistency of arXiv 2505.16056). The term rewards a router that follows the context, the
     temporal counterpart of the cross-layer coupling loss of arXiv 2602.14159 (which rewards
@@ -328,7 +328,7 @@ def request_concentration_loss(router_logits, rows) -> Any:
 
     Why (`TrainSettings.concentration_coef`, `--concentration-coef`): real MoEs keep a request
     on a few of a layer's experts (within-request Gini 0.77-0.85 on the 128-expert real traces,
-    bench/RESULTS.md issue 21) while the whole stream stays balanced; with the batch-level
+    bench/RESULTS.md, "The synthetic and real traces, judged by shape") while the whole stream stays balanced; with the batch-level
     balance loss (which raises the entropy of the batch's mixture) this term is the other half
     of the mutual information between text and expert, the objective Mod-Squad (Chen et al.,
     arXiv 2212.08066) maximises between tasks and experts. It is training-time only, like

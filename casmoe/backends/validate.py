@@ -10,7 +10,7 @@ median over decode tokens of each token's simulated latency against its own meas
 simulator replays the run's own trace, so token t is the same work in both), and the error of
 the mean. Why: on the balanced link a prefetching policy's copies land about when the next layer
 needs them, so its tokens split into a fast and a slow mode (SE-MoE's 50th and 60th percentiles
-15 ms apart on a 58 ms token, bench/RESULTS.md issue 24) and the median alone jumps between them
+15 ms apart on a 58 ms token, bench/RESULTS.md, "What validate backend measures") and the median alone jumps between them
 with a percent of drift.
 
 Where the error comes from is reported beside it: the whole run's stall and compute (time not

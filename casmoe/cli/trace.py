@@ -222,7 +222,7 @@ def import_(
     Several files or a folder become one trace. vLLM (--enable-return-routed-experts) and SGLang
     (per_token recorder dumps, return_routed_experts responses) keep only MoE layers; the
     geometry is printed. A route CSV needs only a '# n_layer=L n_expert=E n_expert_used=K'
-    line and the columns turn,step,layer,expert (README: "Bring your own routing").
+    line and the columns turn,step,layer,expert (docs/traces.md: "Bring your own routing").
     """
     from casmoe.importers import import_trace
     from casmoe.output import check_file_target, check_not_input

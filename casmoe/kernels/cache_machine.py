@@ -61,7 +61,7 @@ class Machine(NamedTuple):
     `resources`): numba's cache index pickles this class by name in every kernel signature that
     takes it (here and in casmoe/sim/passes/timing_kernel.py) and unpickles the index before checking it is
     stale, so after a rename every checkout with a warm cache fails with AttributeError until its
-    `__pycache__/*.nbi` files are deleted (tried: bench/RESULTS.md, issue 20)."""
+    `__pycache__/*.nbi` files are deleted (tried: bench/RESULTS.md, "Speed parity of the refactors")."""
 
     cfg: np.ndarray  # int64 [12], the C_* settings
     reg: np.ndarray  # int64 [10], the R_* scalars

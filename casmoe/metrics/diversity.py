@@ -1,8 +1,8 @@
 """How varied recorded text is: the distinct-n ratio of the tokens requests produced.
 
 A model stuck in a loop repeats its n-grams and, with them, its routing; the ratio is the
-quality bar for the text behind a shipped trace (issue 10: distinct-4-gram >= 0.8 in `sample`
-mode). Definition (Li et al., 2016, "A Diversity-Promoting Objective Function for Neural
+quality bar for the text behind a shipped trace (distinct-4-gram >= 0.8 in `sample` mode,
+bench/RESULTS.md "Recording modes"). Definition (Li et al., 2016, "A Diversity-Promoting Objective Function for Neural
 Conversation Models"): distinct n-grams over all n-grams, pooled over requests, with no n-gram
 crossing from one request into the next; here over token ids.
 """

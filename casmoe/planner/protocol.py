@@ -99,7 +99,7 @@ MAX_VALID = 120
 VALID_FOLDS = 2
 """Validation folds a choice is scored on (each a whole-task fold, scored by a planner fitted on
 the rest): one task can favour what another refutes (the fallback helps on a task unlike the fit
-data and costs a little on one like it; bench/RESULTS.md issue 23)."""
+data and costs a little on one like it; bench/RESULTS.md, "How the planner's defaults were chosen")."""
 FALLBACK = (False, True)  # `casmoe[fallback=...]` candidates, chosen on validation with the horizon
 
 
@@ -158,7 +158,8 @@ def unlike_first(folds: list[np.ndarray], patterns: np.ndarray) -> list[np.ndarr
     (total variation between the fold's mean expert pattern and the other folds', averaged over
     layers; the most unlike first, ties in fold order). Why: the settings that matter most are
     tasks the planner never saw, and a choice scored on folds like the rest of the fit data
-    cannot see what a guard against unlike tasks is worth (bench/RESULTS.md issue 23: on
+    cannot see what a guard against unlike tasks is worth (bench/RESULTS.md, "How the planner's
+    defaults were chosen": on
     in-distribution folds the fallback's candidates differed by 0.0001-0.0012 and the choice
     went against it on the unseen tasks where it pays)."""
     def distance(i: int) -> float:

@@ -23,7 +23,7 @@ heaviest first), then every decode token. Two parts, both fitted on the planner'
 The map is fitted where the policy uses it: an eviction during decode token t + 1, at a layer
 whose routed experts (of token t + 1) are known and protected, chooses among the others, so a
 training row is the state after token t, a candidate not routed by token t + 1 at its layer,
-and the label is its use in tokens t + 2 ... t + 1 + `horizon`. (Issue 23's data look,
+and the label is its use in tokens t + 2 ... t + 1 + `horizon`. (A data look,
 bench/bench_casmoe_evictions.py: without the current token's routing casmoe evicted experts
 the very next token routes more often than LFU did, 29 % of its victims against Belady's 4 %.)
 

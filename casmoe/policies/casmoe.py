@@ -59,7 +59,7 @@ ExpertScorer = Callable[[Request], np.ndarray]
 FALLBACK_WINDOW = 8
 """`fallback`: a disagreement counts when its victim is routed again within this many decode
 tokens (later reuse says little about which choice was right: nearly every victim of any policy
-is reused within 32 steps at 2k slots, bench/RESULTS.md issue 23)."""
+is reused within 32 steps at 2k slots, bench/bench_casmoe_evictions.py)."""
 
 
 def exact_predictor(geometry) -> ExpertScorer:

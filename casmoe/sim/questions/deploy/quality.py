@@ -29,7 +29,7 @@ from casmoe.tables import read_table
 
 QUALITY = ENGINE_DATA / "quant_quality.toml"
 GGUF_CHOICES = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "iq4_xs", "q3_k_m")
-"""The llama-quantize types users download, largest first (issue 42)."""
+"""The llama-quantize types users download, largest first."""
 NATIVE_GGUF = {"mxfp4": "mxfp4_moe", "bf16": "bf16", "fp16": "fp16", "q8_0": "q8_0"}
 """A released precision as the llama.cpp file type that keeps it (gpt-oss's MXFP4 experts: MXFP4_MOE)."""
 REFERENCE = "Meta-Llama-3-8B (base)"
