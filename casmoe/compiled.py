@@ -2,8 +2,10 @@
 
 A class that declares `twin` has one (see `casmoe.twin`); a subclass that does not
 declare its own (a user's `HotNextLayer(LRU)`), or any other policy, runs the Python path,
-unchanged. This module names no policy: it reads the declaration (`Twin.state`).
-The per-access work (route, admit, evict, the policy's bookkeeping and victim) runs compiled;
+unchanged. This module names no policy: it reads the declaration, and hands the kernels the
+policy's victim order (`Twin.order`, with its `touched` hook, as `cache_machine.Order`) and the
+state it reads (`Twin.state`). The per-access work (route, admit, evict, the policy's bookkeeping
+and victim) runs compiled;
 the per-request hooks stay the policy's own Python methods, called between kernel calls:
 `prefetch_request` (a planner's prediction), with the table of per-visit guesses the policy
 reads itself (`Twin.request_guesses`, copied into the kernel's buffers), and `on_request_end`
@@ -20,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 
 from casmoe.cache import CacheStats, ExpertCache, MissMode, PolicyError
-from casmoe.kernels.kinds import READS_USES
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import Request, Trace
 from casmoe.twin import beyond_guesses, twin_of
@@ -65,13 +66,15 @@ class TwinMachine:
         self.km = km
         self.cache = cache
         self.arrays = arrays
+        twin = twin_of(type(cache))
+        self.order = km.order_of(twin.order, twin.touched)  # the kernels' victim order
         self.mc = _machine(km, cache, arrays, log_rows, decide)
 
     def begin(self, request: Request) -> None:
-        self.km.begin_request(self.mc, _prefetch_request(self.km, self.cache, request, self.mc))
+        self.km.begin_request(self.mc, self.order, _prefetch_request(self.km, self.cache, request, self.mc))
 
     def run(self, first: int, last: int, marks: np.ndarray = _NO_MARKS) -> None:
-        self.km.replay_steps(self.mc, self.arrays.visit_ptr, self.arrays.experts, first, last, marks)
+        self.km.replay_steps(self.mc, self.order, self.arrays.visit_ptr, self.arrays.experts, first, last, marks)
         self.check()
 
     def end(self) -> None:
@@ -161,13 +164,13 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
     N, L, E, slots = g.total_experts, g.layers, g.experts, cap.slots
     pools = cache.pools
     twin = twin_of(type(cache))
-    kind, state = twin.kind, twin.state(cache)
-    cfg = np.zeros(12, np.int64)
-    cfg[[km.C_E, km.C_L, km.C_SLOTS, km.C_PER_LAYER, km.C_KIND, km.C_MISS, km.C_KEEPS]] = (
-        E, L, slots, cap.per_layer, kind, _MISS[cache.miss_mode], cache.keeps_experts,
+    state = twin.state(cache)
+    cfg = np.zeros(km.N_CFG, np.int64)
+    cfg[[km.C_E, km.C_L, km.C_SLOTS, km.C_PER_LAYER, km.C_MISS, km.C_KEEPS]] = (
+        E, L, slots, cap.per_layer, _MISS[cache.miss_mode], cache.keeps_experts,
     )
     cfg[km.C_NEXT_LAYER_BUDGET] = state.next_layer_budget
-    cfg[km.C_SCH_M] = state.lookahead
+    cfg[km.C_LOOKAHEAD] = state.lookahead
     cfg[km.C_LOG] = log_rows > 0
     cfg[km.C_DECIDE] = decide
     cfg[km.C_GUESSES] = state.guess_rows > 0
@@ -175,7 +178,7 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
     pinned = np.zeros(N, np.bool_)
     if state.pinned:
         pinned[list(state.pinned)] = True
-    use_ptr, use_visit = arrays.uses(N) if kind in READS_USES else (np.zeros(N + 1, np.int64), np.zeros(0, np.int64))
+    use_ptr, use_visit = arrays.uses(N) if twin.reads_future else (np.zeros(N + 1, np.int64), np.zeros(0, np.int64))
     return km.Machine(
         cfg=cfg,
         reg=np.array([0] * km.R_GUESS_ROWS + [-1, -1, -1], np.int64),

@@ -4,38 +4,45 @@ Everything here mirrors Python that stays the definition: the mechanics of `casm
 (`route`, `_admit`, `_evict`, `_prefetch`, `_release`, `_substitute`), the per-access hooks
 of the built-in policies in `casmoe/policies/`, and the event order of `casmoe/replay.py`.
 Per-request hooks (`prefetch_request`, `on_request_end`) are not duplicated: the driver in
-`casmoe/compiled.py` calls the policy's own Python methods between kernel calls. Each policy
-declares the branch it equals (`twin = Twin(Kind.X, ...)`, `casmoe.twin`) and hands over the state that
-branch reads (`Twin.state`); a new compiled policy adds one branch to `_victim_key`.
+`casmoe/compiled.py` calls the policy's own Python methods between kernel calls.
 tests/test_compiled_replay.py keeps the twins equal: same loads, victims, slots,
 substitutions and counters as the Python classes on random traces, for every built-in policy,
 pool kind and miss mode.
 
-A policy's victim is the candidate (unprotected resident of the pool) with the smallest
-`(primary, secondary)`: every built-in policy's choice is such a minimum with unique keys
-(`_victim_key`), so a scan over the pool's slots finds the one the Python heap or order finds.
+This module names no policy. A policy's victim is the candidate (unprotected resident of the
+pool) with the smallest `(primary, secondary)` of its victim order, a small function its own
+module declares (`twin = Twin(order, ...)`, `casmoe.twin`): every built-in policy's choice is
+such a minimum with unique keys, so a scan over the pool's slots finds the one the Python heap
+or order finds. The kernels take the order as an argument (`Order`: the order and its optional
+`touched` hook as one value of a numba type of its own), so numba compiles each kernel once per
+order, with the order's code in it, and caches each on disk like any other signature.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import hashlib
+from pathlib import Path
+from typing import Callable, NamedTuple
 
 import numba
 import numpy as np
+from numba.core import types
+from numba.extending import NativeValue, models, overload, register_model, typeof_impl, unbox
 
-from casmoe.kernels.kinds import Kind
+from casmoe.kernels import layout
+from casmoe.kernels.layout import (C_DECIDE, C_E, C_GUESSES, C_KEEPS, C_L, C_LOG, C_LOOKAHEAD, C_MISS,  # noqa: F401
+                                   C_NEXT_LAYER_BUDGET, C_PER_LAYER, C_SLOTS, N_CFG, N_REG, R_GUESS_FIRST,
+                                   R_GUESS_OVER, R_GUESS_ROWS, R_ISSUED, R_LAYER, R_LIVE, R_LOG, R_NPROT, R_STEP,
+                                   R_TICK)
 
-# policy kinds, as the policies declare them (`kinds.Kind`): how `_victim_key` orders candidates
-LRU, STATIC, LFU, BELADY, SCH, CASMOE, LEAST_STALE = map(
-    int, (Kind.LRU, Kind.STATIC, Kind.LFU, Kind.BELADY, Kind.SCH, Kind.CASMOE, Kind.LEAST_STALE))
+# the slot numbers these kernels were written for (`layout.py`): numba's cache checks only this
+# file, so a renumbering there must come with an edit here (see layout.py)
+assert (C_E, C_L, C_SLOTS, C_PER_LAYER, C_MISS, C_KEEPS, C_NEXT_LAYER_BUDGET, C_LOOKAHEAD, C_LOG, C_DECIDE,
+        C_GUESSES, N_CFG) == (*range(11), 11), "layout.py's cfg slots changed: update cache_machine.py"
+assert (R_TICK, R_STEP, R_LAYER, R_NPROT, R_LIVE, R_LOG, R_ISSUED, R_GUESS_ROWS, R_GUESS_FIRST, R_GUESS_OVER,
+        N_REG) == (*range(10), 10), "layout.py's reg slots changed: update cache_machine.py"
 # miss modes, as `casmoe.cache.MissMode`
 LOAD, SUBSTITUTE, CPU = range(3)
-# cfg slots
-(C_E, C_L, C_SLOTS, C_PER_LAYER, C_KIND, C_MISS, C_KEEPS, C_NEXT_LAYER_BUDGET, C_SCH_M, C_LOG, C_DECIDE,
- C_GUESSES) = range(12)
-# reg slots (mutable scalars); R_GUESS_*: the running request's guess table (speculative): its
-# rows (-1: none), the step its first guess was read at (-1: not yet), a step beyond it (-1: none)
-R_TICK, R_STEP, R_LAYER, R_NPROT, R_LIVE, R_LOG, R_ISSUED, R_GUESS_ROWS, R_GUESS_FIRST, R_GUESS_OVER = range(10)
 # counters, in the field order of `casmoe.cache.CacheStats`
 (N_ACCESSES, N_HITS, N_LATE, N_MISSES, N_COLD, N_SUBS, N_CPU, N_DEMAND, N_PREFETCH, N_USED, N_WASTED,
  N_EVICTIONS, N_BYTES) = range(13)
@@ -63,8 +70,8 @@ class Machine(NamedTuple):
     stale, so after a rename every checkout with a warm cache fails with AttributeError until its
     `__pycache__/*.nbi` files are deleted (tried: bench/RESULTS.md, "Speed parity of the refactors")."""
 
-    cfg: np.ndarray  # int64 [12], the C_* settings
-    reg: np.ndarray  # int64 [10], the R_* scalars
+    cfg: np.ndarray  # int64 [N_CFG], the C_* settings (`layout.py`)
+    reg: np.ndarray  # int64 [N_REG], the R_* scalars
     n: np.ndarray  # int64 [13], the counters
     slot_of: np.ndarray  # int64 [N], -1 when not resident
     slot_expert: np.ndarray  # int64 [S], -1 for a free slot
@@ -111,57 +118,109 @@ def _log(mc, what, expert, a, b):
         mc.reg[R_LOG] = i + 1
 
 
-@_kernel
-def _uses_upto(mc, expert, visit):
-    """How many of `expert`'s visits are <= `visit` (bisect_right)."""
-    lo, hi = mc.use_ptr[expert], mc.use_ptr[expert + 1]
-    return np.searchsorted(mc.use_visit[lo:hi], visit, side="right")
+# ---- a policy's victim order, as a kernel argument -----------------------------------------
+
+
+class OrderType(types.Dummy):
+    """The numba type of one `Order`: named by its functions and a hash of the files they and the
+    slot numbers are written in (`Order.name`), so a cached kernel is found again by the next
+    process, and one compiled for an edited order is not. Like `Machine`, the class keeps its
+    name and module: numba's cache index pickles it into every signature that takes an order."""
+
+    def __init__(self, order_name: str) -> None:
+        self.order_name = order_name
+        super().__init__(name=f"Order({order_name})")
+
+
+register_model(OrderType)(models.OpaqueModel)
+
+
+@unbox(OrderType)
+def _unbox_order(typ, obj, c):
+    return NativeValue(c.context.get_dummy_value())  # no data: the order is in the type
+
+
+_ORDERS: dict[str, tuple] = {}
+"""`Order.name` -> (victim order, touched hook or None), compiled: what the overloads below call."""
+
+
+class Order:
+    """A policy's victim order (`Twin.order`) and its `touched` hook, as one kernel argument.
+
+    Its numba type names the two functions, so a kernel that takes it is compiled for them and
+    calls them directly (no indirect call). The functions are compiled without numba's own
+    cache: they are compiled only into a kernel, and numba would not see an edit to the slot
+    numbers they read (`layout.py`); the kernels that take an order are cached under a name
+    that hashes those files. Use `order_of`: one per pair of functions and process."""
+
+    def __init__(self, key: Callable, touched: Callable | None) -> None:
+        files = sorted({Path(f.__code__.co_filename) for f in (key, touched) if f is not None} | {Path(layout.__file__)})
+        digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
+        names = "+".join(f"{f.__module__}.{f.__qualname__}" for f in (key, touched) if f is not None)
+        self.name = f"{names}@{digest}"
+        self.key, self.touched = key, touched
+        self.type = OrderType(self.name)
+        jit = numba.njit(nogil=True, _nrt=False)
+        _ORDERS[self.name] = (jit(key), jit(touched) if touched is not None else None)
+
+
+@typeof_impl.register(Order)
+def _typeof_order(val, c):
+    return val.type
+
+
+_ORDER_OF: dict[tuple, Order] = {}
+
+
+def order_of(key: Callable, touched: Callable | None = None) -> Order:
+    """The kernel argument of a victim order (and its touched hook), made once per process."""
+    if (key, touched) not in _ORDER_OF:
+        _ORDER_OF[key, touched] = Order(key, touched)
+    return _ORDER_OF[key, touched]
+
+
+def _victim_key(order, mc, expert):
+    """`(primary, secondary)` of `expert` in `order` (smallest evicted first). Compiled, the
+    overload below calls the order's compiled function; this body runs in interpreted kernels."""
+    return order.key(mc, expert)
+
+
+def _touched(order, mc, expert):
+    """The order's `touched` hook, after `expert` was accessed or inserted (nothing without one)."""
+    if order.touched is not None:
+        order.touched(mc, expert)
+
+
+@overload(_victim_key, inline="always")
+def _victim_key_of(order, mc, expert):
+    key = _ORDERS[order.order_name][0]
+    return lambda order, mc, expert: key(mc, expert)
+
+
+@overload(_touched, inline="always")
+def _touched_of(order, mc, expert):
+    hook = _ORDERS[order.order_name][1]
+    if hook is None:
+        return lambda order, mc, expert: None
+    return lambda order, mc, expert: hook(mc, expert)
+
+
+# ---- the machine ---------------------------------------------------------------------------
 
 
 @_kernel
-def _visit(mc):
-    return mc.reg[R_STEP] * mc.cfg[C_L] + mc.reg[R_LAYER]
-
-
-@_kernel
-def _touch(mc, expert, access):
+def _touch(mc, order, expert, access):
     """`on_access` (access) or `on_insert` of every built-in policy."""
     mc.reg[R_TICK] += 1
     mc.last[expert] = mc.reg[R_TICK]
     if access:
         mc.count[expert] += 1
         mc.served[expert] += 1.0
-    if mc.cfg[C_KIND] == BELADY:  # belady.py: key = -next use after now
-        i = _uses_upto(mc, expert, _visit(mc))
-        lo, hi = mc.use_ptr[expert], mc.use_ptr[expert + 1]
-        mc.key[expert] = -float(mc.use_visit[lo + i]) if lo + i < hi else -np.inf
+    _touched(order, mc, expert)
 
 
 @_kernel
-def _victim_key(mc, expert):
-    """The order each built-in policy's `victim` picks the smallest of."""
-    kind = mc.cfg[C_KIND]
-    if kind == LRU:  # lru.py: least recently used
-        return 0.0, mc.last[expert]
-    if kind == STATIC:  # static.py: unpinned first, then least recently used
-        return 1.0 if mc.pinned[expert] else 0.0, mc.last[expert]
-    if kind == LFU:  # lfu.py: least used, then least recently touched
-        return float(mc.count[expert]), mc.last[expert]
-    if kind == BELADY:  # belady.py: farthest next use, then lowest id
-        return mc.key[expert], expert
-    if kind == SCH:  # sch.py: fewest uses in (now, end of step + m - 1], then least recently used
-        now = _visit(mc)
-        L = mc.cfg[C_L]
-        horizon = (now // L + mc.cfg[C_SCH_M]) * L - 1
-        return float(_uses_upto(mc, expert, horizon) - _uses_upto(mc, expert, now)), mc.last[expert]
-    if kind == LEAST_STALE:  # least_stale.py: most layers until its next turn, then least recently used
-        L = mc.cfg[C_L]
-        return -float((expert // mc.cfg[C_E] - mc.reg[R_LAYER] - 1) % L + 1), mc.last[expert]
-    return mc.key[expert], mc.last[expert]  # casmoe.py: lowest score, then least recently touched
-
-
-@_kernel
-def _victim(mc, pool):
+def _victim(mc, order, pool):
     slots = mc.cfg[C_SLOTS]
     best = -1
     best_a, best_b = 0.0, 0
@@ -169,7 +228,7 @@ def _victim(mc, pool):
         e = mc.slot_expert[s]
         if e < 0 or mc.protected[e]:
             continue
-        a, b = _victim_key(mc, e)
+        a, b = _victim_key(order, mc, e)
         if best < 0 or a < best_a or (a == best_a and b < best_b):
             best, best_a, best_b = e, a, b
     return best
@@ -231,7 +290,7 @@ def _release(mc):
 
 
 @_kernel
-def _admit(mc, expert, demand):
+def _admit(mc, order, expert, demand):
     pool = _pool(mc, expert)
     layer = expert // mc.cfg[C_E]
     victim = -1
@@ -251,7 +310,7 @@ def _admit(mc, expert, demand):
                 if mc.protected[e] and mc.prot_at[e] == i and _pool(mc, e) == pool:
                     _unprotect(mc, e)
                     break
-        victim = _victim(mc, pool)
+        victim = _victim(mc, order, pool)
         slot = _evict(mc, victim, pool)
     mc.slot_of[expert] = slot
     mc.slot_expert[slot] = expert
@@ -265,25 +324,25 @@ def _admit(mc, expert, demand):
         mc.n[N_PREFETCH] += 1
         mc.unused[expert] = True
     mc.n[N_BYTES] += mc.layer_bytes[layer]
-    _touch(mc, expert, False)
+    _touch(mc, order, expert, False)
     _log(mc, LOG_DEMAND if demand else LOG_PREFETCH, expert, slot, victim)
 
 
 @_kernel
-def _prefetch_one(mc, e):
+def _prefetch_one(mc, order, e):
     """cache.py `_prefetch` for one expert: skip residents and pools held whole by the running layer."""
     if mc.slot_of[e] >= 0:
         return
     pool = _pool(mc, e)
     if mc.nfree[pool] == 0 and mc.prot_pool[pool] >= mc.members[pool]:
         return
-    _admit(mc, e, False)
+    _admit(mc, order, e, False)
 
 
 @_kernel
-def prefetch(mc, experts):
+def prefetch(mc, order, experts):
     for e in experts:
-        _prefetch_one(mc, e)
+        _prefetch_one(mc, order, e)
 
 
 @_kernel
@@ -297,24 +356,24 @@ def _substitute(mc, layer):
 
 
 @_kernel
-def _next_layer_prefetch(mc, layer):
+def _next_layer_prefetch(mc, order, layer):
     """semoe.py `prefetch_layer`: the next layer's most used experts (lower id first among
     equals), within the budget. Uses only grow, so an insertion sort keeps the order cheaply."""
     nl = (layer + 1) % mc.cfg[C_L]
-    order = mc.next_order[nl]
-    for i in range(1, len(order)):
-        e = order[i]
+    ranked = mc.next_order[nl]
+    for i in range(1, len(ranked)):
+        e = ranked[i]
         j = i
-        while j > 0 and (mc.count[order[j - 1]] < mc.count[e] or (mc.count[order[j - 1]] == mc.count[e] and order[j - 1] > e)):
-            order[j] = order[j - 1]
+        while j > 0 and (mc.count[ranked[j - 1]] < mc.count[e] or (mc.count[ranked[j - 1]] == mc.count[e] and ranked[j - 1] > e)):
+            ranked[j] = ranked[j - 1]
             j -= 1
-        order[j] = e
+        ranked[j] = e
     for i in range(mc.cfg[C_NEXT_LAYER_BUDGET]):
-        _prefetch_one(mc, order[i])
+        _prefetch_one(mc, order, ranked[i])
 
 
 @_kernel
-def _guess_prefetch(mc, step, layer):
+def _guess_prefetch(mc, order, step, layer):
     """speculative.py `prefetch_layer`: the running request's guess for this visit (its table's
     row for the request's step, counted from the first step a guess was read at); a guessed
     resident counts as just used before the absent ones load."""
@@ -333,13 +392,13 @@ def _guess_prefetch(mc, step, layer):
     for i in range(lo, hi):
         e = base + mc.guess_ids[i]
         if mc.slot_of[e] >= 0:
-            _touch(mc, e, False)
+            _touch(mc, order, e, False)
     for i in range(lo, hi):
-        _prefetch_one(mc, base + mc.guess_ids[i])
+        _prefetch_one(mc, order, base + mc.guess_ids[i])
 
 
 @_kernel
-def route(mc, step, layer, experts):
+def route(mc, order, step, layer, experts):
     """cache.py `route`: count hits, protect, then serve the misses in routing order."""
     if mc.reg[R_LIVE] > 0:  # the previous layer is done
         if mc.cfg[C_KEEPS]:
@@ -348,19 +407,19 @@ def route(mc, step, layer, experts):
             _release(mc)
     mc.reg[R_STEP] = step
     mc.reg[R_LAYER] = layer
-    absent, ntail = _count_hits(mc, experts)
+    absent, ntail = _count_hits(mc, order, experts)
     if absent == 0:
         return
     mc.n[N_MISSES] += absent
     if mc.cfg[C_MISS] == CPU:
         mc.n[N_CPU] += absent
-        _compute_on_host(mc, ntail)
+        _compute_on_host(mc, order, ntail)
     else:
-        _serve_misses(mc, layer, ntail)
+        _serve_misses(mc, order, layer, ntail)
 
 
 @_inlined
-def _count_hits(mc, experts):
+def _count_hits(mc, order, experts):
     """Count hits and late hits and protect the residents; touch those routed before the first
     miss, and queue in `mc.tail` (with `mc.was_absent`) the experts from the first miss on, to
     be served in routing order. Returns (misses, length of the tail)."""
@@ -384,7 +443,7 @@ def _count_hits(mc, experts):
                 was_absent[ntail] = False
                 ntail += 1
             else:
-                _touch(mc, e, True)
+                _touch(mc, order, e, True)
         else:
             absent += 1
             tail[ntail] = e
@@ -397,17 +456,17 @@ def _count_hits(mc, experts):
 
 
 @_inlined
-def _compute_on_host(mc, ntail):
+def _compute_on_host(mc, order, ntail):
     """cpu miss mode: the misses run on the host (logged), the residents after them are touched."""
     for i in range(ntail):
         if mc.slot_of[mc.tail[i]] >= 0:
-            _touch(mc, mc.tail[i], True)
+            _touch(mc, order, mc.tail[i], True)
         elif mc.was_absent[i]:
             _log(mc, LOG_CPU, mc.tail[i], -1, -1)
 
 
 @_inlined
-def _serve_misses(mc, layer, ntail):
+def _serve_misses(mc, order, layer, ntail):
     """load and substitute miss modes: in routing order, touch the residents and load each miss
     on demand, or (substitute) run an arrived resident of the layer in its place while the
     miss is fetched in the background."""
@@ -415,7 +474,7 @@ def _serve_misses(mc, layer, ntail):
         e = mc.tail[i]
         if not mc.was_absent[i]:
             if mc.slot_of[e] >= 0:  # a long prefill may have streamed it out already
-                _touch(mc, e, True)
+                _touch(mc, order, e, True)
             continue
         if mc.cfg[C_MISS] == SUBSTITUTE:
             sub = _substitute(mc, layer)
@@ -423,12 +482,12 @@ def _serve_misses(mc, layer, ntail):
                 mc.n[N_SUBS] += 1
                 _log(mc, LOG_SUBSTITUTE, e, sub, -1)
                 _protect(mc, sub)
-                _touch(mc, sub, True)
-                _prefetch_one(mc, e)  # fetched in the background, else the resident set freezes
+                _touch(mc, order, sub, True)
+                _prefetch_one(mc, order, e)  # fetched in the background, else the resident set freezes
                 continue
-        _admit(mc, e, True)
+        _admit(mc, order, e, True)
         _protect(mc, e)
-        _touch(mc, e, True)
+        _touch(mc, order, e, True)
 
 
 @_kernel
@@ -440,9 +499,9 @@ def land(mc):
 
 
 @_kernel
-def begin_request(mc, experts):
+def begin_request(mc, order, experts):
     """The loads of `prefetch_request`'s answer, landed (replay) or left to the timing pass."""
-    prefetch(mc, experts)
+    prefetch(mc, order, experts)
     if mc.cfg[C_DECIDE]:
         mc.reg[R_ISSUED] = 0
     else:
@@ -455,7 +514,7 @@ def end_request(mc):
 
 
 @_kernel
-def replay_steps(mc, visit_ptr, visit_experts, first, last, marks):
+def replay_steps(mc, order, visit_ptr, visit_experts, first, last, marks):
     """replay.py's layer loop for steps `first..last-1`: per computed layer `before_layer`
     (for policies that prefetch per layer) and `route`, every load landing after its event.
 
@@ -479,15 +538,15 @@ def replay_steps(mc, visit_ptr, visit_experts, first, last, marks):
                 mc.reg[R_STEP] = s
                 mc.reg[R_LAYER] = layer
                 if mc.cfg[C_GUESSES]:
-                    _guess_prefetch(mc, s, layer)
+                    _guess_prefetch(mc, order, s, layer)
                 else:
-                    _next_layer_prefetch(mc, layer)
+                    _next_layer_prefetch(mc, order, layer)
                 if not decide:
                     land(mc)
             hits, late = mc.n[N_HITS], mc.n[N_LATE]
             if record:
                 marks[i, M_ROUTE] = mc.reg[R_LOG]
-            route(mc, s, layer, visit_experts[lo:hi])
+            route(mc, order, s, layer, visit_experts[lo:hi])
             if record:
                 marks[i, M_END] = mc.reg[R_LOG]
                 marks[i, M_HITS] = mc.n[N_HITS] - hits

@@ -6,17 +6,33 @@ against. An oracle: it reads the runtime's whole step sequence through `self.fut
 
 from __future__ import annotations
 
+import numpy as np
+
 from casmoe.cache import ExpertCache
 from casmoe.geometry import ExpertId
-from casmoe.kernels.kinds import Kind
+from casmoe.kernels.layout import C_L, R_LAYER, R_STEP
 from casmoe.twin import Twin
 from casmoe.policies.lazy_heap import LazyHeaps
+
+
+def farthest_next_use(mc, expert):
+    """The compiled victim order (`Twin.order`): the farthest next use first (`mc.key`, kept by
+    `note_next_use`), then the lowest id."""
+    return mc.key[expert], expert
+
+
+def note_next_use(mc, expert):
+    """The twin's `touched` hook, as `on_access`: key = -(the next use after now), -inf for none."""
+    now = mc.reg[R_STEP] * mc.cfg[C_L] + mc.reg[R_LAYER]
+    lo, hi = mc.use_ptr[expert], mc.use_ptr[expert + 1]
+    i = np.searchsorted(mc.use_visit[lo:hi], now, side="right")
+    mc.key[expert] = -float(mc.use_visit[lo + i]) if lo + i < hi else -np.inf
 
 
 class Belady(ExpertCache):
     name = "belady"
     summary = "evicts the expert used farthest in the future: optimal eviction, a bound"
-    twin = Twin(Kind.BELADY)
+    twin = Twin(farthest_next_use, touched=note_next_use, reads_future=True)
     needs_future = True
 
     def __init__(self, *args, **kw) -> None:

@@ -45,7 +45,6 @@ import numpy as np
 
 from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
-from casmoe.kernels.kinds import Kind
 from casmoe.planner.cached import AUTO
 from casmoe.policies.fitting import PlannerFit
 from casmoe.trace import Request
@@ -55,6 +54,13 @@ if TYPE_CHECKING:
     from casmoe.planner.trajectory import Trajectory
 
 ExpertScorer = Callable[[Request], np.ndarray]
+
+
+def lowest_score(mc, expert):
+    """The compiled victim order (`Twin.order`) of the static form: the lowest predicted score of
+    the running request first (`mc.key`, from `Twin.request_key`), then the least recently touched."""
+    return mc.key[expert], mc.last[expert]
+
 
 FALLBACK_WINDOW = 8
 """`fallback`: a disagreement counts when its victim is routed again within this many decode
@@ -327,7 +333,7 @@ class CasMoE(ExpertCache):
         """Only the static form is what the compiled twin computes."""
         return self.trajectory is None and self.start_prefetch
 
-    twin = Twin(Kind.CASMOE, state=_twin_state, request_key=_twin_key, runs=_twin_runs)
+    twin = Twin(lowest_score, state=_twin_state, request_key=_twin_key, runs=_twin_runs)
 
     def on_access(self, expert: ExpertId) -> None:
         self._tick += 1

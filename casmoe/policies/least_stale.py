@@ -17,7 +17,7 @@ layer waits L layers, one of the layer just left L - 1, one of the next layer 1)
 recently used among equals. With per-layer pools (`--capacity`) every candidate shares one layer, so the policy is
 LRU there; it differs in a pool shared by layers (`--global-capacity`), the paper's setting.
 
-The compiled twin (`Kind.LEAST_STALE`) orders candidates by (-turn, last use): a victim is
+The compiled twin (`farthest_turn`) orders candidates by (-turn, last use): a victim is
 only ever chosen while `route` runs (the policy prefetches nothing), so `visit` is the running
 layer's in both paths.
 
@@ -27,15 +27,22 @@ Not modelled: SpecMD's prefetchers and its hardware model (casmoe's simulator pr
 from __future__ import annotations
 
 from casmoe.geometry import ExpertId
-from casmoe.kernels.kinds import Kind
+from casmoe.kernels.layout import C_E, C_L, R_LAYER
 from casmoe.twin import Twin
 from casmoe.policies.lru import LRU
+
+
+def farthest_turn(mc, expert):
+    """The compiled victim order (`Twin.order`): the most layers until its layer's next turn
+    first, then the least recently used."""
+    L = mc.cfg[C_L]
+    return -float((expert // mc.cfg[C_E] - mc.reg[R_LAYER] - 1) % L + 1), mc.last[expert]
 
 
 class LeastStale(LRU):
     name = "least-stale"
     summary = "evicts the expert of the layer the forward pass left longest ago (SpecMD)"
-    twin = Twin(Kind.LEAST_STALE)
+    twin = Twin(farthest_turn)
 
     def victim(self, layer: int, candidates) -> ExpertId:
         g = self.geometry

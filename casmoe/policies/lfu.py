@@ -8,16 +8,21 @@ from __future__ import annotations
 
 from casmoe.cache import ExpertCache
 from casmoe.geometry import ExpertId
-from casmoe.kernels.kinds import Kind
 from casmoe.twin import Twin
 from casmoe.policies.lazy_heap import LazyHeaps
+
+
+def least_used(mc, expert):
+    """The compiled victim order (`Twin.order`): the least used first (`mc.count`, routed uses so
+    far), then the least recently touched."""
+    return float(mc.count[expert]), mc.last[expert]
 
 
 class LFU(ExpertCache):
     name = "lfu"
     summary = "evicts the least frequently used expert"
     runtime = "mixtral-offloading"  # no runtime of its own: the PyTorch caching one
-    twin = Twin(Kind.LFU)
+    twin = Twin(least_used)
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)

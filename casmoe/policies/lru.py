@@ -6,8 +6,13 @@ from collections import OrderedDict
 
 from casmoe.cache import ExpertCache
 from casmoe.geometry import ExpertId
-from casmoe.kernels.kinds import Kind
 from casmoe.twin import Twin
+
+
+def least_recent(mc, expert):
+    """The compiled victim order (`Twin.order`): the least recently used first (`mc.last`, the
+    tick of each expert's last access or insert)."""
+    return 0.0, mc.last[expert]
 
 
 class LRU(ExpertCache):
@@ -19,7 +24,7 @@ class LRU(ExpertCache):
     name = "lru"
     summary = "evicts the least recently used expert (the cache of Mixtral-Offloading)"
     runtime = "mixtral-offloading"
-    twin = Twin(Kind.LRU)
+    twin = Twin(least_recent)
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)

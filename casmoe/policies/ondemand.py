@@ -8,13 +8,12 @@ used of them makes room.
 
 from __future__ import annotations
 
-from casmoe.kernels.kinds import Kind
 from casmoe.twin import Twin
-from casmoe.policies.lru import LRU
+from casmoe.policies.lru import LRU, least_recent
 
 
 class OnDemand(LRU):
     name = "ondemand"
     summary = "loads each routed expert when its layer runs and keeps none: the floor, not a deployment"
-    twin = Twin(Kind.LRU)
+    twin = Twin(least_recent)
     keeps_experts = False

@@ -13,10 +13,23 @@ except where moe-lrc would evict an expert the running layer uses.
 
 from __future__ import annotations
 
+import numpy as np
+
 from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
-from casmoe.kernels.kinds import Kind
+from casmoe.kernels.layout import C_L, C_LOOKAHEAD, R_LAYER, R_STEP
 from casmoe.twin import Twin, TwinState
+
+
+def fewest_coming_uses(mc, expert):
+    """The compiled victim order (`Twin.order`): the fewest uses in the visits (now, end of step +
+    m - 1] first (`TwinState.lookahead` is m), then the least recently used."""
+    L = mc.cfg[C_L]
+    now = mc.reg[R_STEP] * L + mc.reg[R_LAYER]
+    horizon = (now // L + mc.cfg[C_LOOKAHEAD]) * L - 1
+    uses = mc.use_visit[mc.use_ptr[expert] : mc.use_ptr[expert + 1]]
+    coming = np.searchsorted(uses, horizon, side="right") - np.searchsorted(uses, now, side="right")
+    return float(coming), mc.last[expert]
 
 
 class SCH(ExpertCache):
@@ -35,7 +48,7 @@ class SCH(ExpertCache):
     def _twin_state(self) -> TwinState:
         return TwinState(lookahead=self.m)
 
-    twin = Twin(Kind.SCH, state=_twin_state)
+    twin = Twin(fewest_coming_uses, reads_future=True, state=_twin_state)
 
     def on_access(self, expert: ExpertId) -> None:
         self._tick += 1

@@ -8,8 +8,7 @@ are replaced in LRU order. After the last layer it prefetches layer 0 of the nex
 from __future__ import annotations
 
 from casmoe.geometry import ExpertId
-from casmoe.kernels.kinds import Kind
-from casmoe.policies.lru import LRU
+from casmoe.policies.lru import LRU, least_recent
 from casmoe.twin import Twin, TwinState
 
 
@@ -27,7 +26,7 @@ class SEMoE(LRU):
     def _twin_state(self) -> TwinState:
         return TwinState(next_layer_budget=self._budget)
 
-    twin = Twin(Kind.LRU, state=_twin_state)
+    twin = Twin(least_recent, state=_twin_state)
 
     def on_access(self, expert: ExpertId) -> None:
         super().on_access(expert)

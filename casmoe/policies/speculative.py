@@ -22,7 +22,7 @@ most co-routed with the previous depth's guess are fetched.
 
 Both runtimes read the guesses from one table per request (`_guesses`, a CSR over the
 request's (step, layer) visits), built when the request starts: the Python hook reads its row,
-and the compiled twin (`Kind.LRU` with `TwinState.guess_rows`) gets the same table. Deeper
+and the compiled twin (LRU's order with `TwinState.guess_rows`) gets the same table. Deeper
 guesses (`ahead` > 1) learn as the request runs, so that form runs only in Python.
 
 Not modelled: Mixtral-Offloading's mixed quantisation and its per-layer LRU of fixed size (the
@@ -39,8 +39,7 @@ import numpy as np
 
 from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
-from casmoe.kernels.kinds import Kind
-from casmoe.policies.lru import LRU
+from casmoe.policies.lru import LRU, least_recent
 from casmoe.trace import Trace
 from casmoe.twin import Guesses, Twin, TwinState, beyond_guesses
 
@@ -115,8 +114,8 @@ class Speculative(LRU):
     def _twin_guesses(self) -> Guesses | None:
         return self._table
 
-    # LRU's branch, with the request's guesses before each layer
-    twin = Twin(Kind.LRU, state=_twin_state, request_guesses=_twin_guesses, runs=_twin_runs)
+    # LRU's order, with the request's guesses before each layer
+    twin = Twin(least_recent, state=_twin_state, request_guesses=_twin_guesses, runs=_twin_runs)
 
     def guess(self, layer: int, rows: np.ndarray) -> None:
         """A live runtime's guess of `layer`'s experts: [tokens, k] local ids (best first per

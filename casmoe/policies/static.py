@@ -14,11 +14,16 @@ import numpy as np
 
 from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
-from casmoe.kernels.kinds import Kind
 from casmoe.policies.fitting import TraceFit, profile_counts
 from casmoe.policies.lru import LRU
 from casmoe.trace import Trace
 from casmoe.twin import Twin, TwinState
+
+
+def unpinned_first(mc, expert):
+    """The compiled victim order (`Twin.order`): unpinned experts first (`mc.pinned`, from
+    `TwinState.pinned`), then the least recently used."""
+    return 1.0 if mc.pinned[expert] else 0.0, mc.last[expert]
 
 
 class Static(LRU):
@@ -29,7 +34,7 @@ class Static(LRU):
     def _twin_state(self) -> TwinState:
         return TwinState(pinned=tuple(sorted(self.pinned)))
 
-    twin = Twin(Kind.STATIC, state=_twin_state)
+    twin = Twin(unpinned_first, state=_twin_state)
 
     def __init__(self, *args, popularity: np.ndarray, remainder: int | None = None, **kw) -> None:
         super().__init__(*args, **kw)

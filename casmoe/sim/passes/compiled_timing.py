@@ -331,7 +331,7 @@ class ServingPass:
         self.work[0], self.work[1] = work.dense, work.head
         if self.multi:
             self.work[2] = self.setup.compute.handover(work.tokens)
-        tk.serve_step(mc, self.st, ptr, experts, counts, self.weighted, self.marks, self.begin_a, self.begin_b,
+        tk.serve_step(mc, twin.order, self.st, ptr, experts, counts, self.weighted, self.marks, self.begin_a, self.begin_b,
                       self.ending, self.work, start, self.out)
         for _ in range(ending):
             twin.end()
@@ -436,7 +436,7 @@ class ServingPass:
                 dense, head = dense_all[done : done + n_max], head_all[done : done + n_max]
                 handover = handover_all[done : done + n_max]
             out_start, out_end = np.empty(n_max), np.empty(n_max)
-            n = tk.serve_chain(mc, self.st, ptr, arrays.experts, arrays.counts, arrays.weighted, self.marks, lo, n_max,
+            n = tk.serve_chain(mc, twin.order, self.st, ptr, arrays.experts, arrays.counts, arrays.weighted, self.marks, lo, n_max,
                                self.begin_a, self.begin_b, done + n_max == left, self.ending, dense, head, handover,
                                start, limit, ptrs, self.pos, unweighted, self.one, out_ptr, out_experts, out_counts,
                                out_start, out_end)

@@ -499,17 +499,17 @@ def run_steps(st, visit_ptr, experts, counts, weighted, log, marks, first, last,
 
 
 @_kernel
-def serve_step(mc, st, visit_ptr, experts, counts, weighted, marks, begin_a, begin_b, ending, work, now, out):
+def serve_step(mc, order, st, visit_ptr, experts, counts, weighted, marks, begin_a, begin_b, ending, work, now, out):
     """One serving step (`visit_ptr` over its L visits): the twin's decisions (`mc`, in
-    decision mode, its request starts already logged), then their price from `now`;
+    decision mode, its request starts already logged; `order`, its victim order), then their price from `now`;
     `work` holds the step's dense, head and hand-over times, `out` gets its start and end."""
-    replay_steps(mc, visit_ptr, experts, 0, 1, marks)
+    replay_steps(mc, order, visit_ptr, experts, 0, 1, marks)
     run_steps(st, visit_ptr, experts, counts, weighted, mc.log[: mc.reg[R_LOG]], marks, 0, 1, begin_a, begin_b,
               ending, work[0:1], work[1:2], work[2:3], now, out[0:1], out[1:2])
 
 
 @_kernel
-def serve_chain(mc, st, visit_ptr, experts, counts, weighted, marks, firsts, steps, begin_a, begin_b, ending_last,
+def serve_chain(mc, order, st, visit_ptr, experts, counts, weighted, marks, firsts, steps, begin_a, begin_b, ending_last,
                 ending, dense, head, handover, now, limit, ptrs, pos, unweighted, one, out_ptr, out_experts,
                 out_counts, out_start, out_end):
     """`steps` steps of the requests whose next own steps (in the batch-1 arrays) are
@@ -528,7 +528,7 @@ def serve_chain(mc, st, visit_ptr, experts, counts, weighted, marks, firsts, ste
         ending[0] = ending_last and j == steps - 1
         if P == 1:
             s = firsts[0] + j
-            replay_steps(mc, visit_ptr, experts, s, s + 1, marks)
+            replay_steps(mc, order, visit_ptr, experts, s, s + 1, marks)
             now = run_steps(st, visit_ptr, experts, counts, weighted, mc.log[: mc.reg[R_LOG]], marks, s, s + 1,
                             begin_a, begin_b, ending, dense[j : j + 1], head[j : j + 1], handover[j : j + 1], now,
                             out_start[j : j + 1], out_end[j : j + 1])
@@ -537,7 +537,7 @@ def serve_chain(mc, st, visit_ptr, experts, counts, weighted, marks, firsts, ste
                 for ll in range(L + 1):
                     ptrs[p, ll] = visit_ptr[(firsts[p] + j) * L + ll]
             m = merge_parts(ptrs, experts, counts, unweighted, pos, out_ptr, out_experts, out_counts)
-            replay_steps(mc, out_ptr, out_experts[:m], 0, 1, marks)
+            replay_steps(mc, order, out_ptr, out_experts[:m], 0, 1, marks)
             now = run_steps(st, out_ptr, out_experts[:m], out_counts[:m], one, mc.log[: mc.reg[R_LOG]], marks, 0, 1,
                             begin_a, begin_b, ending, dense[j : j + 1], head[j : j + 1], handover[j : j + 1], now,
                             out_start[j : j + 1], out_end[j : j + 1])
