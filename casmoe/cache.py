@@ -379,6 +379,13 @@ class ExpertCache:
         """Which of `candidates` (unprotected residents of the pool that needs a slot) to evict."""
         raise NotImplementedError(f"{type(self).__name__} must choose a victim")
 
+    def can_evict(self, pool: int) -> bool:
+        """Whether `victim` has a candidate in `pool` now: asked before a fetch nothing waits for
+        (a prefetch, a substituted miss's background copy), which is dropped rather than made to
+        evict what the policy never gives up. Any unprotected resident, unless the policy keeps
+        some for good (a placement's GPU set)."""
+        return not self._all_protected(pool)
+
     def on_access(self, expert: ExpertId) -> None:
         """A routed use of a resident expert (hit, late hit, or just loaded on demand)."""
 
@@ -694,8 +701,8 @@ class ExpertCache:
                 continue
             layer = e // self._E
             pool = self._pool(layer)
-            if not self._free[pool] and self._all_protected(pool):
-                continue  # every slot holds an expert the running layer uses
+            if not self._free[pool] and not self.can_evict(pool):
+                continue  # every slot holds an expert the running layer uses, or one kept for good
             loads.append(self._admit(e, LoadReason.PREFETCH))
         return loads
 

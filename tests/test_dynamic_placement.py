@@ -27,8 +27,8 @@ from casmoe.policies.hybrimoe import HybriMoE
 from casmoe.policies.ktransformers import KTransformers
 from casmoe.policies.n_cpu_moe import NCpuMoE
 from casmoe.replay import replay
-from casmoe.sim.testing import SAME_DECISIONS, check_policy
-from casmoe.testing import traces
+from casmoe.sim.testing import SAME_DECISIONS, check_case, check_policy
+from casmoe.testing import Case, traces
 from casmoe.trace import Request, Trace
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
@@ -380,3 +380,16 @@ def test_the_backend_computes_on_the_host_exactly_what_the_policy_chose(mode, mo
         for a, b in zip(ra, rb, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert [t.new_tokens for t in run.requests] == [[int(x.argmax()) for x in r] for r in want]
+
+
+def test_a_substituted_miss_never_evicts_the_gpu_set_for_its_background_copy():
+    """Fiddler with one staging slot, substituting misses: when the staging slot holds a copy the
+    layer uses, the background copy of a substituted miss has no slot to take (every other
+    resident is in the GPU set) and is dropped instead of asking the policy for a victim it
+    does not have (a case hypothesis found: PolicyError 'no slot to evict')."""
+    g = Geometry(layers=2, experts=3, top_k=1, hidden=8, intermediate=4)
+    topk = np.array([[[2], [1]], [[1], [0]], [[0], [0]], [[0], [0]], [[0], [2]], [[1], [2]], [[1], [1]],
+                     [[2], [2]], [[1], [1]], [[1], [2]]], dtype=np.int16)
+    trace = Trace(g, [Request(topk, np.ones(topk.shape, np.float32), 0, prompt="r", task="t")])
+    for miss_mode in MissMode:  # the contract's checks, with the simulator's prices attached
+        check_case(Fiddler, Case(trace, Capacity(3, per_layer=False), miss_mode), {"stage": 1})

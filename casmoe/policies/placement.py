@@ -140,6 +140,11 @@ class Placement(ExpertCache):
     def on_evict(self, expert: ExpertId) -> None:
         self._copies.discard(expert)
 
+    def can_evict(self, pool: int) -> bool:
+        """Only a copy the running layer does not use can give up its slot."""
+        protected = self._protected
+        return any(e not in protected for e in self._copies)
+
     def victim(self, layer: int, candidates) -> ExpertId:
         """An earlier copy this layer does not use (the GPU set is never evicted)."""
         old = min((e for e in self._copies if e in candidates), default=None)
