@@ -58,6 +58,7 @@ SOURCES = {
     "leaderboard": "bench/leaderboard/2026-12-07/leaderboard.md",
     "leaderboard_run": "bench/leaderboard/2026-12-07/run.json",
     "calibrate": "bench/results/calibrate-measured.json",
+    "llamacpp": "bench/llamacpp/results/compare.json",
     "measurements": "casmoe/sim/trust/published/measurements.toml",
     "corpus": "traces/corpus/corpus.jsonl",
 }

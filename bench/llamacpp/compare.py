@@ -159,13 +159,21 @@ def compare(rows: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def summary(results: list[dict[str, Any]], dropped: list[str]) -> dict[str, Any]:
+def _errors(results: list[dict[str, Any]]) -> dict[str, Any]:
     logs = [abs(math.log(r["ratio"])) for r in results]
-    return {"runs": len(results), "models": len({r["model"] for r in results}), "left_out_runs": dropped,
-            "median_abs_log_ratio": statistics.median(logs), "median_ratio": statistics.median(r["ratio"] for r in results),
+    return {"runs": len(results), "median_abs_log_ratio": statistics.median(logs),
+            "median_ratio": statistics.median(r["ratio"] for r in results),
             "within_15_percent": sum(x <= math.log(1.15) for x in logs),
             "beyond_1_5x": [r["id"] for r in results if abs(math.log(r["ratio"])) > math.log(1.5)],
             "max_abs_log_ratio": max(logs)}
+
+
+def summary(results: list[dict[str, Any]], dropped: list[str]) -> dict[str, Any]:
+    """The errors over every run, and apart for decode (llama-bench's tg) and prefill (pp): the
+    two stress different parts of the model (bytes streamed against FLOPs)."""
+    by_test = {test: _errors([r for r in results if r["test"] == test]) for test in ("tg", "pp")}
+    return {**_errors(results), "models": len({r["model"] for r in results}), "left_out_runs": dropped,
+            "by_test": by_test}
 
 
 def main() -> None:

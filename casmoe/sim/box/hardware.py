@@ -304,7 +304,8 @@ class HardwareProfile:
         return ", ".join(parts)
 
     def host_thread_bw(self) -> float:
-        """Bytes/s the host's expert kernels' threads stream at most (inf: not limiting)."""
+        """Bytes/s the host's threads stream at most, as STREAM measures them (inf: not limiting);
+        a stack's kernels get their `host_efficiency` share of it, as of the sockets' peak."""
         if not self.cpu_thread_gbs:
             return math.inf
         return (self.cpu_threads or self.cpu_cores or 1) * self.cpu_thread_gbs * 1e9

@@ -329,7 +329,10 @@ class Machine:
             ggml's block types (`Precision.int_dot`), FMAs for the rest and the unknown."""
             return int_flops if p is not None and p.int_dot else float_flops
 
-        cpu_bw = min(hw.cpu_mem_bw_gbs * 1e9 * host_bw_eff * numa, hw.host_thread_bw())
+        # the kernels' share of what their threads can stream: of the sockets' peak, or of the threads' own
+        # rate where fewer threads than that take (llama-bench on bench/llamacpp's box: decode doubles from 1
+        # to 2 threads as STREAM does; the share, fitted there, is 0.50-0.59 at either count: bench/RESULTS.md)
+        cpu_bw = host_bw_eff * min(hw.cpu_mem_bw_gbs * 1e9 * numa, hw.host_thread_bw())
         experts_p = self.quant or (None if self.measured_bytes(g) else preset.expert_precision)
         host_p = self.host_quant or experts_p
         cpu_flops, attn_flops = host_rate(self._host_expert_precision(host_p)), 0.0
