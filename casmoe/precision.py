@@ -367,10 +367,21 @@ def _precision(name: str, table: dict[str, Any], types: dict[str, Precision], pa
                      source=str(table["source"]), block=base.block, fallback=base.fallback, base=base, **parts, **rules)
 
 
-@cache
 def load_precisions(path: Path = PRECISIONS_FILE) -> dict[str, Precision]:
     """The named precisions of `path` (`[precision.NAME]` tables); `[ggml.TYPE]` tables are the
     block types they are built from, not selectable by name."""
+    return _tables(path)[1]
+
+
+def ggml_types(path: Path = PRECISIONS_FILE) -> dict[str, Precision]:
+    """The ggml block types of `path` by ggml's own names (`Q4_K`, `Q5_0`, `BF16`): what a GGUF
+    file's tensors are stored as, where its mix has no casmoe name (`Machine.compute` reads
+    their kernels)."""
+    return _tables(path)[0]
+
+
+@cache
+def _tables(path: Path) -> tuple[dict[str, Precision], dict[str, Precision]]:
     raw = read_table(path)
     unknown = set(raw) - {"ggml", "precision"}
     if unknown:
@@ -384,7 +395,7 @@ def load_precisions(path: Path = PRECISIONS_FILE) -> dict[str, Precision]:
         if name != name.lower():
             raise PrecisionError(f"[precision.{name}] in {path}: names are lower case (they are matched so)")
         precisions[name] = _precision(name, table, types, path)
-    return precisions
+    return types, precisions
 
 
 def bits_per_weight(bits: float) -> Precision:

@@ -122,3 +122,19 @@ def test_experts_a_placement_keeps_on_the_gpus_are_not_counted_against_host_ram(
     half = preset.geometry.total_experts // 2
     assert HostDemand.of(machine, nbytes, held_on_gpus=half).shortfall(machine) is None  # half on the GPU: fits
     assert "do not fit" in HostDemand.of(machine, nbytes).shortfall(machine)  # a cache copies from all of them
+
+
+def test_a_mix_of_block_types_runs_at_its_types_kernel_not_the_fp32_rate():
+    """A Q4_K_M file's dense part is Q4_K and Q6_K, a mix casmoe has no name for: read as a bare
+    width, which names no kernel, it was priced at the FP32 rate (K-quant prefill on the
+    llama.cpp box came out at 0.4-0.6 of the measured). Every type of the mix multiplies with
+    integer dot products, so the mix does; a mix with a float type keeps the FP32 rate."""
+    from casmoe.precision import parse_precision
+    from casmoe.sim.cost.machine import _kernel
+
+    width = parse_precision("4.7014bpw")
+    assert not width.int_dot
+    assert _kernel(width, ("Q4_K", "Q6_K")).int_dot
+    assert _kernel(width, ("Q4_0", "Q8_0")).int_dot
+    assert not _kernel(width, ("Q4_K", "F16")).int_dot
+    assert _kernel(parse_precision("bf16"), ("BF16",)).name == "bf16"

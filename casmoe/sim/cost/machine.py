@@ -20,7 +20,7 @@ from casmoe.cache import Capacity
 from casmoe.engine_memory import EngineMemory
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, split_layers
-from casmoe.precision import Precision, parse_precision
+from casmoe.precision import Precision, ggml_types, parse_precision
 from casmoe.presets import ModelPreset, load_presets
 from casmoe.sim.box.hardware import GIB, HardwareProfile
 from casmoe.sim.cost.stack import DEFAULT_STACK, Stack, load_stack
@@ -52,6 +52,21 @@ class GpuResident:
 
 def _default_stack() -> Stack:
     return load_stack(DEFAULT_STACK)
+
+
+def _kernel(named: Precision, types: Sequence[str]) -> Precision:
+    """The precision whose kernel multiplies tensors stored as the ggml `types`: `named`, unless
+    it is a bare width standing for a mix casmoe has no name for (a Q4_K_M file's dense part:
+    Q4_K and Q6_K), whose kernels are its types' own: integer dot products where every type of
+    the mix has them (its first type then stands for them; only the kernel is read from it,
+    the bytes come from the file)."""
+    if named.int_dot or not named.name.endswith("bpw"):
+        return named
+    known = ggml_types()
+    kinds = [known.get(t) for t in types]
+    if kinds and all(k is not None and k.int_dot for k in kinds):
+        return kinds[0]
+    return named
 
 
 @dataclass(frozen=True)
@@ -331,7 +346,7 @@ class Machine:
 
         # the kernels' share of what their threads can stream: of the sockets' peak, or of the threads' own
         # rate where fewer threads than that take (llama-bench on bench/llamacpp's box: decode doubles from 1
-        # to 2 threads as STREAM does; the share, fitted there, is 0.50-0.59 at either count: bench/RESULTS.md)
+        # to 2 threads as STREAM does; the share, fitted there, is 0.53-0.64 at either count: bench/RESULTS.md)
         cpu_bw = host_bw_eff * min(hw.cpu_mem_bw_gbs * 1e9 * numa, hw.host_thread_bw())
         experts_p = self.quant or (None if self.measured_bytes(g) else preset.expert_precision)
         host_p = self.host_quant or experts_p
@@ -390,13 +405,15 @@ class Machine:
         their llama.cpp file type, their one ggml type, or their width when mixed past casmoe's
         rules), else `host_p` (`host_quant`, else the experts')."""
         if self.weights is not None and self.host_quant is None:
-            return parse_precision(self.weights.precision_name())
+            return _kernel(parse_precision(self.weights.precision_name()), self.weights.expert_types)
         return host_p
 
     def _dense_kernel_precision(self) -> Precision:
         """The precision the dense part's kernels multiply: a GGUF file's (its one ggml type, or
         its width), else `dense_precision`."""
-        return self.dense_precision if self.weights is None else parse_precision(self.weights.dense_precision_name())
+        if self.weights is None:
+            return self.dense_precision
+        return _kernel(parse_precision(self.weights.dense_precision_name()), self.weights.dense_types)
 
     def priced(self, trace: Trace) -> str:
         """What a run of `trace` prices, in words: the experts' precision and size ('experts at
