@@ -225,3 +225,14 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
     assert "not a folder of recorded outputs" in err
     code, out, _ = cli(["hardware", "detect", "--help"], tmp_path, monkeypatch, capsys)
     assert code == 0 and "--no-measure" in out
+
+
+@pytest.mark.parametrize("box, speedup, how_read, words", [
+    ("kvm-xeon-2vcpu", 2.0, "detected", "avx512_bf16; AVX512_BF16 vdpbf16ps"),  # Sapphire Rapids class
+    ("dual-epyc-7451", 0.0, "assumed", "no avx512_bf16 in the flags"),  # Zen 1
+    ("h100-sxm", 0.0, "assumed", "flags not read"),
+])
+def test_the_bf16_dot_product_speedup_is_read_from_the_flags(box, speedup, how_read, words):
+    found = recorded(box)
+    assert found.profile.cpu_bf16_speedup == speedup and how(found, "cpu_bf16_speedup") == how_read
+    assert words in found.profile.sources["cpu_bf16_speedup"]

@@ -150,3 +150,12 @@ def test_an_int8_speedup_below_one_or_beyond_any_real_part_is_refused_in_one_lin
     with pytest.raises(HardwareError, match=words) as refused:
         vnni(speedup=value)
     assert "\n" not in str(refused.value) and "cpu_int8_speedup" in str(refused.value)
+
+
+def test_bf16_dot_products_speed_up_bf16_weights_only():
+    """AVX512_BF16 (`cpu_bf16_speedup`) doubles the host's rate on BF16 weights (ggml's BF16 kernels
+    under __AVX512BF16__); ggml's block types keep their integer dot products' rate."""
+    bf16 = HW.with_values(cpu_bf16_speedup=2.0, sources={"cpu_bf16_speedup": "test: AVX512_BF16"})
+    assert compute(bf16, "bf16").cpu_flops == pytest.approx(2 * compute(HW, "bf16").cpu_flops, rel=1e-12)
+    assert compute(bf16, "q4_k_m").cpu_flops == compute(HW, "q4_k_m").cpu_flops
+    assert compute(bf16, "bf16").cpu_bw == compute(HW, "bf16").cpu_bw  # decode streams the same bytes

@@ -261,6 +261,7 @@ class Calibration:
             cpu_matrix_speedup="0: as measured, any matrix units are in the achieved cpu_tflops",
             cpu_int8_speedup=("0: not measured: cpu_tflops is a float matmul's rate in the model's dtype, the rate "
                               "casmoe's own backend computes host experts at (it has no int8 kernels)"),
+            cpu_bf16_speedup="0: as measured, cpu_tflops is already the rate of a matmul in the model's dtype",
             host_reserved_gib="0: not measured (the RAM the operating system and runtime keep is not subtracted)",
             h2d_pinned_gbs=f"{host}: expert copies through the backend's copier{cap} (two-size fit, at most mem_bw_gbs)",
             h2d_pageable_gbs=f"{host}: same copier; " + ("pinned figure reused" if cuda else "the CPU has one kind of memory"),

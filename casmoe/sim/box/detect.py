@@ -23,7 +23,7 @@ from typing import Any
 
 from casmoe.sim.box import parts
 from casmoe.sim.box.bandwidth import Stream, array_bytes, stream_copy
-from casmoe.sim.box.hardware import GPU_FIELDS, HOST_RESERVED_GIB, HOST_RESERVED_SOURCE, HardwareProfile
+from casmoe.sim.box.hardware import FASTEST_REAL, GPU_FIELDS, HOST_RESERVED_GIB, HOST_RESERVED_SOURCE, HardwareProfile
 from casmoe.sim.box.reader import Reader, SystemReader
 from casmoe.sim.box.readings import (
     ASSUMED,
@@ -232,6 +232,7 @@ def _host(reader: Reader, cpu: Cpu, dimms: Dimms | str, stream: tuple[Stream, St
                                                   if cpu.flags and "amx_tile" in cpu.flags.value else "")
                                    + "0: no matrix units modelled"),
         "cpu_int8_speedup": _int8_dot(cpu, key, entry),
+        "cpu_bf16_speedup": _bf16_dot(cpu),
         "cpu_serial": Fact(0.0 if has_gpu else 1.0, ASSUMED, "the host's experts run beside the GPU's" if has_gpu else
                            "no GPU: the host computes every expert, on the runtime's one thread pool"),
         "storage_read_gbs": Fact(0.0, ASSUMED, "not detected (0: not modelled); give the drive's read rate"),
@@ -275,6 +276,19 @@ def _int8_dot(cpu: Cpu, key: str | None, entry: dict[str, Any] | None) -> Fact:
         return detected(speedup, f"flags not read; catalog '{key}': {entry['sources']['int8_dot']}; {why}")
     unknown = f"catalog '{key}' does not know it ({entry['sources']['int8_dot']})" if entry else "the CPU not in the catalog"
     return Fact(0.0, ASSUMED, f"flags not read (no lscpu or /proc/cpuinfo) and {unknown}; 0: int8 kernels at the FP32 rate")
+
+
+def _bf16_dot(cpu: Cpu) -> Fact:
+    """How many times BF16 dot products raise the FP32 multiply-add rate for BF16 weights
+    (`HardwareProfile.cpu_bf16_speedup`): 2 with AVX512_BF16 in the flags, else 0 and why."""
+    if not cpu.flags:
+        return Fact(0.0, ASSUMED, "flags not read (no lscpu or /proc/cpuinfo); 0: BF16 kernels at the FP32 rate")
+    if "avx512_bf16" in cpu.flags.value:
+        speedup, why = FASTEST_REAL["cpu_bf16_speedup"]
+        return detected(speedup, f"{cpu.flags.source}: avx512_bf16; {why}; ggml uses it for BF16 weights "
+                                 "(ggml_vec_dot_bf16 and tinyBLAS under __AVX512BF16__, llama.cpp 0c1e5709)")
+    return Fact(0.0, ASSUMED, "no avx512_bf16 in the flags: ggml converts BF16 weights to FP32 before its FMAs; "
+                              "0: the FP32 rate")
 
 
 def _flops(cpu: Cpu, key: str | None, entry: dict[str, Any] | None) -> Fact:

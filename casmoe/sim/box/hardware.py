@@ -64,6 +64,10 @@ FASTEST_REAL: dict[str, tuple[float, str]] = {
                               "corresponding 32-bit integer'): 4 multiply-adds per 32-bit lane in one instruction, "
                               "against 1 for an FP32 FMA of the same width; x86 has no wider integer dot product "
                               "(AMX tiles are cpu_matrix_speedup)"),
+    "cpu_bf16_speedup": (2.0, "AVX512_BF16 vdpbf16ps (Intel intrinsics guide, _mm512_dpbf16_ps: 'Compute dot-product "
+                              "of BF16 (16-bit) floating-point pairs in a and b, accumulating the intermediate "
+                              "single-precision (32-bit) floating-point elements'): 2 multiply-adds per 32-bit lane in "
+                              "one instruction, against 1 for an FP32 FMA (AMX tiles are cpu_matrix_speedup)"),
 }
 """The fastest real part of each kind, with its source: a profile may go up to `WHAT_IF` times
 it (a what-if of the next generation); beyond that the number is a typo or a wrong unit (24,000
@@ -143,6 +147,8 @@ class HardwareProfile:
     multiply-adds per 32-bit lane in one instruction), 2 with AVX2 alone (`vpmaddubsw` then
     `vpmaddwd`: two instructions for those 4). A kernel takes the integer dot products or the
     matrix units, not both: such kernels run at the larger of the two (`host_int_flop_scale`).
+    `cpu_bf16_speedup` is the same for BF16 weights: 2 with AVX512_BF16 (`vdpbf16ps`: 2 BF16
+    multiply-adds per 32-bit lane), which ggml's BF16 kernels use (`host_bf16_flop_scale`).
     """
 
     name: str
@@ -188,6 +194,7 @@ class HardwareProfile:
     cpu_thread_gbs: float = 0.0
     cpu_matrix_speedup: float = 0.0
     cpu_int8_speedup: float = 0.0
+    cpu_bf16_speedup: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -224,6 +231,9 @@ class HardwareProfile:
             raise HardwareError(f"profile {self.name!r}: cpu_matrix_speedup must be >= 1 (0: no matrix units)")
         if self.cpu_int8_speedup and self.cpu_int8_speedup < 1:
             raise HardwareError(f"profile {self.name!r}: cpu_int8_speedup must be >= 1 (0: no integer dot products "
+                                "modelled, the FP32 rate)")
+        if self.cpu_bf16_speedup and self.cpu_bf16_speedup < 1:
+            raise HardwareError(f"profile {self.name!r}: cpu_bf16_speedup must be >= 1 (0: no BF16 dot products "
                                 "modelled, the FP32 rate)")
         if self.cpu_threads and not self.cpu_cores:
             raise HardwareError(f"profile {self.name!r}: cpu_threads needs cpu_cores (the cores cpu_tflops counts)")
@@ -286,6 +296,13 @@ class HardwareProfile:
         return self._host_cores_share * max(self.cpu_matrix_speedup or 1.0, self.cpu_int8_speedup or 1.0)
 
     @property
+    def host_bf16_flop_scale(self) -> float:
+        """`host_flop_scale` for kernels that multiply BF16 weights with BF16 dot products (ggml's
+        `ggml_vec_dot_bf16` and its tinyBLAS GEMM under `__AVX512BF16__`): that speedup or the
+        matrix units', whichever is larger; without `cpu_bf16_speedup`, `host_flop_scale` itself."""
+        return self._host_cores_share * max(self.cpu_matrix_speedup or 1.0, self.cpu_bf16_speedup or 1.0)
+
+    @property
     def _host_cores_share(self) -> float:
         return min(self.cpu_threads, self.cpu_cores) / self.cpu_cores if self.cpu_threads else 1.0
 
@@ -301,6 +318,8 @@ class HardwareProfile:
             parts.append(f"matrix units x{self.cpu_matrix_speedup:g}")
         if self.cpu_int8_speedup:
             parts.append(f"int8 dot products x{self.cpu_int8_speedup:g}")
+        if self.cpu_bf16_speedup:
+            parts.append(f"bf16 dot products x{self.cpu_bf16_speedup:g}")
         return ", ".join(parts)
 
     def host_thread_bw(self) -> float:
@@ -399,7 +418,7 @@ OPTIONAL = {
     "wake_us": 0.0, "resume_per_stall": 0.0, "copy_beside_us": 0.0, "decide_us": 0.0, "decide_load_us": 0.0,
     "cpu_hop_us": 0.0, "expert_pass_us": 0.0, "cpu_serial": 0.0, "cpu_sockets": 0, "cpu_mem_efficiency": 0.0,
     "cpu_matmul_efficiency": 0.0, "host_reserved_gib": 0.0, "cpu_cores": 0, "cpu_threads": 0, "cpu_thread_gbs": 0.0,
-    "cpu_matrix_speedup": 0.0, "cpu_int8_speedup": 0.0,
+    "cpu_matrix_speedup": 0.0, "cpu_int8_speedup": 0.0, "cpu_bf16_speedup": 0.0,
 }
 """Fields a profile file may leave out (older files, calibrated ones): 0, sourced as `ABSENT`."""
 ABSENT = "not given in the profile (0: not modelled)"

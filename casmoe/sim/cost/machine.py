@@ -338,15 +338,19 @@ class Machine:
         numa = 1.0 if copies or hw.sockets == 1 else 1.0 / hw.sockets
         float_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale
         int_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_int_flop_scale
+        bf16_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_bf16_flop_scale
 
         def host_rate(p: Precision | None) -> float:
             """FLOP/s of the host's kernels on weights of precision `p`: integer dot products for
-            ggml's block types (`Precision.int_dot`), FMAs for the rest and the unknown."""
-            return int_flops if p is not None and p.int_dot else float_flops
+            ggml's block types (`Precision.int_dot`), BF16 dot products for BF16 weights, FMAs for
+            the rest and the unknown."""
+            if p is not None and p.int_dot:
+                return int_flops
+            return bf16_flops if p is not None and p.name == "bf16" else float_flops
 
         # the kernels' share of what their threads can stream: of the sockets' peak, or of the threads' own
         # rate where fewer threads than that take (llama-bench on bench/llamacpp's box: decode doubles from 1
-        # to 2 threads as STREAM does; the share, fitted there, is 0.53-0.64 at either count: bench/RESULTS.md)
+        # to 2 threads as STREAM does; the share, fitted there, is 0.55-0.67 at either count: bench/RESULTS.md)
         cpu_bw = host_bw_eff * min(hw.cpu_mem_bw_gbs * 1e9 * numa, hw.host_thread_bw())
         experts_p = self.quant or (None if self.measured_bytes(g) else preset.expert_precision)
         host_p = self.host_quant or experts_p
