@@ -190,6 +190,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         files = materialize(Path(tmp))
         rows, dropped = measured_rows(files, args.box, args.max_foreign_cores)
+        if not rows:
+            raise SystemExit(f"no quiet llama-bench run to compare in {MEASURED} ({len(dropped)} left out as busy); "
+                             "run bench_llamacpp.py first")
         results = compare(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"summary": summary(results, dropped), "runs": results}

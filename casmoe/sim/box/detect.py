@@ -287,8 +287,8 @@ def _bf16_dot(cpu: Cpu) -> Fact:
         speedup, why = FASTEST_REAL["cpu_bf16_speedup"]
         return detected(speedup, f"{cpu.flags.source}: avx512_bf16; {why}; ggml uses it for BF16 weights "
                                  "(ggml_vec_dot_bf16 and tinyBLAS under __AVX512BF16__, llama.cpp 0c1e5709)")
-    return Fact(0.0, ASSUMED, "no avx512_bf16 in the flags: ggml converts BF16 weights to FP32 before its FMAs; "
-                              "0: the FP32 rate")
+    return Fact(0.0, ASSUMED, "no avx512_bf16 in the flags (Arm's BF16 instructions are not modelled): ggml's x86 "
+                              "kernels convert BF16 weights to FP32 before their FMAs; 0: the FP32 rate")
 
 
 def _flops(cpu: Cpu, key: str | None, entry: dict[str, Any] | None) -> Fact:

@@ -227,14 +227,11 @@ class HardwareProfile:
         for n in ("cpu_mem_efficiency", "cpu_matmul_efficiency"):
             if getattr(self, n) > 1:
                 raise HardwareError(f"profile {self.name!r}: {n} must be in [0, 1] (0: the software stack's)")
-        if self.cpu_matrix_speedup and self.cpu_matrix_speedup < 1:
-            raise HardwareError(f"profile {self.name!r}: cpu_matrix_speedup must be >= 1 (0: no matrix units)")
-        if self.cpu_int8_speedup and self.cpu_int8_speedup < 1:
-            raise HardwareError(f"profile {self.name!r}: cpu_int8_speedup must be >= 1 (0: no integer dot products "
-                                "modelled, the FP32 rate)")
-        if self.cpu_bf16_speedup and self.cpu_bf16_speedup < 1:
-            raise HardwareError(f"profile {self.name!r}: cpu_bf16_speedup must be >= 1 (0: no BF16 dot products "
-                                "modelled, the FP32 rate)")
+        for n, zero in (("cpu_matrix_speedup", "no matrix units"),
+                        ("cpu_int8_speedup", "no integer dot products modelled, the FP32 rate"),
+                        ("cpu_bf16_speedup", "no BF16 dot products modelled, the FP32 rate")):
+            if 0 < getattr(self, n) < 1:
+                raise HardwareError(f"profile {self.name!r}: {n} must be >= 1 (0: {zero})")
         if self.cpu_threads and not self.cpu_cores:
             raise HardwareError(f"profile {self.name!r}: cpu_threads needs cpu_cores (the cores cpu_tflops counts)")
         if self.host_ram_gib and self.host_reserved_gib >= self.host_ram_gib:
@@ -293,14 +290,17 @@ class HardwareProfile:
         weights (`Precision.int_dot`): the integer dot products' speedup or the matrix units',
         whichever is larger, never their product (one kernel uses VNNI or AMX tiles, not both);
         without `cpu_int8_speedup`, `host_flop_scale` itself."""
-        return self._host_cores_share * max(self.cpu_matrix_speedup or 1.0, self.cpu_int8_speedup or 1.0)
+        return self._dot_product_scale(self.cpu_int8_speedup)
 
     @property
     def host_bf16_flop_scale(self) -> float:
         """`host_flop_scale` for kernels that multiply BF16 weights with BF16 dot products (ggml's
         `ggml_vec_dot_bf16` and its tinyBLAS GEMM under `__AVX512BF16__`): that speedup or the
         matrix units', whichever is larger; without `cpu_bf16_speedup`, `host_flop_scale` itself."""
-        return self._host_cores_share * max(self.cpu_matrix_speedup or 1.0, self.cpu_bf16_speedup or 1.0)
+        return self._dot_product_scale(self.cpu_bf16_speedup)
+
+    def _dot_product_scale(self, speedup: float) -> float:
+        return self._host_cores_share * max(self.cpu_matrix_speedup or 1.0, speedup or 1.0)
 
     @property
     def _host_cores_share(self) -> float:

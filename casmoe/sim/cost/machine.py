@@ -56,11 +56,10 @@ def _default_stack() -> Stack:
 
 def _kernel(named: Precision, types: Sequence[str]) -> Precision:
     """The precision whose kernel multiplies tensors stored as the ggml `types`: `named`, unless
-    it is a bare width standing for a mix casmoe has no name for (a Q4_K_M file's dense part:
-    Q4_K and Q6_K), whose kernels are its types' own: integer dot products where every type of
-    the mix has them (its first type then stands for them; only the kernel is read from it,
-    the bytes come from the file)."""
-    if named.int_dot or not named.name.endswith("bpw"):
+    it names no integer kernel while every type of the mix has one (a Q4_K_M file's dense part,
+    Q4_K and Q6_K, named only by its width): then its first type stands for the mix (only the
+    kernel is read from it; the bytes come from the file)."""
+    if named.int_dot:
         return named
     known = ggml_types()
     kinds = [known.get(t) for t in types]
@@ -336,9 +335,9 @@ class Machine:
         host_flop_eff = hw.cpu_matmul_efficiency or stack.host_flops_efficiency
         copies = stack.numa_aware if self.numa is None else self.numa
         numa = 1.0 if copies or hw.sockets == 1 else 1.0 / hw.sockets
-        float_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_flop_scale
-        int_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_int_flop_scale
-        bf16_flops = hw.cpu_tflops * 1e12 * host_flop_eff * numa * hw.host_bf16_flop_scale
+        peak = hw.cpu_tflops * 1e12 * host_flop_eff * numa
+        float_flops, int_flops, bf16_flops = (peak * hw.host_flop_scale, peak * hw.host_int_flop_scale,
+                                              peak * hw.host_bf16_flop_scale)
 
         def host_rate(p: Precision | None) -> float:
             """FLOP/s of the host's kernels on weights of precision `p`: integer dot products for
