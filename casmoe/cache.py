@@ -32,12 +32,15 @@ same decisions as the count-only replay; timing only turns hits into late hits.
 from __future__ import annotations
 
 import enum
+import functools
 import operator
+import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Collection, Iterator, Mapping, NamedTuple, Sequence
 
 from casmoe.errors import CasmoeError
 from casmoe.geometry import ExpertId, Geometry
+from casmoe.resources import check_allocation
 
 if TYPE_CHECKING:
     import numpy as np
@@ -283,7 +286,6 @@ class ExpertCache:
         """Slots per pool that keep experts between layers when fewer than top_k (-1: all)."""
         self._over: set[int] = set()  # pools holding more than `_keep` experts
         if geometry.total_experts > 1_000_000:  # per-expert tables below: a typo'd geometry fails here
-            from casmoe.resources import check_allocation
 
             check_allocation(geometry.total_experts * 200, f"a cache over {geometry.describe()}")
         self.geometry = geometry
@@ -778,8 +780,6 @@ class ExpertCache:
 def _collision(cls: type, exc: TypeError, options: Mapping[str, Any]) -> Exception:
     """`exc` as a one-line refusal when it says that an option of the user's collided with an
     argument the policy fills itself, or reached no constructor; else `exc` itself."""
-    import re
-
     m = re.search(r"(?:multiple values for|unexpected) keyword argument '(\w+)'", str(exc))
     if m is None or m.group(1) not in options:
         return exc
@@ -788,8 +788,6 @@ def _collision(cls: type, exc: TypeError, options: Mapping[str, Any]) -> Excepti
 
 
 def _refusing_collisions(create: Any) -> Any:
-    import functools
-
     @functools.wraps(create)
     def checked(cls: type, geometry: Geometry, capacity: Any, **kw: Any) -> ExpertCache:
         try:

@@ -26,6 +26,7 @@ warn of is checked explicitly where it matters (ids in range, weights and counts
 from __future__ import annotations
 
 import ast
+import io
 import os
 import stat
 import warnings
@@ -33,6 +34,8 @@ import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Collection, Iterator
+
+from casmoe.resources import ResourceError
 
 _SNIFF_BYTES = 1 << 16
 
@@ -107,8 +110,6 @@ def sniff(path: str | os.PathLike[str]) -> str:
 
 def sniff_data(data: bytes) -> str:
     """The kind of a file's bytes already read (a file read once, as a pipe can only be)."""
-    import io
-
     return _kind(data[:_SNIFF_BYTES], len(data), lambda: zipfile.ZipFile(io.BytesIO(data)))
 
 
@@ -150,7 +151,6 @@ def reading(where: str) -> Iterator[None]:
     """Run a reader of `where` without library warnings, its `MemoryError` one line naming it."""
     import numpy as np
 
-    from casmoe.resources import ResourceError
 
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Iterator
 
 from casmoe.errors import CasmoeError
+from casmoe.output import check_dir_target, remove_orphans, temporary_sibling, write_text
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
@@ -86,8 +87,6 @@ def _kind_of(path: Path, marker: str | None) -> str | None:
 def check_folder_target(path: str | os.PathLike[str], kind: str, what: str = "--out", marker: str | None = None) -> Path:
     """Fail now, before any work, if `write_folder(path, kind)` would fail: `path` is a file, a
     folder of something else (it would be replaced), or its parent cannot be written."""
-    from casmoe.output import check_dir_target
-
     check_dir_target(path, what)
     path = Path(path)
     if path.is_dir() and any(path.iterdir()):
@@ -117,8 +116,6 @@ def _fsync_dir(path: Path) -> None:
 def write_folder(path: str | os.PathLike[str], kind: str, marker: str | None = None) -> Iterator[Path]:
     """An empty temporary folder whose content replaces `path` all at once when the block
     succeeds (see the module docstring). Only plain files directly inside it are allowed."""
-    from casmoe.output import remove_orphans, temporary_sibling
-
     shown, path = Path(path), Path(os.path.abspath(path))  # errors name the folder as the user wrote it
     check_folder_target(shown, kind, marker=marker)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +132,6 @@ def write_folder(path: str | os.PathLike[str], kind: str, marker: str | None = N
             with open(f, "rb+") as fh:
                 os.fsync(fh.fileno())
             files[f.name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
-        from casmoe.output import write_text
 
         write_text(tmp / MANIFEST, json.dumps({"kind": kind, "files": files}, indent=2))
         _fsync_dir(tmp)

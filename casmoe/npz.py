@@ -20,6 +20,9 @@ from typing import IO, Any
 
 import numpy as np
 
+from casmoe import filekind
+from casmoe.filekind import NPZ, one_line
+
 MAX_INFLATE = 200
 MIN_LIMIT = 2**30
 
@@ -59,10 +62,8 @@ def read_npz(path: str | os.PathLike[str], error: type[Exception], what: str = "
              hint: str = "") -> dict[str, np.ndarray]:
     """Every array of the archive at `path` (no pickle); any fault raises `error` naming it, a
     file of another kind named as what it is (`casmoe.filekind`), not `what`."""
-    from casmoe.filekind import NPZ, one_line, require
-
     where = str(path)
-    require(path, NPZ, what, error, hint)
+    filekind.require(path, NPZ, what, error, hint)
     try:
         with open(path, "rb") as fh:
             check_sizes(fh, where, error)

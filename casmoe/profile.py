@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from casmoe.errors import CasmoeError
-from casmoe.npz import format_meta
+from casmoe.npz import format_meta, read_npz
+from casmoe.output import atomic_open, check_file_target
+from casmoe.trace_io import load_trace
 
 FORMAT_NAME = "casmoe-profile"
 FORMAT_VERSION = 1
@@ -66,8 +68,6 @@ class Profile:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically (an interrupted write leaves the old file intact)."""
-        from casmoe.output import atomic_open, check_file_target
-
         path = check_file_target(path, "profile")
         meta = dict(self.meta)
         meta.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -150,8 +150,6 @@ def from_engine_counts(counts: np.ndarray, where: str, *, model_layers: int | No
 def _npz_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """The arrays of a profile or trace archive: sizes checked before inflating, no pickle, a
     file of another kind named as what it is (`casmoe.npz.read_npz`)."""
-    from casmoe.npz import read_npz
-
     return read_npz(path, ProfileError, "a casmoe profile or trace (.npz)",
                     hint="turn engine dumps into a profile with `casmoe popularity import`")
 
@@ -161,7 +159,6 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
     arrays = _npz_arrays(path)
     if "counts" in arrays:
         return Profile._from_arrays(arrays, str(path))
-    from casmoe.trace_io import load_trace
 
     trace = load_trace(path)
     counts = trace.popularity().astype(np.float64)

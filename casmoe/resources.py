@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from casmoe.errors import CasmoeError
+from casmoe.report import sig
 
 
 class ResourceError(CasmoeError, MemoryError):
@@ -35,8 +36,6 @@ def check_allocation(nbytes: float, what: str) -> None:
     """Refuse `what` if it needs more than the memory available now."""
     free = available_memory()
     if nbytes > free:
-        from casmoe.report import sig
-
         raise ResourceError(
             f"{what} needs {sig(nbytes / 2**30)} GiB but {sig(free / 2**30)} GiB are available; "
             "check the sizes it declares (layers, experts, tokens) or use a bigger machine"

@@ -33,6 +33,7 @@ import numpy as np
 
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
+from casmoe.resources import check_allocation
 from casmoe.trace import NOT_COMPUTED, Request, Trace
 
 WEIGHT_STEP = 1.0 / 256
@@ -224,7 +225,6 @@ class SynthConfig:
                 raise SynthError(f"{name} range must satisfy 0 <= low <= high (got {lo}..{hi})")
         if self.prefill[1] + self.decode[1] == 0 and self.requests:
             raise SynthError("requests need at least one token: prefill or decode high must be > 0")
-        from casmoe.resources import check_allocation
 
         tokens = self.requests * (self.prefill[1] + self.decode[1])  # at most
         per_token = geometry.layers * (geometry.top_k * 16 + (geometry.experts * 8 if self.logits else 0))

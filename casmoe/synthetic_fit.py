@@ -56,6 +56,7 @@ from typing import Any, Callable
 import numpy as np
 
 from casmoe.geometry import Geometry
+from casmoe.metrics.srp import segment_stats, srp_from_hist
 from casmoe.synthetic import TASKS, SynthError, make_prompt, route_request
 from casmoe.trace import NOT_COMPUTED, Request, Trace, expert_counts
 from casmoe.workload import SLOT_MULTIPLES, SRP_M, slots_for
@@ -242,8 +243,6 @@ def profile(seqs: list[np.ndarray], E: int, k: int) -> np.ndarray:
     (`slots_for` each of `SLOT_MULTIPLES`: the LRU curve of the tokens one by one, a fresh cache
     per request), then SRP at m = 16 (how well one expert set serves each 16-token stretch; NaN
     when no request is that long)."""
-    from casmoe.metrics.srp import segment_stats, srp_from_hist
-
     d = np.concatenate([stack_distances(x).ravel() for x in seqs])
     d = d[d != -2]
     lru = [float(np.mean((d >= 0) & (d < slots_for(m, k)))) for m in SLOT_MULTIPLES]

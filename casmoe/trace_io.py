@@ -23,6 +23,7 @@ import numpy as np
 from casmoe.filekind import NPZ, one_line, reading, require
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.npz import check_sizes, format_meta
+from casmoe.output import atomic_open, check_file_target
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
 
 FORMAT_NAME = "casmoe-trace"
@@ -33,8 +34,6 @@ TOKEN_ARRAYS = ("topk", "weights", "logits", "spec")
 
 def save_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
     """Validate, then write atomically: an interrupted write leaves the old file intact."""
-    from casmoe.output import atomic_open, check_file_target
-
     path = check_file_target(path, "trace")
     validate_trace(trace, str(path))
     arrays = trace_arrays(trace)

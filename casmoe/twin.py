@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from casmoe.cache import PolicyError
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -100,6 +102,4 @@ def twin_of(policy: type[ExpertCache]) -> Twin | None:
 def beyond_guesses(name: str, step: int) -> PolicyError:
     """A step past the running request's `Guesses` (another request's, or a prompt split into
     chunks): the error both runtimes of such a policy raise."""
-    from casmoe.cache import PolicyError
-
     return PolicyError(f"{name}: step {step} lies beyond its request's steps (one request at a time, whole prefills)")

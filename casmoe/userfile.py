@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from casmoe.filekind import describe, one_line, sniff_data
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -21,8 +23,6 @@ except ImportError:  # Python 3.10
 
 def read_text(path: str | os.PathLike[str], what: str, error: type[Exception]) -> str:
     """The file's text (UTF-8, a leading BOM dropped); `error` naming the file otherwise."""
-    from casmoe.filekind import describe, sniff_data
-
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -47,6 +47,4 @@ def read_toml(path: str | os.PathLike[str], what: str, error: type[Exception]) -
     try:
         return tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as exc:
-        from casmoe.filekind import one_line
-
         raise error(f"{path}: not valid TOML: {one_line(exc)}") from None

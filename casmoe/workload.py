@@ -55,7 +55,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from casmoe.cache import Capacity
+from casmoe.compiled import COMPILE_WORTH
 from casmoe.errors import CasmoeError
+from casmoe.importers import read_specs
+from casmoe.metrics.srp import segment_stats, srp_from_hist
+from casmoe.metrics.tokens import TokenSelection, sequences
+from casmoe.policies import get_policy
+from casmoe.replay import replay
+from casmoe.shipped import shipped
+from casmoe.step_arrays import StepArrays
 from casmoe.trace import Request, Trace, expert_counts
 
 WINDOW = 32
@@ -225,9 +233,6 @@ def _window_stats(win: np.ndarray, live: np.ndarray, E: int, k: int, sums: _Sums
 
 def _srp(trace: Trace) -> tuple[np.ndarray, float]:
     """SRP at m = SRP_M over all tokens: per layer [L] and model level."""
-    from casmoe.metrics.srp import segment_stats, srp_from_hist
-    from casmoe.metrics.tokens import TokenSelection, sequences
-
     [st] = segment_stats(sequences(trace, TokenSelection.ALL), trace.geometry.experts, [SRP_M])
     hist = st.hist.sum(axis=0)  # [L, m+1]
     return srp_from_hist(hist, SRP_M).srp, float(srp_from_hist(hist.sum(axis=0), SRP_M).srp)
@@ -269,11 +274,6 @@ def hit_rates(
     trace: Trace, policies: Sequence[str] = ("lru", "belady"), progress: Callable[[int], object] | None = None
 ) -> dict[str, tuple[np.ndarray, float]]:
     """`policy@mk` -> (per-layer hit rates [L], pooled hit rate), replayed layer by layer."""
-    from casmoe.compiled import COMPILE_WORTH
-    from casmoe.policies import get_policy
-    from casmoe.replay import replay
-    from casmoe.step_arrays import StepArrays
-
     g = trace.geometry
     L, k = g.layers, g.top_k
     compiled = trace.tokens * L * k >= COMPILE_WORTH  # decided on the whole trace, as `replay` would
@@ -430,9 +430,6 @@ def real_stats(reference: Reference = REFERENCES[-1]) -> list[WorkloadStats]:
 
 @lru_cache(maxsize=None)
 def _real_stats(reference: Reference) -> tuple[WorkloadStats, ...]:
-    from casmoe.importers import read_specs
-    from casmoe.shipped import shipped
-
     specs = [str(shipped(f"real/{t.partition('#')[0]}")) + (f"#{t.partition('#')[2]}" if "#" in t else "")
              for t in reference.traces]
     return tuple(measure(tr, name.split(".")[0]) for name, tr in read_specs(specs))

@@ -474,13 +474,12 @@ def test_model_takes_a_gguf_and_returns_its_preset_and_bytes(tmp_path):
 
 
 def test_a_gguf_of_a_shipped_shape_is_priced_as_that_preset(tmp_path, monkeypatch):
-    from casmoe.presets import gguf as gguf_presets
     from casmoe.sim.questions.deploy import model as model_module
 
     real = get_preset("olmoe-1b-7b")
     path = qwen3moe(tmp_path / "OLMoE-1B-7B-Q4_K_M.gguf")
     _preset, weights = read_gguf(path)
-    monkeypatch.setattr(gguf_presets, "read_gguf", lambda p: (replace(real, vocab=50280, name="file"), weights))
+    monkeypatch.setattr(model_module, "read_gguf", lambda p: (replace(real, vocab=50280, name="file"), weights))
     choice = model_module.resolve_model(str(path))
     assert choice.preset == "olmoe-1b-7b" and choice.weights == str(path) and choice.file is weights
     assert "priced as olmoe-1b-7b; the file differs in vocab 50280 (preset 50304)" in choice.note

@@ -37,7 +37,7 @@ def fixed(seen=(point(),), **weights) -> em.ErrorModel:
 
 @pytest.fixture
 def model(monkeypatch):
-    monkeypatch.setattr(em, "load", lambda: fixed())
+    monkeypatch.setattr(u, "load", lambda: fixed())
     monkeypatch.setenv("CASMOE_DATA", str(REPO / "traces"))
 
 
@@ -67,7 +67,7 @@ def test_words_factor_and_what_lies_outside(model) -> None:
 
 
 def test_the_interval_widens_with_what_the_weights_say(monkeypatch) -> None:
-    monkeypatch.setattr(em, "load", lambda: fixed(host=math.log(2.0), box_distance=0.5))
+    monkeypatch.setattr(u, "load", lambda: fixed(host=math.log(2.0), box_distance=0.5))
     assert u.factor(record(point(family="host"))) == pytest.approx(math.exp(em.Z80 * 2 * SIGMA))
     away = record(point(box=(1.0 + math.log(2), 2.0, 3.0, 4.0)))  # one doubling away: exp(0.5)
     assert u.factor(away) == pytest.approx(math.exp(em.Z80 * SIGMA * math.exp(0.5)))
@@ -157,9 +157,9 @@ def test_a_stored_point_speaks_with_the_model_of_now(model, tmp_path, monkeypatc
     (first,), computed = run_all([spec], tmp_path)
     assert computed == 1
     seen = em.Point.from_dict(first["error_point"])
-    monkeypatch.setattr(em, "load", lambda: fixed(seen=(seen,)))
+    monkeypatch.setattr(u, "load", lambda: fixed(seen=(seen,)))
     (again,), computed = run_all([spec], tmp_path)
     assert computed == 0 and again["uncertainty_factor"] == pytest.approx(1.5)
-    monkeypatch.setattr(em, "load", lambda: fixed(seen=(seen,), bias=math.log(math.log(3.0) / em.Z80)))
+    monkeypatch.setattr(u, "load", lambda: fixed(seen=(seen,), bias=math.log(math.log(3.0) / em.Z80)))
     (third,), computed = run_all([spec], tmp_path)
     assert computed == 0 and third["uncertainty_factor"] == pytest.approx(3.0)

@@ -58,7 +58,7 @@ def _parts_planner(trace, config=None, progress=False, **_):
 @pytest.fixture
 def fits(tmp_path, monkeypatch):
     """A cache folder of its own and a counting, instant fit."""
-    from casmoe.planner import planner as planner_module
+    from casmoe.planner import cached
 
     monkeypatch.setenv("CASMOE_CACHE", str(tmp_path / "cache"))
     calls = []
@@ -67,7 +67,7 @@ def fits(tmp_path, monkeypatch):
         calls.append(1)
         return _parts_planner(trace, config)
 
-    monkeypatch.setattr(planner_module, "fit_planner", fit)
+    monkeypatch.setattr(cached, "fit_planner", fit)
     return calls
 
 
@@ -252,11 +252,9 @@ def test_a_moved_but_intact_export_is_kept(fake_export):
 
 
 def test_the_model_files_are_hashed_once_per_install(fake_export, monkeypatch):
-    import casmoe.folder
-
     embedding.onnx_export()
     hashed = []
-    real = casmoe.folder.sha256_file
-    monkeypatch.setattr(casmoe.folder, "sha256_file", lambda p: hashed.append(p) or real(p))
+    real = embedding.sha256_file
+    monkeypatch.setattr(embedding, "sha256_file", lambda p: hashed.append(p) or real(p))
     embedding.onnx_export()
     assert not [p for p in hashed if p.suffix != ".onnx"]

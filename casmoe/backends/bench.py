@@ -13,13 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-
+from casmoe.backends import fit
+from casmoe.backends.copier import EmulatedLink, responsive_copies
+from casmoe.backends.experts import find_moe_blocks, model_geometry
+from casmoe.backends.hostcache import HostCache
+from casmoe.backends.models import experts_paths, load_tokenizer, open_files, open_model, skeleton
 from casmoe.cache import Capacity, ExpertCache, MissMode
 from casmoe.errors import CasmoeError
 from casmoe.geometry import split_layers
-
-from casmoe.backends.copier import EmulatedLink
-from casmoe.backends.hostcache import HostCache
+from casmoe.options import CapacitySpec, one_capacity
 
 
 class BenchError(CasmoeError, ValueError):
@@ -41,13 +43,8 @@ def open_offloaded(model: str, *, devices: Sequence[str] = (), dtype: str | None
                    link: EmulatedLink | None = None, capacity: str | None = None, global_capacity: str | None = None,
                    host_cache: str | None = None, host_policy: str = "lru", direct_io: bool = False) -> Opened:
     """Open `model` for offloading; every setting is checked (`fit`) before weights are read."""
-    from casmoe.options import CapacitySpec, one_capacity
-    from casmoe.policies.spec import PolicySpec
-
-    from casmoe.backends import fit
-    from casmoe.backends.experts import find_moe_blocks, model_geometry
-    from casmoe.backends.models import experts_paths, load_tokenizer, open_files, open_model, skeleton
     from casmoe.backends.runtime import OffloadedModel
+    from casmoe.policies.spec import PolicySpec
 
     devs = fit.devices(list(devices))
     files = open_files(model, dtype, direct_io)
@@ -87,8 +84,6 @@ def bench(opened: Opened, prompts: Sequence[Any], policy: type[ExpertCache], opt
     """Serve `prompts` (in groups of `batch`) and return the run's figures; with `verify`, the
     per-request comparison with the un-offloaded model under `verify` (the exact model, also
     when `gating` runs adaptive gating, `casmoe.gating`: its token agreement is the gate's cost)."""
-    from casmoe.backends.copier import responsive_copies
-
     om = opened.om
     with responsive_copies(), om.session(policy, opened.capacity, prompts, max_new_tokens=max_new_tokens,
                                          miss_mode=miss_mode, options=options, trace=trace, host=opened.host,

@@ -54,10 +54,14 @@ import numpy as np
 import torch
 
 from casmoe.backends.copier import EmulatedLink, Loader, Ticket, responsive_copies
+from casmoe.backends.expert_ops import host_expert
 from casmoe.backends.experts import SlotView, model_preset
 from casmoe.backends.runtime import OffloadedModel, Prompt
 from casmoe.cache import Capacity, MissMode
 from casmoe.policies import get_policy
+from casmoe.replay import replay
+from casmoe.sim.box.hardware import HardwareProfile
+from casmoe.sim.cost.machine import Machine
 
 
 def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> float:
@@ -123,8 +127,6 @@ def decision_cost(trace: Any, policy: Any, capacity: Capacity, options: dict[str
     (casmoe.replay, the code the backend's compute thread runs at each layer), each visit's
     `before_layer` and `route` timed; the fastest of `rounds` replays per visit (a shared
     machine's interruptions are not the policy's)."""
-    from casmoe.replay import replay
-
     best: np.ndarray | None = None
     loads: list[int] = []
     for _ in range(rounds):
@@ -196,8 +198,6 @@ class Calibration:
 
     def profile(self, name: str = "calibrated") -> Any:
         """A `HardwareProfile` with these numbers, every one sourced."""
-        from casmoe.sim.box.hardware import HardwareProfile
-
         when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         host = f"casmoe calibrate on {platform.node() or 'this host'}, {when}"
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -332,8 +332,6 @@ def _expert_time(om: OffloadedModel, device: torch.device, sync: Callable[[], No
 def _host_expert_time(om: OffloadedModel, reps: int) -> float:
     """One expert for one token on the host, as the `cpu` miss mode computes it (weights in
     host memory, read once from the store)."""
-    from casmoe.backends.expert_ops import host_expert
-
     rows = om.store.empty_rows()
     om.store.read(0, 0, rows)
     h1 = torch.randn(1, om.geometry.hidden, dtype=next(iter(rows.values())).dtype)
@@ -512,8 +510,6 @@ def _host_hop(cal: Calibration, om: OffloadedModel, host_expert: float) -> float
     experts all run on the host is as much shorter than its resident layer as the runtime's:
     priced with the simulator's own charges for a device expert (the roofline's, when longer
     than the measured marginal time) and for the host expert and its activations' transfers."""
-    from casmoe.sim.cost.machine import Machine
-
     roof = Machine(model_preset(om.model, om.geometry), cal.profile()).compute(om.geometry.layer_expert_bytes)
     charged = max(roof.expert(0, 1), cal.expert_s)
     return max((host_expert + charged - cal.expert_s - roof.cpu_expert(0, 1)) / 2, 0.0)
@@ -641,8 +637,6 @@ def refit(cal: Calibration, om: OffloadedModel, step_s: float, prompts: Sequence
     L * (dense(1) + pass + k * expert(1)) + head(1) = step_s, with the roofline parts from `cal` and
     expert(1) as the simulator charges it (the roofline's memory term can exceed the measured
     marginal expert time: an expert small enough to stay in cache streams faster than DRAM)."""
-    from casmoe.sim.cost.machine import Machine
-
     g = om.geometry
     base = replace(cal, step_s=step_s, layer_overhead=0.0, expert_overhead=0.0)
     roof = Machine(model_preset(om.model, g), base.profile()).compute(g.layer_expert_bytes)

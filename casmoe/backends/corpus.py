@@ -21,11 +21,14 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from pydoc_data.topics import topics
 
 import numpy as np
 
 from casmoe.errors import CasmoeError
+from casmoe.output import atomic_open
 from casmoe.shipped import data_dir
+from casmoe.userfile import read_text
 
 TRAIN, HELDOUT = "train", "heldout"
 HELDOUT_FRACTION = 0.15
@@ -69,8 +72,6 @@ def corpus_path() -> Path:
 def load_corpus(path: Path | str | None = None, split: str | None = None,
                 task: str | None = None) -> list[CorpusEntry]:
     """Read a corpus JSONL file (the shipped one by default), optionally one split / task."""
-    from casmoe.userfile import read_text
-
     path = Path(path) if path is not None else corpus_path()
     prompts = []
     text = read_text(path, "corpus file", CorpusError)
@@ -99,8 +100,6 @@ def spread(rows: list[CorpusEntry], count: int) -> list[CorpusEntry]:
 
 def load_prompts(path: Path | str) -> list[CorpusEntry]:
     """Prompts for recording: a corpus JSONL file, or plain text with one prompt per line."""
-    from casmoe.userfile import read_text
-
     path = Path(path)
     if path.suffix in (".jsonl", ".json"):
         return load_corpus(path)
@@ -111,7 +110,6 @@ def load_prompts(path: Path | str) -> list[CorpusEntry]:
 def save_corpus(prompts: list[CorpusEntry], path: Path | str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from casmoe.output import atomic_open
 
     with atomic_open(path, "w", encoding="utf-8") as fh:
         for p in prompts:
@@ -256,8 +254,6 @@ def _reference_topics() -> Iterator[str]:
     """Paragraphs of the Python documentation's reference topics (`pydoc_data.topics`, what
     `help('if')` prints): technical prose with code, a register neither the docstrings nor the
     fortunes have."""
-    from pydoc_data.topics import topics
-
     for name in sorted(topics):
         for para in re.split(r"\n\s*\n", topics[name]):
             if para.strip() and not set(para.strip()) <= set("=-*"):

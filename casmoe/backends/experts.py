@@ -18,8 +18,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from casmoe.backends.adapters import adapter_for
 from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry
+from casmoe.presets import ModelPreset
 
 
 class NotMoEModel(CasmoeError, ValueError):
@@ -94,8 +96,6 @@ def shared_experts(model: nn.Module, block: nn.Module, expert_params: int) -> in
     """Always-on shared experts of an MoE block, in routed-expert units (Geometry's convention:
     Qwen1.5-MoE's 5632-wide shared MLP beside 1408-wide experts counts 4; DeepSeek's
     `n_shared_experts` MLPs fused into one count n)."""
-    from casmoe.backends.adapters import adapter_for
-
     name = adapter_for(model.config.model_type).shared
     mlp = getattr(block, name, None) if name else None
     if mlp is None:
@@ -105,8 +105,6 @@ def shared_experts(model: nn.Module, block: nn.Module, expert_params: int) -> in
 
 def model_preset(model: nn.Module, geometry: Geometry, name: str = "") -> Any:
     """The `ModelPreset` the simulator prices this model with (dense shape from its config)."""
-    from casmoe.presets import ModelPreset
-
     cfg = model.config
     heads = int(cfg.num_attention_heads)
     return ModelPreset(

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from casmoe.backends.adapters import adapter_for
 from casmoe.errors import CasmoeError
+from casmoe.quiet import quiet_loads
 from casmoe.shipped import data_dir
 
 SHIPPED_MODELS = ("tiny-mixtral", "tiny-olmoe")
@@ -56,7 +58,6 @@ def load_config(name_or_path: str | Path) -> Any:
     """The model's transformers config, checked to be a supported MoE family."""
     from transformers import AutoConfig
 
-    from casmoe.backends.adapters import adapter_for
 
     where = resolve_model(name_or_path)
     path = Path(where)
@@ -94,12 +95,10 @@ def load_model(name_or_path: str | Path, dtype: str | None = None) -> tuple[Any,
     default: the checkpoint's)."""
     from transformers import AutoTokenizer
 
-    from casmoe.backends.adapters import adapter_for
 
     config = load_config(name_or_path)
     where = resolve_model(name_or_path)
     cls = adapter_for(config.model_type).model_class()
-    from casmoe.quiet import quiet_loads
 
     try:
         with quiet_loads():
@@ -126,7 +125,6 @@ class ModelFiles:
 def open_files(name_or_path: str | Path, dtype: str | None = None, direct: bool = False) -> ModelFiles:
     """Config, adapter and tensor index of a model folder (safetensors headers only); `direct`:
     read its experts with O_DIRECT, past the page cache."""
-    from casmoe.backends.adapters import adapter_for
     from casmoe.backends.checkpoint import Checkpoint, CheckpointError
 
     config = load_config(name_or_path)

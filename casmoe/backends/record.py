@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from casmoe.backends.corpus import CorpusEntry
+from casmoe.backends.models import checkpoint_dtype, load_model
 from casmoe.errors import CasmoeError
 from casmoe.trace import NOT_COMPUTED, Request, Trace
 from casmoe.trace_io import load_trace, save_trace
@@ -294,7 +295,6 @@ def record(model_name: str, prompts: list[CorpusEntry], out: Path | str,
     from tqdm import tqdm
 
     from casmoe.backends.experts import model_geometry
-    from casmoe.backends.models import checkpoint_dtype, load_model
 
     out = Path(out)
     if not prompts:

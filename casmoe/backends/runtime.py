@@ -27,15 +27,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from casmoe.cache import Capacity, CacheConfigError, ExpertCache, MissMode
-from casmoe.costs import ExpertCosts
-from casmoe.errors import CasmoeError
-from casmoe.geometry import split_layers
-from casmoe.trace import Future, Trace, prefill_step
-
 from casmoe.backends.adapters import adapter_for
 from casmoe.backends.copier import EmulatedLink
 from casmoe.backends.device import DeviceRuntime
+from casmoe.backends.expert_ops import plan_class
 from casmoe.backends.experts import (
     MoEBlock,
     OffloadedExperts,
@@ -46,10 +41,15 @@ from casmoe.backends.experts import (
     model_geometry,
 )
 from casmoe.backends.forward_pass import ForwardPass, RouterHooks, router_pick
-from casmoe.backends.hostcache import HostTier, HostCache
-from casmoe.backends.expert_ops import plan_class
+from casmoe.backends.hostcache import HostCache, HostTier
 from casmoe.backends.session import RunResult, Session
 from casmoe.backends.store import ExpertStore, TensorStore
+from casmoe.cache import CacheConfigError, Capacity, ExpertCache, MissMode
+from casmoe.costs import ExpertCosts
+from casmoe.errors import CasmoeError
+from casmoe.gating import gate_rows
+from casmoe.geometry import split_layers
+from casmoe.trace import Future, Trace, prefill_step
 
 
 class BackendError(CasmoeError, ValueError):
@@ -195,8 +195,6 @@ class OffloadedModel:
         gates a trace): the pass's rows for the layer become the gated ones (a dropped slot
         `NOT_COMPUTED`, routed nowhere), and the experts function gets the kept expert again in a
         dropped slot at weight 0: the same [T, k] shape, the same sum, no expert that is not routed."""
-        from casmoe.gating import gate_rows
-
         idx, weights = gate_rows(p.topk[layer], p.weights[layer], p.gating)
         p.topk[layer], p.weights[layer] = idx, weights
         filled = np.where(idx >= 0, idx, idx[:, :1])  # [T, k]: a dropped slot names the kept expert

@@ -32,16 +32,20 @@ from __future__ import annotations
 import enum
 import json
 import math
+import platform
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, replace
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from casmoe.errors import CasmoeError
-from casmoe.output import write_text
 from casmoe.backends.corpus import HELDOUT, TRAIN, CorpusEntry, load_corpus
+from casmoe.errors import CasmoeError
+from casmoe.folder import check_folder_target, write_folder
+from casmoe.output import write_text
 
 VOCAB_SIZE = 4096
 EOS = "<|endoftext|>"
@@ -145,9 +149,6 @@ def training_environment() -> dict[str, str]:
     versions and between CPU kernels (AVX2, AVX-512), and 800 steps amplify it. So a claim that
     `casmoe train-tiny NAME` reproduces a shipped model holds where this environment matches the
     one its `train.json` records (`environment_differences`)."""
-    import platform
-    from importlib.metadata import version
-
     import torch
 
     env = {lib: version(lib) for lib in ("torch", "transformers", "tokenizers", "numpy")}
@@ -355,7 +356,6 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
     import torch
     from tqdm import tqdm
 
-    from collections import deque
 
     if settings.steps is None:
         raise CasmoeError("fit needs settings.steps (`resolved` fills in a shipped model's own)")
@@ -421,7 +421,6 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
     import torch
     import transformers
 
-    from casmoe.folder import check_folder_target, write_folder
 
     check_folder_target(out_dir, MODEL_FOLDER, "output folder", marker="config.json")  # before the training
     settings = resolved(name, settings)

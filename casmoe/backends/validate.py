@@ -28,8 +28,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from casmoe.backends.calibrate import (
-    Calibration, DecisionCost, LoaderProbe, baseline, between_baselines, calibrate, decision_cost, median_busy,
-    median_step, refit, resident_step,
+    Calibration,
+    DecisionCost,
+    LoaderProbe,
+    baseline,
+    between_baselines,
+    calibrate,
+    decision_cost,
+    median_busy,
+    median_step,
+    refit,
+    resident_step,
 )
 from casmoe.backends.copier import EmulatedLink, responsive_copies
 from casmoe.backends.experts import model_preset
@@ -37,8 +46,10 @@ from casmoe.backends.runtime import OffloadedModel, Prompt
 from casmoe.cache import Capacity, MissMode
 from casmoe.policies import get_policy
 from casmoe.policies.spec import PolicySpec
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.passes.assembly import Run
+from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.latency import LatencyLog
-
 
 WAKE_SAMPLES = 16
 """Loader wake samples taken before each round of the validated runs (see `LoaderProbe`)."""
@@ -196,10 +207,6 @@ def _validate(
     om: OffloadedModel, prompts: Sequence[Prompt], policies: Sequence[str], capacity: Capacity, max_new_tokens: int,
     calibration: Calibration | None, progress: Callable[[str], None] | None, miss_modes: Sequence[MissMode],
 ) -> tuple[list[Fidelity], Calibration]:
-    from casmoe.sim.passes.driver import run_trace
-    from casmoe.sim.passes.assembly import Run
-    from casmoe.sim.cost.machine import Machine
-
     cal = calibration or calibrate(om, prompts, max_new_tokens=max_new_tokens)
     preset = model_preset(om.model, om.geometry)
     specs = [(spec, mode) for spec in map(PolicySpec.parse, policies) for mode in miss_modes]

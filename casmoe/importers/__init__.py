@@ -29,9 +29,14 @@ from typing import Any, Sequence
 from casmoe.filekind import reading
 from casmoe.geometry import Geometry
 from casmoe.importers.checks import agree, positive_option
+from casmoe.importers.dump_files import json_records
 from casmoe.importers.json_routing import read_json
+from casmoe.importers.ktransformers import read_ktransformers
 from casmoe.importers.lrc_arrays import read_lrc_arrays
 from casmoe.importers.route_csv import CSV_COLUMNS, MINIMAL_COLUMNS, read_route_csv, write_route_csv
+from casmoe.importers.sglang import is_sglang_json, read_sglang, read_sglang_counts
+from casmoe.importers.trtllm import read_trtllm
+from casmoe.importers.vllm import is_vllm_json, read_vllm
 from casmoe.profile import Profile, ProfileError
 from casmoe.trace import Trace, TraceError
 from casmoe.trace_io import load_trace
@@ -89,10 +94,6 @@ def _npz_kind(path: Path) -> str:
 
 
 def _json_kind(path: Path) -> str:
-    from casmoe.importers.dump_files import json_records
-    from casmoe.importers.sglang import is_sglang_json
-    from casmoe.importers.vllm import is_vllm_json
-
     if path.suffix == ".jsonl":
         try:
             _, doc = next(iter(json_records(path)))
@@ -152,12 +153,8 @@ def _import(sources: list[Path], fmt: str, where: str, model: Geometry | None, n
     elif fmt == "npz":
         trace = load_trace(sources[0])
     elif fmt == "vllm":
-        from casmoe.importers.vllm import read_vllm
-
         trace = read_vllm(sources, num_experts=E)
     elif fmt == "sglang":
-        from casmoe.importers.sglang import read_sglang
-
         trace = read_sglang(sources, top_k=k, num_experts=E)
     else:
         names = ("kind", "prefill", "keep_logits")
@@ -178,16 +175,10 @@ def import_profile(sources: Sequence[str | Path], fmt: str, *, model: Geometry |
 def _import_profile(sources: list[Path], fmt: str, model: Geometry | None) -> Profile:
     layers = model.layers if model is not None else None
     if fmt == "trtllm":
-        from casmoe.importers.trtllm import read_trtllm
-
         profile = read_trtllm(sources, model_layers=layers)
     elif fmt == "ktransformers":
-        from casmoe.importers.ktransformers import read_ktransformers
-
         profile = read_ktransformers(sources, model_layers=layers)
     elif fmt == "sglang-stat":
-        from casmoe.importers.sglang import read_sglang_counts
-
         profile = read_sglang_counts(sources, model_layers=layers)
     else:
         raise ProfileError(f"unknown profile format {fmt!r} ({', '.join(PROFILE_FORMATS)})")

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from casmoe.filekind import TEXT, one_line, require
+from casmoe.folder import sha256_file
 from casmoe.importers.checks import unique_pairs
 from casmoe.trace import TraceError
 
@@ -29,8 +30,6 @@ def distinct_files(files: Sequence[Path], error: type[Exception] = TraceError, s
             raise error(f"{f} is given twice ({seen[key]} and {f}): its requests would count twice; give it once")
         seen[key] = f
     if same_bytes:
-        from casmoe.folder import sha256_file
-
         by_size: dict[int, list[Path]] = {}
         for f in files:
             by_size.setdefault(f.stat().st_size, []).append(f)

@@ -23,6 +23,7 @@ import numpy as np
 from casmoe.filekind import TEXT, one_line, reading, require
 from casmoe.geometry import Geometry, GeometryError
 from casmoe.importers.checks import exact_int, unique_pairs
+from casmoe.output import atomic_open
 from casmoe.resources import check_allocation
 from casmoe.trace import NOT_COMPUTED, Request, Trace, TraceError
 from casmoe.trace_io import checked_trace
@@ -342,7 +343,6 @@ def write_route_csv(trace: Trace, path: str | Path, progress: bool = False) -> N
     import pandas as pd
     from tqdm import tqdm
 
-    from casmoe.output import atomic_open
 
     with atomic_open(path, "w", encoding="utf-8", newline="\n") as fh:
         fh.write("\n".join(lines) + "\n")

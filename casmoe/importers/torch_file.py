@@ -7,6 +7,8 @@ tensors come back as numpy arrays, so the readers never touch torch themselves.
 
 from __future__ import annotations
 
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,6 @@ def load_torch_file(path: str | Path, what: str = "a torch.save file", error: ty
     """The file's object with tensors as numpy arrays; `error` in one line naming the file for a
     missing, damaged or pickled-code file, and for a file of another kind (a zip, an `.npz`, a
     plain pickle: `casmoe.filekind`), named as what it is, not `what`."""
-    import pickle
-    import warnings
-
     import torch
 
     where = str(path)

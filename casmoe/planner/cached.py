@@ -26,8 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from casmoe.folder import FolderError
+from casmoe.filekind import one_line
+from casmoe.folder import MANIFEST, FolderError
 from casmoe.planner.config import PlannerConfig
+from casmoe.planner.embedding import cache_dir
+from casmoe.planner.planner import VERSION, fit_planner, fit_split, load_planner
 from casmoe.trace import Trace
 
 AUTO = "auto"
@@ -51,8 +54,6 @@ class CachedPlanner:
 def trace_key(trace: Trace, config: PlannerConfig) -> str:
     """A digest of everything the fit reads: the routing and its weights, prompts, tasks, the
     split labels, the settings, the planner format and casmoe's version."""
-    from casmoe.planner.planner import VERSION
-
     try:
         code = version("casmoe")
     except PackageNotFoundError:
@@ -74,10 +75,6 @@ def cached_planner(trace: Trace, config: PlannerConfig = PlannerConfig()) -> Cac
     fit whose result could not be kept). A damaged entry (a truncated file, wrong JSON, a part
     or the manifest missing: anything `load_planner` refuses) is never trusted and never fails
     the run: it is removed and fitted again, with one note on stderr saying so."""
-    from casmoe.folder import MANIFEST
-    from casmoe.planner.embedding import cache_dir
-    from casmoe.planner.planner import fit_planner, fit_split, load_planner
-
     if not trace.has_prompts:
         return None
     folder = cache_dir(create=True) / f"planner-{trace_key(trace, config)}"
@@ -100,8 +97,6 @@ def cached_planner(trace: Trace, config: PlannerConfig = PlannerConfig()) -> Cac
 def _damaged(folder: Path, exc: Exception) -> str:
     """Remove a damaged cache entry and say so in one line on stderr (the line names the entry
     and the fault, and is a note: the run goes on)."""
-    from casmoe.filekind import one_line
-
     reason = one_line(exc, 160)
     if "error" in reason.lower():  # keep the run's one error line its only one
         reason = "unreadable"

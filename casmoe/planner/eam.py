@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from casmoe.output import atomic_open, atomic_path
+from casmoe.planner.config import PlannerError
 from casmoe.planner.embedding import EMBED_DIM, embed  # noqa: F401  (the keys; planner.py embeds through here)
 
 INDEX, PATTERNS = "eam.index", "eam_patterns.npy"
@@ -25,8 +27,6 @@ _HEADER = struct.Struct("<6QiI3QdQ")  # hnswlib's HierarchicalNSW::saveIndex, in
 def index_header(path: Path) -> tuple[int, int]:
     """(dimension, element count) of an hnswlib index file, after checking that the file is as
     long as its header says: hnswlib reads a file of another dimension as garbage, silently."""
-    from casmoe.planner.config import PlannerError
-
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -84,8 +84,6 @@ class Matcher:
         return self.patterns[labels].mean(axis=1), 1.0 - dist[:, 0]
 
     def save(self, folder: Path) -> None:
-        from casmoe.output import atomic_open, atomic_path
-
         with atomic_path(folder / INDEX) as tmp:
             self.index.save_index(str(tmp))
             written, expected = tmp.stat().st_size, self.index.index_file_size()
@@ -100,7 +98,6 @@ class Matcher:
         or foreign component is a `PlannerError` naming its file, never a crash or garbage."""
         import hnswlib
 
-        from casmoe.planner.config import PlannerError
 
         where = folder / PATTERNS
         try:

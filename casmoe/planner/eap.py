@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from casmoe.planner.config import EAPConfig
+from casmoe.output import atomic_path
+from casmoe.planner.config import EAPConfig, PlannerError
 from casmoe.planner.threads import one_thread
 
 PAD, UNK = 0, 1
@@ -112,7 +113,6 @@ class EAP:
         from safetensors import SafetensorError
         from safetensors.torch import save_file
 
-        from casmoe.output import atomic_path
 
         tensors = {k: v.detach().contiguous() for k, v in self.net.state_dict().items()}
         tensors["vocab_ids"] = torch.from_numpy(self.vocab_ids.astype(np.int64))
@@ -128,7 +128,6 @@ class EAP:
         geometry; a damaged or foreign file is a `PlannerError` naming it."""
         from safetensors.torch import load_file
 
-        from casmoe.planner.config import PlannerError
 
         try:
             tensors = load_file(str(path))

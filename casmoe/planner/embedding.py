@@ -33,6 +33,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -43,6 +44,10 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from casmoe.errors import CasmoeError
+from casmoe.folder import sha256_file
+from casmoe.planner.config import PlannerError
+from casmoe.planner.threads import one_thread
+from casmoe.quiet import quiet_loads
 
 EMBED_DIM = 384
 EXPORT_RECIPE = 1
@@ -71,8 +76,6 @@ def default_backend() -> str:
     chosen = os.environ.get("CASMOE_EMBEDDER")
     if chosen:
         if chosen not in FP32_BACKENDS:
-            from casmoe.planner.config import PlannerError
-
             raise PlannerError(f"CASMOE_EMBEDDER must be one of {', '.join(FP32_BACKENDS)}, got {chosen!r}")
         return chosen
     return "onnx" if importlib.util.find_spec("onnxruntime") is not None else "torch"
@@ -130,7 +133,6 @@ class TorchEmbedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 
-        from casmoe.quiet import quiet_loads
 
         with quiet_loads():
             self.model = SentenceTransformer(str(model_dir()), device="cpu")
@@ -138,7 +140,6 @@ class TorchEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        from casmoe.planner.threads import one_thread
 
         with one_thread(), torch.inference_mode():
             vecs = self.model(self.model.preprocess(texts))["sentence_embedding"]
@@ -254,8 +255,6 @@ def _versions(*libraries: str) -> dict[str, str]:
 def _content_digest(path: Path) -> str:
     """SHA-256 of a file's bytes, remembered in the cache by its stat (path, size, mtime, inode)
     so that a process reads the model's 90 MB once per install, not once per start."""
-    from casmoe.folder import sha256_file
-
     st = path.stat()
     memo_file = cache_dir(create=True) / "embedder" / "digests.json"
     stamp = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
@@ -297,8 +296,6 @@ def _intact(path: Path) -> bool:
     """Whether `path` is the file its record (`NAME.json` beside it) describes: the record is
     written after the file, with its size and SHA-256; a file whose size or time changed since
     is hashed again. A truncated, overwritten or unrecorded file is not intact."""
-    from casmoe.folder import sha256_file
-
     record = path.with_name(path.name + ".json")
     try:
         rec = json.loads(record.read_text(encoding="utf-8"))
@@ -319,8 +316,6 @@ def _cached(path: Path, build: Callable[[Path], None]) -> Path:
     """`path`, built by `build(tmp)` first if missing or not intact (`_intact`: a damaged file is
     built again); the file appears atomically (a concurrent process sees no half-written one,
     and one builds while the others wait) with the user's permissions."""
-    from casmoe.folder import sha256_file
-
     if _intact(path):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -363,8 +358,6 @@ def _lock(path: Path) -> Iterator[None]:
 def _quantize(src: Path, out: Path) -> None:
     """Per-channel int8 weights of every MatMul (the attention and feed-forward projections:
     almost all of the compute on short prompts); embeddings, LayerNorm and pooling stay fp32."""
-    import logging
-
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = logging.getLogger()
@@ -383,7 +376,6 @@ def _export(src: Path, out: Path) -> None:
     import torch
     from transformers import AutoModel
 
-    from casmoe.quiet import quiet_loads
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with quiet_loads():

@@ -36,6 +36,7 @@ import numpy as np
 from casmoe.planner.fitdata import fingerprint
 from casmoe.planner.patterns import Phase, expert_patterns, request_pattern
 from casmoe.planner.planner import Answers, Planner, PlannerError, fit_split
+from casmoe.planner.trajectory import after_prefill
 from casmoe.trace import Trace
 
 METHODS = ("eam", "eap", "cascade", "trajectory", "popularity", "task_popularity", "random")
@@ -169,8 +170,6 @@ def evaluate(
         answers = planner.answers([r.prompt for r in test.requests], progress=progress)
         preds.update(eam=answers.eam, eap=answers.eap, cascade=answers.cascade(eps))
     if planner.trajectory is not None:
-        from casmoe.planner.trajectory import after_prefill
-
         prompt = preds["cascade"] if answers is not None else np.broadcast_to(planner.popularity(), (len(idx), g.layers, g.experts))
         stream = planner.fit_data.popularity * g.experts
         preds["trajectory"] = np.stack(

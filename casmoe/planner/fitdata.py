@@ -25,6 +25,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from casmoe.npz import read_npz
+from casmoe.output import atomic_open
+from casmoe.planner.config import PlannerError
 from casmoe.trace import Trace
 
 FILE = "fit.npz"
@@ -96,8 +99,6 @@ class FitData:
         return {"trace": self.trace, "requests": self.requests, "tasks": list(self.tasks)}
 
     def save(self, folder: Path) -> None:
-        from casmoe.output import atomic_open
-
         with atomic_open(folder / FILE, "wb") as fh:
             np.savez(fh, popularity=self.popularity, task_popularity=self.task_popularity, prompts=self.prompts)
 
@@ -105,9 +106,6 @@ class FitData:
     def load(cls, folder: Path, meta: Any, layers: int, experts: int) -> FitData | None:
         """None for a folder written before planners kept their fit data; a `PlannerError`
         naming the file for one whose arrays or summary are damaged or disagree."""
-        from casmoe.npz import read_npz
-        from casmoe.planner.config import PlannerError
-
         if not (folder / FILE).exists() and not (isinstance(meta, dict) and meta):
             return None
         where = folder / FILE

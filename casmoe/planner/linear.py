@@ -17,6 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from casmoe.npz import read_npz, require
+from casmoe.output import atomic_open
+from casmoe.planner.config import PlannerError
+
 FILE = "eap_linear.npz"
 
 
@@ -48,8 +52,6 @@ class LinearEAP:
         return np.where(total > 0, out / np.where(total > 0, total, 1.0), self.mean[None]).astype(np.float32)
 
     def save(self, folder: Path) -> None:
-        from casmoe.output import atomic_open
-
         with atomic_open(folder / FILE, "wb") as fh:
             np.savez(fh, weights=self.weights, mean=self.mean)
 
@@ -57,9 +59,6 @@ class LinearEAP:
     def load(cls, folder: Path, layers: int, experts: int, inputs: int) -> LinearEAP:
         """Read and check `eap_linear.npz` against the planner's geometry and the embedding's
         `inputs` dimensions (a PlannerError naming the file otherwise)."""
-        from casmoe.npz import read_npz, require
-        from casmoe.planner.config import PlannerError
-
         where = folder / FILE
         a = read_npz(where, PlannerError)
         weights = require(a, "weights", (inputs + 1, layers * experts), "f", str(where), PlannerError)

@@ -32,14 +32,19 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import numpy as np
 
+from casmoe.folder import FolderError, read_folder, write_folder
 from casmoe.geometry import Geometry
+from casmoe.output import write_text
 from casmoe.planner.config import PlannerConfig, PlannerError
+from casmoe.planner.eam import EMBED_DIM, INDEX, PATTERNS, Matcher, embed
+from casmoe.planner.embedding import backend_for
 from casmoe.planner.fitdata import FitData
 from casmoe.planner.gate import Buffer, ConfidenceGate, Source, use_matcher
 from casmoe.planner.linear import FILE as LINEAR_FILE
 from casmoe.planner.linear import LinearEAP
 from casmoe.planner.patterns import expert_patterns, normalise
 from casmoe.planner.trajectory import FILE as TRAJECTORY_FILE
+from casmoe.planner.trajectory import Trajectory, fit_trajectory
 from casmoe.trace import Trace
 
 if TYPE_CHECKING:
@@ -220,9 +225,6 @@ class Planner:
     def save(self, folder: str | Path) -> None:
         """Write the planner folder all at once (casmoe/folder.py): a failed or killed save
         leaves the old folder, never one fit's index beside another's weights."""
-        from casmoe.folder import write_folder
-        from casmoe.output import write_text
-
         with write_folder(folder, FORMAT, marker=META) as tmp:
             if self.serves_prompts:
                 self.matcher.save(tmp)
@@ -274,8 +276,6 @@ def _out_of_fold(
     part: Trace, cfg: PlannerConfig, prompts: list[str], embeddings: np.ndarray, patterns: np.ndarray
 ) -> Answers:
     """Both prompt stages' answers for every fit request from stages fitted without its fold."""
-    from casmoe.planner.eam import Matcher
-
     N = len(prompts)
     eam, eap, sim = np.zeros_like(patterns), np.zeros_like(patterns), np.zeros(N)
     for val in validation_folds(part, cfg.folds):
@@ -296,8 +296,6 @@ def fit_planner(
     gate from the prompts, the trajectory stage from the routing. A trace without prompts fits
     the trajectory stage alone (a prompt-free planner, served by that stage). `embeddings`
     (prompt -> its `embed` vector) spares re-embedding prompts a caller fits on repeatedly."""
-    from casmoe.planner.trajectory import fit_trajectory
-
     with_prompts = [r.prompt is not None for r in trace.requests]
     if any(with_prompts) and not all(with_prompts):
         raise PlannerError("some requests of this trace have prompt text and some have none; fit on one kind")
@@ -336,9 +334,6 @@ class PromptStages:
 def embed_prompts(prompts: Sequence[str], precision: str, known: Embeddings | None = None, progress: bool = False) -> np.ndarray:
     """`embed(prompts)` at `precision` (a planner config's `embedding`), taking the vectors
     `known` already holds (which must be of that precision)."""
-    from casmoe.planner.eam import embed
-    from casmoe.planner.embedding import backend_for
-
     backend = backend_for(precision)
     if not known:
         return embed(prompts, progress=progress, backend=backend)
@@ -349,8 +344,6 @@ def embed_prompts(prompts: Sequence[str], precision: str, known: Embeddings | No
 
 def fit_prompt_stages(part: Trace, config: PlannerConfig, progress: bool = False, *, embeddings: Embeddings | None = None) -> PromptStages:
     """Matcher, predictor and confidence gate on every request of `part` (all with prompts)."""
-    from casmoe.planner.eam import Matcher
-
     patterns = normalise(expert_patterns(part, config.phase, config.weighted))
     prompts = [r.prompt for r in part.requests]
     vectors = embed_prompts(prompts, config.embedding, embeddings, progress)
@@ -365,8 +358,6 @@ def load_planner(path: str | Path) -> Planner:
     """Read a planner folder written by `Planner.save`: the manifest first (a mixed, truncated
     or damaged folder is refused naming the file), then every component checked against
     `planner.json` and each other; a clear error for anything else."""
-    from casmoe.planner.eam import EMBED_DIM, INDEX, PATTERNS, Matcher
-
     folder = Path(path)
     meta, manifest = _read_meta(folder)
     geometry = _geometry(folder, meta)
@@ -396,8 +387,6 @@ def load_planner(path: str | Path) -> Planner:
 
                 predictor = EAP.load(folder / "eap.safetensors", config.eap, geometry.layers, geometry.experts)
         if "trajectory" in stages:
-            from casmoe.planner.trajectory import Trajectory
-
             trajectory = Trajectory.load(folder, geometry.layers, geometry.experts)
     except PlannerError:
         raise
@@ -415,8 +404,6 @@ def read_fit_data(path: str | Path) -> FitData | None:
 
 def _read_meta(folder: Path) -> tuple[dict[str, Any], Manifest]:
     """`planner.json` of a folder whose manifest checks out (casmoe/folder.py), and the manifest."""
-    from casmoe.folder import FolderError, read_folder
-
     if not folder.is_dir():
         raise PlannerError(f"{folder}: not a planner folder; write one with casmoe planner fit --out {folder}")
     try:

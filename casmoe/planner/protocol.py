@@ -39,8 +39,23 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from casmoe.cache import Capacity
+from casmoe.planner import load_planner
 from casmoe.planner.config import PlannerConfig, PlannerError
-from casmoe.planner.planner import Embeddings, embed_prompts, fit_planner, heldout_split, validation_folds
+from casmoe.planner.evaluate import evaluate
+from casmoe.planner.fitdata import FitData
+from casmoe.planner.patterns import expert_patterns, normalise
+from casmoe.planner.planner import (
+    Embeddings,
+    Planner,
+    embed_prompts,
+    fit_planner,
+    fit_prompt_stages,
+    heldout_split,
+    validation_folds,
+)
+from casmoe.planner.trajectory import fit_trajectory
+from casmoe.policies import get_policy
+from casmoe.replay import replay
 from casmoe.trace import Trace
 
 BASELINES = ("lru", "lfu")
@@ -89,9 +104,6 @@ def settings(trace: Trace, config: PlannerConfig, eval_traces: Sequence[tuple[st
 
 
 def _hit_rate(trace: Trace, policy: str, cap: Capacity, options: dict[str, Any]) -> float:
-    from casmoe.policies import get_policy
-    from casmoe.replay import replay
-
     return replay(trace, get_policy(policy).create(trace.geometry, cap, trace=trace, **options)).stats.hit_rate
 
 
@@ -116,9 +128,6 @@ def choose(
     horizons = list(grid) or [config.horizon]
     if len(folds) < 2:
         return {"horizon": horizons[0], "fallback": False, "chosen_on": "nothing (one fold)"}
-    from casmoe.planner.fitdata import FitData
-    from casmoe.planner.planner import Planner, fit_prompt_stages
-    from casmoe.planner.trajectory import fit_trajectory
 
     scores: dict[tuple[int, bool], list[float]] = {}
     used = []
@@ -174,8 +183,6 @@ def unlike_first(folds: list[np.ndarray], patterns: np.ndarray) -> list[np.ndarr
 
 
 def _patterns(part: Trace, config: PlannerConfig) -> np.ndarray:
-    from casmoe.planner.patterns import expert_patterns, normalise
-
     return normalise(expert_patterns(part, config.phase, config.weighted))
 
 
@@ -185,8 +192,6 @@ def run(
 ) -> Iterator[dict[str, Any]]:
     """One record per setting (see the module docstring), as each finishes; planners are kept
     under `folder/<setting>`."""
-    from casmoe.planner.evaluate import evaluate
-
     caps = [Capacity(s) for s in slots]
     planners: dict[str, tuple[Path, dict[str, Any], float]] = {}
     known: dict[str, np.ndarray] = {}  # every fit here embeds the same prompts: once
@@ -206,7 +211,6 @@ def run(
             planner.save(path)
             planners[s.planner_of] = (path, chosen, fit_s)
         path, chosen, fit_s = planners[s.planner_of]
-        from casmoe.planner import load_planner
 
         ev = evaluate(load_planner(path), s.scored)
         rec: dict[str, Any] = {

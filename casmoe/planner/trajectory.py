@@ -41,6 +41,9 @@ from typing import Sequence
 import numpy as np
 
 from casmoe.geometry import Geometry
+from casmoe.npz import read_npz, require
+from casmoe.output import atomic_open
+from casmoe.planner.config import PlannerError
 from casmoe.trace import NOT_COMPUTED, Request, Trace
 
 FILE = "trajectory.npz"
@@ -215,8 +218,6 @@ class Trajectory:
         return feats @ self.weights
 
     def save(self, folder: Path) -> None:
-        from casmoe.output import atomic_open
-
         p = self.paths
         with atomic_open(folder / FILE, "wb") as fh:
             np.savez(
@@ -230,9 +231,6 @@ class Trajectory:
         """Read and check `trajectory.npz` against the planner's geometry and itself (the three
         path arrays hold the same stored requests): a PlannerError naming the file otherwise.
         A file from before the transition feature loads with that feature's weight at 0."""
-        from casmoe.npz import read_npz, require
-        from casmoe.planner.config import PlannerError
-
         where = folder / FILE
         a = read_npz(where, PlannerError)
         n = len(a.get("decode", ()))

@@ -45,7 +45,10 @@ import numpy as np
 
 from casmoe.cache import CacheConfigError, ExpertCache
 from casmoe.geometry import ExpertId
+from casmoe.planner import load_planner
 from casmoe.planner.cached import AUTO
+from casmoe.planner.patterns import request_pattern
+from casmoe.planner.trajectory import FEATURES, STREAM_CARRY, prefetch_depth, stream_share
 from casmoe.policies.fitting import PlannerFit
 from casmoe.trace import Request
 from casmoe.twin import Twin, TwinState
@@ -70,8 +73,6 @@ is reused within 32 steps at 2k slots, bench/bench_casmoe_evictions.py)."""
 
 def exact_predictor(geometry) -> ExpertScorer:
     """The request's own decode expert pattern: the best any prompt-level planner can do."""
-    from casmoe.planner.patterns import request_pattern
-
     return lambda request: request_pattern(request, geometry)
 
 
@@ -96,8 +97,6 @@ class PlannerPredictor:
     seed's online update: served prompts wait in the planner's buffer, then join its index)."""
 
     def __init__(self, path: str, geometry) -> None:
-        from casmoe.planner import load_planner
-
         self.planner = load_planner(path)
         g = self.planner.geometry
         if (g.layers, g.experts, g.top_k) != (geometry.layers, geometry.experts, geometry.top_k):
@@ -155,7 +154,6 @@ class CasMoE(ExpertCache):
             self.cadence = max(1, cadence or trajectory.cadence)
             self.prefill_prefetch = prefill_prefetch
             self._weights = trajectory.weights
-            from casmoe.planner.trajectory import FEATURES
 
             w = float(trajectory.weights[FEATURES.index("transition")])
             self._transition = None if trajectory.transitions is None or not w else w * np.asarray(trajectory.transitions, np.float64)
@@ -256,7 +254,6 @@ class CasMoE(ExpertCache):
         norm = self._scores.reshape(-1, E)
         total = norm.sum(axis=1, keepdims=True)
         self._prompt_feat = (np.divide(norm, total, out=np.zeros_like(norm), where=total > 0) * E).ravel()
-        from casmoe.planner.trajectory import STREAM_CARRY, stream_share
 
         self._share = stream_share(self._stream.reshape(-1, E)).ravel()
         self._recent_share = stream_share(self._recent.reshape(-1, E)).ravel()
@@ -292,7 +289,6 @@ class CasMoE(ExpertCache):
         module docstring); nothing otherwise."""
         if step == self._step_seen or not self._new_step(step) or not self.prefill_prefetch or not self.capacity.per_layer:
             return []
-        from casmoe.planner.trajectory import prefetch_depth
 
         E, slots = self.geometry.experts, self.capacity.slots
         pred = self._path.reshape(-1, E)

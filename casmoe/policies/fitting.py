@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from casmoe.cache import CacheConfigError
-from casmoe.trace import Trace
+from casmoe.planner.cached import AUTO, cached_planner
+from casmoe.planner.config import PlannerConfig
+from casmoe.planner.fitdata import prompt_digests
+from casmoe.planner.planner import fit_split, read_fit_data
+from casmoe.profile import load_profile
+from casmoe.selection import split_indices
+from casmoe.trace import Trace, TraceError
+from casmoe.trace_io import load_trace
 
 
 class Fit:
@@ -53,8 +60,6 @@ class TraceFit(Fit):
         """Without the option: the trace's train split (`bind` fits on it). With a trace: the
         requests of `trace` it holds (the same routing). With a counts-only profile: every
         request if it counts exactly this trace's routing (nothing finer can be told)."""
-        from casmoe.selection import split_indices
-
         given = options.get(self.option)
         if given is None:
             return set(split_indices(trace, "train"))
@@ -71,7 +76,6 @@ class TraceFit(Fit):
         """Nothing given: the trace's train split, never the scored requests."""
         if options.get(self.option) is not None:
             return options
-        from casmoe.selection import split_indices
 
         return {**options, self.option: trace.subset(split_indices(trace, "train"))}
 
@@ -83,18 +87,11 @@ class PlannerFit(Fit):
     option = "planner"
 
     def fitted_requests(self, options: dict[str, Any], trace: Trace) -> set[int]:
-        from casmoe.planner.cached import AUTO
-
         folder = options.get("planner")
         if folder is None:
             return set()
         if folder == AUTO:
-            from casmoe.planner.config import PlannerConfig
-            from casmoe.planner.planner import fit_split
-
             return set(fit_split(trace, PlannerConfig()))
-        from casmoe.planner.fitdata import prompt_digests
-        from casmoe.planner.planner import read_fit_data
 
         fit = read_fit_data(folder)
         if fit is None:
@@ -105,8 +102,6 @@ class PlannerFit(Fit):
     def bind(self, options: dict[str, Any], trace: Trace) -> dict[str, Any]:
         """`planner=auto`: the planner fitted on `trace`'s train split, from the user cache or
         fitted now."""
-        from casmoe.planner.cached import AUTO, cached_planner
-
         if options.get("planner") != AUTO:
             return options
         fitted = cached_planner(trace)
@@ -119,8 +114,6 @@ class PlannerFit(Fit):
         oracle predictors are fitted on nothing and stay as they are."""
         if "planner" not in options:
             return options
-        from casmoe.planner.cached import cached_planner
-        from casmoe.trace_io import load_trace
 
         fitted = cached_planner(load_trace(train))
         return None if fitted is None else {**options, "planner": str(fitted.folder)}
@@ -132,7 +125,6 @@ def profile_counts(profile: Trace | str | os.PathLike[str]) -> np.ndarray:
         return profile.popularity()
     if not isinstance(profile, (str, os.PathLike)):  # static[profile=0]: a number, not a file
         raise CacheConfigError(f"a profile must be a file (a profile or a trace), not {profile!r}")
-    from casmoe.profile import load_profile
 
     return load_profile(os.fspath(profile))
 
@@ -141,8 +133,6 @@ def as_trace(profile: Any) -> Trace | None:
     """The profile as a trace (a Trace or a trace file), or None for a counts-only profile file."""
     if isinstance(profile, Trace):
         return profile
-    from casmoe.trace import TraceError
-    from casmoe.trace_io import load_trace
 
     try:
         return load_trace(os.fspath(profile))

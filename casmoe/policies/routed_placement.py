@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from casmoe.cache import Capacity, CacheConfigError, ExpertCache
+from casmoe.cache import CacheConfigError, Capacity, ExpertCache
 from casmoe.geometry import Geometry
-from casmoe.policies.fitting import TraceFit, profile_counts
+from casmoe.policies.fitting import TraceFit, as_trace, profile_counts
 from casmoe.policies.placement import Placement
 from casmoe.trace import Trace
 
@@ -161,8 +161,6 @@ class RoutedPlacement(Placement):
 
 def _shares(source: Trace | str | os.PathLike[str], batch: int) -> np.ndarray:
     """Step shares of a trace (object or file); a counts-only profile's counts, normalised."""
-    from casmoe.policies.fitting import as_trace
-
     trace = source if isinstance(source, Trace) else as_trace(source)
     if trace is not None:
         return step_shares(trace, batch)

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from casmoe.cache import ExpertCache
 from casmoe.errors import CasmoeError
+from casmoe.planner.cached import AUTO
 from casmoe.policies.registry import POLICIES, get_policy
 
 
@@ -146,8 +147,6 @@ class PolicySpec:
 def variants(name: str, planner: str | None = None) -> list[PolicySpec]:
     """What a bare policy name runs: one spec per variant the policy declares (CasMoE's
     planner and its oracle brackets); `planner` (a fitted folder) replaces `planner=auto`."""
-    from casmoe.planner.cached import AUTO
-
     out = []
     for options in get_policy(name).variants:
         if planner is not None and options.get("planner") == AUTO:

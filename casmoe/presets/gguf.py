@@ -21,6 +21,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from casmoe.geometry import Geometry
+from casmoe.precision import parse_precision
 from casmoe.presets import Attention, ModelPreset, get_preset
 from casmoe.presets.gguf_header import SPLIT_NAME, GGUFError, GGUFHeader, read_header
 from casmoe.presets.weights import FileWeights, file_weights
@@ -193,7 +195,6 @@ def _geometry(meta: _Meta, spec: _Arch, layers: int, experts: int, top_k: int, h
               gated: bool, header: GGUFHeader) -> Any:
     import gguf
 
-    from casmoe.geometry import Geometry
 
     shared = 0
     if spec.shared == "count":
@@ -295,8 +296,6 @@ def _windows(meta: _Meta, default: int, blocks: int) -> dict[str, int]:
 
 def _precisions(weights: FileWeights) -> tuple[Any, Any, str]:
     """The preset's expert and dense precisions, from what the file stores."""
-    from casmoe.precision import parse_precision
-
     expert, dense = weights.precision_name(), weights.dense_precision_name()
     how = (f"the file's tensors: experts {expert} ({weights.types['experts']}), the MoE blocks' other weights {dense}; "
            f"file type {weights.file_type or 'not stated'}")

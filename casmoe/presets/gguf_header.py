@@ -25,6 +25,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -231,8 +232,6 @@ def _read_part(path: Path, part: int) -> tuple[int, dict[str, Any], list[TensorI
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("gguf")
     except PackageNotFoundError:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from casmoe.precision import load_precisions
 from casmoe.presets.gguf_header import GGUFError, GGUFHeader, TensorInfo, read_header
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -100,8 +101,6 @@ class FileWeights:
         reads: the file type's (`q4_k_m`) when every expert tensor has one of the types casmoe's
         rules for it give (fallbacks included), else the one type all expert tensors share
         (`mxfp4`, `bf16`), else their exact average width (`4.8125bpw`)."""
-        from casmoe.precision import load_precisions
-
         known = load_precisions()
         name = _FILE_TYPE_ALIAS.get(self.file_type, self.file_type.removeprefix("MOSTLY_").lower())
         precision = known.get(name)

@@ -22,6 +22,7 @@ Import modules directly; this package imports nothing, so `import casmoe.sim` st
 """
 
 
+import importlib
 from typing import Any
 
 
@@ -29,6 +30,5 @@ def __getattr__(name: str) -> Any:
     """`simulate` and `Results` load with the simulator on first use."""
     if name not in ("simulate", "Results"):
         raise AttributeError(f"module 'casmoe.sim' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module("casmoe.sim.api"), name)

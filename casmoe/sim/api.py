@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from casmoe.errors import CasmoeError
 from casmoe.options import OptionError
+from casmoe.sim.passes.timeline import Timeline
 from casmoe.sim.run.grid import Grid, Runs
 from casmoe.sim.run.options import ALIASES, BY_NAME, OPTIONS
-from casmoe.sim.run.runner import run
+from casmoe.sim.run.runner import run, whole_trace
 from casmoe.sim.run.runtimes import on_runtimes
-from casmoe.sim.passes.timeline import Timeline
+from casmoe.sim.run.spec import file_digest
+from casmoe.summary import headline
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,8 +55,6 @@ class Results:
 
     def headline(self) -> str:
         """The fastest policy per cache size, as `casmoe simulate` prints it (one line each)."""
-        from casmoe.summary import headline
-
         return "\n".join(headline([r for r in self.records if "skipped" not in r]))
 
     def priced(self) -> list[str]:
@@ -75,9 +75,6 @@ class Results:
 def priced(runs: Runs) -> list[str]:
     """The first lines of `casmoe simulate`: per trace and machine, the requests scored, the
     model on the box, each part's precision and the top-k (`Machine.priced`)."""
-    from casmoe.sim.run.runner import whole_trace
-    from casmoe.sim.run.spec import file_digest
-
     lines = []
     for g, line in zip(runs.groups, runs.describe()):
         # the cache sizes the box holds are the table's columns: the group's "up to N experts per

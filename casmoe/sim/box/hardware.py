@@ -25,6 +25,7 @@ from typing import Any
 from casmoe.errors import CasmoeError
 from casmoe.output import write_text
 from casmoe.tables import read_table
+from casmoe.userfile import read_text
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 
@@ -399,8 +400,6 @@ class HardwareProfile:
 
     @classmethod
     def from_file(cls, path: str | Path) -> HardwareProfile:
-        from casmoe.userfile import read_text
-
         return cls.from_toml(read_text(path, "hardware profile", HardwareError), str(path))
 
     def with_values(self, sources: dict[str, str] | None = None, **values: Any) -> HardwareProfile:

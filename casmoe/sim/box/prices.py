@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from casmoe.errors import CasmoeError
+from casmoe.userfile import read_toml
 
 if TYPE_CHECKING:
     from casmoe.sim.box.hardware import HardwareProfile
@@ -131,8 +132,6 @@ class Prices:
 
     def with_file(self, path: str | Path) -> Prices:
         """These prices with a user's file on top (entry by entry)."""
-        from casmoe.userfile import read_toml
-
         raw = read_toml(path, "prices file", PriceError)
         new = parse(raw, str(path))
         return Prices({**self.gpu, **new.gpu}, {**self.ram, **new.ram}, {**self.link, **new.link},
@@ -227,8 +226,6 @@ def parse(raw: dict[str, Any], where: str) -> Prices:
 
 @lru_cache(maxsize=1)
 def _shipped() -> Prices:
-    from casmoe.userfile import read_toml
-
     return parse(read_toml(PRICES_FILE, "prices file", PriceError), "casmoe/sim/box/prices.toml")
 
 

@@ -22,6 +22,7 @@ from casmoe.errors import CasmoeError
 from casmoe.geometry import Geometry, split_layers
 from casmoe.precision import Precision, ggml_types, parse_precision
 from casmoe.presets import ModelPreset, load_presets
+from casmoe.report import human_bytes
 from casmoe.sim.box.hardware import GIB, HardwareProfile
 from casmoe.sim.cost.stack import DEFAULT_STACK, Stack, load_stack
 
@@ -424,8 +425,6 @@ class Machine:
         model's released checkpoint weighs), the host-computed experts' where they differ, the
         dense part's, and the routing's top-k (the trace's, said against the model's own where
         they differ)."""
-        from casmoe.report import human_bytes
-
         preset, g = self.preset, trace.geometry
         sizes = self.expert_bytes(trace)
         precision = self.precision_label(g)
@@ -491,8 +490,6 @@ def _range(values: Sequence[float], fmt: str) -> str:
 
 def _sizes(nbytes: Sequence[int]) -> str:
     """'352 MB each', or '2.65-3.06 MB each, by layer' where the layers differ (a llama.cpp mix)."""
-    from casmoe.report import human_bytes
-
     lo, hi = human_bytes(min(nbytes)), human_bytes(max(nbytes))
     if lo == hi:
         return f"{hi} each"

@@ -50,6 +50,7 @@ from typing import Any
 from casmoe.errors import CasmoeError
 from casmoe.output import write_text
 from casmoe.tables import read_table
+from casmoe.userfile import read_toml
 
 STACKS_DIR = Path(__file__).with_name("stacks")
 SHARED_FILE = STACKS_DIR / "shared.toml"
@@ -200,8 +201,6 @@ class Stack:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Stack:
-        from casmoe.userfile import read_toml
-
         stack = cls.from_dict(read_toml(path, "stack file", StackError), str(path))
         shipped = stack_paths().get(stack.name)
         is_shipped = shipped is not None and Path(path).resolve() == shipped.resolve()

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from casmoe.cache import MissMode
+from casmoe.compiled import TwinMachine, uses_twin
 from casmoe.replay import starts_and_ends
 from casmoe.sim.cost.compute import attention_span
 from casmoe.sim.passes.decide import CompiledDecider
@@ -268,7 +269,6 @@ class ServingPass:
     (oracles re-run on the previous run's steps: they keep the Python passes)."""
 
     def __init__(self, machine: Any, setup: Any, max_batch: int, arrays: StepArrays | None = None) -> None:
-        from casmoe.compiled import TwinMachine
         from casmoe.sim.passes import timing_kernel as tk
 
         shard = machine.shards[0]
@@ -301,8 +301,6 @@ class ServingPass:
         """Whether this pass mirrors the run. A twin that reads a per-visit guess table
         (`TwinState.guess_rows`: speculative) lays it out by the request's whole-prefill steps, so
         prompts split into chunks take the Python passes (whose policy refuses them)."""
-        from casmoe.compiled import uses_twin
-
         caches = [shard.cache for shard in machine.shards]
         return (
             len(caches) == 1 and not machine.timer.interleaved and setup.timeline is None and machine.tier is None

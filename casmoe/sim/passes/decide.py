@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from casmoe.cache import Access, ExpertCache, Load, LoadReason
+from casmoe.compiled import TwinMachine
 from casmoe.costs import ExpertCosts
 from casmoe.step_arrays import StepArrays
 from casmoe.trace import Request, Step
+from casmoe.twin import twin_of
 
 if TYPE_CHECKING:
     from casmoe.sim.cost.compute import ComputeModel
@@ -145,9 +147,6 @@ class CompiledDecider:
     """`Decider` for a fresh built-in cache, through its compiled twin (decision mode)."""
 
     def __init__(self, cache: ExpertCache, requests: Sequence[Request], arrays: StepArrays, chunk_steps: int) -> None:
-        from casmoe.compiled import TwinMachine
-        from casmoe.twin import twin_of
-
         L = cache.geometry.layers
         ptr = arrays.visit_ptr
         per_chunk = max((int(ptr[min(c + chunk_steps, arrays.steps) * L] - ptr[c * L]) for c in range(0, arrays.steps, chunk_steps)), default=0)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from casmoe.cache import Capacity, ExpertCache
 from casmoe.errors import CasmoeError
 from casmoe.geometry import ExpertId, Geometry
+from casmoe.options import CapacitySpec
 
 if TYPE_CHECKING:
     from casmoe.sim.box.hardware import HardwareProfile
@@ -121,8 +122,6 @@ class TierError(CasmoeError, ValueError):
 
 def host_cache_text(text: str) -> None:
     """`--host-cache` as written, checked before any work: memory (40GB), experts (60) or none."""
-    from casmoe.options import CapacitySpec
-
     if text.strip().lower() == "none":
         return
     try:
@@ -150,7 +149,6 @@ class HostCache:
     @classmethod
     def parse(cls, size: str, policy: str, expert_bytes: Sequence[int]) -> HostCache:
         """From the command line: `size` in memory (40GB) or experts, `policy` a spec (lru)."""
-        from casmoe.options import CapacitySpec
         from casmoe.policies import PolicySpec
 
         spec = PolicySpec.parse(policy)

@@ -23,7 +23,7 @@ Within a step no other process acts, so the walk is arithmetic: one step costs n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple, Sequence
 
 from casmoe.cache import Access, CacheStats, ExpertCache, Load, MissMode
@@ -31,8 +31,8 @@ from casmoe.geometry import ExpertId
 from casmoe.sim.cost.compute import ComputeModel, attention_span
 from casmoe.sim.passes.decide import Decider, StepDecisions, Visit
 from casmoe.sim.passes.link import Link
-from casmoe.sim.passes.timeline import Timeline
 from casmoe.sim.passes.tiers import HostTier
+from casmoe.sim.passes.timeline import Timeline
 from casmoe.sim.passes.timeliness import Timeliness
 from casmoe.trace import Request, Step
 
@@ -430,8 +430,6 @@ class StepTimer:
     def stats(self, parts: Sequence[CacheStats]) -> CacheStats:
         """The caches' counters with late hits as the links saw them (decisions made in advance
         count every resident use as a hit)."""
-        from dataclasses import replace
-
         total = CacheStats.total(list(parts))
         used = total.hits + total.late_hits
         return replace(total, hits=used - self.late, late_hits=self.late)

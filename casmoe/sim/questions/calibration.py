@@ -33,16 +33,31 @@ import csv
 import json
 import math
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from casmoe.errors import CasmoeError
+from casmoe.report import sig
 from casmoe.sim.cost.stack import Shared, Stack, load_shared, load_stack
 from casmoe.sim.questions.measured_files import Context, is_engine_output
 from casmoe.sim.questions.measured_files import read as read_engine_output
-from casmoe.sim.questions.validation import BOUND_TOLERANCE, FIT_BOUNDS, RATES, Row, bound, fit_stack, predict, row_from_dict, specs_for
+from casmoe.sim.questions.validation import (
+    BOUND_TOLERANCE,
+    FIT_BOUNDS,
+    RATES,
+    Row,
+    bound,
+    fit_stack,
+    predict,
+    row_from_dict,
+    specs_for,
+)
+from casmoe.userfile import read_toml
 
 ROW_KEYS = ("id", "rate", "metric", "value", "system", "source", "prompt_tokens", "output_tokens", "notes", "run")
 """Keys of a measured row itself; in a CSV every other column is a run option."""
@@ -89,8 +104,6 @@ def load_measured(path: str | Path, context: Context | None = None) -> list[Row]
     elif path.suffix.lower() == ".csv":
         raws = _csv_rows(path)
     else:
-        from casmoe.userfile import read_toml
-
         raws = read_toml(path, "measurements file", CalibrationError).get("row")
         if not isinstance(raws, list) or not raws:
             raise CalibrationError(f"{path}: no [[row]] tables (each: id, rate, run = {{ model, hardware, policy, ... }})")
@@ -208,8 +221,6 @@ def _stepped(stack: Stack, name: str, shared: Shared) -> Stack:
 
 def sensitivities(rows: Sequence[Row], stack: Stack, shared: Shared, names: Sequence[str]) -> Any:
     """[rows, fields]: how each row's log-rate moves when each field takes its step (`STEPS`)."""
-    import numpy as np
-
     base = np.array([math.log(predict(r, stack.resolved(shared))) for r in rows])
     return np.array([[math.log(predict(r, _stepped(stack, n, shared))) for r in rows] for n in names]).T - base[:, None]
 
@@ -220,8 +231,6 @@ def choose_fields(rows: Sequence[Row], stack: Stack, shared: Shared) -> list[Cho
     fields than rows are chosen so far. Two runs of one configuration determine only the
     per-layer cost; runs that copy different amounts (on-demand against a cache, two sizes)
     separate the copies' share of the link from it."""
-    import numpy as np
-
     s = sensitivities(rows, stack, shared, CANDIDATES)
     chosen: list[int] = []
     out = []
@@ -316,8 +325,6 @@ class Calibration:
         return describe_error(name, getattr(self.stack, name), self.errors[name], len(self.checks) - len(self.errors))
 
     def left_out_median_abs_log_ratio(self) -> float | None:
-        import statistics
-
         logs = [abs(math.log(c.left_out / c.row.rate)) for c in self.checks if c.left_out is not None]
         return statistics.median(logs) if logs else None
 
@@ -333,8 +340,6 @@ class Calibration:
 def describe_error(name: str, value: float, error: float, spare: int) -> str:
     """`400 ± 3.1 us (standard error)`, or why there is no error bar (`spare`: rows beyond the
     fields fitted); a value at its bound says so (the rows ask for more than the field can mean)."""
-    from casmoe.report import sig
-
     unit = " us" if name.endswith("_us") else ""
     if math.isinf(error):
         text = f"{sig(value, 4)}{unit}, not determined " + (

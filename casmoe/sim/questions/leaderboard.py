@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from casmoe.policies import POLICIES, PolicySpec, default_policies
+from casmoe.report import UNCERTAINTY, uncertainty_cell, uncertainty_notes
+from casmoe.selection import HOLDOUT_EVERY, split_indices
+from casmoe.sim.questions.deploy.terms import engine_terms
+from casmoe.sim.questions.search import steps_to_hold
 from casmoe.sim.run.grid import Grid, Runs
+from casmoe.sim.run.runner import whole_trace
 from casmoe.sim.run.spec import file_digest
 from casmoe.trace_io import load_trace, save_trace
 
@@ -49,8 +54,6 @@ class Halves:
 def prepare(path: Path, folder: Path, requests: int) -> Halves:
     """Write the trace's two halves under `folder` (kept across runs: same content, same
     names); `requests` > 0 scores only the first N held-out requests."""
-    from casmoe.selection import HOLDOUT_EVERY, split_indices
-
     trace = load_trace(path)
     labels = trace.meta.get("splits")
     own = isinstance(labels, list) and len(labels) == len(trace.requests)
@@ -151,8 +154,6 @@ def markdown(records: Sequence[dict[str, Any]], halves: Sequence[Halves], specs:
 def _engine_terms(pairs: Sequence[tuple[Any, dict[str, Any]]], h: Halves) -> list[str]:
     """The placements' cells as their engines are told them (`--n-cpu-moe N`, `-ot` layers,
     KTransformers' GPU experts, all on the GPU): what a user types to run the cell."""
-    from casmoe.sim.questions.deploy.terms import engine_terms
-
     out = []
     for spec, r in pairs:
         if spec is None or "skipped" in r or not spec.policy.cls.fills_at_start:
@@ -168,7 +169,6 @@ def _priced(machine: Any, records: Sequence[dict[str, Any]], halves: Halves) -> 
     stack = f", stack {records[0].get('stack', 'ideal')}" if records else ""
     if isinstance(machine, tuple):
         return f"priced as {machine[0]} on {machine[1]}{stack}"
-    from casmoe.sim.run.runner import whole_trace
 
     trace = whole_trace(str(halves.scored), file_digest(halves.scored))
     return f"priced as {machine.preset.name}, {machine.priced(trace)}, on {machine.box()}{stack}"
@@ -181,8 +181,6 @@ def _to_run(machine: Any, records: Sequence[dict[str, Any]], h: Halves) -> str:
                and r["capacity_spec"].isdigit()]
     if not refused or isinstance(machine, tuple):
         return ""
-    from casmoe.sim.run.runner import whole_trace
-    from casmoe.sim.questions.search import steps_to_hold
 
     trace = whole_trace(str(h.scored), file_digest(h.scored))
     sizes = [int(r["capacity_spec"]) for r in refused]
@@ -212,8 +210,6 @@ def _cap_title(label: str, experts: int = 0) -> str:
 
 
 def _tables(records: Sequence[dict[str, Any]], h: Halves) -> list[str]:
-    from casmoe.report import UNCERTAINTY, uncertainty_cell, uncertainty_notes
-
     lines: list[str] = []
     caps = sorted({r["capacity_spec"] for r in records}, key=_cap_key)
     ran = [r for r in records if "skipped" not in r]

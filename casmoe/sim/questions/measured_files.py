@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from casmoe.errors import CasmoeError
+from casmoe.presets.gguf import model_preset
+from casmoe.sim.box.hardware import load_profile
 
 
 class MeasuredFileError(CasmoeError, ValueError):
@@ -205,8 +207,6 @@ def _model(test: dict[str, Any], path: Path, context: Context, label: str) -> st
 
 def _placement(test: dict[str, Any], model: str, context: Context, label: str, path: Path) -> dict[str, Any]:
     """Where the experts ran, from the flags the test records (see the module docstring)."""
-    from casmoe.sim.box.hardware import load_profile
-
     box = load_profile(context.hardware)
     ngl, ncmoe = _number(test.get("n_gpu_layers")), _number(test.get("n_cpu_moe")) or 0
     layers, experts = _shape(model)
@@ -225,8 +225,6 @@ def _placement(test: dict[str, Any], model: str, context: Context, label: str, p
 
 def _shape(model: str) -> tuple[int, int]:
     """MoE layers and experts of a GGUF or a preset."""
-    from casmoe.presets.gguf import model_preset
-
     g = model_preset(model).geometry
     return g.layers, g.experts
 

@@ -25,13 +25,17 @@ from __future__ import annotations
 import math
 import operator
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Sequence
 
+from casmoe.cache import CacheStats
 from casmoe.errors import CasmoeError
-from casmoe.options import CapacitySpec
-from casmoe.sim.run.grid import Grid
+from casmoe.options import CapacitySpec, parse_quant
+from casmoe.sim.box.hardware import variant
 from casmoe.sim.box.prices import BoxPrice, Prices, load_prices
+from casmoe.sim.passes.result import SimResult
+from casmoe.sim.questions.deploy.terms import engine_terms
+from casmoe.sim.run.grid import Grid
 from casmoe.sim.run.runner import run_all, whole_trace
 from casmoe.sim.run.spec import RunSpec
 
@@ -67,11 +71,6 @@ def numeric_fields() -> dict[str, str]:
     """The fields of a simulate record a target may name, with how each is better: the
     `SimResult` numbers and the cache counters it carries, and the record's derived totals
     (`stall_s`, `loads`, `hit_rate`, `warm_hit_rate`), less what a run is given (`INPUTS`)."""
-    from dataclasses import fields
-
-    from casmoe.cache import CacheStats
-    from casmoe.sim.passes.result import SimResult
-
     names = [f.name for f in fields(SimResult) if f.type in ("int", "float")]
     names += [f.name for f in fields(CacheStats) if f.type in ("int", "float")]
     names += ["stall_s", "loads", "hit_rate", "warm_hit_rate"]
@@ -80,10 +79,6 @@ def numeric_fields() -> dict[str, str]:
 
 def _not_a_metric(name: str) -> str | None:
     """Why a record field that exists cannot be a target, or None when it is unknown."""
-    from dataclasses import fields
-
-    from casmoe.sim.passes.result import SimResult
-
     if name in INPUTS:
         return f"{name} is what a run is given, not what it measures; search chooses the cache size, and --batch, " \
                "--gpus, --requests set the rest"
@@ -283,8 +278,6 @@ def answer_spec(config: RunSpec, record: dict[str, Any]) -> RunSpec:
 def in_engine_terms(config: RunSpec, record: dict[str, Any]) -> str:
     """An answer as its engine is told it: `--n-cpu-moe N`, `-ot` layers, KTransformers' GPU experts,
     all on the GPU, or a cache's slots per layer (`casmoe.sim.questions.deploy.terms`)."""
-    from casmoe.sim.questions.deploy.terms import engine_terms
-
     return engine_terms(answer_spec(config, record))
 
 
@@ -449,9 +442,6 @@ def holds(machine: Any, trace: Any, pool: bool = False) -> list[tuple[str, int]]
     """(option, slots per layer it holds) for --quant int8 and int4 (where smaller than now)
     and --gpus 2, 4, 8 (where more than now), in that order; with `pool`, the whole experts one
     pool of all layers holds instead."""
-    from casmoe.options import parse_quant
-    from casmoe.sim.box.hardware import variant
-
     m = machine
     layers = trace.geometry.layers
     out = []

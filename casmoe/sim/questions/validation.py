@@ -40,6 +40,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from dataclasses import replace as with_
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,11 +48,20 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from casmoe.errors import CasmoeError
-from casmoe.sim.cost.stack import Shared, Stack, load_shared, load_stack
-from casmoe.sim.trust.error_model import ErrorModel, Point, leave_one_source_out, point_of
+from casmoe.output import write_text
+from casmoe.planner.embedding import cache_dir
+from casmoe.presets.gguf import model_preset
+from casmoe.shipped import shipped
+from casmoe.sim.cost.stack import SHARED_FILE, Shared, Stack, load_shared, load_stack, stack_paths
+from casmoe.sim.run.grid import Grid
+from casmoe.sim.run.runner import run
+from casmoe.sim.trust.error_model import MODEL_FILE, ErrorModel, Point, leave_one_source_out, point_of
 from casmoe.sim.trust.error_model import fit as fit_error
 from casmoe.sim.trust.uncertainty import MEASUREMENTS, family_of
+from casmoe.synthetic import SynthConfig, generate
 from casmoe.tables import read_table
+from casmoe.trace import Request, Trace
+from casmoe.trace_io import load_trace, save_trace
 
 SHIPPED_TRACES = {"mixtral-8x7b": ("tiny-mixtral.npz", 2), "qwen3-30b-a3b": ("synthetic-qwen3-top8.npz", 8)}
 """Model preset -> (shipped trace of its routing shape, its top-k)."""
@@ -177,8 +187,6 @@ def trace_for(row: Row) -> tuple[Path, int]:
     synthetic one, its requests cut to a few dozen decode tokens (a decode rate settles within
     them: streaming at once, caches within a few dozen tokens). A prefill row: one synthetic
     request of its prompt length and one decode token."""
-    from casmoe.shipped import shipped
-
     run = row.run or {}
     model = run["model"]
     top_k = run.get("top_k")
@@ -197,10 +205,6 @@ def trace_for(row: Row) -> tuple[Path, int]:
 def _cut(source: Path, decode: int) -> Path:
     """`source` with every request's decode cut to `decode` tokens, kept in the user cache
     under its content and the cut."""
-    from casmoe.planner.embedding import cache_dir
-    from casmoe.trace import Request, Trace
-    from casmoe.trace_io import load_trace, save_trace
-
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     path = cache_dir(create=True) / f"validation-{source.stem}-{digest}-d{decode}.npz"
     if not path.exists():
@@ -218,13 +222,6 @@ def _cut(source: Path, decode: int) -> Path:
 def synthetic_trace(model: str, top_k: int | None, prompt: int, output: int) -> Path:
     """A synthetic trace of `model`'s routing shape (`casmoe.synthetic`, default knobs; enough
     requests that a held-out few are left after the fit part), kept in the user cache."""
-    from dataclasses import replace as with_
-
-    from casmoe.planner.embedding import cache_dir
-    from casmoe.presets.gguf import model_preset
-    from casmoe.synthetic import SynthConfig, generate
-    from casmoe.trace_io import save_trace
-
     g = model_preset(model).geometry
     if top_k is not None:
         g = with_(g, top_k=int(top_k))
@@ -238,8 +235,6 @@ def synthetic_trace(model: str, top_k: int | None, prompt: int, output: int) -> 
 
 def specs_for(row: Row, stack: Stack | None = None) -> list[Any]:
     """The run of a row (a list of one), with `stack` in place of the named one when given."""
-    from casmoe.sim.run.grid import Grid
-
     run = dict(row.run or {})
     run.pop("top_k", None)
     path, requests = trace_for(row)
@@ -265,8 +260,6 @@ def predict(row: Row, stack: Stack | None = None) -> float:
            (REQUESTS, DECODE_TOKENS, STREAM_DECODE_TOKENS),
            None if stack is None else json.dumps(stack.to_dict(), sort_keys=True, default=str))
     if key not in _PREDICTED:
-        from casmoe.sim.run.runner import run
-
         (spec,) = specs_for(row, stack)
         _PREDICTED[key] = RATES[row.metric](run(spec), row)
     return _PREDICTED[key]
@@ -467,8 +460,6 @@ def fit_stack(stack: Stack, rows: dict[str, Row], shared: Shared) -> tuple[Stack
 
 
 def get_layers(row: Row) -> int:
-    from casmoe.presets.gguf import model_preset
-
     return model_preset((row.run or {})["model"]).geometry.layers
 
 
@@ -677,9 +668,6 @@ of its last fit begins: a refit replaces the record, never the reason."""
 def write_fitted(v: Validation) -> list[Path]:
     """Write the constants fitted on every row (each stack's fitted fields, the rows they were
     fitted on) and the shared defaults: the median of the stacks' own host efficiencies."""
-    from casmoe.output import write_text
-    from casmoe.sim.cost.stack import SHARED_FILE, stack_paths
-
     written = []
     paths = stack_paths()
     for name, s in v.stacks.items():
@@ -708,7 +696,5 @@ def write_fitted(v: Validation) -> list[Path]:
             f"host_flops_efficiency = {json.dumps(sh.sources.get('host_flops_efficiency', ''))}"]
     written.append(write_text(SHARED_FILE, "\n".join(text) + "\n"))
     if v.error is not None:
-        from casmoe.sim.trust.error_model import MODEL_FILE
-
         written.append(write_text(MODEL_FILE, v.error.to_toml()))
     return written

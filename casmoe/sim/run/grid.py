@@ -16,20 +16,33 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from casmoe.errors import CasmoeError
+from casmoe.gating import check_threshold
 from casmoe.options import FIT, CapacitySpec, parse_miss_mode, parse_quant
+from casmoe.planner.cached import AUTO, cached_planner
 from casmoe.policies import POLICIES, PolicySpec, parse_policies
 from casmoe.presets import get_preset, preset_for, shape_preset
+from casmoe.presets.gguf import read_gguf
 from casmoe.selection import Scored, Selection
 from casmoe.shipped import DEFAULT_TRACE, shipped
-from casmoe.sim.run.fits import (MORE_GPUS, OVERCOMMIT, HostDemand, check_capacity, check_devices, check_kv,
-                                 default_host_cache)
 from casmoe.sim.box.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.cost.machine import Machine, parse_numa, presets_of_shape
-from casmoe.sim.run.options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
-from casmoe.sim.passes.traffic import Traffic
-from casmoe.sim.run.spec import RunSpec, TraceRef, file_digest
 from casmoe.sim.cost.stack import DEFAULT_STACK, Stack, load_stack
 from casmoe.sim.passes.tiers import HostCache
+from casmoe.sim.passes.traffic import Traffic
+from casmoe.sim.run.fits import (
+    MORE_GPUS,
+    OVERCOMMIT,
+    HostDemand,
+    check_capacity,
+    check_devices,
+    check_kv,
+    default_host_cache,
+)
+from casmoe.sim.run.options import ALIASES, BY_NAME, SHIPPED_REQUESTS, GridError
+from casmoe.sim.run.runner import routing, whole_trace
+from casmoe.sim.run.spec import RunSpec, TraceRef, file_digest
+from casmoe.userfile import read_toml
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -67,8 +80,6 @@ class Grid:
         """A sweep file: option names (or the older plural names: traces, policies,
         capacities, ...) as keys, a value or a list of values each; relative trace paths are
         read from the file's folder when they exist there."""
-        from casmoe.userfile import read_toml
-
         raw = read_toml(path, "sweep file", GridError)
         grid = cls.of(raw, str(path))
         base = Path(path).parent
@@ -169,7 +180,6 @@ class _Builder:
 
     def build(self) -> Runs:
         g = self.grid
-        from casmoe.gating import check_threshold
 
         gating = g.value("adaptive_gating")
         gating = None if gating is None else check_threshold(gating)
@@ -200,7 +210,6 @@ class _Builder:
             if not path.exists():
                 raise GridError(f"trace {path} not found")
             digest = file_digest(path)
-            from casmoe.sim.run.runner import routing, whole_trace
 
             whole = whole_trace(str(path), digest)
             policies = self._policies(routing(str(path), digest, gating))
@@ -281,7 +290,6 @@ class _Builder:
         if planner is not None and not any(dict(s.options).get("planner") == planner for s in specs):
             raise GridError(f"{g.where}: --planner {planner} is unused: it is the planner of a bare `casmoe` policy, "
                             "and none is run; add --policy casmoe, or name it in the policy: casmoe[planner=DIR]")
-        from casmoe.planner.cached import AUTO, cached_planner
 
         out = []
         for spec in specs:
@@ -307,7 +315,6 @@ class _Builder:
              stack, numa) in itertools.product(*(g.values(a) for a in axes)):
             weights = None
             if model is not None and str(model).lower().endswith(".gguf"):  # the user's own file: its bytes
-                from casmoe.presets.gguf import read_gguf
 
                 file_preset, weights = read_gguf(model)
             name = None if weights is not None else preset_for(whole, model)

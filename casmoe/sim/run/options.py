@@ -9,6 +9,7 @@ the runs. This module imports nothing heavy: `casmoe --help` reads it.
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 import os
@@ -78,8 +79,6 @@ class Option:
         if self.minimum is not None and value < self.minimum:
             raise GridError(f"{where}: {self.name} must be >= {self.minimum:g}, got {value}")
         if self.parser and isinstance(value, str):
-            import importlib
-
             module, _, function = self.parser.partition(":")
             try:
                 getattr(importlib.import_module(module), function)(value)

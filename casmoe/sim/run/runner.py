@@ -14,6 +14,8 @@ file's content digest), because a grid runs many specs over one trace.
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import multiprocessing
 import os
@@ -26,11 +28,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from casmoe.errors import CasmoeError
+from casmoe.gating import gate_trace
 from casmoe.output import write_text
 from casmoe.sim.passes.assembly import Run, TraceSteps
 from casmoe.sim.passes.driver import run_trace
-from casmoe.sim.run.spec import RunSpec, TraceRef
 from casmoe.sim.passes.timeline import Timeline
+from casmoe.sim.run.spec import RunSpec, TraceRef
 from casmoe.sim.trust.error_model import point_of
 from casmoe.sim.trust.uncertainty import annotate, family
 from casmoe.trace import Trace
@@ -50,8 +53,6 @@ def whole_trace(path: str, digest: str) -> Trace:
 @lru_cache(maxsize=4)
 def routing(path: str, digest: str, gating: float | None) -> Trace:
     """The whole trace as the run's model routes it: gated (`casmoe.gating`), or as recorded."""
-    from casmoe.gating import gate_trace
-
     return gate_trace(whole_trace(path, digest), gating)
 
 
@@ -141,8 +142,6 @@ def _store(out: Path, spec: RunSpec, record: dict[str, Any]) -> None:
 def one_writer(out: Path) -> Iterator[None]:
     """Hold `out/points/.lock` for the duration: a second writer is refused in one line. The
     lock is the kernel's (`flock`), so a killed run leaves none behind."""
-    import fcntl
-
     folder = out / "points"
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "a+") as fh:
@@ -211,8 +210,6 @@ def _die_with_parent(parent: int) -> None:
     is the run's pid as the run saw it: a worker whose start-up outlasted the run sees
     another parent already and leaves at once (reading `getppid` here would adopt the new one)."""
     try:
-        import ctypes
-
         if ctypes.CDLL(None).prctl(1, signal.SIGKILL) == 0:  # PR_SET_PDEATHSIG
             if os.getppid() != parent:  # the parent died before the call
                 os._exit(1)

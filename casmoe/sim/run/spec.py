@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property, lru_cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,8 @@ from casmoe.cache import MissMode
 from casmoe.options import CapacitySpec
 from casmoe.policies import POLICIES, PolicySpec, get_policy
 from casmoe.sim.cost.machine import Machine
-from casmoe.sim.passes.traffic import Traffic
 from casmoe.sim.passes.tiers import HostCache
+from casmoe.sim.passes.traffic import Traffic
 
 RESULT_VERSION = 4
 """Bump when the simulator's semantics change, so stored results are recomputed."""
@@ -121,8 +123,6 @@ class RunSpec:
 
 def casmoe_version() -> str:
     """The installed package's version ("source" for a checkout without metadata)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("casmoe")
     except PackageNotFoundError:
@@ -168,8 +168,6 @@ def path_digest(path: str | Path) -> str:
 def user_sources(spec: str) -> list[Path]:
     """The files of a user's policy `pkg.mod:Class`: its module, and every module of its
     top-level package (a helper it imports may change the result)."""
-    import sys
-
     get_policy(spec)  # imports it, with the user's folder on the path
     module = sys.modules[spec.partition(":")[0]]
     top = sys.modules.get(module.__name__.partition(".")[0], module)

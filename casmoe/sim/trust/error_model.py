@@ -21,12 +21,14 @@ source's rows counted in or out of their intervals), and written with the model
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
 from casmoe.tables import read_table
 
 PUBLISHED = Path(__file__).with_name("published")
@@ -112,8 +114,6 @@ class ErrorModel:
         return math.exp(Z80 * self.sigma(point))
 
     def to_toml(self) -> str:
-        import json
-
         lines = ["# The error model of casmoe's predictions (casmoe/sim/trust/error_model.py), written by",
                  "# `casmoe validate published --fit`: log sigma = weights . features, fitted on the published",
                  "# table's left-out residuals; coverage and median_factor measured leaving one source out.",

@@ -17,7 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from casmoe.cache import MissMode
 from casmoe.report import upper_bound
+from casmoe.sim.trust.error_model import Point, load
 
 PUBLISHED = Path(__file__).with_name("published")
 MEASUREMENTS = PUBLISHED / "measurements.toml"
@@ -32,7 +34,6 @@ def family(policy: str, miss_mode: str = "load") -> str:
     """The kind of configuration a run is: every expert on the GPU, host compute (a placement,
     a per-step host choice, or the cpu miss mode: the policy's own declaration,
     `ExpertCache.computes_on_host`), streaming whole layers, or caching."""
-    from casmoe.cache import MissMode
     from casmoe.policies import POLICIES
 
     if policy == "n-cpu-moe[n=0]":  # every expert on the GPU: nothing offloaded
@@ -52,8 +53,6 @@ def family_of(record: dict[str, Any]) -> str:
 
 def _where(record: dict[str, Any]) -> tuple[float | None, list[str]]:
     """The record's interval factor and where it lies outside what was validated."""
-    from casmoe.sim.trust.error_model import Point, load
-
     model, point = load(), record.get("error_point")
     if model is None or point is None:
         return None, []
@@ -76,8 +75,6 @@ def factor(record: dict[str, Any]) -> float | None:
 
 def spread(record: dict[str, Any]) -> str:
     """What a record's figure is worth, in words."""
-    from casmoe.sim.trust.error_model import load
-
     if upper_bound(record):
         return (f"not validated: the {record.get('stack', IDEAL)} stack charges nothing beyond the hardware, an upper "
                 "bound (name the runtime with --stack)")

@@ -10,7 +10,7 @@ writes to plan.json and to a script, and ranks the same object.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,14 @@ from casmoe.precision import Precision
 from casmoe.presets import ModelPreset
 from casmoe.presets.weights import FileWeights
 from casmoe.sim.box.hardware import HardwareProfile
+from casmoe.sim.cost.machine import Machine
+from casmoe.sim.cost.stack import StackError, load_stack
 from casmoe.sim.questions.deploy import engines as eng
 from casmoe.sim.questions.deploy import memory as mem
 from casmoe.sim.questions.deploy.placement import Placement
-from casmoe.sim.questions.deploy.quality import Quality
+from casmoe.sim.questions.deploy.quality import Quality, quality
 from casmoe.sim.questions.deploy.routing import Routing
+from casmoe.sim.run.options import BY_NAME
 
 NOT_VALIDATED = "uncertainty: not yet validated for this stack"
 
@@ -51,8 +54,6 @@ class Speed:
 def reproduce(values: dict[str, Any]) -> str:
     """The `casmoe simulate` line of these run options: every option, the stack included, so that
     running it gives the figure printed beside it."""
-    from casmoe.sim.run.options import BY_NAME
-
     parts = ["casmoe simulate"]
     for name, value in values.items():
         if value is None or name.startswith("_"):
@@ -155,8 +156,6 @@ class Context:
     gguf: str = ""  # the user's GGUF file (absolute), which llama.cpp and kt-kernel's LLAMAFILE load
 
     def quality(self, precision: Precision) -> Quality:
-        from casmoe.sim.questions.deploy.quality import quality
-
         return quality(precision, self.preset, self.released)
 
     @property
@@ -178,11 +177,6 @@ class Context:
     def machine(self, stack: str, prec: mem.Precisions | None, devices: int | None = None):
         """The model at `prec` (or the file's bytes) on this box under `stack`, one device per GPU:
         what the memory map reads its sizes from (the simulator's own functions)."""
-        from dataclasses import replace
-
-        from casmoe.sim.cost.machine import Machine
-        from casmoe.sim.cost.stack import StackError, load_stack
-
         try:
             runtime = load_stack(stack).resolved()
         except StackError:  # an engine with no fitted stack (SGLang): its memory habits only, never simulated

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from casmoe.errors import CasmoeError
 from casmoe.precision import Precision
-from casmoe.sim.box.hardware import GIB
+from casmoe.sim.box.hardware import GIB, load_profile
 from casmoe.sim.questions.deploy import engines as eng
 from casmoe.sim.questions.deploy import memory as mem
 from casmoe.sim.questions.deploy import support
@@ -346,8 +346,6 @@ def vllm(ctx: Context, prec: mem.Precisions) -> list[Candidate]:
 def _uva_profile(ctx: Context) -> str:
     """A profile whose 'host compute' is the GPU reading offloaded weights over the link: what
     vLLM's UVA offload does with an expert of an offloaded layer each time one is routed."""
-    from casmoe.sim.box.hardware import load_profile
-
     hw = load_profile(ctx.hardware)
     rate = hw.h2d_pinned_gbs / hw.mem_efficiency  # x mem_efficiency in the roofline = the link's rate
     why = "vLLM UVA offload (casmoe plan): offloaded experts are read by the GPU over the host link at every forward"

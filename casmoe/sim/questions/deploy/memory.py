@@ -30,6 +30,7 @@ from casmoe.precision import Precision, parse_precision
 from casmoe.presets import ModelPreset
 from casmoe.sim.box.hardware import HOST_RESERVED_GIB
 from casmoe.sim.cost.machine import Machine
+from casmoe.sim.run.fits import HostDemand
 
 
 @dataclass(frozen=True)
@@ -259,8 +260,6 @@ def base(machine: Machine, box: Box, context: int, concurrency: int) -> MemoryMa
     GPU memory, as llama.cpp's -ts) what `machine` puts there besides experts, its KV cache; the
     host's reserve and what the engine keeps there. `machine` is the model at its precisions on
     this box under the engine's stack, with one device per GPU."""
-    from casmoe.sim.run.fits import HostDemand
-
     preset = machine.preset
     g = preset.geometry
     ranges = [tuple(r) for r in split_layers(g.layers, box.gpu_gib)] if box.gpus else []

@@ -22,6 +22,7 @@ from typing import Any
 
 from casmoe.errors import CasmoeError
 from casmoe.presets import ModelPreset, load_presets
+from casmoe.presets.gguf import read_gguf
 from casmoe.presets.weights import FileWeights
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -152,8 +153,6 @@ _NOTED = ("heads", "kv_heads", "head_dim", "vocab", "tie_embeddings", "sliding_w
 
 
 def _from_gguf(path: Path, presets: dict[str, ModelPreset], need_preset: bool) -> ModelChoice:
-    from casmoe.presets.gguf import read_gguf
-
     model, weights = read_gguf(path)
     g = model.geometry
     shape = f"{g.describe()}, {model.dense_layers} dense blocks, {model.attention.value} attention"

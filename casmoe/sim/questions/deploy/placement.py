@@ -24,6 +24,8 @@ import numpy as np
 
 from casmoe.policies import get_policy
 from casmoe.presets import ModelPreset
+from casmoe.profile import Profile
+from casmoe.selection import split_indices
 from casmoe.sim.questions.deploy.memory import MemoryMap
 
 ROUTED = "routed-placement"
@@ -98,8 +100,6 @@ def routed_order(shares: np.ndarray, unit: str) -> list[int]:
 def train_shares(trace, batch: int) -> np.ndarray:
     """[L, E] step shares of the trace's train split served `batch` at a time (the policy's
     default profile: `TraceFit` binds the same split)."""
-    from casmoe.selection import split_indices
-
     return get_policy(ROUTED).shares(trace.subset(split_indices(trace, "train")), batch)  # type: ignore[attr-defined]
 
 
@@ -178,7 +178,5 @@ def write_kt_order(path, order: Sequence[int], preset: ModelPreset) -> None:
 def write_casmoe_profile(path, shares: np.ndarray, source: str) -> None:
     """A `casmoe popularity` file of the step shares (the routed-placement policy reads it as its
     `profile=` and ranks experts the same way)."""
-    from casmoe.profile import Profile
-
     Profile(np.asarray(shares, dtype=np.float64), {"engine": "casmoe plan", "source": source,
                                                    "what": "share of decode steps using each expert"}).save(path)

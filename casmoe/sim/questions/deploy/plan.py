@@ -26,18 +26,23 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from casmoe.errors import CasmoeError
+from casmoe.output import write_text
+from casmoe.precision import parse_precision
 from casmoe.presets import ModelPreset, get_preset
+from casmoe.presets.gguf_header import read_header
 from casmoe.sim.box.hardware import HardwareProfile, load_profile, variant_spec
 from casmoe.sim.questions.deploy import engines as eng
 from casmoe.sim.questions.deploy import memory as mem
 from casmoe.sim.questions.deploy import support
 from casmoe.sim.questions.deploy.candidate import NOT_VALIDATED, Candidate, Context, Speed, reproduce, rounded
 from casmoe.sim.questions.deploy.configurations import BUILDERS, STACKS, ConfigurationError
+from casmoe.sim.questions.deploy.model import resolve_model
 from casmoe.sim.questions.deploy.placement import (
     first_layers,
     routed_order,
@@ -47,6 +52,11 @@ from casmoe.sim.questions.deploy.placement import (
 )
 from casmoe.sim.questions.deploy.quality import DEFAULT_FLOOR, above, floor_kld, gguf_choices
 from casmoe.sim.questions.deploy.routing import Routing, resolve
+from casmoe.sim.questions.deploy.support import version_check
+from casmoe.sim.run.grid import Grid
+from casmoe.sim.run.runner import run_all, whole_trace
+from casmoe.sim.run.spec import casmoe_version, file_digest
+from casmoe.sim.trust.uncertainty import factor, spread
 from casmoe.tables import read_table
 
 SYSTEMS = {"llama.cpp": ("llama.cpp", "Ollama"), "ktransformers": ("KTransformers",), "vllm": ("vLLM",),
@@ -227,7 +237,6 @@ def uncertainty(record: dict[str, Any] | None, decode: float | None) -> tuple[tu
     around `decode` and its words; none for a closed form or a stack nothing validated."""
     if decode is None or record is None:
         return None, NOT_VALIDATED
-    from casmoe.sim.trust.uncertainty import factor, spread
 
     f = factor(record)
     return (None if f is None else (decode / f, decode * f)), f"uncertainty: {spread(record)}"
@@ -251,8 +260,6 @@ def _precisions(engine: str, ctx: Context) -> list[mem.Precisions]:
     """The precisions `engine` is planned at (see the module docstring)."""
     req, p = ctx.req, ctx.preset
     if ctx.file is not None:
-        from casmoe.precision import parse_precision
-
         return [mem.Precisions.of(p, parse_precision(ctx.file.precision_name()))]
     native = p.expert_precision.name if p.expert_precision is not None else "bf16"
     if req.gpu_precision or req.host_precision:
@@ -277,10 +284,6 @@ def make_plan(req: PlanRequest, out: str | Path, *, jobs: int = 1, ray_address: 
               progress: Callable[[int, int], None] | None = None, say: Callable[[str], object] | None = None,
               families: Sequence[str] = ()) -> Plan:
     """Build, simulate and rank every engine's candidates; write the files they name into `out`."""
-    from casmoe.sim.questions.deploy.model import resolve_model
-    from casmoe.sim.run.runner import whole_trace
-    from casmoe.sim.run.spec import file_digest
-
     req.check()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -344,8 +347,6 @@ def make_plan(req: PlanRequest, out: str | Path, *, jobs: int = 1, ray_address: 
                 why = ("KTransformers loads the model's GPU part from its Hugging Face checkpoint, and casmoe knows none "
                        f"for {req.model} (no shipped preset has its shape); plan it with --model ORG/NAME")
             else:
-                from casmoe.precision import parse_precision
-
                 mine = replace(ctx, preset=matched, file=None, model_option=matched.name)
         if not why:
             tried = _precisions(e, ctx)
@@ -383,16 +384,12 @@ def make_plan(req: PlanRequest, out: str | Path, *, jobs: int = 1, ray_address: 
 def released_precision(matched: ModelPreset | None, family: str) -> Any:
     """The precision the model's experts were released at: the shipped preset's, else gpt-oss's
     MXFP4 or 16 bits (a GGUF read alone states its own file's type, not the release's)."""
-    from casmoe.precision import parse_precision
-
     if matched is not None and matched.expert_precision is not None:
         return matched.expert_precision
     return parse_precision("mxfp4" if family == "gpt_oss" else "bf16")
 
 
 def _gguf_arch(path: str) -> str:
-    from casmoe.presets.gguf_header import read_header
-
     try:
         return read_header(path).architecture
     except CasmoeError:
@@ -450,8 +447,6 @@ def _precision_row(c: Candidate, best: Candidate | None) -> dict[str, Any]:
 
 def _version(engine: str) -> str:
     if engine == "casmoe":
-        from casmoe.sim.run.spec import casmoe_version
-
         return f"casmoe {casmoe_version()} (this checkout's `casmoe bench`)"
     if engine == "ktransformers":
         return ("kt-kernel of kvcache-ai/ktransformers v0.7.0 (95009ea6) with the kvcache-ai/sglang fork (sglang-kt, "
@@ -465,8 +460,6 @@ def _spec_of(values: dict[str, Any], gpus: int) -> tuple[Any, str | None, list[s
     and what it notes (a RAM tier over storage). A box of several GPUs is simulated as one
     device holding every GPU's experts: past the one-GPU check, with the RAM tier the run
     would have had (its storage reads priced)."""
-    from casmoe.sim.run.grid import Grid
-
     values = {k: v for k, v in values.items() if not k.startswith("_")}
     try:
         runs = Grid.of(values, "casmoe plan").specs(strict=False)
@@ -523,8 +516,6 @@ def _simulate(cands: list[Candidate], comparison: list[tuple[dict[str, Any], dic
               out: Path, jobs: int, ray_address: str | None, progress: Callable[[int, int], None] | None
               ) -> tuple[int, Comparison | None]:
     """One `run_all` for every candidate and comparison point."""
-    from casmoe.sim.run.runner import run_all
-
     specs, owners, rows = [], [], []
     for c in cands:
         if c.sim is None:
@@ -593,8 +584,6 @@ def script(c: Candidate, rank: int) -> str:
     """A POSIX shell script that runs `c` from the plan's folder: it refuses when the
     configuration does not fit, checks the engine's version, makes what it loads (each step
     skipped when its output exists) and starts the engine."""
-    from casmoe.sim.questions.deploy.support import version_check
-
     lines = ["#!/bin/sh", f"# {c.engine}: {c.label}, {c.precisions.describe()} (casmoe plan: "
              f"{'the best configuration' if rank == 0 else f'runner-up {rank}'})",
              f"# expected: {c.speed.decode:.3g} tok/s decode" if c.speed and c.speed.decode else "# expected: not priced",
@@ -613,16 +602,12 @@ def script(c: Candidate, rank: int) -> str:
 
 
 def _quote(path: str) -> str:
-    import shlex
-
     return shlex.quote(path)
 
 
 def _write_files(ctx: Context, engines: list[EnginePlan], out: Path) -> None:
     """Each engine's scripts in rank order (`<engine>.sh` its best, `<engine>-1.sh`, ... the
     runners-up; `<engine>-1.sh` first when none is best), and the files they read."""
-    from casmoe.output import write_text
-
     for old in out.glob("*.sh"):
         old.unlink()
     for e in engines:

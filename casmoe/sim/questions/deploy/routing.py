@@ -16,13 +16,24 @@ fit), and the plan says in capitals that its expert choice is a guess.
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
+from casmoe import synthetic_fit
 from casmoe.errors import CasmoeError
+from casmoe.geometry import Geometry
+from casmoe.importers import read_specs
+from casmoe.planner.embedding import cache_dir
 from casmoe.presets import ModelPreset
 from casmoe.shipped import data_dir
+from casmoe.sim.run.spec import casmoe_version, file_digest
+from casmoe.synthetic import SynthConfig, generate
+from casmoe.trace_io import load_trace, save_trace
 
 SYNTH_REQUESTS = 100
 SYNTH_TASKS = 6
@@ -44,10 +55,6 @@ def _shipped_npz() -> list[Path]:
 
 def _npz_shape(path: Path) -> tuple[int, int, int] | None:
     """(layers, experts, top_k) from a trace file's metadata alone (None: not a casmoe trace)."""
-    import json
-
-    import numpy as np
-
     try:
         with np.load(path, allow_pickle=False) as npz:
             meta = json.loads(bytes(npz["meta"]).decode())
@@ -59,8 +66,6 @@ def _npz_shape(path: Path) -> tuple[int, int, int] | None:
 
 def _csv_shape(path: Path) -> tuple[int, int, int] | None:
     """(layers, experts, routed per token) from a route CSV's `#` header, without reading it."""
-    import re
-
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             if not line.startswith("#"):
@@ -73,8 +78,6 @@ def _csv_shape(path: Path) -> tuple[int, int, int] | None:
 
 def resolve(preset: ModelPreset, given: str | None, progress: Callable[[str], object] | None = None) -> Routing:
     """The trace file a plan uses for `preset` (see the module docstring)."""
-    from casmoe.trace_io import load_trace
-
     g = preset.geometry
     if given:
         path = Path(given)
@@ -114,11 +117,6 @@ def resolve(preset: ModelPreset, given: str | None, progress: Callable[[str], ob
 
 def _generated(preset: ModelPreset) -> Path:
     """A synthetic trace of the preset's shape (`casmoe.synthetic`, default knobs), cached."""
-    from casmoe.geometry import Geometry
-    from casmoe.planner.embedding import cache_dir
-    from casmoe.synthetic import SynthConfig, generate
-    from casmoe.trace_io import save_trace
-
     g = preset.geometry
     shape = Geometry(g.layers, g.experts, g.top_k, hidden=g.hidden, intermediate=g.intermediate, gated=g.gated)
     key = hashlib.sha256(f"{shape.describe()} {SYNTH_REQUESTS}".encode()).hexdigest()[:12]
@@ -132,12 +130,6 @@ def _generated(preset: ModelPreset) -> Path:
 
 
 def _synthesized(csv: Path, preset: ModelPreset, progress: Callable[[str], object] | None) -> Path:
-    from casmoe import synthetic_fit
-    from casmoe.importers import read_specs
-    from casmoe.planner.embedding import cache_dir
-    from casmoe.sim.run.spec import casmoe_version, file_digest
-    from casmoe.trace_io import save_trace
-
     k = preset.geometry.top_k
     key = hashlib.sha256(f"{file_digest(csv)} {k} {SYNTH_REQUESTS} {SYNTH_TASKS} {casmoe_version()}".encode()).hexdigest()[:12]
     folder = cache_dir(create=True) / "plan-routing"

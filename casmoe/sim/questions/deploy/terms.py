@@ -12,12 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from casmoe.sim.questions.deploy import engines as eng
+from casmoe.sim.run.runner import resolve
 
 
 def engine_terms(spec: Any) -> str:
     """How the engine running `spec`'s policy is told its placement (see the module docstring)."""
-    from casmoe.sim.run.runner import resolve
-
     run, _ = resolve(spec)
     g = run.trace.geometry
     L, E = g.layers, g.experts
