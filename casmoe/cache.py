@@ -319,11 +319,20 @@ class ExpertCache:
         self._step = 0
         self._layer = 0
         self._n = dict.fromkeys(CacheStats.__dataclass_fields__, 0)
+        self._wasted = [0] * geometry.layers
 
-    def take_stats(self, stats: CacheStats) -> None:
-        """The counters of a run made by this cache's compiled twin become its `stats()`; its
-        residency and policy order are not mirrored back (the cache is good for `stats()` only)."""
+    def take_stats(self, stats: CacheStats, wasted_by_layer: Sequence[int]) -> None:
+        """The counters of a run made by this cache's compiled twin become its `stats()` and
+        `wasted_by_layer()`; its residency and policy order are not mirrored back (the cache is
+        good for its counts only)."""
         self._n.update(asdict(stats))
+        self._wasted = list(wasted_by_layer)
+
+    def wasted_by_layer(self) -> list[int]:
+        """`stats().prefetch_wasted` by layer: the prefetched experts of each layer that left
+        the cache unused (a policy's eviction or a pool giving staging slots back). The one count
+        of a wasted prefetch; the simulator's per-layer report reads it here."""
+        return list(self._wasted)
 
     @property
     def fresh(self) -> bool:
@@ -762,6 +771,7 @@ class ExpertCache:
         if victim in self._unused_prefetch:
             self._unused_prefetch.discard(victim)
             self._n["prefetch_wasted"] += 1
+            self._wasted[victim // self._E] += 1
         self._n["evictions"] += 1
         self.on_evict(victim)
         return slot

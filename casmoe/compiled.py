@@ -90,7 +90,7 @@ class TwinMachine:
 
     def sync(self) -> None:
         """The run's counters into the cache object (its `stats()`)."""
-        self.cache.take_stats(CacheStats(*self.mc.n.tolist()))
+        self.cache.take_stats(CacheStats(*self.mc.n.tolist()), self.mc.wasted.tolist())
 
 
 def replay_compiled(trace: Trace, cache: ExpertCache, arrays: StepArrays, log: list | None = None) -> CacheStats:
@@ -195,6 +195,7 @@ def _machine(km, cache: ExpertCache, arrays: StepArrays, log_rows: int, decide: 
         prot_list=np.zeros(2 * E + 2, np.int64),
         inflight=np.zeros(N, np.bool_),
         unused=np.zeros(N, np.bool_),
+        wasted=np.zeros(L, np.int64),
         last=np.zeros(N, np.int64),
         count=np.zeros(N, np.int64),
         served=state.served if state.served is not None else np.zeros(N),

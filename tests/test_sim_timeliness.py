@@ -44,6 +44,31 @@ def test_bound_never_exceeds_the_stall_and_per_layer_counts_add_up(name, options
     assert sum(res.wasted_by_layer) == res.stats.prefetch_wasted
 
 
+def _request(topk, weights, spec, prefill=0):
+    """A request with speculative's next-layer guesses (the last layer has none: -1)."""
+    return Request(np.array(topk, np.int16), np.array(weights, np.float32), prefill=prefill,
+                   spec=np.array([[guess, [-1, -1]] for guess in spec], np.int16))
+
+
+@pytest.mark.parametrize("name,options", VARIANTS, ids=[n for n, _ in VARIANTS])
+def test_a_prefetch_a_staging_pool_gives_back_unused_is_wasted_at_its_layer(name, options):
+    """A cache with fewer slots per layer than top_k passes the rest through staging slots
+    and gives them back when the next layer starts: MoE-Infinity's prefetch of expert 2 of layer 1
+    leaves unused that way, with no load taking its slot. It is one wasted prefetch of layer 1
+    (the cache's count) and, routed again later, one demand load (never also a used prefetch)."""
+    g = Geometry(2, 4, 2, hidden=8, intermediate=4)
+    trace = Trace(g, [_request([[[2, 3], [1, 0]]], [[[0.1, 0.9], [0.7, 0.3]]], [[1, 0]]),
+                      _request([[[3, 1], [3, 2]]], [[[0.9, 0.1], [0.6, 0.4]]], [[3, 2]]),
+                      _request([[[1, 0], [3, 1]], [[3, 0], [2, 3]]], [[[0.8, 0.2], [0.2, 0.8]], [[0.8, 0.2], [0.1, 0.9]]],
+                               [[3, 1], [2, 3]], prefill=1)])
+    res = run_trace(Run(trace, get_policy(name), Capacity(1, per_layer=True), Machine(shaped_preset(g), HW), options=options),
+                    compute=FixedCompute(layer_s=0.0), detail=True)
+    assert sum(res.wasted_by_layer) == res.stats.prefetch_wasted
+    assert 0 <= res.stall_bound_s <= res.stall_s * (1 + 1e-9) + 1e-15
+    if name == "moe-infinity":
+        assert res.wasted_by_layer[1] >= 1
+
+
 def test_on_demand_with_no_compute_is_all_bandwidth():
     # Every load is needed and nothing overlaps: the actual stall is the bound.
     g = Geometry(3, 4, 2, layer_expert_bytes=(1_000_000,) * 3)

@@ -85,6 +85,7 @@ class Machine(NamedTuple):
     prot_list: np.ndarray  # int64 [2E + 2]: protection order (the Python dict's insertion order)
     inflight: np.ndarray  # bool [N]
     unused: np.ndarray  # bool [N]: prefetched, not used yet
+    wasted: np.ndarray  # int64 [L]: prefetches each layer evicted unused (`ExpertCache.wasted_by_layer`)
     last: np.ndarray  # int64 [N]: tick of the last access or insert
     count: np.ndarray  # int64 [N]: routed uses so far (lfu, semoe)
     served: np.ndarray  # float64 [N]: routed uses this request (casmoe's own `_served`)
@@ -272,6 +273,7 @@ def _evict(mc, victim, pool):
     if mc.unused[victim]:
         mc.unused[victim] = False
         mc.n[N_WASTED] += 1
+        mc.wasted[victim // mc.cfg[C_E]] += 1
     mc.n[N_EVICTIONS] += 1
     return slot
 

@@ -191,7 +191,7 @@ def _state(tk: Any, machine: Any, setup: Any, arrays: StepArrays) -> Any:
         cfg=cfg, par=par, acc=zf(5), n=zi(2), device=np.asarray(shard.device, np.int64),
         layer_bytes=np.asarray(shard.expert_bytes, np.int64), expert_time=np.asarray(shard.expert_time, np.float64),
         exp_tab=exp_tab, cpu_tab=cpu_tab, copy_s=np.asarray(tl.copy_s if tl is not None else [0.0] * L),
-        stall_by_layer=zf(L), late_by_layer=zi(L), wasted_by_layer=zi(L), bound_by_layer=zf(L),
+        stall_by_layer=zf(L), late_by_layer=zi(L), bound_by_layer=zf(L),
         busy_until=zf(D), busy=zf(D), moved=zi(D), cancelled=zi(D), seq=zi(D), ntokens=zi(D), device_busy=zf(D),
         copied=zf(D), bound_by_device=zf(D), q_head=zi(D), q_tail=zi(D), q_expert=zi(D, RING), q_nbytes=zi(D, RING), q_token=zi(D, RING),
         q_enq=zf(D, RING), q_alive=np.zeros((D, RING), np.bool_), h_size=zi(D), h_time=zf(D, RING),
@@ -255,7 +255,6 @@ def _write_back(tk: Any, st: Any, machine: Any) -> None:
         link.bytes, link.cancelled = int(st.moved[d]), int(st.cancelled[d])
     tl = machine.timeliness
     if tl is not None:
-        tl.wasted_by_layer = st.wasted_by_layer.tolist()
         tl.bound_by_layer = st.bound_by_layer.tolist()
         tl.bound = float(st.acc[tk.A_BOUND])
         tl.bound_by_device = st.bound_by_device.tolist()

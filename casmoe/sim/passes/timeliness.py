@@ -1,8 +1,8 @@
 """Prefetch timeliness per layer, and the stall a perfect prefetcher would still suffer.
 
 Does a policy lose by prediction or by bandwidth? Per MoE layer the simulator counts late hits
-(the timing pass), wasted prefetches (evicted before any use) and a lower bound on stall for
-the run's own hit pattern:
+(the timing pass), wasted prefetches (evicted before any use: the cache's own count,
+`ExpertCache.wasted_by_layer`) and a lower bound on stall for the run's own hit pattern:
 
     the loads the run needed (its demand loads, and each prefetch at its first use), issued as
     early as the link allows: back to back from time 0, in the order they are needed, each
@@ -40,7 +40,6 @@ class Timeliness:
     def __init__(self, layers: int, experts: int, devices: int, copy_s: Sequence[float]) -> None:
         self.E = experts
         self.copy_s = list(copy_s)
-        self.wasted_by_layer = [0] * layers
         self.bound_by_layer = [0.0] * layers
         self.bound = 0.0
         self.bound_by_device = [0.0] * devices
@@ -49,7 +48,9 @@ class Timeliness:
         self._copied = [0.0] * devices  # each link's copy time of the needed loads so far
         self.unused: set[ExpertId] = set()
         """Prefetched and not used yet (flat ids of the model): a visit with no demand load
-        while this is empty has nothing to count."""
+        while this is empty has nothing to count. A prefetch the cache gave back unused without a
+        load taking its slot (a pool returning staging slots) stays here until its expert is
+        routed again, and is then a demand load, counted once."""
 
     def issued(self, first: int, loads: Sequence[Load]) -> None:
         """Prefetch-type loads of a shard whose first layer is `first`."""
@@ -57,7 +58,7 @@ class Timeliness:
         unused = self.unused
         for ld in loads:
             if ld.victim >= 0:
-                self._evicted(ld.victim + off)
+                unused.discard(ld.victim + off)
             unused.add(ld.expert + off)
 
     def visit(self, first: int, layer: int, device: int, clock: float, ready: float, experts: Sequence[int],
@@ -69,13 +70,14 @@ class Timeliness:
         needed = len(acc.loads)
         unused = self.unused
         if unused:  # routed residents count as used before any miss evicts (as `route` does)
+            loaded = {ld.expert for ld in acc.loads}
             for e in experts:
                 if e + off in unused:
                     unused.discard(e + off)
-                    needed += 1
+                    needed += e not in loaded  # a demand load now: the prefetch left unused
             for ld in acc.loads:
                 if ld.victim >= 0:
-                    self._evicted(ld.victim + off)
+                    unused.discard(ld.victim + off)
         if needed:
             g = first + layer
             copied = self._copied[device] + needed * self.copy_s[g]
@@ -87,8 +89,3 @@ class Timeliness:
                 self.bound_by_device[device] = excess
                 if excess > self.bound:
                     self.bound = excess
-
-    def _evicted(self, expert: ExpertId) -> None:
-        if expert in self.unused:
-            self.unused.discard(expert)
-            self.wasted_by_layer[expert // self.E] += 1

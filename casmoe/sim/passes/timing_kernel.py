@@ -61,7 +61,6 @@ class State(NamedTuple):
     copy_s: np.ndarray  # float64 [L]: timeliness' copy time of one expert
     stall_by_layer: np.ndarray  # float64 [L]
     late_by_layer: np.ndarray  # int64 [L]
-    wasted_by_layer: np.ndarray  # int64 [L]
     bound_by_layer: np.ndarray  # float64 [L]
     busy_until: np.ndarray  # float64 [D]
     busy: np.ndarray  # float64 [D]
@@ -260,7 +259,6 @@ def _evicted(st, expert):
     if st.unused[expert]:
         st.unused[expert] = False
         st.n[N_UNUSED] -= 1
-        st.wasted_by_layer[expert // st.cfg[C_E]] += 1
 
 
 @_kernel
@@ -274,6 +272,10 @@ def _timeliness_visit(st, ll, device, clock, ready, experts, lo, hi, log, a, nlo
                 st.unused[e] = False
                 st.n[N_UNUSED] -= 1
                 needed += 1
+                for r in range(a, a + nloads):  # a demand load now: the prefetch left unused
+                    if log[r, 1] == e:
+                        needed -= 1
+                        break
         for r in range(a, a + nloads):
             if log[r, 3] >= 0:
                 _evicted(st, log[r, 3])
