@@ -9,7 +9,7 @@ seed 1), every token measured (196,608 accesses), as moe-lrc measures fixed-leng
 - model-level SCH: the full hit curve over C = 1..6144 for one m (`--sch-m`, default 16);
 - per-layer SCH: 48 curves over C = 1..128, same m.
 
-The reference is casmoe's previous pure-numpy implementation (`tests/reference_metrics.py`,
+The reference is casmoe's previous pure-numpy implementation (`tests/support/reference_metrics.py`,
 the oracle the kernels are tested against; it was 0.72x / 0.20x of a plainer numpy version of
 moe-lrc's definition, so ratios against it are the stricter ones). Each pair runs in this
 process, interleaved, minimum CPU time of `--repeat` rounds; both results must be identical.

@@ -28,7 +28,7 @@ with NAME a key of `GENERATED`.
 
 Run `--write` after a results file is made again (`casmoe validate published --out
 bench/published-validation`, `casmoe simulate --out bench/readme-figures/simulate --plots none`,
-`python bench/time_suite.py`, ...). tests/test_docs.py fails while a spot disagrees with its file.
+`python bench/time_suite.py`, ...). tests/project/test_docs.py fails while a spot disagrees with its file.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ commands' own functions, at a lower resolution (a README shows them at its colum
 stored with a palette of 256 colours chosen to cover the image, undithered (a quarter of the
 bytes; a median-cut palette of fewer colours merged orange into yellow, which the plots tell
 policies apart by).
-tests/test_plots.py checks that these inputs exist and that the README or a docs page shows every picture.
+tests/cli/test_plots.py checks that these inputs exist and that the README or a docs page shows every picture.
 The figures the pages quote from the same files are filled by `python bench/docs_figures.py --write`.
 """
 

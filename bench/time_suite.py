@@ -1,9 +1,9 @@
 """Time the default test suite and write the result where the docs read it (bench/results/suite.json).
 
     python bench/time_suite.py                 # the whole default suite, as .ci/run runs it
-    python bench/time_suite.py --out /tmp/s.json tests/test_docs.py   # a part of it, elsewhere
+    python bench/time_suite.py --out /tmp/s.json tests/project/test_docs.py   # a part of it, elsewhere
 
-Runs `python -m pytest -m "not slow" -q -p no:cacheprovider [PATHS]` in the checkout, and records the
+Runs `python -m pytest -m "not slow" -n auto -q -p no:cacheprovider [PATHS]` in the checkout, and records the
 tests that passed, the wall seconds, the day, the commit, the machine's cores and its load average
 before and after (the suite shares the machine with whatever else runs). Then
 `python bench/docs_figures.py --write` puts the figures into the docs.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "suite.json"
-COMMAND = [sys.executable, "-m", "pytest", "-m", "not slow", "-q", "-p", "no:cacheprovider"]
+COMMAND = [sys.executable, "-m", "pytest", "-m", "not slow", "-n", "auto", "-q", "-p", "no:cacheprovider"]
 
 
 def _commit() -> str:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the suite did not pass (exit {done.returncode}): nothing written", file=sys.stderr)
         return 1
     record = {
-        "command": "python -m pytest -m \"not slow\" -q -p no:cacheprovider" + "".join(f" {p}" for p in args.paths),
+        "command": "python -m pytest -m \"not slow\" -n auto -q -p no:cacheprovider" + "".join(f" {p}" for p in args.paths),
         "tests": int(passed.group(1)),
         "seconds": round(seconds, 1),
         "minutes": round(seconds / 60, 1),

@@ -89,7 +89,7 @@ INT_DOT: dict[Family, tuple[bool, str]] = {
 """Whether a host kernel multiplies weights of each family by int8-quantised activations with
 integer dot products (x86 `vpdpbusd`, or `vpmaddubsw` + `vpmaddwd`), and where that was read.
 Such kernels run at `HardwareProfile.cpu_int8_speedup` times the profile's FP32 FMA rate; the
-rest at the FP32 rate (`Machine.compute`). tests/test_precision.py holds every family to an entry."""
+rest at the FP32 rate (`Machine.compute`). tests/core/test_precision.py holds every family to an entry."""
 
 
 class LayerRule(enum.Enum):

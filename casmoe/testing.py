@@ -7,7 +7,7 @@
     def test_my_policy_keeps_the_contract():
         check_policy(MyPolicy)
 
-This module stays in the core, so it imports neither runtime built on it (tests/test_layers.py).
+This module stays in the core, so it imports neither runtime built on it (tests/project/test_layers.py).
 The contract generates small random geometries, traces and capacities with hypothesis,
 replays them through the policy wrapped in a checker, and fails with a minimal counter-example
 when an invariant breaks:
@@ -28,7 +28,7 @@ says so, not a `ModuleNotFoundError` from deep inside.
 `run_contract` runs any per-case check (`check_replay`, or a runtime's that starts from it) on
 generated cases, so a runtime built on the core adds its own comparison without repeating the
 generators. The built-in policies pass the full suite
-(tests/test_policies.py).
+(tests/policies/test_policies.py).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def checked(policy: type[ExpertCache]) -> type[ExpertCache]:
 
 def textbook_lru_hits(visits: Iterable[Sequence[int]], capacity: int) -> int:
     """Hits of a textbook LRU over one pool, uses in routing order, a whole visit protected:
-    the reference casmoe's `lru` is diffed against (tests/test_policies.py) and the floor its
+    the reference casmoe's `lru` is diffed against (tests/policies/test_policies.py) and the floor its
     speed is measured against (bench/bench_replay.py)."""
     cache: OrderedDict[int, None] = OrderedDict()
     hits = 0

@@ -23,9 +23,10 @@ slow'` over pyproject's test paths) took on this machine the last time it ran wh
 pytest's cache; until then, what bench/results/suite.json recorded, which `python bench/time_suite.py`
 writes), so that minutes of dots read as progress, not as a hang.
 
-Builders the test modules share: a model preset of a trace's own routing shape
-(`shaped_preset`), the seed's hardware profile (`seed_box`), one simulator run from a policy
-name (`sim_run`) and the one `RunSpec` of some `casmoe simulate` options (`one_spec`).
+The test modules sit in folders that mirror the package (`tests/sim/passes/` tests
+`casmoe/sim/passes/`; `tests/project/` holds what checks the repository as a whole: docs, README,
+layering, install); what they share is imported from `tests/support/`, never from another test
+module or from this file.
 """
 
 from __future__ import annotations
@@ -38,11 +39,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from casmoe.cache import Capacity
-from casmoe.geometry import Geometry
-from casmoe.presets import ModelPreset
+import pytest
 
 CLEARED = ("CASMOE_DEBUG", "CASMOE_NPZ_LIMIT", "CASMOE_EMBEDDER", "CASMOE_DATA", "XDG_CACHE_HOME")
 _saved: dict[str, str | None] = {}
@@ -92,7 +90,7 @@ def _recorded() -> str:
     """The default suite's last recorded timing, in words (bench/results/suite.json)."""
     try:
         s = json.loads(SUITE_FILE.read_text(encoding="utf-8"))
-        return (f"{s['tests']} tests took {s['minutes']} min on {s['cores']} busy cores on {s['date']}, "
+        return (f"{s['tests']} tests took {s['minutes']} min on {s['cores']} cores on {s['date']}, "
                 "bench/results/suite.json")
     except (OSError, ValueError, KeyError):
         return "no timing recorded in bench/results/suite.json"
@@ -106,16 +104,46 @@ def _whole_default_suite(config) -> bool:
             and not config.option.keyword)
 
 
-def pytest_collection_finish(session) -> None:
+def _first_line(config, n: int) -> None:
     """The line before the dots: how many tests run, and how long the default suite takes."""
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    cache = getattr(session.config, "cache", None)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    cache = getattr(config, "cache", None)
     last = cache.get(SUITE_KEY, None) if cache is not None else None
     said = (f"took {last['seconds'] / 60:.1f} min for {last['tests']} tests here on {last['day']}" if last
             else f"has not run whole here yet ({_recorded()})")
     if reporter is not None:
-        n = len(session.items)
         reporter.write_line(f"{n} test{'s' * (n != 1)} to run; the default suite (-m 'not slow') {said}")
+
+
+def pytest_collection_finish(session) -> None:
+    if not hasattr(session.config, "workerinput"):  # a pytest-xdist worker has no terminal: its controller says it
+        _first_line(session.config, len(session.items))
+
+
+_said: list[int] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids) -> None:
+    """Under pytest-xdist (`-n`): the controller's first line, once the first worker has collected."""
+    if not _said:
+        _said.append(len(ids))
+        _first_line(node.config, len(ids))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core this process may use (its CPU affinity, and a container's
+    cgroup CPU quota where one is set), not per core the host has: a worker past the quota only
+    waits, with a copy of torch and numba (about 1 GB) in memory."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
@@ -124,45 +152,3 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if cache is not None and _whole_default_suite(session.config) and exitstatus in (0, 1):
         cache.set(SUITE_KEY, {"seconds": round(time.monotonic() - _started), "tests": session.testscollected,
                               "day": datetime.date.today().isoformat()})
-
-
-def shaped_preset(g: Geometry, head_dim: int = 8, name: str = "test") -> ModelPreset:
-    """A preset with exactly `g`'s routing shape and a tiny dense part."""
-    return ModelPreset(name, "tests", g, heads=1, kv_heads=1, head_dim=head_dim, vocab=16)
-
-
-def seed_box() -> Any:
-    """The seed paper's 4x RTX 4090 profile."""
-    from casmoe.sim.box.hardware import load_profile
-
-    return load_profile("rtx4090x4")
-
-
-def sim_run(trace: Any, policy: str | type = "lru", capacity: int | Capacity = 2, hw: Any = None, *,
-            preset: ModelPreset | None = None, devices: int = 1, quant: Any = None, pinned: bool = True,
-            **kw: Any) -> Any:
-    """`run_trace` of a policy (a name or a class) on `hw` (the seed box) with a preset of the
-    trace's shape, unless `preset` is given; `kw` are the `Run`'s fields and run_trace's own."""
-    from dataclasses import fields
-
-    from casmoe.policies import get_policy
-    from casmoe.sim.cost.machine import Machine
-    from casmoe.sim.passes.assembly import Run
-    from casmoe.sim.passes.driver import run_trace
-
-    cls = get_policy(policy) if isinstance(policy, str) else policy
-    cap = capacity if isinstance(capacity, Capacity) else Capacity(capacity)
-    machine = Machine(preset or shaped_preset(trace.geometry), hw or seed_box(), devices, quant, pinned)
-    of_run = {f.name for f in fields(Run)}
-    run = Run(trace, cls, cap, machine, **{k: v for k, v in kw.items() if k in of_run})
-    return run_trace(run, **{k: v for k, v in kw.items() if k not in of_run})
-
-
-def one_spec(**options: Any) -> Any:
-    """The one `RunSpec` of these `casmoe simulate` options (LRU at 4 slots on the first two
-    requests of the shipped trace unless they say otherwise)."""
-    from casmoe.sim.run.grid import Grid
-
-    runs = Grid.of({"policy": "lru", "capacity": "4", "requests": 2, **options}).specs()
-    assert len(runs.specs) == 1, runs.specs
-    return runs.specs[0]

@@ -143,7 +143,7 @@ class TrainResult:
 def training_environment() -> dict[str, str]:
     """What a training run's arithmetic depends on beyond its settings: the libraries' versions
     and the CPU kernels torch dispatches to. Why it is recorded: on one machine the same recipe
-    and seed give the same weights byte for byte (tests/test_train.py), but the shipped
+    and seed give the same weights byte for byte (tests/backends/test_train.py), but the shipped
     tiny-olmoe's recipe gave three different models on three days (held-out perplexity
     98.79, 99.89, 99.95; bench/RESULTS.md, "The shipped tiny models"): float rounding differs between library
     versions and between CPU kernels (AVX2, AVX-512), and 800 steps amplify it. So a claim that

@@ -5,7 +5,7 @@ Everything here mirrors Python that stays the definition: the mechanics of `casm
 of the built-in policies in `casmoe/policies/`, and the event order of `casmoe/replay.py`.
 Per-request hooks (`prefetch_request`, `on_request_end`) are not duplicated: the driver in
 `casmoe/compiled.py` calls the policy's own Python methods between kernel calls.
-tests/test_compiled_replay.py keeps the twins equal: same loads, victims, slots,
+tests/policies/test_compiled_replay.py keeps the twins equal: same loads, victims, slots,
 substitutions and counters as the Python classes on random traces, for every built-in policy,
 pool kind and miss mode.
 

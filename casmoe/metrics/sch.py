@@ -28,7 +28,7 @@ layer's experts and serves its hits before its misses (so the recency ticks of o
 hits-then-misses, not routing order), and model-wide it walks layers in time, so a miss at
 layer l can evict what layer l' > l of the same token needs. With one routed expert per layer
 (k = 1), per-layer caches, fresh caches per request and `warm_hit_rate`, the two agree exactly
-(tests/test_metrics_sch.py checks it).
+(tests/metrics/test_metrics_sch.py checks it).
 
 The stack update (Mattson et al. 1970, for any priority that does not depend on C): when the
 item at depth p is accessed, the running minima ("records") of depths 0..p-1 each move down to

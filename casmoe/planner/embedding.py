@@ -12,7 +12,7 @@ mean-pooled and unit length, float32 [N, 384], through one of three backends:
   processes load the file. Tokenised by the model's own `tokenizer.json` (the `tokenizers`
   library, as sentence-transformers does).
 - `torch`: sentence-transformers' modules, the reference; `onnx` agrees with it to cosine
-  >= 0.99999 (tests/test_embedding.py).
+  >= 0.99999 (tests/planner/test_embedding.py).
 - `onnx-int8`: the `onnx` export with its MatMul weights quantized to int8 per output channel
   (onnxruntime's dynamic quantization, activations quantized on the fly), built from the
   `onnx` export on first use and cached beside it. About 3x faster on the short prompts of

@@ -2,7 +2,7 @@
 
 The classes listed here are the definitions, one module each. A built-in class that runs
 compiled declares its twin in its own module (`twin = Twin(...)`; see
-`casmoe.cache`), and tests/test_compiled_replay.py holds the two to identical decisions; users'
+`casmoe.cache`), and tests/policies/test_compiled_replay.py holds the two to identical decisions; users'
 classes, and subclasses of the built-in ones, always run their Python hooks.
 
 Adding a built-in policy: write `casmoe/policies/NAME.py` (an `ExpertCache` subclass with a

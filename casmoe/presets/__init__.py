@@ -4,7 +4,7 @@ A preset is data (STYLE principle 5): adding a model is adding a TOML table, eve
 the config it was read from. It holds what prices a token: the routed experts (`Geometry`), the
 attention (MHA, GQA, or DeepSeek's multi-head latent attention), the dense-only blocks, the
 embeddings, sliding windows, and the precision each part of the released checkpoint is stored
-in. Its parameter counts are held to the models' published totals by `tests/test_presets.py`:
+in. Its parameter counts are held to the models' published totals by `tests/presets/test_presets.py`:
 that is how we know the shapes are right. Users can point `load_presets` at their own file.
 """
 
@@ -215,7 +215,7 @@ class ModelPreset:
         dense blocks, and (as publishers count them differently) the embedding table and the LM
         head when asked. Publishers differ: Qwen's, Mixtral's and DeepSeek-V3's 37B include both,
         gpt-oss's 5.1B, Kimi-K2's 32B and DeepSeek-V2's the head only, GLM-4.5's neither
-        (tests/test_presets.py pins each)."""
+        (tests/presets/test_presets.py pins each)."""
         g = self.geometry
         count = g.layers * (self.dense_params_per_layer + self.norm_params_per_layer + g.top_k * g.expert_params)
         count += self.dense_layers * self.dense_layer_params + g.hidden

@@ -10,7 +10,7 @@ Why not `gguf.GGUFReader`: it builds a numpy view per array element, and a real 
 tokenizer holds some 150k tokens and as many merges (12 s for Qwen3's 152k, measured). Here
 such long arrays are stepped over and only their length is kept (`SkippedArray`); everything
 else (value types, ggml types and their block sizes, the key names) comes from gguf-py's
-constants, and tests/test_gguf.py checks this reader against `GGUFReader` on the files it writes.
+constants, and tests/presets/test_gguf.py checks this reader against `GGUFReader` on the files it writes.
 
 A model split by `llama-gguf-split` (`NAME-00001-of-00003.gguf`) is read whole from any one of
 its parts: the first holds the metadata, each part its share of the tensors.

@@ -5,7 +5,7 @@ DataFrame, the command line's defaults and validation), loaded on first use; `te
 simulator half of the policy contract (`check_policy`).
 
 Subpackages, bottom to top (a module imports only from its own room and the rooms before it;
-tests/test_layers.py keeps that):
+tests/project/test_layers.py keeps that):
 - `box/`: the hardware (`HardwareProfile`, shipped profiles, the published boxes' catalog) and
   what a box costs in dollars;
 - `cost/`: what prices a token: the model at its precisions on a box under a software stack

@@ -84,7 +84,7 @@ UNBOUNDED = {
 }
 """Numbers with no fastest real part, and why: a time has no fastest and any slowness is real;
 a share or a reserve is checked against its own range. Every number is here or in
-`FASTEST_REAL` (tests/test_sim_hardware.py holds the two to cover every field)."""
+`FASTEST_REAL` (tests/sim/box/test_sim_hardware.py holds the two to cover every field)."""
 WHAT_IF = 4.0
 
 GPU_FIELDS = ("memory_gib", "reserved_gib", "dense_tflops", "mem_bw_gbs", "matmul_efficiency", "mem_efficiency",

@@ -6,7 +6,7 @@ Everything here mirrors Python that stays the definition (`casmoe/sim/passes/tim
 `CompiledDecider`): it reads the twin's decision log and per-visit marks directly, so no
 Python record exists per visit. The floating-point operations are the Python ones in the same
 order (numba compiles without fast-math), so the results agree to the last bit;
-tests/test_compiled_timing.py checks it on random traces and machines.
+tests/sim/passes/test_compiled_timing.py checks it on random traces and machines.
 
 A link's Python dicts become arrays over the shard's experts (an expert's loads always go over
 its own layer's link, so one array serves every link): `token` (0: no tracked load),

@@ -6,7 +6,7 @@ policy, precision, RAM tier, ...), built by the same `Grid.specs` as every other
 each config the search finds the fewest slots per layer that meet the target, by bisection
 over `[top_k, most that fit the GPUs]`: it assumes the target metric improves (or stays) as
 the cache grows, which holds for the built-in policies' demand hit rates on the traces tried
-(tests/test_sim_search.py checks the answer against a brute-force grid). A config whose largest
+(tests/sim/questions/test_sim_search.py checks the answer against a brute-force grid). A config whose largest
 cache misses the target is settled by that one run. The rounds of all configs' probes run
 together through `casmoe.sim.run.runner.run_all` (local processes or Ray), whose store under `out`
 makes an interrupted search resume and a repeated one free.

@@ -6,7 +6,7 @@ SGLang fork, vLLM's `vllm serve`, upstream SGLang) and `verified.toml` beside th
 (the programs themselves, `-m`, `--model-path`, `llama-quantize --tensor-type`, and the fork's
 lines of the SGLang flags the KTransformers command uses). A `Command` is a value: a program,
 its arguments, and the engine whose list it must pass; `check` holds it to that list (names,
-value kinds, enum choices, llama.cpp's `-ot` syntax) and is what tests/test_plan_engines.py
+value kinds, enum choices, llama.cpp's `-ot` syntax) and is what tests/sim/questions/test_plan_engines.py
 runs on every command a plan prints. casmoe's own `bench` line is checked against the installed
 command's parameters by the CLI and the tests (this package cannot import the CLI).
 """
