@@ -280,7 +280,14 @@ def _stacks() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _suite_longest() -> str:
+    """The default suite's longest tests at its last timing (bench/results/suite.json)."""
+    longest = load_source("suite")["longest"][:6]
+    return "\n".join(f"- {t['seconds']} s: `{t['test']}`" for t in longest)
+
+
 GENERATED: dict[str, Callable[[], str]] = {
+    "suite-longest": _suite_longest,
     "policies": _policies,
     "headline": _headline,
     "validation-line": _validation,

@@ -3,10 +3,11 @@
     python bench/time_suite.py                 # the whole default suite, as .ci/run runs it
     python bench/time_suite.py --out /tmp/s.json tests/project/test_docs.py   # a part of it, elsewhere
 
-Runs `python -m pytest -m "not slow" -n auto -q -p no:cacheprovider [PATHS]` in the checkout, and records the
-tests that passed, the wall seconds, the day, the commit, the machine's cores and its load average
-before and after (the suite shares the machine with whatever else runs). Then
-`python bench/docs_figures.py --write` puts the figures into the docs.
+Runs `python -m pytest -m "not slow" -n auto -q -p no:cacheprovider [PATHS]` in the checkout, and
+records the tests that passed, the longest of them (pytest's `--durations`, setup and call), the
+wall seconds, the day, the commit, the machine's cores and its load average before and after (the
+suite shares the machine with whatever else runs). Then `python bench/docs_figures.py --write`
+puts the figures into the docs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,19 @@ def _commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
+LONGEST = 25
+"""How many of the longest tests the record keeps (bench/RESULTS.md names the first few)."""
+
+
+def longest(output: str) -> list[dict[str, object]]:
+    """The longest tests of pytest's `--durations` report, setup and call summed per test."""
+    seconds: dict[str, float] = {}
+    for m in re.finditer(r"^([\d.]+)s (?:setup|call|teardown) +(\S+)$", output, re.M):
+        seconds[m.group(2)] = seconds.get(m.group(2), 0.0) + float(m.group(1))
+    ranked = sorted(seconds.items(), key=lambda kv: -kv[1])[:LONGEST]
+    return [{"test": test, "seconds": round(s, 1)} for test, s in ranked]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", help="test files or folders (default: pyproject's test paths)")
@@ -38,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
     start = time.monotonic()
-    done = subprocess.run([*COMMAND, *args.paths], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([*COMMAND, f"--durations={LONGEST}", *args.paths], cwd=ROOT, capture_output=True, text=True)
     seconds = time.monotonic() - start
     last = (done.stdout.strip().splitlines() or [""])[-1]
     passed = re.search(r"(\d+) passed", last)
@@ -57,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": round(load_before, 1),
         "load_after": round(os.getloadavg()[0], 1),
         "summary": last,
+        "longest": longest(done.stdout),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -3,9 +3,9 @@ in its user cache, its environment or its locale.
 
 Before any test module is imported (so subprocesses the tests start inherit it too):
 
-- `CASMOE_CACHE` is a fresh folder of this session, removed at the end: the planner=auto cache
-  and the embedder's ONNX export are built here, never read from (or written to) the user's
-  `~/.cache/casmoe`, where a damaged or foreign entry would change what a test sees;
+- `CASMOE_CACHE` is a fresh folder of this session (shared by its pytest-xdist workers), removed
+  at the end: the planner=auto cache and the embedder's ONNX export are built here, never read
+  from (or written to) the user's `~/.cache/casmoe`, where a damaged or foreign entry would change what a test sees;
 - casmoe's other switches are unset (`CASMOE_DEBUG` turns one-line errors into tracebacks,
   `CASMOE_NPZ_LIMIT` moves the archive-size limit, `CASMOE_EMBEDDER` the embedding backend,
   `CASMOE_DATA` the shipped data: tests that need one set it themselves), and so is
@@ -55,10 +55,20 @@ def _set(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
-def pytest_configure(config) -> None:  # noqa: ARG001  (pytest's hook signature)
+SHARED = "CASMOE_TEST_SESSION_CACHE"
+"""The session's cache folder, passed to pytest-xdist's workers (they inherit the controller's
+environment): one planner fit and one embedder export per session, not one per worker. The
+cache is built for processes that share it (a lock, and whole renames)."""
+
+
+def pytest_configure(config) -> None:
     global _cache
-    _cache = tempfile.mkdtemp(prefix="casmoe-test-cache-")
-    _set("CASMOE_CACHE", _cache)
+    if hasattr(config, "workerinput") and os.environ.get(SHARED):
+        _set("CASMOE_CACHE", os.environ[SHARED])  # the controller's, removed by the controller
+    else:
+        _cache = tempfile.mkdtemp(prefix="casmoe-test-cache-")
+        _set("CASMOE_CACHE", _cache)
+        _set(SHARED, _cache)
     for name in CLEARED:
         _set(name, None)
     _set("HF_HUB_OFFLINE", "1")
