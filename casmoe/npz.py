@@ -21,7 +21,6 @@ from typing import IO, Any
 import numpy as np
 
 from casmoe import filekind
-from casmoe.filekind import NPZ, one_line
 
 MAX_INFLATE = 200
 MIN_LIMIT = 2**30
@@ -63,7 +62,7 @@ def read_npz(path: str | os.PathLike[str], error: type[Exception], what: str = "
     """Every array of the archive at `path` (no pickle); any fault raises `error` naming it, a
     file of another kind named as what it is (`casmoe.filekind`), not `what`."""
     where = str(path)
-    filekind.require(path, NPZ, what, error, hint)
+    filekind.require(path, filekind.NPZ, what, error, hint)
     try:
         with open(path, "rb") as fh:
             check_sizes(fh, where, error)
@@ -74,9 +73,9 @@ def read_npz(path: str | os.PathLike[str], error: type[Exception], what: str = "
     except FileNotFoundError:
         raise error(f"{where}: no such file") from None
     except MemoryError as exc:
-        raise error(f"{where}: out of memory reading it ({one_line(exc)}); check the sizes its arrays declare") from None
+        raise error(f"{where}: out of memory reading it ({filekind.one_line(exc)}); check the sizes its arrays declare") from None
     except Exception as exc:  # zipfile, zlib, numpy's header parser: all say "damaged"
-        raise error(f"{where}: damaged .npz archive ({type(exc).__name__}: {one_line(exc)})") from None
+        raise error(f"{where}: damaged .npz archive ({type(exc).__name__}: {filekind.one_line(exc)})") from None
 
 
 def require(

@@ -52,7 +52,6 @@ from casmoe.sim.questions.deploy.placement import (
 )
 from casmoe.sim.questions.deploy.quality import DEFAULT_FLOOR, above, floor_kld, gguf_choices
 from casmoe.sim.questions.deploy.routing import Routing, resolve
-from casmoe.sim.questions.deploy.support import version_check
 from casmoe.sim.run.grid import Grid
 from casmoe.sim.run.runner import run_all, whole_trace
 from casmoe.sim.run.spec import casmoe_version, file_digest
@@ -593,7 +592,7 @@ def script(c: Candidate, rank: int) -> str:
         lines += [f"# DOES NOT FIT this box: {p}" for p in c.placement.memory.problems] or \
             ["# DOES NOT FIT this box (casmoe plan's memory map)"]
         lines += ["echo 'casmoe plan: this configuration does not fit the box it was planned for' >&2", "exit 1"]
-    lines += version_check(c.engine, c.minimum, c.minimum_why)
+    lines += support.version_check(c.engine, c.minimum, c.minimum_why)
     for step in c.prepare:
         text = step.text()
         lines.append(f"[ -e {_quote(step.creates)} ] || {text}" if step.creates else text)
