@@ -7,7 +7,8 @@ in any order, or among the others alike. A command shown on two pages runs once.
 Commands are read from the ```bash blocks, so a command added to a page is tested here without
 editing this file. The README's two set-up lines run what follows their install steps (CI runs the
 install, exactly as written: `test_readme_installs_and_tests_as_ci_does`): the main job,
-`casmoe simulate`, runs in the default suite; the test command is the suite itself. Fast commands
+`casmoe simulate`, runs as written in the default suite in `ELSEWHERE`'s test, which also reads its
+answer and files (here it would run once more per worker); the test command is the suite itself. Fast commands
 (seconds) run in the default suite; anything not on the FAST list runs with `-m slow`. Skipped:
 commands that name `/path/to/` your own checkpoint, `--device cuda` commands without a GPU, and
 training a tiny model from scratch unless CASMOE_README_LONG=1. The ```python blocks compile, and
@@ -41,6 +42,9 @@ FAST = [  # a few seconds each on 2 busy cores; the others (10 s to hours) run w
     r"^casmoe trace export qwen\.npz",
     r"^casmoe lrc -t traces/real/moe_lrc_case_traces\.json",
 ]
+ELSEWHERE = {"casmoe simulate": "tests/cli/test_sim_cli.py::test_simulate_with_no_arguments"}
+"""Commands another test runs exactly as written (and checks more closely): no fast command here
+reads what they write."""
 HOURS = [r"^casmoe train-tiny"]  # too long even for -m slow unless asked for
 SLOW_PYTHON = ("load_planner",)  # python blocks that need a fitted planner (a slow command)
 INSTALL = ("python3 -m venv", ". .venv/bin/activate", "pip install")
@@ -101,7 +105,7 @@ def _param(i: int, doc: str, command: str) -> pytest.param:
     marks = []
     if "--device cuda" in command or "gpu_check" in command:
         marks.append(pytest.mark.gpu)
-    reason = _skip_reason(command)
+    reason = _skip_reason(command) or (f"runs as written in {ELSEWHERE[command]}" if command in ELSEWHERE else None)
     if reason is not None:
         marks.append(pytest.mark.skip(reason=reason))
     if not _fast(command):
@@ -138,7 +142,8 @@ def _run_before(upto: int, fast_only: bool, clone: Path, ran: set[str], monkeypa
     the fast commands use nothing the slow ones write)."""
     commands = readme_commands()
     for command in commands[:upto]:
-        if command not in ran and _skip_reason(command) is None and (_fast(command) or not fast_only):
+        if (command not in ran and command not in ELSEWHERE and _skip_reason(command) is None
+                and (_fast(command) or not fast_only)):
             _run_command(command, clone, monkeypatch, capsys)
             ran.add(command)
 
@@ -179,6 +184,14 @@ def _run_command(command: str, clone: Path, monkeypatch, capsys) -> None:
         assert code in (0, None), f"{part}: exit {code}: {err[-2000:]}"
         if out is not None:
             (clone / out).write_text(printed)
+
+
+def test_commands_left_to_another_test_are_in_the_docs_and_that_test_exists():
+    commands = {command for _, command in doc_commands()}
+    for command, test in ELSEWHERE.items():
+        path, name = test.split("::")
+        assert command in commands, f"{command!r} is in no page any more: drop it from ELSEWHERE"
+        assert re.search(rf"^def {name}\(", (REPO / path).read_text(encoding="utf-8"), re.M), test
 
 
 def test_readme_installs_and_tests_as_ci_does():
