@@ -178,6 +178,13 @@ class Precision:
         return INT_DOT[self.family][0]
 
     @property
+    def bf16_dot(self) -> bool:
+        """True for BF16 weights, which ggml multiplies with BF16 dot products where the CPU has
+        them (`ggml_vec_dot_bf16`, tinyBLAS under `__AVX512BF16__`; `HardwareProfile.cpu_bf16_speedup`)
+        and otherwise converts to FP32 first."""
+        return self.name.lower() == "bf16"
+
+    @property
     def is_mix(self) -> bool:
         """True for a llama.cpp mix whose expert tensors change type by layer or by tensor."""
         return bool(self.gate or self.up or self.down)

@@ -346,7 +346,7 @@ class Machine:
             the rest and the unknown."""
             if p is not None and p.int_dot:
                 return int_flops
-            return bf16_flops if p is not None and p.name == "bf16" else float_flops
+            return bf16_flops if p is not None and p.bf16_dot else float_flops
 
         # the kernels' share of what their threads can stream: of the sockets' peak, or of the threads' own
         # rate where fewer threads than that take (llama-bench on bench/llamacpp's box: decode doubles from 1
