@@ -242,7 +242,8 @@ class RunState:
             compute_utilisation=tuple(min(1.0, b / end) if end else 0.0 for b in timer.device_busy),
             stats=stats,
             late_by_layer=tuple(timer.late_by_layer),
-            wasted_by_layer=tuple(w for shard in self.shards for w in shard.cache.wasted_by_layer()) if tl is not None else (),
+            wasted_by_layer=(tuple(w for shard in self.shards for w in shard.cache.wasted_by_layer())
+                             if tl is not None else ()),
             stall_bound_s=tl.bound if tl is not None else 0.0,
             stall_bound_by_layer_s=tuple(tl.bound_by_layer) if tl is not None else (),
             stall_bound_by_device_s=tuple(tl.bound_by_device) if tl is not None else (),

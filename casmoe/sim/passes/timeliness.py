@@ -70,11 +70,10 @@ class Timeliness:
         needed = len(acc.loads)
         unused = self.unused
         if unused:  # routed residents count as used before any miss evicts (as `route` does)
-            loaded = {ld.expert for ld in acc.loads}
             for e in experts:
                 if e + off in unused:
                     unused.discard(e + off)
-                    needed += e not in loaded  # a demand load now: the prefetch left unused
+                    needed += all(ld.expert != e for ld in acc.loads)  # a demand load now: the prefetch left unused
             for ld in acc.loads:
                 if ld.victim >= 0:
                     unused.discard(ld.victim + off)
