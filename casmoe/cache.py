@@ -286,7 +286,6 @@ class ExpertCache:
         """Slots per pool that keep experts between layers when fewer than top_k (-1: all)."""
         self._over: set[int] = set()  # pools holding more than `_keep` experts
         if geometry.total_experts > 1_000_000:  # per-expert tables below: a typo'd geometry fails here
-
             check_allocation(geometry.total_experts * 200, f"a cache over {geometry.describe()}")
         self.geometry = geometry
         self.capacity = cap

@@ -151,7 +151,6 @@ def reading(where: str) -> Iterator[None]:
     """Run a reader of `where` without library warnings, its `MemoryError` one line naming it."""
     import numpy as np
 
-
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         try:

@@ -58,7 +58,6 @@ def load_config(name_or_path: str | Path) -> Any:
     """The model's transformers config, checked to be a supported MoE family."""
     from transformers import AutoConfig
 
-
     where = resolve_model(name_or_path)
     path = Path(where)
     if path.exists() and not (path / "config.json").exists():
@@ -94,7 +93,6 @@ def load_model(name_or_path: str | Path, dtype: str | None = None) -> tuple[Any,
     """(model in eval mode, tokenizer) for a supported MoE model, in `dtype` (a name in DTYPES;
     default: the checkpoint's)."""
     from transformers import AutoTokenizer
-
 
     config = load_config(name_or_path)
     where = resolve_model(name_or_path)

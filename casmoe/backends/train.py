@@ -356,7 +356,6 @@ def fit(model, rows, settings: TrainSettings, rng: np.random.Generator, progress
     import torch
     from tqdm import tqdm
 
-
     if settings.steps is None:
         raise CasmoeError("fit needs settings.steps (`resolved` fills in a shipped model's own)")
 
@@ -420,7 +419,6 @@ def train_tiny(name: str, out_dir: Path | str, settings: TrainSettings = TrainSe
     """Train tiny model `name` and save it (fp16 safetensors, config, tokenizer) to out_dir."""
     import torch
     import transformers
-
 
     check_folder_target(out_dir, MODEL_FOLDER, "output folder", marker="config.json")  # before the training
     settings = resolved(name, settings)

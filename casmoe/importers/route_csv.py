@@ -343,7 +343,6 @@ def write_route_csv(trace: Trace, path: str | Path, progress: bool = False) -> N
     import pandas as pd
     from tqdm import tqdm
 
-
     with atomic_open(path, "w", encoding="utf-8", newline="\n") as fh:
         fh.write("\n".join(lines) + "\n")
         for i, r in enumerate(tqdm(trace.requests, desc="export", unit="req", disable=not progress)):

@@ -98,7 +98,6 @@ class Matcher:
         or foreign component is a `PlannerError` naming its file, never a crash or garbage."""
         import hnswlib
 
-
         where = folder / PATTERNS
         try:
             patterns = np.load(where, allow_pickle=False)

@@ -113,7 +113,6 @@ class EAP:
         from safetensors import SafetensorError
         from safetensors.torch import save_file
 
-
         tensors = {k: v.detach().contiguous() for k, v in self.net.state_dict().items()}
         tensors["vocab_ids"] = torch.from_numpy(self.vocab_ids.astype(np.int64))
         with atomic_path(path) as tmp:
@@ -127,7 +126,6 @@ class EAP:
         """Read and check every tensor's name and shape against the planner's settings and
         geometry; a damaged or foreign file is a `PlannerError` naming it."""
         from safetensors.torch import load_file
-
 
         try:
             tensors = load_file(str(path))

@@ -133,13 +133,11 @@ class TorchEmbedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 
-
         with quiet_loads():
             self.model = SentenceTransformer(str(model_dir()), device="cpu")
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import torch
-
 
         with one_thread(), torch.inference_mode():
             vecs = self.model(self.model.preprocess(texts))["sentence_embedding"]
@@ -375,7 +373,6 @@ def _export(src: Path, out: Path) -> None:
     the model's `modules.json`)."""
     import torch
     from transformers import AutoModel
-
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with quiet_loads():

@@ -195,7 +195,6 @@ def _geometry(meta: _Meta, spec: _Arch, layers: int, experts: int, top_k: int, h
               gated: bool, header: GGUFHeader) -> Any:
     import gguf
 
-
     shared = 0
     if spec.shared == "count":
         shared = meta.need(gguf.Keys.LLM.EXPERT_SHARED_COUNT)

@@ -315,7 +315,6 @@ class _Builder:
              stack, numa) in itertools.product(*(g.values(a) for a in axes)):
             weights = None
             if model is not None and str(model).lower().endswith(".gguf"):  # the user's own file: its bytes
-
                 file_preset, weights = read_gguf(model)
             name = None if weights is not None else preset_for(whole, model)
             if name is None and weights is None and not self.shape_ok:
