@@ -171,7 +171,7 @@ def _errors(results: list[dict[str, Any]]) -> dict[str, Any]:
 def summary(results: list[dict[str, Any]], dropped: list[str]) -> dict[str, Any]:
     """The errors over every run, and apart for decode (llama-bench's tg) and prefill (pp): the
     two stress different parts of the model (bytes streamed against FLOPs)."""
-    by_test = {test: _errors([r for r in results if r["test"] == test]) for test in ("tg", "pp")}
+    by_test = {test: _errors(runs) for test in ("tg", "pp") if (runs := [r for r in results if r["test"] == test])}
     return {**_errors(results), "models": len({r["model"] for r in results}), "left_out_runs": dropped,
             "by_test": by_test}
 
