@@ -7,7 +7,6 @@ last bit (times, stalls, counts, timeliness, latency percentiles).
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 from support.builders import shaped_preset
@@ -16,13 +15,12 @@ from hypothesis import strategies as st
 
 from casmoe.cache import CacheConfigError, MissMode
 from casmoe.policies import get_policy
-from casmoe.sim.box.hardware import load_profile
 from casmoe.sim.passes.driver import run_trace
 from casmoe.sim.passes.assembly import Run
 from casmoe.sim.cost.machine import Machine
 from casmoe.testing import cases
 from support.sim_golden import SHAPES, Case, run
-from support.variants import VARIANTS
+from support.variants import VARIANTS, box
 
 
 
@@ -42,11 +40,7 @@ def test_compiled_decisions_simulate_to_the_last_bit(variant, case, mode, batch,
     name, options = variant
     g = case.trace.geometry
     devices = min(devices, g.layers)
-    hw = load_profile("rtx4090x4")
-    if slow_link:  # prefetches still in flight when used: late hits and lazy link commits
-        hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, load_layer_us=5.0,
-                                  wake_us=2.0, resume_per_stall=0.1,
-                                  copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
+    hw = box(slow_link, load_layer_us=5.0)
 
     def result(compiled: bool):
         try:

@@ -28,7 +28,7 @@ from casmoe.sim.passes.traffic import Arrival, Schedule, Traffic
 from casmoe.testing import cases
 from casmoe.trace_io import load_trace
 from support.builders import shaped_preset
-from support.variants import VARIANTS
+from support.variants import VARIANTS, box
 
 
 def _both(monkeypatch, run):
@@ -63,10 +63,7 @@ def test_compiled_timing_to_the_last_bit(monkeypatch, variant, case, mode, batch
     name, options = variant
     g = case.trace.geometry
     devices = min(devices, g.layers)
-    hw = load_profile("rtx4090x4")
-    if slow_link:  # prefetches still in flight when used: late hits, lazy commits, cancellations
-        hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, load_layer_us=5.0,
-                                  wake_us=2.0, resume_per_stall=0.1, copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
+    hw = box(slow_link, load_layer_us=5.0)
     if host_cap:  # the links share one host pipe
         hw = dataclasses.replace(hw, host_cap_gbs=hw.h2d_pinned_gbs / (3e3 if slow_link else 3))
 
@@ -116,10 +113,7 @@ def test_compiled_serving_to_the_last_bit(variant, case, mode, devices, slow_lin
     and priced by the kernel, one at a time: the Python passes' result to the last bit."""
     name, options = variant
     g = case.trace.geometry
-    hw = load_profile("rtx4090x4")
-    if slow_link:
-        hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, wake_us=2.0,
-                                  resume_per_stall=0.1, copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
+    hw = box(slow_link)
     wl = Traffic(Arrival.POISSON, rate=rate, max_batch=max_batch, schedule=schedule, chunk=chunk,
                  prefill_batch=prefill_batch if schedule is Schedule.PREFILL_FIRST else 1)
 

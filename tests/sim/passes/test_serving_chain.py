@@ -10,7 +10,6 @@ path is taken, and stopped by arrivals, where it should be.
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,7 +30,7 @@ from casmoe.sim.passes.traffic import Arrival, Schedule, Traffic
 from casmoe.testing import cases
 from casmoe.trace_io import load_trace
 from support.builders import shaped_preset
-from support.variants import VARIANTS
+from support.variants import VARIANTS, box
 
 SERVING = [v for v in VARIANTS if not get_policy(v[0]).needs_future and v[1].get("predictor") != "exact"]
 
@@ -55,10 +54,7 @@ def test_closed_loop_alone_to_the_last_bit(variant, case, mode, devices, slow_li
     the compiled passes with the fast path give the Python passes' result to the last bit."""
     name, options = variant
     g = case.trace.geometry
-    hw = load_profile("rtx4090x4")
-    if slow_link:
-        hw = dataclasses.replace(hw, h2d_pinned_gbs=hw.h2d_pinned_gbs / 1e4, load_host_us=3.0, wake_us=2.0,
-                                  resume_per_stall=0.1, copy_beside_us=4.0, decide_us=1.5, decide_load_us=2.5)
+    hw = box(slow_link)
     wl = Traffic(Arrival.CLOSED, users=users, think=think, max_batch=max_batch, schedule=schedule, chunk=chunk)
 
     def run(compiled: bool):
