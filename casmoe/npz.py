@@ -57,6 +57,21 @@ def check_sizes(fh: IO[bytes], where: str, error: type[Exception]) -> None:
         )
 
 
+def members(path: str | os.PathLike[str], error: type[Exception], what: str = "a NumPy .npz archive",
+            hint: str = "") -> set[str]:
+    """The names of the archive's arrays, from its directory (nothing inflated); faults as
+    `read_npz` names them."""
+    where = str(path)
+    filekind.require(path, filekind.NPZ, what, error, hint)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return {name.removesuffix(".npy") for name in zf.namelist()}
+    except FileNotFoundError:
+        raise error(f"{where}: no such file") from None
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise error(f"{where}: not a readable .npz (zip) archive: {filekind.one_line(exc)}") from None
+
+
 def read_npz(path: str | os.PathLike[str], error: type[Exception], what: str = "a NumPy .npz archive",
              hint: str = "") -> dict[str, np.ndarray]:
     """Every array of the archive at `path` (no pickle); any fault raises `error` naming it, a

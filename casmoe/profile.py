@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from casmoe.errors import CasmoeError
-from casmoe.npz import format_meta, read_npz
+from casmoe.npz import format_meta, members, read_npz
 from casmoe.output import atomic_open, check_file_target
 from casmoe.trace_io import load_trace
 
@@ -147,18 +147,21 @@ def from_engine_counts(counts: np.ndarray, where: str, *, model_layers: int | No
     return Profile(counts[keep], info)
 
 
+_WHAT = "a casmoe profile or trace (.npz)"
+_HINT = "turn engine dumps into a profile with `casmoe popularity import`"
+
+
 def _npz_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """The arrays of a profile or trace archive: sizes checked before inflating, no pickle, a
     file of another kind named as what it is (`casmoe.npz.read_npz`)."""
-    return read_npz(path, ProfileError, "a casmoe profile or trace (.npz)",
-                    hint="turn engine dumps into a profile with `casmoe popularity import`")
+    return read_npz(path, ProfileError, _WHAT, hint=_HINT)
 
 
 def read_profile(path: str | os.PathLike[str]) -> Profile:
-    """A profile file, or a casmoe trace as the profile of its routed counts."""
-    arrays = _npz_arrays(path)
-    if "counts" in arrays:
-        return Profile._from_arrays(arrays, str(path))
+    """A profile file, or a casmoe trace as the profile of its routed counts (a trace is read
+    once, by `load_trace`, which keeps what a process reads again)."""
+    if "counts" in members(path, ProfileError, _WHAT, hint=_HINT):
+        return Profile._from_arrays(_npz_arrays(path), str(path))
 
     trace = load_trace(path)
     counts = trace.popularity().astype(np.float64)

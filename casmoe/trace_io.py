@@ -7,14 +7,23 @@ how the arrays partition into requests; each request's own shapes and ranges are
 by `Request` and `Trace` themselves when built. `validate_trace` adds what construction leaves
 out because it costs more (a token routed to the same expert twice, a gap row mixing real ids,
 weights on a gap): saving and loading run it, and importers call it on what they read.
+
+A process reads one file many times over (a leaderboard's policies each read their profile, the
+train half of a trace), so the last files decoded are kept by the digest of their bytes: a
+file read again costs its read and digest, and an edited file is new bytes, so never stale.
+Their arrays are read-only, as every loaded trace's are, because the requests are shared.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import io
 import json
 import os
+import threading
 import zipfile
+from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -85,15 +94,44 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
         return _load_trace(path, where)
 
 
+KEEP_BYTES = 256 * 2**20
+"""Decoded arrays kept for files read again, at most (the least recently read go first)."""
+_DECODED: OrderedDict[bytes, tuple[Trace, int]] = OrderedDict()
+_KEEPING = threading.Lock()
+
+
 def _load_trace(path: str | os.PathLike[str], where: str) -> Trace:
     try:
         with open(path, "rb") as fh:
             data = fh.read()
+    except FileNotFoundError:
+        raise TraceError(f"{where}: no such file") from None
+    except OSError as exc:
+        raise TraceError(f"{where}: not a readable casmoe trace (.npz): {one_line(exc)}") from None
+    key = hashlib.blake2b(data, digest_size=16).digest()
+    with _KEEPING:
+        kept = _DECODED.get(key)
+        if kept is not None:
+            _DECODED.move_to_end(key)
+    if kept is None:
+        trace, size = _decode(data, where)
+        if size > KEEP_BYTES:  # too large to keep alive: the caller's own
+            return trace
+        with _KEEPING:
+            _DECODED[key] = kept = trace, size
+            while sum(s for _, s in _DECODED.values()) > KEEP_BYTES:
+                _DECODED.popitem(last=False)
+    trace = kept[0]
+    # a trace of its own: the caller may edit its list and metadata; the requests are read-only
+    return Trace(trace.geometry, list(trace.requests), copy.deepcopy(trace.meta))
+
+
+def _decode(data: bytes, where: str) -> tuple[Trace, int]:
+    """The trace an archive's bytes hold, with its arrays made read-only, and their size."""
+    try:
         check_sizes(io.BytesIO(data), where, TraceError)  # before anything is inflated
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
-    except FileNotFoundError:
-        raise TraceError(f"{where}: no such file") from None
     except TraceError:
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, RuntimeError) as exc:
@@ -102,7 +140,10 @@ def _load_trace(path: str | os.PathLike[str], where: str) -> Trace:
         raise
     except Exception as exc:  # zlib.error and friends from corrupted members
         raise TraceError(f"{where}: corrupted trace file: {type(exc).__name__}: {one_line(exc)}") from None
-    return trace_from_arrays(arrays, where)
+    arrays = {name: arr for name, arr in arrays.items() if isinstance(arr, np.ndarray)}  # not raw bytes
+    for arr in arrays.values():
+        arr.flags.writeable = False
+    return trace_from_arrays(arrays, where), sum(arr.nbytes for arr in arrays.values())
 
 
 def trace_from_arrays(arrays: dict[str, np.ndarray], where: str) -> Trace:

@@ -20,10 +20,6 @@ from support.traces import assert_same, random_trace
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-
-
-
-
 @FAST
 @given(
     L=st.integers(1, 5),
@@ -42,6 +38,26 @@ def test_round_trip_random_geometries(tmp_path, L, E, k, n, optional, seed):
     assert_same(tr, back)
     assert back.meta["source_model"] == "test" and back.meta["nested"] == {"a": [1, 2]}
     assert "created" in back.meta
+
+
+def test_a_file_read_again_is_read_as_it_is_now_and_each_reader_owns_its_trace(tmp_path):
+    """A process keeps the files it decoded, by their bytes: a file rewritten with its old
+    times is read anew, and what one reader does to its trace never reaches another's."""
+    path = tmp_path / "t.npz"
+    first, second = (random_trace(np.random.default_rng(seed), 2, 8, 2, 3, False) for seed in (0, 1))
+    save_trace(first, path)
+    times = os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns
+    mine = load_trace(path)
+    mine.meta["note"] = "mine"
+    mine.requests.pop()
+    theirs = load_trace(path)
+    assert_same(first, theirs)
+    assert "note" not in theirs.meta and len(theirs.requests) == 3
+    with pytest.raises(ValueError, match="read-only"):  # the requests are shared, so never edited in place
+        theirs.requests[0].topk[0, 0, 0] = 0
+    save_trace(second, path)
+    os.utime(path, ns=times)  # the stat a cache keyed by times would trust
+    assert_same(second, load_trace(path))
 
 
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600)])
