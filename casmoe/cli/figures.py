@@ -260,7 +260,8 @@ def _title(fig: Any, what: str, context: str) -> None:
     joined), in the largest font up to 10 points in which both fit the panels' width, as
     measured (the legend beside them keeps its place: call this after the legend). Only a
     setting too long even at 7 points wraps."""
-    fig.draw_without_rendering()  # lays the legend out
+    if fig.legends:  # laid out only to place them (a whole draw: most figures have none)
+        fig.draw_without_rendering()
     width_in = fig.get_figwidth()
     right = min((leg.get_window_extent().x0 / fig.dpi for leg in fig.legends), default=width_in) - 0.1
     setting = "; ".join(line for line in context.splitlines() if line)
