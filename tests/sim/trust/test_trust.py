@@ -115,15 +115,19 @@ def test_a_resumed_leaderboard_recomputes_what_an_edited_profile_changes(tmp_pat
     first = cli(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "computed now" in first.stdout
+    ran = lambda: {r["key"]: r for r in json.loads((out / "results.json").read_text()) if "skipped" not in r}  # noqa: E731
+    before = ran()
     again = cli(*args, cwd=tmp_path)
     assert again.returncode == 0 and "(0 computed now)" in again.stdout
     box(tmp_path, h2d_pinned_gbs=2.4)  # the same file, a slower link
     edited = cli(*args, cwd=tmp_path)
-    assert edited.returncode == 0 and "(0 computed now)" not in edited.stdout
-    before = {r["key"]: r for r in json.loads((out / "results.json").read_text())}
-    assert all(k not in before or "skipped" in before[k] for k in [])  # keys are content: the edit made new ones
-    lru = [r for r in json.loads((out / "results.json").read_text()) if r["policy"] == "lru" and "skipped" not in r]
+    assert edited.returncode == 0 and f"({len(before)} computed now)" in edited.stdout
+    after = ran()
+    assert after.keys().isdisjoint(before)  # keys are content: the edit made new ones
+    lru = [r for r in after.values() if r["policy"] == "lru"]
     assert lru and all(r["hardware"] == "box" for r in lru)
+    was = {r["capacity"]: r["decode_tokens_per_s"] for r in before.values() if r["policy"] == "lru"}
+    assert any(r["decode_tokens_per_s"] < was[r["capacity"]] for r in lru)  # a tenth of the link: LRU waits longer
 
 
 def test_a_user_policy_edit_and_a_new_profile_file_change_the_key(tmp_path, monkeypatch):
