@@ -10,6 +10,9 @@ Before any test module is imported (so subprocesses the tests start inherit it t
   `CASMOE_NPZ_LIMIT` moves the archive-size limit, `CASMOE_EMBEDDER` the embedding backend,
   `CASMOE_DATA` the shipped data: tests that need one set it themselves), and so is
   `XDG_CACHE_HOME`; the hub is offline (`HF_HUB_OFFLINE=1`: no test downloads);
+- `CASMOE_PLOTS=none`: a command draws no PNG that its test does not ask for (with `--plots`,
+  or as `tests/cli/test_sim_cli.py` runs `casmoe` as a user does, with the default): drawing a
+  plan's two pictures took about 1 s per plan, about 20 s of the walk over plan's options;
 - text is UTF-8 in this process and its children (`PYTHONUTF8`, the C.UTF-8 locale where the
   host has it): rich draws its tables with ASCII boxes under a non-UTF-8 locale, and tests read
   the box characters.
@@ -72,6 +75,7 @@ def pytest_configure(config) -> None:
     for name in CLEARED:
         _set(name, None)
     _set("HF_HUB_OFFLINE", "1")
+    _set("CASMOE_PLOTS", "none")
     _set("PYTHONUTF8", "1")
     for name in ("C.UTF-8", "C.utf8"):
         try:

@@ -934,12 +934,17 @@ def figure_plan_speed(plan: dict[str, Any]) -> Any:
     return fig
 
 
+def plan_pictures(plan: dict[str, Any]) -> list[str]:
+    """The files `draw_plan` writes for `plan`: none when no engine has a configuration."""
+    return ["plan_memory.png", "plan_speed.png"] if _plan_engines(plan) else []
+
+
 def draw_plan(folder: Path, out: Path | None = None, dpi: int = 110) -> list[Path]:
     """The plan's pictures, drawn from its plan.json alone (so they follow whatever the plan
     writes), into `out` (default: beside it): plan_memory.png (`figure_plan_memory`) and
     plan_speed.png (`figure_plan_speed`); returns the files written."""
     plan = json.loads((folder / "plan.json").read_text())
-    if not _plan_engines(plan):
+    if not plan_pictures(plan):
         return []
     out = folder if out is None else out
     return [_save(figure_plan_memory(plan), out / "plan_memory.png", dpi),

@@ -14,6 +14,7 @@ import typer
 
 from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, progress, ray_target
 from casmoe.cli.flags import run_options
+from casmoe.cli.reporting import PLOTS, Plots, draw_detached
 
 if TYPE_CHECKING:
     from casmoe.sim.run.grid import Grid
@@ -77,6 +78,7 @@ def plan(
     ray: bool = RAY,
     ray_address: Optional[str] = RAY_ADDRESS,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON instead of tables."),
+    plots: Plots = PLOTS,
 ) -> None:
     """Print, for each engine, the configuration to run (its command line, the steps that make
     what it loads, and the files it reads), its memory map (per GPU: dense weights, KV cache at
@@ -87,7 +89,6 @@ def plan(
     else the shipped one of the model's shape), fitted on its train split and scored on its
     held-out requests. Every flag is one the engine's own source has at the version named
     (casmoe/engines/), and an engine that cannot run the model says why in one line."""
-    from casmoe.cli.figures import draw_plan
     from casmoe.output import check_dir_target
     from casmoe.sim.box.hardware import variant_spec
     from casmoe.sim.questions.deploy import PlanRequest
@@ -115,25 +116,56 @@ def plan(
                           weights, compare, stacks[0])
         result = _run(req, folder, jobs, ray_target(ray, ray_address), as_json)
         summary = _write(result, folder, detected)
-        _draw(folder, summary, draw_plan)
+        pending = _draw(folder, plots)
         summaries.append(summary)
         if not as_json:
             _print(result, folder, detected)
+            if pending:
+                typer.echo(pending)
     if as_json:
         typer.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
 
 
-def _draw(folder: Path, summary: dict[str, Any], draw: Any) -> None:
-    """plan_memory.png and plan_speed.png, from plan.json alone; not again when what they show is
-    what they were drawn from (a repeated plan: about two seconds of drawing saved)."""
+STAMP = ".figures-of"
+"""Beside the pictures: the digest of the plan.json they were drawn from."""
+
+
+def _to_draw(folder: Path) -> tuple[list[str], str]:
+    """The pictures plan.json has, and the digest of what they show (plan.json but for its
+    bookkeeping); no pictures when those in the folder were drawn from that same content."""
+    from casmoe.cli.figures import plan_pictures
+
+    summary = json.loads((folder / "plan.json").read_text())
     shown = {k: v for k, v in summary.items() if k != "simulated_now"}
     digest = hashlib.sha256(json.dumps(shown, sort_keys=True).encode()).hexdigest()
-    stamp = folder / ".figures-of"
-    pngs = [folder / "plan_memory.png", folder / "plan_speed.png"]
-    if stamp.exists() and stamp.read_text() == digest and all(p.exists() for p in pngs):
-        return
-    draw(folder)
-    stamp.write_text(digest)
+    names = plan_pictures(summary)
+    stamp = folder / STAMP
+    if stamp.exists() and stamp.read_text() == digest and all((folder / n).exists() for n in names):
+        return [], digest
+    return names, digest
+
+
+def draw_pictures(folder: Path) -> None:
+    """plan_memory.png and plan_speed.png, from plan.json alone; not again when what they show is
+    what they were drawn from (a repeated plan: about two seconds of drawing saved)."""
+    from casmoe.cli.figures import draw_plan
+
+    names, digest = _to_draw(folder)
+    if names:
+        draw_plan(folder)
+        (folder / STAMP).write_text(digest)
+
+
+def _draw(folder: Path, plots: Plots) -> str:
+    """The pictures as --plots asks (none, now, or by a detached process); the line to print."""
+    names, _ = _to_draw(folder) if plots is not Plots.NONE else ([], "")
+    if not names:
+        return ""
+    if plots is Plots.WAIT:
+        draw_pictures(folder)
+        return ""
+    (folder / STAMP).unlink(missing_ok=True)
+    return draw_detached("plan", folder, names)
 
 
 def _detect(out: Path, quiet: bool) -> Any:

@@ -1,6 +1,7 @@
-"""`python -m casmoe.cli.plots OUT`: draw a report folder's PNGs from its results.json.
+"""`python -m casmoe.cli.plots KIND OUT`: draw a folder's PNGs from what it holds: `report`, a
+report folder's from its results.json; `plan`, a plan's from its plan.json.
 
-`casmoe simulate` and `casmoe sweep` start this in a detached process (`--plots background`,
+`casmoe simulate`, `sweep` and `plan` start this in a detached process (`--plots background`,
 the default) so that matplotlib's seconds are not spent before the command returns; each PNG
 is written atomically, so a file that exists is whole.
 """
@@ -10,7 +11,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from casmoe.cli.figures import draw_report
-
 if __name__ == "__main__":
-    draw_report(Path(sys.argv[1]))
+    kind, folder = sys.argv[1], Path(sys.argv[2])
+    if kind == "plan":
+        from casmoe.cli.plan import draw_pictures
+
+        draw_pictures(folder)
+    else:
+        from casmoe.cli.figures import draw_report
+
+        draw_report(folder)

@@ -1,8 +1,9 @@
 """The report folder of simulate and sweep: results.json, results.csv and PNG plots, and the
 tables printed from the same records.
 
-The PNGs are drawn by a detached process (`python -m casmoe.cli.plots OUT`) unless `--plots
-wait` asks to wait for them, so matplotlib's seconds are not spent before the command returns.
+The PNGs (a plan's too) are drawn by a detached process (`python -m casmoe.cli.plots KIND OUT`)
+unless `--plots wait` asks to wait for them, so matplotlib's seconds are not spent before the
+command returns. `CASMOE_PLOTS` sets the default for scripts and CI that never look at them.
 """
 
 from __future__ import annotations
@@ -22,18 +23,30 @@ class Plots(str, Enum):
 
 
 PLOTS = typer.Option(
-    Plots.BACKGROUND, "--plots",
+    Plots.BACKGROUND, "--plots", envvar="CASMOE_PLOTS",
     help="background: draw the PNGs in a detached process (the command does not wait; each file appears whole when "
     "drawn); wait: draw them before the command ends; none: no plots.",
 )
 
 
-def write_report(out: Path, records: list[dict[str, Any]], plots: Plots) -> tuple[list[Path], str]:
-    """results.json (every record) and results.csv (the runs), then the plots as `plots` asks;
-    returns the files written and a line on the plots."""
+def draw_detached(kind: str, out: Path, names: list[str]) -> str:
+    """Start `python -m casmoe.cli.plots KIND OUT`, which draws `names` into `out`, and return the
+    line that says so; a file of an earlier run is removed first, so that none passes for this one's."""
     import subprocess
     import sys
 
+    for name in names:
+        (out / name).unlink(missing_ok=True)
+    with open(out / "plots.log", "wb") as log:
+        subprocess.Popen([sys.executable, "-m", "casmoe.cli.plots", kind, str(out)], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=log, start_new_session=True)
+    return (f"plots are being drawn in the background: {', '.join(names)} appear in {out} when done "
+            f"(errors in {out / 'plots.log'}; --plots wait draws them before the command ends)")
+
+
+def write_report(out: Path, records: list[dict[str, Any]], plots: Plots) -> tuple[list[Path], str]:
+    """results.json (every record) and results.csv (the runs), then the plots as `plots` asks;
+    returns the files written and a line on the plots."""
     from casmoe.cli.figures import draw_report, report_plots
     from casmoe.report import write_csv, write_json
 
@@ -46,13 +59,7 @@ def write_report(out: Path, records: list[dict[str, Any]], plots: Plots) -> tupl
         return written, ""
     if plots is Plots.WAIT:
         return written + draw_report(out, records), ""
-    for name in names:  # a plot of an earlier run must not pass for this one's
-        (out / name).unlink(missing_ok=True)
-    with open(out / "plots.log", "wb") as log:
-        subprocess.Popen([sys.executable, "-m", "casmoe.cli.plots", str(out)], stdin=subprocess.DEVNULL,
-                         stdout=log, stderr=log, start_new_session=True)
-    return written, (f"plots are being drawn in the background: {', '.join(names)} appear in {out} when done "
-                     f"(errors in {out / 'plots.log'}; --plots wait draws them before the command ends)")
+    return written, draw_detached("report", out, names)
 
 
 def report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str, timeline: Optional[Path],

@@ -24,10 +24,13 @@ TRACE = REPO / "traces" / "synthetic-mixtral.npz"
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shipped trace not generated")
 
 
-def casmoe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CASMOE_DATA": str(REPO / "traces")}
+def casmoe(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`casmoe ARGS` as a user runs it: the shipped data, and the plots drawn as a user's are by
+    default (in the background: the suite's `CASMOE_PLOTS=none` is dropped), unless `env` says."""
+    full = {k: v for k, v in os.environ.items() if k != "CASMOE_PLOTS"}
+    full.update({"CASMOE_DATA": str(REPO / "traces"), **(env or {})})
     return subprocess.run(
-        [sys.executable, "-m", "casmoe", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-m", "casmoe", *args], cwd=cwd, capture_output=True, text=True, env=full, timeout=600
     )
 
 
@@ -337,8 +340,9 @@ def test_sweep_points_carry_the_parsed_miss_mode(tmp_path):
 @needs_trace
 def test_plots_in_the_background_wait_or_none(tmp_path):
     """The default draws the PNGs in a detached process and says so (a stale PNG of an earlier
-    run is removed first, so an existing file is this run's); `--plots wait` has them written
-    when the command ends; `--plots none` draws nothing."""
+    run is removed first, so an existing file is this run's); `--plots wait` (here as the
+    default `CASMOE_PLOTS` sets) has them written when the command ends; `--plots none`, given
+    over that default, draws nothing."""
     args = ["simulate", "--requests", "2", "--policy", "lru", "--capacity", "4", "--out", "rep"]
     (tmp_path / "rep").mkdir()
     (tmp_path / "rep" / "stall_by_layer.png").write_bytes(b"stale")
@@ -346,11 +350,11 @@ def test_plots_in_the_background_wait_or_none(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "being drawn in the background" in proc.stdout
     assert png(tmp_path / "rep" / "stall_by_layer.png")[:4] == b"\x89PNG"
-    proc = casmoe(*args[:-1], "wait", "--plots", "wait", cwd=tmp_path)
+    proc = casmoe(*args[:-1], "wait", cwd=tmp_path, env={"CASMOE_PLOTS": "wait"})
     assert proc.returncode == 0, proc.stderr
     assert "background" not in proc.stdout
     assert all((tmp_path / "wait" / n).read_bytes()[:4] == b"\x89PNG" for n in ("decode_vs_capacity.png", "timeliness.png"))
-    proc = casmoe(*args[:-1], "none", "--plots", "none", cwd=tmp_path)
+    proc = casmoe(*args[:-1], "none", "--plots", "none", cwd=tmp_path, env={"CASMOE_PLOTS": "wait"})
     assert proc.returncode == 0, proc.stderr
     assert not list((tmp_path / "none").glob("*.png")) and (tmp_path / "none" / "results.csv").exists()
 

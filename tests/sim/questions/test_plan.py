@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -169,9 +170,10 @@ def test_the_reproduce_line_gives_the_plans_figure(tmp_path, monkeypatch, capsys
 # ------------------------------------------------------------------------------ every option
 BASE = ["plan", "--model", "qwen3-30b-a3b", "--hardware", BOX, "--engine", "llama.cpp", "--precision", "q6_k",
         "--requests", "2", "--no-compare", "--jobs", "1", "--json"]
-HOW_IT_RUNS = {"out", "jobs", "ray", "ray_address", "as_json"}
+HOW_IT_RUNS = {"out", "jobs", "ray", "ray_address", "as_json", "plots"}
 """Options that say where the plan goes and how its points run, not what it answers: --out (the
-folder, walked below), --jobs / --ray / --ray-address (processes or a cluster), --json (the format)."""
+folder, walked below), --jobs / --ray / --ray-address (processes or a cluster), --json (the format),
+--plots (when its pictures are drawn: `test_the_plan_draws_its_pictures_as_plots_asks`)."""
 CHANGES = {
     "model": ["--model", "mixtral-8x7b"],
     "engine": ["--engine", "casmoe"],
@@ -215,6 +217,29 @@ def _answer(out: str) -> object:
         return x
 
     return strip(json.loads(out))
+
+
+def test_the_plan_draws_its_pictures_as_plots_asks(tmp_path, monkeypatch, capsys):
+    """In the background by default (the command says so and does not wait), before it ends
+    with wait, not at all with none; a repeated plan does not draw what it drew before."""
+    monkeypatch.delenv("CASMOE_PLOTS")  # the suite's default is none: a user's is background
+    argv = [a for a in BASE if a != "--json"]
+    pictures = ("plan_memory.png", "plan_speed.png")
+    code, out, err = cli([*argv, "--out", "bg"], tmp_path, monkeypatch, capsys)
+    assert code == 0 and "plan_memory.png, plan_speed.png appear in bg when done" in out, err
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / "bg" / n).exists() for n in pictures) and time.monotonic() < deadline:
+        time.sleep(0.1)  # each file appears whole
+    assert all((tmp_path / "bg" / n).read_bytes()[:4] == b"\x89PNG" for n in pictures)
+    code, out, err = cli([*argv, "--plots", "wait", "--out", "now"], tmp_path, monkeypatch, capsys)
+    assert code == 0 and "background" not in out, err
+    drawn = {n: (tmp_path / "now" / n).stat().st_mtime_ns for n in pictures}
+    code, out, err = cli([*argv, "--out", "now"], tmp_path, monkeypatch, capsys)  # the same plan again
+    assert code == 0 and "background" not in out, err
+    assert {n: (tmp_path / "now" / n).stat().st_mtime_ns for n in pictures} == drawn
+    code, out, err = cli([*argv, "--plots", "none", "--out", "none"], tmp_path, monkeypatch, capsys)
+    assert code == 0 and "background" not in out and (tmp_path / "none" / "plan.json").exists(), err
+    assert not list((tmp_path / "none").glob("*.png"))
 
 
 def test_every_option_plan_accepts_changes_its_answer_or_is_refused(tmp_path, monkeypatch, capsys):
