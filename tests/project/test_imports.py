@@ -119,3 +119,25 @@ def test_imports_inside_functions_keep_a_heavy_library_out():
             bad.append(f"{known[module].relative_to(ROOT)}:{line} imports {', '.join(targets)} in a function")
     assert not bad, "imports to move to the top of their module:\n" + "\n".join(bad)
     assert len(inner) > 50, "the checker found no function-level import at all: it reads nothing"
+
+
+def test_no_test_module_imports_another_or_conftest():
+    """What tests share lives in tests/support/. A test module found by import (its name, an
+    `importorskip` or `import_module` of it) is importable only once pytest has collected its
+    folder, so the importing test passes or skips with what else was collected."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if "support" in path.relative_to(REPO / "tests").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in
+                  ("importorskip", "import_module") and node.args and isinstance(node.args[0], ast.Constant)):
+                names = [str(node.args[0].value)]
+            found += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0].startswith("test_") or n.split(".")[0] == "conftest"]
+    assert not found, found

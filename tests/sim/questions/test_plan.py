@@ -43,7 +43,9 @@ def _check(plan) -> None:
 
 
 def tiny_gguf(tmp_path: Path, kind: str = "qwen3moe") -> Path:
-    gguf_files = pytest.importorskip("test_gguf")
+    pytest.importorskip("gguf")
+    from support import gguf_files
+
     return getattr(gguf_files, kind)(tmp_path / f"tiny-{kind}.gguf")
 
 
