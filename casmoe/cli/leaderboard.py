@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -9,12 +10,23 @@ import typer
 
 from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, progress, ray_target
 from casmoe.cli.flags import run_options
+from casmoe.cli.reporting import PLOTS, Plots, draw_detached
 
 if TYPE_CHECKING:
     from casmoe.sim.run.grid import Grid
 
 FIXED = ("policy", "planner", "capacity", "global_capacity", "split", "task", "span", "requests")
 """What the leaderboard chooses itself: every policy, its cache sizes, the held-out requests."""
+PLOTTED = "plots.json"
+"""Each workload's picture and the records it draws, as drawn: what --plots draws from."""
+
+
+def draw_pictures(out: Path) -> list[Path]:
+    """One <workload>.png per workload, from `out`/plots.json alone."""
+    from casmoe.cli.figures import plot_decode_vs_capacity
+
+    pictures = json.loads((out / PLOTTED).read_text())
+    return [plot_decode_vs_capacity(out / name, records) for name, records in pictures.items()]
 
 
 @app.command()
@@ -33,6 +45,7 @@ def leaderboard(
         True, "--fit-planner/--no-fit-planner",
         help="Also run CasMoE with a planner fitted on each workload's train half (cached by its content).",
     ),
+    plots: Plots = PLOTS,
 ) -> None:
     """Every built-in policy (oracles starred) x workload x 1, 1.5, 2 and 4 x top_k slots per layer.
 
@@ -43,7 +56,6 @@ def leaderboard(
     workload to --out; an interrupted run resumes where it stopped.
     """
     from casmoe.output import check_dir_target, write_text
-    from casmoe.cli.figures import plot_decode_vs_capacity
     from casmoe.report import write_csv, write_json
     from casmoe.shipped import shipped
     from casmoe.sim.questions import leaderboard as lb
@@ -68,6 +80,7 @@ def leaderboard(
     write_csv(out / "leaderboard.csv", [r for r in records if "skipped" not in r])
     table = lb.markdown(records, halves, specs)
     write_text(out / "leaderboard.md", table)
+    pictures = {}
     for h in halves:
         # the table's labels, and the user's trace with the requests scored of it, not the held-out
         # half's file name ('synthetic-qwen3-top8-f5081f7244451172-heldout4.npz') in the title
@@ -75,7 +88,15 @@ def leaderboard(
                 "scored": f"{h.requests} held-out request{'s' * (h.requests != 1)}"}
                for r in records if "skipped" not in r and Path(r["trace"]).name == h.scored.name]
         if ran:
-            plot_decode_vs_capacity(out / f"{h.name}.png", ran)
+            pictures[f"{h.name}.png"] = ran
+    write_json(out / PLOTTED, pictures)
+    pending = ""
+    if plots is Plots.WAIT:
+        draw_pictures(out)
+    elif plots is Plots.BACKGROUND and pictures:
+        pending = draw_detached("leaderboard", out, list(pictures))
     typer.echo(table)
     boxes = sorted({g.machine.box() for g in runs.groups})
     typer.echo(f"{len(specs)} points ({computed} computed now) on {', '.join(boxes)}; written to {out}/")
+    if pending:
+        typer.echo(pending)

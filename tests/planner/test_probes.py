@@ -740,7 +740,7 @@ def test_the_leaderboard_plot_names_the_users_trace_and_the_requests_scored(tmp_
     drawn = []
     monkeypatch.setattr(casmoe.cli.figures, "plot_decode_vs_capacity", lambda path, records: drawn.append(records))
     code, _, err = cli(["leaderboard", "--trace", str(TRACE), "--requests", "1", "--no-fit-planner", "--out", "o",
-                        "--hardware", "rtx5090", "--quant", "int4"], tmp_path, monkeypatch, capsys)
+                        "--hardware", "rtx5090", "--quant", "int4", "--plots", "wait"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
     (records,) = drawn
     context = casmoe.cli.figures.run_context(records)

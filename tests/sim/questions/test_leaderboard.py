@@ -64,6 +64,7 @@ def test_leaderboard_end_to_end_and_resumes(tmp_path):
     env = {**os.environ, "CASMOE_DATA": str(REPO / "traces")}
     cmd = [sys.executable, "-m", "casmoe", "leaderboard", "--trace", str(path), "--out", str(tmp_path / "out"), "--jobs", "1",
            "--allow-overcommit",  # 4 x top_k is all 8 experts of a layer: more than 4 RTX 4090s hold beside the rest
+           "--plots", "wait",  # the picture is checked below, once the command has ended
            "--no-fit-planner"]  # a planner of 4 prompts would fit nothing worth the seconds (tests/planner/test_planner_fit.py fits them)
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert first.returncode == 0, first.stderr
