@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +77,16 @@ def test_leaderboard_end_to_end_and_resumes(tmp_path):
     assert "8 slots/layer (all on the GPU)" in table  # every expert of a layer: all on the GPU, a column of its own
     assert "placements in their engines' terms" in table and "llama.cpp --n-cpu-moe" in table
     assert (tmp_path / "out" / "a.png").exists() and (tmp_path / "out" / "leaderboard.csv").exists()
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    drawn = (tmp_path / "out" / "a.png").read_bytes()
+    background = {**env, "CASMOE_PLOTS": "background"}  # a user's default, over the suite's none
+    again = subprocess.run([a for a in cmd if a not in ("--plots", "wait")], capture_output=True, text=True,
+                           env=background, timeout=600)
     assert again.returncode == 0 and "(0 computed now)" in again.stdout
+    assert "a.png appear in" in again.stdout  # the picture of the earlier run was removed first
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "out" / "a.png").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # it appears whole
+    assert (tmp_path / "out" / "a.png").read_bytes() == drawn  # the same records, the same picture
 
 
 def test_a_held_out_request_whose_prompt_the_train_half_holds_is_not_scored(tmp_path):
