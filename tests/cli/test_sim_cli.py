@@ -214,6 +214,29 @@ def test_sweep_resumes_and_matches_a_serial_run(tmp_path):
 
 
 @needs_trace
+def test_runs_in_one_block_share_one_pool_that_ends_with_it(tmp_path, monkeypatch):
+    """A search's rounds run in one pool (`workers`): started for the first round that needs
+    processes, reused by the next, terminated on leaving; a single point runs in this process."""
+    import casmoe.sim.run.runner as runner
+
+    points = _points(tmp_path)
+    started = []
+    real = runner._pool
+    monkeypatch.setattr(runner, "_pool", lambda n: started.append(n) or real(n))
+    with runner.workers(2):
+        one, _ = run_all(points[:1], tmp_path / "out", jobs=2)
+        assert started == []  # one run: no process to start
+        first, _ = run_all(points[1:4], tmp_path / "out", jobs=2)
+        second, _ = run_all(points[4:], tmp_path / "out", jobs=2)
+        pool = runner._shared["pool"]
+    assert started == [2] and runner._shared == {}
+    with pytest.raises(ValueError, match="not running"):  # terminated with the block
+        pool.apply(len, ([],))
+    serial, _ = run_all(points, tmp_path / "serial", jobs=1)
+    assert one + first + second == serial
+
+
+@needs_trace
 def test_sweep_cli_from_toml(tmp_path):
     _points(tmp_path, ("lru",), ("rtx5090",))
     proc = casmoe("sweep", "grid.toml", "--out", "sw", "--jobs", "1", cwd=tmp_path)

@@ -36,7 +36,7 @@ from casmoe.sim.box.prices import BoxPrice, Prices, load_prices
 from casmoe.sim.passes.result import SimResult
 from casmoe.sim.questions.deploy.terms import engine_terms
 from casmoe.sim.run.grid import Grid
-from casmoe.sim.run.runner import run_all, whole_trace
+from casmoe.sim.run.runner import run_all, whole_trace, workers
 from casmoe.sim.run.spec import RunSpec
 
 METRICS = {
@@ -377,27 +377,28 @@ def search(
     betters = {id(s): [b for b in states if dominates(b.config, s.config)] for s in states}
     simulated = probed = 0
     records = []
-    while True:
-        for s in states:
-            if s.settled or s.best is not None or s.last is not None:
-                continue
-            ahead = betters[id(s)]
-            missed = [b for b in ahead if b.settled and b.best is None and "skipped" not in (b.last or {})]
-            if missed:
-                s.settled, s.bounded_by = True, missed[0].config
-            elif all(b.settled for b in ahead):
-                s.lo = max([s.lo] + [b.hi for b in ahead])  # a better config's fewest slots
-        ready = [s for s in states if all(b.settled for b in betters[id(s)])]
-        probes = [(s, s.probe()) for s in ready]
-        probes = [(s, slots) for s, slots in probes if slots is not None]
-        if not probes:
-            break
-        recs, computed = run_all([point(s.config, slots) for s, slots in probes], out, jobs=jobs,
-                                 ray_address=ray_address, progress=progress)
-        simulated, probed = simulated + computed, probed + len(probes)
-        for (s, slots), rec in zip(probes, recs):
-            records.append(rec)
-            s.update(slots, rec, target)
+    with workers(jobs):  # the rounds share one pool of processes
+        while True:
+            for s in states:
+                if s.settled or s.best is not None or s.last is not None:
+                    continue
+                ahead = betters[id(s)]
+                missed = [b for b in ahead if b.settled and b.best is None and "skipped" not in (b.last or {})]
+                if missed:
+                    s.settled, s.bounded_by = True, missed[0].config
+                elif all(b.settled for b in ahead):
+                    s.lo = max([s.lo] + [b.hi for b in ahead])  # a better config's fewest slots
+            ready = [s for s in states if all(b.settled for b in betters[id(s)])]
+            probes = [(s, s.probe()) for s in ready]
+            probes = [(s, slots) for s, slots in probes if slots is not None]
+            if not probes:
+                break
+            recs, computed = run_all([point(s.config, slots) for s, slots in probes], out, jobs=jobs,
+                                     ray_address=ray_address, progress=progress)
+            simulated, probed = simulated + computed, probed + len(probes)
+            for (s, slots), rec in zip(probes, recs):
+                records.append(rec)
+                s.update(slots, rec, target)
     answers = []
     for s in states:
         if s.best is not None:

@@ -225,16 +225,45 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _run_local(specs: Sequence[RunSpec], jobs: int, _: str | None) -> Iterator[tuple[RunSpec, dict[str, Any]]]:
-    if jobs <= 1:
-        for s in specs:
-            yield s, run_or_skip(s)
-        return
+_shared: dict[str, Any] = {}
+"""The pool `workers` opened for the block it guards, once started (key "pool"), and its size."""
+
+
+@contextmanager
+def workers(jobs: int) -> Iterator[None]:
+    """One pool of `jobs` local processes for every `run_all` in the block (a search's rounds,
+    each a few points): started when first needed and terminated on leaving, so that its
+    processes start (about a second each, importing casmoe) once, not once per round."""
+    _shared.update(jobs=jobs)
+    try:
+        yield
+    finally:
+        pool = _shared.pop("pool", None)
+        _shared.clear()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+
+
+def _pool(processes: int) -> Any:
     # Pool, not ProcessPoolExecutor: leaving the block for any reason (Ctrl-C, SIGTERM, an
     # error) terminates the workers instead of waiting for their runs. Spawned, not forked:
     # a fork of a process with threads (torch, numba) can inherit a held lock and hang.
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(min(jobs, len(specs)) or 1, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+    return ctx.Pool(processes, initializer=_die_with_parent, initargs=(os.getpid(),))
+
+
+def _run_local(specs: Sequence[RunSpec], jobs: int, _: str | None) -> Iterator[tuple[RunSpec, dict[str, Any]]]:
+    if jobs <= 1 or len(specs) <= 1:  # one run gains nothing from a process that must start first
+        for s in specs:
+            yield s, run_or_skip(s)
+        return
+    if _shared.get("jobs") == jobs:
+        if "pool" not in _shared:
+            _shared["pool"] = _pool(jobs)
+        yield from _shared["pool"].imap_unordered(_run_pair, specs)
+        return
+    with _pool(min(jobs, len(specs))) as pool:
         yield from pool.imap_unordered(_run_pair, specs)
 
 
