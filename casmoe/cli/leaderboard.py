@@ -10,7 +10,7 @@ import typer
 
 from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, progress, ray_target
 from casmoe.cli.flags import run_options
-from casmoe.cli.reporting import PLOTS, Plots, draw_detached
+from casmoe.cli.reporting import PLOTS, Plots, draw_as
 
 if TYPE_CHECKING:
     from casmoe.sim.run.grid import Grid
@@ -90,11 +90,7 @@ def leaderboard(
         if ran:
             pictures[f"{h.name}.png"] = ran
     write_json(out / PLOTTED, pictures)
-    pending = ""
-    if plots is Plots.WAIT:
-        draw_pictures(out)
-    elif plots is Plots.BACKGROUND and pictures:
-        pending = draw_detached("leaderboard", out, list(pictures))
+    pending = draw_as(plots, "leaderboard", out, list(pictures), lambda: draw_pictures(out))
     typer.echo(table)
     boxes = sorted({g.machine.box() for g in runs.groups})
     typer.echo(f"{len(specs)} points ({computed} computed now) on {', '.join(boxes)}; written to {out}/")

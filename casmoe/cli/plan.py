@@ -14,7 +14,7 @@ import typer
 
 from casmoe.cli.app import JOBS, RAY, RAY_ADDRESS, app, progress, ray_target
 from casmoe.cli.flags import run_options
-from casmoe.cli.reporting import PLOTS, Plots, draw_detached
+from casmoe.cli.reporting import PLOTS, Plots, draw_as
 
 if TYPE_CHECKING:
     from casmoe.sim.run.grid import Grid
@@ -158,14 +158,8 @@ def draw_pictures(folder: Path) -> None:
 
 def _draw(folder: Path, plots: Plots) -> str:
     """The pictures as --plots asks (none, now, or by a detached process); the line to print."""
-    names, _ = _to_draw(folder) if plots is not Plots.NONE else ([], "")
-    if not names:
-        return ""
-    if plots is Plots.WAIT:
-        draw_pictures(folder)
-        return ""
-    (folder / STAMP).unlink(missing_ok=True)
-    return draw_detached("plan", folder, names)
+    names = [] if plots is Plots.NONE else _to_draw(folder)[0]
+    return draw_as(plots, "plan", folder, names, lambda: draw_pictures(folder))
 
 
 def _detect(out: Path, quiet: bool) -> Any:

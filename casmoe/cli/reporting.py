@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -29,12 +29,18 @@ PLOTS = typer.Option(
 )
 
 
-def draw_detached(kind: str, out: Path, names: list[str]) -> str:
-    """Start `python -m casmoe.cli.plots KIND OUT`, which draws `names` into `out`, and return the
-    line that says so; a file of an earlier run is removed first, so that none passes for this one's."""
+def draw_as(plots: Plots, kind: str, out: Path, names: list[str], now: Callable[[], Any]) -> str:
+    """The pictures `names` of `out` as --plots asks: none; drawn by `now()` before returning; or
+    drawn by a detached `python -m casmoe.cli.plots KIND OUT`, a file of an earlier run removed
+    first so that none passes for this one's. Returns the line to print about them, or ''."""
     import subprocess
     import sys
 
+    if plots is Plots.NONE or not names:
+        return ""
+    if plots is Plots.WAIT:
+        now()
+        return ""
     for name in names:
         (out / name).unlink(missing_ok=True)
     with open(out / "plots.log", "wb") as log:
@@ -54,12 +60,10 @@ def write_report(out: Path, records: list[dict[str, Any]], plots: Plots) -> tupl
     write_json(out / "results.json", records)
     write_csv(out / "results.csv", ran)
     written = [out / "results.json", out / "results.csv"]
-    names = [p.name for p in report_plots(records)]
-    if plots is Plots.NONE or not names:
-        return written, ""
-    if plots is Plots.WAIT:
-        return written + draw_report(out, records), ""
-    return written, draw_detached("report", out, names)
+    drawn: list[Path] = []
+    pending = draw_as(plots, "report", out, [p.name for p in report_plots(records)],
+                      lambda: drawn.extend(draw_report(out, records)))
+    return written + drawn, pending
 
 
 def report(out: Path, records: list[dict[str, Any]], as_json: bool, title: str, timeline: Optional[Path],

@@ -46,7 +46,9 @@ class RunStoreError(CasmoeError, ValueError):
 
 @lru_cache(maxsize=4)
 def whole_trace(path: str, digest: str) -> Trace:
-    """One parse per trace file and process (the digest keys a changed file apart)."""
+    """One trace object per trace file and process (the digest keys a changed file apart): the
+    gated routings and step plans cached below are built on it and keyed with it (`load_trace`
+    itself decodes a file once, but gives each call a trace object of its own)."""
     return load_trace(path)
 
 
