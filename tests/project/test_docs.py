@@ -94,10 +94,13 @@ INTERNAL = re.compile(r"(?<![-\w])(?:[Ii]ssues?|[Ss]essions?|[Rr]ounds?)[ -]\d")
 sessions, which a reader cannot resolve. An external tracker's number is written with its # (llama.cpp
 issue #15136) and is a citation; a file name (bench/history's logs keep theirs) is not a reference."""
 
+SCANNED = ["*.py", "*.md", "*.toml", "*.yml", "*.sh", "*.cfg", "*.txt", ".ci/*"]
+"""What a reader reads: code, docs, and the shipped data whose `source` lines they are shown (a hardware
+profile's sources, a published measurement's). Recorded data (traces, corpora, results) is not prose."""
+
 
 def _scanned() -> list[Path]:
-    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "*.py", "README.md", "docs/*.md", "bench/RESULTS.md",
-                              "mkdocs.yml"], capture_output=True, text=True).stdout.split()
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", *SCANNED], capture_output=True, text=True).stdout.split()
     if not tracked:
         pytest.skip("needs git")
     files = {REPO / f for f in tracked} | {README, REPO / "bench" / "RESULTS.md", *DOCS.glob("*.md"),
