@@ -18,6 +18,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,15 @@ GPU_FIELDS = ("memory_gib", "reserved_gib", "dense_tflops", "mem_bw_gbs", "matmu
               "h2d_pinned_gbs", "h2d_pageable_gbs", "copy_latency_us", "host_cap_gbs", "handover_us", "p2p_gbs")
 """The numbers that describe a GPU and its host link: all 0 in a profile of a box without one
 (`gpus = 0`, a CPU-only llama.cpp box), so that a half-described GPU is refused, not priced."""
+
+
+_SOCKETS = re.compile(r"\s*(\d+)\s*x\s")
+
+
+def sockets_in(cpu: str) -> int:
+    """Sockets a profile's `cpu` text leads with ('2x Intel Xeon Gold 6330 ...'); 1 when it names no count."""
+    m = _SOCKETS.match(cpu)
+    return int(m.group(1)) if m else 1
 
 @dataclass(frozen=True)
 class HardwareProfile:
@@ -276,7 +286,10 @@ class HardwareProfile:
 
     @property
     def sockets(self) -> int:
-        return self.cpu_sockets or 1
+        """The host's sockets (NUMA nodes): `cpu_sockets`, else the count the `cpu` text leads with
+        ('2x Intel Xeon Gold 6330 ...'), else one. The simulator's host bandwidth under `--numa one`
+        and the plan's `--numa distribute` / `--kt-threadpool-count` both read this."""
+        return self.cpu_sockets or sockets_in(self.cpu)
 
     @property
     def host_flop_scale(self) -> float:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from casmoe.sim.box.hardware import HardwareError, HardwareProfile, load_profile, profile_paths
+from support.paths import REPO
 
 
 @pytest.mark.parametrize("name", sorted(profile_paths()))
@@ -133,3 +136,32 @@ def test_a_number_beyond_any_real_part_is_refused(field, value):
     extra = {"cpu_cores": 64} if field == "cpu_thread_gbs" else {}
     with pytest.raises(HardwareError, match=f"{field}"):
         base.with_values(**{field: value}, **extra, sources={field: "test", **{k: "test" for k in extra}})
+
+
+SOCKETS_SAID = re.compile(r"(?:^|\s)(\d)x (?:Intel|AMD)|x (\d) sockets")
+"""How a profile's words count its sockets: `2x Intel Xeon Gold 6330` in `cpu`, `... x 2 sockets` in a source."""
+
+
+@pytest.mark.parametrize("path", [*profile_paths().values(), *sorted((REPO / "examples").glob("*4090*.toml")),
+                                  *sorted((REPO / "casmoe" / "sim" / "trust" / "published" / "profiles").glob("*.toml"))],
+                         ids=lambda p: p.stem)
+def test_a_profile_that_says_its_sockets_declares_them(path):
+    """Host weights kept once are read at one socket's bandwidth unless the runtime keeps a copy per
+    socket (`--numa`): a dual-socket box whose profile leaves `cpu_sockets` out is priced, and
+    `--numa` ignored, as if it had one (the shipped rtx4090x4, h100-sxm and h200-sxm once did)."""
+    p = load_profile(path)
+    if "one socket of it" in p.cpu:  # a run that used one socket of a dual box
+        assert p.sockets == 1
+        return
+    said = {int(n) for text in (p.cpu, *p.sources.values()) for m in SOCKETS_SAID.findall(text) for n in m if n}
+    assert said <= {p.sockets}, f"{path.name}: its words say {sorted(said)} sockets, cpu_sockets gives {p.sockets}"
+
+
+def test_sockets_are_the_profiles_or_the_count_its_cpu_text_leads_with():
+    """One definition for the simulator's NUMA pricing and the plan's NUMA flags: a user's profile that
+    writes '2x Intel ...' without cpu_sockets is a dual-socket host to both."""
+    text = load_profile("rtx4090x4").to_toml()
+    unstated = "\n".join(line for line in text.splitlines() if not line.startswith("cpu_sockets"))
+    p = HardwareProfile.from_toml(unstated)
+    assert p.cpu_sockets == 0 and p.sockets == 2
+    assert HardwareProfile.from_toml(unstated.replace('cpu = "2x ', 'cpu = "')).sockets == 1

@@ -200,27 +200,16 @@ def box_of(profile: HardwareProfile, spec: str, req: PlanRequest) -> mem.Box:
     if profile.host_ram_gib <= 0:
         raise PlanError(f"profile {profile.name!r} does not say how much host RAM it has (host_ram_gib); add it to "
                         "the profile or give --host-ram GiB")
-    threads = req.threads or profile.cpu_cores or _cores(profile.cpu)
-    return mem.Box(profile.name, tuple(float(g) for g in gpus), profile.host_ram_gib, numa_nodes(profile), threads,
+    threads = req.threads or profile.cpu_cores or _cores(profile)
+    return mem.Box(profile.name, tuple(float(g) for g in gpus), profile.host_ram_gib, profile.sockets, threads,
                    spec, profile.reserved_gib, profile.host_reserved_gib)
 
 
-def numa_nodes(profile: HardwareProfile) -> int:
-    """The host's NUMA nodes: its sockets as the profile states them (`cpu_sockets`), else as its
-    `cpu` text says ('2x Intel Xeon Gold 6330 ...')."""
-    return profile.cpu_sockets or _sockets(profile.cpu)
-
-
-def _sockets(cpu: str) -> int:
-    m = re.match(r"\s*(\d+)\s*x\s", cpu)
-    return int(m.group(1)) if m else 1
-
-
-def _cores(cpu: str) -> int:
-    """Physical cores from a profile's `cpu` text ('2x Intel Xeon Gold 6330 (28 cores, ...)');
-    0 when it does not say."""
-    m = re.search(r"(\d+)\s*(?:physical\s+)?cores", cpu)
-    return int(m.group(1)) * _sockets(cpu) if m else 0
+def _cores(profile: HardwareProfile) -> int:
+    """Physical cores from a profile's `cpu` text ('2x Intel Xeon Gold 6330 (28 cores, ...)': 28 a
+    socket) times its sockets; 0 when it does not say."""
+    m = re.search(r"(\d+)\s*(?:physical\s+)?cores", profile.cpu)
+    return int(m.group(1)) * profile.sockets if m else 0
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -324,10 +313,6 @@ def make_plan(req: PlanRequest, out: str | Path, *, jobs: int = 1, ray_address: 
              f"speeds: each held-out request served at a context of {req.context} tokens (its attention reads the "
              "earlier ones); prefill at the routing's prompt lengths, host experts computed on the host (llama.cpp's op "
              "offload of prompt batches >= 32 tokens to the GPU and KTransformers' layerwise prefill are not modelled)"]
-    if box.numa_nodes > 1 and not profile.cpu_sockets:
-        notes.append(f"the profile {profile.name!r} does not state cpu_sockets; its cpu text says {box.numa_nodes} "
-                     f"sockets: the commands use {box.numa_nodes} NUMA nodes, the simulator prices its host as one "
-                     f"memory (add cpu_sockets = {box.numa_nodes} to the profile to price each socket's)")
     if box.gpus > 1:
         notes.append(f"{box.gpus} GPUs: placed per GPU in the memory map and the commands; simulated as one device "
                      "holding every GPU's experts (the simulator places a run's experts per GPU its own way), past its "
