@@ -43,6 +43,15 @@ def png(path: Path, wait_s: float = 120.0) -> bytes:
     return path.read_bytes()
 
 
+def _figures(x: object) -> object:
+    """A record's figures to nine significant digits (a compiled kernel may round the last bit otherwise)."""
+    if isinstance(x, dict):
+        return {k: _figures(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_figures(v) for v in x]
+    return float(f"{x:.9g}") if isinstance(x, float) else x
+
+
 def check_report(out: Path, timeline: Path | None = None) -> list[dict]:
     import pandas as pd
 
@@ -144,6 +153,11 @@ def test_simulate_with_no_arguments(tmp_path):
     assert "model mixtral-8x7b" in proc.stdout
     _headline_checks(proc.stdout, records)
     assert "e+0" not in proc.stdout  # three significant digits, never exponents
+    # the README's and docs' figures of the main job are read from this file: they are what it answers now
+    quoted = json.loads((REPO / "bench" / "readme-figures" / "simulate" / "results.json").read_text())
+    stale = [(a["policy"], a["capacity"]) for a, b in zip(quoted, records, strict=True) if _figures(a) != _figures(b)]
+    assert not stale, ("rerun: casmoe simulate --out bench/readme-figures/simulate --plots none; python "
+                       f"bench/readme_figures.py; python bench/docs_figures.py --write (stale: {stale[:4]})")
 
 
 @needs_trace

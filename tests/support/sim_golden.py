@@ -7,7 +7,9 @@ the two traces were re-recorded from retrained tiny models, by the engine proven
 old traces and, still, on synthetic-mixtral. All cases were recomputed, every field, when the
 layer's timing changed on purpose (fidelity to the backend: experts wait for their copies after the
 dense part, issuing overlaps the copies, a layer that waited resumes slower); before that
-commit the engine still gave c214424's values. `tests/sim/passes/test_sim_golden.py` recomputes the cases
+commit the engine still gave c214424's values. The host-computed (`cpu`) cases were recomputed when
+the ideal stack's host kernels went from the shared median share of the host's bandwidth to its
+peak (the upper bound that `casmoe validate published` already held measurements to). `tests/sim/passes/test_sim_golden.py` recomputes the cases
 and requires equality to the last bit (floats round-trip exactly through JSON). Regenerate only when a semantic change is
 intended, and say so in the commit:
 

@@ -277,8 +277,7 @@ FIT_BOUNDS = {"step_us": (0.0, 5e6), "layer_us": (0.0, 1e5), "expert_us": (0.0, 
 def bound(row: Row) -> float:
     """The fastest the row's configuration can run in casmoe's model: an ideal runtime (no cost
     of its own, copies at the link's pinned rate, host kernels at the host's peak bandwidth)."""
-    ideal = replace(load_stack("ideal"), host_efficiency=1.0, host_flops_efficiency=1.0)
-    return predict(row, ideal)
+    return predict(row, load_stack("ideal"))
 
 
 BOUND_TOLERANCE = 1.15
