@@ -465,3 +465,27 @@ def test_a_cold_plan_of_gpt_oss_120b_takes_under_30_s_and_a_warm_one_under_5(tmp
         times.append(time.perf_counter() - start)
         assert proc.returncode == 0, proc.stderr
     assert times[0] < 30 and times[1] < 5, times
+
+
+# ------------------------------------------------------------------------------ the figures the docs quote
+def _quoted(plan: dict) -> list[tuple]:
+    """What docs/plan.md and the pictures read of a plan: each engine's configurations and their speeds."""
+    rows = []
+    for e in plan["engines"]:
+        for c in [e["best"], *e["runners_up"]] if e["best"] else []:
+            s = c["speed"]
+            rows.append((e["engine"], c["label"], c["precision"], round(s["decode_tok_s"], 3),
+                         round(s["prefill_tok_s"] or 0.0, 3)))
+    return rows
+
+
+def test_the_plan_the_docs_quote_is_what_plan_answers_now(tmp_path, monkeypatch, capsys):
+    """bench/readme-figures/plan/plan.json (docs/plan.md's figures, the README's plan pictures) is the plan
+    of the README's box as the code makes it now: a change to the model that moves it fails here."""
+    code, out, err = cli(["plan", "--model", "qwen3-30b-a3b", "--hardware", ONE_4090, "--out", "p", "--json",
+                          "--jobs", "1"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    quoted = json.loads((REPO / "bench" / "readme-figures" / "plan" / "plan.json").read_text())
+    assert _quoted(json.loads(out)) == _quoted(quoted), (
+        "rerun: casmoe plan --model qwen3-30b-a3b --hardware rtx4090x4@gpus=1,host_ram_gib=64 --out P, copy "
+        "P/plan.json to bench/readme-figures/plan/, python bench/readme_figures.py; python bench/docs_figures.py --write")
