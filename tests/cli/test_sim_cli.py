@@ -44,9 +44,10 @@ def png(path: Path, wait_s: float = 120.0) -> bytes:
 
 
 def _figures(x: object) -> object:
-    """A record's figures to nine significant digits (a compiled kernel may round the last bit otherwise)."""
+    """A record's figures to nine significant digits (a compiled kernel may round the last bit otherwise),
+    without its run's key (which names the trace by path: a checkout elsewhere keys the same run anew)."""
     if isinstance(x, dict):
-        return {k: _figures(v) for k, v in x.items()}
+        return {k: _figures(v) for k, v in x.items() if k != "key"}
     if isinstance(x, list):
         return [_figures(v) for v in x]
     return float(f"{x:.9g}") if isinstance(x, float) else x
