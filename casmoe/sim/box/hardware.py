@@ -102,6 +102,7 @@ def sockets_in(cpu: str) -> int:
     m = _SOCKETS.match(cpu)
     return int(m.group(1)) if m else 1
 
+
 @dataclass(frozen=True)
 class HardwareProfile:
     """One machine: `gpus` identical accelerators, each with its own host-to-device link (0: a box
