@@ -25,6 +25,7 @@ from casmoe.cli import figures as plots  # noqa: E402
 from casmoe.cli.figures import PolicyStyles, SearchPoint  # noqa: E402
 from casmoe.policies import POLICIES  # noqa: E402
 from support.paths import REPO
+from support.scripts import load_script
 
 LAYERS = 6
 POLICIES_RUN = ["ondemand", "lru", "least-stale", "n-cpu-moe", "casmoe[predictor=exact]", "belady"]
@@ -489,13 +490,10 @@ def test_draw_plan_reads_plan_json_alone(tmp_path):
 def test_the_readmes_pictures_are_drawn_from_committed_results():
     """bench/readme_figures.py draws docs/img/ from result files in the tree: they exist, hold
     what each picture needs, and the README or a docs page shows every picture it writes."""
-    import importlib.util
     import json
 
     root = REPO
-    spec = importlib.util.spec_from_file_location("readme_figures", root / "bench" / "readme_figures.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(root / "bench" / "readme_figures.py")
     records = json.loads(script.SIMULATE.read_text())
     assert {r["policy"] for r in records} >= {"lru", "lfu", "routed-placement", "belady"}
     assert [p.name for p in plots.report_plots(records)] == list(script.PICTURES[:3])

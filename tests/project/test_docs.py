@@ -8,7 +8,6 @@ The commands the pages show run in tests/project/test_readme.py.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -17,16 +16,14 @@ from pathlib import Path
 
 import pytest
 from support.paths import REPO
+from support.scripts import load_script
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 
 
 def _figures():
-    spec = importlib.util.spec_from_file_location("docs_figures", REPO / "bench" / "docs_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "bench" / "docs_figures.py")
 
 
 def _nav() -> list[str]:

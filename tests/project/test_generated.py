@@ -6,11 +6,8 @@ something their generator no longer does."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,18 +15,15 @@ import pytest
 
 from support.cli import cli
 from support.paths import REPO
+from support.scripts import load_script
 
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+from casmoe.npz import format_meta, read_npz
+from casmoe.trace import TraceError
+from casmoe.trace_io import FORMAT_NAME, FORMAT_VERSION
 
 
 def test_the_published_boxes_profiles_are_what_their_generator_writes() -> None:
-    gen = _script("published_profiles")
+    gen = load_script(REPO / "bench" / "published_profiles.py")
     shipped = {p.stem for p in gen.OUT.glob("*.toml")}
     assert shipped == set(gen.MAP), "rerun: python bench/published_profiles.py"
     stale = [name for name in gen.MAP if (gen.OUT / f"{name}.toml").read_text() != gen.text(name)]
@@ -43,9 +37,9 @@ LIKE_A_REAL_TRACE = "--like"
 
 
 def _members(path: Path) -> dict[str, object]:
-    with np.load(path, allow_pickle=False) as npz:
-        members = {k: npz[k] for k in npz.files}
-    meta = json.loads(members.pop("meta").tobytes().decode() if members["meta"].dtype == np.uint8 else str(members["meta"]))
+    """The archive's arrays and its metadata, read as the trace format reads them."""
+    members = read_npz(path, TraceError)
+    meta = format_meta(members.pop("meta"), str(path), TraceError, FORMAT_NAME, FORMAT_VERSION)
     meta.pop("created")  # the only thing a rerun changes, as traces/README.md says
     return {"meta": meta, **members}
 

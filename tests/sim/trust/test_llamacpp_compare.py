@@ -5,23 +5,20 @@ is run again (`python bench/llamacpp/compare.py`) and its new figures are read."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tempfile
 from pathlib import Path
 
 import pytest
 from support.paths import REPO
+from support.scripts import load_script
 
 ROOT = REPO
 HERE = ROOT / "bench" / "llamacpp"
 
 
 def _compare_module():
-    spec = importlib.util.spec_from_file_location("llamacpp_compare", HERE / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(HERE / "compare.py")
 
 
 def test_every_measured_run_has_its_gguf_header_and_a_recorded_prediction() -> None:
