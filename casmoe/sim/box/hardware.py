@@ -262,6 +262,10 @@ class HardwareProfile:
                     f"profile {self.name!r}: {n} = {getattr(self, n):g} is beyond any real box (the fastest: {fastest:g}, "
                     f"{source}; a what-if may go up to {WHAT_IF:g}x that); check the number and its unit"
                 )
+        fastest, source = FASTEST_REAL["cpu_sockets"]
+        if not self.cpu_sockets and sockets_in(self.cpu) > WHAT_IF * fastest:  # the count `sockets` reads off the text
+            raise HardwareError(f"profile {self.name!r}: its cpu text {self.cpu!r} counts {sockets_in(self.cpu)} sockets, "
+                                f"beyond any real box (the most: {fastest:g}, {source}); give cpu_sockets")
 
     @classmethod
     def numeric_fields(cls) -> list[str]:

@@ -165,3 +165,5 @@ def test_sockets_are_the_profiles_or_the_count_its_cpu_text_leads_with():
     p = HardwareProfile.from_toml(unstated)
     assert p.cpu_sockets == 0 and p.sockets == 2
     assert HardwareProfile.from_toml(unstated.replace('cpu = "2x ', 'cpu = "')).sockets == 1
+    with pytest.raises(HardwareError, match="counts 6400 sockets, beyond any real box"):
+        HardwareProfile.from_toml(unstated.replace('cpu = "2x ', 'cpu = "6400x '))
